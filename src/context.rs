@@ -1,0 +1,438 @@
+//! `Context`: an open RDMA device.
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::device::{self, AtomicCap, Gid, GidEntry, GidType, LinkLayer, Mtu, PortState};
+use crate::error::{Error, Result, errno, last_errno};
+use crate::ffi;
+
+/// An open RDMA device (`ibv_context`).
+///
+/// Cheap to clone (reference counted); every object created from it keeps it
+/// open, so the device is closed only after the last `Pd`, `Cq`, `Qp`... is gone.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) raw: NonNull<ffi::ibv_context>,
+    name: String,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread; the verbs this crate
+// calls through &Context (query_*, alloc_pd, create_cq, ...) are thread-safe per
+// rdma-core's documentation.
+unsafe impl Send for ContextInner {}
+// SAFETY: see Send; no interior state is mutated by this crate through &self.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: raw came from ibv_open_device; all children hold an Arc to this
+        // inner, so none is alive anymore. A failure is ignored: Drop never panics.
+        unsafe { ffi::ibv_close_device(self.raw.as_ptr()) };
+    }
+}
+
+impl Context {
+    /// Opens the device named `name`, or the first device when `None`.
+    ///
+    /// ```no_run
+    /// let ctx = rdma_verbs::Context::open(Some("rxe0"))?;
+    /// println!("{}", ctx.name());
+    /// # Ok::<(), rdma_verbs::Error>(())
+    /// ```
+    pub fn open(name: Option<&str>) -> Result<Context> {
+        let list = device::devices()?;
+        list.find(name)?.open()
+    }
+
+    pub(crate) fn from_device(dev: NonNull<ffi::ibv_device>) -> Result<Context> {
+        // SAFETY: dev is a valid device pointer from a live device list.
+        let raw = unsafe { ffi::ibv_open_device(dev.as_ptr()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_open_device", last_errno()))?;
+        // SAFETY: dev is valid; the name is a NUL-terminated array inside it.
+        let name = unsafe { device::cstr(ffi::ibv_get_device_name(dev.as_ptr())) };
+        Ok(Context {
+            inner: Arc::new(ContextInner { raw, name }),
+        })
+    }
+
+    /// The device name, e.g. `rxe0`.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The raw `ibv_context`, valid while this `Context` (or any clone) lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_context {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Device attributes (`ibv_query_device_ex`).
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr_ex>::zeroed();
+        // SAFETY: valid context; attr is a zeroed out-struct of the right type;
+        // a NULL input means "no extended input".
+        let rc =
+            unsafe { ffi::ibv_query_device_ex(self.as_raw(), std::ptr::null(), attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_query_device_ex", errno(rc)));
+        }
+        // SAFETY: zero-initialised and then filled by the call; all-integer struct.
+        let attr = unsafe { attr.assume_init() };
+        Ok(DeviceAttr::from_ffi(&attr))
+    }
+
+    /// Port attributes (`ibv_query_port`, through the current ABI `___ibv_query_port`).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
+        // SAFETY: valid context and out-pointer; ___ibv_query_port is the header's
+        // non-compat path (plain ibv_query_port is the old ABI symbol).
+        let rc = unsafe { ffi::___ibv_query_port(self.as_raw(), port, attr.as_mut_ptr()) };
+        if rc != 0 {
+            let e = errno(rc);
+            return Err(if rc == libc::EINVAL {
+                Error::InvalidArgument {
+                    what: "port",
+                    reason: format!("port {port} does not exist on {}", self.name()),
+                }
+            } else {
+                Error::verb("ibv_query_port", e)
+            });
+        }
+        // SAFETY: filled by the call; all-integer struct.
+        let attr = unsafe { attr.assume_init() };
+        Ok(PortAttr::from_ffi(&attr))
+    }
+
+    /// One GID (`ibv_query_gid`).
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        let mut gid = ffi::ibv_gid { raw: [0; 16] };
+        let idx = i32::try_from(index).map_err(|_| Error::InvalidArgument {
+            what: "gid index",
+            reason: format!("{index} is too large"),
+        })?;
+        // SAFETY: valid context and out-pointer.
+        let rc = unsafe { ffi::ibv_query_gid(self.as_raw(), port, idx, &mut gid) };
+        if rc != 0 {
+            return Err(Error::InvalidArgument {
+                what: "gid index",
+                reason: format!("port {port} of {} has no GID at index {index}", self.name()),
+            });
+        }
+        Ok(Gid::from_ffi(&gid))
+    }
+
+    /// One GID table entry with its type and netdev (`ibv_query_gid_ex`).
+    pub fn query_gid_entry(&self, port: u8, index: u32) -> Result<GidEntry> {
+        let mut e = MaybeUninit::<ffi::ibv_gid_entry>::zeroed();
+        // SAFETY: valid context and out-pointer; flags must be 0.
+        let rc = unsafe {
+            ffi::ibv_query_gid_ex(self.as_raw(), u32::from(port), index, e.as_mut_ptr(), 0)
+        };
+        if rc != 0 {
+            return Err(Error::InvalidArgument {
+                what: "gid index",
+                reason: format!(
+                    "port {port} of {} has no valid GID at index {index} ({})",
+                    self.name(),
+                    errno(rc)
+                ),
+            });
+        }
+        // SAFETY: filled by the call.
+        let e = unsafe { e.assume_init() };
+        Ok(gid_entry(&e))
+    }
+
+    /// Every valid GID of every port (`ibv_query_gid_table`), in table order.
+    pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
+        let attr = self.query_device()?;
+        let mut cap = 0usize;
+        for p in 1..=attr.phys_port_cnt {
+            cap += usize::try_from(self.query_port(p)?.gid_tbl_len).unwrap_or(0);
+        }
+        let mut entries = vec![ffi::ibv_gid_entry::default(); cap.max(1)];
+        // SAFETY: entries has room for `len` entries; flags must be 0.
+        let n = unsafe {
+            ffi::ibv_query_gid_table(self.as_raw(), entries.as_mut_ptr(), entries.len(), 0)
+        };
+        if n < 0 {
+            return Err(Error::verb("ibv_query_gid_table", errno(n as i32)));
+        }
+        entries.truncate(n as usize);
+        Ok(entries.iter().map(gid_entry).collect())
+    }
+}
+
+fn gid_entry(e: &ffi::ibv_gid_entry) -> GidEntry {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf is IF_NAMESIZE bytes as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(e.ndev_ifindex, buf.as_mut_ptr()) };
+    let netdev = (e.ndev_ifindex != 0 && !p.is_null()).then(|| device::carray(&buf));
+    GidEntry {
+        index: e.gid_index,
+        port: u8::try_from(e.port_num).unwrap_or(0),
+        gid: Gid::from_ffi(&e.gid),
+        gid_type: GidType::from_raw(e.gid_type),
+        netdev,
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("name", &self.name())
+            .finish()
+    }
+}
+
+/// Device attributes, as `ibv_devinfo -v` prints them (`ibv_device_attr_ex`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Node GUID, host byte order.
+    pub node_guid: u64,
+    /// System image GUID, host byte order.
+    pub sys_image_guid: u64,
+    /// Largest registrable region, bytes.
+    pub max_mr_size: u64,
+    /// Supported page sizes (bit mask).
+    pub page_size_cap: u64,
+    /// IEEE vendor ID.
+    pub vendor_id: u32,
+    /// Vendor part ID.
+    pub vendor_part_id: u32,
+    /// Hardware version.
+    pub hw_ver: u32,
+    /// Max QPs.
+    pub max_qp: i32,
+    /// Max outstanding WRs per queue.
+    pub max_qp_wr: i32,
+    /// `IBV_DEVICE_*` capability flags.
+    pub device_cap_flags: u32,
+    /// Max scatter/gather entries per WR (non-RD).
+    pub max_sge: i32,
+    /// Max SGEs per RDMA READ.
+    pub max_sge_rd: i32,
+    /// Max CQs.
+    pub max_cq: i32,
+    /// Max CQ entries per CQ.
+    pub max_cqe: i32,
+    /// Max MRs.
+    pub max_mr: i32,
+    /// Max PDs.
+    pub max_pd: i32,
+    /// Max outstanding RDMA READ/atomic per QP as target.
+    pub max_qp_rd_atom: i32,
+    /// Max per EE context as target.
+    pub max_ee_rd_atom: i32,
+    /// Max resources for RDMA READ/atomic as target.
+    pub max_res_rd_atom: i32,
+    /// Max outstanding RDMA READ/atomic per QP as initiator.
+    pub max_qp_init_rd_atom: i32,
+    /// Max per EE as initiator.
+    pub max_ee_init_rd_atom: i32,
+    /// Atomic support.
+    pub atomic_cap: AtomicCap,
+    /// Max EE contexts.
+    pub max_ee: i32,
+    /// Max RDDs.
+    pub max_rdd: i32,
+    /// Max memory windows.
+    pub max_mw: i32,
+    /// Max raw IPv6 QPs.
+    pub max_raw_ipv6_qp: i32,
+    /// Max raw Ethertype QPs.
+    pub max_raw_ethy_qp: i32,
+    /// Max multicast groups.
+    pub max_mcast_grp: i32,
+    /// Max QPs per multicast group.
+    pub max_mcast_qp_attach: i32,
+    /// Max QPs attached to multicast groups in total.
+    pub max_total_mcast_qp_attach: i32,
+    /// Max address handles.
+    pub max_ah: i32,
+    /// Max FMRs.
+    pub max_fmr: i32,
+    /// Max maps per FMR.
+    pub max_map_per_fmr: i32,
+    /// Max SRQs.
+    pub max_srq: i32,
+    /// Max WRs per SRQ.
+    pub max_srq_wr: i32,
+    /// Max SGEs per SRQ WR.
+    pub max_srq_sge: i32,
+    /// Max partition keys.
+    pub max_pkeys: u16,
+    /// Local CA ack delay.
+    pub local_ca_ack_delay: u8,
+    /// Number of physical ports.
+    pub phys_port_cnt: u8,
+    /// On-demand paging general caps (`IBV_ODP_*`).
+    pub odp_general_caps: u64,
+    /// ODP caps for RC.
+    pub odp_rc_caps: u32,
+    /// ODP caps for UC.
+    pub odp_uc_caps: u32,
+    /// ODP caps for UD.
+    pub odp_ud_caps: u32,
+    /// Completion timestamp mask (0: no timestamps).
+    pub completion_timestamp_mask: u64,
+    /// HCA core clock, kHz.
+    pub hca_core_clock: u64,
+    /// Extended capability flags.
+    pub device_cap_flags_ex: u64,
+    /// Max device memory, bytes.
+    pub max_dm_size: u64,
+    /// Max CQ moderation count.
+    pub max_cq_count: u16,
+    /// Max CQ moderation period, µs.
+    pub max_cq_period: u16,
+    /// Port count from the extended query.
+    pub phys_port_cnt_ex: u32,
+}
+
+impl DeviceAttr {
+    fn from_ffi(a: &ffi::ibv_device_attr_ex) -> DeviceAttr {
+        let o = &a.orig_attr;
+        DeviceAttr {
+            fw_ver: device::carray(&o.fw_ver),
+            node_guid: u64::from_be(o.node_guid),
+            sys_image_guid: u64::from_be(o.sys_image_guid),
+            max_mr_size: o.max_mr_size,
+            page_size_cap: o.page_size_cap,
+            vendor_id: o.vendor_id,
+            vendor_part_id: o.vendor_part_id,
+            hw_ver: o.hw_ver,
+            max_qp: o.max_qp,
+            max_qp_wr: o.max_qp_wr,
+            device_cap_flags: o.device_cap_flags,
+            max_sge: o.max_sge,
+            max_sge_rd: o.max_sge_rd,
+            max_cq: o.max_cq,
+            max_cqe: o.max_cqe,
+            max_mr: o.max_mr,
+            max_pd: o.max_pd,
+            max_qp_rd_atom: o.max_qp_rd_atom,
+            max_ee_rd_atom: o.max_ee_rd_atom,
+            max_res_rd_atom: o.max_res_rd_atom,
+            max_qp_init_rd_atom: o.max_qp_init_rd_atom,
+            max_ee_init_rd_atom: o.max_ee_init_rd_atom,
+            atomic_cap: AtomicCap::from_raw(o.atomic_cap),
+            max_ee: o.max_ee,
+            max_rdd: o.max_rdd,
+            max_mw: o.max_mw,
+            max_raw_ipv6_qp: o.max_raw_ipv6_qp,
+            max_raw_ethy_qp: o.max_raw_ethy_qp,
+            max_mcast_grp: o.max_mcast_grp,
+            max_mcast_qp_attach: o.max_mcast_qp_attach,
+            max_total_mcast_qp_attach: o.max_total_mcast_qp_attach,
+            max_ah: o.max_ah,
+            max_fmr: o.max_fmr,
+            max_map_per_fmr: o.max_map_per_fmr,
+            max_srq: o.max_srq,
+            max_srq_wr: o.max_srq_wr,
+            max_srq_sge: o.max_srq_sge,
+            max_pkeys: o.max_pkeys,
+            local_ca_ack_delay: o.local_ca_ack_delay,
+            phys_port_cnt: o.phys_port_cnt,
+            odp_general_caps: a.odp_caps.general_caps,
+            odp_rc_caps: a.odp_caps.per_transport_caps.rc_odp_caps,
+            odp_uc_caps: a.odp_caps.per_transport_caps.uc_odp_caps,
+            odp_ud_caps: a.odp_caps.per_transport_caps.ud_odp_caps,
+            completion_timestamp_mask: a.completion_timestamp_mask,
+            hca_core_clock: a.hca_core_clock,
+            device_cap_flags_ex: a.device_cap_flags_ex,
+            max_dm_size: a.max_dm_size,
+            max_cq_count: a.cq_mod_caps.max_cq_count,
+            max_cq_period: a.cq_mod_caps.max_cq_period,
+            phys_port_cnt_ex: a.phys_port_cnt_ex,
+        }
+    }
+}
+
+/// Port attributes (`ibv_port_attr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PortAttr {
+    /// Logical state.
+    pub state: PortState,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU in use; the default path MTU for connections.
+    pub active_mtu: Mtu,
+    /// GID table length.
+    pub gid_tbl_len: i32,
+    /// `IBV_PORT_*` capability flags.
+    pub port_cap_flags: u32,
+    /// Max message size.
+    pub max_msg_sz: u32,
+    /// Bad P_Key counter.
+    pub bad_pkey_cntr: u32,
+    /// Q_Key violation counter.
+    pub qkey_viol_cntr: u32,
+    /// P_Key table length.
+    pub pkey_tbl_len: u16,
+    /// Base LID (0 on RoCE).
+    pub lid: u16,
+    /// Subnet manager LID.
+    pub sm_lid: u16,
+    /// LID mask control.
+    pub lmc: u8,
+    /// Max virtual lanes.
+    pub max_vl_num: u8,
+    /// Subnet manager SL.
+    pub sm_sl: u8,
+    /// Subnet propagation delay.
+    pub subnet_timeout: u8,
+    /// Init type reply.
+    pub init_type_reply: u8,
+    /// Active link width (encoded as the kernel reports it).
+    pub active_width: u8,
+    /// Active link speed (encoded).
+    pub active_speed: u8,
+    /// Physical port state (5 = LinkUp).
+    pub phys_state: u8,
+    /// Link layer.
+    pub link_layer: LinkLayer,
+    /// Port flags.
+    pub flags: u8,
+    /// More capability flags.
+    pub port_cap_flags2: u16,
+}
+
+impl PortAttr {
+    fn from_ffi(a: &ffi::ibv_port_attr) -> PortAttr {
+        PortAttr {
+            state: PortState::from_raw(a.state),
+            max_mtu: Mtu::from_raw(a.max_mtu),
+            active_mtu: Mtu::from_raw(a.active_mtu),
+            gid_tbl_len: a.gid_tbl_len,
+            port_cap_flags: a.port_cap_flags,
+            max_msg_sz: a.max_msg_sz,
+            bad_pkey_cntr: a.bad_pkey_cntr,
+            qkey_viol_cntr: a.qkey_viol_cntr,
+            pkey_tbl_len: a.pkey_tbl_len,
+            lid: a.lid,
+            sm_lid: a.sm_lid,
+            lmc: a.lmc,
+            max_vl_num: a.max_vl_num,
+            sm_sl: a.sm_sl,
+            subnet_timeout: a.subnet_timeout,
+            init_type_reply: a.init_type_reply,
+            active_width: a.active_width,
+            active_speed: a.active_speed,
+            phys_state: a.phys_state,
+            link_layer: LinkLayer::from_raw(a.link_layer),
+            flags: a.flags,
+            port_cap_flags2: a.port_cap_flags2,
+        }
+    }
+}

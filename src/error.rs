@@ -1,0 +1,310 @@
+//! The crate's one error type.
+//!
+//! Every failing verb names itself, carries the errno, and where a common cause
+//! is known, a hint that says what to do about it.
+
+use std::fmt;
+use std::io;
+
+use crate::cq::WcStatus;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in rdma-verbs.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A libibverbs / librdmacm call failed.
+    #[error("{verb} failed: {source}{}", Hint(hint))]
+    Verb {
+        /// The C function that failed, e.g. `ibv_reg_mr`.
+        verb: &'static str,
+        /// The errno it reported.
+        source: io::Error,
+        /// What to do about it, where a common cause is known.
+        hint: Option<String>,
+    },
+
+    /// The running kernel has no RDMA support (no `ib_uverbs`).
+    #[error(
+        "this kernel has no RDMA support (no ib_uverbs; {verb} returned ENOSYS/ENODEV); \
+         load rdma_rxe on a kernel that has it, or use `cargo xtask run` to run inside the soft-RoCE VM"
+    )]
+    NoRdmaSupport {
+        /// The call that revealed it.
+        verb: &'static str,
+    },
+
+    /// The kernel supports RDMA but there is no device.
+    #[error(
+        "no RDMA devices found; create a soft-RoCE device with \
+         `rdma link add rxe0 type rxe netdev <if>` (needs the rdma_rxe module)"
+    )]
+    NoDevices,
+
+    /// No device has the requested name.
+    #[error("no RDMA device named `{name}` (available: {available})")]
+    DeviceNotFound {
+        /// The name asked for.
+        name: String,
+        /// Comma-separated names that do exist.
+        available: String,
+    },
+
+    /// Memory registration ran into the locked-memory limit.
+    #[error(
+        "{verb} of {requested} bytes failed: {source}; the locked-memory limit (RLIMIT_MEMLOCK) is {}, \
+         raise it with `ulimit -l unlimited` (or memlock in /etc/security/limits.conf, \
+         LimitMEMLOCK= for systemd services, --ulimit memlock=-1 for containers)",
+        fmt_limit(*limit)
+    )]
+    MemlockLimit {
+        /// `ibv_reg_mr` or a variant.
+        verb: &'static str,
+        /// Bytes asked for.
+        requested: usize,
+        /// The soft limit in bytes, `None` when unlimited or unknown.
+        limit: Option<u64>,
+        /// The errno (ENOMEM or EPERM).
+        source: io::Error,
+    },
+
+    /// A GID string could not be parsed.
+    #[error(
+        "invalid GID `{input}`: expected an IPv6 address (`fe80::1`, `::ffff:10.0.0.1`) or 32 hex digits"
+    )]
+    InvalidGid {
+        /// The text that was given.
+        input: String,
+    },
+
+    /// An argument is out of the range the device or the API accepts.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// Which argument.
+        what: &'static str,
+        /// Why it is refused and what would be accepted.
+        reason: String,
+    },
+
+    /// A work request has more scatter/gather entries than allowed.
+    #[error(
+        "work request has {requested} scatter/gather entries but at most {max} are allowed here \
+         (raise max_send_sge/max_recv_sge at QP creation, or split the request)"
+    )]
+    TooManySges {
+        /// Entries in the request.
+        requested: usize,
+        /// The limit.
+        max: usize,
+    },
+
+    /// A remote access would fall outside the remote memory region.
+    #[error(
+        "remote range [{offset}, {offset}+{len}) is outside the remote region of {region_len} bytes"
+    )]
+    RemoteOutOfBounds {
+        /// Offset into the remote region.
+        offset: u64,
+        /// Bytes accessed.
+        len: u64,
+        /// Size of the remote region.
+        region_len: u64,
+    },
+
+    /// The send or receive queue has no free slot: poll completions first.
+    #[error(
+        "the {queue} queue is full ({depth} work requests outstanding); poll the CQ to retire completions before posting more"
+    )]
+    QueueFull {
+        /// `send` or `recv`.
+        queue: &'static str,
+        /// Its depth.
+        depth: u32,
+    },
+
+    /// Local access to memory that a remote peer may write at any time.
+    #[error(
+        "this memory region is remotely writable (REMOTE_WRITE/REMOTE_ATOMIC): a peer may change it at any \
+         moment, so no Rust slice of it can be handed out; copy with read_at()/to_vec() instead"
+    )]
+    RemotelyWritable,
+
+    /// A QP state transition was refused by the kernel.
+    #[error(
+        "modify_qp {from} -> {to} failed: {source} (attr_mask {mask:#x}: {mask_names}){}",
+        Hint(hint)
+    )]
+    Transition {
+        /// State before.
+        from: &'static str,
+        /// State asked for.
+        to: &'static str,
+        /// The attribute mask that was sent.
+        mask: u32,
+        /// The mask's bits by name.
+        mask_names: String,
+        /// The errno.
+        source: io::Error,
+        /// What to check.
+        hint: Option<String>,
+    },
+
+    /// A work completion came back with an error status.
+    #[error("work request {wr_id} completed with {status} (vendor error {vendor_err:#x}){}", Hint(&status.hint().map(str::to_owned)))]
+    WorkCompletion {
+        /// The user's wr_id.
+        wr_id: u64,
+        /// The status.
+        status: WcStatus,
+        /// Device-specific detail.
+        vendor_err: u32,
+    },
+
+    /// A blocking wait ran out of time.
+    #[error("{what} timed out after {after:?}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        after: std::time::Duration,
+    },
+
+    /// An I/O error outside the verbs (e.g. the TCP endpoint exchange).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+
+    /// A peer sent something that does not parse.
+    #[error("malformed message from peer: {0}")]
+    Protocol(String),
+}
+
+struct Hint<'a>(&'a Option<String>);
+
+impl fmt::Display for Hint<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(h) => write!(f, "; hint: {h}"),
+            None => Ok(()),
+        }
+    }
+}
+
+fn fmt_limit(limit: Option<u64>) -> String {
+    match limit {
+        Some(b) => format!("{b} bytes ({} KiB)", b / 1024),
+        None => "unlimited or unknown".to_owned(),
+    }
+}
+
+/// The calling thread's errno as an `io::Error`.
+pub(crate) fn last_errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// An errno value returned directly (ibv_* functions that return the errno).
+pub(crate) fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code.abs())
+}
+
+impl Error {
+    /// A verb failure with the given errno and no hint.
+    pub(crate) fn verb(verb: &'static str, source: io::Error) -> Self {
+        let hint = default_hint(verb, &source);
+        Error::Verb { verb, source, hint }
+    }
+
+    /// The errno behind this error, if it has one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verb { source, .. }
+            | Error::MemlockLimit { source, .. }
+            | Error::Transition { source, .. }
+            | Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+fn default_hint(verb: &'static str, e: &io::Error) -> Option<String> {
+    let code = e.raw_os_error()?;
+    let h = match code {
+        libc::EACCES | libc::EPERM if verb.starts_with("ibv_open") => {
+            "no permission on /dev/infiniband/uverbs*; check the device node's mode or run as a member of the rdma group"
+        }
+        libc::EINVAL if verb == "ibv_create_cq" => {
+            "the CQ depth exceeds max_cqe (see query_device())"
+        }
+        libc::EINVAL if verb == "ibv_create_qp" => {
+            "a capability (max_send_wr, max_recv_wr, max_*_sge, max_inline_data) exceeds the device limits (see query_device())"
+        }
+        libc::ENOMEM if verb == "ibv_create_qp" || verb == "ibv_create_cq" => {
+            "the device is out of resources or the requested queue is too deep"
+        }
+        _ => return None,
+    };
+    Some(h.to_owned())
+}
+
+/// The current RLIMIT_MEMLOCK soft limit in bytes, `None` for unlimited.
+pub(crate) fn memlock_limit() -> Option<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the rlimit we own; no other memory is touched.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
+    (rc == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verb_error_names_verb_and_errno() {
+        let e = Error::verb("ibv_alloc_pd", errno(libc::ENOMEM));
+        let s = e.to_string();
+        assert!(s.starts_with("ibv_alloc_pd failed: "), "{s}");
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+    }
+
+    #[test]
+    fn memlock_error_says_what_to_do() {
+        let e = Error::MemlockLimit {
+            verb: "ibv_reg_mr",
+            requested: 9 << 20,
+            limit: Some(8 << 20),
+            source: errno(libc::ENOMEM),
+        };
+        let s = e.to_string();
+        assert!(s.contains("ulimit -l"), "{s}");
+        assert!(s.contains("8388608 bytes"), "{s}");
+        assert!(s.contains("9437184 bytes"), "{s}");
+    }
+
+    #[test]
+    fn no_rdma_support_points_at_the_vm() {
+        let s = Error::NoRdmaSupport {
+            verb: "ibv_get_device_list",
+        }
+        .to_string();
+        assert!(
+            s.contains("no RDMA support") && s.contains("cargo xtask run"),
+            "{s}"
+        );
+        assert!(Error::NoDevices.to_string().contains("rdma link add"));
+    }
+
+    #[test]
+    fn create_cq_einval_hints_at_max_cqe() {
+        let s = Error::verb("ibv_create_cq", errno(libc::EINVAL)).to_string();
+        assert!(s.contains("max_cqe"), "{s}");
+    }
+}

@@ -1,0 +1,47 @@
+//! # rdma-verbs
+//!
+//! Safe Rust bindings to RDMA verbs (libibverbs) and librdmacm.
+//!
+//! * RAII handles: [`Context`], [`Pd`], [`Mr`], [`Cq`], [`Qp`]; children keep
+//!   their parents alive, `Drop` never panics.
+//! * The QP state machine in the type system: `post_send` on a QP that is not
+//!   in RTS does not compile ([`qp`]).
+//! * A data path that safe code cannot misuse: posting moves buffers into the
+//!   QP, polling the completion gives them back ([`qp`] explains why it is sound).
+//! * [`ffi`]: the raw bindings, generated at build time from rdma-core's headers.
+//!
+//! ```no_run
+//! use rdma_verbs::{AccessFlags, Context, Cq, Pd};
+//! let ctx = Context::open(None)?;
+//! let pd = Pd::new(&ctx)?;
+//! let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+//! let cq = Cq::new(&ctx, 64)?;
+//! # Ok::<(), rdma_verbs::Error>(())
+//! ```
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod context;
+pub mod cq;
+pub mod device;
+mod enums;
+pub mod error;
+pub mod ffi;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+
+pub use context::{Context, DeviceAttr, PortAttr};
+pub use cq::{Completion, Cq, WcOpcode, WcStatus};
+pub use device::{
+    Device, DeviceList, Gid, GidEntry, GidType, LinkLayer, Mtu, NodeType, PortState, Transport,
+    devices,
+};
+pub use error::{Error, Result};
+pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
+pub use pd::Pd;
+pub use qp::{
+    Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
+    TransitionError,
+};

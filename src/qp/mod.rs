@@ -1,0 +1,715 @@
+//! Queue pairs: the state machine in types, and a data path safe code cannot misuse.
+//!
+//! # The state machine
+//! `Qp<Rc, Reset>` → [`init`](Qp::init) → `Qp<Rc, Init>` → [`rtr`](Qp::rtr) →
+//! `Qp<Rc, Rtr>` → [`rts`](Qp::rts) → `Qp<Rc, Rts>`; [`to_error`](Qp::to_error)
+//! and [`reset`](Qp::reset) from any state. Each transition consumes the QP and
+//! takes exactly the attributes the kernel requires; a refused transition
+//! hands the QP back in its old state inside [`TransitionError`].
+//! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send)
+//! only in RTS; misuse does not compile:
+//!
+//! ```compile_fail
+//! # fn f(qp: &mut rdma_verbs::Qp<rdma_verbs::Rc, rdma_verbs::qp::Rtr>) {
+//! qp.post_send(rdma_verbs::SendWr::send(1)); // no post_send before RTS
+//! # }
+//! ```
+//!
+//! # Why the safe data path is sound
+//! After `ibv_post_send`/`ibv_post_recv` the NIC reads or writes the posted
+//! buffers until the work request completes. The safe path makes that
+//! ownership explicit:
+//!
+//! * Posting **moves** the buffers ([`Mr`](crate::Mr), or a read-only
+//!   [`SharedMr`](crate::SharedMr) for SEND/WRITE sources) into a slot of the
+//!   QP's preallocated ring (no heap allocation per work request); the slot's
+//!   address is the `wr_id` the NIC sees. Nothing else can reach the buffer.
+//! * [`Cq::poll`](crate::Cq::poll) (single consumer: `&mut Cq`) maps each
+//!   completion back to its slot and returns the buffers inside the
+//!   [`Completion`](crate::Completion). Queues complete in order, so a
+//!   completion also retires the unsignaled requests before it; their buffers
+//!   are released then. The QP forces a signaled request when its ring would
+//!   fill up, so it can never wedge.
+//! * NIC-written destinations (receives, READ and atomic results) must be
+//!   exclusively owned `Mr`s; `SharedMr` is refused there, since others may
+//!   be reading it.
+//! * Flushed completions (QP in ERR) return their buffers the same way.
+//! * **QP dropped with work in flight**: `ibv_destroy_qp` returns only when the
+//!   NIC is done with the QP. Its completions may still sit in the CQ, so the
+//!   slot rings move into each CQ's graveyard; the CQ frees them (releasing
+//!   the buffers still inside) the first time a poll finds it empty, or when
+//!   the CQ is destroyed. [`reset`](Qp::reset) does the same with fresh rings.
+//! * **A CQ shared by several QPs**: the `wr_id` names the slot, and the slot
+//!   names its ring, so completions of any QP find their buffers without a
+//!   lookup or a lock.
+//! * **Memory a peer can write** (REMOTE_WRITE/REMOTE_ATOMIC) is never exposed
+//!   as a Rust slice; see [`crate::mr`].
+//!
+//! Misuse that remains possible in safe code is harmless: polling with
+//! [`Cq::poll_raw`](crate::Cq::poll_raw) keeps the buffers in the ring until the
+//! QP is destroyed; letting the CQ overflow loses completions (the QP goes to
+//! ERR), so buffers again wait for QP destruction.
+//!
+//! The `unsafe` [`post_send_raw`](Qp::post_send_raw) /
+//! [`post_recv_raw`](Qp::post_recv_raw) take C work requests for callers who
+//! manage buffers themselves; their contract is in their `# Safety` sections.
+
+pub mod attr;
+pub(crate) mod ring;
+pub mod state;
+pub mod wr;
+
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::cq::{Cq, CqInner};
+use crate::error::{Error, Result, errno, last_errno};
+use crate::ffi;
+use crate::pd::Pd;
+
+pub use attr::{
+    AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
+};
+pub use ring::{Buffer, MAX_SAFE_SGES, Sges};
+pub use state::{CanPostRecv, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
+pub use wr::{RecvWr, SendWr};
+
+use ring::Rings;
+
+/// A queue pair of transport `T` in state `S`.
+pub struct Qp<T: QpType, S: QpState> {
+    core: QpCore,
+    _marker: PhantomData<(T, S)>,
+}
+
+struct QpCore {
+    raw: NonNull<ffi::ibv_qp>,
+    rings: Arc<Rings>,
+    sq_head: u64,
+    rq_head: u64,
+    caps: QpCaps,
+    psn: u32,
+    port: u8,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
+    pd: Pd,
+}
+
+// SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
+// thread posts at a time, and the rings are Send + Sync (see ring.rs).
+unsafe impl Send for QpCore {}
+// SAFETY: &Qp only reaches query verbs, which libibverbs makes thread-safe.
+unsafe impl Sync for QpCore {}
+
+impl Drop for QpCore {
+    fn drop(&mut self) {
+        // SAFETY: raw is a live QP owned by this core. After ibv_destroy_qp returns
+        // the NIC no longer touches its buffers. A failure is ignored (never panic).
+        unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
+        self.bury_rings();
+    }
+}
+
+impl QpCore {
+    /// Hands the rings to the CQs, which free them once no stale completion can
+    /// name them (see the module docs).
+    fn bury_rings(&self) {
+        let rings: Arc<dyn Any + Send + Sync> = self.rings.clone();
+        self.send_cq.bury(rings.clone());
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            self.recv_cq.bury(rings);
+        }
+    }
+
+    fn modify(
+        &self,
+        (mut attr, mask): (ffi::ibv_qp_attr, u32),
+        from: &'static str,
+        to: &'static str,
+    ) -> Result<()> {
+        // SAFETY: valid QP; attr is a fully initialised ibv_qp_attr.
+        let rc = unsafe { ffi::ibv_modify_qp(self.raw.as_ptr(), &mut attr, mask as i32) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let hint = match (rc.abs(), to) {
+            (libc::EINVAL, "INIT") => Some("check the port number and pkey index".to_owned()),
+            (libc::EINVAL, "RTR") => Some(
+                "check the remote QPN, the GID index (sgid_index must exist on this port; RoCE needs a GRH), \
+                 the path MTU (at most the port's active_mtu) and max_dest_rd_atomic"
+                    .to_owned(),
+            ),
+            (libc::EINVAL, "RTS") => Some("check timeout, retry_cnt (<= 7), rnr_retry (<= 7) and max_rd_atomic".to_owned()),
+            _ => None,
+        };
+        Err(Error::Transition {
+            from,
+            to,
+            mask,
+            mask_names: attr::mask_names(mask),
+            source: errno(rc),
+            hint,
+        })
+    }
+}
+
+/// A refused transition: the error and the QP, still in its old state.
+pub struct TransitionError<Q> {
+    /// The QP, unchanged.
+    pub qp: Q,
+    /// Why it was refused.
+    pub error: Error,
+}
+
+impl<Q> fmt::Debug for TransitionError<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransitionError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q> fmt::Display for TransitionError<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<Q> std::error::Error for TransitionError<Q> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<Q> From<TransitionError<Q>> for Error {
+    fn from(e: TransitionError<Q>) -> Error {
+        e.error
+    }
+}
+
+/// A refused post: the error and the buffers of every request that did not
+/// reach the NIC, as `(wr_id, buffers)` in order.
+pub struct PostError {
+    /// Why.
+    pub error: Error,
+    /// Requests not posted, with their buffers.
+    pub unposted: Vec<(u64, Sges)>,
+}
+
+impl fmt::Debug for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostError")
+            .field("error", &self.error)
+            .field("unposted", &self.unposted.len())
+            .finish()
+    }
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({} work requests not posted)",
+            self.error,
+            self.unposted.len()
+        )
+    }
+}
+
+impl std::error::Error for PostError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<PostError> for Error {
+    fn from(e: PostError) -> Error {
+        e.error
+    }
+}
+
+impl Qp<Rc, Reset> {
+    /// Creates an RC QP in `pd` whose sends complete on `send_cq` and receives
+    /// on `recv_cq` (they may be the same CQ).
+    ///
+    /// Make each CQ deep enough for the signaled work requests of every QP on it.
+    pub fn new(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Rc, Reset>> {
+        Qp::create(pd, send_cq, recv_cq, caps)
+    }
+}
+
+impl<T: QpType> Qp<T, Reset> {
+    fn create(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<T, Reset>> {
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: send_cq.as_raw(),
+            recv_cq: recv_cq.as_raw(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+            },
+            qp_type: T::RAW,
+            sq_sig_all: i32::from(caps.sq_sig_all),
+            ..Default::default()
+        };
+        // SAFETY: valid PD and CQs (kept alive by the Arcs stored below); init is
+        // fully initialised; the provider writes the actual caps back into it.
+        let raw = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut init) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))?;
+        let got = QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+            sq_sig_all: caps.sq_sig_all,
+        };
+        Ok(Qp {
+            core: QpCore {
+                raw,
+                // Never more in flight than asked for, even if the device rounded up.
+                rings: Rings::new(
+                    caps.max_send_wr.min(got.max_send_wr),
+                    caps.max_recv_wr.min(got.max_recv_wr),
+                ),
+                sq_head: 0,
+                rq_head: 0,
+                caps: got,
+                psn: random_psn(),
+                port: 1,
+                send_cq: send_cq.inner.clone(),
+                recv_cq: recv_cq.inner.clone(),
+                pd: pd.clone(),
+            },
+            _marker: PhantomData,
+        })
+    }
+}
+
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    let v = if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(1)
+    };
+    v & 0x00ff_ffff
+}
+
+impl<T: QpType, S: QpState> Qp<T, S> {
+    fn into_state<S2: QpState>(self) -> Qp<T, S2> {
+        Qp {
+            core: self.core,
+            _marker: PhantomData,
+        }
+    }
+
+    fn transition<S2: QpState>(
+        self,
+        attr: (ffi::ibv_qp_attr, u32),
+    ) -> Result<Qp<T, S2>, TransitionError<Qp<T, S>>> {
+        match self.core.modify(attr, S::NAME, S2::NAME) {
+            Ok(()) => Ok(self.into_state()),
+            Err(error) => Err(TransitionError { qp: self, error }),
+        }
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: raw is valid while self lives; qp_num is a plain field.
+        unsafe { (*self.core.raw.as_ptr()).qp_num }
+    }
+
+    /// The capabilities the device granted (it may round requests up).
+    pub fn caps(&self) -> QpCaps {
+        self.core.caps
+    }
+
+    /// The PSN this side starts sending with (random, 24 bits; goes in the [`Endpoint`]).
+    pub fn psn(&self) -> u32 {
+        self.core.psn
+    }
+
+    /// The PD the QP belongs to.
+    pub fn pd(&self) -> &Pd {
+        &self.core.pd
+    }
+
+    /// The raw `ibv_qp`, valid while this `Qp` lives. Changing its state behind
+    /// the type's back voids the state guarantee (not memory safety).
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
+        self.core.raw.as_ptr()
+    }
+
+    /// This side's endpoint for the peer: LID of `port`, QPN, PSN, and the GID
+    /// at `gid_index` (zero GID when `None`, like `ibv_rc_pingpong` without `-g`).
+    pub fn endpoint(&self, port: u8, gid_index: Option<u32>) -> Result<Endpoint> {
+        let ctx = self.core.pd.context();
+        let lid = ctx.query_port(port)?.lid;
+        let gid = match gid_index {
+            Some(i) => ctx.query_gid(port, i)?,
+            None => crate::Gid::ZERO,
+        };
+        Ok(Endpoint {
+            lid,
+            qpn: self.qp_num(),
+            psn: self.core.psn,
+            gid,
+        })
+    }
+
+    /// Every attribute of the QP (`ibv_query_qp`), including its real state.
+    pub fn query(&self) -> Result<QpAttr> {
+        let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
+        let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
+        let mask = 0x01ff_ffff; // every IBV_QP_* attribute bit
+        // SAFETY: valid QP and out-structs.
+        let rc =
+            unsafe { ffi::ibv_query_qp(self.as_raw(), attr.as_mut_ptr(), mask, init.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_query_qp", errno(rc)));
+        }
+        // SAFETY: zeroed and filled by the call; plain C structs (pointers may be null).
+        Ok(unsafe { QpAttr::from_ffi(&attr.assume_init(), &init.assume_init()) })
+    }
+
+    /// Moves the QP to ERR: every outstanding work request completes with
+    /// WR_FLUSH_ERR and its buffers come back through the CQ.
+    pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
+        let attr = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))
+    }
+
+    /// Moves the QP to RESET. Outstanding work requests are discarded without
+    /// completions; their buffers are released once the CQs no longer hold
+    /// completions that name them, and the QP continues with fresh rings.
+    pub fn reset(self) -> Result<Qp<T, Reset>, TransitionError<Qp<T, S>>> {
+        let attr = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_RESET,
+            ..Default::default()
+        };
+        let mut qp: Qp<T, Reset> =
+            self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))?;
+        qp.core.bury_rings();
+        let (sq, rq) = (
+            qp.core.rings.sq.depth() as u32,
+            qp.core.rings.rq.depth() as u32,
+        );
+        qp.core.rings = Rings::new(sq, rq);
+        qp.core.sq_head = 0;
+        qp.core.rq_head = 0;
+        Ok(qp)
+    }
+}
+
+impl Qp<Rc, Reset> {
+    /// RESET → INIT.
+    pub fn init(mut self, attr: InitAttr) -> Result<Qp<Rc, Init>, TransitionError<Qp<Rc, Reset>>> {
+        let port = self.core.port;
+        self.core.port = attr.port;
+        self.transition(attr.to_ffi()).map_err(|mut e| {
+            e.qp.core.port = port;
+            e
+        })
+    }
+}
+
+impl Qp<Rc, Init> {
+    /// INIT → RTR.
+    pub fn rtr(self, attr: RtrAttr) -> Result<Qp<Rc, Rtr>, TransitionError<Qp<Rc, Init>>> {
+        self.transition(attr.to_ffi())
+    }
+
+    /// INIT → RTR → RTS towards `remote` with the defaults of `ibv_rc_pingpong`:
+    /// path MTU = the port's active MTU, a GRH from `gid_index` when given.
+    /// A failure destroys the QP (its buffers are released) and returns the error.
+    pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Rc, Rts>> {
+        let port = self.core.port;
+        let mtu = self.core.pd.context().query_port(port)?.active_mtu;
+        let sq_psn = self.core.psn;
+        let qp = self.rtr(RtrAttr::new(remote, port, mtu, gid_index))?;
+        Ok(qp.rts(RtsAttr::new(sq_psn))?)
+    }
+}
+
+impl Qp<Rc, Rtr> {
+    /// RTR → RTS.
+    pub fn rts(self, attr: RtsAttr) -> Result<Qp<Rc, Rts>, TransitionError<Qp<Rc, Rtr>>> {
+        self.transition(attr.to_ffi())
+    }
+}
+
+/// How many work requests one chained `ibv_post_*` call carries at most.
+const POST_CHUNK: usize = 32;
+
+impl<T: QpType, S: CanPostRecv> Qp<T, S> {
+    /// Posts one receive; its buffers return with the completion.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        self.post_recv_list(std::iter::once(wr))
+    }
+
+    /// Posts receives as chained lists (one `ibv_post_recv` per 32 requests).
+    pub fn post_recv_list(
+        &mut self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), PostError> {
+        let mut wrs = wrs.into_iter().peekable();
+        let mut c_wrs = [ffi::ibv_recv_wr::default(); POST_CHUNK];
+        let mut c_sges = [ffi::ibv_sge::default(); POST_CHUNK * ring::MAX_SAFE_SGES];
+        while wrs.peek().is_some() {
+            let first_seq = self.core.rq_head;
+            let mut n = 0;
+            let mut failed = None;
+            while n < POST_CHUNK {
+                let Some(wr) = wrs.next() else { break };
+                let rings = &self.core.rings;
+                if let Err(e) = wr.validate(self.core.caps.max_recv_sge) {
+                    failed = Some((e, wr.wr_id, wr.bufs));
+                    break;
+                }
+                if rings.rq.in_flight(self.core.rq_head) >= rings.rq.depth() {
+                    let e = Error::QueueFull {
+                        queue: "receive",
+                        depth: rings.rq.depth() as u32,
+                    };
+                    failed = Some((e, wr.wr_id, wr.bufs));
+                    break;
+                }
+                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
+                let mut num = 0;
+                for (i, b) in wr.bufs.iter().enumerate() {
+                    sges[i] = b.sge();
+                    num += 1;
+                }
+                // SAFETY: producer side (&mut self), space checked above.
+                let slot = unsafe { rings.rq.fill(self.core.rq_head, wr.wr_id, wr.bufs) };
+                c_wrs[n] = ffi::ibv_recv_wr {
+                    wr_id: slot,
+                    next: std::ptr::null_mut(),
+                    sg_list: sges.as_mut_ptr(),
+                    num_sge: num,
+                };
+                self.core.rq_head += 1;
+                n += 1;
+            }
+            if n > 0 {
+                for i in 0..n - 1 {
+                    c_wrs[i].next = &mut c_wrs[i + 1];
+                }
+                let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+                // SAFETY: valid QP; the chain and its SGEs live on this stack frame,
+                // every SGE points into a buffer now owned by a ring slot.
+                let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), c_wrs.as_mut_ptr(), &mut bad) };
+                if rc != 0 {
+                    let bad_idx = if bad.is_null() {
+                        0
+                    } else {
+                        (bad as usize - c_wrs.as_ptr() as usize) / size_of::<ffi::ibv_recv_wr>()
+                    };
+                    let unposted = self.rollback_recv(first_seq + bad_idx as u64, failed, wrs);
+                    return Err(PostError {
+                        error: Error::verb("ibv_post_recv", errno(rc)),
+                        unposted,
+                    });
+                }
+            }
+            if let Some((error, wr_id, bufs)) = failed {
+                let mut unposted = vec![(wr_id, bufs)];
+                unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                return Err(PostError { error, unposted });
+            }
+        }
+        Ok(())
+    }
+
+    fn rollback_recv(
+        &mut self,
+        from_seq: u64,
+        failed: Option<(Error, u64, Sges)>,
+        rest: impl Iterator<Item = RecvWr>,
+    ) -> Vec<(u64, Sges)> {
+        let mut out = Vec::new();
+        for seq in from_seq..self.core.rq_head {
+            // SAFETY: producer side; the device refused these, no completion names them.
+            out.push(unsafe { self.core.rings.rq.unfill(seq) });
+        }
+        self.core.rq_head = from_seq;
+        out.extend(failed.map(|(_, id, b)| (id, b)));
+        out.extend(rest.map(|w| (w.wr_id, w.bufs)));
+        out
+    }
+
+    /// Posts a C receive work request list as is (`ibv_post_recv`).
+    ///
+    /// # Safety
+    /// Every SGE must point into memory registered in this QP's PD with
+    /// LOCAL_WRITE, that stays valid, and that nothing reads or writes, until
+    /// the request's completion is polled (or the QP is destroyed). The
+    /// completions must be polled with [`Cq::poll_raw`](crate::Cq::poll_raw),
+    /// never [`Cq::poll`](crate::Cq::poll), because `wr_id` is yours.
+    pub unsafe fn post_recv_raw(&mut self, wr: &mut ffi::ibv_recv_wr) -> Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid QP; the caller upholds the buffer contract.
+        let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), wr, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb("ibv_post_recv", errno(rc)))
+        }
+    }
+}
+
+impl<T: QpType> Qp<T, Rts> {
+    /// Posts one send-queue work request; its buffers return with the completion.
+    pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError> {
+        self.post_send_list(std::iter::once(wr))
+    }
+
+    /// Posts send-queue work requests as chained lists (one `ibv_post_send`, one
+    /// doorbell, per 32 requests). On failure, the requests that did not reach the
+    /// NIC come back in the error with their buffers.
+    pub fn post_send_list<'a>(
+        &mut self,
+        wrs: impl IntoIterator<Item = SendWr<'a>>,
+    ) -> Result<(), PostError> {
+        let mut wrs = wrs.into_iter().peekable();
+        let mut c_wrs = [ffi::ibv_send_wr::default(); POST_CHUNK];
+        let mut c_sges = [ffi::ibv_sge::default(); POST_CHUNK * ring::MAX_SAFE_SGES];
+        let caps = self.core.caps;
+        while wrs.peek().is_some() {
+            let first_seq = self.core.sq_head;
+            let mut n = 0;
+            let mut failed = None;
+            while n < POST_CHUNK {
+                let Some(wr) = wrs.next() else { break };
+                let sq = &self.core.rings.sq;
+                if let Err(e) = wr.validate(caps.max_send_sge, caps.max_inline_data) {
+                    failed = Some((e, wr.wr_id, wr.bufs));
+                    break;
+                }
+                let in_flight = sq.in_flight(self.core.sq_head);
+                if in_flight >= sq.depth() {
+                    let e = Error::QueueFull {
+                        queue: "send",
+                        depth: sq.depth() as u32,
+                    };
+                    failed = Some((e, wr.wr_id, wr.bufs));
+                    break;
+                }
+                let c = &mut c_wrs[n];
+                *c = ffi::ibv_send_wr::default();
+                wr.fill_ffi(c);
+                if in_flight + 1 == sq.depth() && !caps.sq_sig_all {
+                    // The last free slot: ask for a completion so the ring drains.
+                    c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
+                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
+                let mut num = 0;
+                if let Some(data) = wr.inline_data {
+                    // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
+                    if !data.is_empty() {
+                        sges[0] = ffi::ibv_sge {
+                            addr: data.as_ptr() as u64,
+                            length: data.len() as u32,
+                            lkey: 0,
+                        };
+                        num = 1;
+                    }
+                } else {
+                    for (i, b) in wr.bufs.iter().enumerate() {
+                        sges[i] = b.sge();
+                        num += 1;
+                    }
+                }
+                c.sg_list = sges.as_mut_ptr();
+                c.num_sge = num;
+                // SAFETY: producer side (&mut self), space checked above.
+                c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, wr.bufs) };
+                self.core.sq_head += 1;
+                n += 1;
+            }
+            if n > 0 {
+                for i in 0..n - 1 {
+                    c_wrs[i].next = &mut c_wrs[i + 1];
+                }
+                c_wrs[n - 1].next = std::ptr::null_mut();
+                let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+                // SAFETY: valid QP; the chain and SGE array live on this stack frame;
+                // every SGE points into a buffer owned by a ring slot or into inline
+                // data borrowed for this call.
+                let rc = unsafe { ffi::ibv_post_send(self.as_raw(), c_wrs.as_mut_ptr(), &mut bad) };
+                if rc != 0 {
+                    let bad_idx = if bad.is_null() {
+                        0
+                    } else {
+                        (bad as usize - c_wrs.as_ptr() as usize) / size_of::<ffi::ibv_send_wr>()
+                    };
+                    let mut unposted = Vec::new();
+                    for seq in first_seq + bad_idx as u64..self.core.sq_head {
+                        // SAFETY: producer side; the device refused these requests.
+                        unposted.push(unsafe { self.core.rings.sq.unfill(seq) });
+                    }
+                    self.core.sq_head = first_seq + bad_idx as u64;
+                    unposted.extend(failed.map(|(_, id, b)| (id, b)));
+                    unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                    return Err(PostError {
+                        error: Error::verb("ibv_post_send", errno(rc)),
+                        unposted,
+                    });
+                }
+            }
+            if let Some((error, wr_id, bufs)) = failed {
+                let mut unposted = vec![(wr_id, bufs)];
+                unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                return Err(PostError { error, unposted });
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts a C send work request list as is (`ibv_post_send`).
+    ///
+    /// # Safety
+    /// Every SGE must point into memory registered in this QP's PD that stays
+    /// valid until the request's completion is polled (or a later signaled
+    /// request's, for unsignaled ones), or the QP is destroyed; memory the NIC
+    /// writes (READ/atomic destinations) must not be read or written by anyone
+    /// else meanwhile, and memory it reads must not be written. Remote addresses
+    /// are not checked. The completions must be polled with
+    /// [`Cq::poll_raw`](crate::Cq::poll_raw), never [`Cq::poll`](crate::Cq::poll),
+    /// because `wr_id` is yours; do not mix with the safe path on the same CQ.
+    pub unsafe fn post_send_raw(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid QP; the caller upholds the buffer contract.
+        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), wr, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb("ibv_post_send", errno(rc)))
+        }
+    }
+}
+
+impl<T: QpType, S: QpState> fmt::Debug for Qp<T, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Qp")
+            .field("qp_num", &self.qp_num())
+            .field("state", &S::NAME)
+            .field("caps", &self.core.caps)
+            .finish()
+    }
+}

@@ -1,0 +1,70 @@
+//! QP states and types as zero-sized marker types.
+//!
+//! The state parameter of [`Qp`](super::Qp) is the last state this process
+//! moved the QP to. The hardware may still move it to ERR on its own (a failed
+//! work request, a fatal event): that shows up as error completions and async
+//! events, and [`Qp::query`](super::Qp::query) reports the real state.
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A QP state marker.
+pub trait QpState: sealed::Sealed + Send + Sync + 'static {
+    /// The state's name, as in `ibv_qp_state`.
+    const NAME: &'static str;
+}
+
+/// States in which receives may be posted (INIT, RTR, RTS).
+pub trait CanPostRecv: QpState {}
+
+/// A QP transport type marker.
+pub trait QpType: sealed::Sealed + Send + Sync + 'static {
+    /// The `ibv_qp_type` value.
+    const RAW: crate::ffi::ibv_qp_type;
+}
+
+macro_rules! marker {
+    ($(#[$m:meta])* $name:ident, $text:literal) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name;
+        impl sealed::Sealed for $name {}
+        impl QpState for $name {
+            const NAME: &'static str = $text;
+        }
+    };
+}
+
+marker!(
+    /// RESET: just created, or reset.
+    Reset, "RESET"
+);
+marker!(
+    /// INIT: receives may be posted; nothing is sent or received yet.
+    Init, "INIT"
+);
+marker!(
+    /// RTR: ready to receive.
+    Rtr, "RTR"
+);
+marker!(
+    /// RTS: ready to send.
+    Rts, "RTS"
+);
+marker!(
+    /// ERR: every outstanding work request is flushed with WR_FLUSH_ERR.
+    Error, "ERR"
+);
+
+impl CanPostRecv for Init {}
+impl CanPostRecv for Rtr {}
+impl CanPostRecv for Rts {}
+
+/// Reliable Connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rc;
+impl sealed::Sealed for Rc {}
+impl QpType for Rc {
+    const RAW: crate::ffi::ibv_qp_type = crate::ffi::IBV_QPT_RC;
+}

@@ -1,0 +1,368 @@
+//! Work requests for the safe path.
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::mr::{Mr, RemoteMr};
+use crate::qp::ring::{Buffer, Sges};
+
+/// What a send-queue work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendOp {
+    Send,
+    Write {
+        remote: RemoteMr,
+        offset: u64,
+    },
+    Read {
+        remote: RemoteMr,
+        offset: u64,
+    },
+    CompareSwap {
+        remote: RemoteMr,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote: RemoteMr,
+        offset: u64,
+        add: u64,
+    },
+}
+
+/// A send-queue work request: SEND, RDMA WRITE/READ or an atomic, built with
+/// the constructors and builder methods below and posted with
+/// [`Qp::post_send`](crate::qp::Qp::post_send).
+///
+/// Buffers are moved in and come back with the completion. READ and atomic
+/// destinations must be exclusively owned [`Mr`]s (the NIC writes them);
+/// SEND/WRITE sources may also be [`SharedMr`](crate::SharedMr)s.
+#[derive(Debug)]
+pub struct SendWr<'a> {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) bufs: Sges,
+    pub(crate) imm: Option<u32>,
+    pub(crate) inline_data: Option<&'a [u8]>,
+    pub(crate) flags: u32,
+}
+
+impl<'a> SendWr<'a> {
+    fn new(wr_id: u64, op: SendOp) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            op,
+            bufs: Sges::default(),
+            imm: None,
+            inline_data: None,
+            flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        }
+    }
+
+    /// A SEND; add the payload with [`SendWr::sge`] (none: a zero-byte message).
+    pub fn send(wr_id: u64) -> SendWr<'a> {
+        SendWr::new(wr_id, SendOp::Send)
+    }
+
+    /// A SEND whose payload the NIC copies from `data` at post time
+    /// (IBV_SEND_INLINE): no buffer is held, `data` is free again when
+    /// `post_send` returns. `data` may not exceed the QP's `max_inline_data`.
+    pub fn send_inline(wr_id: u64, data: &'a [u8]) -> SendWr<'a> {
+        let mut wr = SendWr::new(wr_id, SendOp::Send);
+        wr.inline_data = Some(data);
+        wr.flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        wr
+    }
+
+    /// An RDMA WRITE of the SGEs to `remote` at `offset` (bounds checked when posted).
+    pub fn write(wr_id: u64, remote: RemoteMr, offset: u64) -> SendWr<'a> {
+        SendWr::new(wr_id, SendOp::Write { remote, offset })
+    }
+
+    /// An RDMA WRITE whose payload is copied from `data` at post time (inline).
+    pub fn write_inline(wr_id: u64, data: &'a [u8], remote: RemoteMr, offset: u64) -> SendWr<'a> {
+        let mut wr = SendWr::write(wr_id, remote, offset);
+        wr.inline_data = Some(data);
+        wr.flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        wr
+    }
+
+    /// An RDMA READ of `dest.len()` bytes from `remote` at `offset` into `dest`.
+    pub fn read(wr_id: u64, dest: Mr, remote: RemoteMr, offset: u64) -> SendWr<'a> {
+        SendWr::new(wr_id, SendOp::Read { remote, offset }).sge(dest)
+    }
+
+    /// Atomic compare-and-swap on the 8 bytes at `remote + offset`; the old
+    /// value lands in `result` (an 8-byte `Mr` with LOCAL_WRITE).
+    pub fn compare_swap(
+        wr_id: u64,
+        result: Mr,
+        remote: RemoteMr,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> SendWr<'a> {
+        SendWr::new(
+            wr_id,
+            SendOp::CompareSwap {
+                remote,
+                offset,
+                compare,
+                swap,
+            },
+        )
+        .sge(result)
+    }
+
+    /// Atomic fetch-and-add on the 8 bytes at `remote + offset`; the old value
+    /// lands in `result` (an 8-byte `Mr` with LOCAL_WRITE).
+    pub fn fetch_add(
+        wr_id: u64,
+        result: Mr,
+        remote: RemoteMr,
+        offset: u64,
+        add: u64,
+    ) -> SendWr<'a> {
+        SendWr::new(
+            wr_id,
+            SendOp::FetchAdd {
+                remote,
+                offset,
+                add,
+            },
+        )
+        .sge(result)
+    }
+
+    /// Appends a scatter/gather entry covering the whole buffer.
+    pub fn sge(mut self, buf: impl Into<Buffer>) -> SendWr<'a> {
+        self.bufs.push(buf.into());
+        self
+    }
+
+    /// Attaches immediate data (SEND_WITH_IMM / RDMA_WRITE_WITH_IMM).
+    pub fn imm(mut self, imm: u32) -> SendWr<'a> {
+        self.imm = Some(imm);
+        self
+    }
+
+    /// Asks for no completion unless one is needed. The QP still signals when
+    /// its send ring would otherwise fill up, so the ring can never wedge;
+    /// buffers of unsignaled requests are released when a later completion
+    /// retires them.
+    pub fn unsignaled(mut self) -> SendWr<'a> {
+        self.flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self
+    }
+
+    /// Sets the solicited-event bit (wakes a peer waiting with solicited_only).
+    pub fn solicited(mut self) -> SendWr<'a> {
+        self.flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
+        self
+    }
+
+    /// Waits for earlier RDMA READs/atomics to finish before this one starts.
+    pub fn fence(mut self) -> SendWr<'a> {
+        self.flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
+        self
+    }
+
+    /// The application's id.
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+
+    /// Gives back the buffers of a request that was not posted.
+    pub fn into_buffers(self) -> Sges {
+        self.bufs
+    }
+
+    /// Checks everything that can be checked before the NIC sees the request.
+    pub(crate) fn validate(&self, max_sge: u32, max_inline: u32) -> Result<()> {
+        let n = self.bufs.len() + self.bufs.overflow;
+        let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
+        if n > max {
+            return Err(Error::TooManySges { requested: n, max });
+        }
+        if let Some(data) = self.inline_data {
+            if !self.bufs.is_empty() {
+                return Err(invalid(
+                    "inline work request",
+                    "carries inline data, so it takes no buffers",
+                ));
+            }
+            if data.len() > max_inline as usize {
+                return Err(invalid(
+                    "inline data",
+                    &format!(
+                        "{} bytes exceed the QP's max_inline_data of {max_inline}",
+                        data.len()
+                    ),
+                ));
+            }
+        }
+        let len = self.payload_len();
+        match self.op {
+            SendOp::Send => {}
+            SendOp::Write { remote, offset } => {
+                remote.checked_addr(offset, len)?;
+            }
+            SendOp::Read { remote, offset } => {
+                remote.checked_addr(offset, len)?;
+                self.check_writable_dest("RDMA READ")?;
+            }
+            SendOp::CompareSwap { remote, offset, .. }
+            | SendOp::FetchAdd { remote, offset, .. } => {
+                let addr = remote.checked_addr(offset, 8)?;
+                if addr % 8 != 0 {
+                    return Err(invalid(
+                        "atomic target",
+                        &format!("address {addr:#x} is not 8-byte aligned"),
+                    ));
+                }
+                if len != 8 || self.bufs.len() != 1 {
+                    return Err(invalid("atomic result buffer", "must be one 8-byte Mr"));
+                }
+                self.check_writable_dest("atomic")?;
+            }
+        }
+        if self.imm.is_some() && !matches!(self.op, SendOp::Send | SendOp::Write { .. }) {
+            return Err(invalid(
+                "immediate data",
+                "only SEND and RDMA WRITE carry immediate data",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_writable_dest(&self, what: &str) -> Result<()> {
+        if self.inline_data.is_some() || !self.bufs.all_owned() {
+            return Err(invalid(
+                "destination buffer",
+                &format!(
+                    "{what} writes its destination: pass owned Mrs, not SharedMr or inline data"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn payload_len(&self) -> u64 {
+        match self.inline_data {
+            Some(d) => d.len() as u64,
+            None => self.bufs.total_len(),
+        }
+    }
+
+    /// Fills the C work request (sg_list and next are set by the caller).
+    pub(crate) fn fill_ffi(&self, wr: &mut ffi::ibv_send_wr) {
+        use SendOp::*;
+        wr.send_flags = self.flags;
+        let (opcode, rdma) = match (self.op, self.imm) {
+            (Send, None) => (ffi::IBV_WR_SEND, None),
+            (Send, Some(_)) => (ffi::IBV_WR_SEND_WITH_IMM, None),
+            (Write { remote, offset }, None) => (ffi::IBV_WR_RDMA_WRITE, Some((remote, offset))),
+            (Write { remote, offset }, Some(_)) => {
+                (ffi::IBV_WR_RDMA_WRITE_WITH_IMM, Some((remote, offset)))
+            }
+            (Read { remote, offset }, _) => (ffi::IBV_WR_RDMA_READ, Some((remote, offset))),
+            (
+                CompareSwap {
+                    remote,
+                    offset,
+                    compare,
+                    swap,
+                },
+                _,
+            ) => {
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr + offset,
+                    compare_add: compare,
+                    swap,
+                    rkey: remote.rkey,
+                };
+                (ffi::IBV_WR_ATOMIC_CMP_AND_SWP, None)
+            }
+            (
+                FetchAdd {
+                    remote,
+                    offset,
+                    add,
+                },
+                _,
+            ) => {
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr + offset,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: remote.rkey,
+                };
+                (ffi::IBV_WR_ATOMIC_FETCH_AND_ADD, None)
+            }
+        };
+        wr.opcode = opcode;
+        if let Some((remote, offset)) = rdma {
+            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: remote.addr + offset,
+                rkey: remote.rkey,
+            };
+        }
+        if let Some(imm) = self.imm {
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+    }
+}
+
+/// A receive work request: exclusively owned buffers the NIC may fill.
+#[derive(Debug)]
+pub struct RecvWr {
+    pub(crate) wr_id: u64,
+    pub(crate) bufs: Sges,
+}
+
+impl RecvWr {
+    /// A receive into `buf`.
+    pub fn new(wr_id: u64, buf: Mr) -> RecvWr {
+        RecvWr {
+            wr_id,
+            bufs: Sges::default(),
+        }
+        .sge(buf)
+    }
+
+    /// A receive with no buffer (for zero-byte messages and WRITE_WITH_IMM notifications).
+    pub fn empty(wr_id: u64) -> RecvWr {
+        RecvWr {
+            wr_id,
+            bufs: Sges::default(),
+        }
+    }
+
+    /// Appends a scatter entry.
+    pub fn sge(mut self, buf: Mr) -> RecvWr {
+        self.bufs.push(Buffer::Owned(buf));
+        self
+    }
+
+    /// Gives back the buffers of a request that was not posted.
+    pub fn into_buffers(self) -> Sges {
+        self.bufs
+    }
+
+    pub(crate) fn validate(&self, max_sge: u32) -> Result<()> {
+        let n = self.bufs.len() + self.bufs.overflow;
+        let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
+        if n > max {
+            Err(Error::TooManySges { requested: n, max })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn invalid(what: &'static str, reason: &str) -> Error {
+    Error::InvalidArgument {
+        what,
+        reason: reason.to_owned(),
+    }
+}
