@@ -97,6 +97,8 @@ struct QpCore {
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Pd,
+    /// Dropped after the QP is destroyed (e.g. the rdma_cm id that created it).
+    _keepalive: Option<Box<dyn Any + Send + Sync>>,
 }
 
 // SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
@@ -138,7 +140,7 @@ impl QpCore {
         }
         let hint = match (rc.abs(), to) {
             (libc::EINVAL, "INIT") => Some("check the port number and pkey index".to_owned()),
-            (libc::EINVAL, "RTR") => Some(
+            (libc::EINVAL | libc::ENODATA, "RTR") => Some(
                 "check the remote QPN, the GID index (sgid_index must exist on this port; RoCE needs a GRH), \
                  the path MTU (at most the port's active_mtu) and max_dest_rd_atomic"
                     .to_owned(),
@@ -286,9 +288,48 @@ impl<T: QpType> Qp<T, Reset> {
                 send_cq: send_cq.inner.clone(),
                 recv_cq: recv_cq.inner.clone(),
                 pd: pd.clone(),
+                _keepalive: None,
             },
             _marker: PhantomData,
         })
+    }
+}
+
+impl<T: QpType, S: QpState> Qp<T, S> {
+    /// Adopts a QP created outside this module (e.g. by `rdma_create_qp`).
+    ///
+    /// # Safety
+    /// `raw` is a live QP of type `T` in state `S`, created in `pd` with
+    /// `send_cq`/`recv_cq` and (at least) `caps`, with nothing posted; ownership
+    /// passes to the returned `Qp`, which destroys it with `ibv_destroy_qp` and
+    /// then drops `keepalive`. `psn` and `port` are what the QP was set up with.
+    #[allow(dead_code)]
+    pub(crate) unsafe fn from_raw(
+        raw: NonNull<ffi::ibv_qp>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        psn: u32,
+        port: u8,
+        keepalive: Option<Box<dyn Any + Send + Sync>>,
+    ) -> Qp<T, S> {
+        Qp {
+            core: QpCore {
+                raw,
+                rings: Rings::new(caps.max_send_wr, caps.max_recv_wr),
+                sq_head: 0,
+                rq_head: 0,
+                caps,
+                psn,
+                port,
+                send_cq: send_cq.inner.clone(),
+                recv_cq: recv_cq.inner.clone(),
+                pd: pd.clone(),
+                _keepalive: keepalive,
+            },
+            _marker: PhantomData,
+        }
     }
 }
 
@@ -313,6 +354,20 @@ impl<T: QpType, S: QpState> Qp<T, S> {
             core: self.core,
             _marker: PhantomData,
         }
+    }
+
+    /// Re-types the QP as being in state `S2` without calling any verb; the
+    /// rings (and the receives already posted) stay as they are.
+    ///
+    /// For QPs that something else moved, e.g. librdmacm's `rdma_connect` /
+    /// `rdma_accept`, which take a CM-managed QP from INIT to RTR and RTS
+    /// themselves (see [`crate::cm`]).
+    ///
+    /// # Safety
+    /// The QP must really be in `S2` now (as set by whoever moved it), so that
+    /// the state-gated methods of `Qp<T, S2>` match what the kernel allows.
+    pub(crate) unsafe fn assume_state<S2: QpState>(self) -> Qp<T, S2> {
+        self.into_state()
     }
 
     fn transition<S2: QpState>(
@@ -429,8 +484,15 @@ impl Qp<Rc, Reset> {
 }
 
 impl Qp<Rc, Init> {
-    /// INIT → RTR.
+    /// INIT → RTR. Values wider than their wire fields (dest QPN and RQ PSN
+    /// 24 bits, min_rnr_timer 5) are refused before the kernel sees them.
     pub fn rtr(self, attr: RtrAttr) -> Result<Qp<Rc, Rtr>, TransitionError<Qp<Rc, Init>>> {
+        let error = check_bits("dest QPN", attr.dest_qpn, 24)
+            .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
+            .or_else(|| check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5));
+        if let Some(error) = error {
+            return Err(TransitionError { qp: self, error });
+        }
         self.transition(attr.to_ffi())
     }
 
@@ -447,10 +509,24 @@ impl Qp<Rc, Init> {
 }
 
 impl Qp<Rc, Rtr> {
-    /// RTR → RTS.
+    /// RTR → RTS. Values wider than their wire fields (SQ PSN 24 bits, timeout
+    /// 5, retry_cnt and rnr_retry 3) are refused before the kernel sees them.
     pub fn rts(self, attr: RtsAttr) -> Result<Qp<Rc, Rts>, TransitionError<Qp<Rc, Rtr>>> {
+        let error = check_bits("SQ PSN", attr.sq_psn, 24)
+            .or_else(|| check_bits("timeout", attr.timeout.into(), 5))
+            .or_else(|| check_bits("retry_cnt", attr.retry_cnt.into(), 3))
+            .or_else(|| check_bits("rnr_retry", attr.rnr_retry.into(), 3));
+        if let Some(error) = error {
+            return Err(TransitionError { qp: self, error });
+        }
         self.transition(attr.to_ffi())
     }
+}
+
+/// Refuses a value that does not fit its `bits`-wide field (some providers
+/// silently truncate instead of failing).
+fn check_bits(what: &'static str, v: u32, bits: u32) -> Option<Error> {
+    (v >> bits != 0).then(|| Error::InvalidArgument { what, reason: format!("{v:#x} does not fit in {bits} bits") })
 }
 
 /// How many work requests one chained `ibv_post_*` call carries at most.

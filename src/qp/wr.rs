@@ -134,7 +134,9 @@ impl<'a> SendWr<'a> {
         .sge(result)
     }
 
-    /// Appends a scatter/gather entry covering the whole buffer.
+    /// Appends a scatter/gather entry covering the whole buffer. Past
+    /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) entries the buffer is dropped
+    /// and posting fails with [`Error::TooManySges`].
     pub fn sge(mut self, buf: impl Into<Buffer>) -> SendWr<'a> {
         self.bufs.push(buf.into());
         self

@@ -1,0 +1,76 @@
+//! RDMA READ between two processes: the server exposes `--size` bytes of
+//! known content; the client READs them `--iters` times, verifies each, then
+//! tells the server it is done with a SEND. Exits non-zero on any mismatch.
+//!
+//! ```text
+//! rdma_read --server [--port 18517]
+//! rdma_read --client 10.99.0.1 [--size 65536] [--iters 10]
+//! ```
+
+#[path = "shared/app.rs"]
+mod app;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::{AccessFlags, Error, RecvWr, Result, SendWr, WcOpcode};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn main() -> ExitCode {
+    let args = app::Args::parse("rdma_read", 18517);
+    app::exit_on_error("rdma_read", || run(&args))
+}
+
+fn run(args: &app::Args) -> Result<()> {
+    let mut side = app::open(args, 4)?;
+    let mut qp = app::qp(&side, 4)?;
+    let mut out = Vec::with_capacity(4);
+    let expected = app::payload(args.size, 0);
+    if args.client.is_none() {
+        let mut source = side.pd.alloc_mr(args.size, AccessFlags::REMOTE_READ)?;
+        source.as_mut_slice()?.copy_from_slice(&expected);
+        // Read-only for peers, so local reads as a slice stay allowed.
+        let source = source.freeze();
+        qp.post_recv(RecvWr::empty(0))?;
+        let (_qp, _) = app::connect(args, &side, qp, &[source.remote()])?;
+        side.cq.poll_n(&mut out, 1, WAIT)?;
+        out[0].result()?;
+        println!("server: client finished reading {} bytes", args.size);
+        return Ok(());
+    }
+    let (mut qp, remote) = app::connect(args, &side, qp, &[])?;
+    let source = *remote.mrs.first().ok_or_else(|| Error::Protocol("server sent no memory region".into()))?;
+    let mut dest = Some(side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?);
+    let start = Instant::now();
+    for i in 0..args.iters {
+        let mut buf = dest.take().expect("destination is back");
+        buf.fill(0)?;
+        qp.post_send(SendWr::read(i as u64, buf, source, 0))?;
+        out.clear();
+        side.cq.poll_n(&mut out, 1, WAIT)?;
+        let c = &mut out[0];
+        c.result()?;
+        if c.opcode != WcOpcode::RdmaRead {
+            return Err(Error::Protocol(format!("unexpected completion {c:?}")));
+        }
+        let buf = c.take_mr().expect("READ destination comes back");
+        if buf.as_slice()? != &expected[..] {
+            return Err(Error::Protocol(format!("read {i}: content mismatch")));
+        }
+        dest = Some(buf);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    qp.post_send(SendWr::send(u64::MAX))?;
+    out.clear();
+    side.cq.poll_n(&mut out, 1, WAIT)?;
+    out[0].result()?;
+    println!(
+        "client: {} RDMA READs of {} bytes verified in {:.3} s ({:.2} MB/s)",
+        args.iters,
+        args.size,
+        secs,
+        (args.iters * args.size) as f64 / secs / 1e6
+    );
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! What the two-process examples share: options, setup, and connecting the
+//! QP through the crate's TCP exchange. Included with `#[path]` by each example.
+
+use std::time::Duration;
+
+use rdma_verbs::exchange::{ExchangeListener, PeerInfo, client_exchange, server_exchange};
+use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::{AccessFlags, Context, Cq, GidType, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result};
+
+/// Options every example takes.
+pub struct Args {
+    /// `None`: server; `Some(host)`: client of that host.
+    pub client: Option<String>,
+    pub size: usize,
+    pub iters: usize,
+    pub device: Option<String>,
+    pub gid_index: Option<u8>,
+    pub port: u16,
+}
+
+impl Args {
+    /// Parses `--server | --client HOST`, `--size N`, `--iters N`, `--device D`,
+    /// `--gid-index I`, `--port P`; exits with usage on anything else.
+    pub fn parse(name: &str, default_port: u16) -> Args {
+        let usage = format!(
+            "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT]"
+        );
+        let mut a = Args {
+            client: None,
+            size: 4096,
+            iters: 10,
+            device: std::env::var("RDMA_VERBS_DEVICE").ok(),
+            gid_index: None,
+            port: default_port,
+        };
+        let mut server = false;
+        let mut it = std::env::args().skip(1);
+        let fail = |msg: &str| -> ! {
+            eprintln!("{name}: {msg}\n{usage}");
+            std::process::exit(2)
+        };
+        while let Some(arg) = it.next() {
+            let mut val = |what: &str| it.next().unwrap_or_else(|| fail(&format!("{what} needs a value")));
+            match arg.as_str() {
+                "--server" | "-s" => server = true,
+                "--client" | "-c" => a.client = Some(val("--client")),
+                "--size" => a.size = val("--size").parse().unwrap_or_else(|_| fail("bad --size")),
+                "--iters" | "-n" => a.iters = val("--iters").parse().unwrap_or_else(|_| fail("bad --iters")),
+                "--device" | "-d" => a.device = Some(val("--device")),
+                "--gid-index" | "-g" => a.gid_index = Some(val("--gid-index").parse().unwrap_or_else(|_| fail("bad --gid-index"))),
+                "--port" | "-p" => a.port = val("--port").parse().unwrap_or_else(|_| fail("bad --port")),
+                "--help" | "-h" => {
+                    println!("{usage}");
+                    std::process::exit(0)
+                }
+                other => fail(&format!("unknown argument `{other}`")),
+            }
+        }
+        if server == a.client.is_some() {
+            fail("say exactly one of --server or --client HOST");
+        }
+        if a.size == 0 || a.iters == 0 {
+            fail("--size and --iters must be at least 1");
+        }
+        a
+    }
+
+    /// "server" or "client", for messages.
+    pub fn role(&self) -> &'static str {
+        if self.client.is_some() { "client" } else { "server" }
+    }
+}
+
+/// The verbs objects of one side.
+pub struct Side {
+    pub pd: Pd,
+    pub cq: Cq,
+    pub gid_index: u8,
+}
+
+/// Opens the device, a PD and one CQ deep enough for `depth` work requests.
+pub fn open(args: &Args, depth: u32) -> Result<Side> {
+    let ctx = Context::open(args.device.as_deref())?;
+    let pd = Pd::new(&ctx)?;
+    let cq = Cq::new(&ctx, depth * 2)?;
+    let gid_index = match args.gid_index {
+        Some(i) => i,
+        None => {
+            // Like `-g`/`-x` on soft-RoCE: the RoCE v2 IPv4-mapped GID, else index 0.
+            let table = ctx.gid_table()?;
+            let v2 = |e: &&rdma_verbs::GidEntry| {
+                e.port == 1 && e.gid_type == GidType::RoceV2 && e.gid.to_string().starts_with("::ffff:")
+            };
+            table.iter().find(v2).map(|e| e.index as u8).unwrap_or(0)
+        }
+    };
+    Ok(Side { pd, cq, gid_index })
+}
+
+/// An RC QP in INIT with REMOTE_WRITE/READ rights, on `side`'s CQ.
+pub fn qp(side: &Side, depth: u32) -> Result<Qp<Rc, Init>> {
+    let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, ..QpCaps::default() };
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    Ok(Qp::new(&side.pd, &side.cq, &side.cq, caps)?.init(InitAttr::new(1, access))?)
+}
+
+/// Exchanges endpoints (and `mrs`) with the peer and brings the QP to RTS.
+/// The server connects its QP before answering, so the client's first
+/// message finds it ready.
+pub fn connect(args: &Args, side: &Side, qp: Qp<Rc, Init>, mrs: &[RemoteMr]) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
+    let gid = side.gid_index;
+    let mut local = PeerInfo::new(qp.endpoint(1, Some(u32::from(gid)))?);
+    local.mrs.extend_from_slice(mrs);
+    println!("{}: local  {}", args.role(), local.endpoint);
+    let timeout = Duration::from_secs(30);
+    let (qp, remote) = match &args.client {
+        Some(host) => {
+            let remote: PeerInfo = client_exchange(host, args.port, &local, timeout)?;
+            (qp.connect(&remote.endpoint, Some(gid))?, remote)
+        }
+        None => {
+            let listener = ExchangeListener::bind(args.port)?;
+            let mut qp = Some(qp);
+            let (remote, qp) = server_exchange(&listener, &local, Some(timeout), |remote: &PeerInfo| {
+                qp.take().expect("called once").connect(&remote.endpoint, Some(gid))
+            })?;
+            (qp, remote)
+        }
+    };
+    println!("{}: remote {}", args.role(), remote.endpoint);
+    Ok((qp, remote))
+}
+
+/// The deterministic payload of iteration `iter`.
+pub fn payload(len: usize, iter: usize) -> Vec<u8> {
+    (0..len).map(|i| (i.wrapping_mul(7) ^ iter.wrapping_mul(131)) as u8).collect()
+}
+
+/// Runs `f`, printing the error and exiting 1 on failure.
+pub fn exit_on_error(name: &str, f: impl FnOnce() -> Result<()>) -> std::process::ExitCode {
+    match f() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Shared helpers for the device tests (`tests/vm_*.rs`), which run inside the
+//! soft-RoCE guest (`cargo xtask test`) or on a host with an RDMA device.
+//! Without a device they fail with the library's error: they never skip.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::{AccessFlags, Completion, Context, Cq, GidType, InitAttr, Pd, Qp, QpCaps, Rc};
+
+/// How long a test waits for completions before failing.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The device named by RDMA_VERBS_DEVICE (set by `cargo xtask run`), else the first one.
+pub fn ctx() -> Context {
+    let name = std::env::var("RDMA_VERBS_DEVICE").ok();
+    match Context::open(name.as_deref()) {
+        Ok(c) => c,
+        Err(e) => panic!("this test needs an RDMA device (run it with `cargo xtask test`): {e}"),
+    }
+}
+
+/// Index of the RoCE v2 IPv4-mapped GID on port 1 (what `-g`/`-x` usually
+/// select on soft-RoCE), or 0 when there is none.
+pub fn gid_index(ctx: &Context) -> u8 {
+    let table = ctx.gid_table().expect("gid table");
+    table
+        .iter()
+        .find(|e| {
+            e.port == 1
+                && e.gid_type == GidType::RoceV2
+                && e.gid.raw()[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+        })
+        .or_else(|| table.iter().find(|e| e.port == 1))
+        .map(|e| e.index as u8)
+        .unwrap_or(0)
+}
+
+/// Remote rights the test QPs grant.
+pub fn all_remote() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+}
+
+/// Two RC QPs on one device connected to each other (soft-RoCE loops back).
+pub struct Pair {
+    pub ctx: Context,
+    pub pd: Pd,
+    pub cq_a: Cq,
+    pub cq_b: Cq,
+    pub a: Qp<Rc, Rts>,
+    pub b: Qp<Rc, Rts>,
+}
+
+/// Creates QPs `a` and `b` in INIT, lets `prep` post receives, then connects them.
+pub fn pair_with(
+    caps: QpCaps,
+    prep: impl FnOnce(&Pd, &mut Qp<Rc, Init>, &mut Qp<Rc, Init>),
+) -> Pair {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).expect("pd");
+    let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
+    let cq_a = Cq::new(&ctx, depth).expect("cq a");
+    let cq_b = Cq::new(&ctx, depth).expect("cq b");
+    let gid = gid_index(&ctx);
+    let mk = |cq: &Cq| {
+        Qp::new(&pd, cq, cq, caps)
+            .expect("create qp")
+            .init(InitAttr::new(1, all_remote()))
+            .expect("init")
+    };
+    let mut a = mk(&cq_a);
+    let mut b = mk(&cq_b);
+    prep(&pd, &mut a, &mut b);
+    let ea = a.endpoint(1, Some(u32::from(gid))).expect("endpoint a");
+    let eb = b.endpoint(1, Some(u32::from(gid))).expect("endpoint b");
+    let a = a.connect(&eb, Some(gid)).expect("connect a");
+    let b = b.connect(&ea, Some(gid)).expect("connect b");
+    Pair {
+        ctx,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+/// A connected pair with nothing posted.
+pub fn pair(caps: QpCaps) -> Pair {
+    pair_with(caps, |_, _, _| {})
+}
+
+/// Polls `cq` until `n` completions arrived (fails the test after [`WAIT`]).
+pub fn wait(cq: &mut Cq, n: usize) -> Vec<Completion> {
+    let mut out = Vec::with_capacity(n);
+    cq.poll_n(&mut out, n, WAIT).expect("completions");
+    out
+}
+
+/// A deterministic byte pattern for `len` bytes, varied by `seed`.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u8)
+                .wrapping_mul(31)
+                .wrapping_add(seed)
+                .wrapping_add((i >> 8) as u8)
+        })
+        .collect()
+}

@@ -1,0 +1,8 @@
+#![allow(unused_imports, unused_variables, unused_mut)]
+use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
+use rdma_verbs::{AccessFlags, Cq, InitAttr, Mr, Qp, Rc, RecvWr, SendWr};
+
+fn f(qp: &mut Qp<Rc, Rtr>) {
+    let _ = qp.post_send(SendWr::send(1));
+}
+fn main() {}

@@ -1,0 +1,9 @@
+#![allow(unused_imports, unused_variables, unused_mut)]
+use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
+use rdma_verbs::{AccessFlags, Cq, InitAttr, Mr, Qp, Rc, RecvWr, SendWr};
+
+fn f(qp: &mut Qp<Rc, Rts>, mr: Mr) {
+    let shared = mr.freeze();
+    let _ = qp.post_recv(RecvWr::new(1, shared)); // receives need exclusive buffers
+}
+fn main() {}

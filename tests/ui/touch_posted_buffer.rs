@@ -1,0 +1,9 @@
+#![allow(unused_imports, unused_variables, unused_mut)]
+use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
+use rdma_verbs::{AccessFlags, Cq, InitAttr, Mr, Qp, Rc, RecvWr, SendWr};
+
+fn f(qp: &mut Qp<Rc, Rts>, mut mr: Mr) {
+    let _ = qp.post_send(SendWr::send(1).sge(mr));
+    mr.fill(0).unwrap(); // the NIC owns it until the completion
+}
+fn main() {}

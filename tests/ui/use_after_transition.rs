@@ -1,0 +1,9 @@
+#![allow(unused_imports, unused_variables, unused_mut)]
+use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
+use rdma_verbs::{AccessFlags, Cq, InitAttr, Mr, Qp, Rc, RecvWr, SendWr};
+
+fn f(qp: Qp<Rc, Reset>) {
+    let _init = qp.init(InitAttr::new(1, AccessFlags::empty()));
+    let _ = qp.qp_num(); // qp was moved by init()
+}
+fn main() {}

@@ -1,0 +1,299 @@
+//! The RC data path on real soft-RoCE: every opcode, sizes, SGE counts, post
+//! lists, signaling. Runs in the guest (`cargo xtask test`).
+
+mod common;
+
+use common::{pair, pair_with, pattern, wait};
+use rdma_verbs::{AccessFlags, Mr, QpCaps, RecvWr, SendWr, WcOpcode, WcStatus};
+
+const SIZES: [usize; 5] = [0, 1, 4096, 1 << 20, 12_345];
+
+fn caps(sge: u32) -> QpCaps {
+    QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: sge, max_recv_sge: sge, max_inline_data: 64, sq_sig_all: false }
+}
+
+/// Splits `len` bytes into `n` nearly equal pieces (the last takes the rest).
+fn pieces(len: usize, n: usize) -> Vec<usize> {
+    let base = len / n;
+    (0..n).map(|i| if i + 1 == n { len - base * (n - 1) } else { base }).collect()
+}
+
+/// An MR of `len` bytes (at least 1: registration needs a byte) cut to exactly `len`.
+fn mr_exact(p: &common::Pair, len: usize, access: AccessFlags) -> Mr {
+    let mut mr = p.pd.alloc_mr(len.max(1), access).expect("alloc mr");
+    if len == 0 {
+        let _rest = mr.split_off(0).expect("split");
+    }
+    mr
+}
+
+#[test]
+fn send_recv_every_size_and_sge_count() {
+    for nsge in [1usize, 3] {
+        let mut p = pair(caps(nsge as u32));
+        for (k, &len) in SIZES.iter().enumerate() {
+            let data = pattern(len, k as u8);
+            // Receive side: one big buffer split into nsge pieces.
+            let mut rwr = RecvWr::empty(100 + k as u64);
+            for part in pieces(len, nsge) {
+                let mr = mr_exact(&p, part, AccessFlags::LOCAL_WRITE);
+                rwr = rwr.sge(mr);
+            }
+            p.b.post_recv(rwr).expect("post recv");
+            let mut swr = SendWr::send(k as u64);
+            let mut off = 0;
+            for part in pieces(len, nsge) {
+                let mut mr = mr_exact(&p, part, AccessFlags::empty());
+                mr.as_mut_slice().unwrap().copy_from_slice(&data[off..off + part]);
+                off += part;
+                swr = swr.sge(mr);
+            }
+            p.a.post_send(swr).expect("post send");
+            let mut sc = wait(&mut p.cq_a, 1);
+            assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
+            assert_eq!(sc[0].opcode, WcOpcode::Send);
+            assert_eq!(sc[0].wr_id, k as u64);
+            assert_eq!(sc[0].take_buffers().len(), nsge, "send buffers come back");
+            let mut rc = wait(&mut p.cq_b, 1);
+            let c = &mut rc[0];
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            assert_eq!(c.opcode, WcOpcode::Recv);
+            assert_eq!(c.byte_len as usize, len);
+            assert_eq!(c.wr_id, 100 + k as u64);
+            let got: Vec<u8> = c.take_buffers().into_iter().flat_map(|b| b.into_mr().unwrap().to_vec().unwrap()).collect();
+            assert_eq!(got, data, "size {len}, {nsge} SGEs");
+        }
+    }
+}
+
+#[test]
+fn send_with_imm_and_inline() {
+    let mut p = pair(caps(1));
+    for i in 0..2u64 {
+        let mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        p.b.post_recv(RecvWr::new(i, mr)).unwrap();
+    }
+    let msg = b"inline hello";
+    p.a.post_send(SendWr::send_inline(7, msg).imm(0xdead_beef)).unwrap();
+    let mut mr = p.pd.alloc_mr(5, AccessFlags::empty()).unwrap();
+    mr.as_mut_slice().unwrap().copy_from_slice(b"hello");
+    p.a.post_send(SendWr::send(8).sge(mr.freeze())).unwrap();
+    let sc = wait(&mut p.cq_a, 2);
+    assert!(sc.iter().all(|c| c.status == WcStatus::Success), "{sc:?}");
+    let mut rc = wait(&mut p.cq_b, 2);
+    assert_eq!(rc[0].imm_data, Some(0xdead_beef));
+    assert_eq!(rc[0].byte_len as usize, msg.len());
+    let mr0 = rc[0].take_mr().unwrap();
+    assert_eq!(&mr0.to_vec().unwrap()[..msg.len()], msg);
+    assert_eq!(rc[1].imm_data, None);
+    assert_eq!(&rc[1].take_mr().unwrap().to_vec().unwrap()[..5], b"hello");
+}
+
+#[test]
+fn inline_over_the_limit_is_refused_before_posting() {
+    let mut p = pair(caps(1));
+    let max = p.a.caps().max_inline_data as usize;
+    let big = vec![1u8; max + 1];
+    let err = p.a.post_send(SendWr::send_inline(1, &big)).unwrap_err();
+    assert!(matches!(err.error, rdma_verbs::Error::InvalidArgument { what: "inline data", .. }), "{err}");
+}
+
+#[test]
+fn rdma_write_and_write_with_imm_every_size() {
+    let mut p = pair(caps(2));
+    let target = p.pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = target.remote();
+    for (k, &len) in SIZES.iter().enumerate() {
+        let data = pattern(len, 50 + k as u8);
+        let off = (k as u64) * 3; // unaligned offsets too
+        let len_in = len.min((1 << 20) - off as usize);
+        let data = &data[..len_in];
+        p.b.post_recv(RecvWr::empty(k as u64)).unwrap();
+        let mut src = mr_exact(&p, len_in, AccessFlags::empty());
+        src.as_mut_slice().unwrap().copy_from_slice(data);
+        let mut wr = SendWr::write(k as u64, remote, off).imm(k as u32 + 1);
+        if len_in >= 2 {
+            let tail = src.split_off(len_in / 2).unwrap();
+            wr = wr.sge(src).sge(tail);
+        } else {
+            wr = wr.sge(src);
+        }
+        p.a.post_send(wr).unwrap();
+        let sc = wait(&mut p.cq_a, 1);
+        assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
+        assert_eq!(sc[0].opcode, WcOpcode::RdmaWrite);
+        let rc = wait(&mut p.cq_b, 1);
+        assert_eq!(rc[0].status, WcStatus::Success);
+        assert_eq!(rc[0].opcode, WcOpcode::RecvRdmaWithImm);
+        assert_eq!(rc[0].imm_data, Some(k as u32 + 1));
+        let mut got = vec![0u8; len_in];
+        target.read_at(off as usize, &mut got).unwrap();
+        assert_eq!(got, data, "write of {len_in} bytes at {off}");
+    }
+    // Plain WRITE (no immediate, no receive consumed).
+    let mut src = p.pd.alloc_mr(16, AccessFlags::empty()).unwrap();
+    src.as_mut_slice().unwrap().copy_from_slice(b"0123456789abcdef");
+    p.a.post_send(SendWr::write(99, remote, 100).sge(src)).unwrap();
+    assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
+    let mut got = [0u8; 16];
+    target.read_at(100, &mut got).unwrap();
+    assert_eq!(&got, b"0123456789abcdef");
+}
+
+#[test]
+fn rdma_read_every_size() {
+    let mut p = pair(caps(2));
+    let mut source = p.pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let all = pattern(1 << 20, 9);
+    source.as_mut_slice().unwrap().copy_from_slice(&all);
+    let remote = source.remote();
+    for (k, &len) in SIZES.iter().enumerate() {
+        let off = (k * 7).min((1 << 20) - len);
+        let mut dest = mr_exact(&p, len, AccessFlags::LOCAL_WRITE);
+        let mut wr = SendWr::read(k as u64, mr_exact(&p, 0, AccessFlags::LOCAL_WRITE), remote, off as u64);
+        if len >= 2 {
+            let tail = dest.split_off(len / 2).unwrap();
+            wr = SendWr::read(k as u64, dest, remote, off as u64).sge(tail);
+        } else if len == 1 {
+            wr = SendWr::read(k as u64, dest, remote, off as u64);
+        }
+        p.a.post_send(wr).unwrap();
+        let mut sc = wait(&mut p.cq_a, 1);
+        assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
+        assert_eq!(sc[0].opcode, WcOpcode::RdmaRead);
+        let got: Vec<u8> = sc[0].take_buffers().into_iter().flat_map(|b| b.into_mr().unwrap().to_vec().unwrap()).collect();
+        assert_eq!(got, &all[off..off + len], "read of {len} bytes at {off}");
+    }
+}
+
+#[test]
+fn atomics_return_the_old_value_and_update_memory() {
+    let mut p = pair(caps(1));
+    let mut target = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC).unwrap();
+    target.write_at(8, &100u64.to_ne_bytes()).unwrap();
+    let remote = target.remote();
+
+    let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_send(SendWr::fetch_add(1, res, remote, 8, 5)).unwrap();
+    let mut c = wait(&mut p.cq_a, 1);
+    assert_eq!(c[0].status, WcStatus::Success, "{:?}", c[0]);
+    assert_eq!(c[0].opcode, WcOpcode::FetchAdd);
+    let old = u64::from_ne_bytes(c[0].take_mr().unwrap().to_vec().unwrap().try_into().unwrap());
+    assert_eq!(old, 100);
+    let mut now = [0u8; 8];
+    target.read_at(8, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 105);
+
+    // Failing compare: memory unchanged, old value returned.
+    let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_send(SendWr::compare_swap(2, res, remote, 8, 1, 7)).unwrap();
+    let mut c = wait(&mut p.cq_a, 1);
+    assert_eq!(c[0].opcode, WcOpcode::CompSwap);
+    assert_eq!(u64::from_ne_bytes(c[0].take_mr().unwrap().to_vec().unwrap().try_into().unwrap()), 105);
+    target.read_at(8, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 105);
+
+    // Matching compare: swapped.
+    let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_send(SendWr::compare_swap(3, res, remote, 8, 105, 7)).unwrap();
+    let mut c = wait(&mut p.cq_a, 1);
+    assert_eq!(u64::from_ne_bytes(c[0].take_mr().unwrap().to_vec().unwrap().try_into().unwrap()), 105);
+    target.read_at(8, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 7);
+
+    // Misaligned target and wrong result size are refused locally.
+    let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let e = p.a.post_send(SendWr::fetch_add(4, res, remote, 3, 1)).unwrap_err();
+    assert!(e.to_string().contains("8-byte aligned"), "{e}");
+    let res = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    let e = p.a.post_send(SendWr::fetch_add(5, res, remote, 8, 1)).unwrap_err();
+    assert_eq!(e.unposted.len(), 1, "buffer handed back");
+}
+
+#[test]
+fn post_lists_of_1_16_and_max_send_wr() {
+    let mut p = pair_with(QpCaps { max_send_wr: 40, max_recv_wr: 64, ..caps(1) }, |_, _, _| {});
+    let max = p.a.caps().max_send_wr.min(40) as usize;
+    for n in [1usize, 16, max] {
+        let recvs: Vec<RecvWr> = (0..n).map(|i| RecvWr::new(i as u64, p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap())).collect();
+        p.b.post_recv_list(recvs).unwrap();
+        let sends: Vec<SendWr> = (0..n)
+            .map(|i| {
+                let mut mr = p.pd.alloc_mr(8, AccessFlags::empty()).unwrap();
+                mr.as_mut_slice().unwrap().copy_from_slice(&(i as u64).to_le_bytes());
+                SendWr::send(i as u64).sge(mr)
+            })
+            .collect();
+        p.a.post_send_list(sends).unwrap();
+        let sc = wait(&mut p.cq_a, n);
+        assert!(sc.iter().all(|c| c.status == WcStatus::Success));
+        let mut rc = wait(&mut p.cq_b, n);
+        for (i, c) in rc.iter_mut().enumerate() {
+            assert_eq!(c.wr_id, i as u64, "in order");
+            let v = u64::from_le_bytes(c.take_mr().unwrap().to_vec().unwrap().try_into().unwrap());
+            assert_eq!(v, i as u64);
+        }
+    }
+}
+
+#[test]
+fn unsignaled_sends_with_periodic_signaling_never_overrun() {
+    let depth = 16u32;
+    let mut p = pair(QpCaps { max_send_wr: depth, max_recv_wr: 256, ..caps(1) });
+    let total = 200usize;
+    let recvs: Vec<RecvWr> = (0..total).map(|i| RecvWr::new(i as u64, p.pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap())).collect();
+    let mut recvs = recvs.into_iter();
+    p.b.post_recv_list(recvs.by_ref().take(200)).unwrap();
+    let src = p.pd.alloc_mr(4, AccessFlags::empty()).unwrap().freeze();
+    let mut posted = 0;
+    let mut signaled = 0;
+    let mut out = Vec::with_capacity(16);
+    while posted < total {
+        // Signal one in 8; the QP also forces a signal when its ring would fill.
+        let wr = SendWr::send(posted as u64).sge(src.clone());
+        let wr = if posted % 8 == 7 { wr } else { wr.unsignaled() };
+        match p.a.post_send(wr) {
+            Ok(()) => posted += 1,
+            Err(e) => {
+                assert!(matches!(e.error, rdma_verbs::Error::QueueFull { .. }), "{e}");
+                out.clear();
+                signaled += p.cq_a.poll(&mut out).unwrap();
+                assert!(out.iter().all(|c| c.status == WcStatus::Success), "{out:?}");
+            }
+        }
+    }
+    let mut rc = Vec::with_capacity(total);
+    p.cq_b.poll_n(&mut rc, total, common::WAIT).unwrap();
+    assert!(rc.iter().all(|c| c.status == WcStatus::Success));
+    // Drain the send side: every clone of `src` comes back, so it unfreezes.
+    let start = std::time::Instant::now();
+    let mut src = src;
+    loop {
+        out.clear();
+        signaled += p.cq_a.poll(&mut out).unwrap();
+        match src.try_unfreeze() {
+            Ok(_) => break,
+            Err(s) => src = s,
+        }
+        assert!(start.elapsed() < common::WAIT, "send buffers never all came back");
+    }
+    assert!(signaled >= total / 8, "{signaled} signaled completions");
+    assert!(signaled < total, "unsignaled sends produced no completion");
+}
+
+#[test]
+fn too_many_sges_is_a_typed_error_with_the_buffers_back() {
+    let mut p = pair(caps(2));
+    // The device may grant more SGEs than asked; the safe path carries at most MAX_SAFE_SGES.
+    let max = (p.a.caps().max_send_sge as usize).min(rdma_verbs::qp::MAX_SAFE_SGES);
+    let mut wr = SendWr::send(1);
+    for _ in 0..=max {
+        wr = wr.sge(p.pd.alloc_mr(8, AccessFlags::empty()).unwrap());
+    }
+    let e = p.a.post_send(wr).unwrap_err();
+    match e.error {
+        rdma_verbs::Error::TooManySges { requested, max: m } => assert_eq!((requested, m), (max + 1, max)),
+        ref other => panic!("{other}"),
+    }
+    assert_eq!(e.unposted[0].1.len(), max.min(rdma_verbs::qp::MAX_SAFE_SGES), "the buffers that fit come back");
+}
