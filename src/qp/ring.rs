@@ -174,8 +174,8 @@ impl Rings {
     pub(crate) fn new(sq_depth: u32, rq_depth: u32) -> Arc<Rings> {
         Arc::new_cyclic(|weak| {
             let base: *const Rings = weak.as_ptr();
-            // SAFETY (pointer arithmetic only, no access): the fields' addresses inside
-            // the Arc allocation are fixed once it is created; they are dereferenced
+            // SAFETY: only field addresses are computed (`&raw const`, no read);
+            // they are fixed once the Arc allocation exists and are dereferenced
             // only after new_cyclic returns.
             let (sq_ptr, rq_ptr) = unsafe { (&raw const (*base).sq, &raw const (*base).rq) };
             Rings {
@@ -277,7 +277,7 @@ pub(crate) unsafe fn retire(wr_id: u64) -> (u64, Sges) {
         if slot.state.load(Ordering::Acquire) == POSTED {
             // SAFETY: POSTED and older than a completed slot: the NIC is done with
             // it and only this consumer touches it now.
-            drop(unsafe { std::mem::replace(&mut (*slot.data.get()).bufs, Sges::default()) });
+            drop(unsafe { std::mem::take(&mut (*slot.data.get()).bufs) });
             slot.state.store(EMPTY, Ordering::Relaxed);
         }
     }
