@@ -25,10 +25,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "-d" | "--ib-dev" => dev = Some(args.next().ok_or("-d needs a device name")?),
-            "-i" | "--ib-port" => only_port = Some(args.next().ok_or("-i needs a port")?.parse::<u8>()?),
+            "-i" | "--ib-port" => {
+                only_port = Some(args.next().ok_or("-i needs a port")?.parse::<u8>()?)
+            }
             "-l" | "--list" => {
                 let list = devices()?;
-                println!("{} HCA{} found:", list.len(), if list.len() == 1 { "" } else { "s" });
+                println!(
+                    "{} HCA{} found:",
+                    list.len(),
+                    if list.len() == 1 { "" } else { "s" }
+                );
                 for d in list.iter() {
                     println!("\t{}", d.name());
                 }
@@ -46,7 +52,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ctx: Context = d.open()?;
     let a = ctx.query_device()?;
     println!("hca_id:\t{}", ctx.name());
-    println!("\ttransport:\t\t\t{} ({})", d.transport(), d.transport().as_raw());
+    println!(
+        "\ttransport:\t\t\t{} ({})",
+        d.transport(),
+        d.transport().as_raw()
+    );
     println!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
     println!("\tnode_guid:\t\t\t{}", format_guid(a.node_guid));
     println!("\tsys_image_guid:\t\t\t{}", format_guid(a.sys_image_guid));
@@ -70,7 +80,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("\tmax_res_rd_atom:\t\t{}", a.max_res_rd_atom);
     println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
     println!("\tmax_ee_init_rd_atom:\t\t{}", a.max_ee_init_rd_atom);
-    println!("\tatomic_cap:\t\t\t{} ({})", a.atomic_cap, a.atomic_cap.as_raw());
+    println!(
+        "\tatomic_cap:\t\t\t{} ({})",
+        a.atomic_cap,
+        a.atomic_cap.as_raw()
+    );
     println!("\tmax_ee:\t\t\t\t{}", a.max_ee);
     println!("\tmax_rdd:\t\t\t{}", a.max_rdd);
     println!("\tmax_mw:\t\t\t\t{}", a.max_mw);
@@ -78,7 +92,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("\tmax_raw_ethy_qp:\t\t{}", a.max_raw_ethy_qp);
     println!("\tmax_mcast_grp:\t\t\t{}", a.max_mcast_grp);
     println!("\tmax_mcast_qp_attach:\t\t{}", a.max_mcast_qp_attach);
-    println!("\tmax_total_mcast_qp_attach:\t{}", a.max_total_mcast_qp_attach);
+    println!(
+        "\tmax_total_mcast_qp_attach:\t{}",
+        a.max_total_mcast_qp_attach
+    );
     println!("\tmax_ah:\t\t\t\t{}", a.max_ah);
     println!("\tmax_fmr:\t\t\t{}", a.max_fmr);
     println!("\tmax_srq:\t\t\t{}", a.max_srq);
@@ -95,7 +112,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("\t\tport:\t{port}");
         println!("\t\t\tstate:\t\t\t{} ({})", p.state, p.state.as_raw());
         println!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu, p.max_mtu.as_raw());
-        println!("\t\t\tactive_mtu:\t\t{} ({})", p.active_mtu, p.active_mtu.as_raw());
+        println!(
+            "\t\t\tactive_mtu:\t\t{} ({})",
+            p.active_mtu,
+            p.active_mtu.as_raw()
+        );
         println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
         println!("\t\t\tport_lid:\t\t{}", p.lid);
         println!("\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
@@ -116,7 +137,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("\t\t\tphys_state:\t\t{}", p.phys_state);
         for g in gids.iter().filter(|g| g.port == port) {
             let netdev = g.netdev.as_deref().unwrap_or("-");
-            println!("\t\t\tGID[{:>3}]:\t\t{}, {}, {}", g.index, g.gid, g.gid_type, netdev);
+            println!(
+                "\t\t\tGID[{:>3}]:\t\t{}, {}, {}",
+                g.index, g.gid, g.gid_type, netdev
+            );
         }
         println!();
     }

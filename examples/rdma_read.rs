@@ -40,7 +40,10 @@ fn run(args: &app::Args) -> Result<()> {
         return Ok(());
     }
     let (mut qp, remote) = app::connect(args, &side, qp, &[])?;
-    let source = *remote.mrs.first().ok_or_else(|| Error::Protocol("server sent no memory region".into()))?;
+    let source = *remote
+        .mrs
+        .first()
+        .ok_or_else(|| Error::Protocol("server sent no memory region".into()))?;
     let mut dest = Some(side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?);
     let start = Instant::now();
     for i in 0..args.iters {

@@ -30,10 +30,13 @@ fn run(args: &app::Args) -> Result<()> {
     if args.client.is_none() {
         // The target region: the peer may write it at any time, so it is read
         // with copies (read_at), never as a slice.
-        let target = side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        let target = side.pd.alloc_mr(
+            args.size,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )?;
         qp.post_recv(RecvWr::empty(0))?;
         let (mut qp, _) = app::connect(args, &side, qp, &[target.remote()])?;
-        let mut ack = Some(side.pd.alloc_mr(1, AccessFlags::empty())?.freeze());
+        let mut ack = Some(side.pd.alloc_mr(1, AccessFlags::empty())?);
         let mut data = vec![0u8; args.size];
         for i in 0..args.iters {
             out.clear();
@@ -41,7 +44,9 @@ fn run(args: &app::Args) -> Result<()> {
             let c = &out[0];
             c.result()?;
             if c.opcode != WcOpcode::RecvRdmaWithImm || c.imm_data != Some(i as u32) {
-                return Err(Error::Protocol(format!("expected WRITE_WITH_IMM {i}, got {c:?}")));
+                return Err(Error::Protocol(format!(
+                    "expected WRITE_WITH_IMM {i}, got {c:?}"
+                )));
             }
             target.read_at(0, &mut data)?;
             if data != app::payload(args.size, i) {
@@ -52,19 +57,25 @@ fn run(args: &app::Args) -> Result<()> {
             out.clear();
             side.cq.poll_n(&mut out, 1, WAIT)?;
             out[0].result()?;
-            ack = out[0].take_buffers().into_iter().next().and_then(|b| match b {
-                rdma_verbs::qp::Buffer::Shared(s) => Some(s),
-                rdma_verbs::qp::Buffer::Owned(m) => Some(m.freeze()),
-            });
+            ack = out[0].take_mr();
         }
-        println!("server: {} RDMA WRITEs of {} bytes received and verified", args.iters, args.size);
+        println!(
+            "server: {} RDMA WRITEs of {} bytes received and verified",
+            args.iters, args.size
+        );
         return Ok(());
     }
     for i in 0..4 {
-        qp.post_recv(RecvWr::new(i, side.pd.alloc_mr(1, AccessFlags::LOCAL_WRITE)?))?;
+        qp.post_recv(RecvWr::new(
+            i,
+            side.pd.alloc_mr(1, AccessFlags::LOCAL_WRITE)?,
+        ))?;
     }
     let (mut qp, remote) = app::connect(args, &side, qp, &[])?;
-    let target = *remote.mrs.first().ok_or_else(|| Error::Protocol("server sent no memory region".into()))?;
+    let target = *remote
+        .mrs
+        .first()
+        .ok_or_else(|| Error::Protocol("server sent no memory region".into()))?;
     let mut src = Some(side.pd.alloc_mr(args.size, AccessFlags::empty())?);
     let start = Instant::now();
     for i in 0..args.iters {

@@ -26,7 +26,10 @@ fn run(args: &app::Args) -> Result<()> {
     let mut side = app::open(args, 4)?;
     let mut qp = app::qp(&side, 4)?;
     // Receive buffer posted before connecting, so the first message finds it.
-    qp.post_recv(RecvWr::new(0, side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?))?;
+    qp.post_recv(RecvWr::new(
+        0,
+        side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?,
+    ))?;
     let (mut qp, _) = app::connect(args, &side, qp, &[])?;
     let mut out = Vec::with_capacity(4);
     let mut send_buf = Some(side.pd.alloc_mr(args.size, AccessFlags::empty())?);
@@ -46,7 +49,9 @@ fn run(args: &app::Args) -> Result<()> {
             for mut c in out.drain(..) {
                 c.result()?;
                 match c.opcode {
-                    WcOpcode::Recv => got_recv = Some((c.byte_len as usize, c.take_mr().expect("receive buffer"))),
+                    WcOpcode::Recv => {
+                        got_recv = Some((c.byte_len as usize, c.take_mr().expect("receive buffer")))
+                    }
                     _ => send_buf = c.take_mr(),
                 }
             }
@@ -57,7 +62,9 @@ fn run(args: &app::Args) -> Result<()> {
         let (len, buf) = got_recv.expect("received");
         let data = buf.to_vec()?;
         if len != args.size || data[..len] != expected[..] {
-            return Err(Error::Protocol(format!("message {i}: {len} bytes, content mismatch")));
+            return Err(Error::Protocol(format!(
+                "message {i}: {len} bytes, content mismatch"
+            )));
         }
         // Re-arm the receive for the next message before answering.
         qp.post_recv(RecvWr::new(i as u64 + 1, buf))?;

@@ -21,6 +21,9 @@ pub struct Context {
 pub(crate) struct ContextInner {
     pub(crate) raw: NonNull<ffi::ibv_context>,
     name: String,
+    /// `Some` for a context this crate did not open ([`Context::borrowed`]):
+    /// it is not closed on drop, and this owner keeps it open until then.
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread; the verbs this crate
@@ -32,6 +35,10 @@ unsafe impl Sync for ContextInner {}
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // Borrowed: its owner closes it (after `owner` is dropped, below).
+            return;
+        }
         // SAFETY: raw came from ibv_open_device; all children hold an Arc to this
         // inner, so none is alive anymore. A failure is ignored: Drop never panics.
         unsafe { ffi::ibv_close_device(self.raw.as_ptr()) };
@@ -58,8 +65,36 @@ impl Context {
         // SAFETY: dev is valid; the name is a NUL-terminated array inside it.
         let name = unsafe { device::cstr(ffi::ibv_get_device_name(dev.as_ptr())) };
         Ok(Context {
-            inner: Arc::new(ContextInner { raw, name }),
+            inner: Arc::new(ContextInner {
+                raw,
+                name,
+                owner: None,
+            }),
         })
+    }
+
+    /// Wraps a context that something else opened and will close, such as
+    /// the per-device context librdmacm opens for its ids (`rdma_cm_id.verbs`,
+    /// see [`crate::cm`]). Dropping the last clone does **not** call
+    /// `ibv_close_device`; it drops `owner` instead.
+    ///
+    /// # Safety
+    /// `raw` is a valid `ibv_context` that stays open at least until `owner`
+    /// is dropped (e.g. `owner` holds a reference that keeps it open).
+    pub(crate) unsafe fn borrowed(
+        raw: NonNull<ffi::ibv_context>,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Context {
+        // SAFETY: raw is valid (caller); device is set for every open context,
+        // and its name is a NUL-terminated array inside it.
+        let name = unsafe { device::cstr(ffi::ibv_get_device_name((*raw.as_ptr()).device)) };
+        Context {
+            inner: Arc::new(ContextInner {
+                raw,
+                name,
+                owner: Some(owner),
+            }),
+        }
     }
 
     /// The device name, e.g. `rxe0`.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::channel::{CompletionChannel, CqEvents};
 use crate::context::Context;
 use crate::enums::c_enum;
 use crate::error::{Error, Result, errno, last_errno};
@@ -228,6 +229,13 @@ pub(crate) struct CqInner {
     /// Slot rings of destroyed QPs whose stale completions may still sit in this CQ.
     graveyard: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
     dead: AtomicUsize,
+    /// Completion events read and not yet acknowledged; its address is the
+    /// CQ's `cq_context` (see [`crate::channel`]). `Some` iff `channel` is.
+    /// (An `Arc`, not a `Box`: moving a `Box` would assert uniqueness and
+    /// invalidate the pointer the kernel hands back.)
+    pub(crate) events: Option<Arc<CqEvents>>,
+    /// Dropped after the CQ is destroyed: the channel outlives its CQs.
+    pub(crate) channel: Option<CompletionChannel>,
     _ctx: Context,
 }
 
@@ -238,8 +246,21 @@ unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
     fn drop(&mut self) {
+        if let Some(events) = self.events.as_deref() {
+            // ibv_destroy_cq waits until every event read from the channel is
+            // acknowledged: ack the counted ones; readers racing with us see the
+            // closing flag and ack their own (see crate::channel).
+            let n = events.close();
+            if n > 0 {
+                // SAFETY: valid CQ; n events were read and not yet acknowledged.
+                unsafe { ffi::ibv_ack_cq_events(self.raw.as_ptr(), n) };
+            }
+        }
         // SAFETY: every QP using this CQ holds an Arc to it, so none is left.
         unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
+        if let Some(ch) = &self.channel {
+            ch.inner.detach();
+        }
     }
 }
 
@@ -264,6 +285,15 @@ impl Cq {
     ///
     /// A depth above the device's `max_cqe` is refused before calling the kernel.
     pub fn new(ctx: &Context, depth: u32) -> Result<Cq> {
+        Cq::create(ctx, depth, None)
+    }
+
+    /// `ibv_create_cq`, on `channel` if given (see [`Cq::with_channel`]).
+    pub(crate) fn create(
+        ctx: &Context,
+        depth: u32,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<Cq> {
         let max = ctx.query_device()?.max_cqe;
         if depth == 0 || i64::from(depth) > i64::from(max) {
             return Err(Error::InvalidArgument {
@@ -271,17 +301,20 @@ impl Cq {
                 reason: format!("{depth} is outside 1..={max} (the device's max_cqe)"),
             });
         }
-        // SAFETY: valid context; no channel, no user context, vector 0.
-        let raw = unsafe {
-            ffi::ibv_create_cq(
-                ctx.as_raw(),
-                depth as i32,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
+        let events = channel.map(|_| Arc::new(CqEvents::new()));
+        let cq_context = events.as_ref().map_or(std::ptr::null_mut(), |e| {
+            Arc::as_ptr(e) as *mut libc::c_void
+        });
+        let channel_raw = channel.map_or(std::ptr::null_mut(), |c| c.as_raw());
+        // SAFETY: valid context and channel (same device, checked by the caller);
+        // cq_context points to the shared counter, which this CqInner holds and
+        // frees only after ibv_destroy_cq; vector 0.
+        let raw =
+            unsafe { ffi::ibv_create_cq(ctx.as_raw(), depth as i32, cq_context, channel_raw, 0) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_cq", last_errno()))?;
+        if let Some(ch) = channel {
+            ch.inner.attach();
+        }
         // SAFETY: raw is valid; cqe is the actual depth the provider chose.
         let actual = unsafe { (*raw.as_ptr()).cqe };
         Ok(Cq {
@@ -290,6 +323,8 @@ impl Cq {
                 depth: u32::try_from(actual).unwrap_or(depth),
                 graveyard: Mutex::new(Vec::new()),
                 dead: AtomicUsize::new(0),
+                events,
+                channel: channel.cloned(),
                 _ctx: ctx.clone(),
             }),
         })

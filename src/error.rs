@@ -183,6 +183,31 @@ pub enum Error {
     /// A peer sent something that does not parse.
     #[error("malformed message from peer: {0}")]
     Protocol(String),
+
+    /// GPU memory could not be used (CUDA driver missing, no GPUDirect RDMA
+    /// path, a failing CUDA call); see [`crate::gdr`].
+    #[cfg(feature = "gdr")]
+    #[error(transparent)]
+    Gdr(#[from] crate::gdr::GdrError),
+
+    /// An rdma_cm operation ended in another event than the one it waits for:
+    /// ADDR_ERROR, ROUTE_ERROR, REJECTED, UNREACHABLE, CONNECT_ERROR,
+    /// DISCONNECTED, ... (see [`crate::cm`]).
+    #[error("{op}: rdma_cm reported {event} (status {status}){}", Hint(hint))]
+    CmEvent {
+        /// What was being done, e.g. `rdma_connect`.
+        op: &'static str,
+        /// The event that arrived instead.
+        event: crate::cm::CmEventKind,
+        /// Its status: a negative errno (ADDR_ERROR, UNREACHABLE, ...) or, for
+        /// REJECTED on InfiniBand/RoCE, the IB CM reject reason (8: nobody
+        /// listens on that port, 28: the peer application rejected).
+        status: i32,
+        /// Private data that came with it (a REJECTED's reject message).
+        private_data: Vec<u8>,
+        /// What it usually means.
+        hint: Option<String>,
+    },
 }
 
 struct Hint<'a>(&'a Option<String>);

@@ -22,16 +22,24 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod channel;
+pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;
 mod enums;
 pub mod error;
+pub mod event;
+pub mod exchange;
 pub mod ffi;
+#[cfg(feature = "gdr")]
+pub mod gdr;
 pub mod mr;
 pub mod pd;
 pub mod qp;
 
+pub use channel::{CompletionChannel, CqId};
+pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};
 pub use context::{Context, DeviceAttr, PortAttr};
 pub use cq::{Completion, Cq, WcOpcode, WcStatus};
 pub use device::{
@@ -39,6 +47,9 @@ pub use device::{
     devices,
 };
 pub use error::{Error, Result};
+pub use event::{AsyncEvent, AsyncEvents};
+#[cfg(feature = "gdr")]
+pub use gdr::{GdrMode, GdrPath, GpuBuffer};
 pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
 pub use pd::Pd;
 pub use qp::{

@@ -9,13 +9,28 @@ use rdma_verbs::{AccessFlags, Mr, QpCaps, RecvWr, SendWr, WcOpcode, WcStatus};
 const SIZES: [usize; 5] = [0, 1, 4096, 1 << 20, 12_345];
 
 fn caps(sge: u32) -> QpCaps {
-    QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: sge, max_recv_sge: sge, max_inline_data: 64, sq_sig_all: false }
+    QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: sge,
+        max_recv_sge: sge,
+        max_inline_data: 64,
+        sq_sig_all: false,
+    }
 }
 
 /// Splits `len` bytes into `n` nearly equal pieces (the last takes the rest).
 fn pieces(len: usize, n: usize) -> Vec<usize> {
     let base = len / n;
-    (0..n).map(|i| if i + 1 == n { len - base * (n - 1) } else { base }).collect()
+    (0..n)
+        .map(|i| {
+            if i + 1 == n {
+                len - base * (n - 1)
+            } else {
+                base
+            }
+        })
+        .collect()
 }
 
 /// An MR of `len` bytes (at least 1: registration needs a byte) cut to exactly `len`.
@@ -44,7 +59,9 @@ fn send_recv_every_size_and_sge_count() {
             let mut off = 0;
             for part in pieces(len, nsge) {
                 let mut mr = mr_exact(&p, part, AccessFlags::empty());
-                mr.as_mut_slice().unwrap().copy_from_slice(&data[off..off + part]);
+                mr.as_mut_slice()
+                    .unwrap()
+                    .copy_from_slice(&data[off..off + part]);
                 off += part;
                 swr = swr.sge(mr);
             }
@@ -60,7 +77,11 @@ fn send_recv_every_size_and_sge_count() {
             assert_eq!(c.opcode, WcOpcode::Recv);
             assert_eq!(c.byte_len as usize, len);
             assert_eq!(c.wr_id, 100 + k as u64);
-            let got: Vec<u8> = c.take_buffers().into_iter().flat_map(|b| b.into_mr().unwrap().to_vec().unwrap()).collect();
+            let got: Vec<u8> = c
+                .take_buffers()
+                .into_iter()
+                .flat_map(|b| b.into_mr().unwrap().to_vec().unwrap())
+                .collect();
             assert_eq!(got, data, "size {len}, {nsge} SGEs");
         }
     }
@@ -74,7 +95,8 @@ fn send_with_imm_and_inline() {
         p.b.post_recv(RecvWr::new(i, mr)).unwrap();
     }
     let msg = b"inline hello";
-    p.a.post_send(SendWr::send_inline(7, msg).imm(0xdead_beef)).unwrap();
+    p.a.post_send(SendWr::send_inline(7, msg).imm(0xdead_beef))
+        .unwrap();
     let mut mr = p.pd.alloc_mr(5, AccessFlags::empty()).unwrap();
     mr.as_mut_slice().unwrap().copy_from_slice(b"hello");
     p.a.post_send(SendWr::send(8).sge(mr.freeze())).unwrap();
@@ -95,13 +117,27 @@ fn inline_over_the_limit_is_refused_before_posting() {
     let max = p.a.caps().max_inline_data as usize;
     let big = vec![1u8; max + 1];
     let err = p.a.post_send(SendWr::send_inline(1, &big)).unwrap_err();
-    assert!(matches!(err.error, rdma_verbs::Error::InvalidArgument { what: "inline data", .. }), "{err}");
+    assert!(
+        matches!(
+            err.error,
+            rdma_verbs::Error::InvalidArgument {
+                what: "inline data",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn rdma_write_and_write_with_imm_every_size() {
     let mut p = pair(caps(2));
-    let target = p.pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let target =
+        p.pd.alloc_mr(
+            1 << 20,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
     let remote = target.remote();
     for (k, &len) in SIZES.iter().enumerate() {
         let data = pattern(len, 50 + k as u8);
@@ -132,8 +168,11 @@ fn rdma_write_and_write_with_imm_every_size() {
     }
     // Plain WRITE (no immediate, no receive consumed).
     let mut src = p.pd.alloc_mr(16, AccessFlags::empty()).unwrap();
-    src.as_mut_slice().unwrap().copy_from_slice(b"0123456789abcdef");
-    p.a.post_send(SendWr::write(99, remote, 100).sge(src)).unwrap();
+    src.as_mut_slice()
+        .unwrap()
+        .copy_from_slice(b"0123456789abcdef");
+    p.a.post_send(SendWr::write(99, remote, 100).sge(src))
+        .unwrap();
     assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
     let mut got = [0u8; 16];
     target.read_at(100, &mut got).unwrap();
@@ -143,14 +182,21 @@ fn rdma_write_and_write_with_imm_every_size() {
 #[test]
 fn rdma_read_every_size() {
     let mut p = pair(caps(2));
-    let mut source = p.pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let mut source =
+        p.pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
     let all = pattern(1 << 20, 9);
     source.as_mut_slice().unwrap().copy_from_slice(&all);
     let remote = source.remote();
     for (k, &len) in SIZES.iter().enumerate() {
         let off = (k * 7).min((1 << 20) - len);
         let mut dest = mr_exact(&p, len, AccessFlags::LOCAL_WRITE);
-        let mut wr = SendWr::read(k as u64, mr_exact(&p, 0, AccessFlags::LOCAL_WRITE), remote, off as u64);
+        let mut wr = SendWr::read(
+            k as u64,
+            mr_exact(&p, 0, AccessFlags::LOCAL_WRITE),
+            remote,
+            off as u64,
+        );
         if len >= 2 {
             let tail = dest.split_off(len / 2).unwrap();
             wr = SendWr::read(k as u64, dest, remote, off as u64).sge(tail);
@@ -161,7 +207,11 @@ fn rdma_read_every_size() {
         let mut sc = wait(&mut p.cq_a, 1);
         assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
         assert_eq!(sc[0].opcode, WcOpcode::RdmaRead);
-        let got: Vec<u8> = sc[0].take_buffers().into_iter().flat_map(|b| b.into_mr().unwrap().to_vec().unwrap()).collect();
+        let got: Vec<u8> = sc[0]
+            .take_buffers()
+            .into_iter()
+            .flat_map(|b| b.into_mr().unwrap().to_vec().unwrap())
+            .collect();
         assert_eq!(got, &all[off..off + len], "read of {len} bytes at {off}");
     }
 }
@@ -169,16 +219,26 @@ fn rdma_read_every_size() {
 #[test]
 fn atomics_return_the_old_value_and_update_memory() {
     let mut p = pair(caps(1));
-    let mut target = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC).unwrap();
+    let mut target =
+        p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
+            .unwrap();
     target.write_at(8, &100u64.to_ne_bytes()).unwrap();
     let remote = target.remote();
 
     let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    p.a.post_send(SendWr::fetch_add(1, res, remote, 8, 5)).unwrap();
+    p.a.post_send(SendWr::fetch_add(1, res, remote, 8, 5))
+        .unwrap();
     let mut c = wait(&mut p.cq_a, 1);
     assert_eq!(c[0].status, WcStatus::Success, "{:?}", c[0]);
     assert_eq!(c[0].opcode, WcOpcode::FetchAdd);
-    let old = u64::from_ne_bytes(c[0].take_mr().unwrap().to_vec().unwrap().try_into().unwrap());
+    let old = u64::from_ne_bytes(
+        c[0].take_mr()
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .try_into()
+            .unwrap(),
+    );
     assert_eq!(old, 100);
     let mut now = [0u8; 8];
     target.read_at(8, &mut now).unwrap();
@@ -186,41 +246,83 @@ fn atomics_return_the_old_value_and_update_memory() {
 
     // Failing compare: memory unchanged, old value returned.
     let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    p.a.post_send(SendWr::compare_swap(2, res, remote, 8, 1, 7)).unwrap();
+    p.a.post_send(SendWr::compare_swap(2, res, remote, 8, 1, 7))
+        .unwrap();
     let mut c = wait(&mut p.cq_a, 1);
     assert_eq!(c[0].opcode, WcOpcode::CompSwap);
-    assert_eq!(u64::from_ne_bytes(c[0].take_mr().unwrap().to_vec().unwrap().try_into().unwrap()), 105);
+    assert_eq!(
+        u64::from_ne_bytes(
+            c[0].take_mr()
+                .unwrap()
+                .to_vec()
+                .unwrap()
+                .try_into()
+                .unwrap()
+        ),
+        105
+    );
     target.read_at(8, &mut now).unwrap();
     assert_eq!(u64::from_ne_bytes(now), 105);
 
     // Matching compare: swapped.
     let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    p.a.post_send(SendWr::compare_swap(3, res, remote, 8, 105, 7)).unwrap();
+    p.a.post_send(SendWr::compare_swap(3, res, remote, 8, 105, 7))
+        .unwrap();
     let mut c = wait(&mut p.cq_a, 1);
-    assert_eq!(u64::from_ne_bytes(c[0].take_mr().unwrap().to_vec().unwrap().try_into().unwrap()), 105);
+    assert_eq!(
+        u64::from_ne_bytes(
+            c[0].take_mr()
+                .unwrap()
+                .to_vec()
+                .unwrap()
+                .try_into()
+                .unwrap()
+        ),
+        105
+    );
     target.read_at(8, &mut now).unwrap();
     assert_eq!(u64::from_ne_bytes(now), 7);
 
     // Misaligned target and wrong result size are refused locally.
     let res = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    let e = p.a.post_send(SendWr::fetch_add(4, res, remote, 3, 1)).unwrap_err();
+    let e =
+        p.a.post_send(SendWr::fetch_add(4, res, remote, 3, 1))
+            .unwrap_err();
     assert!(e.to_string().contains("8-byte aligned"), "{e}");
     let res = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
-    let e = p.a.post_send(SendWr::fetch_add(5, res, remote, 8, 1)).unwrap_err();
+    let e =
+        p.a.post_send(SendWr::fetch_add(5, res, remote, 8, 1))
+            .unwrap_err();
     assert_eq!(e.unposted.len(), 1, "buffer handed back");
 }
 
 #[test]
 fn post_lists_of_1_16_and_max_send_wr() {
-    let mut p = pair_with(QpCaps { max_send_wr: 40, max_recv_wr: 64, ..caps(1) }, |_, _, _| {});
+    let mut p = pair_with(
+        QpCaps {
+            max_send_wr: 40,
+            max_recv_wr: 64,
+            ..caps(1)
+        },
+        |_, _, _| {},
+    );
     let max = p.a.caps().max_send_wr.min(40) as usize;
     for n in [1usize, 16, max] {
-        let recvs: Vec<RecvWr> = (0..n).map(|i| RecvWr::new(i as u64, p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap())).collect();
+        let recvs: Vec<RecvWr> = (0..n)
+            .map(|i| {
+                RecvWr::new(
+                    i as u64,
+                    p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap(),
+                )
+            })
+            .collect();
         p.b.post_recv_list(recvs).unwrap();
         let sends: Vec<SendWr> = (0..n)
             .map(|i| {
                 let mut mr = p.pd.alloc_mr(8, AccessFlags::empty()).unwrap();
-                mr.as_mut_slice().unwrap().copy_from_slice(&(i as u64).to_le_bytes());
+                mr.as_mut_slice()
+                    .unwrap()
+                    .copy_from_slice(&(i as u64).to_le_bytes());
                 SendWr::send(i as u64).sge(mr)
             })
             .collect();
@@ -239,9 +341,20 @@ fn post_lists_of_1_16_and_max_send_wr() {
 #[test]
 fn unsignaled_sends_with_periodic_signaling_never_overrun() {
     let depth = 16u32;
-    let mut p = pair(QpCaps { max_send_wr: depth, max_recv_wr: 256, ..caps(1) });
+    let mut p = pair(QpCaps {
+        max_send_wr: depth,
+        max_recv_wr: 256,
+        ..caps(1)
+    });
     let total = 200usize;
-    let recvs: Vec<RecvWr> = (0..total).map(|i| RecvWr::new(i as u64, p.pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap())).collect();
+    let recvs: Vec<RecvWr> = (0..total)
+        .map(|i| {
+            RecvWr::new(
+                i as u64,
+                p.pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap(),
+            )
+        })
+        .collect();
     let mut recvs = recvs.into_iter();
     p.b.post_recv_list(recvs.by_ref().take(200)).unwrap();
     let src = p.pd.alloc_mr(4, AccessFlags::empty()).unwrap().freeze();
@@ -255,7 +368,10 @@ fn unsignaled_sends_with_periodic_signaling_never_overrun() {
         match p.a.post_send(wr) {
             Ok(()) => posted += 1,
             Err(e) => {
-                assert!(matches!(e.error, rdma_verbs::Error::QueueFull { .. }), "{e}");
+                assert!(
+                    matches!(e.error, rdma_verbs::Error::QueueFull { .. }),
+                    "{e}"
+                );
                 out.clear();
                 signaled += p.cq_a.poll(&mut out).unwrap();
                 assert!(out.iter().all(|c| c.status == WcStatus::Success), "{out:?}");
@@ -275,7 +391,10 @@ fn unsignaled_sends_with_periodic_signaling_never_overrun() {
             Ok(_) => break,
             Err(s) => src = s,
         }
-        assert!(start.elapsed() < common::WAIT, "send buffers never all came back");
+        assert!(
+            start.elapsed() < common::WAIT,
+            "send buffers never all came back"
+        );
     }
     assert!(signaled >= total / 8, "{signaled} signaled completions");
     assert!(signaled < total, "unsignaled sends produced no completion");
@@ -292,8 +411,14 @@ fn too_many_sges_is_a_typed_error_with_the_buffers_back() {
     }
     let e = p.a.post_send(wr).unwrap_err();
     match e.error {
-        rdma_verbs::Error::TooManySges { requested, max: m } => assert_eq!((requested, m), (max + 1, max)),
+        rdma_verbs::Error::TooManySges { requested, max: m } => {
+            assert_eq!((requested, m), (max + 1, max))
+        }
         ref other => panic!("{other}"),
     }
-    assert_eq!(e.unposted[0].1.len(), max.min(rdma_verbs::qp::MAX_SAFE_SGES), "the buffers that fit come back");
+    assert_eq!(
+        e.unposted[0].1.len(),
+        max.min(rdma_verbs::qp::MAX_SAFE_SGES),
+        "the buffers that fit come back"
+    );
 }

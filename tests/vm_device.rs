@@ -18,18 +18,32 @@ struct DevInfo {
 }
 
 fn ibv_devinfo(dev: &str) -> DevInfo {
-    let out = Command::new("ibv_devinfo").args(["-v", "-d", dev]).output().expect("run ibv_devinfo");
-    assert!(out.status.success(), "ibv_devinfo failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("ibv_devinfo")
+        .args(["-v", "-d", dev])
+        .output()
+        .expect("run ibv_devinfo");
+    assert!(
+        out.status.success(),
+        "ibv_devinfo failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    let mut info = DevInfo { dev: HashMap::new(), ports: Vec::new(), gids: Vec::new() };
+    let mut info = DevInfo {
+        dev: HashMap::new(),
+        ports: Vec::new(),
+        gids: Vec::new(),
+    };
     for line in text.lines() {
         let t = line.trim();
-        let Some((k, v)) = t.split_once(':') else { continue };
+        let Some((k, v)) = t.split_once(':') else {
+            continue;
+        };
         let (k, v) = (k.trim().to_owned(), v.trim().to_owned());
         if k == "port" {
             info.ports.push(HashMap::new());
         } else if let Some(idx) = k.strip_prefix("GID[").and_then(|s| s.strip_suffix(']')) {
-            info.gids.push((info.ports.len() as u8, idx.trim().parse().unwrap(), v));
+            info.gids
+                .push((info.ports.len() as u8, idx.trim().parse().unwrap(), v));
         } else if let Some(p) = info.ports.last_mut() {
             p.entry(k).or_insert(v);
         } else {
@@ -102,7 +116,10 @@ fn query_device_matches_ibv_devinfo() {
         ("max_raw_ethy_qp", a.max_raw_ethy_qp.into()),
         ("max_mcast_grp", a.max_mcast_grp.into()),
         ("max_mcast_qp_attach", a.max_mcast_qp_attach.into()),
-        ("max_total_mcast_qp_attach", a.max_total_mcast_qp_attach.into()),
+        (
+            "max_total_mcast_qp_attach",
+            a.max_total_mcast_qp_attach.into(),
+        ),
         ("max_ah", a.max_ah.into()),
         ("max_srq", a.max_srq.into()),
         ("max_srq_wr", a.max_srq_wr.into()),
@@ -113,7 +130,12 @@ fn query_device_matches_ibv_devinfo() {
     for (k, v) in ints {
         assert_eq!(num(&d[k]) as i64, v, "{k}");
     }
-    assert!(d["atomic_cap"].starts_with(a.atomic_cap.name()), "atomic_cap {} vs {}", d["atomic_cap"], a.atomic_cap);
+    assert!(
+        d["atomic_cap"].starts_with(a.atomic_cap.name()),
+        "atomic_cap {} vs {}",
+        d["atomic_cap"],
+        a.atomic_cap
+    );
 }
 
 #[test]
@@ -124,19 +146,38 @@ fn query_port_and_gid_table_match_ibv_devinfo() {
     assert_eq!(info.ports.len(), usize::from(nports));
     for (i, p) in info.ports.iter().enumerate() {
         let a = ctx.query_port(i as u8 + 1).unwrap();
-        assert!(p["state"].starts_with(a.state.name()), "state {} vs {}", p["state"], a.state);
-        assert_eq!(p["max_mtu"].split_whitespace().next().unwrap(), a.max_mtu.name());
-        assert_eq!(p["active_mtu"].split_whitespace().next().unwrap(), a.active_mtu.name());
+        assert!(
+            p["state"].starts_with(a.state.name()),
+            "state {} vs {}",
+            p["state"],
+            a.state
+        );
+        assert_eq!(
+            p["max_mtu"].split_whitespace().next().unwrap(),
+            a.max_mtu.name()
+        );
+        assert_eq!(
+            p["active_mtu"].split_whitespace().next().unwrap(),
+            a.active_mtu.name()
+        );
         assert_eq!(num(&p["sm_lid"]), u64::from(a.sm_lid));
         assert_eq!(num(&p["port_lid"]), u64::from(a.lid));
         assert_eq!(num(&p["port_lmc"]), u64::from(a.lmc));
         assert_eq!(p["link_layer"], a.link_layer.name());
         assert_eq!(num(&p["max_msg_sz"]), u64::from(a.max_msg_sz));
         assert_eq!(num(&p["port_cap_flags"]), u64::from(a.port_cap_flags));
-        assert_eq!(num(&p["max_vl_num"].split_whitespace().next().unwrap()), u64::from(a.max_vl_num));
+        assert_eq!(
+            num(p["max_vl_num"].split_whitespace().next().unwrap()),
+            u64::from(a.max_vl_num)
+        );
         assert_eq!(num(&p["pkey_tbl_len"]), u64::from(a.pkey_tbl_len));
         assert_eq!(num(&p["gid_tbl_len"]), a.gid_tbl_len as u64);
-        assert!(p["phys_state"].ends_with(&format!("({})", a.phys_state)), "phys_state {} vs {}", p["phys_state"], a.phys_state);
+        assert!(
+            p["phys_state"].ends_with(&format!("({})", a.phys_state)),
+            "phys_state {} vs {}",
+            p["phys_state"],
+            a.phys_state
+        );
         assert_eq!(a.state, PortState::Active);
         assert_eq!(a.link_layer, LinkLayer::Ethernet);
     }
@@ -145,7 +186,10 @@ fn query_port_and_gid_table_match_ibv_devinfo() {
     assert!(!info.gids.is_empty());
     assert_eq!(table.len(), info.gids.len(), "{table:?} vs {:?}", info.gids);
     for (port, idx, text) in &info.gids {
-        let e = table.iter().find(|e| e.port == *port && e.index == *idx).unwrap_or_else(|| panic!("GID[{idx}] missing"));
+        let e = table
+            .iter()
+            .find(|e| e.port == *port && e.index == *idx)
+            .unwrap_or_else(|| panic!("GID[{idx}] missing"));
         let mut parts = text.split(',').map(str::trim);
         assert_eq!(parts.next().unwrap(), e.gid.to_string(), "GID[{idx}] value");
         if let Some(ty) = parts.next() {
@@ -155,7 +199,10 @@ fn query_port_and_gid_table_match_ibv_devinfo() {
         let ex = ctx.query_gid_entry(*port, *idx).unwrap();
         assert_eq!(&ex, e);
     }
-    let v2 = table.iter().find(|e| e.gid_type == GidType::RoceV2 && e.gid.to_string().starts_with("::ffff:")).expect("RoCE v2 IPv4 GID");
+    let v2 = table
+        .iter()
+        .find(|e| e.gid_type == GidType::RoceV2 && e.gid.to_string().starts_with("::ffff:"))
+        .expect("RoCE v2 IPv4 GID");
     if let Ok(addr) = std::env::var("RDMA_VERBS_ADDR") {
         assert_eq!(v2.gid.to_string(), format!("::ffff:{addr}"));
     }
@@ -165,8 +212,17 @@ fn query_port_and_gid_table_match_ibv_devinfo() {
 #[test]
 fn bad_port_and_gid_index_are_typed_errors() {
     let ctx = ctx();
-    assert!(matches!(ctx.query_port(7), Err(Error::InvalidArgument { what: "port", .. })));
-    assert!(matches!(ctx.query_gid_entry(1, 10_000), Err(Error::InvalidArgument { what: "gid index", .. })));
+    assert!(matches!(
+        ctx.query_port(7),
+        Err(Error::InvalidArgument { what: "port", .. })
+    ));
+    assert!(matches!(
+        ctx.query_gid_entry(1, 10_000),
+        Err(Error::InvalidArgument {
+            what: "gid index",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -174,10 +230,16 @@ fn cq_deeper_than_max_cqe_is_refused_cleanly() {
     let ctx = ctx();
     let max = ctx.query_device().unwrap().max_cqe as u32;
     match Cq::new(&ctx, max + 1) {
-        Err(Error::InvalidArgument { what: "CQ depth", reason }) => assert!(reason.contains(&max.to_string()), "{reason}"),
+        Err(Error::InvalidArgument {
+            what: "CQ depth",
+            reason,
+        }) => assert!(reason.contains(&max.to_string()), "{reason}"),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(Cq::new(&ctx, 0), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        Cq::new(&ctx, 0),
+        Err(Error::InvalidArgument { .. })
+    ));
     let cq = Cq::new(&ctx, max).expect("max_cqe itself is fine");
     assert!(cq.depth() >= max);
 }

@@ -12,12 +12,21 @@ use rdma_verbs::{AccessFlags, Cq, InitAttr, Pd, Qp, QpCaps, RecvWr};
 
 /// `pd`, `cq`, `qp`, `mr`, `ctx` counts of the device, from `rdma resource show`.
 fn counts(dev: &str) -> HashMap<String, u64> {
-    let out = Command::new("rdma").args(["resource", "show"]).output().expect("run rdma");
+    let out = Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("run rdma");
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    let line = text.lines().find(|l| l.contains(&format!("{dev}:"))).unwrap_or_else(|| panic!("{dev} not in {text}"));
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("{dev}:")))
+        .unwrap_or_else(|| panic!("{dev} not in {text}"));
     let words: Vec<&str> = line.split_whitespace().collect();
-    words.windows(2).filter_map(|w| Some((w[0].to_owned(), w[1].parse().ok()?))).collect()
+    words
+        .windows(2)
+        .filter_map(|w| Some((w[0].to_owned(), w[1].parse().ok()?)))
+        .collect()
 }
 
 #[test]
@@ -29,10 +38,20 @@ fn every_drop_order_releases_every_kernel_object() {
         let pd = Pd::new(&ctx).unwrap();
         let cq = Cq::new(&ctx, 64).unwrap();
         let mr = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
-        let mut qp = Qp::new(&pd, &cq, &cq, QpCaps::default()).unwrap().init(InitAttr::new(1, all_remote())).unwrap();
-        qp.post_recv(RecvWr::new(1, pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())).unwrap();
+        let mut qp = Qp::new(&pd, &cq, &cq, QpCaps::default())
+            .unwrap()
+            .init(InitAttr::new(1, all_remote()))
+            .unwrap();
+        qp.post_recv(RecvWr::new(
+            1,
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+        .unwrap();
         let during = counts(&dev);
-        assert!(during["qp"] > before["qp"] && during["mr"] > before["mr"], "{during:?}");
+        assert!(
+            during["qp"] > before["qp"] && during["mr"] > before["mr"],
+            "{during:?}"
+        );
         // Drop the handles in a different order each round; children keep parents alive.
         match order {
             0 => drop((ctx, pd, cq, mr, qp)),
@@ -74,7 +93,11 @@ fn every_drop_order_releases_every_kernel_object() {
         }
         let after = counts(&dev);
         for k in ["pd", "cq", "qp", "mr", "ctx"] {
-            assert_eq!(after.get(k), before.get(k), "{k} leaked in drop order {order}: {before:?} -> {after:?}");
+            assert_eq!(
+                after.get(k),
+                before.get(k),
+                "{k} leaked in drop order {order}: {before:?} -> {after:?}"
+            );
         }
     }
 }

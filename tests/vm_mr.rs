@@ -8,8 +8,20 @@ use common::ctx;
 use rdma_verbs::{AccessFlags, Error, Pd};
 
 fn combos() -> Vec<AccessFlags> {
-    let bits = [AccessFlags::LOCAL_WRITE, AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_READ, AccessFlags::REMOTE_ATOMIC];
-    (0..16u32).map(|m| bits.iter().enumerate().filter(|(i, _)| m & (1 << i) != 0).fold(AccessFlags::empty(), |a, (_, b)| a | *b)).collect()
+    let bits = [
+        AccessFlags::LOCAL_WRITE,
+        AccessFlags::REMOTE_WRITE,
+        AccessFlags::REMOTE_READ,
+        AccessFlags::REMOTE_ATOMIC,
+    ];
+    (0..16u32)
+        .map(|m| {
+            bits.iter()
+                .enumerate()
+                .filter(|(i, _)| m & (1 << i) != 0)
+                .fold(AccessFlags::empty(), |a, (_, b)| a | *b)
+        })
+        .collect()
 }
 
 /// REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (ibv_reg_mr(3)).
@@ -29,13 +41,16 @@ fn register_each_size_with_each_access_combination() {
                     assert_eq!(mr.len(), len);
                     assert_ne!(mr.lkey(), 0);
                     // rxe hands out an rkey only when some remote access is granted.
-                    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+                    let remote = AccessFlags::REMOTE_WRITE
+                        | AccessFlags::REMOTE_READ
+                        | AccessFlags::REMOTE_ATOMIC;
                     if access.intersects(remote) {
                         assert_ne!(mr.rkey(), 0, "{access:?}");
                     }
                     assert_eq!(mr.access(), access);
                     // SAFETY: reading plain fields of a live ibv_mr.
-                    let (length, addr) = unsafe { ((*mr.as_raw()).length, (*mr.as_raw()).addr as u64) };
+                    let (length, addr) =
+                        unsafe { ((*mr.as_raw()).length, (*mr.as_raw()).addr as u64) };
                     assert_eq!(length, len);
                     assert_eq!(addr, mr.addr());
                     assert_eq!(mr.addr() % 4096, 0, "page aligned");
@@ -61,7 +76,13 @@ fn register_each_size_with_each_access_combination() {
 #[test]
 fn zero_length_is_a_typed_error() {
     let pd = Pd::new(&ctx()).unwrap();
-    assert!(matches!(pd.alloc_mr(0, AccessFlags::LOCAL_WRITE), Err(Error::InvalidArgument { what: "MR length", .. })));
+    assert!(matches!(
+        pd.alloc_mr(0, AccessFlags::LOCAL_WRITE),
+        Err(Error::InvalidArgument {
+            what: "MR length",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -89,7 +110,11 @@ fn split_and_unsplit_share_one_registration() {
 fn memlock_child() {
     let pd = Pd::new(&ctx()).unwrap();
     let small = pd.alloc_mr(4 << 20, AccessFlags::LOCAL_WRITE);
-    assert!(small.is_ok(), "4 MiB under an 8 MiB limit: {:?}", small.err());
+    assert!(
+        small.is_ok(),
+        "4 MiB under an 8 MiB limit: {:?}",
+        small.err()
+    );
     match pd.alloc_mr(9 << 20, AccessFlags::LOCAL_WRITE) {
         Err(e @ Error::MemlockLimit { .. }) => {
             let msg = e.to_string();
@@ -108,14 +133,28 @@ fn memlock_limit_gives_the_memlock_error() {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new("prlimit")
         .arg("--memlock=8388608:8388608")
-        .args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
         .arg(&exe)
-        .args(["memlock_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "memlock_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("HOME", "/tmp")
         .output()
         .expect("run prlimit/setpriv");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("MEMLOCK-ERROR-OK"), "child did not reach the check:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("MEMLOCK-ERROR-OK"),
+        "child did not reach the check:\n{stdout}\n{stderr}"
+    );
 }

@@ -6,10 +6,20 @@ mod common;
 
 use common::{all_remote, ctx, gid_index, pair, pair_with, wait};
 use rdma_verbs::qp::QpStateKind;
-use rdma_verbs::{AccessFlags, Cq, Error, InitAttr, Mtu, Pd, Qp, QpCaps, RecvWr, RemoteMr, RtrAttr, RtsAttr, SendWr, WcStatus};
+use rdma_verbs::{
+    AccessFlags, Cq, Error, InitAttr, Mtu, Pd, Qp, QpCaps, RecvWr, RemoteMr, RtrAttr, RtsAttr,
+    SendWr, WcStatus,
+};
 
 fn caps() -> QpCaps {
-    QpCaps { max_send_wr: 32, max_recv_wr: 32, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 0, sq_sig_all: false }
+    QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 32,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+        sq_sig_all: false,
+    }
 }
 
 #[test]
@@ -32,7 +42,11 @@ fn every_transition_and_query_after_each() {
     assert_eq!(q.state, QpStateKind::Init);
     assert_eq!(q.port, 1);
     assert_eq!(q.pkey_index, 0);
-    assert!(q.access.contains(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ), "{q:?}");
+    assert!(
+        q.access
+            .contains(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ),
+        "{q:?}"
+    );
 
     let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
     let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
@@ -40,7 +54,13 @@ fn every_transition_and_query_after_each() {
     assert_eq!(ea.psn, a.psn());
     assert!(ea.psn < (1 << 24));
 
-    let a = a.rtr(RtrAttr::new(&eb, 1, mtu, Some(gid)).min_rnr_timer(14).max_dest_rd_atomic(4)).unwrap();
+    let a = a
+        .rtr(
+            RtrAttr::new(&eb, 1, mtu, Some(gid))
+                .min_rnr_timer(14)
+                .max_dest_rd_atomic(4),
+        )
+        .unwrap();
     let q = a.query().unwrap();
     assert_eq!(q.state, QpStateKind::Rtr);
     assert_eq!(q.dest_qp_num, eb.qpn);
@@ -52,11 +72,22 @@ fn every_transition_and_query_after_each() {
     assert_eq!(grh.dgid, eb.gid);
     assert_eq!(grh.sgid_index, gid);
 
-    let a = a.rts(RtsAttr::new(ea.psn).timeout(12).retry_cnt(5).rnr_retry(3).max_rd_atomic(2)).unwrap();
+    let a = a
+        .rts(
+            RtsAttr::new(ea.psn)
+                .timeout(12)
+                .retry_cnt(5)
+                .rnr_retry(3)
+                .max_rd_atomic(2),
+        )
+        .unwrap();
     let q = a.query().unwrap();
     assert_eq!(q.state, QpStateKind::Rts);
     assert_eq!(q.sq_psn, ea.psn);
-    assert_eq!((q.timeout, q.retry_cnt, q.rnr_retry, q.max_rd_atomic), (12, 5, 3, 2));
+    assert_eq!(
+        (q.timeout, q.retry_cnt, q.rnr_retry, q.max_rd_atomic),
+        (12, 5, 3, 2)
+    );
 
     let a = a.to_error().unwrap();
     assert_eq!(a.query().unwrap().state, QpStateKind::Err);
@@ -81,31 +112,92 @@ fn refused_transitions_hand_the_qp_back() {
 
     // A port that does not exist.
     let err = qp.init(InitAttr::new(9, all_remote())).unwrap_err();
-    assert!(matches!(err.error, Error::Transition { from: "RESET", to: "INIT", .. }), "{}", err.error);
+    assert!(
+        matches!(
+            err.error,
+            Error::Transition {
+                from: "RESET",
+                to: "INIT",
+                ..
+            }
+        ),
+        "{}",
+        err.error
+    );
     assert_eq!(err.error.errno(), Some(libc::EINVAL));
-    let qp = err.qp.init(InitAttr::new(1, all_remote())).expect("retry with a good port");
+    let qp = err
+        .qp
+        .init(InitAttr::new(1, all_remote()))
+        .expect("retry with a good port");
 
     // A GID index that does not exist.
     let peer = qp.endpoint(1, Some(u32::from(gid))).unwrap();
     let err = qp.rtr(RtrAttr::new(&peer, 1, mtu, Some(200))).unwrap_err();
     let msg = err.error.to_string();
-    assert!(matches!(err.error, Error::Transition { from: "INIT", to: "RTR", .. }), "{msg}");
+    assert!(
+        matches!(
+            err.error,
+            Error::Transition {
+                from: "INIT",
+                to: "RTR",
+                ..
+            }
+        ),
+        "{msg}"
+    );
     assert!(msg.contains("AV") && msg.contains("GID index"), "{msg}");
-    assert_eq!(err.qp.query().unwrap().state, QpStateKind::Init, "still in INIT");
+    assert_eq!(
+        err.qp.query().unwrap().state,
+        QpStateKind::Init,
+        "still in INIT"
+    );
 
     // A destination QPN wider than 24 bits is refused before the kernel.
-    let bogus = rdma_verbs::Endpoint { qpn: 0x0100_0000, ..peer };
-    let err = err.qp.rtr(RtrAttr::new(&bogus, 1, mtu, Some(gid))).unwrap_err();
-    assert!(matches!(err.error, Error::InvalidArgument { what: "dest QPN", .. }), "{}", err.error);
+    let bogus = rdma_verbs::Endpoint {
+        qpn: 0x0100_0000,
+        ..peer
+    };
+    let err = err
+        .qp
+        .rtr(RtrAttr::new(&bogus, 1, mtu, Some(gid)))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.error,
+            Error::InvalidArgument {
+                what: "dest QPN",
+                ..
+            }
+        ),
+        "{}",
+        err.error
+    );
 
     // RoCE without a GRH is refused too.
     let err = err.qp.rtr(RtrAttr::new(&peer, 1, mtu, None)).unwrap_err();
-    assert!(matches!(err.error, Error::Transition { to: "RTR", .. }), "{}", err.error);
+    assert!(
+        matches!(err.error, Error::Transition { to: "RTR", .. }),
+        "{}",
+        err.error
+    );
 
-    let qp = err.qp.rtr(RtrAttr::new(&peer, 1, Mtu::Mtu1024, Some(gid))).expect("good RTR after failures");
+    let qp = err
+        .qp
+        .rtr(RtrAttr::new(&peer, 1, Mtu::Mtu1024, Some(gid)))
+        .expect("good RTR after failures");
     // retry_cnt above 7 does not fit its 3-bit field.
     let err = qp.rts(RtsAttr::new(peer.psn).retry_cnt(9)).unwrap_err();
-    assert!(matches!(err.error, Error::InvalidArgument { what: "retry_cnt", .. }), "{}", err.error);
+    assert!(
+        matches!(
+            err.error,
+            Error::InvalidArgument {
+                what: "retry_cnt",
+                ..
+            }
+        ),
+        "{}",
+        err.error
+    );
     err.qp.rts(RtsAttr::new(peer.psn)).expect("good RTS");
 }
 
@@ -117,14 +209,30 @@ fn a_dest_qpn_nobody_owns_ends_in_retry_exc_err() {
     let mut cq = Cq::new(&ctx, 16).unwrap();
     let gid = gid_index(&ctx);
     let mtu = ctx.query_port(1).unwrap().active_mtu;
-    let qp = Qp::new(&pd, &cq, &cq, caps()).unwrap().init(InitAttr::new(1, all_remote())).unwrap();
+    let qp = Qp::new(&pd, &cq, &cq, caps())
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
     let me = qp.endpoint(1, Some(gid.into())).unwrap();
-    let nobody = rdma_verbs::Endpoint { qpn: 0xff_fff0, ..me };
-    let mut qp = qp.rtr(RtrAttr::new(&nobody, 1, mtu, Some(gid))).unwrap().rts(RtsAttr::new(me.psn).timeout(8).retry_cnt(1)).unwrap();
-    qp.post_send(SendWr::send(1).sge(pd.alloc_mr(8, AccessFlags::empty()).unwrap())).unwrap();
+    let nobody = rdma_verbs::Endpoint {
+        qpn: 0xff_fff0,
+        ..me
+    };
+    let mut qp = qp
+        .rtr(RtrAttr::new(&nobody, 1, mtu, Some(gid)))
+        .unwrap()
+        .rts(RtsAttr::new(me.psn).timeout(8).retry_cnt(1))
+        .unwrap();
+    qp.post_send(SendWr::send(1).sge(pd.alloc_mr(8, AccessFlags::empty()).unwrap()))
+        .unwrap();
     let c = wait(&mut cq, 1);
     assert_eq!(c[0].status, WcStatus::RetryExcErr, "{:?}", c[0]);
-    assert!(c[0].result().unwrap_err().to_string().contains("did not answer"));
+    assert!(
+        c[0].result()
+            .unwrap_err()
+            .to_string()
+            .contains("did not answer")
+    );
 }
 
 #[test]
@@ -132,7 +240,11 @@ fn to_error_flushes_every_receive_and_returns_its_buffer() {
     let n = 10;
     let mut p = pair_with(caps(), |pd, _, b| {
         for i in 0..n {
-            b.post_recv(RecvWr::new(i, pd.alloc_mr(32, AccessFlags::LOCAL_WRITE).unwrap())).unwrap();
+            b.post_recv(RecvWr::new(
+                i,
+                pd.alloc_mr(32, AccessFlags::LOCAL_WRITE).unwrap(),
+            ))
+            .unwrap();
         }
     });
     let b = p.b.to_error().unwrap();
@@ -142,7 +254,13 @@ fn to_error_flushes_every_receive_and_returns_its_buffer() {
         assert_eq!(c.wr_id, i as u64);
         let mr = c.take_mr().expect("flushed receive returns its buffer");
         assert_eq!(mr.len(), 32);
-        assert!(matches!(c.result(), Err(Error::WorkCompletion { status: WcStatus::WrFlushErr, .. })));
+        assert!(matches!(
+            c.result(),
+            Err(Error::WorkCompletion {
+                status: WcStatus::WrFlushErr,
+                ..
+            })
+        ));
     }
     drop(b);
 }
@@ -155,21 +273,48 @@ fn send_without_receive_and_rnr_retry_0_is_rnr_retry_exc_err() {
     let cq_b = Cq::new(&ctx, 64).unwrap();
     let gid = gid_index(&ctx);
     let mtu = ctx.query_port(1).unwrap().active_mtu;
-    let a = Qp::new(&pd, &cq_a, &cq_a, caps()).unwrap().init(InitAttr::new(1, all_remote())).unwrap();
-    let b = Qp::new(&pd, &cq_b, &cq_b, caps()).unwrap().init(InitAttr::new(1, all_remote())).unwrap();
-    let (ea, eb) = (a.endpoint(1, Some(gid.into())).unwrap(), b.endpoint(1, Some(gid.into())).unwrap());
-    let mut a = a.rtr(RtrAttr::new(&eb, 1, mtu, Some(gid))).unwrap().rts(RtsAttr::new(ea.psn).rnr_retry(0)).unwrap();
-    let _b = b.rtr(RtrAttr::new(&ea, 1, mtu, Some(gid)).min_rnr_timer(1)).unwrap().rts(RtsAttr::new(eb.psn)).unwrap();
+    let a = Qp::new(&pd, &cq_a, &cq_a, caps())
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
+    let b = Qp::new(&pd, &cq_b, &cq_b, caps())
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
+    let (ea, eb) = (
+        a.endpoint(1, Some(gid.into())).unwrap(),
+        b.endpoint(1, Some(gid.into())).unwrap(),
+    );
+    let mut a = a
+        .rtr(RtrAttr::new(&eb, 1, mtu, Some(gid)))
+        .unwrap()
+        .rts(RtsAttr::new(ea.psn).rnr_retry(0))
+        .unwrap();
+    let _b = b
+        .rtr(RtrAttr::new(&ea, 1, mtu, Some(gid)).min_rnr_timer(1))
+        .unwrap()
+        .rts(RtsAttr::new(eb.psn))
+        .unwrap();
     let mr = pd.alloc_mr(16, AccessFlags::empty()).unwrap();
     a.post_send(SendWr::send(5).sge(mr)).unwrap();
     let mut c = wait(&mut cq_a, 1);
     assert_eq!(c[0].status, WcStatus::RnrRetryExcErr, "{:?}", c[0]);
-    assert!(c[0].take_mr().is_some(), "the failed send's buffer comes back");
+    assert!(
+        c[0].take_mr().is_some(),
+        "the failed send's buffer comes back"
+    );
     let msg = c[0].result().unwrap_err().to_string();
-    assert!(msg.contains("IBV_WC_RNR_RETRY_EXC_ERR") && msg.contains("receive"), "{msg}");
+    assert!(
+        msg.contains("IBV_WC_RNR_RETRY_EXC_ERR") && msg.contains("receive"),
+        "{msg}"
+    );
 }
 
-fn expect_remote_access_error(wr: impl FnOnce(&rdma_verbs::Pd, RemoteMr) -> SendWr<'static>, target_access: AccessFlags, tweak: impl FnOnce(RemoteMr) -> RemoteMr) {
+fn expect_remote_access_error(
+    wr: impl FnOnce(&rdma_verbs::Pd, RemoteMr) -> SendWr<'static>,
+    target_access: AccessFlags,
+    tweak: impl FnOnce(RemoteMr) -> RemoteMr,
+) {
     let mut p = pair(caps());
     let target = p.pd.alloc_mr(4096, target_access).unwrap();
     let remote = tweak(target.remote());
@@ -187,7 +332,10 @@ fn write_wr(pd: &rdma_verbs::Pd, remote: RemoteMr) -> SendWr<'static> {
 #[test]
 fn write_with_a_wrong_rkey_is_a_remote_access_error() {
     let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    expect_remote_access_error(write_wr, rw, |r| RemoteMr { rkey: r.rkey ^ 0x5a5a_0000, ..r });
+    expect_remote_access_error(write_wr, rw, |r| RemoteMr {
+        rkey: r.rkey ^ 0x5a5a_0000,
+        ..r
+    });
 }
 
 #[test]
@@ -203,22 +351,73 @@ fn write_outside_the_remote_mr_is_a_remote_access_error() {
 
 #[test]
 fn write_to_an_mr_without_remote_write_is_a_remote_access_error() {
-    expect_remote_access_error(write_wr, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ, |r| r);
+    expect_remote_access_error(
+        write_wr,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        |r| r,
+    );
 }
 
 #[test]
 fn local_bounds_check_refuses_before_posting() {
     let mut p = pair(caps());
-    let remote = RemoteMr { addr: 0x1000, len: 100, rkey: 1 };
-    let e = p.a.post_send(SendWr::write(1, remote, 40).sge(p.pd.alloc_mr(64, AccessFlags::empty()).unwrap())).unwrap_err();
-    assert!(matches!(e.error, Error::RemoteOutOfBounds { offset: 40, len: 64, region_len: 100 }), "{e}");
-    let e = p.a.post_send(SendWr::write(1, RemoteMr { len: 10, ..remote }, 0).sge(p.pd.alloc_mr(64, AccessFlags::empty()).unwrap())).unwrap_err();
-    assert!(matches!(e.error, Error::RemoteOutOfBounds { offset: 0, len: 64, region_len: 10 }), "{e}");
-    let mr = e.unposted.into_iter().next().unwrap().1.into_iter().next().unwrap();
+    let remote = RemoteMr {
+        addr: 0x1000,
+        len: 100,
+        rkey: 1,
+    };
+    let e =
+        p.a.post_send(
+            SendWr::write(1, remote, 40).sge(p.pd.alloc_mr(64, AccessFlags::empty()).unwrap()),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::RemoteOutOfBounds {
+                offset: 40,
+                len: 64,
+                region_len: 100
+            }
+        ),
+        "{e}"
+    );
+    let e =
+        p.a.post_send(
+            SendWr::write(1, RemoteMr { len: 10, ..remote }, 0)
+                .sge(p.pd.alloc_mr(64, AccessFlags::empty()).unwrap()),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::RemoteOutOfBounds {
+                offset: 0,
+                len: 64,
+                region_len: 10
+            }
+        ),
+        "{e}"
+    );
+    let mr = e
+        .unposted
+        .into_iter()
+        .next()
+        .unwrap()
+        .1
+        .into_iter()
+        .next()
+        .unwrap();
     assert_eq!(mr.len(), 64, "the refused buffer comes back");
     // READ into a shared (read-only) buffer is refused.
     let shared = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap().freeze();
-    let wr = SendWr::read(1, p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap(), remote, 0).sge(shared);
+    let wr = SendWr::read(
+        1,
+        p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap(),
+        remote,
+        0,
+    )
+    .sge(shared);
     let e = p.a.post_send(wr).unwrap_err();
     assert!(e.to_string().contains("owned Mrs"), "{e}");
 }
@@ -228,18 +427,33 @@ fn dropping_qps_and_cqs_with_work_in_flight_is_safe() {
     for round in 0..3 {
         let mut p = pair_with(caps(), |pd, a, b| {
             for i in 0..20 {
-                a.post_recv(RecvWr::new(i, pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap())).unwrap();
-                b.post_recv(RecvWr::new(i, pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap())).unwrap();
+                a.post_recv(RecvWr::new(
+                    i,
+                    pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap(),
+                ))
+                .unwrap();
+                b.post_recv(RecvWr::new(
+                    i,
+                    pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap(),
+                ))
+                .unwrap();
             }
         });
         for i in 0..20 {
-            p.a.post_send(SendWr::send(i).sge(p.pd.alloc_mr(4096, AccessFlags::empty()).unwrap())).unwrap();
+            p.a.post_send(SendWr::send(i).sge(p.pd.alloc_mr(4096, AccessFlags::empty()).unwrap()))
+                .unwrap();
         }
         match round {
             0 => drop(p), // everything at once
             1 => {
                 // QPs first with completions still queued, then poll the stale ones.
-                let common::Pair { a, b, mut cq_a, mut cq_b, .. } = p;
+                let common::Pair {
+                    a,
+                    b,
+                    mut cq_a,
+                    mut cq_b,
+                    ..
+                } = p;
                 drop(a);
                 drop(b);
                 let mut out = Vec::with_capacity(64);
@@ -250,7 +464,14 @@ fn dropping_qps_and_cqs_with_work_in_flight_is_safe() {
             }
             _ => {
                 // CQ handles first: the QPs keep the CQs alive.
-                let common::Pair { a, b, cq_a, cq_b, ctx, pd } = p;
+                let common::Pair {
+                    a,
+                    b,
+                    cq_a,
+                    cq_b,
+                    ctx,
+                    pd,
+                } = p;
                 drop(cq_a);
                 drop(cq_b);
                 drop(ctx);

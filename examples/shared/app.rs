@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use rdma_verbs::exchange::{ExchangeListener, PeerInfo, client_exchange, server_exchange};
 use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{AccessFlags, Context, Cq, GidType, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result};
+use rdma_verbs::{
+    AccessFlags, Context, Cq, GidType, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result,
+};
 
 /// Options every example takes.
 pub struct Args {
@@ -40,15 +42,30 @@ impl Args {
             std::process::exit(2)
         };
         while let Some(arg) = it.next() {
-            let mut val = |what: &str| it.next().unwrap_or_else(|| fail(&format!("{what} needs a value")));
+            let mut val = |what: &str| {
+                it.next()
+                    .unwrap_or_else(|| fail(&format!("{what} needs a value")))
+            };
             match arg.as_str() {
                 "--server" | "-s" => server = true,
                 "--client" | "-c" => a.client = Some(val("--client")),
                 "--size" => a.size = val("--size").parse().unwrap_or_else(|_| fail("bad --size")),
-                "--iters" | "-n" => a.iters = val("--iters").parse().unwrap_or_else(|_| fail("bad --iters")),
+                "--iters" | "-n" => {
+                    a.iters = val("--iters")
+                        .parse()
+                        .unwrap_or_else(|_| fail("bad --iters"))
+                }
                 "--device" | "-d" => a.device = Some(val("--device")),
-                "--gid-index" | "-g" => a.gid_index = Some(val("--gid-index").parse().unwrap_or_else(|_| fail("bad --gid-index"))),
-                "--port" | "-p" => a.port = val("--port").parse().unwrap_or_else(|_| fail("bad --port")),
+                "--gid-index" | "-g" => {
+                    a.gid_index = Some(
+                        val("--gid-index")
+                            .parse()
+                            .unwrap_or_else(|_| fail("bad --gid-index")),
+                    )
+                }
+                "--port" | "-p" => {
+                    a.port = val("--port").parse().unwrap_or_else(|_| fail("bad --port"))
+                }
                 "--help" | "-h" => {
                     println!("{usage}");
                     std::process::exit(0)
@@ -67,7 +84,11 @@ impl Args {
 
     /// "server" or "client", for messages.
     pub fn role(&self) -> &'static str {
-        if self.client.is_some() { "client" } else { "server" }
+        if self.client.is_some() {
+            "client"
+        } else {
+            "server"
+        }
     }
 }
 
@@ -89,7 +110,9 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
             // Like `-g`/`-x` on soft-RoCE: the RoCE v2 IPv4-mapped GID, else index 0.
             let table = ctx.gid_table()?;
             let v2 = |e: &&rdma_verbs::GidEntry| {
-                e.port == 1 && e.gid_type == GidType::RoceV2 && e.gid.to_string().starts_with("::ffff:")
+                e.port == 1
+                    && e.gid_type == GidType::RoceV2
+                    && e.gid.to_string().starts_with("::ffff:")
             };
             table.iter().find(v2).map(|e| e.index as u8).unwrap_or(0)
         }
@@ -99,7 +122,11 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
 
 /// An RC QP in INIT with REMOTE_WRITE/READ rights, on `side`'s CQ.
 pub fn qp(side: &Side, depth: u32) -> Result<Qp<Rc, Init>> {
-    let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, ..QpCaps::default() };
+    let caps = QpCaps {
+        max_send_wr: depth,
+        max_recv_wr: depth,
+        ..QpCaps::default()
+    };
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     Ok(Qp::new(&side.pd, &side.cq, &side.cq, caps)?.init(InitAttr::new(1, access))?)
 }
@@ -107,7 +134,12 @@ pub fn qp(side: &Side, depth: u32) -> Result<Qp<Rc, Init>> {
 /// Exchanges endpoints (and `mrs`) with the peer and brings the QP to RTS.
 /// The server connects its QP before answering, so the client's first
 /// message finds it ready.
-pub fn connect(args: &Args, side: &Side, qp: Qp<Rc, Init>, mrs: &[RemoteMr]) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
+pub fn connect(
+    args: &Args,
+    side: &Side,
+    qp: Qp<Rc, Init>,
+    mrs: &[RemoteMr],
+) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
     let gid = side.gid_index;
     let mut local = PeerInfo::new(qp.endpoint(1, Some(u32::from(gid)))?);
     local.mrs.extend_from_slice(mrs);
@@ -121,9 +153,12 @@ pub fn connect(args: &Args, side: &Side, qp: Qp<Rc, Init>, mrs: &[RemoteMr]) -> 
         None => {
             let listener = ExchangeListener::bind(args.port)?;
             let mut qp = Some(qp);
-            let (remote, qp) = server_exchange(&listener, &local, Some(timeout), |remote: &PeerInfo| {
-                qp.take().expect("called once").connect(&remote.endpoint, Some(gid))
-            })?;
+            let (remote, qp) =
+                server_exchange(&listener, &local, Some(timeout), |remote: &PeerInfo| {
+                    qp.take()
+                        .expect("called once")
+                        .connect(&remote.endpoint, Some(gid))
+                })?;
             (qp, remote)
         }
     };
@@ -133,7 +168,9 @@ pub fn connect(args: &Args, side: &Side, qp: Qp<Rc, Init>, mrs: &[RemoteMr]) -> 
 
 /// The deterministic payload of iteration `iter`.
 pub fn payload(len: usize, iter: usize) -> Vec<u8> {
-    (0..len).map(|i| (i.wrapping_mul(7) ^ iter.wrapping_mul(131)) as u8).collect()
+    (0..len)
+        .map(|i| (i.wrapping_mul(7) ^ iter.wrapping_mul(131)) as u8)
+        .collect()
 }
 
 /// Runs `f`, printing the error and exiting 1 on failure.

@@ -530,7 +530,10 @@ impl Qp<Rc, Rtr> {
 /// Refuses a value that does not fit its `bits`-wide field (some providers
 /// silently truncate instead of failing).
 fn check_bits(what: &'static str, v: u32, bits: u32) -> Option<Error> {
-    (v >> bits != 0).then(|| Error::InvalidArgument { what, reason: format!("{v:#x} does not fit in {bits} bits") })
+    (v >> bits != 0).then(|| Error::InvalidArgument {
+        what,
+        reason: format!("{v:#x} does not fit in {bits} bits"),
+    })
 }
 
 /// How many work requests one chained `ibv_post_*` call carries at most.

@@ -1,0 +1,1574 @@
+//! librdmacm: connecting with IP addresses and ports instead of exchanging
+//! QP numbers out of band.
+//!
+//! # Active side
+//! ```no_run
+//! use std::time::Duration;
+//! use rdma_verbs::cm::{CmId, ConnParam};
+//! use rdma_verbs::{AccessFlags, Cq, Pd, QpCaps, RecvWr};
+//! let t = Duration::from_secs(5);
+//! let id = CmId::new()?;
+//! id.resolve("10.99.0.1:7174".parse().unwrap(), t)?; // ADDR_RESOLVED, ROUTE_RESOLVED
+//! let ctx = id.context()?;                           // the id's device
+//! let pd = Pd::new(&ctx)?;
+//! let mut cq = Cq::new(&ctx, 64)?;
+//! let mut qp = id.create_qp(&pd, &cq, &cq, QpCaps::default())?; // Qp<Rc, Init>
+//! qp.post_recv(RecvWr::new(1, pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?))?;
+//! let (qp, established) = id.connect(qp, &ConnParam::new().private_data(b"hello"), t)?;
+//! println!("server said {:?}", established.private_data);
+//! # Ok::<(), rdma_verbs::Error>(())
+//! ```
+//!
+//! # Passive side
+//! ```no_run
+//! use std::time::Duration;
+//! use rdma_verbs::cm::{CmId, ConnParam};
+//! use rdma_verbs::{Cq, Pd, QpCaps};
+//! let t = Duration::from_secs(30);
+//! let listener = CmId::new()?;
+//! listener.bind("0.0.0.0:7174".parse().unwrap())?;
+//! listener.listen(8)?;
+//! let req = listener.get_request(t)?;                // CONNECT_REQUEST
+//! let ctx = req.id().context()?;
+//! let pd = Pd::new(&ctx)?;
+//! let cq = Cq::new(&ctx, 64)?;
+//! let qp = req.id().create_qp(&pd, &cq, &cq, QpCaps::default())?;
+//! // post receives here: they carry over into the connected QP
+//! let (id, qp) = req.accept(qp, &ConnParam::new(), t)?; // ESTABLISHED
+//! # Ok::<(), rdma_verbs::Error>(())
+//! ```
+//!
+//! # Events
+//! Every [`CmId`] owns its own [`EventChannel`] (connection requests arrive
+//! on the listener's and are moved to a fresh channel with `rdma_migrate_id`
+//! before [`ConnectRequest`] is handed out), so the events of one connection
+//! never reach a waiter on another. Each event is copied into a [`CmEvent`]
+//! (kind, status, private data) and acknowledged (`rdma_ack_cm_event`) at
+//! once, exactly once, so `rdma_destroy_id` never waits for an ack.
+//!
+//! The channel's descriptor is non-blocking and every wait here polls it with
+//! a timeout: a failed resolution, a refused or unanswered connection, or a
+//! peer that goes away ends a call with [`Error::CmEvent`] (naming the event,
+//! its status and what it usually means) or [`Error::Timeout`], never a hang.
+//!
+//! # Private data
+//! [`ConnParam::private_data`] travels with the request (connect), the reply
+//! (accept) and the reject. On InfiniBand and RoCE the CM messages have fixed
+//! sizes, so the receiver sees the data zero-padded to 56 bytes (connect),
+//! 196 bytes (accept) or 148 bytes (reject); compare prefixes, or put a length
+//! in your format.
+//!
+//! # How the QP gets to RTS (the escape hatch)
+//! [`CmId::create_qp`] calls `rdma_create_qp` (which also takes the QP to
+//! INIT with the CM's port, P_Key and access flags) and adopts the result
+//! with the crate-internal `Qp::from_raw`, passing the id as the QP's
+//! *keepalive*: the QP is destroyed (`ibv_destroy_qp`) first, then the id
+//! (`rdma_destroy_id`), then its channel. [`CmId::connect`] and
+//! [`ConnectRequest::accept`] let librdmacm move the QP to RTR and RTS
+//! during the handshake, and then re-type the same `Qp` object (same rings,
+//! so receives posted in INIT carry over) with the crate-internal, unsafe
+//! `Qp::assume_state`, justified by the ESTABLISHED event.
+//!
+//! librdmacm remembers the QP in `rdma_cm_id.qp` and would touch it later
+//! (`rdma_disconnect` moves it to ERR); `rdma_destroy_id` leaves it alone. So
+//! that no librdmacm call can ever reach a destroyed QP, this module sets
+//! `id->qp` only for the duration of `connect`/`accept` (while it owns the
+//! QP) and clears it right after `rdma_create_qp` and after the handshake.
+//! Consequence: [`CmId::disconnect`] does not flush the QP; call
+//! [`Qp::to_error`] for that.
+//!
+//! The id's `ibv_context` belongs to librdmacm: [`CmId::context`] wraps it as
+//! a [`Context`] that is never closed by this crate, and pins librdmacm's
+//! device list (`rdma_get_devices`) so that it stays open while any object
+//! created from it lives. Create the id's PD and CQs from that context.
+
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::context::Context;
+use crate::cq::Cq;
+use crate::enums::c_enum;
+use crate::error::{Error, Result, last_errno};
+use crate::ffi;
+use crate::pd::Pd;
+use crate::qp::{Init, Qp, QpCaps, Rc, Rts};
+
+/// How long past its own timeout a resolution may take before the wait gives up.
+const RESOLVE_GRACE: Duration = Duration::from_secs(2);
+
+c_enum! {
+    /// The kind of an rdma_cm event (`rdma_cm_event_type`).
+    pub enum CmEventKind: u32 {
+        /// `rdma_resolve_addr` succeeded.
+        AddrResolved = ffi::RDMA_CM_EVENT_ADDR_RESOLVED => "RDMA_CM_EVENT_ADDR_RESOLVED",
+        /// `rdma_resolve_addr` failed (status: negative errno).
+        AddrError = ffi::RDMA_CM_EVENT_ADDR_ERROR => "RDMA_CM_EVENT_ADDR_ERROR",
+        /// `rdma_resolve_route` succeeded.
+        RouteResolved = ffi::RDMA_CM_EVENT_ROUTE_RESOLVED => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        /// `rdma_resolve_route` failed.
+        RouteError = ffi::RDMA_CM_EVENT_ROUTE_ERROR => "RDMA_CM_EVENT_ROUTE_ERROR",
+        /// A peer asks to connect (listener side).
+        ConnectRequest = ffi::RDMA_CM_EVENT_CONNECT_REQUEST => "RDMA_CM_EVENT_CONNECT_REQUEST",
+        /// The peer answered a connect of an id without a QP.
+        ConnectResponse = ffi::RDMA_CM_EVENT_CONNECT_RESPONSE => "RDMA_CM_EVENT_CONNECT_RESPONSE",
+        /// Establishing the connection failed.
+        ConnectError = ffi::RDMA_CM_EVENT_CONNECT_ERROR => "RDMA_CM_EVENT_CONNECT_ERROR",
+        /// The peer did not answer.
+        Unreachable = ffi::RDMA_CM_EVENT_UNREACHABLE => "RDMA_CM_EVENT_UNREACHABLE",
+        /// The peer (or its CM) refused the connection.
+        Rejected = ffi::RDMA_CM_EVENT_REJECTED => "RDMA_CM_EVENT_REJECTED",
+        /// The connection is up.
+        Established = ffi::RDMA_CM_EVENT_ESTABLISHED => "RDMA_CM_EVENT_ESTABLISHED",
+        /// The connection is down (either side disconnected).
+        Disconnected = ffi::RDMA_CM_EVENT_DISCONNECTED => "RDMA_CM_EVENT_DISCONNECTED",
+        /// The RDMA device went away.
+        DeviceRemoval = ffi::RDMA_CM_EVENT_DEVICE_REMOVAL => "RDMA_CM_EVENT_DEVICE_REMOVAL",
+        /// A multicast join completed.
+        MulticastJoin = ffi::RDMA_CM_EVENT_MULTICAST_JOIN => "RDMA_CM_EVENT_MULTICAST_JOIN",
+        /// A multicast group failed.
+        MulticastError = ffi::RDMA_CM_EVENT_MULTICAST_ERROR => "RDMA_CM_EVENT_MULTICAST_ERROR",
+        /// The id's local address changed.
+        AddrChange = ffi::RDMA_CM_EVENT_ADDR_CHANGE => "RDMA_CM_EVENT_ADDR_CHANGE",
+        /// The QP left the time-wait state and may be reused.
+        TimewaitExit = ffi::RDMA_CM_EVENT_TIMEWAIT_EXIT => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    }
+}
+
+/// An rdma_cm event channel (`rdma_event_channel`): the file descriptor the
+/// kernel reports an id's events on.
+///
+/// Each [`CmId`] owns one (see the [module docs](self)); its descriptor is
+/// non-blocking, so it can also join an application's own `poll`/`epoll` set
+/// (readable = an event is waiting for [`CmId::get_event`]).
+pub struct EventChannel {
+    raw: NonNull<ffi::rdma_event_channel>,
+}
+
+// SAFETY: an event channel is a file descriptor; librdmacm keeps no other
+// state in it, and reading events from several threads is serialised by the kernel.
+unsafe impl Send for EventChannel {}
+// SAFETY: as above; through &EventChannel only the fd is read.
+unsafe impl Sync for EventChannel {}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: raw came from rdma_create_event_channel; the id using it (if
+        // any) was destroyed before (IdInner drops its channel last).
+        unsafe { ffi::rdma_destroy_event_channel(self.raw.as_ptr()) };
+    }
+}
+
+impl EventChannel {
+    /// Opens a channel (`rdma_create_event_channel`) and makes it non-blocking.
+    ///
+    /// On a kernel without RDMA support this is [`Error::NoRdmaSupport`];
+    /// with support but no device, [`Error::NoDevices`].
+    pub fn new() -> Result<EventChannel> {
+        // SAFETY: plain constructor call.
+        let raw = unsafe { ffi::rdma_create_event_channel() };
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(channel_error(last_errno()));
+        };
+        let ch = EventChannel { raw };
+        let fd = ch.as_raw_fd();
+        // SAFETY: fd is the channel's open descriptor; F_GETFL/F_SETFL only
+        // change its status flags.
+        let rc = unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            if fl < 0 {
+                fl
+            } else {
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)
+            }
+        };
+        if rc < 0 {
+            return Err(Error::Io {
+                what: "making the rdma_cm event channel non-blocking",
+                source: last_errno(),
+            });
+        }
+        Ok(ch)
+    }
+
+    /// The raw channel.
+    pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
+        self.raw.as_ptr()
+    }
+}
+
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: raw is valid while self lives; fd is a plain field.
+        unsafe { (*self.raw.as_ptr()).fd }
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd stays open until self is dropped.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+/// Why `rdma_create_event_channel` failed, in the crate's terms.
+fn channel_error(e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ENODEV) | Some(libc::ENOSYS) => match crate::device::devices() {
+            Err(Error::NoRdmaSupport { .. }) => Error::NoRdmaSupport {
+                verb: "rdma_create_event_channel",
+            },
+            Ok(list) if list.is_empty() => Error::NoDevices,
+            // Devices exist: librdmacm itself is what failed.
+            _ => Error::Verb {
+                verb: "rdma_create_event_channel",
+                source: e,
+                hint: Some("RDMA devices exist but the RDMA CM is unavailable; load rdma_ucm (`modprobe rdma_ucm`)".into()),
+            },
+        },
+        Some(libc::ENOENT) => Error::Verb {
+            verb: "rdma_create_event_channel",
+            source: e,
+            hint: Some("/dev/infiniband/rdma_cm is missing; load rdma_ucm (`modprobe rdma_ucm`)".into()),
+        },
+        Some(libc::EACCES) | Some(libc::EPERM) => Error::Verb {
+            verb: "rdma_create_event_channel",
+            source: e,
+            hint: Some("no permission on /dev/infiniband/rdma_cm (or an unsupported rdma_ucm ABI)".into()),
+        },
+        _ => Error::verb("rdma_create_event_channel", e),
+    }
+}
+
+/// What a peer asked for or granted, from a connection event (`rdma_conn_param`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ConnInfo {
+    /// Outstanding RDMA READ/atomic requests the sender accepts as target.
+    pub responder_resources: u8,
+    /// Outstanding RDMA READ/atomic requests the sender issues.
+    pub initiator_depth: u8,
+    /// Hardware flow control.
+    pub flow_control: u8,
+    /// Transport retries.
+    pub retry_count: u8,
+    /// RNR retries.
+    pub rnr_retry_count: u8,
+    /// Whether the sender's QP uses an SRQ.
+    pub srq: u8,
+    /// The sender's QP number.
+    pub qp_num: u32,
+}
+
+/// One rdma_cm event, copied out of librdmacm's buffer and already
+/// acknowledged.
+pub struct CmEvent {
+    /// What happened.
+    pub kind: CmEventKind,
+    /// 0, a negative errno, or (REJECTED on InfiniBand/RoCE) the IB CM reject reason.
+    pub status: i32,
+    /// Private data that came with the event (padded; see the [module docs](self)).
+    pub private_data: Vec<u8>,
+    /// The connection parameters that came with it (connection events).
+    pub conn: ConnInfo,
+    request: Option<ConnectRequest>,
+}
+
+impl CmEvent {
+    /// For a CONNECT_REQUEST on a listener: the request, to accept or reject.
+    /// Dropping it unanswered rejects the peer.
+    pub fn take_request(&mut self) -> Option<ConnectRequest> {
+        self.request.take()
+    }
+
+    /// This event as the error of `op` when something else was expected,
+    /// with a hint of what it usually means.
+    pub fn into_error(self, op: &'static str) -> Error {
+        Error::CmEvent {
+            op,
+            event: self.kind,
+            status: self.status,
+            hint: event_hint(self.kind, self.status),
+            private_data: self.private_data,
+        }
+    }
+}
+
+impl fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmEvent")
+            .field("kind", &self.kind)
+            .field("status", &self.status)
+            .field("private_data", &self.private_data.len())
+            .field("conn", &self.conn)
+            .field("request", &self.request.is_some())
+            .finish()
+    }
+}
+
+fn event_hint(kind: CmEventKind, status: i32) -> Option<String> {
+    let errno_text = || io::Error::from_raw_os_error(status.saturating_abs()).to_string();
+    let h = match kind {
+        CmEventKind::AddrError => match -status {
+            libc::ETIMEDOUT => {
+                "nothing answered ARP/neighbour discovery for that address: is it up, on the network of an RDMA device?"
+                    .to_owned()
+            }
+            libc::ENETUNREACH | libc::EHOSTUNREACH => "there is no route to that address".to_owned(),
+            libc::ENODEV | libc::EADDRNOTAVAIL => {
+                "the route to that address does not go through an RDMA device (is rxe/RoCE set up on that interface?)"
+                    .to_owned()
+            }
+            _ => format!("address resolution failed: {}", errno_text()),
+        },
+        CmEventKind::RouteError => {
+            format!("route resolution failed ({}); on InfiniBand, is a subnet manager running?", errno_text())
+        }
+        CmEventKind::Rejected => match status {
+            8 => "nobody listens on that address and port (IB CM reject reason 8: invalid service ID)".to_owned(),
+            28 => "the peer application rejected the connection (IB CM reject reason 28: consumer defined; see private_data)"
+                .to_owned(),
+            s => format!("the connection was refused (IB CM reject reason {s})"),
+        },
+        CmEventKind::Unreachable => format!(
+            "the peer did not answer the connection request ({}); is the peer up and its port reachable?",
+            errno_text()
+        ),
+        CmEventKind::ConnectError => {
+            format!("the connection could not be established ({})", errno_text())
+        }
+        CmEventKind::Disconnected => "the peer disconnected".to_owned(),
+        CmEventKind::DeviceRemoval => "the RDMA device was removed".to_owned(),
+        _ => return None,
+    };
+    Some(h)
+}
+
+/// Parameters of a connect or an accept (`rdma_conn_param`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnParam {
+    private_data: Vec<u8>,
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    flow_control: bool,
+}
+
+impl Default for ConnParam {
+    fn default() -> ConnParam {
+        ConnParam::new()
+    }
+}
+
+impl ConnParam {
+    /// No private data; responder resources and initiator depth left to
+    /// librdmacm (the device maximum on connect, the smaller of the peer's
+    /// request and the device maximum on accept); 7 transport and RNR retries.
+    pub fn new() -> ConnParam {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: ffi::RDMA_MAX_RESP_RES as u8,
+            initiator_depth: ffi::RDMA_MAX_INIT_DEPTH as u8,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            flow_control: false,
+        }
+    }
+
+    /// Data for the peer (at most 56 bytes on connect, 196 on accept, on
+    /// InfiniBand/RoCE; the kernel refuses more with EINVAL).
+    pub fn private_data(mut self, data: &[u8]) -> ConnParam {
+        self.private_data = data.to_vec();
+        self
+    }
+
+    /// Outstanding RDMA READ/atomic requests this side accepts as target.
+    pub fn responder_resources(mut self, n: u8) -> ConnParam {
+        self.responder_resources = n;
+        self
+    }
+
+    /// Outstanding RDMA READ/atomic requests this side issues.
+    pub fn initiator_depth(mut self, n: u8) -> ConnParam {
+        self.initiator_depth = n;
+        self
+    }
+
+    /// Transport retries, 0..=7 (active side).
+    pub fn retry_count(mut self, n: u8) -> ConnParam {
+        self.retry_count = n;
+        self
+    }
+
+    /// RNR retries, 0..=7 (7: retry forever).
+    pub fn rnr_retry_count(mut self, n: u8) -> ConnParam {
+        self.rnr_retry_count = n;
+        self
+    }
+
+    /// Hardware flow control.
+    pub fn flow_control(mut self, on: bool) -> ConnParam {
+        self.flow_control = on;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.private_data.len() > usize::from(u8::MAX) {
+            return Err(Error::InvalidArgument {
+                what: "private data",
+                reason: format!(
+                    "{} bytes; rdma_cm carries at most 255 (56 on an InfiniBand/RoCE connect, 196 on an accept)",
+                    self.private_data.len()
+                ),
+            });
+        }
+        if self.retry_count > 7 || self.rnr_retry_count > 7 {
+            return Err(Error::InvalidArgument {
+                what: "retry count",
+                reason: "retry_count and rnr_retry_count must be 0..=7".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The C struct; its private_data points into self.
+    fn to_ffi(&self) -> ffi::rdma_conn_param {
+        ffi::rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                std::ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len: self.private_data.len() as u8,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: u8::from(self.flow_control),
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: 0,
+            qp_num: 0,
+        }
+    }
+}
+
+struct IdInner {
+    raw: NonNull<ffi::rdma_cm_id>,
+    /// Serialises every librdmacm call on this id and every access to its fields.
+    lock: Mutex<()>,
+    /// Dropped after the id is destroyed.
+    channel: EventChannel,
+}
+
+// SAFETY: librdmacm ids may be used from any thread; every call and field
+// access through &IdInner happens under `lock`.
+unsafe impl Send for IdInner {}
+// SAFETY: as above.
+unsafe impl Sync for IdInner {}
+
+impl Drop for IdInner {
+    fn drop(&mut self) {
+        // SAFETY: raw came from rdma_create_id (or a connect request) and is
+        // destroyed only here; every event fetched for it was acknowledged, so
+        // this does not block; a QP created on it held an Arc to this inner, so
+        // it is gone, and id->qp is NULL (this module never leaves it set).
+        // A failure is ignored: Drop never panics.
+        unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+    }
+}
+
+impl IdInner {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn id(&self) -> *mut ffi::rdma_cm_id {
+        self.raw.as_ptr()
+    }
+
+    /// Fetches one event if one is waiting. Call with the lock held.
+    fn try_event_locked(&self) -> Result<Option<CmEvent>> {
+        let mut ev: *mut ffi::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: valid channel (non-blocking, so this never sleeps); ev is an out-pointer.
+        let rc = unsafe { ffi::rdma_get_cm_event(self.channel.as_raw(), &mut ev) };
+        if rc != 0 {
+            let e = last_errno();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+                _ => Err(Error::verb("rdma_get_cm_event", e)),
+            };
+        }
+        // SAFETY: on success ev is a valid event until acknowledged below.
+        let (kind, status, private_data, conn, child) = unsafe { copy_event(ev) };
+        // SAFETY: ev came from rdma_get_cm_event and is acknowledged exactly once,
+        // after everything needed was copied out of it.
+        unsafe { ffi::rdma_ack_cm_event(ev) };
+        let request = match child {
+            Some(child) => Some(ConnectRequest {
+                id: Some(CmId::adopt_request(child)?),
+                private_data: private_data.clone(),
+                conn,
+            }),
+            None => None,
+        };
+        Ok(Some(CmEvent {
+            kind,
+            status,
+            private_data,
+            conn,
+            request,
+        }))
+    }
+
+    /// Waits for the next event until `deadline`. Call with the lock held.
+    fn next_event_locked(
+        &self,
+        deadline: Instant,
+        what: &'static str,
+        total: Duration,
+    ) -> Result<CmEvent> {
+        loop {
+            if let Some(ev) = self.try_event_locked()? {
+                return Ok(ev);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout { what, after: total });
+            }
+            poll_readable(self.channel.as_raw_fd(), deadline - now)?;
+        }
+    }
+
+    /// Waits for an event of `kind`; any other event (but the harmless
+    /// ADDR_CHANGE / TIMEWAIT_EXIT) ends the wait with its error.
+    fn expect_locked(
+        &self,
+        kind: CmEventKind,
+        op: &'static str,
+        what: &'static str,
+        timeout: Duration,
+    ) -> Result<CmEvent> {
+        let deadline = deadline_after(timeout);
+        loop {
+            let ev = self.next_event_locked(deadline, what, timeout)?;
+            if ev.kind == kind {
+                return Ok(ev);
+            }
+            if matches!(ev.kind, CmEventKind::AddrChange | CmEventKind::TimewaitExit) {
+                continue;
+            }
+            return Err(ev.into_error(op));
+        }
+    }
+}
+
+/// Copies what the crate needs out of a librdmacm event.
+///
+/// # Safety
+/// `ev` is a valid, not yet acknowledged event of an id with a connected
+/// port space (RDMA_PS_TCP), so `param.conn` is the valid union member except
+/// for multicast events.
+unsafe fn copy_event(
+    ev: *const ffi::rdma_cm_event,
+) -> (
+    CmEventKind,
+    i32,
+    Vec<u8>,
+    ConnInfo,
+    Option<NonNull<ffi::rdma_cm_id>>,
+) {
+    // SAFETY: ev is valid (caller).
+    let e = unsafe { &*ev };
+    let kind = CmEventKind::from_raw(e.event);
+    let mut private_data = Vec::new();
+    let mut conn = ConnInfo::default();
+    if !matches!(
+        kind,
+        CmEventKind::MulticastJoin | CmEventKind::MulticastError
+    ) {
+        // SAFETY: for connected ids librdmacm fills param.conn (caller).
+        let c = unsafe { e.param.conn };
+        if !c.private_data.is_null() && c.private_data_len > 0 {
+            // SAFETY: librdmacm points private_data at private_data_len bytes
+            // inside the event, valid until the ack.
+            private_data = unsafe {
+                std::slice::from_raw_parts(
+                    c.private_data.cast::<u8>(),
+                    usize::from(c.private_data_len),
+                )
+            }
+            .to_vec();
+        }
+        conn = ConnInfo {
+            responder_resources: c.responder_resources,
+            initiator_depth: c.initiator_depth,
+            flow_control: c.flow_control,
+            retry_count: c.retry_count,
+            rnr_retry_count: c.rnr_retry_count,
+            srq: c.srq,
+            qp_num: c.qp_num,
+        };
+    }
+    let child = if kind == CmEventKind::ConnectRequest {
+        NonNull::new(e.id)
+    } else {
+        None
+    };
+    (kind, e.status, private_data, conn, child)
+}
+
+/// Waits until `fd` is readable or `timeout` passes (EINTR restarts).
+fn poll_readable(fd: RawFd, timeout: Duration) -> Result<()> {
+    let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if rc < 0 {
+        let e = last_errno();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(Error::Io {
+                what: "polling the rdma_cm event channel",
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `now + timeout`, saturating far in the future instead of overflowing
+/// (a huge timeout means "practically forever", not a panic).
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(1 << 32)))
+        .unwrap_or(now)
+}
+
+fn ms(timeout: Duration) -> i32 {
+    i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX)
+}
+
+/// A socket address in C form.
+struct RawAddr {
+    storage: libc::sockaddr_storage,
+}
+
+impl RawAddr {
+    fn new(addr: SocketAddr) -> RawAddr {
+        // SAFETY: all-zero is a valid sockaddr_storage.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+                unsafe {
+                    std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin)
+                };
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo().to_be(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: as above, for sockaddr_in6.
+                unsafe {
+                    std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6)
+                };
+            }
+        }
+        RawAddr { storage }
+    }
+
+    fn as_ptr(&mut self) -> *mut ffi::sockaddr {
+        (&mut self.storage as *mut libc::sockaddr_storage).cast()
+    }
+}
+
+/// Reads a C socket address (IPv4/IPv6; anything else, or unset, is `None`).
+///
+/// # Safety
+/// `p` is null or points to a sockaddr of its family's full size.
+unsafe fn read_addr(p: *const ffi::sockaddr) -> Option<SocketAddr> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: p points to at least a sockaddr header (caller).
+    let family = i32::from(unsafe { (*p).sa_family });
+    match family {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a full sockaddr_in (caller).
+            let sin = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a full sockaddr_in6 (caller).
+            let sin6 = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                u32::from_be(sin6.sin6_flowinfo),
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// librdmacm's device list, held to keep its device contexts open.
+struct DeviceListPin {
+    list: NonNull<*mut ffi::ibv_context>,
+}
+
+// SAFETY: the pin only owns the list allocation; rdma_free_devices takes
+// librdmacm's global lock and may run on any thread.
+unsafe impl Send for DeviceListPin {}
+// SAFETY: nothing is reachable through &DeviceListPin.
+unsafe impl Sync for DeviceListPin {}
+
+impl Drop for DeviceListPin {
+    fn drop(&mut self) {
+        // SAFETY: list came from rdma_get_devices and is freed once, here.
+        unsafe { ffi::rdma_free_devices(self.list.as_ptr()) };
+    }
+}
+
+impl DeviceListPin {
+    /// Pins every device librdmacm knows (`rdma_get_devices` raises each
+    /// device's reference count, so librdmacm does not close its context even
+    /// if the device goes away) and checks that `verbs` is among them.
+    fn new(verbs: *mut ffi::ibv_context) -> Result<DeviceListPin> {
+        let mut n = 0;
+        // SAFETY: out-pointer for the count.
+        let list = unsafe { ffi::rdma_get_devices(&mut n) };
+        let list =
+            NonNull::new(list).ok_or_else(|| Error::verb("rdma_get_devices", last_errno()))?;
+        let pin = DeviceListPin { list };
+        let count = usize::try_from(n).unwrap_or(0);
+        // SAFETY: the list holds `count` contexts followed by NULL.
+        let found = (0..count).any(|i| unsafe { *list.as_ptr().add(i) } == verbs);
+        if found {
+            Ok(pin)
+        } else {
+            Err(Error::InvalidArgument {
+                what: "rdma_cm id",
+                reason: "its device is no longer in librdmacm's device list (removed?)".into(),
+            })
+        }
+    }
+}
+
+/// Sets `id->qp` for the duration of a handshake and clears it again on drop
+/// (restoring `id->pd`), so librdmacm never keeps a pointer to a QP this
+/// crate may destroy. Create it while holding the id's lock, after the QP.
+struct QpAttach {
+    id: *mut ffi::rdma_cm_id,
+    pd: *mut ffi::ibv_pd,
+}
+
+impl QpAttach {
+    /// # Safety
+    /// `id` is valid, its lock is held for the guard's whole life, and `qp`
+    /// stays alive until the guard is dropped.
+    unsafe fn new(id: *mut ffi::rdma_cm_id, qp: *mut ffi::ibv_qp) -> QpAttach {
+        // SAFETY: valid id, exclusive access under the lock (caller).
+        unsafe {
+            let pd = (*id).pd;
+            (*id).qp = qp;
+            QpAttach { id, pd }
+        }
+    }
+}
+
+impl Drop for QpAttach {
+    fn drop(&mut self) {
+        // SAFETY: the id is valid and its lock still held (see new).
+        unsafe {
+            (*self.id).qp = std::ptr::null_mut();
+            (*self.id).pd = self.pd;
+        }
+    }
+}
+
+/// An rdma_cm identifier (`rdma_cm_id`): one end of a connection, or a listener.
+///
+/// Owns its [`EventChannel`]. Dropping it destroys the id (`rdma_destroy_id`;
+/// a connected peer sees DISCONNECTED) once no QP created on it is left.
+/// All methods take `&self`; they are serialised internally.
+pub struct CmId {
+    inner: Arc<IdInner>,
+}
+
+impl CmId {
+    /// Creates an id for reliable connections (`RDMA_PS_TCP`) on a new channel.
+    pub fn new() -> Result<CmId> {
+        CmId::with_channel(EventChannel::new()?)
+    }
+
+    /// Creates an id on `channel`, which it then owns (one id per channel).
+    pub fn with_channel(channel: EventChannel) -> Result<CmId> {
+        let mut raw: *mut ffi::rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: valid channel; raw is an out-pointer; no user context.
+        let rc = unsafe {
+            ffi::rdma_create_id(
+                channel.as_raw(),
+                &mut raw,
+                std::ptr::null_mut(),
+                ffi::RDMA_PS_TCP,
+            )
+        };
+        let raw = match (rc, NonNull::new(raw)) {
+            (0, Some(raw)) => raw,
+            _ => return Err(Error::verb("rdma_create_id", last_errno())),
+        };
+        Ok(CmId {
+            inner: Arc::new(IdInner {
+                raw,
+                lock: Mutex::new(()),
+                channel,
+            }),
+        })
+    }
+
+    /// Wraps the new id of a connection request: moves it from the listener's
+    /// channel to a fresh one of its own. On failure the id is destroyed.
+    fn adopt_request(child: NonNull<ffi::rdma_cm_id>) -> Result<CmId> {
+        let moved = EventChannel::new().and_then(|ch| {
+            // SAFETY: child is a live id with no event outstanding (its connect
+            // request was acknowledged); ch is a valid channel.
+            let rc = unsafe { ffi::rdma_migrate_id(child.as_ptr(), ch.as_raw()) };
+            if rc == 0 {
+                Ok(ch)
+            } else {
+                Err(Error::verb("rdma_migrate_id", last_errno()))
+            }
+        });
+        match moved {
+            Ok(channel) => Ok(CmId {
+                inner: Arc::new(IdInner {
+                    raw: child,
+                    lock: Mutex::new(()),
+                    channel,
+                }),
+            }),
+            Err(e) => {
+                // SAFETY: child is ours and nothing else refers to it.
+                unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
+                Err(e)
+            }
+        }
+    }
+
+    /// The raw id. librdmacm calls on it bypass this wrapper's serialisation;
+    /// do not destroy it, and leave `qp` NULL.
+    pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
+        self.inner.id()
+    }
+
+    /// The id's event channel (for `poll`/`epoll`; readable = [`CmId::get_event`] has work).
+    pub fn channel(&self) -> &EventChannel {
+        &self.inner.channel
+    }
+
+    /// Binds to a local address and port (`rdma_bind_addr`); port 0 picks one.
+    /// Binding to a specific address also binds the id to that address's device.
+    pub fn bind(&self, addr: SocketAddr) -> Result<()> {
+        let mut a = RawAddr::new(addr);
+        let _g = self.inner.lock();
+        // SAFETY: valid id, under its lock; a is a full socket address.
+        let rc = unsafe { ffi::rdma_bind_addr(self.inner.id(), a.as_ptr()) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = last_errno();
+        let hint = match e.raw_os_error() {
+            Some(libc::EADDRINUSE) => Some(format!(
+                "port {} is already bound by another rdma_cm id",
+                addr.port()
+            )),
+            Some(libc::EADDRNOTAVAIL) | Some(libc::ENODEV) => Some(format!(
+                "{} is not an address of an RDMA-capable interface",
+                addr.ip()
+            )),
+            _ => None,
+        };
+        Err(Error::Verb {
+            verb: "rdma_bind_addr",
+            source: e,
+            hint,
+        })
+    }
+
+    /// Starts listening for connection requests (`rdma_listen`); take them
+    /// with [`CmId::get_request`].
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        let _g = self.inner.lock();
+        // SAFETY: valid id, under its lock.
+        let rc = unsafe { ffi::rdma_listen(self.inner.id(), backlog) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb("rdma_listen", last_errno()))
+        }
+    }
+
+    /// A bound, listening id: [`CmId::new`], [`bind`](CmId::bind), [`listen`](CmId::listen).
+    pub fn listener(addr: SocketAddr, backlog: i32) -> Result<CmId> {
+        let id = CmId::new()?;
+        id.bind(addr)?;
+        id.listen(backlog)?;
+        Ok(id)
+    }
+
+    /// Waits up to `timeout` for the next connection request on a listening id.
+    /// Any other event ends the wait with its error.
+    pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
+        let deadline = deadline_after(timeout);
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let mut ev = self.wait_event(remaining, "waiting for a connection request", timeout)?;
+            if let Some(req) = ev.take_request() {
+                return Ok(req);
+            }
+            if matches!(ev.kind, CmEventKind::AddrChange | CmEventKind::TimewaitExit) {
+                continue;
+            }
+            return Err(ev.into_error("rdma_get_request"));
+        }
+    }
+
+    /// Resolves `dst` to a device, port and (RoCE) next-hop MAC
+    /// (`rdma_resolve_addr`, waiting for ADDR_RESOLVED), optionally from
+    /// `src`. The kernel gives up after `timeout` (ADDR_ERROR, status
+    /// -ETIMEDOUT); this call returns at the latest 2 s after that.
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut d = RawAddr::new(dst);
+        let mut s = src.map(RawAddr::new);
+        let sp = s.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_ptr);
+        let _g = self.inner.lock();
+        // SAFETY: valid id under its lock; the addresses are full sockaddrs.
+        let rc = unsafe { ffi::rdma_resolve_addr(self.inner.id(), sp, d.as_ptr(), ms(timeout)) };
+        if rc != 0 {
+            let e = last_errno();
+            let hint = match e.raw_os_error() {
+                Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) => {
+                    Some(format!("there is no route to {}", dst.ip()))
+                }
+                Some(libc::ENODEV) | Some(libc::EADDRNOTAVAIL) => Some(format!(
+                    "the route to {} does not go through an RDMA device",
+                    dst.ip()
+                )),
+                _ => None,
+            };
+            return Err(Error::Verb {
+                verb: "rdma_resolve_addr",
+                source: e,
+                hint,
+            });
+        }
+        self.inner
+            .expect_locked(
+                CmEventKind::AddrResolved,
+                "rdma_resolve_addr",
+                "rdma_resolve_addr: waiting for ADDR_RESOLVED",
+                timeout.saturating_add(RESOLVE_GRACE),
+            )
+            .map(drop)
+    }
+
+    /// Resolves the route to the resolved address (`rdma_resolve_route`,
+    /// waiting for ROUTE_RESOLVED; returns at the latest 2 s after `timeout`).
+    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        let _g = self.inner.lock();
+        // SAFETY: valid id under its lock.
+        let rc = unsafe { ffi::rdma_resolve_route(self.inner.id(), ms(timeout)) };
+        if rc != 0 {
+            return Err(Error::verb("rdma_resolve_route", last_errno()));
+        }
+        self.inner
+            .expect_locked(
+                CmEventKind::RouteResolved,
+                "rdma_resolve_route",
+                "rdma_resolve_route: waiting for ROUTE_RESOLVED",
+                timeout.saturating_add(RESOLVE_GRACE),
+            )
+            .map(drop)
+    }
+
+    /// [`resolve_addr`](CmId::resolve_addr) then [`resolve_route`](CmId::resolve_route),
+    /// each with `timeout`: what a client does before [`create_qp`](CmId::create_qp).
+    pub fn resolve(&self, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        self.resolve_addr(None, dst, timeout)?;
+        self.resolve_route(timeout)
+    }
+
+    /// The device this id is bound to (after an address resolution, a bind to
+    /// a device's address, or on a connection request's id), as a [`Context`]
+    /// for creating the PD and CQs of its QP.
+    ///
+    /// The `ibv_context` belongs to librdmacm: this `Context` never closes it,
+    /// and keeps librdmacm's device list pinned while it (or anything created
+    /// from it) lives.
+    pub fn context(&self) -> Result<Context> {
+        let verbs = {
+            let _g = self.inner.lock();
+            // SAFETY: valid id under its lock; verbs is a plain field.
+            unsafe { (*self.inner.id()).verbs }
+        };
+        let Some(raw) = NonNull::new(verbs) else {
+            return Err(Error::InvalidArgument {
+                what: "rdma_cm id",
+                reason: "it is not bound to a device yet: resolve an address (active side), bind to a device's \
+                         address, or take a connection request (passive side) first"
+                    .into(),
+            });
+        };
+        let pin = DeviceListPin::new(verbs)?;
+        // SAFETY: librdmacm keeps the context of a device open while its
+        // reference count (raised by the pin) is above zero; the pin is the owner.
+        Ok(unsafe { Context::borrowed(raw, Box::new(pin)) })
+    }
+
+    /// The port of the device this id is bound to (0 before that).
+    pub fn port_num(&self) -> u8 {
+        let _g = self.inner.lock();
+        // SAFETY: valid id under its lock; plain field.
+        unsafe { (*self.inner.id()).port_num }
+    }
+
+    /// The local address (`rdma_get_local_addr`), once bound or resolved.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        let _g = self.inner.lock();
+        // SAFETY: valid id under its lock; the result points into the id.
+        unsafe { read_addr(ffi::rdma_get_local_addr(self.inner.id())) }
+    }
+
+    /// The peer's address (`rdma_get_peer_addr`), once resolved or connected.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        let _g = self.inner.lock();
+        // SAFETY: valid id under its lock; the result points into the id.
+        let a = unsafe { read_addr(ffi::rdma_get_peer_addr(self.inner.id())) };
+        a.filter(|a| !(a.ip().is_unspecified() && a.port() == 0))
+    }
+
+    /// Creates an RC QP for this id (`rdma_create_qp`), in INIT, ready for
+    /// receives to be posted before [`connect`](CmId::connect) /
+    /// [`ConnectRequest::accept`]. `pd` and the CQs must come from
+    /// [`CmId::context`]. The QP keeps this id alive.
+    pub fn create_qp(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<Qp<Rc, Init>> {
+        let _g = self.inner.lock();
+        let id = self.inner.id();
+        // SAFETY: valid id under its lock; plain fields.
+        let (verbs, port) = unsafe { ((*id).verbs, (*id).port_num) };
+        check_same_device(verbs, pd, &[send_cq, recv_cq])?;
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: send_cq.as_raw(),
+            recv_cq: recv_cq.as_raw(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+            },
+            qp_type: ffi::IBV_QPT_RC,
+            sq_sig_all: i32::from(caps.sq_sig_all),
+            ..Default::default()
+        };
+        // SAFETY: valid id (under its lock), PD and CQs of its device; init is
+        // fully initialised and receives the granted caps. The id's previous PD
+        // is restored and id->qp cleared below (see the module docs).
+        let (rc, qp) = unsafe {
+            let saved_pd = (*id).pd;
+            let rc = ffi::rdma_create_qp(id, pd.as_raw(), &mut init);
+            let qp = (*id).qp;
+            (*id).qp = std::ptr::null_mut();
+            (*id).pd = saved_pd;
+            (rc, qp)
+        };
+        let qp = match (rc, NonNull::new(qp)) {
+            (0, Some(qp)) => qp,
+            _ => {
+                let e = last_errno();
+                let hint = match e.raw_os_error() {
+                    Some(libc::EINVAL) => Some(
+                        "a capability (max_send_wr, max_recv_wr, max_*_sge, max_inline_data) exceeds the device limits"
+                            .into(),
+                    ),
+                    _ => None,
+                };
+                return Err(Error::Verb {
+                    verb: "rdma_create_qp",
+                    source: e,
+                    hint,
+                });
+            }
+        };
+        // The rings never hold more than asked for, even if the device rounded up.
+        let granted = QpCaps {
+            max_send_wr: caps.max_send_wr.min(init.cap.max_send_wr),
+            max_recv_wr: caps.max_recv_wr.min(init.cap.max_recv_wr),
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+            sq_sig_all: caps.sq_sig_all,
+        };
+        let keepalive: Box<dyn std::any::Any + Send + Sync> = Box::new(self.inner.clone());
+        // SAFETY: rdma_create_qp just created this RC QP in `pd` with these CQs
+        // and (at least) these caps, and moved it to INIT; nothing is posted and
+        // no one else owns it (id->qp was cleared). The CM chose the PSN (0 here
+        // is a placeholder; psn() is meaningless for CM QPs). The keepalive keeps
+        // the id alive until after ibv_destroy_qp.
+        Ok(unsafe { Qp::from_raw(qp, pd, send_cq, recv_cq, granted, 0, port, Some(keepalive)) })
+    }
+
+    /// Connects to the resolved peer (`rdma_connect`) and waits up to
+    /// `timeout` for ESTABLISHED, returning the QP in RTS and the ESTABLISHED
+    /// event (with the peer's accept private data).
+    ///
+    /// librdmacm moves `qp` to RTR and RTS during the handshake; receives
+    /// posted before stay posted. `qp` must be on this id's device (normally
+    /// from [`CmId::create_qp`]). A REJECTED, UNREACHABLE or CONNECT_ERROR
+    /// event is returned as [`Error::CmEvent`]; on any failure the QP is
+    /// dropped, and the id should be dropped too (an rdma_cm id connects once).
+    pub fn connect(
+        &self,
+        qp: Qp<Rc, Init>,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(Qp<Rc, Rts>, CmEvent)> {
+        param.validate()?;
+        let _g = self.inner.lock();
+        let id = self.inner.id();
+        // SAFETY: valid id under its lock; plain fields.
+        let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
+        check_qp_device(verbs, &qp)?;
+        if !cur.is_null() {
+            return Err(busy_id());
+        }
+        // SAFETY: id valid, lock held until after `attach` is dropped, and qp
+        // outlives it (declared before).
+        let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
+        let mut cp = param.to_ffi();
+        // SAFETY: valid id with our QP attached; cp and its private data live
+        // across the call.
+        let rc = unsafe { ffi::rdma_connect(id, &mut cp) };
+        if rc != 0 {
+            return Err(conn_call_error("rdma_connect", last_errno()));
+        }
+        let ev = self.inner.expect_locked(
+            CmEventKind::Established,
+            "rdma_connect",
+            "rdma_connect: waiting for ESTABLISHED",
+            timeout,
+        )?;
+        drop(attach);
+        // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm
+        // processed the reply and moved the QP to RTR and RTS (else it reports
+        // CONNECT_ERROR).
+        Ok((unsafe { qp.assume_state::<Rts>() }, ev))
+    }
+
+    /// Disconnects (`rdma_disconnect`): the peer, and this id, see DISCONNECTED.
+    /// Does not wait and does not touch the QP (see the module docs; use
+    /// [`Qp::to_error`] to flush it).
+    pub fn disconnect(&self) -> Result<()> {
+        let _g = self.inner.lock();
+        // SAFETY: valid id under its lock; id->qp is NULL, so librdmacm only
+        // sends the disconnect.
+        let rc = unsafe { ffi::rdma_disconnect(self.inner.id()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb("rdma_disconnect", last_errno()))
+        }
+    }
+
+    /// Waits up to `timeout` for the next event of this id (the events of a
+    /// handshake in progress in another thread are that handshake's).
+    /// [`Error::Timeout`] when none came.
+    pub fn get_event(&self, timeout: Duration) -> Result<CmEvent> {
+        self.wait_event(timeout, "waiting for an rdma_cm event", timeout)
+    }
+
+    /// Waits up to `timeout` for the next event and checks that it is `kind`;
+    /// any other event becomes its [`Error::CmEvent`].
+    pub fn expect_event(&self, kind: CmEventKind, timeout: Duration) -> Result<CmEvent> {
+        let ev = self.get_event(timeout)?;
+        if ev.kind == kind {
+            Ok(ev)
+        } else {
+            Err(ev.into_error("expect_event"))
+        }
+    }
+
+    /// The next event without waiting, if one is there.
+    pub fn try_event(&self) -> Result<Option<CmEvent>> {
+        let _g = self.inner.lock();
+        self.inner.try_event_locked()
+    }
+
+    fn wait_event(
+        &self,
+        timeout: Duration,
+        what: &'static str,
+        total: Duration,
+    ) -> Result<CmEvent> {
+        let deadline = deadline_after(timeout);
+        loop {
+            // Sleep without the lock, so other calls on the id can proceed.
+            {
+                let _g = self.inner.lock();
+                if let Some(ev) = self.inner.try_event_locked()? {
+                    return Ok(ev);
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout { what, after: total });
+            }
+            poll_readable(self.inner.channel.as_raw_fd(), deadline - now)?;
+        }
+    }
+}
+
+impl fmt::Debug for CmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmId")
+            .field("local", &self.local_addr())
+            .field("peer", &self.peer_addr())
+            .field("port_num", &self.port_num())
+            .finish()
+    }
+}
+
+fn busy_id() -> Error {
+    Error::InvalidArgument {
+        what: "rdma_cm id",
+        reason: "a QP is already attached to it (id->qp set outside this crate)".into(),
+    }
+}
+
+fn not_bound() -> Error {
+    Error::InvalidArgument {
+        what: "rdma_cm id",
+        reason: "it is not bound to a device yet: resolve the address and route first".into(),
+    }
+}
+
+fn other_device(what: &'static str) -> Error {
+    Error::InvalidArgument {
+        what,
+        reason: "it belongs to another device context than the rdma_cm id; create it from `CmId::context()`".into(),
+    }
+}
+
+fn check_same_device(verbs: *mut ffi::ibv_context, pd: &Pd, cqs: &[&Cq]) -> Result<()> {
+    if verbs.is_null() {
+        return Err(not_bound());
+    }
+    if pd.context().as_raw() != verbs {
+        return Err(other_device("protection domain"));
+    }
+    for cq in cqs {
+        // SAFETY: the CQ is valid while borrowed; context is a plain field.
+        if unsafe { (*cq.as_raw()).context } != verbs {
+            return Err(other_device("completion queue"));
+        }
+    }
+    Ok(())
+}
+
+fn check_qp_device(verbs: *mut ffi::ibv_context, qp: &Qp<Rc, Init>) -> Result<()> {
+    if verbs.is_null() {
+        return Err(not_bound());
+    }
+    // SAFETY: the QP is valid while borrowed; context is a plain field.
+    if unsafe { (*qp.as_raw()).context } != verbs {
+        return Err(other_device("queue pair"));
+    }
+    Ok(())
+}
+
+fn conn_call_error(verb: &'static str, e: io::Error) -> Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::EINVAL) => Some(
+            "check the private data length (InfiniBand/RoCE: at most 56 bytes on connect, 196 on accept), \
+             responder_resources/initiator_depth (at most the device's max_qp_rd_atom/max_qp_init_rd_atom), \
+             and that the address and route were resolved"
+                .into(),
+        ),
+        _ => None,
+    };
+    Error::Verb {
+        verb,
+        source: e,
+        hint,
+    }
+}
+
+/// A connection request taken on a listener: accept or reject it.
+/// Dropping it unanswered rejects it.
+pub struct ConnectRequest {
+    id: Option<CmId>,
+    private_data: Vec<u8>,
+    conn: ConnInfo,
+}
+
+impl ConnectRequest {
+    /// The id of the new connection (moved to its own channel); use its
+    /// [`context`](CmId::context) for the PD and CQs and
+    /// [`create_qp`](CmId::create_qp) for the QP to accept with.
+    pub fn id(&self) -> &CmId {
+        // The id is only taken by accept/reject, which consume self.
+        self.id
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("ConnectRequest without an id"))
+    }
+
+    /// The private data the peer sent with its connect (padded; see the module docs).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// What the peer asked for (responder resources, initiator depth, QPN...).
+    pub fn conn(&self) -> &ConnInfo {
+        &self.conn
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.id().peer_addr()
+    }
+
+    /// Accepts with `qp` (from [`CmId::create_qp`] on [`id`](ConnectRequest::id))
+    /// and waits up to `timeout` for ESTABLISHED. librdmacm moves the QP to
+    /// RTR and RTS; receives posted in INIT stay posted. Returns the
+    /// connection's id and the QP.
+    pub fn accept(
+        mut self,
+        qp: Qp<Rc, Init>,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(CmId, Qp<Rc, Rts>)> {
+        param.validate()?;
+        let Some(cm) = self.id.take() else {
+            return Err(busy_id());
+        };
+        let qp = {
+            let _g = cm.inner.lock();
+            let id = cm.inner.id();
+            // SAFETY: valid id under its lock; plain fields.
+            let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
+            check_qp_device(verbs, &qp)?;
+            if !cur.is_null() {
+                return Err(busy_id());
+            }
+            // SAFETY: id valid, lock held until after `attach` is dropped, and
+            // qp outlives it (declared before).
+            let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
+            let mut cp = param.to_ffi();
+            // SAFETY: valid id with our QP attached; cp and its data live across the call.
+            let rc = unsafe { ffi::rdma_accept(id, &mut cp) };
+            if rc != 0 {
+                return Err(conn_call_error("rdma_accept", last_errno()));
+            }
+            cm.inner.expect_locked(
+                CmEventKind::Established,
+                "rdma_accept",
+                "rdma_accept: waiting for ESTABLISHED",
+                timeout,
+            )?;
+            drop(attach);
+            // SAFETY: rdma_accept returned 0 only after moving the attached QP
+            // to RTR and RTS, and the peer confirmed (ESTABLISHED).
+            unsafe { qp.assume_state::<Rts>() }
+        };
+        Ok((cm, qp))
+    }
+
+    /// Rejects the request (`rdma_reject`) with `private_data` for the peer
+    /// (at most 148 bytes on InfiniBand/RoCE), which sees REJECTED with
+    /// status 28 (consumer defined).
+    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        let len = u8::try_from(private_data.len()).map_err(|_| Error::InvalidArgument {
+            what: "private data",
+            reason: format!(
+                "{} bytes; a reject carries at most 148 on InfiniBand/RoCE",
+                private_data.len()
+            ),
+        })?;
+        let Some(cm) = self.id.take() else {
+            return Err(busy_id());
+        };
+        let _g = cm.inner.lock();
+        let data = if private_data.is_empty() {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
+        // SAFETY: valid id under its lock; data points to len bytes.
+        let rc = unsafe { ffi::rdma_reject(cm.inner.id(), data, len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb("rdma_reject", last_errno()))
+        }
+    }
+}
+
+impl Drop for ConnectRequest {
+    fn drop(&mut self) {
+        if let Some(cm) = self.id.take() {
+            let _g = cm.inner.lock();
+            // SAFETY: valid id under its lock; no private data. Errors are
+            // ignored (the id's destruction rejects the peer anyway).
+            unsafe { ffi::rdma_reject(cm.inner.id(), std::ptr::null(), 0) };
+        }
+    }
+}
+
+impl fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("peer", &self.id.as_ref().and_then(CmId::peer_addr))
+            .field("private_data", &self.private_data.len())
+            .field("conn", &self.conn)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_names_follow_rdma_core() {
+        assert_eq!(
+            CmEventKind::from_raw(ffi::RDMA_CM_EVENT_REJECTED),
+            CmEventKind::Rejected
+        );
+        assert_eq!(CmEventKind::Rejected.name(), "RDMA_CM_EVENT_REJECTED");
+        assert_eq!(CmEventKind::TimewaitExit.as_raw(), 15);
+        assert_eq!(CmEventKind::from_raw(99), CmEventKind::Unknown(99));
+        for raw in 0..16 {
+            let k = CmEventKind::from_raw(raw);
+            // SAFETY: rdma_event_str returns a static string for any value.
+            let c = unsafe { crate::device::cstr(ffi::rdma_event_str(raw)) };
+            assert_eq!(k.name(), c);
+        }
+    }
+
+    #[test]
+    fn socket_addresses_round_trip() {
+        for s in ["10.99.0.1:7174", "[fe80::1%3]:1", "0.0.0.0:0", "[::]:65535"] {
+            let a: SocketAddr = s.parse().unwrap();
+            let mut raw = RawAddr::new(a);
+            // SAFETY: raw holds a full sockaddr of its family.
+            let back = unsafe { read_addr(raw.as_ptr()) };
+            assert_eq!(back, Some(a), "{s}");
+        }
+    }
+
+    #[test]
+    fn rejected_hints_name_the_cause() {
+        let e = CmEvent {
+            kind: CmEventKind::Rejected,
+            status: 8,
+            private_data: vec![],
+            conn: ConnInfo::default(),
+            request: None,
+        }
+        .into_error("rdma_connect");
+        let s = e.to_string();
+        assert!(
+            s.contains("RDMA_CM_EVENT_REJECTED") && s.contains("nobody listens"),
+            "{s}"
+        );
+        let e = CmEvent {
+            kind: CmEventKind::AddrError,
+            status: -libc::ETIMEDOUT,
+            private_data: vec![],
+            conn: ConnInfo::default(),
+            request: None,
+        }
+        .into_error("rdma_resolve_addr");
+        assert!(e.to_string().contains("ARP"), "{e}");
+    }
+
+    #[test]
+    fn huge_timeouts_do_not_overflow() {
+        assert!(deadline_after(Duration::MAX) > Instant::now());
+        assert_eq!(ms(Duration::MAX), i32::MAX);
+    }
+
+    #[test]
+    fn conn_param_limits() {
+        assert!(ConnParam::new().private_data(&[0; 256]).validate().is_err());
+        assert!(ConnParam::new().retry_count(8).validate().is_err());
+        let p = ConnParam::new().private_data(b"abc");
+        let c = p.to_ffi();
+        assert_eq!(c.private_data_len, 3);
+        assert_eq!(c.responder_resources, 255);
+    }
+
+    /// On a machine without RDMA (like the project's build hosts) the channel
+    /// reports that clearly; elsewhere it opens.
+    #[test]
+    fn event_channel_reports_missing_rdma() {
+        match EventChannel::new() {
+            Ok(ch) => assert!(ch.as_raw_fd() >= 0),
+            Err(e) => {
+                if !std::path::Path::new("/sys/class/infiniband").exists() {
+                    assert!(
+                        matches!(e, Error::NoRdmaSupport { .. } | Error::NoDevices),
+                        "unexpected error without RDMA: {e}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! GPU memory over RDMA (feature `gdr`): registering CUDA device memory with
+//! the NIC (GPUDirect RDMA, via dma-buf or nvidia-peermem), and a staging
+//! fallback through host memory for machines without GPUDirect.
+//!
+//! CUDA is reached through [cudarc] (re-exported as [`gdr::cudarc`](cudarc)),
+//! loaded at run time: the crate builds without the CUDA toolkit, and on a
+//! machine without the NVIDIA driver every function here returns
+//! [`GdrError::DriverNotAvailable`] instead of panicking.
+//!
+//! # Two ways in
+//! * [`register`]: device memory as an [`Mr`](crate::Mr) (dma-buf or
+//!   peer-mem), for peers to READ/WRITE or for your own work requests. The
+//!   `Mr` keeps the allocation alive, its [`addr`](crate::Mr::addr) is the
+//!   device address (the IOVA peers target), and it never hands out a host
+//!   slice of GPU memory.
+//! * [`GpuBuffer`]: "send this device buffer to that remote MR". It uses
+//!   GPUDirect RDMA when it can and otherwise copies through registered,
+//!   page-locked host bounce buffers, chunked and double-buffered so the copy
+//!   of one chunk overlaps the RDMA WRITE of the previous. [`GpuBuffer::path`]
+//!   and [`Transfer::path`] say which path was taken.
+//!
+//! ```no_run
+//! use rdma_verbs::gdr::{self, DeviceAlloc, GdrMode, GpuBuffer};
+//! # fn f(pd: &rdma_verbs::Pd, qp: &mut rdma_verbs::Qp<rdma_verbs::Rc, rdma_verbs::qp::Rts>,
+//! #      cq: &mut rdma_verbs::Cq, remote: rdma_verbs::RemoteMr) -> rdma_verbs::Result<()> {
+//! let ctx = gdr::cuda_context(0)?; // typed error, not a panic, without a GPU
+//! let mut mem = DeviceAlloc::new(&ctx.default_stream(), 1 << 20)?;
+//! gdr::copy_to_device(&mut mem, 0, &[7u8; 1 << 20])?;
+//! let mut buf = GpuBuffer::new(pd, mem, GdrMode::Auto)?;
+//! let t = buf.write(qp, cq, remote, 0)?;
+//! println!("{} bytes via {} at {:.2} GB/s", t.bytes, t.path, t.gb_per_s());
+//! # Ok(()) }
+//! ```
+//!
+//! # Choosing the path
+//! [`probe`] observes the machine ([`Capabilities`]); [`decide`], a pure
+//! function, turns that and the caller's [`GdrMode`] into the paths to try.
+//! `Auto` tries dma-buf (when the GPU reports
+//! `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`), then nvidia-peermem (when the
+//! module is loaded), then (for [`GpuBuffer`]) staging; a path whose verbs call
+//! fails is recorded in [`AttemptFailure`]s and the next is tried. When nothing
+//! works, [`GdrError::NoPath`] lists every [`Missing`] piece and every failed
+//! attempt, each with what to do.
+//!
+//! # Ordering you still owe
+//! The NIC reads GPU memory behind CUDA's back. [`GpuBuffer::write`]
+//! synchronizes the memory's stream before posting, but when you post an `Mr`
+//! from [`register`] yourself, **first synchronize the stream (or event) whose
+//! kernels or copies wrote the data**, and do not let GPU work write memory
+//! that a posted WRITE is still reading (wait for its completion). In the
+//! other direction, after a peer's WRITE into GPU memory completes (e.g. you
+//! polled the WRITE_WITH_IMM receive), launch the consumer kernel only then.
+//! `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` is set on every registered allocation
+//! (see [`Registration::sync_memops`]) so that *synchronous* CUDA copies into
+//! it have completed when they return; asynchronous work still needs the sync.
+//!
+//! # GPUDirect RDMA checklist
+//! What each missing piece looks like here:
+//!
+//! | Needed | If missing |
+//! | --- | --- |
+//! | NVIDIA driver, libcuda.so.1 on the loader path, a visible GPU | [`GdrError::DriverNotAvailable`] (also [`Missing::CudaDriver`]) |
+//! | Device memory (`cuMemAlloc`, [`DeviceAlloc`], a `CudaSlice`), not host or managed memory | [`Missing::DeviceMemory`] (managed memory: staging only) |
+//! | A GPU with GPUDirect RDMA (data-center parts; `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`) | [`Missing::GpuDirectRdma`] |
+//! | dma-buf: Linux >= 5.12, NVIDIA **open** kernel modules (driver >= 515), CUDA >= 11.7, an RDMA driver with dma-buf MRs (mlx5, efa, ...; not rxe) | [`Missing::DmaBuf`], or a failed `ibv_reg_dmabuf_mr` (EOPNOTSUPP) in [`GdrError::NoPath`] |
+//! | or nvidia-peermem: `modprobe nvidia-peermem` (needs MLNX_OFED/DOCA-OFED peer-memory support) | [`Missing::PeerMem`], or a failed `ibv_reg_mr` (EFAULT) |
+//! | RLIMIT_MEMLOCK large enough (peer-mem pins, and staging buffers are host MRs) | [`crate::Error::MemlockLimit`] inside the attempt failure |
+//! | IOMMU off or in passthrough (`iommu=pt`), PCIe ACS disabled on the switch ports between NIC and GPU | registration works but WRITEs fail or hang (`IBV_WC_LOC_PROT_ERR`/`REM_ACCESS_ERR`, AER errors in dmesg) |
+//! | NIC and GPU under the same PCIe switch (`nvidia-smi topo -m`: PIX/PXB) | works, but slowly through the CPU root complex (NODE/SYS) |
+//! | BAR1 large enough for what is registered (`nvidia-smi -q -d MEMORY`, "BAR1 Memory Usage") | registration fails with ENOMEM/EINVAL once BAR1 is exhausted |
+//!
+//! The dma-buf export is aligned outwards to [`GPU_PAGE_SIZE`] (64 KiB, and
+//! never less than the host page size `cuMemGetHandleForAddressRange`
+//! requires; clamped to host pages at the edges of the allocation); the MR
+//! registers exactly the requested bytes at `offset = ptr - window.base` with
+//! IOVA = the device pointer, and the fd is closed as soon as the MR holds the
+//! dma-buf. Allocations smaller than a page that share it with others may not
+//! export; [`DeviceAlloc`] rounds allocations up to 64 KiB for that reason.
+
+pub use cudarc;
+
+mod driver;
+mod memory;
+mod register;
+mod select;
+mod transfer;
+
+use std::fmt;
+
+pub use driver::{check_driver, cuda_context, device_count};
+pub use memory::{DeviceAlloc, DeviceMemory, DeviceRange, copy_from_device, copy_to_device};
+pub use register::{
+    DmaBufExport, ExportWindow, GPU_PAGE_SIZE, Registration, export_dma_buf, export_window,
+    peermem_loaded, probe, register, set_sync_memops, sync_memops,
+};
+pub use select::{Capabilities, Decision, GdrMode, GdrPath, MemoryKind, Missing, decide};
+pub use transfer::{GpuBuffer, StagingConfig, Transfer, WR_ID_TAG};
+
+use crate::error::Error;
+
+/// What can go wrong with GPU memory. Reaches callers as [`Error::Gdr`](crate::Error).
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum GdrError {
+    /// libcuda is missing, too old, or `cuInit` failed (no GPU visible).
+    #[error(
+        "CUDA driver not available: {detail}. GPU memory needs the NVIDIA driver's \
+         libcuda.so.1 and a visible GPU (check nvidia-smi; in containers use the NVIDIA \
+         container toolkit, --gpus all)"
+    )]
+    DriverNotAvailable {
+        /// What exactly failed.
+        detail: String,
+    },
+
+    /// A CUDA driver call failed.
+    #[error("{call} failed: {name} ({code}){}", cuda_hint(call, *code))]
+    Cuda {
+        /// The driver function.
+        call: &'static str,
+        /// The `CUresult` value.
+        code: u32,
+        /// Its name, e.g. `CUDA_ERROR_NOT_SUPPORTED`.
+        name: String,
+    },
+
+    /// No path can move this memory with the requested mode.
+    #[error(
+        "no way to use this GPU memory with mode `{mode}`:{}",
+        Listing(missing, failures)
+    )]
+    NoPath {
+        /// The mode asked for.
+        mode: GdrMode,
+        /// Missing pieces, each with what to do.
+        missing: Vec<Missing>,
+        /// Paths that were tried and failed.
+        failures: Vec<AttemptFailure>,
+    },
+
+    /// The buffers of an earlier transfer are still posted (it timed out).
+    #[error(
+        "the buffers of an earlier transfer of this GPU buffer are still posted (it timed out); \
+         they come back when their completions are polled by a later write, or recreate the \
+         GpuBuffer"
+    )]
+    BuffersInFlight,
+}
+
+/// A path that was tried and failed, and why.
+#[derive(Debug)]
+pub struct AttemptFailure {
+    /// The path.
+    pub path: GdrPath,
+    /// The error it gave.
+    pub error: Box<Error>,
+    /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` of the allocation, for the hint.
+    pub allocation_rdma_capable: Option<bool>,
+}
+
+impl fmt::Display for AttemptFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {}", self.path, self.error)?;
+        let errno = self.error.errno();
+        let hint = match (self.path, errno) {
+            (GdrPath::DmaBuf, Some(libc::EOPNOTSUPP)) | (GdrPath::DmaBuf, Some(libc::ENOSYS)) => {
+                Some(
+                    "the RDMA driver cannot register dma-bufs (needs e.g. mlx5 or efa on Linux \
+                     >= 5.12; soft-RoCE cannot)",
+                )
+            }
+            (GdrPath::PeerMem, Some(libc::EFAULT)) | (GdrPath::PeerMem, Some(libc::EINVAL)) => {
+                Some(
+                    "the kernel could not pin the GPU pages: is nvidia-peermem loaded \
+                     (`modprobe nvidia-peermem`) and does the NIC's RDMA stack support peer memory?",
+                )
+            }
+            _ => None,
+        };
+        if let Some(h) = hint {
+            write!(f, " ({h})")?;
+        }
+        if self.path.is_direct() && self.allocation_rdma_capable == Some(false) {
+            f.write_str(
+                " (note: CUDA reports this allocation as not GPUDirect-RDMA capable; allocate \
+                 it with cuMemAlloc / gdr::DeviceAlloc rather than a stream-ordered pool or VMM \
+                 without gpuDirectRDMACapable)",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+struct Listing<'a>(&'a [Missing], &'a [AttemptFailure]);
+
+impl fmt::Display for Listing<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() && self.1.is_empty() {
+            return f.write_str(" nothing to try");
+        }
+        for m in self.0 {
+            write!(f, "\n  - {m}")?;
+        }
+        for a in self.1 {
+            write!(f, "\n  - {a}")?;
+        }
+        Ok(())
+    }
+}
+
+fn cuda_hint(call: &str, code: u32) -> &'static str {
+    use cudarc::driver::sys::CUresult as R;
+    let not_supported = code == R::CUDA_ERROR_NOT_SUPPORTED as u32;
+    let invalid = code == R::CUDA_ERROR_INVALID_VALUE as u32;
+    match call {
+        "cuMemGetHandleForAddressRange" if not_supported => {
+            "; dma-buf export needs the NVIDIA open kernel modules and Linux >= 5.12"
+        }
+        "cuMemGetHandleForAddressRange" if invalid => {
+            "; the page-aligned range must lie inside one device allocation (allocate at least \
+             64 KiB, e.g. with gdr::DeviceAlloc)"
+        }
+        _ if code == R::CUDA_ERROR_INVALID_CONTEXT as u32 => {
+            "; no CUDA context is current on this thread: give the memory a stream \
+             (DeviceMemory::stream) or bind its context first"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_window_aligns_to_gpu_pages() {
+        let w = export_window(0x7f00_0001_2345, 100, None, 4096).unwrap();
+        assert_eq!(w.base, 0x7f00_0001_0000);
+        assert_eq!(w.size, 0x1_0000);
+        assert_eq!(w.offset, 0x2345);
+        assert_eq!(w.base % GPU_PAGE_SIZE as u64, 0);
+        assert!(w.base + w.offset == 0x7f00_0001_2345);
+    }
+
+    #[test]
+    fn export_window_spans_pages_and_covers_the_range() {
+        for (ptr, len) in [
+            (0x20_0000u64, 1usize),
+            (0x20_ffff, 2),
+            (0x21_0000, 0x1_0000),
+            (0x2f_fff0, 0x100_0000),
+        ] {
+            let w = export_window(ptr, len, None, 4096).unwrap();
+            assert!(w.base <= ptr);
+            assert!(w.base + w.size as u64 >= ptr + len as u64);
+            assert_eq!(w.base % GPU_PAGE_SIZE as u64, 0);
+            assert_eq!(w.size % GPU_PAGE_SIZE, 0);
+            assert_eq!(w.offset, ptr - w.base);
+        }
+    }
+
+    #[test]
+    fn export_window_stays_in_the_allocation_with_host_pages() {
+        // A 12 KiB allocation at a 4 KiB (not 64 KiB) boundary.
+        let alloc = (0x10_3000u64, 0x3000usize);
+        let w = export_window(0x10_3100, 0x100, Some(alloc), 4096).unwrap();
+        assert_eq!(w.base, 0x10_3000);
+        assert_eq!(w.size, 0x1000);
+        assert_eq!(w.offset, 0x100);
+        // Inside a big aligned allocation, GPU pages are kept.
+        let w = export_window(0x40_1000, 10, Some((0x40_0000, 0x20_0000)), 4096).unwrap();
+        assert_eq!((w.base, w.size), (0x40_0000, 0x1_0000));
+    }
+
+    #[test]
+    fn export_window_honours_big_host_pages() {
+        let w = export_window(0x123_4567, 1, None, 1 << 21).unwrap();
+        assert_eq!(w.base % (1 << 21), 0);
+        assert_eq!(w.size, 1 << 21);
+    }
+
+    #[test]
+    fn export_window_rejects_overflow() {
+        assert!(export_window(u64::MAX - 10, 100, None, 4096).is_none());
+    }
+
+    #[test]
+    fn no_path_lists_every_piece() {
+        let e = GdrError::NoPath {
+            mode: GdrMode::Auto,
+            missing: vec![Missing::DmaBuf, Missing::PeerMem],
+            failures: vec![],
+        };
+        let s = e.to_string();
+        assert!(s.contains("modprobe nvidia-peermem"), "{s}");
+        assert!(s.contains("5.12"), "{s}");
+        assert!(s.contains("`auto`"), "{s}");
+    }
+
+    #[test]
+    fn attempt_failure_hints() {
+        let a = AttemptFailure {
+            path: GdrPath::DmaBuf,
+            error: Box::new(Error::verb(
+                "ibv_reg_dmabuf_mr",
+                crate::error::errno(libc::EOPNOTSUPP),
+            )),
+            allocation_rdma_capable: Some(false),
+        };
+        let s = a.to_string();
+        assert!(s.contains("cannot register dma-bufs"), "{s}");
+        assert!(s.contains("cuMemAlloc"), "{s}");
+    }
+
+    #[test]
+    fn cuda_error_names_the_call() {
+        let e = driver::cuda_error(
+            "cuMemGetHandleForAddressRange",
+            cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
+        );
+        let s = e.to_string();
+        assert!(
+            s.starts_with("cuMemGetHandleForAddressRange failed: CUDA_ERROR_NOT_SUPPORTED (801)"),
+            "{s}"
+        );
+        assert!(s.contains("open kernel modules"), "{s}");
+    }
+
+    #[test]
+    fn memory_kinds_print() {
+        assert_eq!(MemoryKind::Device.to_string(), "device");
+        assert!(
+            Missing::DeviceMemory(MemoryKind::Managed)
+                .to_string()
+                .contains("managed")
+        );
+    }
+}

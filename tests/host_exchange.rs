@@ -1,0 +1,276 @@
+//! The out-of-band exchange over real TCP sockets on the loopback interface
+//! (no RDMA device needed): both roles, byte-exact against what the C
+//! `ibv_rc_pingpong` does on the wire, the extended form, retries, timeouts
+//! and misbehaving peers.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::exchange::{
+    self, ENDPOINT_MSG_LEN, ExchangeListener, ExchangeStream, PeerInfo, client_exchange,
+    server_exchange,
+};
+use rdma_verbs::{Endpoint, Error, RemoteMr};
+
+const T: Duration = Duration::from_secs(10);
+
+fn ep(qpn: u32) -> Endpoint {
+    Endpoint {
+        lid: 0,
+        qpn,
+        psn: 0x123456,
+        gid: "::ffff:10.99.0.1".parse().unwrap(),
+    }
+}
+
+fn listener() -> (ExchangeListener, u16) {
+    let l = ExchangeListener::bind_addr("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = l.local_addr().unwrap().port();
+    (l, port)
+}
+
+/// A port nobody listens on (bound, then released).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn client_and_server_exchange_endpoints_in_pingpong_order() {
+    let (l, port) = listener();
+    let connected = Arc::new(AtomicBool::new(false));
+    let flag = connected.clone();
+    let server = thread::spawn(move || {
+        server_exchange(&l, &ep(0x22), Some(T), |remote: &Endpoint| {
+            // The QP would be connected here, before the answer goes out.
+            thread::sleep(Duration::from_millis(100));
+            flag.store(true, Ordering::SeqCst);
+            Ok(remote.qpn)
+        })
+    });
+    let remote = client_exchange("127.0.0.1", port, &ep(0x11), T).unwrap();
+    assert!(
+        connected.load(Ordering::SeqCst),
+        "the answer came before before_reply finished"
+    );
+    assert_eq!(remote, ep(0x22));
+    let (got, qpn) = server.join().unwrap().unwrap();
+    assert_eq!(got, ep(0x11));
+    assert_eq!(qpn, 0x11);
+}
+
+#[test]
+fn server_side_is_byte_exact_with_a_c_client() {
+    let (l, port) = listener();
+    let server = thread::spawn(move || server_exchange(&l, &ep(0x22), Some(T), |_| Ok(())));
+    // What ibv_rc_pingpong's pp_client_exch_dest does, call by call.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mine = b"0000:000011:123456:00000000000000000000ffff0a630001\0";
+    assert_eq!(s.write(mine).unwrap(), ENDPOINT_MSG_LEN);
+    let mut msg = [0u8; ENDPOINT_MSG_LEN];
+    s.read_exact(&mut msg).unwrap();
+    assert_eq!(
+        &msg,
+        b"0000:000022:123456:00000000000000000000ffff0a630001\0"
+    );
+    assert_eq!(s.write(b"done\0").unwrap(), 5);
+    drop(s);
+    let (got, ()) = server.join().unwrap().unwrap();
+    assert_eq!(got, ep(0x11));
+}
+
+#[test]
+fn client_side_is_byte_exact_with_a_c_server() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    // What pp_server_exch_dest does: one read of sizeof msg, one write, one read of "done".
+    let server = thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        let mut msg = [0u8; ENDPOINT_MSG_LEN];
+        let n = c.read(&mut msg).unwrap();
+        assert_eq!(n, ENDPOINT_MSG_LEN, "the client's message came in pieces");
+        c.write_all(b"0000:000022:123456:00000000000000000000ffff0a630001\0")
+            .unwrap();
+        let mut done = [0u8; ENDPOINT_MSG_LEN];
+        let n = c.read(&mut done).unwrap();
+        (msg, done[..n].to_vec())
+    });
+    let remote = client_exchange("127.0.0.1", port, &ep(0x11), T).unwrap();
+    assert_eq!(remote, ep(0x22));
+    let (msg, done) = server.join().unwrap();
+    assert_eq!(
+        &msg,
+        b"0000:000011:123456:00000000000000000000ffff0a630001\0"
+    );
+    assert_eq!(done, b"done\0");
+}
+
+#[test]
+fn extended_form_carries_memory_regions() {
+    let (l, port) = listener();
+    let mr = |i: u64| RemoteMr {
+        addr: 0x7f00_0000_0000 + i * 4096,
+        len: 4096,
+        rkey: i as u32 + 1,
+    };
+    let server_info = PeerInfo::new(ep(0x22)).with_mr(mr(1)).with_mr(mr(2));
+    let client_info = PeerInfo {
+        endpoint: ep(0x11),
+        mrs: (0..exchange::MAX_REMOTE_MRS as u64).map(mr).collect(),
+    };
+    let si = server_info.clone();
+    let server = thread::spawn(move || server_exchange(&l, &si, Some(T), |_| Ok(())));
+    let got = client_exchange("127.0.0.1", port, &client_info, T).unwrap();
+    assert_eq!(got, server_info);
+    let (theirs, ()) = server.join().unwrap().unwrap();
+    assert_eq!(theirs, client_info);
+}
+
+#[test]
+fn client_retries_until_the_server_listens() {
+    let port = free_port();
+    let server = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(400));
+        let l = ExchangeListener::bind_addr(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+        server_exchange(&l, &ep(0x22), Some(T), |_| Ok(()))
+    });
+    let t = Instant::now();
+    let remote = client_exchange("127.0.0.1", port, &ep(0x11), T).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(remote, ep(0x22));
+    server.join().unwrap().unwrap();
+}
+
+#[test]
+fn client_gives_up_after_its_timeout() {
+    let port = free_port();
+    let t = Instant::now();
+    let e = ExchangeStream::connect("127.0.0.1", port, Duration::from_millis(300)).unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    match &e {
+        Error::Io { what, source } => {
+            assert!(what.contains("connecting"), "{e}");
+            assert!(
+                source.to_string().contains(&format!("127.0.0.1:{port}")),
+                "{e}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // An unresolvable name fails the same way, within the timeout.
+    let e = ExchangeStream::connect("no-such-host.invalid", 1, Duration::from_millis(200));
+    assert!(matches!(e, Err(Error::Io { .. })), "{e:?}");
+}
+
+#[test]
+fn accept_times_out() {
+    let (l, _) = listener();
+    let t = Instant::now();
+    let e = l.accept(Some(Duration::from_millis(200))).unwrap_err();
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+}
+
+/// Runs a server exchange against a raw peer that does `peer`; returns the server's result.
+fn against(peer: impl FnOnce(TcpStream) + Send + 'static) -> Result<Endpoint, Error> {
+    let (l, port) = listener();
+    let p = thread::spawn(move || peer(TcpStream::connect(("127.0.0.1", port)).unwrap()));
+    let r = server_exchange(&l, &ep(0x22), Some(Duration::from_millis(500)), |_| Ok(()));
+    p.join().unwrap();
+    r.map(|(e, ())| e)
+}
+
+#[test]
+fn misbehaving_peers_get_errors_not_panics_or_hangs() {
+    // Truncated: 30 bytes, then close.
+    let e = against(|mut s| s.write_all(&[b'0'; 30]).unwrap()).unwrap_err();
+    assert!(
+        matches!(&e, Error::Protocol(m) if m.contains("after 30 of 52")),
+        "{e:?}"
+    );
+    // Garbage of the right size.
+    let e = against(|mut s| s.write_all(&[0xff; 52]).unwrap()).unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+    // Silent peer: the read limit fires.
+    let e = against(|s| {
+        thread::sleep(Duration::from_millis(900));
+        drop(s)
+    })
+    .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    // Good message, then something else than "done".
+    let e = against(|mut s| {
+        s.write_all(&exchange::encode_endpoint(&ep(1)).unwrap())
+            .unwrap();
+        let mut m = [0u8; 52];
+        s.read_exact(&mut m).unwrap();
+        s.write_all(b"nope!").unwrap();
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::Protocol(m) if m.contains("done")),
+        "{e:?}"
+    );
+    // Good message, then a close without "done".
+    let e = against(|mut s| {
+        s.write_all(&exchange::encode_endpoint(&ep(1)).unwrap())
+            .unwrap();
+        let mut m = [0u8; 52];
+        s.read_exact(&mut m).unwrap();
+    })
+    .unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+    // Oversized: a message far longer than 52 bytes is cut at 52 and refused.
+    let e = against(|mut s| {
+        let _ = s.write_all(&[b'1'; 4096]);
+    })
+    .unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
+
+#[test]
+fn extended_client_against_plain_server_fails_cleanly() {
+    let (l, port) = listener();
+    let server = thread::spawn(move || {
+        server_exchange(&l, &ep(0x22), Some(Duration::from_secs(2)), |_| Ok(()))
+    });
+    let info = PeerInfo::new(ep(0x11)).with_mr(RemoteMr {
+        addr: 0x1000,
+        len: 64,
+        rkey: 9,
+    });
+    let t = Instant::now();
+    let e = client_exchange("127.0.0.1", port, &info, Duration::from_secs(2)).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(
+        matches!(
+            e,
+            Error::Protocol(_) | Error::Io { .. } | Error::Timeout { .. }
+        ),
+        "{e:?}"
+    );
+    // The plain server read the xmr1 header where it expected "done".
+    let se = server.join().unwrap().unwrap_err();
+    assert!(matches!(se, Error::Protocol(_)), "{se:?}");
+}
+
+#[test]
+fn bind_default_all_addresses() {
+    // Port 0: any free port on 0.0.0.0, as ibv_rc_pingpong binds.
+    let l = ExchangeListener::bind(0).unwrap();
+    let a = l.local_addr().unwrap();
+    assert!(a.ip().is_unspecified(), "{a}");
+}

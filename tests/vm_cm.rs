@@ -1,0 +1,297 @@
+//! librdmacm on real soft-RoCE: connect/accept with private data, data over
+//! the CM-created QP, rejects, unreachable peers, disconnects. Runs in the
+//! guest (`cargo xtask test`); without an RDMA device every test fails.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::wait;
+use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
+use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::{AccessFlags, Cq, Error, Pd, Qp, QpCaps, Rc, RecvWr, SendWr, WcOpcode};
+
+/// Upper bound for any handshake step in these tests (TCG is slow).
+const T: Duration = Duration::from_secs(20);
+/// What address resolution is given before it must report an error.
+const RESOLVE: Duration = Duration::from_millis(2000);
+
+/// The guest's RDMA address (`cargo xtask run` sets RDMA_VERBS_ADDR).
+fn ip() -> IpAddr {
+    std::env::var("RDMA_VERBS_ADDR")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)))
+}
+
+/// A port per test, so the tests of this binary can run in parallel.
+fn at(port: u16) -> SocketAddr {
+    SocketAddr::new(ip(), port)
+}
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        ..QpCaps::default()
+    }
+}
+
+/// PD, CQ and an INIT QP on `id`'s device.
+fn setup(id: &CmId) -> (Pd, Cq, Qp<Rc, Init>) {
+    let ctx = id.context().expect("the id's device context");
+    let pd = Pd::new(&ctx).expect("pd");
+    let cq = Cq::new(&ctx, 32).expect("cq");
+    let qp = id.create_qp(&pd, &cq, &cq, caps()).expect("rdma_create_qp");
+    (pd, cq, qp)
+}
+
+fn send_bytes(pd: &Pd, qp: &mut Qp<Rc, Rts>, wr_id: u64, data: &[u8]) {
+    let mut mr = pd
+        .alloc_mr(data.len(), AccessFlags::empty())
+        .expect("send mr");
+    mr.as_mut_slice().expect("slice").copy_from_slice(data);
+    qp.post_send(SendWr::send(wr_id).sge(mr))
+        .expect("post send");
+}
+
+/// A client that resolved `addr` and has a QP in INIT.
+fn client(addr: SocketAddr) -> (CmId, Pd, Cq, Qp<Rc, Init>) {
+    let id = CmId::new()
+        .expect("rdma_cm id (this test needs an RDMA device: run it with `cargo xtask test`)");
+    id.resolve(addr, RESOLVE)
+        .expect("resolve address and route");
+    let (pd, cq, qp) = setup(&id);
+    (id, pd, cq, qp)
+}
+
+#[test]
+fn connect_accept_private_data_and_data_transfer() {
+    let addr = at(20101);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = thread::spawn(move || {
+        let listener = CmId::listener(addr, 4).expect("listen");
+        ready_tx.send(()).expect("signal");
+        let req = listener.get_request(T).expect("connect request");
+        assert!(
+            req.private_data().starts_with(b"client-hello"),
+            "request private data: {:?}",
+            req.private_data()
+        );
+        assert_eq!(req.conn().initiator_depth, 1, "{:?}", req.conn());
+        let (pd, mut cq, mut qp) = setup(req.id());
+        // Posted in INIT: must still be there after accept.
+        qp.post_recv(RecvWr::new(
+            1,
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).expect("mr"),
+        ))
+        .expect("post recv");
+        let (id, mut qp) = req
+            .accept(qp, &ConnParam::new().private_data(b"server-hello"), T)
+            .expect("accept");
+        assert!(id.peer_addr().is_some());
+        let mut c = wait(&mut cq, 1).pop().expect("recv completion");
+        c.result().expect("recv ok");
+        assert_eq!(c.opcode, WcOpcode::Recv);
+        let got = c.take_mr().expect("recv buffer").to_vec().expect("copy");
+        let got = got[..c.byte_len as usize].to_vec();
+        send_bytes(&pd, &mut qp, 2, b"pong from server");
+        let c = wait(&mut cq, 1).pop().expect("send completion");
+        c.result().expect("send ok");
+        let ev = id
+            .expect_event(CmEventKind::Disconnected, T)
+            .expect("DISCONNECTED on the server");
+        assert_eq!(ev.kind, CmEventKind::Disconnected);
+        got
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+
+    let (id, pd, mut cq, mut qp) = client(addr);
+    qp.post_recv(RecvWr::new(
+        7,
+        pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).expect("mr"),
+    ))
+    .expect("post recv before connect");
+    let param = ConnParam::new()
+        .private_data(b"client-hello")
+        .initiator_depth(1)
+        .responder_resources(1);
+    let (mut qp, established) = id.connect(qp, &param, T).expect("connect");
+    assert_eq!(established.kind, CmEventKind::Established);
+    assert!(
+        established.private_data.starts_with(b"server-hello"),
+        "accept private data: {:?}",
+        established.private_data
+    );
+    assert_eq!(
+        qp.query().expect("query").state,
+        rdma_verbs::qp::QpStateKind::Rts
+    );
+    send_bytes(&pd, &mut qp, 8, b"ping from client");
+    let mut got_send = false;
+    let mut reply = None;
+    let deadline = Instant::now() + T;
+    while !(got_send && reply.is_some()) {
+        assert!(Instant::now() < deadline, "completions did not arrive");
+        for mut c in wait(&mut cq, 1) {
+            c.result().expect("completion ok");
+            match c.opcode {
+                WcOpcode::Send => got_send = true,
+                WcOpcode::Recv => {
+                    assert_eq!(c.wr_id, 7, "the receive posted before connect");
+                    let data = c.take_mr().expect("buffer").to_vec().expect("copy");
+                    reply = Some(data[..c.byte_len as usize].to_vec());
+                }
+                other => panic!("unexpected completion {other}"),
+            }
+        }
+    }
+    assert_eq!(reply.as_deref(), Some(&b"pong from server"[..]));
+    id.disconnect().expect("disconnect");
+    id.expect_event(CmEventKind::Disconnected, T)
+        .expect("DISCONNECTED on the client");
+    let got = server.join().expect("server thread");
+    assert_eq!(got, b"ping from client");
+}
+
+#[test]
+fn rejected_connection_reports_status_and_private_data() {
+    let addr = at(20102);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let listener = CmId::listener(addr, 4).expect("listen");
+        ready_tx.send(()).expect("signal");
+        let req = listener.get_request(T).expect("connect request");
+        req.reject(b"go away").expect("reject");
+        // Keep the listener until the client saw the reject.
+        let _ = done_rx.recv_timeout(T);
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+    let (id, _pd, _cq, qp) = client(addr);
+    let start = Instant::now();
+    let err = id
+        .connect(qp, &ConnParam::new(), T)
+        .expect_err("the server rejects");
+    done_tx.send(()).ok();
+    match &err {
+        Error::CmEvent {
+            event: CmEventKind::Rejected,
+            status,
+            private_data,
+            ..
+        } => {
+            assert_eq!(*status, 28, "consumer-defined reject: {err}");
+            assert!(private_data.starts_with(b"go away"), "{private_data:?}");
+        }
+        other => panic!("expected REJECTED, got {other}"),
+    }
+    assert!(start.elapsed() < T, "{:?}", start.elapsed());
+    assert!(err.to_string().contains("RDMA_CM_EVENT_REJECTED"), "{err}");
+    server.join().expect("server thread");
+}
+
+#[test]
+fn connect_without_listener_is_refused_not_hung() {
+    let (id, _pd, _cq, qp) = client(at(20103));
+    let start = Instant::now();
+    let err = id
+        .connect(qp, &ConnParam::new(), T)
+        .expect_err("nobody listens");
+    match &err {
+        Error::CmEvent {
+            event: CmEventKind::Rejected | CmEventKind::Unreachable,
+            ..
+        } => {}
+        other => panic!("expected REJECTED or UNREACHABLE, got {other}"),
+    }
+    eprintln!("no listener: {err} after {:?}", start.elapsed());
+    assert!(start.elapsed() < T);
+}
+
+#[test]
+fn unreachable_address_fails_within_the_timeout() {
+    // On the guest's subnet, but no host answers ARP for it.
+    let id = CmId::new().expect("rdma_cm id (this test needs an RDMA device)");
+    let start = Instant::now();
+    let err = id
+        .resolve_addr(None, "10.99.0.77:20104".parse().unwrap(), RESOLVE)
+        .expect_err("nobody has 10.99.0.77");
+    let took = start.elapsed();
+    eprintln!("10.99.0.77: {err} after {took:?}");
+    assert!(
+        matches!(
+            err,
+            Error::CmEvent {
+                event: CmEventKind::AddrError,
+                ..
+            } | Error::Verb {
+                verb: "rdma_resolve_addr",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(took < RESOLVE + Duration::from_secs(8), "took {took:?}");
+
+    // Off every subnet of the guest: no route at all.
+    let id = CmId::new().expect("rdma_cm id");
+    let start = Instant::now();
+    let err = id
+        .resolve(
+            SocketAddr::new("192.0.2.1".parse().unwrap(), 20104),
+            RESOLVE,
+        )
+        .expect_err("no route to 192.0.2.1");
+    eprintln!("192.0.2.1: {err} after {:?}", start.elapsed());
+    assert!(
+        matches!(err, Error::CmEvent { .. } | Error::Verb { .. }),
+        "{err}"
+    );
+    assert!(start.elapsed() < RESOLVE + Duration::from_secs(8));
+}
+
+#[test]
+fn dropping_the_client_disconnects_the_server() {
+    let addr = at(20105);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = thread::spawn(move || {
+        let listener = CmId::listener(addr, 4).expect("listen");
+        ready_tx.send(()).expect("signal");
+        let req = listener.get_request(T).expect("connect request");
+        let (_pd, _cq, qp) = setup(req.id());
+        let (id, _qp) = req.accept(qp, &ConnParam::new(), T).expect("accept");
+        let start = Instant::now();
+        let ev = id
+            .get_event(T)
+            .expect("an event after the client went away");
+        (ev.kind, start.elapsed())
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+    let (id, pd, cq, qp) = client(addr);
+    let (qp, _) = id.connect(qp, &ConnParam::new(), T).expect("connect");
+    // No disconnect: dropping the QP and then the id (rdma_destroy_id) must
+    // tell the peer.
+    drop(qp);
+    drop(id);
+    drop((pd, cq));
+    let (kind, after) = server.join().expect("server thread");
+    assert_eq!(kind, CmEventKind::Disconnected, "after {after:?}");
+}
+
+#[test]
+fn waiting_for_nothing_times_out() {
+    let id = CmId::new().expect("rdma_cm id (this test needs an RDMA device)");
+    let start = Instant::now();
+    match id.get_event(Duration::from_millis(300)) {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // Not bound yet: no device to build a QP on.
+    assert!(matches!(id.context(), Err(Error::InvalidArgument { .. })));
+}

@@ -1,0 +1,441 @@
+//! Completion channels, the hybrid poll/sleep loop and async events, on a real
+//! device (run inside the soft-RoCE guest by `cargo xtask test`).
+//!
+//! What soft-RoCE (rdma_rxe, Debian kernel 6.1) reports as async events, as
+//! measured in the guest:
+//! * `IBV_EVENT_CQ_ERR` for every completion that does not fit a full CQ (the
+//!   QP stays in RTS);
+//! * `IBV_EVENT_PORT_ERR` when the netdev goes down, `IBV_EVENT_PORT_ACTIVE`
+//!   when it comes back up (twice for one `ip link set up`);
+//! * `IBV_EVENT_GID_CHANGE` when an IP address is added to or removed from the netdev;
+//! * no QP event when a QP is moved to ERR by the user, nor when an RDMA WRITE
+//!   with a bad rkey moves both QPs to ERR (the requester only gets a
+//!   REM_ACCESS_ERR completion): rxe does not raise QP_FATAL, QP_REQ_ERR or
+//!   QP_ACCESS_ERR there.
+//!
+//! The tests take one lock, so they run one at a time: the port test takes
+//! the link down, which would break the others.
+mod common;
+
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{
+    AccessFlags, AsyncEvent, AsyncEvents, CompletionChannel, Context, Cq, InitAttr, Pd, PortState,
+    Qp, QpCaps, Rc, RecvWr, RemoteMr, SendWr, WcOpcode,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Two connected RC QPs whose CQs report to their own completion channels.
+struct ChanPair {
+    ctx: Context,
+    pd: Pd,
+    cq_a: Cq,
+    cq_b: Cq,
+    a: Qp<Rc, Rts>,
+    b: Qp<Rc, Rts>,
+}
+
+fn chan_pair(caps: QpCaps, b_recvs: u64) -> ChanPair {
+    let ctx = common::ctx();
+    let pd = Pd::new(&ctx).expect("pd");
+    let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
+    let ch_a = CompletionChannel::new(&ctx).expect("channel a");
+    let ch_b = CompletionChannel::new(&ctx).expect("channel b");
+    let cq_a = Cq::with_channel(&ctx, depth, &ch_a).expect("cq a");
+    let cq_b = Cq::with_channel(&ctx, depth, &ch_b).expect("cq b");
+    // The CQs hold the channels: dropping ours here proves they outlive it.
+    drop((ch_a, ch_b));
+    let gid = common::gid_index(&ctx);
+    let mk = |cq: &Cq| {
+        Qp::new(&pd, cq, cq, caps)
+            .expect("create qp")
+            .init(InitAttr::new(1, common::all_remote()))
+            .expect("init")
+    };
+    let a = mk(&cq_a);
+    let mut b = mk(&cq_b);
+    b.post_recv_list((0..b_recvs).map(RecvWr::empty))
+        .expect("post receives");
+    let ea = a.endpoint(1, Some(u32::from(gid))).expect("endpoint a");
+    let eb = b.endpoint(1, Some(u32::from(gid))).expect("endpoint b");
+    let a = a.connect(&eb, Some(gid)).expect("connect a");
+    let b = b.connect(&ea, Some(gid)).expect("connect b");
+    ChanPair {
+        ctx,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+#[test]
+fn channel_waiter_sleeps_until_a_completion_arrives() {
+    let _g = serial();
+    let mut p = chan_pair(QpCaps::default(), 2);
+    let ch = p.cq_b.channel().expect("channel").clone();
+    assert_eq!(ch.attached_cqs(), 1);
+
+    // Nothing armed, nothing posted: the wait times out.
+    let t = Instant::now();
+    assert_eq!(ch.wait(Some(Duration::from_millis(200))).unwrap(), None);
+    assert!(t.elapsed() >= Duration::from_millis(200));
+
+    // Armed; a thread sleeps on the channel until the SEND lands.
+    p.cq_b.req_notify(false).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let t = Instant::now();
+        let id = ch.wait(Some(common::WAIT));
+        (id, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    p.a.post_send(SendWr::send(1).imm(7)).unwrap();
+    let (id, slept) = waiter.join().unwrap();
+    assert_eq!(id.unwrap(), Some(p.cq_b.id()), "the event names cq_b");
+    assert!(slept >= Duration::from_millis(400), "woke after {slept:?}");
+    assert_eq!(p.cq_b.unacked_events(), 1);
+    let got = common::wait(&mut p.cq_b, 1);
+    assert_eq!(got[0].imm_data, Some(7));
+    assert_eq!(got[0].opcode, WcOpcode::Recv);
+    assert_eq!(p.cq_b.ack_events(), 1);
+    assert_eq!(p.cq_b.unacked_events(), 0);
+    common::wait(&mut p.cq_a, 1);
+
+    // The hybrid loop in a thread: sleeps, then returns the completion.
+    let ChanPair {
+        mut a,
+        mut cq_a,
+        mut cq_b,
+        ctx: _ctx,
+        pd: _pd,
+        b: _b,
+    } = p;
+    let sleeper = std::thread::spawn(move || {
+        let mut out = Vec::with_capacity(4);
+        let t = Instant::now();
+        let n = cq_b.wait_poll(&mut out, Some(common::WAIT));
+        (cq_b, out, n, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    a.post_send(SendWr::send(2).imm(8)).unwrap();
+    let (mut cq_b, out, n, slept) = sleeper.join().unwrap();
+    assert_eq!(n.unwrap(), 1);
+    assert_eq!(out[0].imm_data, Some(8));
+    assert!(slept >= Duration::from_millis(400), "woke after {slept:?}");
+    let mut out = Vec::with_capacity(4);
+    assert_eq!(cq_a.wait_poll(&mut out, Some(common::WAIT)).unwrap(), 1);
+
+    // Nothing more to come: wait_poll times out with 0.
+    let mut out = Vec::with_capacity(4);
+    let t = Instant::now();
+    assert_eq!(
+        cq_b.wait_poll(&mut out, Some(Duration::from_millis(300)))
+            .unwrap(),
+        0
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300));
+}
+
+#[test]
+fn cq_drop_acks_outstanding_events() {
+    let _g = serial();
+    let mut p = chan_pair(QpCaps::default(), 4);
+    for i in 0..3 {
+        p.cq_b.req_notify(false).unwrap();
+        p.a.post_send(SendWr::send(i)).unwrap();
+        let ch = p.cq_b.channel().unwrap().clone();
+        assert_eq!(ch.wait(Some(common::WAIT)).unwrap(), Some(p.cq_b.id()));
+        common::wait(&mut p.cq_b, 1);
+        common::wait(&mut p.cq_a, 1);
+    }
+    assert_eq!(p.cq_b.unacked_events(), 3);
+    // Destroy everything: ibv_destroy_cq would block forever on 3 unacked events.
+    let t = Instant::now();
+    drop(p);
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn wait_poll_refuses_a_shared_channel() {
+    let _g = serial();
+    let ctx = common::ctx();
+    let ch = CompletionChannel::new(&ctx).unwrap();
+    let mut c1 = Cq::with_channel(&ctx, 16, &ch).unwrap();
+    let _c2 = Cq::with_channel(&ctx, 16, &ch).unwrap();
+    assert_eq!(ch.attached_cqs(), 2);
+    let mut out = Vec::with_capacity(1);
+    let e = c1.wait_poll(&mut out, Some(Duration::ZERO)).unwrap_err();
+    assert!(e.to_string().contains("channel of its own"), "{e}");
+    let plain = Cq::new(&ctx, 16).unwrap();
+    assert!(plain.req_notify(false).is_err());
+    // A channel of another context is refused.
+    let other = Context::open(Some(ctx.name())).unwrap();
+    assert!(Cq::with_channel(&other, 16, &ch).is_err());
+}
+
+#[test]
+fn hybrid_loop_loses_nothing_in_a_burst_of_10000() {
+    const N: u32 = 10_000;
+    const DEPTH: u32 = 256;
+    let _g = serial();
+    let caps = QpCaps {
+        max_send_wr: DEPTH,
+        max_recv_wr: DEPTH,
+        ..QpCaps::default()
+    };
+    let p = chan_pair(caps, u64::from(DEPTH));
+    let ChanPair {
+        mut a,
+        mut b,
+        mut cq_a,
+        mut cq_b,
+        ctx: _ctx,
+        pd: _pd,
+    } = p;
+    let start = Instant::now();
+    let receiver = std::thread::spawn(move || -> Result<(u32, u32), String> {
+        let mut out = Vec::with_capacity(64);
+        let (mut next, mut calls) = (0u32, 0u32);
+        while next < N {
+            out.clear();
+            let n = cq_b
+                .wait_poll(&mut out, Some(common::WAIT))
+                .map_err(|e| e.to_string())?;
+            calls += 1;
+            if n == 0 {
+                return Err(format!(
+                    "no completion for {:?} after #{next}",
+                    common::WAIT
+                ));
+            }
+            for c in out.drain(..) {
+                c.result().map_err(|e| e.to_string())?;
+                if c.imm_data != Some(next) {
+                    return Err(format!("expected message {next}, got {:?}", c.imm_data));
+                }
+                next += 1;
+                b.post_recv(RecvWr::empty(u64::from(next)))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        drop(b);
+        Ok((next, calls))
+    });
+    let mut in_flight = 0u32;
+    let mut out = Vec::with_capacity(DEPTH as usize);
+    let mut send_waits = 0;
+    for i in 0..N {
+        while in_flight == DEPTH {
+            out.clear();
+            let n = cq_a.wait_poll(&mut out, Some(common::WAIT)).unwrap();
+            assert!(n > 0, "send completions stalled at {i}");
+            send_waits += 1;
+            for c in &out {
+                c.result().unwrap();
+            }
+            in_flight -= n as u32;
+        }
+        a.post_send(SendWr::send(u64::from(i)).imm(i)).unwrap();
+        in_flight += 1;
+    }
+    while in_flight > 0 {
+        out.clear();
+        let n = cq_a.wait_poll(&mut out, Some(common::WAIT)).unwrap();
+        assert!(n > 0, "last send completions stalled");
+        in_flight -= n as u32;
+    }
+    let (received, calls) = receiver.join().unwrap().unwrap();
+    assert_eq!(received, N);
+    eprintln!(
+        "burst: {N} messages in {:?}; receiver wait_poll calls: {calls}, sender waits: {send_waits}",
+        start.elapsed()
+    );
+}
+
+/// Collects the events of `window`, printing them.
+fn events_for(evs: &mut AsyncEvents, tag: &str, window: Duration) -> Vec<AsyncEvent> {
+    let got = evs.collect_for(window).expect("async events");
+    eprintln!("[{tag}] {got:?}");
+    got
+}
+
+#[test]
+fn cq_overflow_raises_cq_err_naming_the_cq() {
+    let _g = serial();
+    let ctx = common::ctx();
+    let mut evs = ctx.async_events().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let small = Cq::new(&ctx, 1).unwrap();
+    let big = Cq::new(&ctx, 64).unwrap();
+    let gid = common::gid_index(&ctx);
+    let caps = QpCaps::default();
+    let mk = |scq: &Cq, rcq: &Cq| {
+        Qp::new(&pd, scq, rcq, caps)
+            .unwrap()
+            .init(InitAttr::new(1, common::all_remote()))
+            .unwrap()
+    };
+    let a = mk(&small, &big);
+    let mut b = mk(&big, &big);
+    b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
+    let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
+    let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
+    let mut a = a.connect(&eb, Some(gid)).unwrap();
+    let _b = b.connect(&ea, Some(gid)).unwrap();
+    for i in 0..8 {
+        a.post_send(SendWr::send(i)).unwrap();
+    }
+    let got = events_for(&mut evs, "cq overflow", Duration::from_secs(2));
+    let overflow = 8 - small.depth() as usize;
+    assert!(
+        got.iter()
+            .any(|e| *e == AsyncEvent::CqErr { cq: small.id() }),
+        "no CQ_ERR for the small CQ: {got:?}"
+    );
+    assert!(
+        got.iter().all(|e| e.cq() == Some(small.id())),
+        "unexpected events: {got:?}"
+    );
+    // rxe raises one per completion that did not fit.
+    assert_eq!(got.len(), overflow, "{got:?}");
+    assert!(got[0].to_string().contains("IBV_EVENT_CQ_ERR"));
+}
+
+#[test]
+fn qp_errors_raise_no_qp_event_on_rxe() {
+    let _g = serial();
+    // A QP moved to ERR by the user.
+    let p = common::pair(QpCaps::default());
+    let mut evs = p.ctx.async_events().unwrap();
+    let (qa, qb) = (p.a.qp_num(), p.b.qp_num());
+    let a = p.a.to_error().unwrap();
+    assert_eq!(a.query().unwrap().state, rdma_verbs::qp::QpStateKind::Err);
+    let got = events_for(&mut evs, "to_error", Duration::from_secs(1));
+    // Whatever a device reports must name our QPs; rxe reports nothing.
+    assert!(
+        got.iter()
+            .all(|e| e.qp_num().is_some_and(|q| q == qa || q == qb)),
+        "{got:?}"
+    );
+    assert!(
+        got.is_empty(),
+        "rxe raised {got:?} for a user-requested ERR"
+    );
+
+    // An RDMA WRITE with a bad rkey: both QPs go to ERR, the requester gets
+    // REM_ACCESS_ERR; rxe raises no QP_ACCESS_ERR / QP_REQ_ERR / QP_FATAL.
+    let mut p = common::pair(QpCaps::default());
+    let mut evs = p.ctx.async_events().unwrap();
+    let mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let bad = RemoteMr {
+        addr: 0x1000,
+        len: 64,
+        rkey: 0xdead,
+    };
+    p.a.post_send(SendWr::write(1, bad, 0).sge(mr)).unwrap();
+    let c = common::wait(&mut p.cq_a, 1);
+    assert_eq!(c[0].status, rdma_verbs::WcStatus::RemAccessErr);
+    let got = events_for(&mut evs, "bad rkey", Duration::from_secs(1));
+    let (qa, qb) = (p.a.qp_num(), p.b.qp_num());
+    assert!(
+        got.iter()
+            .all(|e| e.qp_num().is_some_and(|q| q == qa || q == qb)),
+        "{got:?}"
+    );
+    assert!(
+        got.is_empty(),
+        "rxe raised {got:?} for a remote access error"
+    );
+    assert_eq!(p.a.query().unwrap().state, rdma_verbs::qp::QpStateKind::Err);
+    assert_eq!(p.b.query().unwrap().state, rdma_verbs::qp::QpStateKind::Err);
+}
+
+/// Brings veth0 back up (and waits for the port) even when the test fails.
+struct LinkGuard<'a>(&'a Context);
+
+impl Drop for LinkGuard<'_> {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "set", "veth0", "up"]);
+        let _ = wait_port(self.0, PortState::Active);
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let st = Command::new("ip")
+        .args(args)
+        .status()
+        .map_err(|e| format!("cannot run ip {args:?}: {e}"))?;
+    st.success()
+        .then_some(())
+        .ok_or_else(|| format!("ip {args:?} failed: {st}"))
+}
+
+fn wait_port(ctx: &Context, want: PortState) -> Result<(), String> {
+    let t = Instant::now();
+    loop {
+        let st = ctx.query_port(1).map_err(|e| e.to_string())?.state;
+        if st == want {
+            return Ok(());
+        }
+        if t.elapsed() > common::WAIT {
+            return Err(format!("port 1 stayed {st:?}, expected {want:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn port_and_gid_events_follow_the_netdev() {
+    let _g = serial();
+    let ctx = common::ctx();
+    if std::env::var("RDMA_VERBS_DEVICE").ok().as_deref() != Some("rxe0") {
+        // Never take a real host's link down: this runs only in the guest.
+        panic!("this test toggles veth0 and needs the soft-RoCE guest (RDMA_VERBS_DEVICE=rxe0)");
+    }
+    let mut evs = ctx.async_events().unwrap();
+    let _ = events_for(&mut evs, "before", Duration::from_millis(200));
+    let guard = LinkGuard(&ctx);
+
+    ip(&["link", "set", "veth0", "down"]).unwrap();
+    wait_port(&ctx, PortState::Down).unwrap();
+    let got = events_for(&mut evs, "veth0 down", Duration::from_secs(1));
+    assert_eq!(got, vec![AsyncEvent::PortErr { port: 1 }]);
+
+    ip(&["link", "set", "veth0", "up"]).unwrap();
+    wait_port(&ctx, PortState::Active).unwrap();
+    let got = events_for(&mut evs, "veth0 up", Duration::from_secs(1));
+    assert!(!got.is_empty(), "no PORT_ACTIVE");
+    // rxe 6.1 raises PORT_ACTIVE twice for one `up`.
+    assert!(
+        got.iter().all(|e| *e == AsyncEvent::PortActive { port: 1 }),
+        "{got:?}"
+    );
+    drop(guard);
+
+    ip(&["addr", "add", "10.99.7.1/24", "dev", "veth0"]).unwrap();
+    let got = events_for(&mut evs, "addr add", Duration::from_secs(1));
+    let _ = ip(&["addr", "del", "10.99.7.1/24", "dev", "veth0"]);
+    assert!(
+        got.contains(&AsyncEvent::GidChange { port: 1 }),
+        "no GID_CHANGE on address add: {got:?}"
+    );
+    let got = events_for(&mut evs, "addr del", Duration::from_secs(1));
+    assert!(
+        got.contains(&AsyncEvent::GidChange { port: 1 }),
+        "no GID_CHANGE on address del: {got:?}"
+    );
+    // The device works again: a pair connects and exchanges a message.
+    let mut p = common::pair(QpCaps::default());
+    p.b.post_recv(RecvWr::empty(1)).unwrap();
+    p.a.post_send(SendWr::send(1)).unwrap();
+    common::wait(&mut p.cq_b, 1)[0].result().unwrap();
+}
