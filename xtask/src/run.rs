@@ -1,0 +1,204 @@
+//! `cargo xtask run` and `cargo xtask vm-exec`: run a command where an RDMA device exists.
+//!
+//! When the host has an RDMA device (`/sys/class/infiniband/*`), the command runs directly on
+//! the host. Otherwise it runs in a soft-RoCE guest ([`crate::vm`]), with `rxe0` on
+//! 10.99.0.1. Either way it runs in the caller's working directory, its output streams as it
+//! comes, and xtask exits with its exit status.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::cmd::{self, Waited};
+use crate::setup::{self, Verbosity};
+use crate::vm::{self, Failure, Topology};
+use crate::{Context, EXIT_TIMEOUT, Error, Result};
+
+/// Host variables the command sees in the guest, by exact name. PATH and HOME keep the host's
+/// paths working (the guest runs in the host's file tree).
+const PASS_NAMES: &[&str] = &[
+    "RUST_BACKTRACE",
+    "RUST_LOG",
+    "RUST_TEST_THREADS",
+    "PATH",
+    "HOME",
+];
+/// Host variables the command sees in the guest, by prefix. `CARGO_` carries what cargo sets
+/// for a test binary it runs (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...).
+const PASS_PREFIXES: &[&str] = &["RDMA_VERBS_", "CARGO_"];
+
+/// When set, `vm-exec` and `run` append one line per guest failure ("timeout" or "boot") to
+/// the file it names; `cargo xtask test` uses it to count guests that did not boot.
+pub const REPORT_ENV: &str = "XTASK_VM_REPORT";
+
+/// A command to run: program, arguments, working directory and environment.
+#[derive(Clone, Debug)]
+pub struct Invocation {
+    /// The program, as given (a path, or a name looked up in `PATH`).
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Its working directory (the same path in the guest).
+    pub cwd: PathBuf,
+    /// Its environment in the guest (the host runs it with the full environment instead).
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl Invocation {
+    /// `program args` in the current directory, with the host variables that pass through.
+    pub fn new(program: OsString, args: Vec<OsString>) -> Result<Self> {
+        let cwd = std::env::current_dir().context(|| "cannot read the current directory".into())?;
+        let env = std::env::vars_os()
+            .filter(|(name, _)| {
+                name.to_str().is_some_and(|n| {
+                    PASS_NAMES.contains(&n) || PASS_PREFIXES.iter().any(|p| n.starts_with(p))
+                })
+            })
+            .collect();
+        Ok(Self {
+            program,
+            args,
+            cwd,
+            env,
+        })
+    }
+
+    /// The program's absolute path: relative to `cwd` if it has a slash, else found in `PATH`.
+    pub fn resolved_program(&self) -> Option<PathBuf> {
+        let program = Path::new(&self.program);
+        if program.components().count() > 1 || program.is_absolute() {
+            return Some(self.cwd.join(program));
+        }
+        let path = self
+            .env
+            .iter()
+            .find(|(n, _)| n == "PATH")
+            .map(|(_, v)| v.clone())?;
+        std::env::split_paths(&path)
+            .map(|dir| self.cwd.join(dir).join(program))
+            .find(|p| cmd::is_executable(p))
+    }
+}
+
+/// `run [--timeout SECS] [--] CMD [ARGS...]`.
+pub fn run_command(args: Vec<OsString>) -> Result<u8> {
+    let mut timeout = None;
+    let mut rest = args.into_iter().peekable();
+    while let Some(arg) = rest.peek() {
+        let Some(flag) = arg.to_str() else { break };
+        if flag == "--" {
+            rest.next();
+            break;
+        } else if flag == "--timeout" {
+            rest.next();
+            let value = rest
+                .next()
+                .ok_or_else(|| Error::usage("--timeout needs a number of seconds"))?;
+            timeout = Some(parse_timeout(&value.to_string_lossy())?);
+        } else if let Some(value) = flag.strip_prefix("--timeout=") {
+            timeout = Some(parse_timeout(value)?);
+            rest.next();
+        } else if flag.starts_with('-') {
+            return Err(Error::usage(format!("unknown option {flag:?} for run")));
+        } else {
+            break;
+        }
+    }
+    let timeout = match timeout {
+        Some(t) => t,
+        None => crate::timeout_from_env()?,
+    };
+    let mut command = rest;
+    let Some(program) = command.next() else {
+        return Err(Error::usage("run: missing the command to run"));
+    };
+    execute(Invocation::new(program, command.collect())?, timeout)
+}
+
+/// `vm-exec CMD [ARGS...]`: like `run` without options, for use as a cargo target runner
+/// (cargo calls it with the test binary's path and the test arguments).
+pub fn vm_exec_command(args: Vec<OsString>) -> Result<u8> {
+    let mut command = args.into_iter();
+    let Some(program) = command.next() else {
+        return Err(Error::usage("vm-exec: missing the command to run"));
+    };
+    execute(
+        Invocation::new(program, command.collect())?,
+        crate::timeout_from_env()?,
+    )
+}
+
+/// Parses the value of `--timeout`.
+fn parse_timeout(value: &str) -> Result<Duration> {
+    crate::parse_secs(value).map_err(|e| Error::usage(format!("--timeout: {e}")))
+}
+
+/// Runs `inv` on the host if it has an RDMA device, else in a guest; returns its exit status.
+pub fn execute(inv: Invocation, timeout: Duration) -> Result<u8> {
+    let assets = setup::setup(Verbosity::Quiet)?;
+    let devices = host_rdma_devices();
+    if let Some(first) = devices.first() {
+        return run_on_host(&inv, first, timeout);
+    }
+    vm::run(&assets, &inv, Topology::Loopback, timeout).map_err(|(failure, error)| {
+        report_failure(failure);
+        error
+    })
+}
+
+/// Names of the host's RDMA devices, sorted.
+pub fn host_rdma_devices() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir("/sys/class/infiniband")
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Runs `inv` directly, with the full host environment; RDMA_VERBS_DEVICE defaults to
+/// `device` (a value the caller set wins, as does their RDMA_VERBS_ADDR if any).
+fn run_on_host(inv: &Invocation, device: &str, timeout: Duration) -> Result<u8> {
+    let mut command = Command::new(&inv.program);
+    command.args(&inv.args).current_dir(&inv.cwd);
+    if std::env::var_os("RDMA_VERBS_DEVICE").is_none() {
+        command.env("RDMA_VERBS_DEVICE", device);
+    }
+    let mut child = command
+        .spawn()
+        .context(|| format!("cannot run `{}`", cmd::display(&command)))?;
+    match cmd::wait_with_deadline(&mut child, timeout)? {
+        Waited::Exited(status) => Ok(cmd::shell_code(status)),
+        Waited::TimedOut => {
+            report_failure(Failure::Timeout);
+            Err(Error {
+                message: format!(
+                    "timed out after {} s (the command was killed)",
+                    timeout.as_secs()
+                ),
+                code: EXIT_TIMEOUT,
+            })
+        }
+    }
+}
+
+/// Appends the failure to the [`REPORT_ENV`] file, if the caller asked for one.
+fn report_failure(failure: Failure) {
+    let Some(path) = std::env::var_os(REPORT_ENV) else {
+        return;
+    };
+    let line = match failure {
+        Failure::Timeout => "timeout\n",
+        Failure::Boot => "boot\n",
+    };
+    if let Ok(mut file) = fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = file.write_all(line.as_bytes());
+    }
+}

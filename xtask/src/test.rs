@@ -1,0 +1,277 @@
+//! `cargo xtask test`: the whole test suite, with the device tests inside soft-RoCE guests.
+//!
+//! Steps, all run even when an earlier one fails, each given the extra arguments:
+//! 1. host tests: `cargo test --workspace --lib --bins --test <t>...` for every `tests/<t>.rs`
+//!    not named `vm_*`, then `cargo test --workspace --doc` (cargo cannot mix the two);
+//! 2. `cargo build --examples`, so the examples never rot;
+//! 3. device tests: `cargo test --test vm_a --test vm_b ...` with this binary's `vm-exec` as
+//!    the target runner, so each device test binary boots one guest (or runs on the host when
+//!    it has an RDMA device).
+//!
+//! cargo's output is shown as it comes; the `test result:` lines are summed into a final
+//! `xtask test: N passed, M failed` line.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::cmd::{self, output_checked};
+use crate::run::REPORT_ENV;
+use crate::setup::{self, Verbosity};
+use crate::{Context, Error, Result};
+
+/// Prefix of the integration tests (`tests/vm_*.rs`) that need an RDMA device.
+pub const DEVICE_TEST_PREFIX: &str = "vm_";
+
+/// Counts and failures collected over all steps.
+#[derive(Default)]
+struct Summary {
+    passed: u64,
+    failed: u64,
+    /// One line per failed step.
+    problems: Vec<String>,
+}
+
+impl Summary {
+    fn add(&mut self, step: &str, outcome: Result<Counts>) {
+        match outcome {
+            Ok(counts) => {
+                self.passed += counts.passed;
+                self.failed += counts.failed;
+                if !counts.success {
+                    self.problems.push(format!("{step}: cargo failed"));
+                }
+            }
+            Err(e) => self.problems.push(format!("{step}: {e}")),
+        }
+    }
+}
+
+/// What one cargo invocation reported.
+#[derive(Default)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    success: bool,
+}
+
+/// Runs the steps described in the module documentation; exits non-zero if any failed.
+pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
+    setup::setup(Verbosity::Quiet)?;
+    let root = crate::workspace_root();
+    let (host_tests, device_tests) = discover_tests(&root.join("tests"))?;
+    let mut summary = Summary::default();
+
+    let mut host = cargo(root);
+    host.args(["test", "--workspace", "--no-fail-fast", "--lib", "--bins"]);
+    for name in &host_tests {
+        host.args(["--test", name]);
+    }
+    summary.add("host tests", cargo_test(host.args(&extra)));
+
+    let mut doc = cargo(root);
+    doc.args(["test", "--workspace", "--no-fail-fast", "--doc"]);
+    summary.add("doc tests", cargo_test(doc.args(&extra)));
+
+    let mut examples = cargo(root);
+    examples.args(["build", "--examples"]);
+    summary.add("examples build", cargo_build(&mut examples));
+
+    if device_tests.is_empty() {
+        summary.problems.push(format!(
+            "no device tests found (tests/{DEVICE_TEST_PREFIX}*.rs)"
+        ));
+    } else {
+        let outcome = device_step(root, &device_tests, &extra, &mut summary.problems);
+        summary.add("device tests", outcome);
+    }
+
+    for problem in &summary.problems {
+        eprintln!("xtask test: FAILED: {problem}");
+    }
+    say!(
+        "xtask test: {} passed, {} failed",
+        summary.passed,
+        summary.failed
+    );
+    let ok = summary.problems.is_empty() && summary.failed == 0;
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// Integration test names under `tests/` (`x` for `x.rs` or `x/main.rs`), split into host
+/// tests and device tests, each sorted.
+fn discover_tests(dir: &Path) -> Result<(Vec<String>, Vec<String>)> {
+    let mut names: Vec<String> = match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let path = e.path();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if path.is_file() {
+                    name.strip_suffix(".rs").map(str::to_owned)
+                } else if path.join("main.rs").is_file() {
+                    Some(name)
+                } else {
+                    None
+                }
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Error::new(format!("cannot list {}: {e}", dir.display()))),
+    };
+    names.sort();
+    Ok(names
+        .into_iter()
+        .partition(|n| !n.starts_with(DEVICE_TEST_PREFIX)))
+}
+
+/// The device tests: cargo runs each test binary through `<this binary> vm-exec`.
+fn device_step(
+    root: &Path,
+    tests: &[String],
+    extra: &[OsString],
+    problems: &mut Vec<String>,
+) -> Result<Counts> {
+    let exe = std::env::current_exe().context(|| "cannot find the xtask binary".into())?;
+    let exe = exe
+        .to_str()
+        .filter(|s| !s.contains(char::is_whitespace))
+        .ok_or_else(|| {
+            Error::new(format!(
+                "cannot use {} as a cargo runner: cargo splits the runner on whitespace",
+                exe.display()
+            ))
+        })?;
+    let report = setup::vm_dir().join(format!("test-report-{}", std::process::id()));
+    let _ = fs::remove_file(&report);
+
+    let mut device = cargo(root);
+    device.args(["test", "--no-fail-fast"]);
+    for name in tests {
+        device.args(["--test", name]);
+    }
+    device
+        .args(extra)
+        .env(runner_env_var()?, format!("{exe} vm-exec"))
+        .env(REPORT_ENV, &report);
+    let counts = cargo_test(&mut device);
+
+    let failures = fs::read_to_string(&report).unwrap_or_default();
+    let _ = fs::remove_file(&report);
+    let timeouts = failures.lines().filter(|l| *l == "timeout").count();
+    let boots = failures.lines().filter(|l| *l == "boot").count();
+    if boots > 0 {
+        problems.push(format!("{boots} guest(s) failed to boot"));
+    }
+    if timeouts > 0 {
+        problems.push(format!("{timeouts} device test binary(ies) timed out"));
+    }
+    counts
+}
+
+/// `CARGO_TARGET_<HOST TRIPLE>_RUNNER`, the triple read from `rustc -vV`.
+fn runner_env_var() -> Result<String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = output_checked(Command::new(rustc).arg("-vV"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let triple = text
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .ok_or_else(|| Error::new("`rustc -vV` printed no host triple"))?;
+    Ok(format!(
+        "CARGO_TARGET_{}_RUNNER",
+        triple.trim().to_uppercase().replace(['-', '.'], "_")
+    ))
+}
+
+/// A cargo command (the cargo that runs us, if known) in the workspace root.
+fn cargo(root: &Path) -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(root);
+    c
+}
+
+/// Runs a `cargo build`, inheriting its output.
+fn cargo_build(command: &mut Command) -> Result<Counts> {
+    eprintln!("xtask test: {}", cmd::display(command));
+    let status = command
+        .status()
+        .context(|| format!("cannot run `{}`", cmd::display(command)))?;
+    Ok(Counts {
+        success: status.success(),
+        ..Counts::default()
+    })
+}
+
+/// Runs a `cargo test`, copying its stdout through line by line and summing its
+/// `test result:` lines; stderr (cargo's progress) is inherited.
+fn cargo_test(command: &mut Command) -> Result<Counts> {
+    eprintln!("xtask test: {}", cmd::display(command));
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .context(|| format!("cannot run `{}`", cmd::display(command)))?;
+    let mut counts = Counts::default();
+    if let Some(out) = child.stdout.take() {
+        let mut reader = BufReader::new(out);
+        let mut stdout = std::io::stdout();
+        let mut line = Vec::new();
+        while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
+            let _ = stdout.write_all(&line);
+            let _ = stdout.flush();
+            if let Some((passed, failed)) = parse_result_line(&String::from_utf8_lossy(&line)) {
+                counts.passed += passed;
+                counts.failed += failed;
+            }
+            line.clear();
+        }
+    }
+    let status = child
+        .wait()
+        .context(|| format!("cannot wait for `{}`", cmd::display(command)))?;
+    counts.success = status.success();
+    Ok(counts)
+}
+
+/// `(passed, failed)` from `test result: ok. 3 passed; 1 failed; 0 ignored; ...`.
+fn parse_result_line(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let (_, counts) = rest.split_once(". ")?;
+    let mut passed = None;
+    let mut failed = None;
+    for part in counts.split(';') {
+        let mut words = part.split_whitespace();
+        let (Some(n), Some(what)) = (words.next(), words.next()) else {
+            continue;
+        };
+        match (n.parse::<u64>(), what) {
+            (Ok(n), "passed") => passed = Some(n),
+            (Ok(n), "failed") => failed = Some(n),
+            _ => {}
+        }
+    }
+    Some((passed?, failed?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_test_result_lines() {
+        assert_eq!(
+            parse_result_line(
+                "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; \
+                 finished in 0.01s\n"
+            ),
+            Some((12, 0))
+        );
+        assert_eq!(
+            parse_result_line("test result: FAILED. 3 passed; 2 failed; 0 ignored"),
+            Some((3, 2))
+        );
+        assert_eq!(parse_result_line("running 3 tests"), None);
+    }
+}
