@@ -129,90 +129,103 @@ fn inline_over_the_limit_is_refused_before_posting() {
     );
 }
 
+/// `data` copied into `nsge` freshly registered buffers, in order.
+fn source_buffers(p: &common::Pair, data: &[u8], nsge: usize) -> Vec<Mr> {
+    let mut off = 0;
+    pieces(data.len(), nsge)
+        .into_iter()
+        .map(|part| {
+            let mut mr = mr_exact(p, part, AccessFlags::empty());
+            mr.write_at(0, &data[off..off + part]).unwrap();
+            off += part;
+            mr
+        })
+        .collect()
+}
+
 #[test]
-fn rdma_write_and_write_with_imm_every_size() {
+fn rdma_write_and_write_with_imm_every_size_and_sge_count() {
     let mut p = pair(caps(2));
+    let region = 2 << 20;
     let target =
-        p.pd.alloc_mr(
-            1 << 20,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )
-        .unwrap();
+        p.pd.alloc_mr(region, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let remote = target.remote();
-    for (k, &len) in SIZES.iter().enumerate() {
-        let data = pattern(len, 50 + k as u8);
-        let off = (k as u64) * 3; // unaligned offsets too
-        let len_in = len.min((1 << 20) - off as usize);
-        let data = &data[..len_in];
-        p.b.post_recv(RecvWr::empty(k as u64)).unwrap();
-        let mut src = mr_exact(&p, len_in, AccessFlags::empty());
-        src.as_mut_slice().unwrap().copy_from_slice(data);
-        let mut wr = SendWr::write(k as u64, remote, off).imm(k as u32 + 1);
-        if len_in >= 2 {
-            let tail = src.split_off(len_in / 2).unwrap();
-            wr = wr.sge(src).sge(tail);
-        } else {
-            wr = wr.sge(src);
+    for nsge in [1usize, 2] {
+        for (k, &len) in SIZES.iter().enumerate() {
+            let data = pattern(len, 50 + k as u8 + nsge as u8);
+            let off = (k as u64) * 3 + nsge as u64; // unaligned offsets too
+            let id = (nsge * 100 + k) as u64;
+            p.b.post_recv(RecvWr::empty(id)).unwrap();
+            let mut wr = SendWr::write(id, remote, off).imm(id as u32);
+            for mr in source_buffers(&p, &data, nsge) {
+                wr = wr.sge(mr);
+            }
+            p.a.post_send(wr).unwrap();
+            let mut sc = wait(&mut p.cq_a, 1);
+            assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
+            assert_eq!(sc[0].opcode, WcOpcode::RdmaWrite);
+            assert_eq!(sc[0].take_buffers().len(), nsge, "source buffers come back");
+            let rc = wait(&mut p.cq_b, 1);
+            assert_eq!(rc[0].status, WcStatus::Success);
+            assert_eq!(rc[0].opcode, WcOpcode::RecvRdmaWithImm);
+            assert_eq!(rc[0].imm_data, Some(id as u32));
+            let mut got = vec![0u8; len];
+            target.read_at(off as usize, &mut got).unwrap();
+            assert_eq!(got, data, "write of {len} bytes at {off} from {nsge} SGEs");
         }
-        p.a.post_send(wr).unwrap();
-        let sc = wait(&mut p.cq_a, 1);
-        assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
-        assert_eq!(sc[0].opcode, WcOpcode::RdmaWrite);
-        let rc = wait(&mut p.cq_b, 1);
-        assert_eq!(rc[0].status, WcStatus::Success);
-        assert_eq!(rc[0].opcode, WcOpcode::RecvRdmaWithImm);
-        assert_eq!(rc[0].imm_data, Some(k as u32 + 1));
-        let mut got = vec![0u8; len_in];
-        target.read_at(off as usize, &mut got).unwrap();
-        assert_eq!(got, data, "write of {len_in} bytes at {off}");
     }
     // Plain WRITE (no immediate, no receive consumed).
-    let mut src = p.pd.alloc_mr(16, AccessFlags::empty()).unwrap();
-    src.as_mut_slice()
-        .unwrap()
-        .copy_from_slice(b"0123456789abcdef");
+    let src = source_buffers(&p, b"0123456789abcdef", 1).pop().unwrap();
     p.a.post_send(SendWr::write(99, remote, 100).sge(src))
         .unwrap();
     assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
     let mut got = [0u8; 16];
     target.read_at(100, &mut got).unwrap();
     assert_eq!(&got, b"0123456789abcdef");
+    let mut out = Vec::with_capacity(1);
+    assert_eq!(
+        p.cq_b.poll(&mut out).unwrap(),
+        0,
+        "a plain WRITE consumes no receive"
+    );
 }
 
 #[test]
-fn rdma_read_every_size() {
+fn rdma_read_every_size_and_sge_count() {
     let mut p = pair(caps(2));
+    let region = 2 << 20;
     let mut source =
-        p.pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        p.pd.alloc_mr(region, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
             .unwrap();
-    let all = pattern(1 << 20, 9);
+    let all = pattern(region, 9);
     source.as_mut_slice().unwrap().copy_from_slice(&all);
     let remote = source.remote();
-    for (k, &len) in SIZES.iter().enumerate() {
-        let off = (k * 7).min((1 << 20) - len);
-        let mut dest = mr_exact(&p, len, AccessFlags::LOCAL_WRITE);
-        let mut wr = SendWr::read(
-            k as u64,
-            mr_exact(&p, 0, AccessFlags::LOCAL_WRITE),
-            remote,
-            off as u64,
-        );
-        if len >= 2 {
-            let tail = dest.split_off(len / 2).unwrap();
-            wr = SendWr::read(k as u64, dest, remote, off as u64).sge(tail);
-        } else if len == 1 {
-            wr = SendWr::read(k as u64, dest, remote, off as u64);
+    for nsge in [1usize, 2] {
+        for (k, &len) in SIZES.iter().enumerate() {
+            let off = k * 7 + nsge;
+            let mut dests = pieces(len, nsge)
+                .into_iter()
+                .map(|n| mr_exact(&p, n, AccessFlags::LOCAL_WRITE));
+            let mut wr = SendWr::read(k as u64, dests.next().unwrap(), remote, off as u64);
+            for d in dests {
+                wr = wr.sge(d);
+            }
+            p.a.post_send(wr).unwrap();
+            let mut sc = wait(&mut p.cq_a, 1);
+            assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
+            assert_eq!(sc[0].opcode, WcOpcode::RdmaRead);
+            let got: Vec<u8> = sc[0]
+                .take_buffers()
+                .into_iter()
+                .flat_map(|b| b.into_mr().unwrap().to_vec().unwrap())
+                .collect();
+            assert_eq!(
+                got,
+                &all[off..off + len],
+                "read of {len} bytes at {off} into {nsge} SGEs"
+            );
         }
-        p.a.post_send(wr).unwrap();
-        let mut sc = wait(&mut p.cq_a, 1);
-        assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
-        assert_eq!(sc[0].opcode, WcOpcode::RdmaRead);
-        let got: Vec<u8> = sc[0]
-            .take_buffers()
-            .into_iter()
-            .flat_map(|b| b.into_mr().unwrap().to_vec().unwrap())
-            .collect();
-        assert_eq!(got, &all[off..off + len], "read of {len} bytes at {off}");
     }
 }
 
