@@ -250,7 +250,7 @@ impl CompletionChannel {
     /// (`None`: forever). Returns the CQ's id, or `None` when the time ran out.
     /// See [`try_next`](Self::try_next) for what happens to the event.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Option<CqId>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(deadline_after);
         loop {
             if let Some(id) = self.try_next()? {
                 return Ok(Some(id));
@@ -307,6 +307,15 @@ pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
 
 /// Waits until `fd` is readable or `deadline` passes (`None`: no deadline).
 /// `Ok(true)`: readable (or interrupted: the caller retries), `Ok(false)`: timed out.
+/// `now + timeout`, saturating far in the future instead of overflowing
+/// (a huge timeout means "practically forever", not a panic).
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(1 << 32)))
+        .unwrap_or(now)
+}
+
 pub(crate) fn poll_readable(fd: RawFd, deadline: Option<Instant>) -> io::Result<bool> {
     let ms = match deadline {
         None => -1,
@@ -437,7 +446,7 @@ impl Cq {
         if out.len() == out.capacity() {
             out.reserve(32);
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(deadline_after);
         loop {
             let n = self.poll(out)?;
             if n > 0 {

@@ -90,6 +90,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::channel::deadline_after;
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::enums::c_enum;
@@ -649,15 +650,6 @@ fn poll_readable(fd: RawFd, timeout: Duration) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// `now + timeout`, saturating far in the future instead of overflowing
-/// (a huge timeout means "practically forever", not a panic).
-fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(1 << 32)))
-        .unwrap_or(now)
 }
 
 fn ms(timeout: Duration) -> i32 {

@@ -257,7 +257,16 @@ impl Drop for CqInner {
             }
         }
         // SAFETY: every QP using this CQ holds an Arc to it, so none is left.
-        unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
+        let rc = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
+        if rc != 0 {
+            // The CQ survives (a QP still uses it): keep everything it may reach.
+            let graveyard =
+                std::mem::take(self.graveyard.get_mut().unwrap_or_else(|p| p.into_inner()));
+            std::mem::forget(graveyard);
+            std::mem::forget(self.events.take());
+            std::mem::forget(self.channel.take());
+            return;
+        }
         if let Some(ch) = &self.channel {
             ch.inner.detach();
         }
@@ -390,15 +399,21 @@ impl Cq {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let n = dead.min(g.len());
-        g.drain(..n);
+        let reaped: Vec<_> = g.drain(..n).collect();
         self.inner.dead.store(g.len(), Ordering::Release);
+        drop(g);
+        // Dropped outside the lock: releasing buffers may run arbitrary Drop code
+        // (e.g. a device-memory keepalive) that could bury another QP here.
+        drop(reaped);
     }
 
     /// Polls raw work completions (`ibv_poll_cq`) without interpreting `wr_id`.
     ///
-    /// For completions of [`crate::qp::Qp::post_send_raw`] work requests.
-    /// Safe-path completions consumed here do not return their buffers: those
-    /// stay with the QP until it is destroyed.
+    /// For completions of work requests posted with `post_send_raw` /
+    /// `post_recv_raw`. Safe-path completions consumed here do not hand their
+    /// buffers back: they stay in the QP's ring until a later completion on the
+    /// same queue polled with [`Cq::poll`] sweeps them (queues complete in
+    /// order), or the QP is destroyed.
     pub fn poll_raw(&mut self, wcs: &mut [ffi::ibv_wc]) -> Result<usize> {
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: valid CQ; wcs has room for n entries.
@@ -418,8 +433,8 @@ impl Cq {
         n: usize,
         timeout: std::time::Duration,
     ) -> Result<()> {
-        let target = out.len() + n;
-        out.reserve(n);
+        let target = out.len().saturating_add(n);
+        out.reserve(n.min(self.depth() as usize));
         let start = std::time::Instant::now();
         while out.len() < target {
             if self.poll(out)? == 0 && start.elapsed() > timeout {

@@ -27,7 +27,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use crate::channel::{CqId, poll_readable, set_nonblocking};
+use crate::channel::{CqId, deadline_after, poll_readable, set_nonblocking};
 use crate::context::Context;
 use crate::error::{Error, Result, last_errno};
 use crate::ffi;
@@ -401,7 +401,7 @@ impl AsyncEvents {
     /// Sleeps until an event arrives or `timeout` (`None`: forever) passes;
     /// `None` on timeout.
     pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(deadline_after);
         loop {
             if let Some(ev) = self.try_next()? {
                 return Ok(Some(ev));
@@ -417,7 +417,7 @@ impl AsyncEvents {
 
     /// Every event that arrives within `window` (for tests and diagnostics).
     pub fn collect_for(&mut self, window: Duration) -> Result<Vec<AsyncEvent>> {
-        let end = Instant::now() + window;
+        let end = deadline_after(window);
         let mut out = Vec::new();
         loop {
             let left = end.saturating_duration_since(Instant::now());

@@ -63,9 +63,12 @@ bitflags::bitflags! {
 }
 
 impl AccessFlags {
-    /// True when a peer can change the memory (REMOTE_WRITE or REMOTE_ATOMIC).
+    /// True when a peer can change the memory: REMOTE_WRITE, REMOTE_ATOMIC, or
+    /// MW_BIND (a memory window bound to it may grant remote write).
     pub fn remotely_writable(self) -> bool {
-        self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        self.intersects(
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::MW_BIND,
+        )
     }
 }
 
@@ -76,6 +79,8 @@ pub(crate) enum Backing {
     /// Memory owned elsewhere (e.g. a CUDA allocation), kept alive by the box.
     /// Not host-accessible.
     Device(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+    /// Deregistration failed: the memory was deliberately leaked.
+    Leaked,
 }
 
 /// One `ibv_mr` and its memory. Shared by all `Mr` pieces cut from it.
@@ -98,7 +103,13 @@ impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: raw came from a reg_mr call; no QP holds a piece (leases hold
         // an Arc to this region), so the NIC no longer touches the memory.
-        unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+        let rc = unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+        if rc != 0 {
+            // Still registered: the NIC (or a peer holding the rkey) may reach the
+            // memory, so it must never be freed. Leak it.
+            std::mem::forget(std::mem::replace(&mut self.backing, Backing::Leaked));
+            return;
+        }
         if let Backing::Heap(layout) = self.backing {
             // SAFETY: ptr was allocated with exactly this layout; deregistered above.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
@@ -270,7 +281,7 @@ impl Mr {
         match self.region.backing {
             // SAFETY: off <= region len, so the result stays inside the allocation.
             Backing::Heap(_) => Ok(unsafe { self.region.ptr.as_ptr().add(self.off) }),
-            Backing::Device(_) => Err(Error::InvalidArgument {
+            Backing::Device(_) | Backing::Leaked => Err(Error::InvalidArgument {
                 what: "memory access",
                 reason: "this region is device (GPU) memory; copy it with the CUDA API".into(),
             }),
@@ -544,7 +555,15 @@ impl RemoteMr {
     /// Checks that `[offset, offset+len)` lies inside the region and returns its address.
     pub fn checked_addr(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(self.addr + offset),
+            Some(end) if end <= self.len => {
+                self.addr
+                    .checked_add(offset)
+                    .ok_or(Error::RemoteOutOfBounds {
+                        offset,
+                        len,
+                        region_len: self.len,
+                    })
+            }
             _ => Err(Error::RemoteOutOfBounds {
                 offset,
                 len,

@@ -482,3 +482,24 @@ fn dropping_qps_and_cqs_with_work_in_flight_is_safe() {
         }
     }
 }
+
+#[test]
+fn cqs_of_another_context_are_refused() {
+    // The kernel resolves CQ handles in the PD's context, so a CQ of another
+    // device open would silently name a different CQ: refuse it up front.
+    let a = ctx();
+    let b = ctx();
+    let pd = Pd::new(&a).unwrap();
+    let cq_a = Cq::new(&a, 16).unwrap();
+    let cq_b = Cq::new(&b, 16).unwrap();
+    for (s, r) in [(&cq_b, &cq_b), (&cq_a, &cq_b), (&cq_b, &cq_a)] {
+        match Qp::new(&pd, s, r, caps()) {
+            Err(Error::InvalidArgument {
+                what: "completion queue",
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    Qp::new(&pd, &cq_a, &cq_a, caps()).expect("same context is fine");
+}

@@ -59,6 +59,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod attr;
+mod post;
 pub(crate) mod ring;
 pub mod state;
 pub mod wr;
@@ -114,8 +115,13 @@ unsafe impl Sync for QpCore {}
 impl Drop for QpCore {
     fn drop(&mut self) {
         // SAFETY: raw is a live QP owned by this core. After ibv_destroy_qp returns
-        // the NIC no longer touches its buffers. A failure is ignored (never panic).
-        unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
+        // the NIC no longer touches its buffers.
+        let rc = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
+        if rc != 0 {
+            // The QP survives, so its buffers and rings must too: leak them.
+            std::mem::forget(self.rings.clone());
+            return;
+        }
         self.bury_rings();
     }
 }
@@ -250,6 +256,18 @@ impl Qp<Rc, Reset> {
 
 impl<T: QpType> Qp<T, Reset> {
     fn create(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<T, Reset>> {
+        // The kernel resolves CQ handles in the PD's context: a CQ of another
+        // context would silently name some other CQ there.
+        let ctx = pd.context().as_raw();
+        // SAFETY: both CQs are live; `context` is a plain field set at creation.
+        let same =
+            unsafe { (*send_cq.as_raw()).context == ctx && (*recv_cq.as_raw()).context == ctx };
+        if !same {
+            return Err(Error::InvalidArgument {
+                what: "completion queue",
+                reason: "the PD and both CQs must come from the same Context (device open)".into(),
+            });
+        }
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: send_cq.as_raw(),
             recv_cq: recv_cq.as_raw(),
@@ -572,38 +590,29 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
                     failed = Some((e, wr.wr_id, wr.bufs));
                     break;
                 }
-                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
-                let mut num = 0;
-                for (i, b) in wr.bufs.iter().enumerate() {
-                    sges[i] = b.sge();
-                    num += 1;
-                }
+                let num_sge = post::fill_sges(&wr.bufs, &mut c_sges[n * ring::MAX_SAFE_SGES..]);
                 // SAFETY: producer side (&mut self), space checked above.
                 let slot = unsafe { rings.rq.fill(self.core.rq_head, wr.wr_id, wr.bufs) };
                 c_wrs[n] = ffi::ibv_recv_wr {
                     wr_id: slot,
-                    next: std::ptr::null_mut(),
-                    sg_list: sges.as_mut_ptr(),
-                    num_sge: num,
+                    num_sge,
+                    ..Default::default()
                 };
                 self.core.rq_head += 1;
                 n += 1;
             }
             if n > 0 {
-                for i in 0..n - 1 {
-                    c_wrs[i].next = &mut c_wrs[i + 1];
-                }
+                let head = post::link(&mut c_wrs, &mut c_sges, n);
                 let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
                 // SAFETY: valid QP; the chain and its SGEs live on this stack frame,
                 // every SGE points into a buffer now owned by a ring slot.
-                let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), c_wrs.as_mut_ptr(), &mut bad) };
+                let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), head, &mut bad) };
                 if rc != 0 {
-                    let bad_idx = if bad.is_null() {
-                        0
-                    } else {
-                        (bad as usize - c_wrs.as_ptr() as usize) / size_of::<ffi::ibv_recv_wr>()
-                    };
-                    let unposted = self.rollback_recv(first_seq + bad_idx as u64, failed, wrs);
+                    // Requests from `bad` on were refused; if the provider did not say
+                    // which, keep them all in the ring (the NIC may own some).
+                    let from = post::bad_index(bad, head, n)
+                        .map_or(self.core.rq_head, |i| first_seq + i as u64);
+                    let unposted = self.rollback_recv(from, failed, wrs);
                     return Err(PostError {
                         error: Error::verb("ibv_post_recv", errno(rc)),
                         unposted,
@@ -643,7 +652,8 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     /// LOCAL_WRITE, that stays valid, and that nothing reads or writes, until
     /// the request's completion is polled (or the QP is destroyed). The
     /// completions must be polled with [`Cq::poll_raw`](crate::Cq::poll_raw),
-    /// never [`Cq::poll`](crate::Cq::poll), because `wr_id` is yours.
+    /// never [`Cq::poll`](crate::Cq::poll), because `wr_id` is yours; do not mix
+    /// with the safe path on the same CQ.
     pub unsafe fn post_recv_raw(&mut self, wr: &mut ffi::ibv_recv_wr) -> Result<()> {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
@@ -696,57 +706,47 @@ impl<T: QpType> Qp<T, Rts> {
                 let c = &mut c_wrs[n];
                 *c = ffi::ibv_send_wr::default();
                 wr.fill_ffi(c);
+                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
                 if in_flight + 1 == sq.depth() && !caps.sq_sig_all {
                     // The last free slot: ask for a completion so the ring drains.
                     c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
                 }
-                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
-                let mut num = 0;
-                if let Some(data) = wr.inline_data {
+                c.num_sge = match wr.inline_data {
                     // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
-                    if !data.is_empty() {
+                    Some(data) if !data.is_empty() => {
                         sges[0] = ffi::ibv_sge {
                             addr: data.as_ptr() as u64,
                             length: data.len() as u32,
                             lkey: 0,
                         };
-                        num = 1;
+                        1
                     }
-                } else {
-                    for (i, b) in wr.bufs.iter().enumerate() {
-                        sges[i] = b.sge();
-                        num += 1;
-                    }
-                }
-                c.sg_list = sges.as_mut_ptr();
-                c.num_sge = num;
+                    Some(_) => 0,
+                    None => post::fill_sges(&wr.bufs, sges),
+                };
                 // SAFETY: producer side (&mut self), space checked above.
                 c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, wr.bufs) };
                 self.core.sq_head += 1;
                 n += 1;
             }
             if n > 0 {
-                for i in 0..n - 1 {
-                    c_wrs[i].next = &mut c_wrs[i + 1];
-                }
-                c_wrs[n - 1].next = std::ptr::null_mut();
+                let head = post::link(&mut c_wrs, &mut c_sges, n);
                 let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
                 // SAFETY: valid QP; the chain and SGE array live on this stack frame;
                 // every SGE points into a buffer owned by a ring slot or into inline
                 // data borrowed for this call.
-                let rc = unsafe { ffi::ibv_post_send(self.as_raw(), c_wrs.as_mut_ptr(), &mut bad) };
+                let rc = unsafe { ffi::ibv_post_send(self.as_raw(), head, &mut bad) };
                 if rc != 0 {
-                    let bad_idx = if bad.is_null() {
-                        0
-                    } else {
-                        (bad as usize - c_wrs.as_ptr() as usize) / size_of::<ffi::ibv_send_wr>()
-                    };
+                    // Requests from `bad` on were refused; if the provider did not say
+                    // which, keep them all in the ring (the NIC may own some).
+                    let from = post::bad_index(bad, head, n)
+                        .map_or(self.core.sq_head, |i| first_seq + i as u64);
                     let mut unposted = Vec::new();
-                    for seq in first_seq + bad_idx as u64..self.core.sq_head {
+                    for seq in from..self.core.sq_head {
                         // SAFETY: producer side; the device refused these requests.
                         unposted.push(unsafe { self.core.rings.sq.unfill(seq) });
                     }
-                    self.core.sq_head = first_seq + bad_idx as u64;
+                    self.core.sq_head = from;
                     unposted.extend(failed.map(|(_, id, b)| (id, b)));
                     unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
                     return Err(PostError {

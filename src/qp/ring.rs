@@ -112,6 +112,22 @@ impl Sges {
         self.items[..self.len].iter().flatten()
     }
 
+    /// Refuses a buffer whose length does not fit an SGE's 32-bit length field
+    /// (it would be truncated, and the NIC would address a different range).
+    pub(crate) fn check_lengths(&self) -> crate::Result<()> {
+        match self.iter().find(|b| b.len() > u32::MAX as usize) {
+            Some(b) => Err(crate::Error::InvalidArgument {
+                what: "buffer length",
+                reason: format!(
+                    "{} bytes do not fit one SGE (at most {} bytes); split the buffer",
+                    b.len(),
+                    u32::MAX
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn all_owned(&self) -> bool {
         self.iter().all(|b| matches!(b, Buffer::Owned(_)))
     }

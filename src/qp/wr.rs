@@ -186,6 +186,7 @@ impl<'a> SendWr<'a> {
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
         }
+        self.bufs.check_lengths()?;
         if let Some(data) = self.inline_data {
             if !self.bufs.is_empty() {
                 return Err(invalid(
@@ -256,7 +257,9 @@ impl<'a> SendWr<'a> {
         }
     }
 
-    /// Fills the C work request (sg_list and next are set by the caller).
+    /// Fills the C work request (sg_list and next are set by the caller). Call
+    /// after [`validate`](Self::validate), which checked that the remote
+    /// address arithmetic does not overflow.
     pub(crate) fn fill_ffi(&self, wr: &mut ffi::ibv_send_wr) {
         use SendOp::*;
         wr.send_flags = self.flags;
@@ -278,7 +281,7 @@ impl<'a> SendWr<'a> {
                 _,
             ) => {
                 wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr + offset,
+                    remote_addr: remote.addr.wrapping_add(offset),
                     compare_add: compare,
                     swap,
                     rkey: remote.rkey,
@@ -294,7 +297,7 @@ impl<'a> SendWr<'a> {
                 _,
             ) => {
                 wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr + offset,
+                    remote_addr: remote.addr.wrapping_add(offset),
                     compare_add: add,
                     swap: 0,
                     rkey: remote.rkey,
@@ -305,7 +308,7 @@ impl<'a> SendWr<'a> {
         wr.opcode = opcode;
         if let Some((remote, offset)) = rdma {
             wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                remote_addr: remote.addr + offset,
+                remote_addr: remote.addr.wrapping_add(offset),
                 rkey: remote.rkey,
             };
         }
@@ -355,10 +358,9 @@ impl RecvWr {
         let n = self.bufs.len() + self.bufs.overflow;
         let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
         if n > max {
-            Err(Error::TooManySges { requested: n, max })
-        } else {
-            Ok(())
+            return Err(Error::TooManySges { requested: n, max });
         }
+        self.bufs.check_lengths()
     }
 }
 

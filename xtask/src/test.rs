@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the whole test suite, with the device tests inside soft-RoCE guests.
 //!
-//! Steps, all run even when an earlier one fails, each given the extra arguments:
+//! Steps, all run even when an earlier one fails, each with `--all-features` (so the `gdr`
+//! code is built and tested too) and the extra arguments:
 //! 1. host tests: `cargo test --workspace --lib --bins --test <t>...` for every `tests/<t>.rs`
 //!    not named `vm_*`, then `cargo test --workspace --doc` (cargo cannot mix the two);
 //! 2. `cargo build --examples`, so the examples never rot;
@@ -65,18 +66,31 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
     let mut summary = Summary::default();
 
     let mut host = cargo(root);
-    host.args(["test", "--workspace", "--no-fail-fast", "--lib", "--bins"]);
+    host.args([
+        "test",
+        "--workspace",
+        "--all-features",
+        "--no-fail-fast",
+        "--lib",
+        "--bins",
+    ]);
     for name in &host_tests {
         host.args(["--test", name]);
     }
     summary.add("host tests", cargo_test(host.args(&extra)));
 
     let mut doc = cargo(root);
-    doc.args(["test", "--workspace", "--no-fail-fast", "--doc"]);
+    doc.args([
+        "test",
+        "--workspace",
+        "--all-features",
+        "--no-fail-fast",
+        "--doc",
+    ]);
     summary.add("doc tests", cargo_test(doc.args(&extra)));
 
     let mut examples = cargo(root);
-    examples.args(["build", "--examples"]);
+    examples.args(["build", "--all-features", "--examples"]);
     summary.add("examples build", cargo_build(&mut examples));
 
     if device_tests.is_empty() {
@@ -148,7 +162,7 @@ fn device_step(
     let _ = fs::remove_file(&report);
 
     let mut device = cargo(root);
-    device.args(["test", "--no-fail-fast"]);
+    device.args(["test", "--all-features", "--no-fail-fast"]);
     for name in tests {
         device.args(["--test", name]);
     }

@@ -1,0 +1,100 @@
+//! Building chained C work-request lists for the safe post path.
+//!
+//! The arrays live on the poster's stack. Every pointer handed to C (`next`,
+//! `sg_list`, the list head) is derived from one raw base pointer per array,
+//! taken after the last write through a Rust reference, so the pointers stay
+//! valid under Rust's aliasing rules while C reads them.
+
+use std::ptr;
+
+use crate::ffi;
+use crate::qp::ring::{MAX_SAFE_SGES, Sges};
+
+/// A C work request that can be chained (`ibv_send_wr`, `ibv_recv_wr`).
+pub(crate) trait ChainedWr: Copy + Default {
+    /// Sets `next` and `sg_list` of the request at `wr`.
+    ///
+    /// # Safety
+    /// `wr` points to a live request.
+    unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge);
+}
+
+impl ChainedWr for ffi::ibv_send_wr {
+    unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            (*wr).next = next;
+            (*wr).sg_list = sges;
+        }
+    }
+}
+
+impl ChainedWr for ffi::ibv_recv_wr {
+    unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            (*wr).next = next;
+            (*wr).sg_list = sges;
+        }
+    }
+}
+
+/// Writes the SGEs of `bufs` into `out`, skipping empty buffers (some hardware
+/// reads a zero length as 2 GiB), and returns how many were written.
+pub(crate) fn fill_sges(bufs: &Sges, out: &mut [ffi::ibv_sge]) -> i32 {
+    let mut n = 0;
+    for b in bufs.iter().filter(|b| !b.is_empty()) {
+        out[n] = b.sge();
+        n += 1;
+    }
+    n as i32
+}
+
+/// Chains the first `n` requests of `wrs`, request `i` using the SGE block
+/// `sges[i * MAX_SAFE_SGES..]`, and returns the head of the list.
+pub(crate) fn link<W: ChainedWr>(wrs: &mut [W], sges: &mut [ffi::ibv_sge], n: usize) -> *mut W {
+    assert!(n <= wrs.len() && n * MAX_SAFE_SGES <= sges.len());
+    let w = wrs.as_mut_ptr();
+    let s = sges.as_mut_ptr();
+    for i in 0..n {
+        let next = if i + 1 < n {
+            w.wrapping_add(i + 1)
+        } else {
+            ptr::null_mut()
+        };
+        // SAFETY: i < n <= wrs.len(), and the SGE block offset is inside `sges`.
+        unsafe { W::link(w.add(i), next, s.add(i * MAX_SAFE_SGES)) };
+    }
+    w
+}
+
+/// Position of `bad` in the list of `n` requests starting at `head`, or `None`
+/// when the provider pointed elsewhere (or nowhere).
+pub(crate) fn bad_index<W>(bad: *mut W, head: *mut W, n: usize) -> Option<usize> {
+    let offset = (bad as usize).checked_sub(head as usize)?;
+    let size = size_of::<W>();
+    (offset % size == 0 && offset / size < n).then_some(offset / size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_a_chain_and_finds_bad_entries() {
+        let mut wrs = [ffi::ibv_recv_wr::default(); 4];
+        let mut sges = [ffi::ibv_sge::default(); 4 * MAX_SAFE_SGES];
+        let head = link(&mut wrs, &mut sges, 3);
+        // SAFETY: reading back what link wrote into the live arrays.
+        unsafe {
+            assert_eq!((*head).next, head.add(1));
+            assert_eq!((*head.add(1)).next, head.add(2));
+            assert!((*head.add(2)).next.is_null());
+            assert_eq!((*head.add(1)).sg_list, sges.as_mut_ptr().add(MAX_SAFE_SGES));
+            assert_eq!(bad_index(head.add(2), head, 3), Some(2));
+            assert_eq!(bad_index(head.add(3), head, 3), None);
+        }
+        assert_eq!(bad_index(ptr::null_mut(), head, 3), None);
+        assert_eq!(bad_index(head.wrapping_byte_add(3), head, 3), None);
+    }
+}
