@@ -1096,20 +1096,7 @@ impl CmId {
         // SAFETY: valid id under its lock; plain fields.
         let (verbs, port) = unsafe { ((*id).verbs, (*id).port_num) };
         check_same_device(verbs, pd, &[send_cq, recv_cq])?;
-        let mut init = ffi::ibv_qp_init_attr {
-            send_cq: send_cq.as_raw(),
-            recv_cq: recv_cq.as_raw(),
-            cap: ffi::ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
-                max_inline_data: caps.max_inline_data,
-            },
-            qp_type: ffi::IBV_QPT_RC,
-            sq_sig_all: i32::from(caps.sq_sig_all),
-            ..Default::default()
-        };
+        let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), ffi::IBV_QPT_RC);
         // SAFETY: valid id (under its lock), PD and CQs of its device; init is
         // fully initialised and receives the granted caps. The id's previous PD
         // is restored and id->qp cleared below (see the module docs).
@@ -1140,13 +1127,11 @@ impl CmId {
             }
         };
         // The rings never hold more than asked for, even if the device rounded up.
+        let granted = caps.granted(&init);
         let granted = QpCaps {
-            max_send_wr: caps.max_send_wr.min(init.cap.max_send_wr),
-            max_recv_wr: caps.max_recv_wr.min(init.cap.max_recv_wr),
-            max_send_sge: init.cap.max_send_sge,
-            max_recv_sge: init.cap.max_recv_sge,
-            max_inline_data: init.cap.max_inline_data,
-            sq_sig_all: caps.sq_sig_all,
+            max_send_wr: caps.max_send_wr.min(granted.max_send_wr),
+            max_recv_wr: caps.max_recv_wr.min(granted.max_recv_wr),
+            ..granted
         };
         let keepalive: Box<dyn std::any::Any + Send + Sync> = Box::new(self.inner.clone());
         // SAFETY: rdma_create_qp just created this RC QP in `pd` with these CQs

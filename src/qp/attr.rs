@@ -329,6 +329,43 @@ impl Default for QpCaps {
     }
 }
 
+impl QpCaps {
+    /// The creation attributes for a QP of `qp_type` on these CQs.
+    pub(crate) fn init_attr(
+        self,
+        send_cq: *mut ffi::ibv_cq,
+        recv_cq: *mut ffi::ibv_cq,
+        qp_type: ffi::ibv_qp_type,
+    ) -> ffi::ibv_qp_init_attr {
+        ffi::ibv_qp_init_attr {
+            send_cq,
+            recv_cq,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: self.max_send_wr,
+                max_recv_wr: self.max_recv_wr,
+                max_send_sge: self.max_send_sge,
+                max_recv_sge: self.max_recv_sge,
+                max_inline_data: self.max_inline_data,
+            },
+            qp_type,
+            sq_sig_all: i32::from(self.sq_sig_all),
+            ..Default::default()
+        }
+    }
+
+    /// What the device granted (`init.cap` after creation).
+    pub(crate) fn granted(self, init: &ffi::ibv_qp_init_attr) -> QpCaps {
+        QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+            sq_sig_all: self.sq_sig_all,
+        }
+    }
+}
+
 /// Every attribute of a QP (`ibv_query_qp`). The `Debug` print lists them all,
 /// which is what to look at when a handshake fails.
 #[derive(Debug, Clone, PartialEq, Eq)]

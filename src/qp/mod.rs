@@ -268,32 +268,12 @@ impl<T: QpType> Qp<T, Reset> {
                 reason: "the PD and both CQs must come from the same Context (device open)".into(),
             });
         }
-        let mut init = ffi::ibv_qp_init_attr {
-            send_cq: send_cq.as_raw(),
-            recv_cq: recv_cq.as_raw(),
-            cap: ffi::ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
-                max_inline_data: caps.max_inline_data,
-            },
-            qp_type: T::RAW,
-            sq_sig_all: i32::from(caps.sq_sig_all),
-            ..Default::default()
-        };
+        let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
         // SAFETY: valid PD and CQs (kept alive by the Arcs stored below); init is
         // fully initialised; the provider writes the actual caps back into it.
         let raw = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut init) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))?;
-        let got = QpCaps {
-            max_send_wr: init.cap.max_send_wr,
-            max_recv_wr: init.cap.max_recv_wr,
-            max_send_sge: init.cap.max_send_sge,
-            max_recv_sge: init.cap.max_recv_sge,
-            max_inline_data: init.cap.max_inline_data,
-            sq_sig_all: caps.sq_sig_all,
-        };
+        let got = caps.granted(&init);
         Ok(Qp {
             core: QpCore {
                 raw,
@@ -612,7 +592,11 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
                     // which, keep them all in the ring (the NIC may own some).
                     let from = post::bad_index(bad, head, n)
                         .map_or(self.core.rq_head, |i| first_seq + i as u64);
-                    let unposted = self.rollback_recv(from, failed, wrs);
+                    // SAFETY: producer side; the device refused these requests.
+                    let mut unposted =
+                        unsafe { self.core.rings.rq.unfill_from(from, &mut self.core.rq_head) };
+                    unposted.extend(failed.map(|(_, id, b)| (id, b)));
+                    unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
                     return Err(PostError {
                         error: Error::verb("ibv_post_recv", errno(rc)),
                         unposted,
@@ -626,23 +610,6 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
             }
         }
         Ok(())
-    }
-
-    fn rollback_recv(
-        &mut self,
-        from_seq: u64,
-        failed: Option<(Error, u64, Sges)>,
-        rest: impl Iterator<Item = RecvWr>,
-    ) -> Vec<(u64, Sges)> {
-        let mut out = Vec::new();
-        for seq in from_seq..self.core.rq_head {
-            // SAFETY: producer side; the device refused these, no completion names them.
-            out.push(unsafe { self.core.rings.rq.unfill(seq) });
-        }
-        self.core.rq_head = from_seq;
-        out.extend(failed.map(|(_, id, b)| (id, b)));
-        out.extend(rest.map(|w| (w.wr_id, w.bufs)));
-        out
     }
 
     /// Posts a C receive work request list as is (`ibv_post_recv`).
@@ -741,12 +708,9 @@ impl<T: QpType> Qp<T, Rts> {
                     // which, keep them all in the ring (the NIC may own some).
                     let from = post::bad_index(bad, head, n)
                         .map_or(self.core.sq_head, |i| first_seq + i as u64);
-                    let mut unposted = Vec::new();
-                    for seq in from..self.core.sq_head {
-                        // SAFETY: producer side; the device refused these requests.
-                        unposted.push(unsafe { self.core.rings.sq.unfill(seq) });
-                    }
-                    self.core.sq_head = from;
+                    // SAFETY: producer side; the device refused these requests.
+                    let mut unposted =
+                        unsafe { self.core.rings.sq.unfill_from(from, &mut self.core.sq_head) };
                     unposted.extend(failed.map(|(_, id, b)| (id, b)));
                     unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
                     return Err(PostError {

@@ -244,25 +244,32 @@ impl Ring {
         slot as *const Slot as u64
     }
 
-    /// Takes back a slot that was filled but never reached the NIC (post failed).
+    /// Takes back the slots `from..*head` that were filled but never reached
+    /// the NIC (the post failed), and moves `head` back to `from`.
     ///
     /// # Safety
-    /// Only the producer calls this, for a slot it filled and whose work request
+    /// Only the producer calls this, for slots it filled and whose work requests
     /// the device did not accept.
-    pub(crate) unsafe fn unfill(&self, seq: u64) -> (u64, Sges) {
-        let slot = &self.slots[(seq % self.depth()) as usize];
-        // SAFETY: no completion can name this slot, so the consumer never touches it.
-        let data = unsafe {
-            std::mem::replace(
-                &mut *slot.data.get(),
-                SlotData {
-                    wr_id: 0,
-                    bufs: Sges::default(),
-                },
-            )
-        };
-        slot.state.store(EMPTY, Ordering::Relaxed);
-        (data.wr_id, data.bufs)
+    pub(crate) unsafe fn unfill_from(&self, from: u64, head: &mut u64) -> Vec<(u64, Sges)> {
+        let out = (from..*head)
+            .map(|seq| {
+                let slot = &self.slots[(seq % self.depth()) as usize];
+                // SAFETY: no completion can name this slot, so the consumer never touches it.
+                let data = unsafe {
+                    std::mem::replace(
+                        &mut *slot.data.get(),
+                        SlotData {
+                            wr_id: 0,
+                            bufs: Sges::default(),
+                        },
+                    )
+                };
+                slot.state.store(EMPTY, Ordering::Relaxed);
+                (data.wr_id, data.bufs)
+            })
+            .collect();
+        *head = from;
+        out
     }
 }
 
