@@ -342,6 +342,50 @@ fn no_path_error_reads_as_a_checklist() {
 }
 
 #[test]
+fn bad_sizes_are_typed_errors_not_panics() {
+    // Staging limits: checked before anything is allocated (or CUDA is asked).
+    for bad in [
+        StagingConfig {
+            buffers: usize::MAX,
+            ..StagingConfig::default()
+        },
+        StagingConfig {
+            buffers: 0,
+            ..StagingConfig::default()
+        },
+        StagingConfig {
+            chunk_size: usize::MAX,
+            ..StagingConfig::default()
+        },
+        StagingConfig {
+            chunk_size: 0,
+            ..StagingConfig::default()
+        },
+    ] {
+        let e = bad.validate().unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{bad:?}: {e:?}");
+    }
+    assert!(StagingConfig::default().validate().is_ok());
+    // Page sizes and ranges that overflow: None, not an arithmetic panic.
+    assert_eq!(gdr::export_window(0x20_0000, 1, None, usize::MAX), None);
+    assert_eq!(gdr::export_window(u64::MAX, 1, None, 4096), None);
+    assert_eq!(
+        gdr::export_window(0x20_0000, 1, Some((u64::MAX - 1, 4)), 4096),
+        None
+    );
+    // GpuBuffer refuses a bad config first, driver or not (needs a PD).
+    if let Ok(ctx) = rdma_verbs::Context::open(None) {
+        let pd = rdma_verbs::Pd::new(&ctx).expect("pd");
+        let bad = StagingConfig {
+            buffers: usize::MAX,
+            ..StagingConfig::default()
+        };
+        let e = gdr::GpuBuffer::with_config(&pd, Unreachable, GdrMode::Staging, bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    }
+}
+
+#[test]
 fn handles_can_move_between_threads() {
     fn send<T: Send>() {}
     fn send_sync<T: Send + Sync>() {}

@@ -253,7 +253,13 @@ pub(crate) fn sub_range(
     n: usize,
 ) -> Result<CUdeviceptr> {
     match offset.checked_add(n) {
-        Some(end) if end <= len => Ok(ptr + offset as u64),
+        Some(end) if end <= len => {
+            ptr.checked_add(offset as u64)
+                .ok_or_else(|| Error::InvalidArgument {
+                    what: "device range",
+                    reason: format!("{ptr:#x} + {offset} overflows the address space"),
+                })
+        }
         _ => Err(Error::InvalidArgument {
             what: "device range",
             reason: format!("[{offset}, {offset}+{n}) is outside the {len}-byte device buffer"),

@@ -4,8 +4,13 @@
 //!
 //! CUDA is reached through [cudarc] (re-exported as [`gdr::cudarc`](cudarc)),
 //! loaded at run time: the crate builds without the CUDA toolkit, and on a
-//! machine without the NVIDIA driver every function here returns
-//! [`GdrError::DriverNotAvailable`] instead of panicking.
+//! machine without the NVIDIA driver every function here that needs CUDA
+//! returns [`GdrError::DriverNotAvailable`] instead of panicking (arguments
+//! that are wrong anyway, like a [`StagingConfig`] out of its limits, are
+//! refused first with [`Error::InvalidArgument`]).
+//! Sizes, offsets and addresses are checked arithmetically: out-of-range or
+//! overflowing input is a typed error (or `None` from the pure
+//! [`export_window`]), never a panic.
 //!
 //! # Two ways in
 //! * [`register`]: device memory as an [`Mr`](crate::Mr) (dma-buf or
@@ -15,9 +20,17 @@
 //!   slice of GPU memory.
 //! * [`GpuBuffer`]: "send this device buffer to that remote MR". It uses
 //!   GPUDirect RDMA when it can and otherwise copies through registered,
-//!   page-locked host bounce buffers, chunked and double-buffered so the copy
-//!   of one chunk overlaps the RDMA WRITE of the previous. [`GpuBuffer::path`]
-//!   and [`Transfer::path`] say which path was taken.
+//!   page-locked host bounce buffers ([`StagingConfig`]: 1 to 64 buffers of
+//!   up to 1 GiB), chunked and double-buffered so the copy of one chunk
+//!   overlaps the RDMA WRITE of the previous. [`GpuBuffer::path`] and
+//!   [`Transfer::path`] say which path was taken. A write takes back only
+//!   completions that carry pieces of its own registrations (QP number and
+//!   `wr_id` pre-select them; [`WR_ID_TAG`] is informational), so other work
+//!   requests and other `GpuBuffer`s may share its QP and CQ: their
+//!   completions come back in [`Transfer::others`]. The page-locking of the
+//!   bounce buffers (`cuMemHostRegister`) is undone when the `GpuBuffer` is
+//!   dropped, and it keeps their memory allocated until then, even pieces
+//!   lost to a QP that was dropped after a timed-out write.
 //!
 //! ```no_run
 //! use rdma_verbs::gdr::{self, DeviceAlloc, GdrMode, GpuBuffer};
@@ -282,6 +295,60 @@ mod tests {
     #[test]
     fn export_window_rejects_overflow() {
         assert!(export_window(u64::MAX - 10, 100, None, 4096).is_none());
+        // A host page size with no power of two above it: None, not a panic.
+        assert!(export_window(0x10_0000, 1, None, usize::MAX).is_none());
+        assert!(export_window(0x10_0000, 1, None, (1 << 63) + 1).is_none());
+        assert!(export_window(0x10_0000, 1, Some((0x10_0000, 1)), usize::MAX).is_none());
+        // The largest power of two still works.
+        let w = export_window(0x10_0000, 1, None, 1 << 63).unwrap();
+        assert_eq!((w.base, w.offset), (0, 0x10_0000));
+        // An allocation that ends past the address space.
+        assert!(export_window(0x10_0000, 1, Some((u64::MAX, 2)), 4096).is_none());
+    }
+
+    #[test]
+    fn sub_ranges_are_checked() {
+        assert_eq!(memory::sub_range(0x1000, 100, 10, 90).unwrap(), 0x100a);
+        assert!(memory::sub_range(0x1000, 100, 10, 91).is_err());
+        assert!(memory::sub_range(0x1000, usize::MAX, usize::MAX, 1).is_err());
+        assert!(memory::sub_range(u64::MAX - 4, usize::MAX, 10, 0).is_err());
+    }
+
+    #[test]
+    fn staging_configs_are_validated() {
+        assert!(StagingConfig::default().validate().is_ok());
+        let ok = StagingConfig {
+            chunk_size: StagingConfig::MAX_CHUNK_SIZE,
+            buffers: StagingConfig::MAX_BUFFERS,
+            pin: false,
+        };
+        assert!(ok.validate().is_ok());
+        for bad in [
+            StagingConfig { buffers: 0, ..ok },
+            StagingConfig {
+                buffers: StagingConfig::MAX_BUFFERS + 1,
+                ..ok
+            },
+            StagingConfig {
+                buffers: usize::MAX,
+                ..ok
+            },
+            StagingConfig {
+                chunk_size: 0,
+                ..ok
+            },
+            StagingConfig {
+                chunk_size: StagingConfig::MAX_CHUNK_SIZE + 1,
+                ..ok
+            },
+            StagingConfig {
+                chunk_size: usize::MAX,
+                ..ok
+            },
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{bad:?}: {e:?}");
+        }
     }
 
     #[test]

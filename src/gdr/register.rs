@@ -42,14 +42,17 @@ pub struct ExportWindow {
 /// The window is `[ptr, ptr+len)` aligned outwards to `max(GPU_PAGE_SIZE,
 /// host_page)`. Where that would leave the containing `allocation` (base,
 /// size; from `cuMemGetAddressRange`), that edge is aligned to `host_page`
-/// only. `None` when the range overflows.
+/// only. A `host_page` that is not a power of two is rounded up to one.
+/// `None` when the range, the page size or the window overflows.
 pub fn export_window(
     ptr: CUdeviceptr,
     len: usize,
     allocation: Option<(CUdeviceptr, usize)>,
     host_page: usize,
 ) -> Option<ExportWindow> {
-    let host_page = (host_page.max(1) as u64).next_power_of_two();
+    let host_page = u64::try_from(host_page.max(1))
+        .ok()?
+        .checked_next_power_of_two()?;
     let align = host_page.max(GPU_PAGE_SIZE as u64);
     let end = ptr.checked_add(len as u64)?;
     let mut lo = ptr & !(align - 1);

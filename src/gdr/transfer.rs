@@ -5,6 +5,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
@@ -19,11 +20,24 @@ use crate::cq::{Completion, Cq};
 use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, Mr, RemoteMr, page_size};
 use crate::pd::Pd;
-use crate::qp::{Buffer, PostError, Qp, Rc, Rts, SendWr};
+use crate::qp::{Buffer, PostError, Qp, Rc, Rts, SendWr, Sges};
 
-/// The upper 32 bits of every `wr_id` a [`GpuBuffer`] posts ("GDR\0").
+/// The upper 32 bits of every `wr_id` a [`GpuBuffer`] posts ("GDR\0"); the
+/// lower 32 bits are a process-wide sequence number.
+///
+/// The tag is informational: a `GpuBuffer` claims a completion only when its
+/// QP number and `wr_id` are those of one of its own WRITEs still in flight
+/// **and** the buffer it carries is a piece of one of the `GpuBuffer`'s own
+/// registrations. Anything else (your own work requests, also ones whose
+/// `wr_id` carries this tag, and another `GpuBuffer`'s WRITEs) is handed back
+/// in [`Transfer::others`].
 pub const WR_ID_TAG: u64 = 0x4744_5200_0000_0000;
 const TAG_MASK: u64 = 0xffff_ffff_0000_0000;
+
+/// Sequence numbers for the low half of `wr_id`s, shared by every
+/// [`GpuBuffer`] of the process so that two of them on one QP do not reuse
+/// each other's `wr_id`s (until it wraps at 2^32, which the buffer check covers).
+static NEXT_WR_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Largest single RDMA WRITE the direct path posts (SGE lengths are 32-bit).
 const MAX_WRITE: usize = 1 << 30;
@@ -35,14 +49,22 @@ const DIRECT_DEPTH: usize = 8;
 ///
 /// With two or more buffers, the device-to-host copy of one chunk overlaps the
 /// RDMA WRITE of the previous one (double buffering).
+///
+/// [`GpuBuffer::with_config`] checks it with [`StagingConfig::validate`] and
+/// refuses an invalid one with [`Error::InvalidArgument`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Bytes per bounce buffer (rounded up to the host page size). Default 4 MiB.
+    /// Bytes per bounce buffer, 1 to [`StagingConfig::MAX_CHUNK_SIZE`]
+    /// (rounded up to the host page size). Default 4 MiB.
     pub chunk_size: usize,
-    /// Number of bounce buffers (at least 1). Default 2.
+    /// Number of bounce buffers, 1 to [`StagingConfig::MAX_BUFFERS`]. Default 2.
     pub buffers: usize,
     /// Page-lock the bounce buffers for CUDA too (`cuMemHostRegister`), so the
     /// copies run at full DMA speed; falls back to pageable copies if refused.
+    /// The lock is released (`cuMemHostUnregister`) when the [`GpuBuffer`] is
+    /// dropped, and the bounce buffers' memory is kept allocated until then
+    /// even if some of it was lost to a QP (a timed-out write whose QP was
+    /// dropped), so memory is never freed while CUDA still has it page-locked.
     /// Default true.
     pub pin: bool,
 }
@@ -57,6 +79,39 @@ impl Default for StagingConfig {
     }
 }
 
+impl StagingConfig {
+    /// The most bounce buffers a [`GpuBuffer`] allocates.
+    pub const MAX_BUFFERS: usize = 64;
+    /// The largest bounce buffer: 1 GiB (an SGE's length is 32-bit).
+    pub const MAX_CHUNK_SIZE: usize = MAX_WRITE;
+
+    /// Checks the limits: `buffers` in `1..=MAX_BUFFERS`, `chunk_size` in
+    /// `1..=MAX_CHUNK_SIZE`. Pure; [`Error::InvalidArgument`] otherwise.
+    pub fn validate(&self) -> Result<()> {
+        if self.buffers == 0 || self.buffers > Self::MAX_BUFFERS {
+            return Err(Error::InvalidArgument {
+                what: "staging buffers",
+                reason: format!(
+                    "{} bounce buffers: must be 1 to {}",
+                    self.buffers,
+                    Self::MAX_BUFFERS
+                ),
+            });
+        }
+        if self.chunk_size == 0 || self.chunk_size > Self::MAX_CHUNK_SIZE {
+            return Err(Error::InvalidArgument {
+                what: "staging chunk size",
+                reason: format!(
+                    "{} bytes: must be 1 to {} (1 GiB)",
+                    self.chunk_size,
+                    Self::MAX_CHUNK_SIZE
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// What one [`GpuBuffer::write`] did.
 pub struct Transfer {
     /// The path the bytes took.
@@ -68,8 +123,16 @@ pub struct Transfer {
     /// From the first copy/post to the last completion.
     pub elapsed: Duration,
     /// Completions of other work requests that the CQ delivered meanwhile
-    /// (e.g. receives of a QP sharing the CQ), with their buffers.
+    /// (e.g. receives of a QP sharing the CQ, or WRITEs of another
+    /// [`GpuBuffer`] on the same QP), with their buffers except as
+    /// [`Transfer::taken_buffers`] says.
     pub others: Vec<Completion>,
+    /// Buffers that had to be taken out of completions in [`Transfer::others`]
+    /// to see whose they were, with the completion's `wr_id`: their QP number
+    /// and `wr_id` matched a WRITE this buffer had in flight (someone posted a
+    /// `wr_id` carrying [`WR_ID_TAG`]), but the buffers were not its own.
+    /// Those completions are in `others` without buffers. Normally empty.
+    pub taken_buffers: Vec<(u64, Sges)>,
 }
 
 impl Transfer {
@@ -92,6 +155,7 @@ impl fmt::Debug for Transfer {
             .field("work_requests", &self.work_requests)
             .field("elapsed", &self.elapsed)
             .field("others", &self.others.len())
+            .field("taken_buffers", &self.taken_buffers.len())
             .finish()
     }
 }
@@ -111,8 +175,11 @@ impl fmt::Debug for Transfer {
 ///   buffers, each posted as soon as it is filled; with two or more buffers the
 ///   next copy runs while the previous chunk is on the wire.
 ///
-/// The CQ passed to `write` must be the QP's send CQ. Other completions that
-/// show up are handed back in [`Transfer::others`].
+/// The CQ passed to `write` must be the QP's send CQ. A `write` takes back
+/// only completions of its own WRITEs: same QP number and `wr_id` as one it
+/// has in flight, carrying a piece of its own registration (device memory or
+/// bounce buffer). Other completions that show up are handed back in
+/// [`Transfer::others`]; several `GpuBuffer`s may share a QP and CQ.
 pub struct GpuBuffer {
     mem: Arc<dyn DeviceMemory>,
     ptr: CUdeviceptr,
@@ -123,11 +190,17 @@ pub struct GpuBuffer {
     failures: Vec<AttemptFailure>,
     sync_memops: bool,
     timeout: Duration,
-    next_seq: u64,
+    /// Number of `write`s that posted something: the current one's id.
+    writes: u64,
+    /// WRITEs posted and not yet seen completing (also those of earlier
+    /// writes that timed out).
+    in_flight: Vec<InFlight>,
     /// Device-to-host copy of the staging path (`cuMemcpyDtoH`; host tests swap it).
     copy: CopyFn,
     /// Other work requests' completions polled by a `write` that then failed.
     stray: Vec<Completion>,
+    /// Buffers taken out of `stray` completions (see [`Transfer::taken_buffers`]).
+    stray_buffers: Vec<(u64, Sges)>,
     state: State,
 }
 
@@ -135,9 +208,68 @@ pub struct GpuBuffer {
 type CopyFn = fn(&mut [u8], CUdeviceptr) -> std::result::Result<(), GdrError>;
 
 enum State {
-    /// Pieces of the device registration in hand (normally one, the whole).
-    Direct(Vec<Mr>),
+    Direct {
+        /// Pieces of the device registration in hand (normally one, the whole).
+        pieces: Vec<Mr>,
+        /// Keeps the registration and names it.
+        anchor: Anchor,
+    },
     Staging(Staging),
+}
+
+impl State {
+    /// The `ibv_mr`s (as addresses) of this buffer's own registrations.
+    fn regions(&self) -> Vec<usize> {
+        match self {
+            State::Direct { anchor, .. } => vec![anchor.region()],
+            State::Staging(st) => st.bounce.iter().map(|b| b.anchor.region()).collect(),
+        }
+    }
+
+    /// Takes back pieces that returned from the NIC (or were never posted).
+    fn give_back(&mut self, returned: Vec<Mr>) {
+        match self {
+            State::Direct { pieces, .. } => {
+                pieces.extend(returned);
+                if let Some(whole) = reassemble(pieces) {
+                    pieces.push(whole);
+                }
+            }
+            State::Staging(st) => st.give_back(returned),
+        }
+    }
+}
+
+/// A zero-length piece cut off the end of a registration. Held by the
+/// [`GpuBuffer`] for its whole life, it keeps the registration (its `ibv_mr`
+/// and the memory behind it) alive however many of the other pieces are lost
+/// to a QP, so [`Mr::as_raw`] names this registration and no other for as long
+/// as the buffer compares completions against it, and the staging path can
+/// unpin the memory before it is freed.
+struct Anchor(Mr);
+
+impl Anchor {
+    /// Cuts the anchor off the end of `mr` (which keeps all of its bytes).
+    fn cut(mr: &mut Mr) -> Result<Anchor> {
+        let at = mr.len();
+        Ok(Anchor(mr.split_off(at)?))
+    }
+
+    fn region(&self) -> usize {
+        self.0.as_raw() as usize
+    }
+}
+
+/// One WRITE posted by a [`GpuBuffer`] and not yet seen completing.
+struct InFlight {
+    qp_num: u32,
+    wr_id: u64,
+    /// `Mr::as_raw` and `Mr::addr` of the posted piece: unique among the pieces
+    /// out, since live pieces of a registration never overlap.
+    region: usize,
+    addr: u64,
+    /// The `write` that posted it (`GpuBuffer::writes`).
+    write: u64,
 }
 
 impl GpuBuffer {
@@ -149,7 +281,9 @@ impl GpuBuffer {
     /// Prepares `mem` for sending: observes the machine ([`probe`](super::probe)),
     /// decides ([`decide`]) and tries the paths in order until one works.
     ///
-    /// Errors: [`GdrError::DriverNotAvailable`] without libcuda;
+    /// Errors: [`Error::InvalidArgument`] for a `config` that
+    /// [`StagingConfig::validate`] refuses (checked first);
+    /// [`GdrError::DriverNotAvailable`] without libcuda;
     /// [`GdrError::NoPath`] listing every missing piece and failed attempt.
     pub fn with_config(
         pd: &Pd,
@@ -157,19 +291,20 @@ impl GpuBuffer {
         mode: GdrMode,
         config: StagingConfig,
     ) -> Result<GpuBuffer> {
+        config.validate()?;
         driver()?;
-        if config.chunk_size == 0 || config.buffers == 0 {
-            return Err(Error::InvalidArgument {
-                what: "staging config",
-                reason: "chunk_size and buffers must be at least 1".into(),
-            });
-        }
         let mem: Arc<dyn DeviceMemory> = Arc::new(mem);
         let (ptr, len) = mem.device_range();
         if len == 0 {
             return Err(Error::InvalidArgument {
                 what: "device memory length",
                 reason: "must be at least 1 byte".into(),
+            });
+        }
+        if ptr.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument {
+                what: "device memory",
+                reason: format!("[{ptr:#x}, +{len}) overflows the address space"),
             });
         }
         let caps = probe(&*mem);
@@ -191,8 +326,15 @@ impl GpuBuffer {
         for path in paths {
             let state = match path {
                 GdrPath::DmaBuf | GdrPath::PeerMem => {
-                    register_direct(pd, &mem, ptr, len, AccessFlags::empty(), path)
-                        .map(|mr| State::Direct(vec![mr]))
+                    register_direct(pd, &mem, ptr, len, AccessFlags::empty(), path).and_then(
+                        |mut mr| {
+                            let anchor = Anchor::cut(&mut mr)?;
+                            Ok(State::Direct {
+                                pieces: vec![mr],
+                                anchor,
+                            })
+                        },
+                    )
                 }
                 GdrPath::Staging => {
                     Staging::new(pd, mem.stream().cloned(), &config).map(State::Staging)
@@ -210,9 +352,11 @@ impl GpuBuffer {
                         failures,
                         sync_memops,
                         timeout: Duration::from_secs(30),
-                        next_seq: 0,
+                        writes: 0,
+                        in_flight: Vec::new(),
                         copy: dtoh,
                         stray: Vec::new(),
+                        stray_buffers: Vec::new(),
                         state,
                     });
                 }
@@ -283,6 +427,13 @@ impl GpuBuffer {
         std::mem::take(&mut self.stray)
     }
 
+    /// Buffers that a failed `write` had to take out of stray completions to
+    /// see whose they were (a successful one returns them in
+    /// [`Transfer::taken_buffers`]), with the completion's `wr_id`.
+    pub fn take_stray_buffers(&mut self) -> Vec<(u64, Sges)> {
+        std::mem::take(&mut self.stray_buffers)
+    }
+
     /// RDMA-WRITEs the whole buffer to `remote` at `remote_offset`.
     pub fn write(
         &mut self,
@@ -301,7 +452,10 @@ impl GpuBuffer {
     /// completions polled meanwhile wait in
     /// [`take_stray_completions`](Self::take_stray_completions)). On
     /// [`Error::Timeout`] the buffers still posted stay with the QP; they are
-    /// reclaimed when a later `write` polls their completions.
+    /// reclaimed when a later `write` polls their completions (each `write`
+    /// polls the CQ once before it starts while some are out). Until then
+    /// the direct path fails with [`GdrError::BuffersInFlight`] and the
+    /// staging path runs on the bounce buffers it has.
     pub fn write_range(
         &mut self,
         qp: &mut Qp<Rc, Rts>,
@@ -321,19 +475,6 @@ impl GpuBuffer {
         }
         let n = range.end - range.start;
         remote.checked_addr(remote_offset, n as u64)?;
-        let start_seq = self.next_seq;
-        let mut eng = Engine {
-            qp_num: qp.qp_num(),
-            first_seq: start_seq,
-            next_seq: start_seq,
-            polled: Vec::with_capacity(32),
-            others: Vec::new(),
-            timeout: self.timeout,
-            outstanding: 0,
-            first_error: None,
-            returned: Vec::new(),
-            posted: 0,
-        };
         if n == 0 {
             return Ok(Transfer {
                 path: self.path,
@@ -341,33 +482,52 @@ impl GpuBuffer {
                 work_requests: 0,
                 elapsed: Duration::ZERO,
                 others: Vec::new(),
+                taken_buffers: Vec::new(),
             });
         }
         bind(self.mem.stream())?;
         sync_stream(self.mem.stream())?;
+        self.writes += 1;
+        let mut eng = Engine::new(
+            qp.qp_num(),
+            self.writes,
+            self.state.regions(),
+            std::mem::take(&mut self.in_flight),
+            self.timeout,
+        );
         let t0 = Instant::now();
-        let run = match &mut self.state {
-            State::Direct(pieces) => direct_write(
-                &mut eng,
-                qp,
-                cq,
-                pieces,
-                self.len,
-                range,
-                remote,
-                remote_offset,
-            ),
-            State::Staging(st) => staging_write(
-                &mut eng,
-                qp,
-                cq,
-                st,
-                (self.ptr, self.copy),
-                range,
-                remote,
-                remote_offset,
-            ),
+        // Take back what earlier (timed-out) writes left posted, if it is done.
+        let mut run = if eng.in_flight.is_empty() {
+            Ok(())
+        } else {
+            let r = eng.poll_once(cq).map(drop);
+            self.state.give_back(std::mem::take(&mut eng.returned));
+            r
         };
+        if run.is_ok() {
+            run = match &mut self.state {
+                State::Direct { pieces, .. } => direct_write(
+                    &mut eng,
+                    qp,
+                    cq,
+                    pieces,
+                    self.len,
+                    range,
+                    remote,
+                    remote_offset,
+                ),
+                State::Staging(st) => staging_write(
+                    &mut eng,
+                    qp,
+                    cq,
+                    st,
+                    (self.ptr, self.copy),
+                    range,
+                    remote,
+                    remote_offset,
+                ),
+            };
+        }
         // Whatever happened, wait for what is still posted (bounded by the timeout).
         let mut drain = Ok(());
         while eng.outstanding > 0 {
@@ -377,20 +537,12 @@ impl GpuBuffer {
             }
         }
         let elapsed = t0.elapsed();
-        self.next_seq = eng.next_seq;
-        let returned = std::mem::take(&mut eng.returned);
-        match &mut self.state {
-            State::Direct(pieces) => {
-                pieces.extend(returned);
-                if let Some(whole) = reassemble(pieces) {
-                    pieces.push(whole);
-                }
-            }
-            State::Staging(st) => st.give_back(returned),
-        }
+        self.in_flight = std::mem::take(&mut eng.in_flight);
+        self.state.give_back(std::mem::take(&mut eng.returned));
         let failed = run.err().or(drain.err()).or(eng.first_error.take());
         if let Some(e) = failed {
             self.stray.append(&mut eng.others);
+            self.stray_buffers.append(&mut eng.taken);
             return Err(e);
         }
         Ok(Transfer {
@@ -399,6 +551,7 @@ impl GpuBuffer {
             work_requests: eng.posted,
             elapsed,
             others: eng.others,
+            taken_buffers: eng.taken,
         })
     }
 }
@@ -411,6 +564,7 @@ impl fmt::Debug for GpuBuffer {
             .field("path", &self.path)
             .field("skipped", &self.skipped)
             .field("sync_memops", &self.sync_memops)
+            .field("in_flight", &self.in_flight.len())
             .finish()
     }
 }
@@ -432,6 +586,15 @@ fn reassemble(pieces: &mut Vec<Mr>) -> Option<Mr> {
         pieces.push(acc);
         None
     }
+}
+
+/// `base + off`, or an error instead of overflowing.
+fn offset_by(what: &'static str, base: u64, off: usize) -> Result<u64> {
+    base.checked_add(off as u64)
+        .ok_or_else(|| Error::InvalidArgument {
+            what,
+            reason: format!("{base:#x} + {off} overflows"),
+        })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -480,7 +643,15 @@ fn direct_write(
             }
         }
         let n = cur.len();
-        if let Err(e) = eng.post(qp, cq, cur, remote, remote_offset + sent as u64) {
+        let at = match offset_by("remote offset", remote_offset, sent) {
+            Ok(at) => at,
+            Err(e) => {
+                eng.returned.push(cur);
+                eng.returned.extend(rest);
+                return Err(e);
+            }
+        };
+        if let Err(e) = eng.post(qp, cq, cur, remote, at) {
             eng.returned.extend(rest);
             return Err(e);
         }
@@ -523,21 +694,22 @@ fn staging_write(
                 }
             }
         }
-        let copied = match buf.as_mut_slice() {
-            Ok(dst) => copy(dst, ptr + off as u64).map_err(Error::from),
-            Err(e) => Err(e),
+        let at = offset_by("device address", ptr, off).and_then(|src| {
+            offset_by("remote offset", remote_offset, off - range.start).map(|dst| (src, dst))
+        });
+        let copied = at.and_then(|at| {
+            let dst = buf.as_mut_slice()?;
+            copy(dst, at.0)?;
+            Ok(at.1)
+        });
+        let dst_off = match copied {
+            Ok(dst_off) => dst_off,
+            Err(e) => {
+                st.give_back(vec![buf]);
+                return Err(e);
+            }
         };
-        if let Err(e) = copied {
-            st.give_back(vec![buf]);
-            return Err(e);
-        }
-        eng.post(
-            qp,
-            cq,
-            buf,
-            remote,
-            remote_offset + (off - range.start) as u64,
-        )?;
+        eng.post(qp, cq, buf, remote, dst_off)?;
         off += n;
     }
     Ok(())
@@ -546,12 +718,15 @@ fn staging_write(
 /// Posting and polling for one `write`.
 struct Engine {
     qp_num: u32,
-    /// First sequence number of this write; older ones are stale completions
-    /// of an earlier write that timed out (their buffers are reclaimed).
-    first_seq: u64,
-    next_seq: u64,
+    /// This write's id (`GpuBuffer::writes`); in-flight entries of older ones
+    /// are stale WRITEs of a write that timed out (their buffers are reclaimed).
+    write: u64,
+    /// The buffer's own registrations (`Mr::as_raw`).
+    regions: Vec<usize>,
+    in_flight: Vec<InFlight>,
     polled: Vec<Completion>,
     others: Vec<Completion>,
+    taken: Vec<(u64, Sges)>,
     timeout: Duration,
     outstanding: usize,
     first_error: Option<Error>,
@@ -561,6 +736,30 @@ struct Engine {
 }
 
 impl Engine {
+    fn new(
+        qp_num: u32,
+        write: u64,
+        regions: Vec<usize>,
+        in_flight: Vec<InFlight>,
+        timeout: Duration,
+    ) -> Engine {
+        Engine {
+            qp_num,
+            write,
+            regions,
+            in_flight,
+            // Cq::poll fills up to the capacity: this is the batch size.
+            polled: Vec::with_capacity(32),
+            others: Vec::new(),
+            taken: Vec::new(),
+            timeout,
+            outstanding: 0,
+            first_error: None,
+            returned: Vec::new(),
+            posted: 0,
+        }
+    }
+
     /// Posts one WRITE of `piece`; when the send queue is full, waits for one of
     /// ours to complete and retries. On failure the piece is in `returned`.
     fn post(
@@ -571,11 +770,19 @@ impl Engine {
         remote: RemoteMr,
         remote_offset: u64,
     ) -> Result<()> {
+        let seq = NEXT_WR_SEQ.fetch_add(1, Ordering::Relaxed);
+        let wr_id = WR_ID_TAG | (seq & !TAG_MASK);
+        let (region, addr) = (piece.as_raw() as usize, piece.addr());
         loop {
-            let wr_id = WR_ID_TAG | (self.next_seq & !TAG_MASK);
-            self.next_seq += 1;
             match qp.post_send(SendWr::write(wr_id, remote, remote_offset).sge(piece)) {
                 Ok(()) => {
+                    self.in_flight.push(InFlight {
+                        qp_num: self.qp_num,
+                        wr_id,
+                        region,
+                        addr,
+                        write: self.write,
+                    });
                     self.outstanding += 1;
                     self.posted += 1;
                     return Ok(());
@@ -603,6 +810,66 @@ impl Engine {
         }
     }
 
+    /// The in-flight WRITE that `c` (with buffers `bufs`) completes: same QP
+    /// and `wr_id`, and its one buffer is the posted piece of one of our own
+    /// registrations.
+    fn own_write(&self, c: &Completion, bufs: &Sges) -> Option<usize> {
+        let mut it = bufs.iter();
+        let (Some(Buffer::Owned(mr)), None) = (it.next(), it.next()) else {
+            return None;
+        };
+        let region = mr.as_raw() as usize;
+        if !self.regions.contains(&region) {
+            return None;
+        }
+        self.in_flight.iter().position(|p| {
+            p.qp_num == c.qp_num && p.wr_id == c.wr_id && p.region == region && p.addr == mr.addr()
+        })
+    }
+
+    /// Polls the CQ once. Our completions: buffers to `returned`, stale ones
+    /// only reclaimed, the first failure of this write to `first_error`;
+    /// everything else to `others`. Returns how many WRITEs of this write completed.
+    fn poll_once(&mut self, cq: &mut Cq) -> Result<usize> {
+        let mut polled = std::mem::take(&mut self.polled);
+        polled.clear();
+        let r = cq.poll(&mut polled);
+        let mut ours = 0;
+        for mut c in polled.drain(..) {
+            // Cheap and non-destructive first: is it one of our wr_ids at all?
+            if !self
+                .in_flight
+                .iter()
+                .any(|p| p.qp_num == c.qp_num && p.wr_id == c.wr_id)
+            {
+                self.others.push(c);
+                continue;
+            }
+            // Then the buffer, which only the work request's poster can hold.
+            let bufs = c.take_buffers();
+            let Some(i) = self.own_write(&c, &bufs) else {
+                if !bufs.is_empty() {
+                    self.taken.push((c.wr_id, bufs));
+                }
+                self.others.push(c);
+                continue;
+            };
+            let p = self.in_flight.swap_remove(i);
+            self.returned
+                .extend(bufs.into_iter().filter_map(Buffer::into_mr));
+            if p.write != self.write {
+                continue; // a stale WRITE of an earlier write: reclaimed only
+            }
+            ours += 1;
+            self.outstanding = self.outstanding.saturating_sub(1);
+            if let Err(e) = c.result() {
+                self.first_error.get_or_insert(e);
+            }
+        }
+        self.polled = polled;
+        r.map(|_| ours)
+    }
+
     /// Polls until at least one WRITE of this transfer completes (buffers go to
     /// `returned`, the first failure to `first_error`), or the timeout passes
     /// without one.
@@ -610,32 +877,7 @@ impl Engine {
         let start = Instant::now();
         let mut idle = 0u32;
         loop {
-            self.polled.clear();
-            cq.poll(&mut self.polled)?;
-            let mut ours = 0;
-            for mut c in self.polled.drain(..) {
-                let tagged = c.qp_num == self.qp_num && c.wr_id & TAG_MASK == WR_ID_TAG;
-                let seq = c.wr_id & !TAG_MASK;
-                if !tagged || seq >= (self.next_seq & !TAG_MASK) {
-                    self.others.push(c);
-                    continue;
-                }
-                let stale = seq < (self.first_seq & !TAG_MASK);
-                for b in c.take_buffers() {
-                    if let Some(mr) = b.into_mr() {
-                        self.returned.push(mr);
-                    }
-                }
-                if stale {
-                    continue;
-                }
-                ours += 1;
-                self.outstanding = self.outstanding.saturating_sub(1);
-                if let Err(e) = c.result() {
-                    self.first_error.get_or_insert(e);
-                }
-            }
-            if ours > 0 {
+            if self.poll_once(cq)? > 0 {
                 return Ok(());
             }
             if start.elapsed() > self.timeout {
@@ -662,25 +904,39 @@ struct Staging {
     /// Unused tails cut off buffers for a short last chunk.
     tails: Vec<Mr>,
     chunk: usize,
-    /// Host addresses page-locked with cuMemHostRegister (unregistered on drop).
-    pinned: Vec<usize>,
+    /// One per bounce buffer, for the Staging's whole life.
+    bounce: Vec<Bounce>,
+}
+
+/// What a [`Staging`] keeps of each bounce buffer besides its pieces.
+struct Bounce {
+    /// Keeps the buffer's registration and memory alive until after `Drop`
+    /// unregistered the page-locking, even if every other piece is gone.
+    anchor: Anchor,
+    /// The host address page-locked with `cuMemHostRegister`, if it was.
+    pinned: Option<usize>,
 }
 
 impl Staging {
     fn new(pd: &Pd, stream: Option<Arc<CudaStream>>, cfg: &StagingConfig) -> Result<Staging> {
+        cfg.validate()?;
         let chunk = cfg
             .chunk_size
             .checked_next_multiple_of(page_size())
+            .filter(|&c| c <= StagingConfig::MAX_CHUNK_SIZE)
             .ok_or_else(|| Error::InvalidArgument {
                 what: "staging chunk size",
-                reason: format!("{} bytes is too large", cfg.chunk_size),
+                reason: format!(
+                    "{} bytes is too large once rounded up to the page size",
+                    cfg.chunk_size
+                ),
             })?;
         let mut st = Staging {
             stream,
             free: Vec::with_capacity(cfg.buffers),
             tails: Vec::new(),
             chunk,
-            pinned: Vec::new(),
+            bounce: Vec::with_capacity(cfg.buffers),
         };
         if cfg.pin {
             bind(st.stream.as_ref())?;
@@ -688,11 +944,16 @@ impl Staging {
         for _ in 0..cfg.buffers {
             // A WRITE source: the NIC only reads it, so no access flags are needed.
             let mut mr = pd.alloc_mr(chunk, AccessFlags::empty())?;
+            let anchor = Anchor::cut(&mut mr)?;
+            let mut pinned = None;
             if cfg.pin {
                 let p = mr.as_mut_slice()?.as_mut_ptr();
-                // SAFETY: [p, p+chunk) is host memory owned by `mr`, which lives in
-                // this Staging (or, if lost to a QP, in its ring) at least until Drop
-                // unregisters it; page-locking does not move or change the bytes.
+                // SAFETY: [p, p+chunk) is the host memory of the registration `mr`
+                // and `anchor` are pieces of. The anchor is stored in `st.bounce`
+                // right below (nothing in between can fail) and is dropped only
+                // after Staging's Drop has unregistered p, so the memory stays
+                // allocated while it is page-locked, wherever the other pieces
+                // go; page-locking does not move or change the bytes.
                 let rc = unsafe {
                     sys::cuMemHostRegister_v2(
                         p.cast::<c_void>(),
@@ -701,9 +962,10 @@ impl Staging {
                     )
                 };
                 if rc == sys::CUresult::CUDA_SUCCESS {
-                    st.pinned.push(p as usize);
+                    pinned = Some(p as usize);
                 }
             }
+            st.bounce.push(Bounce { anchor, pinned });
             st.free.push(mr);
         }
         Ok(st)
@@ -716,7 +978,7 @@ impl Staging {
             if let Some(i) = self
                 .tails
                 .iter()
-                .position(|t| t.addr() == mr.addr() + mr.len() as u64)
+                .position(|t| Some(t.addr()) == mr.addr().checked_add(mr.len() as u64))
             {
                 let tail = self.tails.swap_remove(i);
                 if let Err(tail) = mr.unsplit(tail) {
@@ -759,27 +1021,38 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        if self.pinned.is_empty() {
+        if self.bounce.iter().all(|b| b.pinned.is_none()) {
             return;
         }
         // Errors are ignored: Drop never panics.
         let _ = bind(self.stream.as_ref());
-        for &p in &self.pinned {
+        for b in std::mem::take(&mut self.bounce) {
+            let Some(p) = b.pinned else { continue };
             // SAFETY: `p` was page-locked by cuMemHostRegister in Staging::new and is
-            // unregistered exactly once; no CUDA copy into it is in flight (staging
-            // copies are synchronous). Unregistering neither frees nor moves memory.
-            let _ = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
+            // unregistered exactly once; its memory is still allocated (b.anchor holds
+            // the registration); no CUDA copy into it is in flight (staging copies are
+            // synchronous). Unregistering neither frees nor moves memory.
+            let rc = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
+            if rc != sys::CUresult::CUDA_SUCCESS {
+                // CUDA may still consider the memory page-locked (e.g. no context
+                // could be bound): never free it, so it cannot be reused meanwhile.
+                std::mem::forget(b.anchor);
+            }
+            // Otherwise `b.anchor` drops here; the memory is freed once the last
+            // piece (some may still be with a QP) is gone.
         }
     }
 }
 
-/// The RDMA half of [`GpuBuffer`] (chunking, double buffering, wr_id tagging,
-/// queue-full retries, reassembly, error draining) on a real RDMA device, with
-/// host memory standing in for GPU memory: the direct path registers it like
-/// peer-mem does (`ibv_reg_mr` at IOVA = address), the staging path copies
-/// with `memcpy` instead of `cuMemcpyDtoH`. They need an RDMA device but no
-/// GPU, so they are ignored on the host; run them in the soft-RoCE guest:
-/// `cargo xtask run -- <lib test binary> --ignored gdr::transfer::rdma_tests`.
+/// The RDMA half of [`GpuBuffer`] (chunking, double buffering, telling its
+/// own completions from others', reclaiming what a timed-out write left
+/// posted, queue-full retries, reassembly, error draining) on a real RDMA
+/// device, with host memory standing in for GPU memory: the direct path
+/// registers it like peer-mem does (`ibv_reg_mr` at IOVA = address), the
+/// staging path copies with `memcpy` instead of `cuMemcpyDtoH`. They need an
+/// RDMA device but no GPU, so they are ignored on the host; run them in the
+/// soft-RoCE guest, one at a time (one test predicts the next `wr_id`s):
+/// `cargo xtask run -- <lib test binary> --ignored gdr::transfer::rdma_tests --test-threads 1`.
 #[cfg(test)]
 mod rdma_tests {
     use super::*;
@@ -817,10 +1090,16 @@ mod rdma_tests {
                 GdrPath::Staging => State::Staging(
                     Staging::new(pd, None, &StagingConfig { pin: false, ..cfg }).expect("staging"),
                 ),
-                _ => State::Direct(vec![
-                    register_direct(pd, &mem, ptr, len, AccessFlags::empty(), GdrPath::PeerMem)
-                        .expect("register host memory"),
-                ]),
+                _ => {
+                    let mut mr =
+                        register_direct(pd, &mem, ptr, len, AccessFlags::empty(), GdrPath::PeerMem)
+                            .expect("register host memory");
+                    let anchor = Anchor::cut(&mut mr).expect("anchor");
+                    State::Direct {
+                        pieces: vec![mr],
+                        anchor,
+                    }
+                }
             };
             GpuBuffer {
                 mem,
@@ -832,16 +1111,18 @@ mod rdma_tests {
                 failures: Vec::new(),
                 sync_memops: false,
                 timeout: Duration::from_secs(20),
-                next_seq: 0,
+                writes: 0,
+                in_flight: Vec::new(),
                 copy: host_copy,
                 stray: Vec::new(),
+                stray_buffers: Vec::new(),
                 state,
             }
         }
 
         fn buffers_home(&self) -> bool {
             match &self.state {
-                State::Direct(p) => p.len() == 1 && p[0].len() == self.len,
+                State::Direct { pieces: p, .. } => p.len() == 1 && p[0].len() == self.len,
                 State::Staging(st) => {
                     st.tails.is_empty() && st.free.iter().all(|m| m.len() == st.chunk)
                 }
@@ -850,7 +1131,7 @@ mod rdma_tests {
 
         fn free_buffers(&self) -> usize {
             match &self.state {
-                State::Direct(p) => p.len(),
+                State::Direct { pieces: p, .. } => p.len(),
                 State::Staging(st) => st.free.len(),
             }
         }
@@ -963,7 +1244,7 @@ mod rdma_tests {
     fn buf_chunk(b: &GpuBuffer) -> usize {
         match &b.state {
             State::Staging(st) => st.chunk,
-            State::Direct(_) => MAX_WRITE,
+            State::Direct { .. } => MAX_WRITE,
         }
     }
 
@@ -1040,6 +1321,175 @@ mod rdma_tests {
                 buf.free_buffers(),
                 if path == GdrPath::Staging { 3 } else { 1 }
             );
+        }
+    }
+
+    /// Leaves one WRITE of `buf` posted and unpolled, as a write that timed out does.
+    fn abandon_one_write(buf: &mut GpuBuffer, p: &mut Pair, dst: &Mr) {
+        buf.writes += 1;
+        let mut eng = Engine::new(
+            p.a.qp_num(),
+            buf.writes,
+            buf.state.regions(),
+            std::mem::take(&mut buf.in_flight),
+            buf.timeout,
+        );
+        let piece = match &mut buf.state {
+            State::Direct { pieces, .. } => pieces.pop().expect("the registration"),
+            State::Staging(st) => st.free.pop().expect("a free bounce buffer"),
+        };
+        eng.post(&mut p.a, &mut p.cq_a, piece, dst.remote(), 0)
+            .expect("post");
+        buf.in_flight = eng.in_flight;
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+    fn a_user_wr_id_with_the_tag_keeps_its_buffer() {
+        let mut p = pair(64);
+        let dst = target(&p.pd, 1 << 20);
+        let data = pattern(300_000, 3);
+        let mut buf = GpuBuffer::for_host_test(&p.pd, data.clone(), GdrPath::Staging, small(2));
+        // The very wr_ids the write's first WRITEs get (tests run one at a time),
+        // and one more with the tag, posted first with buffers of the user's.
+        let next = NEXT_WR_SEQ.load(Ordering::Relaxed);
+        let mut ids: Vec<u64> = (0..4)
+            .map(|i| WR_ID_TAG | ((next + i) & !TAG_MASK))
+            .chain([WR_ID_TAG | 0xdead])
+            .collect();
+        for &id in &ids {
+            let mine = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap();
+            p.a.post_send(SendWr::write(id, dst.remote(), 512 << 10).sge(mine))
+                .unwrap();
+        }
+        let t = buf
+            .write(&mut p.a, &mut p.cq_a, dst.remote(), 0)
+            .expect("write");
+        assert!(dst.to_vec().unwrap()[..data.len()] == data[..]);
+        assert!(
+            buf.buffers_home(),
+            "the buffer's own bounce buffers are back"
+        );
+        assert!(
+            !t.taken_buffers.is_empty(),
+            "a colliding wr_id was seen (run with --test-threads 1)"
+        );
+        // Every user completion came back with its own 64-byte buffer, in the
+        // completion or, where it had to be taken out to check, beside it.
+        let mut got = Vec::new();
+        for mut c in t.others {
+            if let Some(m) = c.take_mr() {
+                got.push((c.wr_id, m.len()));
+            }
+        }
+        for (id, sges) in t.taken_buffers {
+            let lens: Vec<usize> = sges.iter().map(Buffer::len).collect();
+            assert_eq!(lens, [64]);
+            got.push((id, 64));
+        }
+        got.sort_unstable();
+        ids.sort_unstable();
+        assert_eq!(got, ids.iter().map(|&i| (i, 64)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+    fn another_gpu_buffer_on_the_same_qp_is_not_absorbed() {
+        let mut p = pair(64);
+        let dst = target(&p.pd, 4 << 20);
+        let mut a =
+            GpuBuffer::for_host_test(&p.pd, pattern(4 << 20, 1), GdrPath::Staging, small(3));
+        abandon_one_write(&mut a, &mut p, &dst);
+        abandon_one_write(&mut a, &mut p, &dst);
+        let a_regions = a.state.regions();
+        let a_out = a.in_flight.len();
+        let data = pattern(1 << 20, 2);
+        let mut b = GpuBuffer::for_host_test(&p.pd, data.clone(), GdrPath::Staging, small(2));
+        let t = b
+            .write(&mut p.a, &mut p.cq_a, dst.remote(), 0)
+            .expect("write b");
+        assert!(dst.to_vec().unwrap()[..data.len()] == data[..]);
+        assert!(b.buffers_home(), "b has all its buffers");
+        assert!(b.in_flight.is_empty());
+        assert!(t.taken_buffers.is_empty());
+        // a's stale WRITEs (posted before b's, so all completed) are handed back
+        // to the caller, not taken by b.
+        assert_eq!(t.others.len(), a_out);
+        for mut c in t.others {
+            assert_eq!(c.wr_id & TAG_MASK, WR_ID_TAG);
+            let mr = c.take_mr().expect("a's bounce buffer piece");
+            assert!(a_regions.contains(&(mr.as_raw() as usize)));
+        }
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+    fn a_later_write_takes_back_what_a_timed_out_one_left() {
+        for path in [GdrPath::PeerMem, GdrPath::Staging] {
+            let mut p = pair(64);
+            let dst = target(&p.pd, 4 << 20);
+            let data = pattern(4 << 20, 7);
+            let mut buf = GpuBuffer::for_host_test(&p.pd, data.clone(), path, small(2));
+            abandon_one_write(&mut buf, &mut p, &dst);
+            std::thread::sleep(Duration::from_millis(200));
+            let t = buf
+                .write(&mut p.a, &mut p.cq_a, dst.remote(), 0)
+                .unwrap_or_else(|e| panic!("{path:?}: {e:?}"));
+            assert!(t.others.is_empty(), "{path:?}: {t:?}");
+            assert!(buf.in_flight.is_empty(), "{path:?}");
+            assert!(buf.buffers_home(), "{path:?}");
+            assert!(dst.to_vec().unwrap()[..data.len()] == data[..], "{path:?}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+    fn bad_staging_configs_are_refused_without_allocating() {
+        let p = pair(4);
+        for cfg in [
+            StagingConfig {
+                buffers: usize::MAX,
+                ..small(1)
+            },
+            StagingConfig {
+                buffers: 0,
+                ..small(1)
+            },
+            StagingConfig {
+                chunk_size: usize::MAX,
+                ..small(1)
+            },
+            StagingConfig {
+                chunk_size: 0,
+                ..small(1)
+            },
+        ] {
+            let e = Staging::new(&p.pd, None, &cfg).err().expect("refused");
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{cfg:?}: {e:?}");
+            let mem = HostMem(vec![0u8; 4096].into_boxed_slice());
+            let e = GpuBuffer::with_config(&p.pd, mem, GdrMode::Staging, cfg).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{cfg:?}: {e:?}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+    fn buffers_lost_with_their_qp_stay_anchored_until_the_buffer_goes() {
+        for path in [GdrPath::PeerMem, GdrPath::Staging] {
+            let mut p = pair(64);
+            let dst = target(&p.pd, 4 << 20);
+            let mut buf = GpuBuffer::for_host_test(&p.pd, pattern(1 << 20, 4), path, small(2));
+            let regions = buf.state.regions();
+            abandon_one_write(&mut buf, &mut p, &dst);
+            // The QP and its CQ go, and with them the posted piece.
+            drop(p);
+            // Every registration is still held (and named) by its anchor.
+            assert_eq!(buf.state.regions(), regions, "{path:?}");
+            if let State::Staging(st) = &buf.state {
+                assert!(st.bounce.iter().all(|b| b.anchor.0.is_empty()));
+                assert_eq!(st.bounce.len(), 2);
+            }
+            drop(buf);
         }
     }
 }
