@@ -7,7 +7,8 @@
 //! 2. `cargo build --examples`, so the examples never rot;
 //! 3. device tests: `cargo test --test vm_a --test vm_b ...` with this binary's `vm-exec` as
 //!    the target runner, so each device test binary boots one guest (or runs on the host when
-//!    it has an RDMA device).
+//!    it has an RDMA device); then the library's own unit tests that need a device, which
+//!    are `#[ignore]`d on the host, with `cargo test --lib -- --ignored` in one guest.
 //!
 //! cargo's output is shown as it comes; the `test result:` lines are summed into a final
 //! `xtask test: N passed, M failed` line.
@@ -98,8 +99,20 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
             "no device tests found (tests/{DEVICE_TEST_PREFIX}*.rs)"
         ));
     } else {
-        let outcome = device_step(root, &device_tests, &extra, &mut summary.problems);
+        let mut targets: Vec<OsString> = Vec::new();
+        for name in &device_tests {
+            targets.extend(["--test".into(), name.into()]);
+        }
+        targets.extend(extra.iter().cloned());
+        let outcome = device_step(root, &targets, &mut summary.problems);
         summary.add("device tests", outcome);
+        // Unit tests inside the library that need a device are #[ignore]d on the
+        // host; run exactly those in the guest.
+        let lib: Vec<OsString> = ["--lib", "--", "--ignored", "--test-threads", "1"]
+            .map(OsString::from)
+            .into();
+        let outcome = device_step(root, &lib, &mut summary.problems);
+        summary.add("library device tests", outcome);
     }
 
     for problem in &summary.problems {
@@ -142,12 +155,7 @@ fn discover_tests(dir: &Path) -> Result<(Vec<String>, Vec<String>)> {
 }
 
 /// The device tests: cargo runs each test binary through `<this binary> vm-exec`.
-fn device_step(
-    root: &Path,
-    tests: &[String],
-    extra: &[OsString],
-    problems: &mut Vec<String>,
-) -> Result<Counts> {
+fn device_step(root: &Path, targets: &[OsString], problems: &mut Vec<String>) -> Result<Counts> {
     let exe = std::env::current_exe().context(|| "cannot find the xtask binary".into())?;
     let exe = exe
         .to_str()
@@ -163,11 +171,8 @@ fn device_step(
 
     let mut device = cargo(root);
     device.args(["test", "--all-features", "--no-fail-fast"]);
-    for name in tests {
-        device.args(["--test", name]);
-    }
     device
-        .args(extra)
+        .args(targets)
         .env(runner_env_var()?, format!("{exe} vm-exec"))
         .env(REPORT_ENV, &report);
     let counts = cargo_test(&mut device);
