@@ -171,6 +171,11 @@ impl Completion {
         }
     }
 
+    /// The buffers the work request owned, without taking them.
+    pub fn buffers(&self) -> &Sges {
+        &self.bufs
+    }
+
     /// Takes the buffers the work request owned (empty for inline sends and for
     /// completions polled after their QP was reset or destroyed).
     pub fn take_buffers(&mut self) -> Sges {
