@@ -549,8 +549,9 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<(), PostError> {
         let mut wrs = wrs.into_iter().peekable();
-        let mut c_wrs = [ffi::ibv_recv_wr::default(); POST_CHUNK];
-        let mut c_sges = [ffi::ibv_sge::default(); POST_CHUNK * ring::MAX_SAFE_SGES];
+        // Uninitialised: only the entries a post uses are written (no 4 KiB memset per call).
+        let mut c_wrs = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; POST_CHUNK];
+        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
         while wrs.peek().is_some() {
             let first_seq = self.core.rq_head;
             let mut n = 0;
@@ -573,11 +574,11 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
                 let num_sge = post::fill_sges(&wr.bufs, &mut c_sges[n * ring::MAX_SAFE_SGES..]);
                 // SAFETY: producer side (&mut self), space checked above.
                 let slot = unsafe { rings.rq.fill(self.core.rq_head, wr.wr_id, wr.bufs) };
-                c_wrs[n] = ffi::ibv_recv_wr {
+                c_wrs[n].write(ffi::ibv_recv_wr {
                     wr_id: slot,
                     num_sge,
                     ..Default::default()
-                };
+                });
                 self.core.rq_head += 1;
                 n += 1;
             }
@@ -647,8 +648,9 @@ impl<T: QpType> Qp<T, Rts> {
         wrs: impl IntoIterator<Item = SendWr<'a>>,
     ) -> Result<(), PostError> {
         let mut wrs = wrs.into_iter().peekable();
-        let mut c_wrs = [ffi::ibv_send_wr::default(); POST_CHUNK];
-        let mut c_sges = [ffi::ibv_sge::default(); POST_CHUNK * ring::MAX_SAFE_SGES];
+        // Uninitialised: only the entries a post uses are written (no 6 KiB memset per call).
+        let mut c_wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_CHUNK];
+        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
         let caps = self.core.caps;
         while wrs.peek().is_some() {
             let first_seq = self.core.sq_head;
@@ -670,8 +672,7 @@ impl<T: QpType> Qp<T, Rts> {
                     failed = Some((e, wr.wr_id, wr.bufs));
                     break;
                 }
-                let c = &mut c_wrs[n];
-                *c = ffi::ibv_send_wr::default();
+                let c = c_wrs[n].write(ffi::ibv_send_wr::default());
                 wr.fill_ffi(c);
                 let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
                 if in_flight + 1 == sq.depth() && !caps.sq_sig_all {
@@ -681,11 +682,11 @@ impl<T: QpType> Qp<T, Rts> {
                 c.num_sge = match wr.inline_data {
                     // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
                     Some(data) if !data.is_empty() => {
-                        sges[0] = ffi::ibv_sge {
+                        sges[0].write(ffi::ibv_sge {
                             addr: data.as_ptr() as u64,
                             length: data.len() as u32,
                             lkey: 0,
-                        };
+                        });
                         1
                     }
                     Some(_) => 0,

@@ -5,6 +5,7 @@
 //! taken after the last write through a Rust reference, so the pointers stay
 //! valid under Rust's aliasing rules while C reads them.
 
+use std::mem::MaybeUninit;
 use std::ptr;
 
 use crate::ffi;
@@ -41,28 +42,34 @@ impl ChainedWr for ffi::ibv_recv_wr {
 
 /// Writes the SGEs of `bufs` into `out`, skipping empty buffers (some hardware
 /// reads a zero length as 2 GiB), and returns how many were written.
-pub(crate) fn fill_sges(bufs: &Sges, out: &mut [ffi::ibv_sge]) -> i32 {
+pub(crate) fn fill_sges(bufs: &Sges, out: &mut [MaybeUninit<ffi::ibv_sge>]) -> i32 {
     let mut n = 0;
     for b in bufs.iter().filter(|b| !b.is_empty()) {
-        out[n] = b.sge();
+        out[n].write(b.sge());
         n += 1;
     }
     n as i32
 }
 
-/// Chains the first `n` requests of `wrs`, request `i` using the SGE block
-/// `sges[i * MAX_SAFE_SGES..]`, and returns the head of the list.
-pub(crate) fn link<W: ChainedWr>(wrs: &mut [W], sges: &mut [ffi::ibv_sge], n: usize) -> *mut W {
+/// Chains the first `n` requests of `wrs` (which must be initialised), request
+/// `i` using the SGE block `sges[i * MAX_SAFE_SGES..]` (of which C reads only
+/// the request's `num_sge` entries), and returns the head of the list.
+pub(crate) fn link<W: ChainedWr>(
+    wrs: &mut [MaybeUninit<W>],
+    sges: &mut [MaybeUninit<ffi::ibv_sge>],
+    n: usize,
+) -> *mut W {
     assert!(n <= wrs.len() && n * MAX_SAFE_SGES <= sges.len());
-    let w = wrs.as_mut_ptr();
-    let s = sges.as_mut_ptr();
+    let w = wrs.as_mut_ptr().cast::<W>();
+    let s = sges.as_mut_ptr().cast::<ffi::ibv_sge>();
     for i in 0..n {
         let next = if i + 1 < n {
             w.wrapping_add(i + 1)
         } else {
             ptr::null_mut()
         };
-        // SAFETY: i < n <= wrs.len(), and the SGE block offset is inside `sges`.
+        // SAFETY: i < n <= wrs.len() and entry i is initialised (caller); the SGE
+        // block offset is inside `sges`; only `next`/`sg_list` are written.
         unsafe { W::link(w.add(i), next, s.add(i * MAX_SAFE_SGES)) };
     }
     w
@@ -82,15 +89,15 @@ mod tests {
 
     #[test]
     fn links_a_chain_and_finds_bad_entries() {
-        let mut wrs = [ffi::ibv_recv_wr::default(); 4];
-        let mut sges = [ffi::ibv_sge::default(); 4 * MAX_SAFE_SGES];
+        let mut wrs = [MaybeUninit::new(ffi::ibv_recv_wr::default()); 4];
+        let mut sges = [MaybeUninit::new(ffi::ibv_sge::default()); 4 * MAX_SAFE_SGES];
         let head = link(&mut wrs, &mut sges, 3);
         // SAFETY: reading back what link wrote into the live arrays.
         unsafe {
             assert_eq!((*head).next, head.add(1));
             assert_eq!((*head.add(1)).next, head.add(2));
             assert!((*head.add(2)).next.is_null());
-            assert_eq!((*head.add(1)).sg_list, sges.as_mut_ptr().add(MAX_SAFE_SGES));
+            assert_eq!((*head.add(1)).sg_list, sges.as_mut_ptr().add(MAX_SAFE_SGES).cast());
             assert_eq!(bad_index(head.add(2), head, 3), Some(2));
             assert_eq!(bad_index(head.add(3), head, 3), None);
         }
