@@ -551,7 +551,8 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
         let mut wrs = wrs.into_iter().peekable();
         // Uninitialised: only the entries a post uses are written (no 4 KiB memset per call).
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; POST_CHUNK];
-        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
+        let mut c_sges =
+            [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
         while wrs.peek().is_some() {
             let first_seq = self.core.rq_head;
             let mut n = 0;
@@ -650,7 +651,8 @@ impl<T: QpType> Qp<T, Rts> {
         let mut wrs = wrs.into_iter().peekable();
         // Uninitialised: only the entries a post uses are written (no 6 KiB memset per call).
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_CHUNK];
-        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
+        let mut c_sges =
+            [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
         let caps = self.core.caps;
         while wrs.peek().is_some() {
             let first_seq = self.core.sq_head;

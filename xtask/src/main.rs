@@ -18,6 +18,7 @@ macro_rules! say {
 }
 
 mod cmd;
+mod compare;
 mod cpio;
 mod demo;
 mod gpu;
@@ -188,6 +189,7 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
             setup::setup(setup::Verbosity::Report).map(|_| 0)
         }
         Some("run") => run::run_command(rest),
+        Some("compare") => compare::compare_command(rest),
         Some("vm-exec") => run::vm_exec_command(rest),
         Some("test") => test::test_command(rest),
         Some("gpu-check") => gpu::gpu_check_command(rest),

@@ -1,0 +1,172 @@
+//! Heap allocations per operation on the safe data path, in steady state.
+//!
+//! A counting `#[global_allocator]` counts every Rust allocation while each
+//! loop runs (after a warm-up that reaches steady state). The bench exits with
+//! status 1 if any case allocates at all. Cases: the bandwidth loops of
+//! `perf` (WRITE and SEND from shared sources with 1 in 100 signaled, READ
+//! into owned destinations handed back by their completions, SEND with the
+//! receive re-posted), post lists, inline WRITEs, and polling an empty CQ.
+//! Run inside the soft-RoCE guest:
+//! `cargo bench --no-run`, then `cargo xtask run -- target/release/deps/alloc_count-<hash> --bench`.
+
+#[path = "harness/mod.rs"]
+mod harness;
+
+use harness::{CountingAlloc, allocs, pair, require_bench_flag};
+use rdma_verbs::{AccessFlags, Completion, Cq, QpCaps, RecvWr, SendWr};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+const OPS: u64 = 2000;
+
+/// Polls `cq` until `n` completions arrived, into `out` (never beyond its
+/// capacity); checks each and drops it.
+fn retire(
+    cq: &mut Cq,
+    out: &mut Vec<Completion>,
+    mut n: usize,
+    mut keep: impl FnMut(&mut Completion),
+) {
+    while n > 0 {
+        out.clear();
+        let got = cq.poll(out).expect("poll");
+        for c in out.iter_mut() {
+            c.result().expect("completion");
+            keep(c);
+        }
+        n -= got.min(n);
+    }
+    out.clear();
+}
+
+/// Runs `f(OPS)` twice (warm-up, then counted); returns allocations per op.
+fn count(name: &str, mut f: impl FnMut(u64)) -> f64 {
+    f(OPS / 4);
+    let a0 = allocs();
+    f(OPS);
+    let per_op = (allocs() - a0) as f64 / OPS as f64;
+    println!("{name:<52} {per_op:>8.4} allocs/op");
+    per_op
+}
+
+fn main() {
+    require_bench_flag("alloc_count");
+    let caps = QpCaps {
+        max_send_wr: 128,
+        max_recv_wr: 128,
+        max_inline_data: 64,
+        ..QpCaps::default()
+    };
+    let mut p = pair(caps, 512);
+    let pd = p.pd.clone();
+    let lw = AccessFlags::LOCAL_WRITE;
+    let src = pd.alloc_mr(4096, lw).expect("src").freeze();
+    let target = pd
+        .alloc_mr(
+            4096,
+            lw | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .expect("target");
+    let remote = target.remote();
+    let mut out: Vec<Completion> = Vec::with_capacity(16);
+    let mut out_b: Vec<Completion> = Vec::with_capacity(16);
+    let mut results = Vec::new();
+    println!("rdma-verbs alloc_count bench: Rust heap allocations per operation, steady state");
+
+    results.push(count("WRITE, shared source, 1 in 100 signaled", |n| {
+        for i in 0..n {
+            let wr = SendWr::write(i, remote, (i % 64) * 64).sge(src.slice(0, 64).expect("slice"));
+            let wr = if i % 100 == 99 || i == n - 1 {
+                wr
+            } else {
+                wr.unsignaled()
+            };
+            p.a.post_send(wr).expect("post_send");
+            if i % 100 == 99 || i == n - 1 {
+                retire(&mut p.cq_a, &mut out, 1, |_| {});
+            }
+        }
+    }));
+
+    let piece = src.slice(0, 64).expect("slice");
+    results.push(count("WRITE, post list of 16 (1 signaled)", |n| {
+        for i in (0..n).step_by(16) {
+            let wrs = (0..16).map(|j| {
+                let wr = SendWr::write(i + j, remote, j * 64).sge(piece.clone());
+                if j == 15 { wr } else { wr.unsignaled() }
+            });
+            p.a.post_send_list(wrs).expect("post_send_list");
+            retire(&mut p.cq_a, &mut out, 1, |_| {});
+        }
+    }));
+
+    let data = [0x5au8; 32];
+    results.push(count("WRITE inline (32 bytes), 1 in 16 signaled", |n| {
+        for i in 0..n {
+            let wr = SendWr::write_inline(i, &data, remote, 0);
+            let wr = if i % 16 == 15 { wr } else { wr.unsignaled() };
+            p.a.post_send(wr).expect("post_send");
+            if i % 16 == 15 {
+                retire(&mut p.cq_a, &mut out, 1, |_| {});
+            }
+        }
+    }));
+
+    // READ: each destination comes back with its (signaled) completion.
+    let mut dests: Vec<rdma_verbs::Mr> = Vec::with_capacity(8);
+    for _ in 0..8 {
+        dests.push(pd.alloc_mr(64, lw).expect("dest"));
+    }
+    results.push(count("READ into owned destinations, recycled", |n| {
+        for i in 0..n {
+            let dest = dests.pop().expect("a destination is back");
+            p.a.post_send(SendWr::read(i, dest, remote, 0))
+                .expect("post_send");
+            retire(&mut p.cq_a, &mut out, 1, |c| {
+                if let Some(mr) = c.take_mr() {
+                    dests.push(mr);
+                }
+            });
+        }
+    }));
+
+    // SEND with the receive re-posted from its completion.
+    for i in 0..16 {
+        p.b.post_recv(RecvWr::new(i, pd.alloc_mr(64, lw).expect("recv")))
+            .expect("post_recv");
+    }
+    let msg = src.slice(0, 64).expect("slice");
+    results.push(count("SEND + RECV re-posted from its completion", |n| {
+        for i in 0..n {
+            p.a.post_send(SendWr::send(i).sge(msg.clone()))
+                .expect("post_send");
+            retire(&mut p.cq_a, &mut out, 1, |_| {});
+            out_b.clear();
+            while out_b.is_empty() {
+                p.cq_b.poll(&mut out_b).expect("poll");
+            }
+            let c = &mut out_b[0];
+            c.result().expect("receive");
+            let mr = c.take_mr().expect("receive buffer");
+            p.b.post_recv(RecvWr::new(c.wr_id, mr)).expect("post_recv");
+            out_b.clear();
+        }
+    }));
+
+    results.push(count("poll of an empty CQ", |n| {
+        for _ in 0..n {
+            out.clear();
+            std::hint::black_box(p.cq_a.poll(&mut out).expect("poll"));
+        }
+    }));
+
+    let worst = results.iter().copied().fold(0.0, f64::max);
+    drop(p);
+    drop(target);
+    if worst > 0.0 {
+        println!("FAILED: the safe data path allocates in steady state ({worst} allocs/op)");
+        std::process::exit(1);
+    }
+    println!("ok: 0 allocations per operation in every case");
+}

@@ -1,0 +1,131 @@
+//! `perf`: perftest's bandwidth and latency tests, written with this crate, on
+//! its safe data path (`--safe`, the default) or its raw one (`--raw`).
+//!
+//! ```text
+//! perf write_bw -d rxe0 -x 1 -s 65536 -n 1000            # server
+//! perf write_bw -d rxe0 -x 1 -s 65536 -n 1000 10.99.0.1  # client
+//! ```
+//!
+//! Subcommands: `write_bw`, `read_bw`, `send_bw`, `write_lat`, `send_lat`,
+//! `read_lat`. Flags are perftest's where they apply (`perf <test> -h`), with
+//! perftest's defaults and dependency rules, so that the same flags do the
+//! same work as the C tools: the same message counts, send queue depth, CQ
+//! moderation (100, or 1 above 8 KiB), signaling, post lists, poll batches
+//! (16) and address cycling. Output: perftest's table, columns and units
+//! (MB = MiB; `--report_gbits`: Gb = 10^9 bits); `--out_json FILE` writes the
+//! same rows as JSON.
+//!
+//! The two data paths:
+//! * **safe**: `Qp::post_send_list` with `SharedMr` sources (WRITE/SEND), owned
+//!   `Mr` destinations (READ, receives), `Cq::poll` into a preallocated vector;
+//!   buffers come back with their completions.
+//! * **raw**: `unsafe Qp::post_send_raw` of a prepared C `ibv_send_wr` list into
+//!   registered memory, and `Cq::poll_raw`.
+//!
+//! Differences from perftest, all outside the timed loops: the safe path asks
+//! for one more send queue slot than `-t` (the slot ring signals when its last
+//! slot is taken; the loop still keeps at most `-t` requests in flight);
+//! unsignaled safe-path READs cannot return their destination buffers, so
+//! read_bw draws each READ a fresh piece of a pool sized for the run; inline
+//! data is off unless `-I` is given (perftest turns it off on soft-RoCE too).
+
+#[path = "perf/bw.rs"]
+mod bw;
+#[path = "perf/clock.rs"]
+mod clock;
+#[path = "perf/conn.rs"]
+mod conn;
+#[path = "perf/lat.rs"]
+mod lat;
+#[path = "perf/opts.rs"]
+mod opts;
+#[path = "perf/report.rs"]
+mod report;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use rdma_verbs::{AccessFlags, Mr, RemoteMr, Result};
+
+use crate::opts::Opts;
+
+/// Memory every test registers up front, for the largest size; `main` keeps it
+/// until after the QPs are destroyed, so raw-path requests can never outlive it.
+pub struct Bufs {
+    /// What the peer WRITEs into and READs from: one `BUFF_SIZE` stretch per
+    /// QP. Peers write it at any time: read only with copies (`read_at`).
+    pub target: Mr,
+    /// Raw-path local memory: per QP, a source / READ destination stretch and
+    /// a receive stretch, `BUFF_SIZE` each (perftest's `ctx->buf`).
+    pub local: Mr,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match opts::parse(&args) {
+        Ok(Some(o)) => o,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("perf: {msg}\n{}", opts::usage());
+            return ExitCode::from(2);
+        }
+    };
+    match run(&o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "perf {} ({}): error: {e}",
+                o.test.name(),
+                if o.is_server() { "server" } else { "client" }
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(o: &Opts) -> Result<()> {
+    if o.events && o.bidir {
+        return Err(rdma_verbs::Error::InvalidArgument {
+            what: "-e with -b",
+            reason:
+                "not supported: one thread cannot sleep on the send and the receive channel at once"
+                    .into(),
+        });
+    }
+    let rate = clock::Rate::calibrate(Duration::from_millis(100));
+    let dev = conn::Device::open(o)?;
+    let nq = o.num_qps as usize;
+    let buff = conn::buff_size(o.max_size());
+    let remote_access =
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    // Declared before the queues: dropped after them.
+    let mut bufs = Bufs {
+        target: dev.pd.alloc_mr(buff * nq, remote_access)?,
+        local: dev.pd.alloc_mr(2 * buff * nq, AccessFlags::LOCAL_WRITE)?,
+    };
+    let regions: Vec<RemoteMr> = (0..nq)
+        .map(|qi| RemoteMr {
+            addr: bufs.target.addr() + (qi * buff) as u64,
+            len: buff as u64,
+            rkey: bufs.target.rkey(),
+        })
+        .collect();
+    let pending = conn::create(o, &dev)?;
+    let (mut queues, remote, mut ctrl) = conn::establish(o, &dev, pending, &regions)?;
+    report::banner(o, dev.ctx.name(), dev.mtu, dev.gid_index, &rate);
+    let table = if o.test.is_bw() {
+        bw::run(o, &rate, &dev, &mut queues, &remote, &bufs, &mut ctrl)?
+    } else {
+        lat::run(o, &rate, &dev, &mut queues, &remote, &mut bufs, &mut ctrl)?
+    };
+    report::write_json(o, dev.ctx.name(), &rate, &table).map_err(|source| {
+        rdma_verbs::Error::Io {
+            what: "writing the JSON results",
+            source,
+        }
+    })?;
+    // The QPs go first (their requests may still point into `bufs`).
+    drop(queues);
+    drop(bufs);
+    Ok(())
+}

@@ -1,0 +1,814 @@
+//! The bandwidth tests: perftest's `run_iter_bw` (sender) and
+//! `run_iter_bw_server` (receiver of SENDs), on the safe or the raw data path.
+//!
+//! Work per message is the same as perftest's: at most `-t` requests in flight
+//! per QP, one signaled every `-Q` (and the last), `-l` requests per post call,
+//! completions polled 16 at a time, receives re-posted one by one, small
+//! messages cycled over cache-line slots of one page.
+//!
+//! Nothing in the loops allocates, locks or makes a system call of its own:
+//! every vector below is sized before the barrier that starts the run.
+//! (libibverbs' soft-RoCE provider rings its doorbell with a `write(2)` per
+//! post call, on both paths, as for perftest.)
+
+use rdma_verbs::qp::Buffer;
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{
+    AccessFlags, Completion, Error, Mr, Qp, Rc, RecvWr, RemoteMr, Result, SendWr, SharedMr,
+    WcStatus, ffi,
+};
+
+use crate::Bufs;
+use crate::clock::{self, Phase, Rate, Timer};
+use crate::conn::{self, Ctrl, Device, EvCq, Queues};
+use crate::opts::{DataPath, Opts, Verb};
+use crate::report::{self, BwRow, BwSamples, Table, WireRow};
+
+/// perftest's `CTX_POLL_BATCH`.
+pub const POLL_BATCH: usize = 16;
+/// The QP index sits in the top 16 bits of a safe-path `wr_id`; the rest
+/// is the request's sequence number on its QP.
+const QP_SHIFT: u32 = 48;
+const SEQ_MASK: u64 = (1 << QP_SHIFT) - 1;
+/// Most memory the safe path may pin for READ destinations / receive buffers.
+const SAFE_POOL_CAP: usize = 512 << 20;
+
+/// Runs every size of a bandwidth test; returns the printed rows.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    o: &Opts,
+    rate: &Rate,
+    dev: &Device,
+    q: &mut Queues,
+    remote: &[RemoteMr],
+    bufs: &Bufs,
+    ctrl: &mut Ctrl,
+) -> Result<Table> {
+    let client = !o.is_server();
+    let mut table = Table::default();
+    println!("{}", report::header(o));
+    for &size in &o.sizes {
+        let mut tx = if o.sends() {
+            Some(Tx::new(o, dev, size, remote, bufs)?)
+        } else {
+            None
+        };
+        let mut rx = if o.receives() {
+            Some(Rx::new(o, dev, size, &mut q.qps, bufs)?)
+        } else {
+            None
+        };
+        ctrl.barrier(client)?;
+        let mine = run_size(o, rate, q, tx.as_mut(), rx.as_mut())?;
+        let theirs = ctrl.swap(client, &WireRow(mine))?.0;
+        let row = match (mine, theirs) {
+            (Some(a), Some(b)) => Some(a.plus(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(row) = row {
+            println!("{}", report::bw_line(&row, o.report_gbits));
+            table.bw.push(row);
+        }
+        // Dropped only now: the requests still in the rings hold their own clones.
+        drop(tx);
+        drop(rx);
+    }
+    println!("{}", report::LINE);
+    Ok(table)
+}
+
+/// Runs one size; returns this side's row if it sent.
+fn run_size(
+    o: &Opts,
+    rate: &Rate,
+    q: &mut Queues,
+    mut tx: Option<&mut Tx>,
+    mut rx: Option<&mut Rx>,
+) -> Result<Option<BwRow>> {
+    if tx.is_none() && rx.is_none() {
+        // Nothing to do on this side (the server of a one-way WRITE/READ test):
+        // wait for the peer's results on the TCP connection instead of spinning.
+        return Ok(None);
+    }
+    // Duration mode ends the run; --run_infinitely only uses -D as its report period.
+    let mut timer = match o.run_infinitely {
+        true => None,
+        false => o.duration.map(|d| Timer::start(rate, d, o.margin)),
+    };
+    let period = rate.ticks(o.duration.unwrap_or(5) as f64);
+    let mut next_report = clock::now() + period;
+    let mut last_count = 0u64;
+    let mut last_t = clock::now();
+    if let Some(tx) = tx.as_deref_mut() {
+        if tx.c.no_peak {
+            tx.c.tposted[0] = clock::now();
+        }
+    }
+    loop {
+        let phase = match timer.as_mut() {
+            Some(t) => t.tick(),
+            None => Phase::Sample,
+        };
+        if let Some(tx) = tx.as_deref_mut() {
+            tx.post_round(&mut q.qps, phase)?;
+        }
+        if let Some(rx) = rx.as_deref_mut() {
+            let cq = q.recv_cq.as_mut().expect("send tests have a receive CQ");
+            rx.poll_round(&mut q.qps, cq, phase)?;
+        }
+        if let Some(tx) = tx.as_deref_mut() {
+            tx.poll_round(&mut q.send_cq, phase)?;
+        }
+        if o.run_infinitely {
+            let t = clock::now();
+            if t >= next_report {
+                let count = tx.as_deref().map_or(0, |tx| tx.c.totccnt);
+                if tx.is_some() {
+                    let s = BwSamples {
+                        size: tx.as_deref().map_or(0, |tx| tx.size),
+                        iters: count - last_count,
+                        post_list: 1,
+                        cq_mod: 1,
+                        tposted: &[last_t],
+                        tcompleted: &[t],
+                        no_peak: true,
+                    };
+                    let row = report::bw_row(&s, rate, o.report_gbits);
+                    println!("{}", report::bw_line(&row, o.report_gbits));
+                }
+                last_count = count;
+                last_t = t;
+                next_report = t + period;
+            }
+            continue;
+        }
+        let tx_done = tx.as_deref().is_none_or(|tx| tx.done(phase));
+        let rx_done = rx.as_deref().is_none_or(|rx| rx.done(phase));
+        if tx_done && rx_done {
+            break;
+        }
+    }
+    let Some(tx) = tx else { return Ok(None) };
+    let row = match timer {
+        Some(t) => {
+            let s = BwSamples {
+                size: tx.size,
+                iters: tx.c.sampled,
+                post_list: 1,
+                cq_mod: 1,
+                tposted: &[t.sample_start],
+                tcompleted: &[t.sample_end],
+                no_peak: true,
+            };
+            report::bw_row(&s, rate, o.report_gbits)
+        }
+        None => {
+            if tx.c.no_peak {
+                tx.c.tcompleted[0] = clock::now();
+            }
+            let s = BwSamples {
+                size: tx.size,
+                iters: tx.c.tot_iters,
+                post_list: u64::from(o.post_list),
+                cq_mod: u64::from(o.cq_mod),
+                tposted: &tx.c.tposted,
+                tcompleted: &tx.c.tcompleted,
+                no_peak: tx.c.no_peak,
+            };
+            report::bw_row(&s, rate, o.report_gbits)
+        }
+    };
+    Ok(Some(row))
+}
+
+/// Turns a failed raw completion into an error.
+pub fn wc_error(wc: &ffi::ibv_wc) -> Error {
+    let status = WcStatus::from_raw(wc.status);
+    Error::Protocol(format!(
+        "work completion failed: {status} ({}), wr_id {}, vendor error {:#x}{}",
+        status.description(),
+        wc.wr_id,
+        wc.vendor_err,
+        status.hint().map_or(String::new(), |h| format!("; {h}"))
+    ))
+}
+
+/// perftest's signaling rule: request `k` of a QP asks for a completion when
+/// `k % cq_mod == cq_mod - 1`, and the last request of an iterations run does.
+#[derive(Debug, Clone, Copy)]
+struct Signal {
+    cq_mod: u64,
+    iters: u64,
+    iterations: bool,
+}
+
+impl Signal {
+    #[inline(always)]
+    fn at(self, k: u64) -> bool {
+        k % self.cq_mod == self.cq_mod - 1 || (self.iterations && k == self.iters - 1)
+    }
+}
+
+/// The counters and time stamps of a sender (perftest's `scnt`, `ccnt`,
+/// `tposted`, `tcompleted`).
+struct Counts {
+    iters: u64,
+    tot_iters: u64,
+    iterations: bool,
+    no_peak: bool,
+    scnt: Vec<u64>,
+    ccnt: Vec<u64>,
+    totscnt: u64,
+    totccnt: u64,
+    sampled: u64,
+    tposted: Vec<u64>,
+    tcompleted: Vec<u64>,
+}
+
+impl Counts {
+    /// Accounts for `fill` requests retired by one completion.
+    #[inline]
+    fn complete(&mut self, fill: u64, phase: Phase) {
+        self.totccnt += fill;
+        if !self.no_peak {
+            let idx = self.totccnt.min(self.tot_iters).max(1) - 1;
+            self.tcompleted[idx as usize] = clock::now();
+        }
+        if !self.iterations && phase == Phase::Sample {
+            self.sampled += fill;
+        }
+    }
+}
+
+/// The sending side of a bandwidth test (perftest's `run_iter_bw`).
+pub struct Tx {
+    size: usize,
+    tx_depth: u64,
+    events: bool,
+    shape: Shape,
+    c: Counts,
+    last_ne: usize,
+    remote: Vec<RemoteMr>,
+    path: PathState,
+}
+
+/// What every post call needs to know (copied out of `Tx` to keep the
+/// borrows of its parts apart).
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    verb: Verb,
+    post_list: u64,
+    sig: Signal,
+    /// Cache-line cycling of small messages: stride and slot count.
+    stride: usize,
+    nslots: usize,
+}
+
+/// Per-path state of a sender.
+enum PathState {
+    Safe(SafeTx),
+    Raw(RawTx),
+}
+
+/// Safe-path state: shared sources per (QP, slot), READ destinations, inline
+/// bytes, and the completion array.
+struct SafeTx {
+    src: Vec<Vec<SharedMr>>,
+    pool: Vec<Mr>,
+    inline: Option<Vec<u8>>,
+    out: Vec<Completion>,
+}
+
+/// Raw-path state: one chained C list per QP, reused for every post (like
+/// perftest's `ctx->wr`), and the completion array.
+struct RawTx {
+    wrs: Vec<Box<[ffi::ibv_send_wr]>>,
+    sges: Vec<Box<[ffi::ibv_sge]>>,
+    local_base: Vec<u64>,
+    wcs: Box<[ffi::ibv_wc]>,
+}
+
+impl Tx {
+    fn new(o: &Opts, dev: &Device, size: usize, remote: &[RemoteMr], bufs: &Bufs) -> Result<Tx> {
+        let nq = o.num_qps as usize;
+        let iterations = o.duration.is_none();
+        let tot_iters = o.iters * nq as u64;
+        let (stride, nslots) = conn::cycle(size, o.post_list);
+        let peak_len = if o.no_peak {
+            1
+        } else {
+            tot_iters.max(1) as usize
+        };
+        let inline = size <= o.inline_size as usize && o.test.verb() != Verb::Read;
+        let path = match o.path {
+            DataPath::Safe => PathState::Safe(SafeTx::new(o, dev, size, nslots, stride, inline)?),
+            DataPath::Raw => PathState::Raw(RawTx::new(o, size, remote, bufs, inline)),
+        };
+        Ok(Tx {
+            size,
+            tx_depth: u64::from(o.tx_depth),
+            events: o.events,
+            shape: Shape {
+                verb: o.test.verb(),
+                post_list: u64::from(o.post_list),
+                sig: Signal {
+                    cq_mod: u64::from(o.cq_mod),
+                    iters: o.iters,
+                    iterations,
+                },
+                stride,
+                nslots,
+            },
+            c: Counts {
+                iters: o.iters,
+                tot_iters,
+                iterations,
+                no_peak: o.no_peak,
+                scnt: vec![0; nq],
+                ccnt: vec![0; nq],
+                totscnt: 0,
+                totccnt: 0,
+                sampled: 0,
+                tposted: vec![0; peak_len],
+                tcompleted: vec![0; peak_len],
+            },
+            last_ne: 1,
+            remote: remote.to_vec(),
+            path,
+        })
+    }
+
+    fn done(&self, phase: Phase) -> bool {
+        if self.c.iterations {
+            self.c.totscnt >= self.c.tot_iters && self.c.totccnt >= self.c.tot_iters
+        } else {
+            phase == Phase::End
+        }
+    }
+
+    /// Posts on every QP while its window has room.
+    fn post_round(&mut self, qps: &mut [Qp<Rc, Rts>], phase: Phase) -> Result<()> {
+        if phase == Phase::End {
+            return Ok(());
+        }
+        let shape = self.shape;
+        let pl = shape.post_list;
+        for (qi, qp) in qps.iter_mut().enumerate() {
+            while (!self.c.iterations || self.c.scnt[qi] < self.c.iters)
+                && self.c.scnt[qi] + pl <= self.tx_depth + self.c.ccnt[qi]
+            {
+                if !self.c.no_peak {
+                    self.c.tposted[self.c.totscnt as usize] = clock::now();
+                }
+                let first = self.c.scnt[qi];
+                let remote = self.remote[qi];
+                match &mut self.path {
+                    PathState::Safe(s) => s.post(shape, qp, qi, first, remote)?,
+                    PathState::Raw(r) => r.post(shape, qp, qi, first, remote)?,
+                }
+                self.c.scnt[qi] += pl;
+                self.c.totscnt += pl;
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls up to 16 send completions (perftest's completion step).
+    fn poll_round(&mut self, cq: &mut EvCq, phase: Phase) -> Result<()> {
+        let due = if self.c.iterations {
+            self.c.totccnt < self.c.tot_iters
+        } else {
+            self.c.totccnt < self.c.totscnt
+        };
+        if !due {
+            return Ok(());
+        }
+        if self.events && self.last_ne == 0 {
+            cq.wait_event()?;
+        }
+        let c = &mut self.c;
+        let ne = match &mut self.path {
+            PathState::Safe(s) => {
+                s.out.clear();
+                let ne = cq.cq.poll(&mut s.out)?;
+                for comp in s.out.iter_mut() {
+                    comp.result()?;
+                    let qi = (comp.wr_id >> QP_SHIFT) as usize;
+                    let seq = comp.wr_id & SEQ_MASK;
+                    if self.shape.verb == Verb::Read {
+                        if let Some(mr) = comp.take_mr() {
+                            s.pool.push(mr);
+                        }
+                    }
+                    // The completion retires every request up to `seq` on its QP.
+                    let fill = (seq + 1).saturating_sub(c.ccnt[qi]);
+                    c.ccnt[qi] = seq + 1;
+                    c.complete(fill, phase);
+                }
+                // Drops the completions, and with them the shared sources they held.
+                s.out.clear();
+                ne
+            }
+            PathState::Raw(r) => {
+                let ne = cq.cq.poll_raw(&mut r.wcs)?;
+                for wc in &r.wcs[..ne] {
+                    if wc.status != ffi::IBV_WC_SUCCESS {
+                        return Err(wc_error(wc));
+                    }
+                    let qi = wc.wr_id as usize;
+                    let mut fill = self.shape.sig.cq_mod;
+                    if c.iterations && c.ccnt[qi] + fill > c.iters {
+                        fill = c.iters - c.ccnt[qi];
+                    }
+                    c.ccnt[qi] += fill;
+                    c.complete(fill, phase);
+                }
+                ne
+            }
+        };
+        self.last_ne = ne;
+        Ok(())
+    }
+}
+
+impl SafeTx {
+    /// One safe post call: `-l` requests; sources are shared slices (an `Arc`
+    /// clone each), READ destinations owned pieces from the pool.
+    #[inline]
+    fn post(
+        &mut self,
+        shape: Shape,
+        qp: &mut Qp<Rc, Rts>,
+        qi: usize,
+        first: u64,
+        remote: RemoteMr,
+    ) -> Result<()> {
+        let SafeTx {
+            src, pool, inline, ..
+        } = self;
+        let wrs = (0..shape.post_list).map(|j| {
+            let k = first + j;
+            let wr_id = ((qi as u64) << QP_SHIFT) | k;
+            let slot = (k % shape.nslots as u64) as usize;
+            let off = (slot * shape.stride) as u64;
+            let wr = match (shape.verb, inline.as_deref()) {
+                (Verb::Write, Some(data)) => SendWr::write_inline(wr_id, data, remote, off),
+                (Verb::Write, None) => {
+                    SendWr::write(wr_id, remote, off).sge(Buffer::Shared(src[qi][slot].clone()))
+                }
+                (Verb::Send, Some(data)) => SendWr::send_inline(wr_id, data),
+                (Verb::Send, None) => {
+                    SendWr::send(wr_id).sge(Buffer::Shared(src[qi][slot].clone()))
+                }
+                (Verb::Read, _) => {
+                    let dest = pool.pop().expect("READ destination pool sized for the run");
+                    SendWr::read(wr_id, dest, remote, off)
+                }
+            };
+            if shape.sig.at(k) { wr } else { wr.unsignaled() }
+        });
+        qp.post_send_list(wrs).map_err(Error::from)
+    }
+    fn new(
+        o: &Opts,
+        dev: &Device,
+        size: usize,
+        nslots: usize,
+        stride: usize,
+        inline: bool,
+    ) -> Result<SafeTx> {
+        let nq = o.num_qps as usize;
+        let verb = o.test.verb();
+        let mut src = Vec::with_capacity(nq);
+        let mut pool = Vec::new();
+        if verb == Verb::Read {
+            // Unsignaled READs' destinations are released when a later completion
+            // retires them (they cannot come back), so the pool holds one piece per
+            // request of the run unless every READ is signaled.
+            let per_qp = if o.cq_mod == 1 {
+                o.tx_depth as usize
+            } else {
+                o.iters as usize + o.tx_depth as usize
+            };
+            let count = per_qp * nq;
+            if count.saturating_mul(size) > SAFE_POOL_CAP {
+                return Err(Error::InvalidArgument {
+                    what: "safe read_bw",
+                    reason: format!(
+                        "needs {count} destination buffers of {size} bytes ({} MiB) because \
+                         unsignaled READs do not return their buffers; use -Q 1, fewer -n, or --raw",
+                        (count * size) >> 20
+                    ),
+                });
+            }
+            pool = split_pool(dev, size, count)?;
+        } else if !inline {
+            let buff = conn::buff_size(size);
+            let region = dev
+                .pd
+                .alloc_mr(buff * nq, AccessFlags::LOCAL_WRITE)?
+                .freeze();
+            for qi in 0..nq {
+                let mut slots = Vec::with_capacity(nslots);
+                for s in 0..nslots {
+                    slots.push(region.slice(qi * buff + s * stride, size)?);
+                }
+                src.push(slots);
+            }
+        }
+        Ok(SafeTx {
+            src,
+            pool,
+            inline: inline.then(|| vec![0xa5u8; size]),
+            out: Vec::with_capacity(POLL_BATCH),
+        })
+    }
+}
+
+/// `count` owned, disjoint `size`-byte pieces of one registration.
+pub fn split_pool(dev: &Device, size: usize, count: usize) -> Result<Vec<Mr>> {
+    let mut pool = Vec::with_capacity(count);
+    if count == 0 {
+        return Ok(pool);
+    }
+    let mut rest = dev.pd.alloc_mr(size * count, AccessFlags::LOCAL_WRITE)?;
+    for _ in 1..count {
+        let tail = rest.split_off(size)?;
+        pool.push(rest);
+        rest = tail;
+    }
+    pool.push(rest);
+    Ok(pool)
+}
+
+impl RawTx {
+    /// One raw post call of the prepared list: only the signaled flags (and,
+    /// for small messages, the cycled addresses) change between calls.
+    #[inline]
+    fn post(
+        &mut self,
+        shape: Shape,
+        qp: &mut Qp<Rc, Rts>,
+        qi: usize,
+        first: u64,
+        remote: RemoteMr,
+    ) -> Result<()> {
+        let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let wrs = &mut self.wrs[qi];
+        for (j, wr) in wrs.iter_mut().enumerate() {
+            if shape.sig.at(first + j as u64) {
+                wr.send_flags |= signaled;
+            } else {
+                wr.send_flags &= !signaled;
+            }
+        }
+        if shape.nslots > 1 {
+            let off = ((first % shape.nslots as u64) as usize * shape.stride) as u64;
+            self.sges[qi][0].addr = self.local_base[qi] + off;
+            wrs[0].wr.rdma.remote_addr = remote.addr + off;
+        }
+        // SAFETY: the list's SGEs point into `Bufs::local`, registered in this PD
+        // with LOCAL_WRITE and kept alive by `main` until after the QPs are
+        // destroyed; nothing on this side reads or writes it meanwhile (the NIC
+        // may, which is all this test asks of it). Remote addresses lie inside
+        // the region the peer registered for this QP. Completions are polled
+        // with poll_raw only.
+        unsafe { qp.post_send_raw(&mut wrs[0]) }
+    }
+
+    fn new(o: &Opts, size: usize, remote: &[RemoteMr], bufs: &Bufs, inline: bool) -> RawTx {
+        let nq = o.num_qps as usize;
+        let pl = o.post_list as usize;
+        let buff = conn::buff_size(o.max_size());
+        let opcode = match o.test.verb() {
+            Verb::Write => ffi::IBV_WR_RDMA_WRITE,
+            Verb::Read => ffi::IBV_WR_RDMA_READ,
+            Verb::Send => ffi::IBV_WR_SEND,
+        };
+        let mut flags = 0;
+        if inline {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        let mut wrs = Vec::with_capacity(nq);
+        let mut sges = Vec::with_capacity(nq);
+        let mut local_base = Vec::with_capacity(nq);
+        for (qi, r) in remote.iter().enumerate().take(nq) {
+            let base = bufs.local.addr() + (2 * qi * buff) as u64;
+            local_base.push(base);
+            let mut sge: Box<[ffi::ibv_sge]> = vec![
+                ffi::ibv_sge {
+                    addr: base,
+                    length: size as u32,
+                    lkey: bufs.local.lkey(),
+                };
+                pl
+            ]
+            .into_boxed_slice();
+            let mut list: Box<[ffi::ibv_send_wr]> =
+                vec![ffi::ibv_send_wr::default(); pl].into_boxed_slice();
+            let list_ptr = list.as_mut_ptr();
+            for (j, wr) in list.iter_mut().enumerate() {
+                wr.wr_id = qi as u64;
+                wr.opcode = opcode;
+                wr.send_flags = flags;
+                wr.num_sge = 1;
+                wr.sg_list = &mut sge[j];
+                // With a post list every request targets the same addresses, as in perftest.
+                wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: r.addr,
+                    rkey: r.rkey,
+                };
+                wr.next = if j + 1 < pl {
+                    // SAFETY: j + 1 < pl: inside the same boxed slice, which never moves.
+                    unsafe { list_ptr.add(j + 1) }
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+            wrs.push(list);
+            sges.push(sge);
+        }
+        RawTx {
+            wrs,
+            sges,
+            local_base,
+            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
+        }
+    }
+}
+
+/// The receiving side of SEND tests (perftest's `run_iter_bw_server`).
+pub struct Rx {
+    path: DataPath,
+    iters: u64,
+    tot_iters: u64,
+    iterations: bool,
+    events: bool,
+    size: usize,
+    stride: usize,
+    nslots: usize,
+    rcnt: u64,
+    posted: Vec<u64>,
+    last_ne: usize,
+    /// Safe: the completion array.
+    out: Vec<Completion>,
+    /// Raw: one C receive per QP, re-posted (copied by the provider) each time.
+    /// Boxed: the request points at the SGE beside it, so it must not move.
+    #[allow(clippy::vec_box)]
+    rwr: Vec<Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>>,
+    recv_base: Vec<u64>,
+    wcs: Box<[ffi::ibv_wc]>,
+}
+
+impl Rx {
+    /// Prepares the receive side and posts `-r` receives per QP.
+    fn new(
+        o: &Opts,
+        dev: &Device,
+        size: usize,
+        qps: &mut [Qp<Rc, Rts>],
+        bufs: &Bufs,
+    ) -> Result<Rx> {
+        let nq = qps.len();
+        let rx_depth = o.rx_depth as usize;
+        let (stride, nslots) = conn::cycle(size, 1);
+        let mut rx = Rx {
+            path: o.path,
+            iters: o.iters,
+            tot_iters: o.iters * nq as u64,
+            iterations: o.duration.is_none(),
+            events: o.events,
+            size,
+            stride,
+            nslots,
+            rcnt: 0,
+            posted: vec![0; nq],
+            last_ne: 1,
+            out: Vec::with_capacity(POLL_BATCH),
+            rwr: Vec::new(),
+            recv_base: Vec::new(),
+            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
+        };
+        match o.path {
+            DataPath::Safe => {
+                let count = rx_depth * nq;
+                if count.saturating_mul(size) > SAFE_POOL_CAP {
+                    return Err(Error::InvalidArgument {
+                        what: "safe receive buffers",
+                        reason: format!(
+                            "{count} receives of {size} bytes need {} MiB (every posted receive \
+                             owns its buffer); lower -r or use --raw",
+                            (count * size) >> 20
+                        ),
+                    });
+                }
+                let mut pool = split_pool(dev, size, count)?;
+                for (qi, qp) in qps.iter_mut().enumerate() {
+                    for i in 0..rx_depth {
+                        let mr = pool.pop().expect("pool sized for every receive");
+                        qp.post_recv(RecvWr::new(((qi as u64) << QP_SHIFT) | i as u64, mr))?;
+                    }
+                    rx.posted[qi] = rx_depth as u64;
+                }
+            }
+            DataPath::Raw => {
+                let buff = conn::buff_size(o.max_size());
+                for (qi, qp) in qps.iter_mut().enumerate() {
+                    // The second half of this QP's stretch of `Bufs::local`.
+                    let base = bufs.local.addr() + ((2 * qi + 1) * buff) as u64;
+                    rx.recv_base.push(base);
+                    let mut b = Box::new((
+                        ffi::ibv_recv_wr::default(),
+                        ffi::ibv_sge {
+                            addr: base,
+                            length: size as u32,
+                            lkey: bufs.local.lkey(),
+                        },
+                    ));
+                    b.0.wr_id = qi as u64;
+                    b.0.num_sge = 1;
+                    b.0.sg_list = &mut b.1;
+                    rx.rwr.push(b);
+                    for i in 0..rx_depth {
+                        rx.set_recv_addr(qi, i as u64);
+                        let wr = &mut rx.rwr[qi].0;
+                        // SAFETY: the SGE points into `Bufs::local` (LOCAL_WRITE, alive
+                        // until after the QPs are destroyed), which nothing on this side
+                        // reads or writes; completions are polled with poll_raw.
+                        unsafe { qp.post_recv_raw(wr)? };
+                    }
+                    rx.posted[qi] = rx_depth as u64;
+                }
+            }
+        }
+        Ok(rx)
+    }
+
+    fn set_recv_addr(&mut self, qi: usize, n: u64) {
+        if self.nslots > 1 {
+            let off = ((n % self.nslots as u64) as usize * self.stride) as u64;
+            self.rwr[qi].1.addr = self.recv_base[qi] + off;
+        }
+    }
+
+    fn done(&self, phase: Phase) -> bool {
+        if self.iterations {
+            self.rcnt >= self.tot_iters
+        } else {
+            phase == Phase::End
+        }
+    }
+
+    /// Polls up to 16 receive completions and re-posts their receives.
+    fn poll_round(&mut self, qps: &mut [Qp<Rc, Rts>], cq: &mut EvCq, phase: Phase) -> Result<()> {
+        if self.done(phase) {
+            return Ok(());
+        }
+        if self.events && self.last_ne == 0 {
+            cq.wait_event()?;
+        }
+        let ne = match self.path {
+            DataPath::Safe => {
+                self.out.clear();
+                let ne = cq.cq.poll(&mut self.out)?;
+                for i in 0..ne {
+                    let c = &mut self.out[i];
+                    c.result()?;
+                    let qi = (c.wr_id >> QP_SHIFT) as usize;
+                    self.rcnt += 1;
+                    if !self.iterations || self.posted[qi] < self.iters {
+                        let mr = c.take_mr().ok_or_else(|| {
+                            Error::Protocol("receive completion without its buffer".into())
+                        })?;
+                        qps[qi].post_recv(RecvWr::new(c.wr_id, mr))?;
+                        self.posted[qi] += 1;
+                    }
+                }
+                ne
+            }
+            DataPath::Raw => {
+                let ne = cq.cq.poll_raw(&mut self.wcs)?;
+                for i in 0..ne {
+                    let wc = self.wcs[i];
+                    if wc.status != ffi::IBV_WC_SUCCESS {
+                        return Err(wc_error(&wc));
+                    }
+                    let qi = wc.wr_id as usize;
+                    self.rcnt += 1;
+                    if !self.iterations || self.posted[qi] < self.iters {
+                        let n = self.posted[qi];
+                        self.set_recv_addr(qi, n);
+                        let wr = &mut self.rwr[qi].0;
+                        // SAFETY: as in `Rx::new`.
+                        unsafe { qps[qi].post_recv_raw(wr)? };
+                        self.posted[qi] += 1;
+                    }
+                }
+                ne
+            }
+        };
+        let _ = self.size;
+        self.last_ne = ne;
+        Ok(())
+    }
+}

@@ -1,0 +1,324 @@
+//! Setting up one side: device, CQs (with completion channels for `-e`), QPs,
+//! and the out-of-band exchange with the peer over TCP (crate::exchange).
+//!
+//! The exchange, on one TCP connection:
+//! 1. both sides send their parameter fingerprint and check the peer's matches;
+//! 2. the client sends one `PeerInfo` per QP (endpoint + the region the peer
+//!    may WRITE/READ), the server receives them all and answers with its own;
+//! 3. both connect their QPs; then [`Ctrl::barrier`] before each size and the
+//!    results exchange after it.
+
+use std::time::Duration;
+
+use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo, WireMessage};
+use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::{
+    AccessFlags, CompletionChannel, Context, Cq, Error, GidType, InitAttr, Pd, Qp, QpCaps, Rc,
+    RemoteMr, Result, RtrAttr, RtsAttr,
+};
+
+use crate::opts::{DataPath, Opts, Verb};
+use crate::report::Fingerprint;
+
+/// How long the client keeps trying to reach the server, and how long the
+/// server waits for a client.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A CQ and, in events mode, the completion channel it reports to.
+pub struct EvCq {
+    /// The CQ.
+    pub cq: Cq,
+    /// Its channel (`-e`).
+    pub chan: Option<CompletionChannel>,
+}
+
+impl EvCq {
+    fn new(ctx: &Context, depth: u32, events: bool) -> Result<EvCq> {
+        if events {
+            let chan = CompletionChannel::new(ctx)?;
+            let cq = Cq::with_channel(ctx, depth, &chan)?;
+            cq.req_notify(false)?;
+            Ok(EvCq {
+                cq,
+                chan: Some(chan),
+            })
+        } else {
+            Ok(EvCq {
+                cq: Cq::new(ctx, depth)?,
+                chan: None,
+            })
+        }
+    }
+
+    /// Events mode: sleeps until the CQ reports a completion, then re-arms it
+    /// (perftest's `ctx_notify_events`). Without a channel: returns at once.
+    pub fn wait_event(&mut self) -> Result<()> {
+        if let Some(chan) = &self.chan {
+            chan.wait(None)?;
+            if self.cq.unacked_events() >= rdma_verbs::channel::ACK_BATCH {
+                self.cq.ack_events();
+            }
+            self.cq.req_notify(false)?;
+        }
+        Ok(())
+    }
+}
+
+/// The device-side objects of one side.
+pub struct Device {
+    /// The device.
+    pub ctx: Context,
+    /// The protection domain.
+    pub pd: Pd,
+    /// The GID index used.
+    pub gid_index: u8,
+    /// The port's active MTU in bytes.
+    pub mtu: u32,
+    /// Outstanding READs/atomics the device allows per QP.
+    pub max_rd_atomic: u8,
+}
+
+impl Device {
+    /// Opens `-d`'s device and a PD.
+    pub fn open(o: &Opts) -> Result<Device> {
+        let ctx = Context::open(o.device.as_deref())?;
+        let pd = Pd::new(&ctx)?;
+        let gid_index = match o.gid_index {
+            Some(i) => i,
+            None => {
+                let table = ctx.gid_table()?;
+                table
+                    .iter()
+                    .find(|e| {
+                        e.port == o.ib_port
+                            && e.gid_type == GidType::RoceV2
+                            && e.gid.raw()[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+                    })
+                    .map(|e| e.index as u8)
+                    .unwrap_or(0)
+            }
+        };
+        let mtu = ctx.query_port(o.ib_port)?.active_mtu.bytes();
+        let dev = ctx.query_device()?;
+        let max_rd_atomic = u8::try_from(dev.max_qp_rd_atom.clamp(1, 255)).unwrap_or(1);
+        Ok(Device {
+            ctx,
+            pd,
+            gid_index,
+            mtu,
+            max_rd_atomic,
+        })
+    }
+}
+
+/// The CQs and QPs of one side.
+pub struct Queues {
+    /// The QPs, connected. Declared first: dropped before the CQs.
+    pub qps: Vec<Qp<Rc, Rts>>,
+    /// Send completions.
+    pub send_cq: EvCq,
+    /// Receive completions (send tests), else `None` (the QPs use `send_cq`).
+    pub recv_cq: Option<EvCq>,
+}
+
+/// QPs in INIT, before the exchange.
+pub struct Pending {
+    qps: Vec<Qp<Rc, Init>>,
+    send_cq: EvCq,
+    recv_cq: Option<EvCq>,
+}
+
+/// Creates the CQs and `-q` QPs in INIT.
+///
+/// Send queue depth: `-t`, plus one slot on the safe path, so that its ring
+/// never forces an extra signaled request (it signals when its last free slot
+/// is taken, and perftest's loop keeps at most `-t` requests in flight).
+pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
+    let nq = o.num_qps;
+    let send_depth = o.tx_depth * nq * if o.bidir { 2 } else { 1 };
+    let send_cq = EvCq::new(&dev.ctx, send_depth.max(1), o.events)?;
+    let recv_cq = if o.test.verb() == Verb::Send {
+        Some(EvCq::new(&dev.ctx, (o.rx_depth * nq).max(1), o.events)?)
+    } else {
+        None
+    };
+    let max_send_wr = match o.path {
+        DataPath::Safe => o.tx_depth + 1,
+        DataPath::Raw => o.tx_depth,
+    };
+    let caps = QpCaps {
+        max_send_wr,
+        max_recv_wr: o.rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: o.inline_size,
+        sq_sig_all: false,
+    };
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mut qps = Vec::with_capacity(nq as usize);
+    for _ in 0..nq {
+        let rcq = recv_cq.as_ref().map_or(&send_cq.cq, |c| &c.cq);
+        let qp =
+            Qp::new(&dev.pd, &send_cq.cq, rcq, caps)?.init(InitAttr::new(o.ib_port, access))?;
+        qps.push(qp);
+    }
+    Ok(Pending {
+        qps,
+        send_cq,
+        recv_cq,
+    })
+}
+
+/// The TCP connection to the peer, kept for barriers and results.
+pub struct Ctrl {
+    stream: ExchangeStream,
+}
+
+impl Ctrl {
+    /// Both sides wait here until the other arrives (client first, then server).
+    pub fn barrier(&mut self, client: bool) -> Result<()> {
+        if client {
+            self.stream.send_done()?;
+            self.stream.recv_done()
+        } else {
+            self.stream.recv_done()?;
+            self.stream.send_done()
+        }
+    }
+
+    /// Sends one message and receives the peer's (client sends first).
+    pub fn swap<M: WireMessage>(&mut self, client: bool, msg: &M) -> Result<M> {
+        if client {
+            self.stream.send(msg)?;
+            self.stream.recv()
+        } else {
+            let got = self.stream.recv()?;
+            self.stream.send(msg)?;
+            Ok(got)
+        }
+    }
+}
+
+/// Exchanges endpoints and regions with the peer and connects the QPs.
+/// `regions[i]` is what the peer may access through QP `i`. Returns the
+/// queues, the peer's region per QP, and the control connection.
+pub fn establish(
+    o: &Opts,
+    dev: &Device,
+    pending: Pending,
+    regions: &[RemoteMr],
+) -> Result<(Queues, Vec<RemoteMr>, Ctrl)> {
+    let Pending {
+        qps,
+        send_cq,
+        recv_cq,
+    } = pending;
+    let gid = u32::from(dev.gid_index);
+    let mut local = Vec::with_capacity(qps.len());
+    for (qp, region) in qps.iter().zip(regions) {
+        local.push(PeerInfo::new(qp.endpoint(o.ib_port, Some(gid))?).with_mr(*region));
+    }
+    let client = !o.is_server();
+    let mut stream = match &o.host {
+        Some(host) => ExchangeStream::connect(host, o.port, CONNECT_TIMEOUT)?,
+        None => ExchangeListener::bind(o.port)?.accept(Some(CONNECT_TIMEOUT))?,
+    };
+    let mine = Fingerprint(o.fingerprint());
+    let theirs = if client {
+        stream.send(&mine)?;
+        stream.recv::<Fingerprint>()?
+    } else {
+        let t = stream.recv::<Fingerprint>()?;
+        stream.send(&mine)?;
+        t
+    };
+    if theirs != mine {
+        return Err(Error::Protocol(format!(
+            "client and server were started with different parameters:\n  local:  {}\n  remote: {}",
+            mine.0, theirs.0
+        )));
+    }
+    let mut remote: Vec<PeerInfo> = Vec::with_capacity(local.len());
+    if client {
+        for l in &local {
+            stream.send(l)?;
+        }
+        for _ in 0..local.len() {
+            remote.push(stream.recv()?);
+        }
+    } else {
+        for _ in 0..local.len() {
+            remote.push(stream.recv()?);
+        }
+        for l in &local {
+            stream.send(l)?;
+        }
+    }
+    let mut connected = Vec::with_capacity(qps.len());
+    let mut regions_out = Vec::with_capacity(qps.len());
+    for ((qp, r), l) in qps.into_iter().zip(&remote).zip(&local) {
+        let rd = if o.test.verb() == Verb::Read {
+            dev.max_rd_atomic
+        } else {
+            1
+        };
+        let mtu = dev.ctx.query_port(o.ib_port)?.active_mtu;
+        let rtr = RtrAttr::new(&r.endpoint, o.ib_port, mtu, Some(dev.gid_index))
+            .max_dest_rd_atomic(rd)
+            .min_rnr_timer(12);
+        let qp = qp
+            .rtr(rtr)?
+            .rts(RtsAttr::new(l.endpoint.psn).max_rd_atomic(rd))?;
+        connected.push(qp);
+        let region = r
+            .mrs
+            .first()
+            .copied()
+            .ok_or_else(|| Error::Protocol("the peer sent no memory region".into()))?;
+        regions_out.push(region);
+    }
+    // The run itself may take long (-D, --run_infinitely): no time limit from here on.
+    stream.set_timeout(None)?;
+    Ok((
+        Queues {
+            qps: connected,
+            send_cq,
+            recv_cq,
+        },
+        regions_out,
+        Ctrl { stream },
+    ))
+}
+
+/// perftest's `BUFF_SIZE`: a message, but at least one page (`cycle_buffer`).
+pub fn buff_size(size: usize) -> usize {
+    size.max(page_size())
+}
+
+/// The page size, perftest's `cycle_buffer`.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// perftest's address cycling for small messages: consecutive messages go
+/// to consecutive cache-line-aligned slots of one page (`increase_loc_addr`,
+/// `increase_rem_addr`). Returns (slot stride, number of slots); one slot when
+/// the message is larger than half a page or a post list is used.
+pub fn cycle(size: usize, post_list: u32) -> (usize, usize) {
+    const CACHE_LINE: usize = 64;
+    let page = page_size();
+    if post_list != 1 || size > page / 2 {
+        return (0, 1);
+    }
+    let inc = if size > CACHE_LINE {
+        size.div_ceil(CACHE_LINE) * CACHE_LINE
+    } else {
+        CACHE_LINE
+    };
+    (inc, (page / inc).max(1))
+}

@@ -1,0 +1,557 @@
+//! The command line: perftest's flags where they apply, with perftest's defaults
+//! and its `force_dependecies` rules, so that the same flags give the same work.
+
+use std::path::PathBuf;
+
+/// Which benchmark to run (the subcommand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// RDMA WRITE bandwidth (`ib_write_bw`).
+    WriteBw,
+    /// RDMA READ bandwidth (`ib_read_bw`).
+    ReadBw,
+    /// SEND bandwidth (`ib_send_bw`).
+    SendBw,
+    /// RDMA WRITE ping-pong latency (`ib_write_lat`).
+    WriteLat,
+    /// SEND ping-pong latency (`ib_send_lat`).
+    SendLat,
+    /// RDMA READ latency (`ib_read_lat`).
+    ReadLat,
+}
+
+/// The operation a test posts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+    /// SEND / RECV.
+    Send,
+}
+
+impl Test {
+    /// Every test, in the order of the usage text.
+    pub const ALL: [Test; 6] = [
+        Test::WriteBw,
+        Test::ReadBw,
+        Test::SendBw,
+        Test::WriteLat,
+        Test::SendLat,
+        Test::ReadLat,
+    ];
+
+    /// The subcommand name, e.g. `write_bw`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write_bw",
+            Test::ReadBw => "read_bw",
+            Test::SendBw => "send_bw",
+            Test::WriteLat => "write_lat",
+            Test::SendLat => "send_lat",
+            Test::ReadLat => "read_lat",
+        }
+    }
+
+    /// The banner title perftest prints.
+    pub fn title(self) -> &'static str {
+        match self {
+            Test::WriteBw => "RDMA_Write BW Test",
+            Test::ReadBw => "RDMA_Read BW Test",
+            Test::SendBw => "Send BW Test",
+            Test::WriteLat => "RDMA_Write Latency Test",
+            Test::SendLat => "Send Latency Test",
+            Test::ReadLat => "RDMA_Read Latency Test",
+        }
+    }
+
+    /// True for the bandwidth tests.
+    pub fn is_bw(self) -> bool {
+        matches!(self, Test::WriteBw | Test::ReadBw | Test::SendBw)
+    }
+
+    /// The verb the test posts.
+    pub fn verb(self) -> Verb {
+        match self {
+            Test::WriteBw | Test::WriteLat => Verb::Write,
+            Test::ReadBw | Test::ReadLat => Verb::Read,
+            Test::SendBw | Test::SendLat => Verb::Send,
+        }
+    }
+}
+
+/// Which data path the test uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPath {
+    /// `post_send_list` with `SharedMr`/`Mr` buffers and `Cq::poll`.
+    Safe,
+    /// `unsafe post_send_raw` with C `ibv_send_wr` lists and `Cq::poll_raw`.
+    Raw,
+}
+
+impl DataPath {
+    /// `safe` or `raw`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataPath::Safe => "safe",
+            DataPath::Raw => "raw",
+        }
+    }
+}
+
+/// perftest's `MSG_SIZE_CQ_MOD_LIMIT`: above it, CQ moderation is off unless `-Q` is given.
+const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
+/// perftest's `MAX_SIZE` (the largest size of `-a`).
+pub const MAX_SIZE: usize = 1 << 23;
+/// Above this many iterations perftest does not compute the peak (its O(n²) search).
+const PEAK_ITERS_LIMIT: u64 = 20000;
+
+/// Everything the command line sets, after perftest's dependency rules.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// The test.
+    pub test: Test,
+    /// Safe or raw data path.
+    pub path: DataPath,
+    /// `None`: server; `Some`: client of that host.
+    pub host: Option<String>,
+    /// `-d`: device name (default `$RDMA_VERBS_DEVICE`, else the first).
+    pub device: Option<String>,
+    /// `-i`: port of the device.
+    pub ib_port: u8,
+    /// `-x`: GID index (default: the RoCE v2 IPv4-mapped GID, else 0).
+    pub gid_index: Option<u8>,
+    /// `-p`: TCP port of the exchange.
+    pub port: u16,
+    /// Message sizes: one, or 2..8 MiB with `-a`.
+    pub sizes: Vec<usize>,
+    /// `-a` given.
+    pub all: bool,
+    /// `-n`: iterations per QP (0 in duration mode).
+    pub iters: u64,
+    /// `-D`: duration in seconds (`None`: iterations mode).
+    pub duration: Option<u64>,
+    /// Warm-up / cool-down margin of duration mode, in seconds.
+    pub margin: f64,
+    /// `-t`: send queue depth (work requests in flight per QP).
+    pub tx_depth: u32,
+    /// `-r`: receive queue depth.
+    pub rx_depth: u32,
+    /// `-q`: number of QPs.
+    pub num_qps: u32,
+    /// `-l`: work requests per `post_send` call.
+    pub post_list: u32,
+    /// `-Q`: one signaled completion every `cq_mod` work requests.
+    pub cq_mod: u32,
+    /// `-I`: largest size sent inline (0: never).
+    pub inline_size: u32,
+    /// `-e`: sleep on a completion channel instead of busy polling.
+    pub events: bool,
+    /// `-b`: both sides send.
+    pub bidir: bool,
+    /// `--report_gbits`: Gb/s instead of MiB/s.
+    pub report_gbits: bool,
+    /// `--out_json FILE`.
+    pub out_json: Option<PathBuf>,
+    /// `--run_infinitely`: report every `-D` seconds (default 5), forever.
+    pub run_infinitely: bool,
+    /// `-N` or too many iterations: no peak bandwidth.
+    pub no_peak: bool,
+}
+
+/// The usage text.
+pub fn usage() -> String {
+    let tests: Vec<&str> = Test::ALL.iter().map(|t| t.name()).collect();
+    format!(
+        "usage: perf <{}> [options] [host]\n\
+         \n\
+         Without a host: server; with one: client of that host. Both sides take the same options.\n\
+         \n\
+         options (perftest's, where they apply):\n\
+         \x20 -d, --ib-dev=DEV          device (default $RDMA_VERBS_DEVICE, else the first)\n\
+         \x20 -i, --ib-port=PORT        device port (default 1)\n\
+         \x20 -x, --gid-index=IDX       GID index (default: the RoCE v2 IPv4-mapped GID)\n\
+         \x20 -p, --port=PORT           TCP port of the endpoint exchange (default 18515)\n\
+         \x20 -s, --size=BYTES          message size (default 65536 for bw, 2 for lat)\n\
+         \x20 -a, --all                 sizes 2 to 2^23\n\
+         \x20 -n, --iters=N             iterations (default 5000 for write_bw, else 1000)\n\
+         \x20 -D, --duration=SECS       run for SECS seconds instead of -n\n\
+         \x20 -t, --tx-depth=N          send queue depth (default 128 for bw, 1 for lat)\n\
+         \x20 -r, --rx-depth=N          receive queue depth (default 512 for send tests)\n\
+         \x20 -q, --qp=N                number of QPs (bw tests; default 1)\n\
+         \x20 -l, --post_list=N         work requests per post call (bw tests; default 1)\n\
+         \x20 -Q, --cq-mod=N            one completion every N work requests (default 100,\n\
+         \x20                           1 above 8 KiB unless given)\n\
+         \x20 -I, --inline_size=BYTES   send messages up to BYTES inline (default 0)\n\
+         \x20 -e, --events              sleep on a completion channel instead of polling\n\
+         \x20 -b, --bidirectional       both sides send (bw tests)\n\
+         \x20 -N, --noPeak              do not compute the peak bandwidth\n\
+         \x20 -F, --CPU-freq            accepted for compatibility (no effect)\n\
+         \x20     --report_gbits        bandwidth in Gb/s instead of MiB/s\n\
+         \x20     --out_json FILE       also write the results as JSON to FILE\n\
+         \x20     --run_infinitely      bw tests: report every -D seconds (default 5), forever\n\
+         \x20     --safe                safe data path: post_send_list + SharedMr/Mr + Cq::poll\n\
+         \x20                           (default)\n\
+         \x20     --raw                 raw data path: unsafe post_send_raw + Cq::poll_raw\n\
+         \x20 -h, --help                this text",
+        tests.join("|")
+    )
+}
+
+/// Parses the command line (without the program name). `Err` carries the
+/// message to print; `Ok(None)` means help was printed.
+pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
+    let mut it = args.iter();
+    let Some(first) = it.next() else {
+        return Err("missing the test name".into());
+    };
+    if first == "-h" || first == "--help" {
+        println!("{}", usage());
+        return Ok(None);
+    }
+    let test = Test::ALL
+        .into_iter()
+        .find(|t| t.name() == first)
+        .ok_or_else(|| format!("unknown test `{first}`"))?;
+    let mut raw = RawArgs::default();
+    let rest: Vec<&String> = it.collect();
+    let mut i = 0;
+    while i < rest.len() {
+        let arg = rest[i].as_str();
+        i += 1;
+        if !arg.starts_with('-') || arg == "-" {
+            if raw.host.is_some() {
+                return Err(format!("unexpected argument `{arg}` (host already given)"));
+            }
+            raw.host = Some(arg.to_owned());
+            continue;
+        }
+        // Split `--long=value` / `-sVALUE` forms.
+        let (flag, mut inline_val): (String, Option<String>) =
+            if let Some(long) = arg.strip_prefix("--") {
+                match long.split_once('=') {
+                    Some((k, v)) => (format!("--{k}"), Some(v.to_owned())),
+                    None => (arg.to_owned(), None),
+                }
+            } else if arg.len() > 2 {
+                (arg[..2].to_owned(), Some(arg[2..].to_owned()))
+            } else {
+                (arg.to_owned(), None)
+            };
+        let attached = inline_val.is_some();
+        let mut value = |name: &str| -> Result<String, String> {
+            if let Some(v) = inline_val.take() {
+                return Ok(v);
+            }
+            let v = rest.get(i).ok_or_else(|| format!("{name} needs a value"))?;
+            i += 1;
+            Ok((*v).clone())
+        };
+        match flag.as_str() {
+            "-d" | "--ib-dev" => raw.device = Some(value("-d")?),
+            "-i" | "--ib-port" => raw.ib_port = Some(num(&value("-i")?, "-i")?),
+            "-x" | "--gid-index" => raw.gid_index = Some(num(&value("-x")?, "-x")?),
+            "-p" | "--port" => raw.port = Some(num(&value("-p")?, "-p")?),
+            "-s" | "--size" => raw.size = Some(num(&value("-s")?, "-s")?),
+            "-n" | "--iters" => raw.iters = Some(num(&value("-n")?, "-n")?),
+            "-D" | "--duration" => raw.duration = Some(num(&value("-D")?, "-D")?),
+            "-t" | "--tx-depth" => raw.tx_depth = Some(num(&value("-t")?, "-t")?),
+            "-r" | "--rx-depth" => raw.rx_depth = Some(num(&value("-r")?, "-r")?),
+            "-q" | "--qp" => raw.num_qps = Some(num(&value("-q")?, "-q")?),
+            "-l" | "--post_list" => raw.post_list = Some(num(&value("-l")?, "-l")?),
+            "-Q" | "--cq-mod" => raw.cq_mod = Some(num(&value("-Q")?, "-Q")?),
+            "-I" | "--inline_size" => raw.inline_size = Some(num(&value("-I")?, "-I")?),
+            "--out_json" | "--out_json_file" => {
+                raw.out_json = Some(PathBuf::from(value("--out_json")?))
+            }
+            "-a" | "--all" if !attached => raw.all = true,
+            "-e" | "--events" if !attached => raw.events = true,
+            "-b" | "--bidirectional" if !attached => raw.bidir = true,
+            "-N" | "--noPeak" if !attached => raw.no_peak = true,
+            "-F" | "--CPU-freq" if !attached => {}
+            "--report_gbits" if !attached => raw.report_gbits = true,
+            "--run_infinitely" if !attached => raw.run_infinitely = true,
+            "--safe" if !attached => raw.path = Some(DataPath::Safe),
+            "--raw" if !attached => raw.path = Some(DataPath::Raw),
+            "-h" | "--help" => {
+                println!("{}", usage());
+                return Ok(None);
+            }
+            _ => return Err(format!("unknown option `{arg}`")),
+        }
+    }
+    resolve(test, raw).map(Some)
+}
+
+fn num<T: std::str::FromStr>(v: &str, flag: &str) -> Result<T, String> {
+    v.trim()
+        .parse()
+        .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
+}
+
+/// What the command line said, before defaults and dependencies.
+#[derive(Default)]
+struct RawArgs {
+    host: Option<String>,
+    device: Option<String>,
+    ib_port: Option<u8>,
+    gid_index: Option<u8>,
+    port: Option<u16>,
+    size: Option<usize>,
+    iters: Option<u64>,
+    duration: Option<u64>,
+    tx_depth: Option<u32>,
+    rx_depth: Option<u32>,
+    num_qps: Option<u32>,
+    post_list: Option<u32>,
+    cq_mod: Option<u32>,
+    inline_size: Option<u32>,
+    out_json: Option<PathBuf>,
+    all: bool,
+    events: bool,
+    bidir: bool,
+    no_peak: bool,
+    report_gbits: bool,
+    run_infinitely: bool,
+    path: Option<DataPath>,
+}
+
+/// perftest's defaults (`init_perftest_params`) and rules (`force_dependecies`).
+fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
+    let bw = test.is_bw();
+    let verb = test.verb();
+    let size = a.size.unwrap_or(if bw { 65536 } else { 2 });
+    if size == 0 {
+        return Err("-s must be at least 1".into());
+    }
+    if size > u32::MAX as usize {
+        return Err("-s is larger than a work request can carry".into());
+    }
+    let mut iters = a
+        .iters
+        .unwrap_or(if test == Test::WriteBw { 5000 } else { 1000 });
+    if a.iters.is_some() && iters < 5 {
+        return Err("-n must be at least 5".into());
+    }
+    let mut tx_depth = a.tx_depth.unwrap_or(if bw { 128 } else { 1 });
+    let mut rx_depth = a
+        .rx_depth
+        .unwrap_or(if verb == Verb::Send { 512 } else { 1 });
+    if verb == Verb::Write {
+        rx_depth = 1;
+    }
+    let num_qps = a.num_qps.unwrap_or(1);
+    let post_list = a.post_list.unwrap_or(1);
+    let mut cq_mod = a.cq_mod.unwrap_or(100);
+    if tx_depth == 0 || rx_depth == 0 || num_qps == 0 || post_list == 0 || cq_mod == 0 {
+        return Err("-t, -r, -q, -l and -Q must be at least 1".into());
+    }
+    if !bw {
+        if num_qps > 1 {
+            return Err("-q applies to the bandwidth tests only".into());
+        }
+        if a.bidir {
+            return Err("-b applies to the bandwidth tests only".into());
+        }
+        if a.run_infinitely {
+            return Err("--run_infinitely applies to the bandwidth tests only".into());
+        }
+    }
+    if a.run_infinitely && a.all {
+        return Err("--run_infinitely does not run all sizes".into());
+    }
+    let duration = if a.run_infinitely {
+        Some(a.duration.unwrap_or(5))
+    } else {
+        a.duration
+    };
+    if duration == Some(0) {
+        return Err("-D must be at least 1 second".into());
+    }
+    if duration.is_some() {
+        if a.all {
+            return Err("duration mode does not run all sizes (-a)".into());
+        }
+        if a.events {
+            return Err("duration mode does not work with events (-e)".into());
+        }
+    }
+    let iterations_mode = duration.is_none();
+    if iterations_mode {
+        tx_depth = tx_depth.min(u32::try_from(iters).unwrap_or(u32::MAX));
+        if verb == Verb::Send {
+            rx_depth = rx_depth.min(u32::try_from(iters).unwrap_or(u32::MAX));
+        }
+    }
+    if size > MSG_SIZE_CQ_MOD_LIMIT && !a.all && !a.events && a.cq_mod.is_none() {
+        cq_mod = 1;
+    }
+    cq_mod = cq_mod.min(tx_depth);
+    let mut inline_size = a.inline_size.unwrap_or(0);
+    if verb == Verb::Read {
+        inline_size = 0;
+    }
+    if post_list > 1 {
+        if !bw {
+            return Err("post list (-l) is supported in bw tests only".into());
+        }
+        if iterations_mode && iters % u64::from(post_list) != 0 {
+            return Err("the number of iterations must be a multiple of the post list size".into());
+        }
+        if a.cq_mod.is_none() {
+            cq_mod = post_list;
+        } else if post_list % cq_mod != 0 {
+            return Err("post list size must be a multiple of the CQ moderation".into());
+        }
+        if post_list > tx_depth {
+            return Err("post list size must not exceed the tx depth (-t)".into());
+        }
+    }
+    let sizes = if a.all {
+        (1..=MAX_SIZE.trailing_zeros())
+            .map(|p| 1usize << p)
+            .collect()
+    } else {
+        vec![size]
+    };
+    let mut no_peak = a.no_peak;
+    if !iterations_mode {
+        iters = 0;
+        no_peak = true;
+    } else if iters.saturating_mul(u64::from(num_qps)) > PEAK_ITERS_LIMIT {
+        no_peak = true;
+    }
+    let path = a.path.unwrap_or(DataPath::Safe);
+    if test == Test::ReadBw && path == DataPath::Safe && !iterations_mode && cq_mod > 1 {
+        // Unsignaled safe READs cannot hand their destinations back, and a
+        // duration run has no bound on how many it would need.
+        eprintln!("perf: read_bw --safe with -D: using -Q 1 (every READ signaled)");
+        cq_mod = 1;
+    }
+    let margin = match duration {
+        Some(d) => (d as f64 / 4.0).min(2.0),
+        None => 0.0,
+    };
+    Ok(Opts {
+        test,
+        path,
+        host: a.host,
+        device: a.device.or_else(|| std::env::var("RDMA_VERBS_DEVICE").ok()),
+        ib_port: a.ib_port.unwrap_or(1),
+        gid_index: a.gid_index,
+        port: a.port.unwrap_or(18515),
+        sizes,
+        all: a.all,
+        iters,
+        duration,
+        margin,
+        tx_depth,
+        rx_depth,
+        num_qps,
+        post_list,
+        cq_mod,
+        inline_size,
+        events: a.events,
+        bidir: a.bidir,
+        report_gbits: a.report_gbits,
+        out_json: a.out_json,
+        run_infinitely: a.run_infinitely,
+        no_peak,
+    })
+}
+
+impl Opts {
+    /// True on the server side (no host given).
+    pub fn is_server(&self) -> bool {
+        self.host.is_none()
+    }
+
+    /// True when this side posts the test's work requests.
+    pub fn sends(&self) -> bool {
+        !self.is_server() || self.bidir || matches!(self.test, Test::WriteLat | Test::SendLat)
+    }
+
+    /// True when this side receives SENDs.
+    pub fn receives(&self) -> bool {
+        self.test.verb() == Verb::Send && (self.is_server() || self.bidir || !self.test.is_bw())
+    }
+
+    /// The largest message size of the run.
+    pub fn max_size(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(1)
+    }
+
+    /// What must match between the two sides, as text (sent in the handshake).
+    pub fn fingerprint(&self) -> String {
+        format!(
+            "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={}",
+            self.test.name(),
+            self.path.name(),
+            self.sizes,
+            self.all,
+            self.iters,
+            self.duration,
+            self.tx_depth,
+            self.rx_depth,
+            self.num_qps,
+            self.post_list,
+            self.cq_mod,
+            self.inline_size,
+            self.events,
+            self.bidir,
+            self.run_infinitely
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Opts {
+        let args: Vec<String> = s.split_whitespace().map(str::to_owned).collect();
+        parse(&args).unwrap().unwrap()
+    }
+
+    #[test]
+    fn perftest_defaults() {
+        let o = p("write_bw");
+        assert_eq!(
+            (o.sizes[0], o.iters, o.tx_depth, o.cq_mod),
+            (65536, 5000, 128, 1)
+        );
+        let o = p("write_bw -s 2 -n 1000 10.0.0.1");
+        assert_eq!(
+            (o.tx_depth, o.cq_mod, o.host.as_deref()),
+            (128, 100, Some("10.0.0.1"))
+        );
+        let o = p("send_bw -s 64 -n 100");
+        assert_eq!((o.tx_depth, o.rx_depth, o.cq_mod), (100, 100, 100));
+        let o = p("send_lat");
+        assert_eq!(
+            (o.sizes[0], o.tx_depth, o.cq_mod, o.rx_depth),
+            (2, 1, 1, 512)
+        );
+        let o = p("read_bw -s2 --size=8 -I 64 --raw");
+        assert_eq!((o.sizes[0], o.inline_size, o.path), (8, 0, DataPath::Raw));
+        let o = p("write_bw -l 4 -n 1000 -s 2");
+        assert_eq!(o.cq_mod, 4);
+        let o = p("write_bw -D 8");
+        assert_eq!((o.iters, o.no_peak, o.margin), (0, true, 2.0));
+    }
+
+    #[test]
+    fn refuses_what_perftest_refuses() {
+        for bad in [
+            "write_lat -q 2",
+            "send_bw -D 2 -e",
+            "write_bw -l 3 -n 1000",
+            "nope",
+            "write_bw -s 0",
+        ] {
+            let args: Vec<String> = bad.split_whitespace().map(str::to_owned).collect();
+            assert!(parse(&args).is_err(), "{bad}");
+        }
+    }
+}
