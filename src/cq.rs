@@ -187,6 +187,7 @@ impl Completion {
         self.bufs.take_first_owned()
     }
 
+    #[inline]
     fn from_wc(wc: &ffi::ibv_wc, wr_id: u64, bufs: Sges) -> Completion {
         let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
         Completion {

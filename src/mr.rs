@@ -222,28 +222,33 @@ impl Mr {
     }
 
     /// Bytes in this range.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// True for an empty range.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Local key, for SGEs.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         // SAFETY: raw is valid while the region lives.
         unsafe { (*self.region.raw.as_ptr()).lkey }
     }
 
     /// Remote key, for peers.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         // SAFETY: as above.
         unsafe { (*self.region.raw.as_ptr()).rkey }
     }
 
     /// The address the NIC uses for the start of this range (the IOVA).
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.region.ptr.as_ptr() as u64 + self.off as u64
     }
@@ -412,6 +417,7 @@ impl Mr {
         }
     }
 
+    #[inline]
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         ffi::ibv_sge {
             addr: self.addr(),
@@ -444,11 +450,13 @@ pub struct SharedMr {
 
 impl SharedMr {
     /// Bytes in this range.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// True for an empty range.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -492,16 +500,19 @@ impl SharedMr {
     }
 
     /// Local key.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         self.base.lkey()
     }
 
     /// Remote key.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         self.base.rkey()
     }
 
     /// NIC address of the start of this range.
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.base.addr() + self.off as u64
     }
@@ -521,6 +532,7 @@ impl SharedMr {
         Arc::try_unwrap(base).map_err(|base| SharedMr { base, off, len })
     }
 
+    #[inline]
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         ffi::ibv_sge {
             addr: self.addr(),
@@ -553,6 +565,7 @@ pub struct RemoteMr {
 
 impl RemoteMr {
     /// Checks that `[offset, offset+len)` lies inside the region and returns its address.
+    #[inline]
     pub fn checked_addr(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => {

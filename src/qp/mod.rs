@@ -548,17 +548,19 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
         &mut self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<(), PostError> {
-        let mut wrs = wrs.into_iter().peekable();
+        let mut wrs = wrs.into_iter();
+        // One request of lookahead: a chunk ends when full or when this is None.
+        let mut pending = wrs.next();
         // Uninitialised: only the entries a post uses are written (no 4 KiB memset per call).
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; POST_CHUNK];
         let mut c_sges =
             [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
-        while wrs.peek().is_some() {
+        while pending.is_some() {
             let first_seq = self.core.rq_head;
             let mut n = 0;
             let mut failed = None;
             while n < POST_CHUNK {
-                let Some(wr) = wrs.next() else { break };
+                let Some(wr) = pending.take() else { break };
                 let rings = &self.core.rings;
                 if let Err(e) = wr.validate(self.core.caps.max_recv_sge) {
                     failed = Some((e, wr.wr_id, wr.bufs));
@@ -582,6 +584,7 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
                 });
                 self.core.rq_head += 1;
                 n += 1;
+                pending = wrs.next();
             }
             if n > 0 {
                 let head = post::link(&mut c_wrs, &mut c_sges, n);
@@ -598,7 +601,13 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
                     let mut unposted =
                         unsafe { self.core.rings.rq.unfill_from(from, &mut self.core.rq_head) };
                     unposted.extend(failed.map(|(_, id, b)| (id, b)));
-                    unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                    unposted.extend(
+                        pending
+                            .take()
+                            .into_iter()
+                            .chain(wrs)
+                            .map(|w| (w.wr_id, w.bufs)),
+                    );
                     return Err(PostError {
                         error: Error::verb("ibv_post_recv", errno(rc)),
                         unposted,
@@ -607,7 +616,13 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
             }
             if let Some((error, wr_id, bufs)) = failed {
                 let mut unposted = vec![(wr_id, bufs)];
-                unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                unposted.extend(
+                    pending
+                        .take()
+                        .into_iter()
+                        .chain(wrs)
+                        .map(|w| (w.wr_id, w.bufs)),
+                );
                 return Err(PostError { error, unposted });
             }
         }
@@ -648,18 +663,20 @@ impl<T: QpType> Qp<T, Rts> {
         &mut self,
         wrs: impl IntoIterator<Item = SendWr<'a>>,
     ) -> Result<(), PostError> {
-        let mut wrs = wrs.into_iter().peekable();
+        let mut wrs = wrs.into_iter();
+        // One request of lookahead: a chunk ends when full or when this is None.
+        let mut pending = wrs.next();
         // Uninitialised: only the entries a post uses are written (no 6 KiB memset per call).
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_CHUNK];
         let mut c_sges =
             [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
         let caps = self.core.caps;
-        while wrs.peek().is_some() {
+        while pending.is_some() {
             let first_seq = self.core.sq_head;
             let mut n = 0;
             let mut failed = None;
             while n < POST_CHUNK {
-                let Some(wr) = wrs.next() else { break };
+                let Some(wr) = pending.take() else { break };
                 let sq = &self.core.rings.sq;
                 if let Err(e) = wr.validate(caps.max_send_sge, caps.max_inline_data) {
                     failed = Some((e, wr.wr_id, wr.bufs));
@@ -698,6 +715,7 @@ impl<T: QpType> Qp<T, Rts> {
                 c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, wr.bufs) };
                 self.core.sq_head += 1;
                 n += 1;
+                pending = wrs.next();
             }
             if n > 0 {
                 let head = post::link(&mut c_wrs, &mut c_sges, n);
@@ -715,7 +733,13 @@ impl<T: QpType> Qp<T, Rts> {
                     let mut unposted =
                         unsafe { self.core.rings.sq.unfill_from(from, &mut self.core.sq_head) };
                     unposted.extend(failed.map(|(_, id, b)| (id, b)));
-                    unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                    unposted.extend(
+                        pending
+                            .take()
+                            .into_iter()
+                            .chain(wrs)
+                            .map(|w| (w.wr_id, w.bufs)),
+                    );
                     return Err(PostError {
                         error: Error::verb("ibv_post_send", errno(rc)),
                         unposted,
@@ -724,7 +748,13 @@ impl<T: QpType> Qp<T, Rts> {
             }
             if let Some((error, wr_id, bufs)) = failed {
                 let mut unposted = vec![(wr_id, bufs)];
-                unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                unposted.extend(
+                    pending
+                        .take()
+                        .into_iter()
+                        .chain(wrs)
+                        .map(|w| (w.wr_id, w.bufs)),
+                );
                 return Err(PostError { error, unposted });
             }
         }

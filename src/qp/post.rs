@@ -21,6 +21,7 @@ pub(crate) trait ChainedWr: Copy + Default {
 }
 
 impl ChainedWr for ffi::ibv_send_wr {
+    #[inline]
     unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
         // SAFETY: guaranteed by the caller.
         unsafe {
@@ -31,6 +32,7 @@ impl ChainedWr for ffi::ibv_send_wr {
 }
 
 impl ChainedWr for ffi::ibv_recv_wr {
+    #[inline]
     unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
         // SAFETY: guaranteed by the caller.
         unsafe {
@@ -42,6 +44,7 @@ impl ChainedWr for ffi::ibv_recv_wr {
 
 /// Writes the SGEs of `bufs` into `out`, skipping empty buffers (some hardware
 /// reads a zero length as 2 GiB), and returns how many were written.
+#[inline]
 pub(crate) fn fill_sges(bufs: &Sges, out: &mut [MaybeUninit<ffi::ibv_sge>]) -> i32 {
     let mut n = 0;
     for b in bufs.iter().filter(|b| !b.is_empty()) {
@@ -54,6 +57,7 @@ pub(crate) fn fill_sges(bufs: &Sges, out: &mut [MaybeUninit<ffi::ibv_sge>]) -> i
 /// Chains the first `n` requests of `wrs` (which must be initialised), request
 /// `i` using the SGE block `sges[i * MAX_SAFE_SGES..]` (of which C reads only
 /// the request's `num_sge` entries), and returns the head of the list.
+#[inline]
 pub(crate) fn link<W: ChainedWr>(
     wrs: &mut [MaybeUninit<W>],
     sges: &mut [MaybeUninit<ffi::ibv_sge>],
@@ -77,6 +81,7 @@ pub(crate) fn link<W: ChainedWr>(
 
 /// Position of `bad` in the list of `n` requests starting at `head`, or `None`
 /// when the provider pointed elsewhere (or nowhere).
+#[inline]
 pub(crate) fn bad_index<W>(bad: *mut W, head: *mut W, n: usize) -> Option<usize> {
     let offset = (bad as usize).checked_sub(head as usize)?;
     let size = size_of::<W>();
@@ -97,7 +102,10 @@ mod tests {
             assert_eq!((*head).next, head.add(1));
             assert_eq!((*head.add(1)).next, head.add(2));
             assert!((*head.add(2)).next.is_null());
-            assert_eq!((*head.add(1)).sg_list, sges.as_mut_ptr().add(MAX_SAFE_SGES).cast());
+            assert_eq!(
+                (*head.add(1)).sg_list,
+                sges.as_mut_ptr().add(MAX_SAFE_SGES).cast()
+            );
             assert_eq!(bad_index(head.add(2), head, 3), Some(2));
             assert_eq!(bad_index(head.add(3), head, 3), None);
         }

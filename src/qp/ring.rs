@@ -31,6 +31,7 @@ pub enum Buffer {
 
 impl Buffer {
     /// The owned `Mr`, if this is one.
+    #[inline]
     pub fn into_mr(self) -> Option<Mr> {
         match self {
             Buffer::Owned(m) => Some(m),
@@ -39,6 +40,7 @@ impl Buffer {
     }
 
     /// Bytes in the buffer.
+    #[inline]
     pub fn len(&self) -> usize {
         match self {
             Buffer::Owned(m) => m.len(),
@@ -47,10 +49,12 @@ impl Buffer {
     }
 
     /// True when empty.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[inline]
     pub(crate) fn sge(&self) -> crate::ffi::ibv_sge {
         match self {
             Buffer::Owned(m) => m.sge(),
@@ -83,6 +87,7 @@ pub struct Sges {
 
 impl Sges {
     /// Appends a buffer; beyond [`MAX_SAFE_SGES`] the request will be refused when posted.
+    #[inline]
     pub fn push(&mut self, b: Buffer) {
         if self.len < MAX_SAFE_SGES {
             self.items[self.len] = Some(b);
@@ -93,27 +98,32 @@ impl Sges {
     }
 
     /// Number of buffers.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// True when there are none.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Total bytes.
+    #[inline]
     pub fn total_len(&self) -> u64 {
         self.iter().map(|b| b.len() as u64).sum()
     }
 
     /// The buffers in order.
+    #[inline]
     pub fn iter(&self) -> impl Iterator<Item = &Buffer> {
         self.items[..self.len].iter().flatten()
     }
 
     /// Refuses a buffer whose length does not fit an SGE's 32-bit length field
     /// (it would be truncated, and the NIC would address a different range).
+    #[inline]
     pub(crate) fn check_lengths(&self) -> crate::Result<()> {
         match self.iter().find(|b| b.len() > u32::MAX as usize) {
             Some(b) => Err(crate::Error::InvalidArgument {
@@ -128,10 +138,12 @@ impl Sges {
         }
     }
 
+    #[inline]
     pub(crate) fn all_owned(&self) -> bool {
         self.iter().all(|b| matches!(b, Buffer::Owned(_)))
     }
 
+    #[inline]
     pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
         let i = self.items[..self.len]
             .iter()
@@ -221,11 +233,13 @@ impl Ring {
     }
 
     /// Capacity in work requests.
+    #[inline]
     pub(crate) fn depth(&self) -> u64 {
         self.slots.len() as u64
     }
 
     /// Outstanding work requests, seen from the producer whose count is `head`.
+    #[inline]
     pub(crate) fn in_flight(&self, head: u64) -> u64 {
         head - self.tail.load(Ordering::Acquire)
     }
@@ -234,6 +248,7 @@ impl Ring {
     ///
     /// # Safety
     /// Only the producer calls this, for `seq` with `in_flight(seq) < depth`.
+    #[inline]
     pub(crate) unsafe fn fill(&self, seq: u64, wr_id: u64, bufs: Sges) -> u64 {
         let slot = &self.slots[(seq % self.depth()) as usize];
         debug_assert_eq!(slot.state.load(Ordering::Relaxed), EMPTY);
@@ -280,6 +295,7 @@ impl Ring {
 /// `wr_id` came from a completion of a work request posted by [`Ring::fill`],
 /// the ring is still alive (its QP or a CQ graveyard holds it), and the caller
 /// is that queue's only consumer (holds `&mut` to its CQ).
+#[inline]
 pub(crate) unsafe fn retire(wr_id: u64) -> (u64, Sges) {
     let slot_ptr = wr_id as *const Slot;
     // SAFETY: per the contract the slot and its ring are alive.

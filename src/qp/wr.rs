@@ -48,6 +48,7 @@ pub struct SendWr<'a> {
 }
 
 impl<'a> SendWr<'a> {
+    #[inline]
     fn new(wr_id: u64, op: SendOp) -> SendWr<'a> {
         SendWr {
             wr_id,
@@ -60,6 +61,7 @@ impl<'a> SendWr<'a> {
     }
 
     /// A SEND; add the payload with [`SendWr::sge`] (none: a zero-byte message).
+    #[inline]
     pub fn send(wr_id: u64) -> SendWr<'a> {
         SendWr::new(wr_id, SendOp::Send)
     }
@@ -67,6 +69,7 @@ impl<'a> SendWr<'a> {
     /// A SEND whose payload the NIC copies from `data` at post time
     /// (IBV_SEND_INLINE): no buffer is held, `data` is free again when
     /// `post_send` returns. `data` may not exceed the QP's `max_inline_data`.
+    #[inline]
     pub fn send_inline(wr_id: u64, data: &'a [u8]) -> SendWr<'a> {
         let mut wr = SendWr::new(wr_id, SendOp::Send);
         wr.inline_data = Some(data);
@@ -75,11 +78,13 @@ impl<'a> SendWr<'a> {
     }
 
     /// An RDMA WRITE of the SGEs to `remote` at `offset` (bounds checked when posted).
+    #[inline]
     pub fn write(wr_id: u64, remote: RemoteMr, offset: u64) -> SendWr<'a> {
         SendWr::new(wr_id, SendOp::Write { remote, offset })
     }
 
     /// An RDMA WRITE whose payload is copied from `data` at post time (inline).
+    #[inline]
     pub fn write_inline(wr_id: u64, data: &'a [u8], remote: RemoteMr, offset: u64) -> SendWr<'a> {
         let mut wr = SendWr::write(wr_id, remote, offset);
         wr.inline_data = Some(data);
@@ -88,12 +93,14 @@ impl<'a> SendWr<'a> {
     }
 
     /// An RDMA READ of `dest.len()` bytes from `remote` at `offset` into `dest`.
+    #[inline]
     pub fn read(wr_id: u64, dest: Mr, remote: RemoteMr, offset: u64) -> SendWr<'a> {
         SendWr::new(wr_id, SendOp::Read { remote, offset }).sge(dest)
     }
 
     /// Atomic compare-and-swap on the 8 bytes at `remote + offset`; the old
     /// value lands in `result` (an 8-byte `Mr` with LOCAL_WRITE).
+    #[inline]
     pub fn compare_swap(
         wr_id: u64,
         result: Mr,
@@ -116,6 +123,7 @@ impl<'a> SendWr<'a> {
 
     /// Atomic fetch-and-add on the 8 bytes at `remote + offset`; the old value
     /// lands in `result` (an 8-byte `Mr` with LOCAL_WRITE).
+    #[inline]
     pub fn fetch_add(
         wr_id: u64,
         result: Mr,
@@ -137,12 +145,14 @@ impl<'a> SendWr<'a> {
     /// Appends a scatter/gather entry covering the whole buffer. Past
     /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) entries the buffer is dropped
     /// and posting fails with [`Error::TooManySges`].
+    #[inline]
     pub fn sge(mut self, buf: impl Into<Buffer>) -> SendWr<'a> {
         self.bufs.push(buf.into());
         self
     }
 
     /// Attaches immediate data (SEND_WITH_IMM / RDMA_WRITE_WITH_IMM).
+    #[inline]
     pub fn imm(mut self, imm: u32) -> SendWr<'a> {
         self.imm = Some(imm);
         self
@@ -152,18 +162,21 @@ impl<'a> SendWr<'a> {
     /// its send ring would otherwise fill up, so the ring can never wedge;
     /// buffers of unsignaled requests are released when a later completion
     /// retires them.
+    #[inline]
     pub fn unsignaled(mut self) -> SendWr<'a> {
         self.flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         self
     }
 
     /// Sets the solicited-event bit (wakes a peer waiting with solicited_only).
+    #[inline]
     pub fn solicited(mut self) -> SendWr<'a> {
         self.flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
         self
     }
 
     /// Waits for earlier RDMA READs/atomics to finish before this one starts.
+    #[inline]
     pub fn fence(mut self) -> SendWr<'a> {
         self.flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
         self
@@ -180,6 +193,7 @@ impl<'a> SendWr<'a> {
     }
 
     /// Checks everything that can be checked before the NIC sees the request.
+    #[inline]
     pub(crate) fn validate(&self, max_sge: u32, max_inline: u32) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow;
         let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
@@ -238,6 +252,7 @@ impl<'a> SendWr<'a> {
         Ok(())
     }
 
+    #[inline]
     fn check_writable_dest(&self, what: &str) -> Result<()> {
         if self.inline_data.is_some() || !self.bufs.all_owned() {
             return Err(invalid(
@@ -250,6 +265,7 @@ impl<'a> SendWr<'a> {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn payload_len(&self) -> u64 {
         match self.inline_data {
             Some(d) => d.len() as u64,
@@ -260,6 +276,7 @@ impl<'a> SendWr<'a> {
     /// Fills the C work request (sg_list and next are set by the caller). Call
     /// after [`validate`](Self::validate), which checked that the remote
     /// address arithmetic does not overflow.
+    #[inline]
     pub(crate) fn fill_ffi(&self, wr: &mut ffi::ibv_send_wr) {
         use SendOp::*;
         wr.send_flags = self.flags;
@@ -327,6 +344,7 @@ pub struct RecvWr {
 
 impl RecvWr {
     /// A receive into `buf`.
+    #[inline]
     pub fn new(wr_id: u64, buf: Mr) -> RecvWr {
         RecvWr {
             wr_id,
@@ -336,6 +354,7 @@ impl RecvWr {
     }
 
     /// A receive with no buffer (for zero-byte messages and WRITE_WITH_IMM notifications).
+    #[inline]
     pub fn empty(wr_id: u64) -> RecvWr {
         RecvWr {
             wr_id,
@@ -344,6 +363,7 @@ impl RecvWr {
     }
 
     /// Appends a scatter entry.
+    #[inline]
     pub fn sge(mut self, buf: Mr) -> RecvWr {
         self.bufs.push(Buffer::Owned(buf));
         self
@@ -354,6 +374,7 @@ impl RecvWr {
         self.bufs
     }
 
+    #[inline]
     pub(crate) fn validate(&self, max_sge: u32) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow;
         let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
