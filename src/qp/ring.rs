@@ -12,6 +12,7 @@
 //! `tail` (Release on retire, Acquire on post).
 
 use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
@@ -172,11 +173,12 @@ struct SlotData {
     bufs: Sges,
 }
 
-/// One slot; its address is the work request's `wr_id`.
+/// One slot; its address is the work request's `wr_id`. `data` is initialised
+/// exactly while `state` is POSTED (so nothing is written to empty it).
 pub(crate) struct Slot {
     ring: *const Ring,
     state: AtomicU8,
-    data: UnsafeCell<SlotData>,
+    data: UnsafeCell<MaybeUninit<SlotData>>,
 }
 
 /// A ring of slots for one queue.
@@ -220,10 +222,7 @@ impl Ring {
             .map(|_| Slot {
                 ring: me,
                 state: AtomicU8::new(EMPTY),
-                data: UnsafeCell::new(SlotData {
-                    wr_id: 0,
-                    bufs: Sges::default(),
-                }),
+                data: UnsafeCell::new(MaybeUninit::uninit()),
             })
             .collect();
         Ring {
@@ -254,7 +253,7 @@ impl Ring {
         debug_assert_eq!(slot.state.load(Ordering::Relaxed), EMPTY);
         // SAFETY: the slot is EMPTY and behind the consumer's tail: only the producer
         // touches it until the Release store below publishes it.
-        unsafe { *slot.data.get() = SlotData { wr_id, bufs } };
+        unsafe { (*slot.data.get()).write(SlotData { wr_id, bufs }) };
         slot.state.store(POSTED, Ordering::Release);
         slot as *const Slot as u64
     }
@@ -269,22 +268,28 @@ impl Ring {
         let out = (from..*head)
             .map(|seq| {
                 let slot = &self.slots[(seq % self.depth()) as usize];
-                // SAFETY: no completion can name this slot, so the consumer never touches it.
-                let data = unsafe {
-                    std::mem::replace(
-                        &mut *slot.data.get(),
-                        SlotData {
-                            wr_id: 0,
-                            bufs: Sges::default(),
-                        },
-                    )
-                };
+                // SAFETY: no completion can name this slot, so the consumer never
+                // touches it; it was POSTED, so its data is initialised, and EMPTY
+                // below marks the data moved out.
+                let data = unsafe { (*slot.data.get()).assume_init_read() };
                 slot.state.store(EMPTY, Ordering::Relaxed);
                 (data.wr_id, data.bufs)
             })
             .collect();
         *head = from;
         out
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        for slot in self.slots.iter_mut() {
+            if *slot.state.get_mut() == POSTED {
+                // SAFETY: POSTED slots hold initialised data; &mut self is exclusive and
+                // the ring is dropped only after its QP was destroyed (NIC done).
+                unsafe { slot.data.get_mut().assume_init_drop() };
+            }
+        }
     }
 }
 
@@ -314,22 +319,15 @@ pub(crate) unsafe fn retire(wr_id: u64) -> (u64, Sges) {
     for s in 0..dist {
         let slot = &ring.slots[((tail + s) % depth) as usize];
         if slot.state.load(Ordering::Acquire) == POSTED {
-            // SAFETY: POSTED and older than a completed slot: the NIC is done with
-            // it and only this consumer touches it now.
-            drop(unsafe { std::mem::take(&mut (*slot.data.get()).bufs) });
+            // SAFETY: POSTED (so initialised) and older than a completed slot: the
+            // NIC is done with it and only this consumer touches it now.
+            unsafe { (*slot.data.get()).assume_init_drop() };
             slot.state.store(EMPTY, Ordering::Relaxed);
         }
     }
-    // SAFETY: POSTED (acquired above), completed, consumer-only from here on.
-    let data = unsafe {
-        std::mem::replace(
-            &mut *target.data.get(),
-            SlotData {
-                wr_id: 0,
-                bufs: Sges::default(),
-            },
-        )
-    };
+    // SAFETY: POSTED (acquired above, so initialised), completed, consumer-only
+    // from here on; EMPTY below marks the data moved out.
+    let data = unsafe { (*target.data.get()).assume_init_read() };
     target.state.store(EMPTY, Ordering::Relaxed);
     ring.tail.store(tail + dist + 1, Ordering::Release);
     (data.wr_id, data.bufs)
