@@ -14,8 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{AccessFlags, Context, Cq, GidType, InitAttr, Pd, Qp, QpCaps, Rc};
+use rdma_verbs::QpCaps;
 
 /// Counts allocations; install with `#[global_allocator]`.
 pub struct CountingAlloc;
@@ -131,82 +130,14 @@ pub fn bench(name: &str, batches: usize, ops: u64, mut f: impl FnMut(u64)) -> Me
     m
 }
 
-/// The device named by RDMA_VERBS_DEVICE (set by `cargo xtask run`), else the first.
-pub fn ctx() -> Context {
-    let name = std::env::var("RDMA_VERBS_DEVICE").ok();
-    match Context::open(name.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("this bench needs an RDMA device (run it with `cargo xtask run`): {e}");
-            std::process::exit(1)
-        }
-    }
-}
+// The device setup is the tests' own (one copy of it).
+#[path = "../../tests/common/mod.rs"]
+mod common;
 
-/// Index of the RoCE v2 IPv4-mapped GID on port 1, or 0.
-pub fn gid_index(ctx: &Context) -> u8 {
-    let table = ctx.gid_table().expect("gid table");
-    table
-        .iter()
-        .find(|e| {
-            e.port == 1
-                && e.gid_type == GidType::RoceV2
-                && e.gid.raw()[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
-        })
-        .map(|e| e.index as u8)
-        .unwrap_or(0)
-}
-
-/// Remote rights of the bench QPs.
-pub fn all_remote() -> AccessFlags {
-    AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC
-}
-
-/// Two RC QPs on one device connected to each other (soft-RoCE loops back),
-/// like `tests/common/mod.rs`'s `pair()`.
-pub struct Pair {
-    /// The device.
-    pub ctx: Context,
-    /// The PD of both QPs.
-    pub pd: Pd,
-    /// Send and receive CQ of `a`.
-    pub cq_a: Cq,
-    /// Send and receive CQ of `b`.
-    pub cq_b: Cq,
-    /// One end.
-    pub a: Qp<Rc, Rts>,
-    /// The other end.
-    pub b: Qp<Rc, Rts>,
-}
+#[allow(unused_imports)] // each bench includes this file and uses a different subset
+pub use common::{Pair, all_remote, ctx, gid_index};
 
 /// Creates and connects a pair with `caps`; `cq_depth` completions per CQ.
 pub fn pair(caps: QpCaps, cq_depth: u32) -> Pair {
-    let ctx = ctx();
-    let pd = Pd::new(&ctx).expect("pd");
-    let cq_a = Cq::new(&ctx, cq_depth).expect("cq a");
-    let cq_b = Cq::new(&ctx, cq_depth).expect("cq b");
-    let gid = gid_index(&ctx);
-    let mk = |cq: &Cq| -> Qp<Rc, Init> {
-        Qp::new(&pd, cq, cq, caps)
-            .expect("create qp")
-            .init(InitAttr::new(1, all_remote()))
-            .expect("init")
-    };
-    let a = mk(&cq_a);
-    let b = mk(&cq_b);
-    let ea = a.endpoint(1, Some(u32::from(gid))).expect("endpoint a");
-    let eb = b.endpoint(1, Some(u32::from(gid))).expect("endpoint b");
-    let a = a.connect(&eb, Some(gid)).expect("connect a");
-    let b = b.connect(&ea, Some(gid)).expect("connect b");
-    Pair {
-        ctx,
-        pd,
-        cq_a,
-        cq_b,
-        a,
-        b,
-    }
+    common::pair_sized(caps, cq_depth, |_, _, _| {})
 }

@@ -1,4 +1,4 @@
-//! Shared helpers for the device tests (`tests/vm_*.rs`), which run inside the
+//! Shared helpers for the device tests (`tests/vm_*.rs`) and the benches, which run inside the
 //! soft-RoCE guest (`cargo xtask test`) or on a host with an RDMA device.
 //! Without a device they fail with the library's error: they never skip.
 #![allow(dead_code)]
@@ -59,11 +59,19 @@ pub fn pair_with(
     caps: QpCaps,
     prep: impl FnOnce(&Pd, &mut Qp<Rc, Init>, &mut Qp<Rc, Init>),
 ) -> Pair {
+    pair_sized(caps, (caps.max_send_wr + caps.max_recv_wr) * 2, prep)
+}
+
+/// [`pair_with`] with `cq_depth` completions per CQ.
+pub fn pair_sized(
+    caps: QpCaps,
+    cq_depth: u32,
+    prep: impl FnOnce(&Pd, &mut Qp<Rc, Init>, &mut Qp<Rc, Init>),
+) -> Pair {
     let ctx = ctx();
     let pd = Pd::new(&ctx).expect("pd");
-    let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
-    let cq_a = Cq::new(&ctx, depth).expect("cq a");
-    let cq_b = Cq::new(&ctx, depth).expect("cq b");
+    let cq_a = Cq::new(&ctx, cq_depth).expect("cq a");
+    let cq_b = Cq::new(&ctx, cq_depth).expect("cq b");
     let gid = gid_index(&ctx);
     let mk = |cq: &Cq| {
         Qp::new(&pd, cq, cq, caps)
