@@ -55,7 +55,12 @@ fn send_recv_every_size_and_sge_count() {
                 rwr = rwr.sge(mr);
             }
             p.b.post_recv(rwr).expect("post recv");
+            // SEND_WITH_IMM on the multi-SGE round, plain SEND otherwise.
+            let imm = (nsge > 1).then_some(0x1000 + k as u32);
             let mut swr = SendWr::send(k as u64);
+            if let Some(imm) = imm {
+                swr = swr.imm(imm);
+            }
             let mut off = 0;
             for part in pieces(len, nsge) {
                 let mut mr = mr_exact(&p, part, AccessFlags::empty());
@@ -77,6 +82,7 @@ fn send_recv_every_size_and_sge_count() {
             assert_eq!(c.opcode, WcOpcode::Recv);
             assert_eq!(c.byte_len as usize, len);
             assert_eq!(c.wr_id, 100 + k as u64);
+            assert_eq!(c.imm_data, imm);
             let got: Vec<u8> = c
                 .take_buffers()
                 .into_iter()
@@ -144,20 +150,23 @@ fn source_buffers(p: &common::Pair, data: &[u8], nsge: usize) -> Vec<Mr> {
 }
 
 #[test]
-fn rdma_write_and_write_with_imm_every_size_and_sge_count() {
+fn rdma_write_with_and_without_imm_every_size_and_sge_count() {
     let mut p = pair(caps(2));
     let region = 2 << 20;
     let target =
         p.pd.alloc_mr(region, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
             .unwrap();
     let remote = target.remote();
-    for nsge in [1usize, 2] {
+    for (nsge, with_imm) in [(1usize, false), (1, true), (2, false), (2, true)] {
         for (k, &len) in SIZES.iter().enumerate() {
-            let data = pattern(len, 50 + k as u8 + nsge as u8);
+            let data = pattern(len, 50 + k as u8 + nsge as u8 + u8::from(with_imm));
             let off = (k as u64) * 3 + nsge as u64; // unaligned offsets too
-            let id = (nsge * 100 + k) as u64;
-            p.b.post_recv(RecvWr::empty(id)).unwrap();
-            let mut wr = SendWr::write(id, remote, off).imm(id as u32);
+            let id = (nsge * 100 + usize::from(with_imm) * 10 + k) as u64;
+            let mut wr = SendWr::write(id, remote, off);
+            if with_imm {
+                p.b.post_recv(RecvWr::empty(id)).unwrap();
+                wr = wr.imm(id as u32);
+            }
             for mr in source_buffers(&p, &data, nsge) {
                 wr = wr.sge(mr);
             }
@@ -166,10 +175,13 @@ fn rdma_write_and_write_with_imm_every_size_and_sge_count() {
             assert_eq!(sc[0].status, WcStatus::Success, "{:?}", sc[0]);
             assert_eq!(sc[0].opcode, WcOpcode::RdmaWrite);
             assert_eq!(sc[0].take_buffers().len(), nsge, "source buffers come back");
-            let rc = wait(&mut p.cq_b, 1);
-            assert_eq!(rc[0].status, WcStatus::Success);
-            assert_eq!(rc[0].opcode, WcOpcode::RecvRdmaWithImm);
-            assert_eq!(rc[0].imm_data, Some(id as u32));
+            if with_imm {
+                let rc = wait(&mut p.cq_b, 1);
+                assert_eq!(rc[0].status, WcStatus::Success);
+                assert_eq!(rc[0].opcode, WcOpcode::RecvRdmaWithImm);
+                assert_eq!(rc[0].imm_data, Some(id as u32));
+            }
+            // The requester's completion means the responder acknowledged the data.
             let mut got = vec![0u8; len];
             target.read_at(off as usize, &mut got).unwrap();
             assert_eq!(got, data, "write of {len} bytes at {off} from {nsge} SGEs");
