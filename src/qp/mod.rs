@@ -653,7 +653,17 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
 impl<T: QpType> Qp<T, Rts> {
     /// Posts one send-queue work request; its buffers return with the completion.
     pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError> {
-        self.post_send_list(std::iter::once(wr))
+        // One request: no list machinery, one entry on the stack.
+        let mut c_wr = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; 1];
+        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; ring::MAX_SAFE_SGES];
+        let first_seq = self.core.sq_head;
+        if let Err((error, wr_id, bufs)) = self.stage_send(wr, &mut c_wr[0], &mut c_sges) {
+            return Err(PostError {
+                error,
+                unposted: vec![(wr_id, bufs)],
+            });
+        }
+        self.submit_send(&mut c_wr, &mut c_sges, 1, first_seq)
     }
 
     /// Posts send-queue work requests as chained lists (one `ibv_post_send`, one
@@ -670,95 +680,119 @@ impl<T: QpType> Qp<T, Rts> {
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_CHUNK];
         let mut c_sges =
             [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
-        let caps = self.core.caps;
         while pending.is_some() {
             let first_seq = self.core.sq_head;
             let mut n = 0;
             let mut failed = None;
             while n < POST_CHUNK {
                 let Some(wr) = pending.take() else { break };
-                let sq = &self.core.rings.sq;
-                if let Err(e) = wr.validate(caps.max_send_sge, caps.max_inline_data) {
-                    failed = Some((e, wr.wr_id, wr.bufs));
-                    break;
-                }
-                let in_flight = sq.in_flight(self.core.sq_head);
-                if in_flight >= sq.depth() {
-                    let e = Error::QueueFull {
-                        queue: "send",
-                        depth: sq.depth() as u32,
-                    };
-                    failed = Some((e, wr.wr_id, wr.bufs));
-                    break;
-                }
-                let c = c_wrs[n].write(ffi::ibv_send_wr::default());
-                wr.fill_ffi(c);
                 let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
-                if in_flight + 1 == sq.depth() && !caps.sq_sig_all {
-                    // The last free slot: ask for a completion so the ring drains.
-                    c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                if let Err(f) = self.stage_send(wr, &mut c_wrs[n], sges) {
+                    failed = Some(f);
+                    break;
                 }
-                c.num_sge = match wr.inline_data {
-                    // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
-                    Some(data) if !data.is_empty() => {
-                        sges[0].write(ffi::ibv_sge {
-                            addr: data.as_ptr() as u64,
-                            length: data.len() as u32,
-                            lkey: 0,
-                        });
-                        1
-                    }
-                    Some(_) => 0,
-                    None => post::fill_sges(&wr.bufs, sges),
-                };
-                // SAFETY: producer side (&mut self), space checked above.
-                c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, wr.bufs) };
-                self.core.sq_head += 1;
                 n += 1;
                 pending = wrs.next();
             }
+            let rest = |pending: Option<SendWr<'a>>, wrs| {
+                pending
+                    .into_iter()
+                    .chain(wrs)
+                    .map(|w: SendWr<'a>| (w.wr_id, w.bufs))
+            };
             if n > 0 {
-                let head = post::link(&mut c_wrs, &mut c_sges, n);
-                let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-                // SAFETY: valid QP; the chain and SGE array live on this stack frame;
-                // every SGE points into a buffer owned by a ring slot or into inline
-                // data borrowed for this call.
-                let rc = unsafe { ffi::ibv_post_send(self.as_raw(), head, &mut bad) };
-                if rc != 0 {
-                    // Requests from `bad` on were refused; if the provider did not say
-                    // which, keep them all in the ring (the NIC may own some).
-                    let from = post::bad_index(bad, head, n)
-                        .map_or(self.core.sq_head, |i| first_seq + i as u64);
-                    // SAFETY: producer side; the device refused these requests.
-                    let mut unposted =
-                        unsafe { self.core.rings.sq.unfill_from(from, &mut self.core.sq_head) };
-                    unposted.extend(failed.map(|(_, id, b)| (id, b)));
-                    unposted.extend(
-                        pending
-                            .take()
-                            .into_iter()
-                            .chain(wrs)
-                            .map(|w| (w.wr_id, w.bufs)),
-                    );
-                    return Err(PostError {
-                        error: Error::verb("ibv_post_send", errno(rc)),
-                        unposted,
-                    });
+                if let Err(mut e) = self.submit_send(&mut c_wrs, &mut c_sges, n, first_seq) {
+                    e.unposted.extend(failed.map(|(_, id, b)| (id, b)));
+                    e.unposted.extend(rest(pending, wrs));
+                    return Err(e);
                 }
             }
             if let Some((error, wr_id, bufs)) = failed {
                 let mut unposted = vec![(wr_id, bufs)];
-                unposted.extend(
-                    pending
-                        .take()
-                        .into_iter()
-                        .chain(wrs)
-                        .map(|w| (w.wr_id, w.bufs)),
-                );
+                unposted.extend(rest(pending, wrs));
                 return Err(PostError { error, unposted });
             }
         }
         Ok(())
+    }
+
+    /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
+    /// moves its buffers into the next send slot. On refusal nothing changed
+    /// and the buffers come back.
+    #[inline]
+    fn stage_send(
+        &mut self,
+        wr: SendWr<'_>,
+        c: &mut MaybeUninit<ffi::ibv_send_wr>,
+        sges: &mut [MaybeUninit<ffi::ibv_sge>],
+    ) -> Result<(), (Error, u64, Sges)> {
+        let caps = self.core.caps;
+        let sq = &self.core.rings.sq;
+        if let Err(e) = wr.validate(caps.max_send_sge, caps.max_inline_data) {
+            return Err((e, wr.wr_id, wr.bufs));
+        }
+        let in_flight = sq.in_flight(self.core.sq_head);
+        if in_flight >= sq.depth() {
+            let e = Error::QueueFull {
+                queue: "send",
+                depth: sq.depth() as u32,
+            };
+            return Err((e, wr.wr_id, wr.bufs));
+        }
+        let c = c.write(ffi::ibv_send_wr::default());
+        wr.fill_ffi(c);
+        if in_flight + 1 == sq.depth() && !caps.sq_sig_all {
+            // The last free slot: ask for a completion so the ring drains.
+            c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        c.num_sge = match wr.inline_data {
+            // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
+            Some(data) if !data.is_empty() => {
+                sges[0].write(ffi::ibv_sge {
+                    addr: data.as_ptr() as u64,
+                    length: data.len() as u32,
+                    lkey: 0,
+                });
+                1
+            }
+            Some(_) => 0,
+            None => post::fill_sges(&wr.bufs, sges),
+        };
+        // SAFETY: producer side (&mut self), space checked above.
+        c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, wr.bufs) };
+        self.core.sq_head += 1;
+        Ok(())
+    }
+
+    /// Posts the `n` staged requests (sequence numbers from `first_seq`) with one
+    /// `ibv_post_send`; on refusal takes back what the device did not accept.
+    #[inline]
+    fn submit_send(
+        &mut self,
+        c_wrs: &mut [MaybeUninit<ffi::ibv_send_wr>],
+        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        n: usize,
+        first_seq: u64,
+    ) -> Result<(), PostError> {
+        let head = post::link(c_wrs, c_sges, n);
+        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; the chain and SGE array live on the caller's stack
+        // frame; every SGE points into a buffer owned by a ring slot or into
+        // inline data borrowed for the caller's call.
+        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), head, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        // Requests from `bad` on were refused; if the provider did not say
+        // which, keep them all in the ring (the NIC may own some).
+        let from =
+            post::bad_index(bad, head, n).map_or(self.core.sq_head, |i| first_seq + i as u64);
+        // SAFETY: producer side; the device refused these requests.
+        let unposted = unsafe { self.core.rings.sq.unfill_from(from, &mut self.core.sq_head) };
+        Err(PostError {
+            error: Error::verb("ibv_post_send", errno(rc)),
+            unposted,
+        })
     }
 
     /// Posts a C send work request list as is (`ibv_post_send`).
