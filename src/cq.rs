@@ -360,8 +360,29 @@ impl Cq {
     ///
     /// Each completion of a safe-path work request carries that request's
     /// buffers back ([`Completion::take_mr`], [`Completion::take_buffers`]);
-    /// unsignaled sends before it are retired and their buffers released.
+    /// unsignaled sends before it are retired and their buffers released
+    /// (use [`Cq::poll_with_retired`] to get those back).
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
+        self.poll_inner(out, None)
+    }
+
+    /// [`Cq::poll`], and the buffers of the unsignaled requests each completion
+    /// retires are appended to `retired` as `(wr_id, buffers)` in posting order
+    /// instead of being released: the way to recycle unsignaled READ or atomic
+    /// destinations. Allocates only if `retired` runs out of capacity.
+    pub fn poll_with_retired(
+        &mut self,
+        out: &mut Vec<Completion>,
+        retired: &mut Vec<(u64, Sges)>,
+    ) -> Result<usize> {
+        self.poll_inner(out, Some(retired))
+    }
+
+    fn poll_inner(
+        &mut self,
+        out: &mut Vec<Completion>,
+        mut retired: Option<&mut Vec<(u64, Sges)>>,
+    ) -> Result<usize> {
         let want = out.capacity() - out.len();
         let dead = self.inner.dead.load(Ordering::Acquire);
         let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
@@ -381,7 +402,7 @@ impl Cq {
                 // SAFETY: safe-path WRs carry a slot pointer as wr_id, into rings kept
                 // alive by their QP or by this CQ's graveyard; raw-path users promised
                 // (post_*_raw's contract) not to poll their completions with this method.
-                let (wr_id, bufs) = unsafe { ring::retire(wc.wr_id) };
+                let (wr_id, bufs) = unsafe { ring::retire(wc.wr_id, retired.as_deref_mut()) };
                 out.push(Completion::from_wc(wc, wr_id, bufs));
             }
             total += got;

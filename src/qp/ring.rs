@@ -294,14 +294,15 @@ impl Drop for Ring {
 }
 
 /// Retires the slot a completion's `wr_id` names, and every unsignaled slot
-/// before it; returns the application's wr_id and the slot's buffers.
+/// before it (their buffers go to `retired` if given, else are released);
+/// returns the application's wr_id and the slot's buffers.
 ///
 /// # Safety
 /// `wr_id` came from a completion of a work request posted by [`Ring::fill`],
 /// the ring is still alive (its QP or a CQ graveyard holds it), and the caller
 /// is that queue's only consumer (holds `&mut` to its CQ).
 #[inline]
-pub(crate) unsafe fn retire(wr_id: u64) -> (u64, Sges) {
+pub(crate) unsafe fn retire(wr_id: u64, mut retired: Option<&mut Vec<(u64, Sges)>>) -> (u64, Sges) {
     let slot_ptr = wr_id as *const Slot;
     // SAFETY: per the contract the slot and its ring are alive.
     let ring = unsafe { &*(*slot_ptr).ring };
@@ -320,8 +321,12 @@ pub(crate) unsafe fn retire(wr_id: u64) -> (u64, Sges) {
         let slot = &ring.slots[((tail + s) % depth) as usize];
         if slot.state.load(Ordering::Acquire) == POSTED {
             // SAFETY: POSTED (so initialised) and older than a completed slot: the
-            // NIC is done with it and only this consumer touches it now.
-            unsafe { (*slot.data.get()).assume_init_drop() };
+            // NIC is done with it and only this consumer touches it now; EMPTY
+            // below marks the data moved out.
+            let data = unsafe { (*slot.data.get()).assume_init_read() };
+            if let Some(v) = retired.as_deref_mut() {
+                v.push((data.wr_id, data.bufs));
+            }
             slot.state.store(EMPTY, Ordering::Relaxed);
         }
     }
