@@ -29,8 +29,8 @@
 //!   [`Completion`](crate::Completion). Queues complete in order, so a
 //!   completion also retires the unsignaled requests before it; their buffers
 //!   are released then, or handed back by
-//!   [`Cq::poll_with_retired`](crate::Cq::poll_with_retired). The QP forces a signaled request when its ring would
-//!   fill up, so it can never wedge.
+//!   [`Cq::poll_with_retired`](crate::Cq::poll_with_retired). The QP forces a
+//!   signaled request when its ring would fill up, so it can never wedge.
 //! * NIC-written destinations (receives, READ and atomic results) must be
 //!   exclusively owned `Mr`s; `SharedMr` is refused there, since others may
 //!   be reading it.
