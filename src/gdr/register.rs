@@ -299,18 +299,32 @@ pub(crate) fn register_shared(
     // A stream-ordered allocation exists only once its stream reached it.
     sync_stream(mem.stream())?;
     let sync_memops = set_sync_memops_on(ptr).is_ok();
+    let (mr, path, skipped, failures) = first_working_path(mode, &caps, direct, skipped, |path| {
+        register_direct(pd, &mem, ptr, len, access, path)
+    })?;
+    Ok(Registration {
+        mr,
+        path,
+        sync_memops,
+        skipped,
+        failures,
+    })
+}
+
+/// Tries `paths` in order until `attempt` succeeds, returning its value, the
+/// path, `skipped`, and the failures of the paths tried before it; when none
+/// works, [`GdrError::NoPath`] with every failure.
+pub(crate) fn first_working_path<T>(
+    mode: GdrMode,
+    caps: &Capabilities,
+    paths: impl IntoIterator<Item = GdrPath>,
+    skipped: Vec<Missing>,
+    mut attempt: impl FnMut(GdrPath) -> Result<T>,
+) -> Result<(T, GdrPath, Vec<Missing>, Vec<AttemptFailure>)> {
     let mut failures = Vec::new();
-    for path in direct {
-        match register_direct(pd, &mem, ptr, len, access, path) {
-            Ok(mr) => {
-                return Ok(Registration {
-                    mr,
-                    path,
-                    sync_memops,
-                    skipped,
-                    failures,
-                });
-            }
+    for path in paths {
+        match attempt(path) {
+            Ok(value) => return Ok((value, path, skipped, failures)),
             Err(error) => failures.push(AttemptFailure {
                 path,
                 error: Box::new(error),

@@ -13,7 +13,7 @@ use cudarc::driver::sys::{self, CUdeviceptr};
 
 use super::driver::{driver, set_sync_memops_on};
 use super::memory::{bind, dtoh, sync_stream};
-use super::register::{probe, register_direct};
+use super::register::{first_working_path, probe, register_direct};
 use super::select::{Capabilities, Decision, GdrMode, GdrPath, Missing, decide};
 use super::{AttemptFailure, DeviceMemory, GdrError};
 use crate::cq::{Completion, Cq};
@@ -322,9 +322,8 @@ impl GpuBuffer {
         bind(mem.stream())?;
         sync_stream(mem.stream())?;
         let sync_memops = paths.iter().any(|p| p.is_direct()) && set_sync_memops_on(ptr).is_ok();
-        let mut failures = Vec::new();
-        for path in paths {
-            let state = match path {
+        let (state, path, skipped, failures) =
+            first_working_path(mode, &caps, paths, skipped, |path| match path {
                 GdrPath::DmaBuf | GdrPath::PeerMem => {
                     register_direct(pd, &mem, ptr, len, AccessFlags::empty(), path).and_then(
                         |mut mr| {
@@ -339,40 +338,24 @@ impl GpuBuffer {
                 GdrPath::Staging => {
                     Staging::new(pd, mem.stream().cloned(), &config).map(State::Staging)
                 }
-            };
-            match state {
-                Ok(state) => {
-                    return Ok(GpuBuffer {
-                        mem,
-                        ptr,
-                        len,
-                        path,
-                        caps,
-                        skipped,
-                        failures,
-                        sync_memops,
-                        timeout: Duration::from_secs(30),
-                        writes: 0,
-                        in_flight: Vec::new(),
-                        copy: dtoh,
-                        stray: Vec::new(),
-                        stray_buffers: Vec::new(),
-                        state,
-                    });
-                }
-                Err(error) => failures.push(AttemptFailure {
-                    path,
-                    error: Box::new(error),
-                    allocation_rdma_capable: caps.allocation_rdma_capable,
-                }),
-            }
-        }
-        Err(GdrError::NoPath {
-            mode,
-            missing: skipped,
+            })?;
+        Ok(GpuBuffer {
+            mem,
+            ptr,
+            len,
+            path,
+            caps,
+            skipped,
             failures,
-        }
-        .into())
+            sync_memops,
+            timeout: Duration::from_secs(30),
+            writes: 0,
+            in_flight: Vec::new(),
+            copy: dtoh,
+            stray: Vec::new(),
+            stray_buffers: Vec::new(),
+            state,
+        })
     }
 
     /// The path this buffer uses.
