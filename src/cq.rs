@@ -187,21 +187,33 @@ impl Completion {
         self.bufs.take_first_owned()
     }
 
+    /// Writes every field but `bufs` from `wc` into `*dst`.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes.
     #[inline]
-    fn from_wc(wc: &ffi::ibv_wc, wr_id: u64, bufs: Sges) -> Completion {
+    unsafe fn write_from_wc(dst: *mut Completion, wc: &ffi::ibv_wc, wr_id: u64) {
         let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-        Completion {
-            wr_id,
-            status: WcStatus::from_raw(wc.status),
-            opcode: WcOpcode::from_raw(wc.opcode),
-            byte_len: wc.byte_len,
-            // SAFETY: imm_data is the valid union member when WITH_IMM is set.
-            imm_data: with_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
-            qp_num: wc.qp_num,
-            src_qp: wc.src_qp,
-            wc_flags: wc.wc_flags,
-            vendor_err: wc.vendor_err,
-            bufs,
+        // SAFETY: imm_data is the valid union member when WITH_IMM is set.
+        let imm_data = with_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
+        // Success is by far the common case: skip the status lookup for it.
+        let status = if wc.status == ffi::IBV_WC_SUCCESS {
+            WcStatus::Success
+        } else {
+            WcStatus::from_raw(wc.status)
+        };
+        // SAFETY: `dst` is valid for writes (caller); fields are written in place
+        // so the buffers (moved in separately) are not copied again.
+        unsafe {
+            (&raw mut (*dst).wr_id).write(wr_id);
+            (&raw mut (*dst).status).write(status);
+            (&raw mut (*dst).opcode).write(WcOpcode::from_raw(wc.opcode));
+            (&raw mut (*dst).byte_len).write(wc.byte_len);
+            (&raw mut (*dst).imm_data).write(imm_data);
+            (&raw mut (*dst).qp_num).write(wc.qp_num);
+            (&raw mut (*dst).src_qp).write(wc.src_qp);
+            (&raw mut (*dst).wc_flags).write(wc.wc_flags);
+            (&raw mut (*dst).vendor_err).write(wc.vendor_err);
         }
     }
 }
@@ -399,11 +411,21 @@ impl Cq {
             for wc in &wcs[..got] {
                 // SAFETY: the first `got` entries were written by ibv_poll_cq.
                 let wc = unsafe { wc.assume_init_ref() };
-                // SAFETY: safe-path WRs carry a slot pointer as wr_id, into rings kept
-                // alive by their QP or by this CQ's graveyard; raw-path users promised
-                // (post_*_raw's contract) not to poll their completions with this method.
-                let (wr_id, bufs) = unsafe { ring::retire(wc.wr_id, retired.as_deref_mut()) };
-                out.push(Completion::from_wc(wc, wr_id, bufs));
+                let len = out.len();
+                // The completion is built in place in `out`'s spare capacity
+                // (total < want, so there is room): its buffers move once.
+                // SAFETY: in bounds of the allocation (len < capacity). Safe-path WRs
+                // carry a slot pointer as wr_id, into rings kept alive by their QP or
+                // by this CQ's graveyard; raw-path users promised (post_*_raw's
+                // contract) not to poll their completions with this method. Every
+                // field is written before set_len.
+                unsafe {
+                    let dst = out.as_mut_ptr().add(len);
+                    let wr_id =
+                        ring::retire(wc.wr_id, retired.as_deref_mut(), &raw mut (*dst).bufs);
+                    Completion::write_from_wc(dst, wc, wr_id);
+                    out.set_len(len + 1);
+                }
             }
             total += got;
             if got < n {

@@ -22,6 +22,7 @@ macro_rules! c_enum {
         impl $name {
             /// Converts from the C value; unknown values map to `Unknown`.
             #[allow(clippy::unnecessary_cast)]
+            #[inline]
             pub fn from_raw(raw: $raw) -> Self {
                 $( if raw == $value as $raw { return $name::$variant; } )*
                 $name::Unknown(raw)
@@ -29,6 +30,7 @@ macro_rules! c_enum {
 
             /// The C value.
             #[allow(clippy::unnecessary_cast)]
+            #[inline]
             pub fn as_raw(self) -> $raw {
                 match self {
                     $( $name::$variant => $value as $raw, )*

@@ -365,7 +365,17 @@ fn post_lists_of_1_16_and_max_send_wr() {
 
 #[test]
 fn unsignaled_sends_with_periodic_signaling_never_overrun() {
-    let depth = 16u32;
+    unsignaled_sends_with_periodic_signaling(16);
+}
+
+#[test]
+fn a_send_ring_whose_depth_is_not_a_power_of_two_wraps_correctly() {
+    // The slot ring rounds up to a power of two internally; the queue must
+    // still refuse the 14th outstanding request and wrap many times.
+    unsignaled_sends_with_periodic_signaling(13);
+}
+
+fn unsignaled_sends_with_periodic_signaling(depth: u32) {
     let mut p = pair(QpCaps {
         max_send_wr: depth,
         max_recv_wr: 256,
@@ -423,6 +433,42 @@ fn unsignaled_sends_with_periodic_signaling_never_overrun() {
     }
     assert!(signaled >= total / 8, "{signaled} signaled completions");
     assert!(signaled < total, "unsignaled sends produced no completion");
+}
+
+#[test]
+fn buffer_lists_keep_their_order_and_release_every_buffer_once() {
+    let p = pair(caps(4));
+    let base = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap().freeze();
+    let owned = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    let bufs = SendWr::send(0)
+        .sge(base.slice(0, 8).unwrap())
+        .sge(base.slice(8, 4).unwrap())
+        .sge(owned)
+        .sge(base.slice(16, 2).unwrap())
+        .into_buffers();
+    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+    assert_eq!(lens, [8, 4, 16, 2]);
+    assert_eq!(bufs.as_slice()[1].len(), 4);
+    // Take two, drop the iterator with two left: those are released, the
+    // taken ones live on until dropped, and nothing is released twice.
+    let mut it = bufs.into_iter();
+    assert_eq!(it.size_hint(), (4, Some(4)));
+    let first = it.next().unwrap();
+    let second = it.next().unwrap();
+    drop(it);
+    assert_eq!((first.len(), second.len()), (8, 4));
+    let base = base.try_unfreeze().expect_err("two slices are still alive");
+    drop((first, second));
+    let whole = base.try_unfreeze().expect("every slice was released");
+    assert_eq!(whole.len(), 64);
+    // push appends to a list taken back from a request.
+    let mut bufs = SendWr::send(0)
+        .sge(whole.freeze().slice(0, 8).unwrap())
+        .sge(p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap())
+        .into_buffers();
+    assert_eq!(bufs.len(), 2);
+    bufs.push(p.pd.alloc_mr(1, AccessFlags::empty()).unwrap().into());
+    assert_eq!(bufs.total_len(), 8 + 16 + 1);
 }
 
 #[test]

@@ -446,7 +446,7 @@ impl SafeTx {
         let SafeTx {
             src, pool, inline, ..
         } = self;
-        let wrs = (0..shape.post_list).map(|j| {
+        let mut build = |j: u64| {
             let k = first + j;
             let wr_id = ((qi as u64) << QP_SHIFT) | k;
             let slot = (k % shape.nslots as u64) as usize;
@@ -465,9 +465,14 @@ impl SafeTx {
                     SendWr::read(wr_id, dest, remote, off)
                 }
             };
-            if shape.sig.at(k) { wr } else { wr.unsignaled() }
-        });
-        qp.post_send_list(wrs).map_err(Error::from)
+            wr.signaled(shape.sig.at(k))
+        };
+        if shape.post_list == 1 {
+            qp.post_send(build(0)).map_err(Error::from)
+        } else {
+            qp.post_send_list((0..shape.post_list).map(build))
+                .map_err(Error::from)
+        }
     }
     fn new(
         o: &Opts,

@@ -540,94 +540,164 @@ const POST_CHUNK: usize = 32;
 
 impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     /// Posts one receive; its buffers return with the completion.
+    #[inline]
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        self.post_recv_list(std::iter::once(wr))
+        // One request: no list machinery, one entry on the stack.
+        let mut c_wr = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; 1];
+        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; ring::MAX_SAFE_SGES];
+        let first_seq = self.core.rq_head;
+        // SAFETY: `wr` is forgotten once staged, returned whole when refused.
+        match unsafe { self.stage_recv(&wr, &mut c_wr[0], &mut c_sges) } {
+            Ok(()) => std::mem::forget(wr),
+            Err(error) => {
+                return Err(PostError {
+                    error,
+                    unposted: vec![(wr.wr_id, wr.bufs)],
+                });
+            }
+        }
+        self.submit_recv(&mut c_wr, &mut c_sges, 1, first_seq)
+    }
+
+    /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
+    /// moves its buffers into the next receive slot. On refusal nothing changed.
+    ///
+    /// # Safety
+    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget
+    /// `*wr` (neither drop nor use it again).
+    #[inline(always)]
+    unsafe fn stage_recv(
+        &mut self,
+        wr: &RecvWr,
+        c: &mut MaybeUninit<ffi::ibv_recv_wr>,
+        sges: &mut [MaybeUninit<ffi::ibv_sge>],
+    ) -> Result<(), Error> {
+        let rq = &self.core.rings.rq;
+        wr.validate(self.core.caps.max_recv_sge)?;
+        if rq.in_flight(self.core.rq_head) >= rq.depth() {
+            return Err(Error::QueueFull {
+                queue: "receive",
+                depth: rq.depth() as u32,
+            });
+        }
+        let num_sge = post::fill_sges(&wr.bufs, sges);
+        // SAFETY: producer side (&mut self), space checked above; the caller
+        // forgets `*wr`, so its buffers live on only in the slot.
+        let slot = unsafe { rq.fill(self.core.rq_head, wr.wr_id, &raw const wr.bufs) };
+        c.write(ffi::ibv_recv_wr {
+            wr_id: slot,
+            num_sge,
+            ..Default::default()
+        });
+        self.core.rq_head += 1;
+        Ok(())
     }
 
     /// Posts receives as chained lists (one `ibv_post_recv` per 32 requests).
+    /// On failure, the requests that did not reach the NIC come back in the
+    /// error with their buffers.
     pub fn post_recv_list(
         &mut self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<(), PostError> {
         let mut wrs = wrs.into_iter();
-        // One request of lookahead: a chunk ends when full or when this is None.
-        let mut pending = wrs.next();
         // Uninitialised: only the entries a post uses are written (no 4 KiB memset per call).
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; POST_CHUNK];
         let mut c_sges =
             [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
-        while pending.is_some() {
+        loop {
             let first_seq = self.core.rq_head;
             let mut n = 0;
-            let mut failed = None;
+            let mut exhausted = false;
             while n < POST_CHUNK {
-                let Some(wr) = pending.take() else { break };
-                let rings = &self.core.rings;
-                if let Err(e) = wr.validate(self.core.caps.max_recv_sge) {
-                    failed = Some((e, wr.wr_id, wr.bufs));
+                // Through a reference, as in post_send_list.
+                let next = wrs.next();
+                let Some(wr) = &next else {
+                    exhausted = true;
                     break;
+                };
+                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
+                // SAFETY: `next` is forgotten once staged, returned whole when refused.
+                if let Err(error) = unsafe { self.stage_recv(wr, &mut c_wrs[n], sges) } {
+                    let rest = next.into_iter().chain(wrs).map(|w| (w.wr_id, w.bufs));
+                    return Err(self.recv_list_failed(
+                        &mut c_wrs,
+                        &mut c_sges,
+                        n,
+                        first_seq,
+                        error,
+                        rest,
+                    ));
                 }
-                if rings.rq.in_flight(self.core.rq_head) >= rings.rq.depth() {
-                    let e = Error::QueueFull {
-                        queue: "receive",
-                        depth: rings.rq.depth() as u32,
-                    };
-                    failed = Some((e, wr.wr_id, wr.bufs));
-                    break;
-                }
-                let num_sge = post::fill_sges(&wr.bufs, &mut c_sges[n * ring::MAX_SAFE_SGES..]);
-                // SAFETY: producer side (&mut self), space checked above.
-                let slot = unsafe { rings.rq.fill(self.core.rq_head, wr.wr_id, wr.bufs) };
-                c_wrs[n].write(ffi::ibv_recv_wr {
-                    wr_id: slot,
-                    num_sge,
-                    ..Default::default()
-                });
-                self.core.rq_head += 1;
+                std::mem::forget(next);
                 n += 1;
-                pending = wrs.next();
             }
             if n > 0 {
-                let head = post::link(&mut c_wrs, &mut c_sges, n);
-                let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-                // SAFETY: valid QP; the chain and its SGEs live on this stack frame,
-                // every SGE points into a buffer now owned by a ring slot.
-                let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), head, &mut bad) };
-                if rc != 0 {
-                    // Requests from `bad` on were refused; if the provider did not say
-                    // which, keep them all in the ring (the NIC may own some).
-                    let from = post::bad_index(bad, head, n)
-                        .map_or(self.core.rq_head, |i| first_seq + i as u64);
-                    // SAFETY: producer side; the device refused these requests.
-                    let mut unposted =
-                        unsafe { self.core.rings.rq.unfill_from(from, &mut self.core.rq_head) };
-                    unposted.extend(failed.map(|(_, id, b)| (id, b)));
-                    unposted.extend(
-                        pending
-                            .take()
-                            .into_iter()
-                            .chain(wrs)
-                            .map(|w| (w.wr_id, w.bufs)),
-                    );
-                    return Err(PostError {
-                        error: Error::verb("ibv_post_recv", errno(rc)),
-                        unposted,
-                    });
+                if let Err(mut e) = self.submit_recv(&mut c_wrs, &mut c_sges, n, first_seq) {
+                    e.unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
+                    return Err(e);
                 }
             }
-            if let Some((error, wr_id, bufs)) = failed {
-                let mut unposted = vec![(wr_id, bufs)];
-                unposted.extend(
-                    pending
-                        .take()
-                        .into_iter()
-                        .chain(wrs)
-                        .map(|w| (w.wr_id, w.bufs)),
-                );
-                return Err(PostError { error, unposted });
+            if exhausted {
+                return Ok(());
             }
         }
-        Ok(())
+    }
+
+    /// Posts the `n` staged receives (sequence numbers from `first_seq`) with
+    /// one `ibv_post_recv`; on refusal takes back what the device did not accept.
+    #[inline(always)]
+    fn submit_recv(
+        &mut self,
+        c_wrs: &mut [MaybeUninit<ffi::ibv_recv_wr>],
+        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        n: usize,
+        first_seq: u64,
+    ) -> Result<(), PostError> {
+        let head = post::link(c_wrs, c_sges, n);
+        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; the chain and its SGEs live on the caller's stack
+        // frame, every SGE points into a buffer now owned by a ring slot.
+        let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), head, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(self.recv_refused(rc, post::bad_index(bad, head, n), first_seq))
+        }
+    }
+
+    /// `ibv_post_recv` returned `rc`: requests from the one at `bad` on were
+    /// refused; if the provider did not say which, keep them all in the ring
+    /// (the NIC may own some).
+    #[cold]
+    #[inline(never)]
+    fn recv_refused(&mut self, rc: i32, bad: Option<usize>, first_seq: u64) -> PostError {
+        let from = bad.map_or(self.core.rq_head, |i| first_seq + i as u64);
+        // SAFETY: producer side; the device refused these requests.
+        let unposted = unsafe { self.core.rings.rq.unfill_from(from, &mut self.core.rq_head) };
+        PostError {
+            error: Error::verb("ibv_post_recv", errno(rc)),
+            unposted,
+        }
+    }
+
+    /// A receive was refused before posting: posts the `n` staged before it,
+    /// and returns the error with everything that did not reach the NIC.
+    #[cold]
+    fn recv_list_failed(
+        &mut self,
+        c_wrs: &mut [MaybeUninit<ffi::ibv_recv_wr>],
+        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        n: usize,
+        first_seq: u64,
+        error: Error,
+        rest: impl Iterator<Item = (u64, Sges)>,
+    ) -> PostError {
+        list_failed(
+            (n > 0).then(|| self.submit_recv(c_wrs, c_sges, n, first_seq)),
+            error,
+            rest,
+        )
     }
 
     /// Posts a C receive work request list as is (`ibv_post_recv`).
@@ -653,16 +723,21 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
 
 impl<T: QpType> Qp<T, Rts> {
     /// Posts one send-queue work request; its buffers return with the completion.
+    #[inline]
     pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError> {
         // One request: no list machinery, one entry on the stack.
         let mut c_wr = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; 1];
         let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; ring::MAX_SAFE_SGES];
         let first_seq = self.core.sq_head;
-        if let Err((error, wr_id, bufs)) = self.stage_send(wr, &mut c_wr[0], &mut c_sges) {
-            return Err(PostError {
-                error,
-                unposted: vec![(wr_id, bufs)],
-            });
+        // SAFETY: `wr` is forgotten once staged, returned whole when refused.
+        match unsafe { self.stage_send(&wr, &mut c_wr[0], &mut c_sges) } {
+            Ok(()) => std::mem::forget(wr),
+            Err(error) => {
+                return Err(PostError {
+                    error,
+                    unposted: vec![(wr.wr_id, wr.bufs)],
+                });
+            }
         }
         self.submit_send(&mut c_wr, &mut c_sges, 1, first_seq)
     }
@@ -675,70 +750,91 @@ impl<T: QpType> Qp<T, Rts> {
         wrs: impl IntoIterator<Item = SendWr<'a>>,
     ) -> Result<(), PostError> {
         let mut wrs = wrs.into_iter();
-        // One request of lookahead: a chunk ends when full or when this is None.
-        let mut pending = wrs.next();
         // Uninitialised: only the entries a post uses are written (no 6 KiB memset per call).
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_CHUNK];
         let mut c_sges =
             [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
-        while pending.is_some() {
+        loop {
             let first_seq = self.core.sq_head;
             let mut n = 0;
-            let mut failed = None;
+            let mut exhausted = false;
             while n < POST_CHUNK {
-                let Some(wr) = pending.take() else { break };
-                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
-                if let Err(f) = self.stage_send(wr, &mut c_wrs[n], sges) {
-                    failed = Some(f);
+                // Staged through a reference: binding the request by value
+                // would copy all of it once more.
+                let next = wrs.next();
+                let Some(wr) = &next else {
+                    exhausted = true;
                     break;
+                };
+                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
+                // SAFETY: `next` is forgotten once staged, returned whole when refused.
+                if let Err(error) = unsafe { self.stage_send(wr, &mut c_wrs[n], sges) } {
+                    let rest = next.into_iter().chain(wrs).map(|w| (w.wr_id, w.bufs));
+                    return Err(self.send_list_failed(
+                        &mut c_wrs,
+                        &mut c_sges,
+                        n,
+                        first_seq,
+                        error,
+                        rest,
+                    ));
                 }
+                std::mem::forget(next);
                 n += 1;
-                pending = wrs.next();
             }
-            let rest = |pending: Option<SendWr<'a>>, wrs| {
-                pending
-                    .into_iter()
-                    .chain(wrs)
-                    .map(|w: SendWr<'a>| (w.wr_id, w.bufs))
-            };
             if n > 0 {
                 if let Err(mut e) = self.submit_send(&mut c_wrs, &mut c_sges, n, first_seq) {
-                    e.unposted.extend(failed.map(|(_, id, b)| (id, b)));
-                    e.unposted.extend(rest(pending, wrs));
+                    e.unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
                     return Err(e);
                 }
             }
-            if let Some((error, wr_id, bufs)) = failed {
-                let mut unposted = vec![(wr_id, bufs)];
-                unposted.extend(rest(pending, wrs));
-                return Err(PostError { error, unposted });
+            if exhausted {
+                return Ok(());
             }
         }
-        Ok(())
+    }
+
+    /// A request was refused before posting: posts the `n` staged before it,
+    /// and returns the error with everything that did not reach the NIC.
+    #[cold]
+    fn send_list_failed(
+        &mut self,
+        c_wrs: &mut [MaybeUninit<ffi::ibv_send_wr>],
+        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        n: usize,
+        first_seq: u64,
+        error: Error,
+        rest: impl Iterator<Item = (u64, Sges)>,
+    ) -> PostError {
+        list_failed(
+            (n > 0).then(|| self.submit_send(c_wrs, c_sges, n, first_seq)),
+            error,
+            rest,
+        )
     }
 
     /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
-    /// moves its buffers into the next send slot. On refusal nothing changed
-    /// and the buffers come back.
-    #[inline]
-    fn stage_send(
+    /// moves its buffers into the next send slot. On refusal nothing changed.
+    ///
+    /// # Safety
+    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget
+    /// `*wr` (neither drop nor use it again).
+    #[inline(always)]
+    unsafe fn stage_send(
         &mut self,
-        wr: SendWr<'_>,
+        wr: &SendWr<'_>,
         c: &mut MaybeUninit<ffi::ibv_send_wr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
-    ) -> Result<(), (Error, u64, Sges)> {
+    ) -> Result<(), Error> {
         let caps = self.core.caps;
         let sq = &self.core.rings.sq;
-        if let Err(e) = wr.validate(caps.max_send_sge, caps.max_inline_data) {
-            return Err((e, wr.wr_id, wr.bufs));
-        }
+        wr.validate(caps.max_send_sge, caps.max_inline_data)?;
         let in_flight = sq.in_flight(self.core.sq_head);
         if in_flight >= sq.depth() {
-            let e = Error::QueueFull {
+            return Err(Error::QueueFull {
                 queue: "send",
                 depth: sq.depth() as u32,
-            };
-            return Err((e, wr.wr_id, wr.bufs));
+            });
         }
         let c = c.write(ffi::ibv_send_wr::default());
         wr.fill_ffi(c);
@@ -759,15 +855,16 @@ impl<T: QpType> Qp<T, Rts> {
             Some(_) => 0,
             None => post::fill_sges(&wr.bufs, sges),
         };
-        // SAFETY: producer side (&mut self), space checked above.
-        c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, wr.bufs) };
+        // SAFETY: producer side (&mut self), space checked above; the caller
+        // forgets `*wr`, so its buffers live on only in the slot.
+        c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, &raw const wr.bufs) };
         self.core.sq_head += 1;
         Ok(())
     }
 
     /// Posts the `n` staged requests (sequence numbers from `first_seq`) with one
     /// `ibv_post_send`; on refusal takes back what the device did not accept.
-    #[inline]
+    #[inline(always)]
     fn submit_send(
         &mut self,
         c_wrs: &mut [MaybeUninit<ffi::ibv_send_wr>],
@@ -782,18 +879,25 @@ impl<T: QpType> Qp<T, Rts> {
         // inline data borrowed for the caller's call.
         let rc = unsafe { ffi::ibv_post_send(self.as_raw(), head, &mut bad) };
         if rc == 0 {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(self.send_refused(rc, post::bad_index(bad, head, n), first_seq))
         }
-        // Requests from `bad` on were refused; if the provider did not say
-        // which, keep them all in the ring (the NIC may own some).
-        let from =
-            post::bad_index(bad, head, n).map_or(self.core.sq_head, |i| first_seq + i as u64);
+    }
+
+    /// `ibv_post_send` returned `rc`: requests from the one at `bad` on were
+    /// refused; if the provider did not say which, keep them all in the ring
+    /// (the NIC may own some).
+    #[cold]
+    #[inline(never)]
+    fn send_refused(&mut self, rc: i32, bad: Option<usize>, first_seq: u64) -> PostError {
+        let from = bad.map_or(self.core.sq_head, |i| first_seq + i as u64);
         // SAFETY: producer side; the device refused these requests.
         let unposted = unsafe { self.core.rings.sq.unfill_from(from, &mut self.core.sq_head) };
-        Err(PostError {
+        PostError {
             error: Error::verb("ibv_post_send", errno(rc)),
             unposted,
-        })
+        }
     }
 
     /// Posts a C send work request list as is (`ibv_post_send`).
@@ -816,6 +920,27 @@ impl<T: QpType> Qp<T, Rts> {
         } else {
             Err(Error::verb("ibv_post_send", errno(rc)))
         }
+    }
+}
+
+/// The error of a list post that stopped at a refused request: the earlier
+/// requests' post result (if any were staged), the refusal, and the requests
+/// from the refused one on.
+fn list_failed(
+    submitted: Option<Result<(), PostError>>,
+    error: Error,
+    rest: impl Iterator<Item = (u64, Sges)>,
+) -> PostError {
+    match submitted {
+        // The earlier requests failed too: that error comes first.
+        Some(Err(mut e)) => {
+            e.unposted.extend(rest);
+            e
+        }
+        _ => PostError {
+            error,
+            unposted: rest.collect(),
+        },
     }
 }
 

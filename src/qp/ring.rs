@@ -12,6 +12,7 @@
 //! `tail` (Release on retire, Acquire on post).
 
 use std::cell::UnsafeCell;
+use std::fmt;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -78,36 +79,84 @@ impl From<SharedMr> for Buffer {
 
 /// The buffers of one work request: up to [`MAX_SAFE_SGES`], stored inline
 /// (no heap allocation per work request).
-#[derive(Debug, Default)]
+///
+/// Only the first `len` entries are initialised, and the hot paths copy only
+/// those (a one-buffer request moves one 32-byte entry, not the whole array).
 pub struct Sges {
-    items: [Option<Buffer>; MAX_SAFE_SGES],
-    len: usize,
+    items: [MaybeUninit<Buffer>; MAX_SAFE_SGES],
+    len: u8,
     /// Entries offered beyond the capacity (reported at post time).
-    pub(crate) overflow: usize,
+    overflow: u32,
+}
+
+impl Default for Sges {
+    #[inline]
+    fn default() -> Sges {
+        Sges {
+            items: [const { MaybeUninit::uninit() }; MAX_SAFE_SGES],
+            len: 0,
+            overflow: 0,
+        }
+    }
+}
+
+impl Drop for Sges {
+    #[inline]
+    fn drop(&mut self) {
+        let len = self.len as usize;
+        // SAFETY: exactly the first `len` entries are initialised.
+        unsafe { std::ptr::drop_in_place(self.as_mut_ptr_slice(len)) };
+    }
+}
+
+impl fmt::Debug for Sges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
 }
 
 impl Sges {
-    /// Appends a buffer; beyond [`MAX_SAFE_SGES`] the request will be refused when posted.
+    #[inline(always)]
+    fn as_mut_ptr_slice(&mut self, len: usize) -> *mut [Buffer] {
+        std::ptr::slice_from_raw_parts_mut(self.items.as_mut_ptr().cast::<Buffer>(), len)
+    }
+
+    /// Appends a buffer; beyond [`MAX_SAFE_SGES`] the buffer is dropped and the
+    /// request will be refused with [`TooManySges`](crate::Error::TooManySges) when posted.
     #[inline]
     pub fn push(&mut self, b: Buffer) {
-        if self.len < MAX_SAFE_SGES {
-            self.items[self.len] = Some(b);
+        let len = self.len as usize;
+        if len < MAX_SAFE_SGES {
+            self.items[len].write(b);
             self.len += 1;
         } else {
-            self.overflow += 1;
+            self.overflow = self.overflow.saturating_add(1);
         }
     }
 
     /// Number of buffers.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     /// True when there are none.
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Buffers offered beyond [`MAX_SAFE_SGES`] (and dropped).
+    #[inline]
+    pub(crate) fn overflow(&self) -> usize {
+        self.overflow as usize
+    }
+
+    /// The buffers in order.
+    #[inline]
+    pub fn as_slice(&self) -> &[Buffer] {
+        // SAFETY: exactly the first `len` entries are initialised.
+        unsafe { std::slice::from_raw_parts(self.items.as_ptr().cast::<Buffer>(), self.len()) }
     }
 
     /// Total bytes.
@@ -118,8 +167,8 @@ impl Sges {
 
     /// The buffers in order.
     #[inline]
-    pub fn iter(&self) -> impl Iterator<Item = &Buffer> {
-        self.items[..self.len].iter().flatten()
+    pub fn iter(&self) -> std::slice::Iter<'_, Buffer> {
+        self.as_slice().iter()
     }
 
     /// Refuses a buffer whose length does not fit an SGE's 32-bit length field
@@ -146,22 +195,121 @@ impl Sges {
 
     #[inline]
     pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
-        let i = self.items[..self.len]
-            .iter()
-            .position(|b| matches!(b, Some(Buffer::Owned(_))))?;
-        let b = self.items[i].take();
-        self.items[i..self.len].rotate_left(1);
+        let i = self.iter().position(|b| matches!(b, Buffer::Owned(_)))?;
+        let len = self.len();
+        // SAFETY: i < len, so entry i is initialised; it is read out once, the
+        // initialised entries after it shift down by one and `len` shrinks, so
+        // every entry stays initialised exactly once.
+        let b = unsafe {
+            let base = self.items.as_mut_ptr().cast::<Buffer>();
+            let b = base.add(i).read();
+            std::ptr::copy(base.add(i + 1), base.add(i), len - i - 1);
+            b
+        };
         self.len -= 1;
-        b.and_then(Buffer::into_mr)
+        b.into_mr()
+    }
+
+    /// Moves the buffers of `*src` to `dst`, copying only the initialised
+    /// entries (fixed-size copies, so no `memcpy` call on the hot path).
+    ///
+    /// # Safety
+    /// `src` is a live `Sges` that is not used (nor dropped) afterwards; `dst`
+    /// is valid for writes and holds nothing that needs dropping.
+    #[inline(always)]
+    pub(crate) unsafe fn move_to(src: *const Sges, dst: *mut Sges) {
+        // SAFETY: per the contract; entries below `len` are initialised in
+        // `src` and written in `dst`, the rest stay uninitialised.
+        unsafe {
+            let len = (*src).len;
+            (*dst).len = len;
+            (*dst).overflow = (*src).overflow;
+            let s = (&raw const (*src).items).cast::<MaybeUninit<Buffer>>();
+            let d = (&raw mut (*dst).items).cast::<MaybeUninit<Buffer>>();
+            // Unrolled on purpose: a loop here becomes a memcpy call.
+            if len > 0 {
+                d.write(s.read());
+            }
+            if len > 1 {
+                d.add(1).write(s.add(1).read());
+            }
+            if len > 2 {
+                d.add(2).write(s.add(2).read());
+            }
+            if len > 3 {
+                d.add(3).write(s.add(3).read());
+            }
+        }
+    }
+}
+
+/// The buffers of an [`Sges`], by value.
+pub struct SgesIntoIter {
+    sges: Sges,
+    next: u8,
+}
+
+impl Iterator for SgesIntoIter {
+    type Item = Buffer;
+
+    #[inline]
+    fn next(&mut self) -> Option<Buffer> {
+        if self.next >= self.sges.len {
+            return None;
+        }
+        let i = self.next as usize;
+        self.next += 1;
+        // SAFETY: i < len, so entry i is initialised; `next` moved past it, so
+        // Drop below never touches it again.
+        Some(unsafe { self.sges.items[i].assume_init_read() })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = (self.sges.len - self.next) as usize;
+        (n, Some(n))
+    }
+}
+
+impl Drop for SgesIntoIter {
+    fn drop(&mut self) {
+        let (from, to) = (self.next as usize, self.sges.len as usize);
+        // Sges::drop must not see the entries already handed out.
+        self.sges.len = 0;
+        for item in &mut self.sges.items[from..to] {
+            // SAFETY: entries from..to are initialised and not handed out.
+            unsafe { item.assume_init_drop() };
+        }
+    }
+}
+
+impl fmt::Debug for SgesIntoIter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SgesIntoIter")
+            .field("remaining", &(self.sges.len - self.next))
+            .finish()
     }
 }
 
 impl IntoIterator for Sges {
     type Item = Buffer;
-    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Buffer>, MAX_SAFE_SGES>>;
+    type IntoIter = SgesIntoIter;
 
+    #[inline]
+    fn into_iter(self) -> SgesIntoIter {
+        SgesIntoIter {
+            sges: self,
+            next: 0,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Sges {
+    type Item = &'a Buffer;
+    type IntoIter = std::slice::Iter<'a, Buffer>;
+
+    #[inline]
     fn into_iter(self) -> Self::IntoIter {
-        self.items.into_iter().flatten()
+        self.iter()
     }
 }
 
@@ -183,7 +331,12 @@ pub(crate) struct Slot {
 
 /// A ring of slots for one queue.
 pub(crate) struct Ring {
+    /// A power of two (at least `cap`) so that a sequence number maps to its
+    /// slot with a mask instead of a 64-bit division.
     slots: Box<[Slot]>,
+    mask: u64,
+    /// Most work requests in flight: the queue's depth.
+    cap: u64,
     tail: AtomicU64,
 }
 
@@ -218,7 +371,9 @@ impl Rings {
 
 impl Ring {
     fn new(depth: u32, me: *const Ring) -> Ring {
-        let slots = (0..depth.max(1))
+        let cap = u64::from(depth.max(1));
+        let n = cap.next_power_of_two();
+        let slots = (0..n)
             .map(|_| Slot {
                 ring: me,
                 state: AtomicU8::new(EMPTY),
@@ -227,6 +382,8 @@ impl Ring {
             .collect();
         Ring {
             slots,
+            mask: n - 1,
+            cap,
             tail: AtomicU64::new(0),
         }
     }
@@ -234,7 +391,7 @@ impl Ring {
     /// Capacity in work requests.
     #[inline]
     pub(crate) fn depth(&self) -> u64 {
-        self.slots.len() as u64
+        self.cap
     }
 
     /// Outstanding work requests, seen from the producer whose count is `head`.
@@ -243,17 +400,30 @@ impl Ring {
         head - self.tail.load(Ordering::Acquire)
     }
 
-    /// Fills the slot for sequence number `seq` and returns its address as a wr_id.
+    /// The slot of sequence number `seq`.
+    #[inline(always)]
+    fn slot(&self, seq: u64) -> &Slot {
+        // SAFETY: `mask` is `slots.len() - 1`, so the index is in bounds.
+        unsafe { self.slots.get_unchecked((seq & self.mask) as usize) }
+    }
+
+    /// Moves `*bufs` into the slot for sequence number `seq` and returns the
+    /// slot's address as a wr_id.
     ///
     /// # Safety
-    /// Only the producer calls this, for `seq` with `in_flight(seq) < depth`.
+    /// Only the producer calls this, for `seq` with `in_flight(seq) < depth`;
+    /// `*bufs` is moved out (the caller must not use or drop it afterwards).
     #[inline]
-    pub(crate) unsafe fn fill(&self, seq: u64, wr_id: u64, bufs: Sges) -> u64 {
-        let slot = &self.slots[(seq % self.depth()) as usize];
+    pub(crate) unsafe fn fill(&self, seq: u64, wr_id: u64, bufs: *const Sges) -> u64 {
+        let slot = self.slot(seq);
         debug_assert_eq!(slot.state.load(Ordering::Relaxed), EMPTY);
+        let data = slot.data.get().cast::<SlotData>();
         // SAFETY: the slot is EMPTY and behind the consumer's tail: only the producer
-        // touches it until the Release store below publishes it.
-        unsafe { (*slot.data.get()).write(SlotData { wr_id, bufs }) };
+        // touches it until the Release store below publishes it; `bufs` per the contract.
+        unsafe {
+            (&raw mut (*data).wr_id).write(wr_id);
+            Sges::move_to(bufs, &raw mut (*data).bufs);
+        }
         slot.state.store(POSTED, Ordering::Release);
         slot as *const Slot as u64
     }
@@ -267,7 +437,7 @@ impl Ring {
     pub(crate) unsafe fn unfill_from(&self, from: u64, head: &mut u64) -> Vec<(u64, Sges)> {
         let out = (from..*head)
             .map(|seq| {
-                let slot = &self.slots[(seq % self.depth()) as usize];
+                let slot = self.slot(seq);
                 // SAFETY: no completion can name this slot, so the consumer never
                 // touches it; it was POSTED, so its data is initialised, and EMPTY
                 // below marks the data moved out.
@@ -295,45 +465,57 @@ impl Drop for Ring {
 
 /// Retires the slot a completion's `wr_id` names, and every unsignaled slot
 /// before it (their buffers go to `retired` if given, else are released);
-/// returns the application's wr_id and the slot's buffers.
+/// moves the slot's buffers to `bufs_out` and returns the application's wr_id.
 ///
 /// # Safety
 /// `wr_id` came from a completion of a work request posted by [`Ring::fill`],
 /// the ring is still alive (its QP or a CQ graveyard holds it), and the caller
-/// is that queue's only consumer (holds `&mut` to its CQ).
+/// is that queue's only consumer (holds `&mut` to its CQ). `bufs_out` is valid
+/// for writes and holds nothing that needs dropping.
 #[inline]
-pub(crate) unsafe fn retire(wr_id: u64, mut retired: Option<&mut Vec<(u64, Sges)>>) -> (u64, Sges) {
+pub(crate) unsafe fn retire(
+    wr_id: u64,
+    mut retired: Option<&mut Vec<(u64, Sges)>>,
+    bufs_out: *mut Sges,
+) -> u64 {
     let slot_ptr = wr_id as *const Slot;
     // SAFETY: per the contract the slot and its ring are alive.
-    let ring = unsafe { &*(*slot_ptr).ring };
+    let (ring, target) = unsafe { (&*(*slot_ptr).ring, &*slot_ptr) };
     let base = ring.slots.as_ptr() as usize;
-    let idx = (slot_ptr as usize - base) / std::mem::size_of::<Slot>();
-    let depth = ring.depth();
+    let idx = ((slot_ptr as usize - base) / std::mem::size_of::<Slot>()) as u64;
     let tail = ring.tail.load(Ordering::Relaxed);
-    let dist = (idx as u64 + depth - tail % depth) % depth;
-    let target = &ring.slots[idx];
+    let dist = idx.wrapping_sub(tail) & ring.mask;
     if target.state.load(Ordering::Acquire) != POSTED {
         // A completion for a slot already retired (cannot happen with in-order
         // queues): report it without buffers rather than guess.
-        return (0, Sges::default());
+        // SAFETY: valid for writes per the contract.
+        unsafe { bufs_out.write(Sges::default()) };
+        return 0;
     }
     for s in 0..dist {
-        let slot = &ring.slots[((tail + s) % depth) as usize];
+        let slot = ring.slot(tail + s);
         if slot.state.load(Ordering::Acquire) == POSTED {
+            let data = slot.data.get().cast::<SlotData>();
             // SAFETY: POSTED (so initialised) and older than a completed slot: the
             // NIC is done with it and only this consumer touches it now; EMPTY
-            // below marks the data moved out.
-            let data = unsafe { (*slot.data.get()).assume_init_read() };
-            if let Some(v) = retired.as_deref_mut() {
-                v.push((data.wr_id, data.bufs));
+            // below marks the data moved out (or dropped).
+            unsafe {
+                match retired.as_deref_mut() {
+                    Some(v) => v.push(((*data).wr_id, std::ptr::read(&raw const (*data).bufs))),
+                    None => std::ptr::drop_in_place(&raw mut (*data).bufs),
+                }
             }
             slot.state.store(EMPTY, Ordering::Relaxed);
         }
     }
+    let data = target.data.get().cast::<SlotData>();
     // SAFETY: POSTED (acquired above, so initialised), completed, consumer-only
     // from here on; EMPTY below marks the data moved out.
-    let data = unsafe { (*target.data.get()).assume_init_read() };
+    let app_wr_id = unsafe {
+        Sges::move_to(&raw const (*data).bufs, bufs_out);
+        (*data).wr_id
+    };
     target.state.store(EMPTY, Ordering::Relaxed);
     ring.tail.store(tail + dist + 1, Ordering::Release);
-    (data.wr_id, data.bufs)
+    app_wr_id
 }

@@ -48,7 +48,7 @@ pub struct SendWr<'a> {
 }
 
 impl<'a> SendWr<'a> {
-    #[inline]
+    #[inline(always)]
     fn new(wr_id: u64, op: SendOp) -> SendWr<'a> {
         SendWr {
             wr_id,
@@ -61,7 +61,7 @@ impl<'a> SendWr<'a> {
     }
 
     /// A SEND; add the payload with [`SendWr::sge`] (none: a zero-byte message).
-    #[inline]
+    #[inline(always)]
     pub fn send(wr_id: u64) -> SendWr<'a> {
         SendWr::new(wr_id, SendOp::Send)
     }
@@ -69,7 +69,7 @@ impl<'a> SendWr<'a> {
     /// A SEND whose payload the NIC copies from `data` at post time
     /// (IBV_SEND_INLINE): no buffer is held, `data` is free again when
     /// `post_send` returns. `data` may not exceed the QP's `max_inline_data`.
-    #[inline]
+    #[inline(always)]
     pub fn send_inline(wr_id: u64, data: &'a [u8]) -> SendWr<'a> {
         let mut wr = SendWr::new(wr_id, SendOp::Send);
         wr.inline_data = Some(data);
@@ -78,13 +78,13 @@ impl<'a> SendWr<'a> {
     }
 
     /// An RDMA WRITE of the SGEs to `remote` at `offset` (bounds checked when posted).
-    #[inline]
+    #[inline(always)]
     pub fn write(wr_id: u64, remote: RemoteMr, offset: u64) -> SendWr<'a> {
         SendWr::new(wr_id, SendOp::Write { remote, offset })
     }
 
     /// An RDMA WRITE whose payload is copied from `data` at post time (inline).
-    #[inline]
+    #[inline(always)]
     pub fn write_inline(wr_id: u64, data: &'a [u8], remote: RemoteMr, offset: u64) -> SendWr<'a> {
         let mut wr = SendWr::write(wr_id, remote, offset);
         wr.inline_data = Some(data);
@@ -93,7 +93,7 @@ impl<'a> SendWr<'a> {
     }
 
     /// An RDMA READ of `dest.len()` bytes from `remote` at `offset` into `dest`.
-    #[inline]
+    #[inline(always)]
     pub fn read(wr_id: u64, dest: Mr, remote: RemoteMr, offset: u64) -> SendWr<'a> {
         SendWr::new(wr_id, SendOp::Read { remote, offset }).sge(dest)
     }
@@ -145,14 +145,14 @@ impl<'a> SendWr<'a> {
     /// Appends a scatter/gather entry covering the whole buffer. Past
     /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) entries the buffer is dropped
     /// and posting fails with [`Error::TooManySges`].
-    #[inline]
+    #[inline(always)]
     pub fn sge(mut self, buf: impl Into<Buffer>) -> SendWr<'a> {
         self.bufs.push(buf.into());
         self
     }
 
     /// Attaches immediate data (SEND_WITH_IMM / RDMA_WRITE_WITH_IMM).
-    #[inline]
+    #[inline(always)]
     pub fn imm(mut self, imm: u32) -> SendWr<'a> {
         self.imm = Some(imm);
         self
@@ -162,21 +162,30 @@ impl<'a> SendWr<'a> {
     /// its send ring would otherwise fill up, so the ring can never wedge;
     /// buffers of unsignaled requests are released when a later completion
     /// retires them.
-    #[inline]
+    #[inline(always)]
     pub fn unsignaled(mut self) -> SendWr<'a> {
         self.flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         self
     }
 
+    /// Asks for a completion (`true`, the default) or not (`false`, as
+    /// [`SendWr::unsignaled`]); for loops that signal every Nth request.
+    #[inline(always)]
+    pub fn signaled(mut self, signaled: bool) -> SendWr<'a> {
+        let bit = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self.flags = (self.flags & !bit) | if signaled { bit } else { 0 };
+        self
+    }
+
     /// Sets the solicited-event bit (wakes a peer waiting with solicited_only).
-    #[inline]
+    #[inline(always)]
     pub fn solicited(mut self) -> SendWr<'a> {
         self.flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
         self
     }
 
     /// Waits for earlier RDMA READs/atomics to finish before this one starts.
-    #[inline]
+    #[inline(always)]
     pub fn fence(mut self) -> SendWr<'a> {
         self.flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
         self
@@ -193,9 +202,60 @@ impl<'a> SendWr<'a> {
     }
 
     /// Checks everything that can be checked before the NIC sees the request.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn validate(&self, max_sge: u32, max_inline: u32) -> Result<()> {
-        let n = self.bufs.len() + self.bufs.overflow;
+        if self.plainly_valid(max_sge, max_inline) {
+            Ok(())
+        } else {
+            self.validate_fully(max_sge, max_inline)
+        }
+    }
+
+    /// A quick pass over the common shapes (SEND, WRITE, READ) on the post
+    /// path: true only if [`validate_fully`](Self::validate_fully) would pass;
+    /// false sends everything else (atomics, any error) to it.
+    #[inline(always)]
+    fn plainly_valid(&self, max_sge: u32, max_inline: u32) -> bool {
+        let bufs = self.bufs.as_slice();
+        if self.bufs.overflow() != 0 || bufs.len() > max_sge as usize {
+            return false;
+        }
+        let mut len = 0u64;
+        for b in bufs {
+            let l = b.len() as u64;
+            if l > u64::from(u32::MAX) {
+                return false;
+            }
+            len += l;
+        }
+        if let Some(data) = self.inline_data {
+            if !bufs.is_empty() || data.len() > max_inline as usize {
+                return false;
+            }
+            len = data.len() as u64;
+        }
+        let fits = |remote: RemoteMr, offset: u64| {
+            offset.checked_add(len).is_some_and(|end| end <= remote.len)
+                && remote.addr.checked_add(offset).is_some()
+        };
+        match self.op {
+            SendOp::Send => true,
+            SendOp::Write { remote, offset } => fits(remote, offset),
+            SendOp::Read { remote, offset } => {
+                self.imm.is_none()
+                    && self.inline_data.is_none()
+                    && self.bufs.all_owned()
+                    && fits(remote, offset)
+            }
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => false,
+        }
+    }
+
+    /// Every check, with the error that names what is wrong.
+    #[cold]
+    #[inline(never)]
+    fn validate_fully(&self, max_sge: u32, max_inline: u32) -> Result<()> {
+        let n = self.bufs.len() + self.bufs.overflow();
         let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
@@ -376,7 +436,7 @@ impl RecvWr {
 
     #[inline]
     pub(crate) fn validate(&self, max_sge: u32) -> Result<()> {
-        let n = self.bufs.len() + self.bufs.overflow;
+        let n = self.bufs.len() + self.bufs.overflow();
         let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
