@@ -159,6 +159,7 @@ pub struct Completion {
 
 impl Completion {
     /// `Ok` on success, else [`Error::WorkCompletion`] naming the status.
+    #[inline]
     pub fn result(&self) -> Result<()> {
         if self.status.is_success() {
             Ok(())
@@ -183,6 +184,7 @@ impl Completion {
     }
 
     /// Takes the first exclusively owned buffer (a receive buffer, READ or atomic destination).
+    #[inline]
     pub fn take_mr(&mut self) -> Option<crate::Mr> {
         self.bufs.take_first_owned()
     }

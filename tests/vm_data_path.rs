@@ -118,6 +118,39 @@ fn send_with_imm_and_inline() {
 }
 
 #[test]
+fn one_step_constructors_send_and_write_the_whole_buffer() {
+    let mut p = pair(caps(1));
+    let target =
+        p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let remote = target.remote();
+    p.b.post_recv(RecvWr::new(
+        1,
+        p.pd.alloc_mr(300, AccessFlags::LOCAL_WRITE).unwrap(),
+    ))
+    .unwrap();
+    let mut src = p.pd.alloc_mr(300, AccessFlags::empty()).unwrap();
+    src.as_mut_slice()
+        .unwrap()
+        .copy_from_slice(&pattern(300, 9));
+    let src = src.freeze();
+    p.a.post_send(SendWr::write_from(5, src.slice(0, 300).unwrap(), remote, 1000).unsignaled())
+        .unwrap();
+    p.a.post_send(SendWr::send_from(6, src.clone()).signaled(true))
+        .unwrap();
+    let sc = wait(&mut p.cq_a, 1);
+    assert_eq!((sc[0].wr_id, sc[0].status), (6, WcStatus::Success));
+    assert_eq!(sc[0].buffers().len(), 1, "the SEND's source comes back");
+    let mut rc = wait(&mut p.cq_b, 1);
+    assert_eq!(rc[0].byte_len, 300);
+    assert_eq!(rc[0].take_mr().unwrap().to_vec().unwrap(), pattern(300, 9));
+    // The WRITE completed before the SEND (same QP, in order).
+    let got = target.to_vec().unwrap();
+    assert_eq!(&got[1000..1300], &pattern(300, 9)[..]);
+    assert!(got[..1000].iter().chain(&got[1300..]).all(|&b| b == 0));
+}
+
+#[test]
 fn inline_over_the_limit_is_refused_before_posting() {
     let mut p = pair(caps(1));
     let max = p.a.caps().max_inline_data as usize;

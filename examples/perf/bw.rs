@@ -11,7 +11,6 @@
 //! (libibverbs' soft-RoCE provider rings its doorbell with a `write(2)` per
 //! post call, on both paths, as for perftest.)
 
-use rdma_verbs::qp::Buffer;
 use rdma_verbs::qp::Rts;
 use rdma_verbs::{
     AccessFlags, Completion, Error, Mr, Qp, Rc, RecvWr, RemoteMr, Result, SendWr, SharedMr,
@@ -446,34 +445,44 @@ impl SafeTx {
         let SafeTx {
             src, pool, inline, ..
         } = self;
-        let mut build = |j: u64| {
-            let k = first + j;
-            let wr_id = ((qi as u64) << QP_SHIFT) | k;
-            let slot = (k % shape.nslots as u64) as usize;
-            let off = (slot * shape.stride) as u64;
-            let wr = match (shape.verb, inline.as_deref()) {
-                (Verb::Write, Some(data)) => SendWr::write_inline(wr_id, data, remote, off),
-                (Verb::Write, None) => {
-                    SendWr::write(wr_id, remote, off).sge(Buffer::Shared(src[qi][slot].clone()))
+        let src = &src[qi];
+        let inline = inline.as_deref();
+        // The request for sequence number `$k`, built where it is consumed: a
+        // closure returning a 232-byte SendWr would copy it on the way out.
+        macro_rules! request {
+            ($k:expr) => {{
+                let k: u64 = $k;
+                let wr_id = ((qi as u64) << QP_SHIFT) | k;
+                let slot = (k % shape.nslots as u64) as usize;
+                let off = (slot * shape.stride) as u64;
+                let signaled = shape.sig.at(k);
+                // `.signaled` in every arm: on the match's value it would copy it.
+                match (shape.verb, inline) {
+                    (Verb::Write, Some(data)) => {
+                        SendWr::write_inline(wr_id, data, remote, off).signaled(signaled)
+                    }
+                    (Verb::Write, None) => {
+                        SendWr::write_from(wr_id, src[slot].clone(), remote, off).signaled(signaled)
+                    }
+                    (Verb::Send, Some(data)) => SendWr::send_inline(wr_id, data).signaled(signaled),
+                    (Verb::Send, None) => {
+                        SendWr::send_from(wr_id, src[slot].clone()).signaled(signaled)
+                    }
+                    (Verb::Read, _) => {
+                        let dest = pool.pop().expect("READ destination pool sized for the run");
+                        SendWr::read(wr_id, dest, remote, off).signaled(signaled)
+                    }
                 }
-                (Verb::Send, Some(data)) => SendWr::send_inline(wr_id, data),
-                (Verb::Send, None) => {
-                    SendWr::send(wr_id).sge(Buffer::Shared(src[qi][slot].clone()))
-                }
-                (Verb::Read, _) => {
-                    let dest = pool.pop().expect("READ destination pool sized for the run");
-                    SendWr::read(wr_id, dest, remote, off)
-                }
-            };
-            wr.signaled(shape.sig.at(k))
-        };
+            }};
+        }
         if shape.post_list == 1 {
-            qp.post_send(build(0)).map_err(Error::from)
+            qp.post_send(request!(first)).map_err(Error::from)
         } else {
-            qp.post_send_list((0..shape.post_list).map(build))
+            qp.post_send_list((0..shape.post_list).map(|j| request!(first + j)))
                 .map_err(Error::from)
         }
     }
+
     fn new(
         o: &Opts,
         dev: &Device,

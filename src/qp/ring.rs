@@ -116,6 +116,15 @@ impl fmt::Debug for Sges {
 }
 
 impl Sges {
+    /// A list of one buffer.
+    #[inline(always)]
+    pub fn one(b: Buffer) -> Sges {
+        let mut s = Sges::default();
+        s.items[0].write(b);
+        s.len = 1;
+        s
+    }
+
     #[inline(always)]
     fn as_mut_ptr_slice(&mut self, len: usize) -> *mut [Buffer] {
         std::ptr::slice_from_raw_parts_mut(self.items.as_mut_ptr().cast::<Buffer>(), len)
@@ -195,6 +204,12 @@ impl Sges {
 
     #[inline]
     pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
+        if self.len == 1 && matches!(self.as_slice()[0], Buffer::Owned(_)) {
+            // The common case (a receive or READ into one buffer).
+            self.len = 0;
+            // SAFETY: entry 0 was initialised; `len` is 0 now, so it is read once.
+            return unsafe { self.items[0].assume_init_read() }.into_mr();
+        }
         let i = self.iter().position(|b| matches!(b, Buffer::Owned(_)))?;
         let len = self.len();
         // SAFETY: i < len, so entry i is initialised; it is read out once, the
