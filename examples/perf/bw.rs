@@ -445,7 +445,8 @@ impl SafeTx {
         let SafeTx {
             src, pool, inline, ..
         } = self;
-        let src = &src[qi];
+        // No sources for READ (its buffers are destinations from `pool`).
+        let src = src.get(qi).map_or(&[][..], Vec::as_slice);
         let inline = inline.as_deref();
         // The request for sequence number `$k`, built where it is consumed: a
         // closure returning a 232-byte SendWr would copy it on the way out.

@@ -340,6 +340,8 @@ struct SlotData {
 /// exactly while `state` is POSTED (so nothing is written to empty it).
 pub(crate) struct Slot {
     ring: *const Ring,
+    /// This slot's index in its ring (so a completion finds it without a division).
+    index: u64,
     state: AtomicU8,
     data: UnsafeCell<MaybeUninit<SlotData>>,
 }
@@ -389,8 +391,9 @@ impl Ring {
         let cap = u64::from(depth.max(1));
         let n = cap.next_power_of_two();
         let slots = (0..n)
-            .map(|_| Slot {
+            .map(|index| Slot {
                 ring: me,
+                index,
                 state: AtomicU8::new(EMPTY),
                 data: UnsafeCell::new(MaybeUninit::uninit()),
             })
@@ -496,8 +499,7 @@ pub(crate) unsafe fn retire(
     let slot_ptr = wr_id as *const Slot;
     // SAFETY: per the contract the slot and its ring are alive.
     let (ring, target) = unsafe { (&*(*slot_ptr).ring, &*slot_ptr) };
-    let base = ring.slots.as_ptr() as usize;
-    let idx = ((slot_ptr as usize - base) / std::mem::size_of::<Slot>()) as u64;
+    let idx = target.index;
     let tail = ring.tail.load(Ordering::Relaxed);
     let dist = idx.wrapping_sub(tail) & ring.mask;
     if target.state.load(Ordering::Acquire) != POSTED {

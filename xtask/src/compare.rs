@@ -208,7 +208,7 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     }
     let _ = fs::remove_dir_all(&work);
 
-    let results = collect(&plan, &runs_dir);
+    let (results, failed) = collect(&plan, &runs_dir);
     let rows = rows(&plan, &results);
     print_table(&plan, &rows, &runs_dir);
     let json_path = out_dir.join("compare.json");
@@ -220,7 +220,15 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     say!("wrote {} and {}", json_path.display(), svg_path.display());
     let missing =
         plan.tests.len() * plan.sizes.len() * 2 - rows.iter().filter(|r| r.primary).count();
-    if missing > 0 {
+    if !failed.is_empty() {
+        eprintln!(
+            "xtask compare: {} run(s) produced no result (medians use the others): {}; logs in {}",
+            failed.len(),
+            failed.join(", "),
+            runs_dir.display()
+        );
+    }
+    if missing > 0 || !failed.is_empty() {
         eprintln!(
             "xtask compare: {missing} (test, size, path) combinations have no result; see {}",
             runs_dir.display()
@@ -293,8 +301,11 @@ type Numbers = [f64; 2];
 type Results = BTreeMap<(String, u64, String), Vec<Numbers>>;
 
 /// Reads every run's output.
-fn collect(plan: &Plan, dir: &Path) -> Results {
+/// The parsed results, and the names of the runs that produced none (a
+/// failed repetition must not vanish into a median of the others).
+fn collect(plan: &Plan, dir: &Path) -> (Results, Vec<String>) {
     let mut out = Results::new();
+    let mut failed = Vec::new();
     for rep in 0..plan.reps {
         for test in &plan.tests {
             for &size in &plan.sizes {
@@ -309,16 +320,18 @@ fn collect(plan: &Plan, dir: &Path) -> Results {
                             .ok()
                             .and_then(|t| parse_ours(&t, is_bw(test)))
                     };
-                    if let Some(n) = got {
-                        out.entry((test.clone(), size, imp.to_string()))
+                    match got {
+                        Some(n) => out
+                            .entry((test.clone(), size, imp.to_string()))
                             .or_default()
-                            .push(n);
+                            .push(n),
+                        None => failed.push(name),
                     }
                 }
             }
         }
     }
-    out
+    (out, failed)
 }
 
 /// perftest's result line (the first line after the `#bytes` header).
