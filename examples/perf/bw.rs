@@ -11,7 +11,7 @@
 //! (libibverbs' soft-RoCE provider rings its doorbell with a `write(2)` per
 //! post call, on both paths, as for perftest.)
 
-use rdma_verbs::qp::Rts;
+use rdma_verbs::qp::{Buffer, Rts, Sges};
 use rdma_verbs::{
     AccessFlags, Completion, Error, Mr, Qp, Rc, RecvWr, RemoteMr, Result, SendWr, SharedMr,
     WcStatus, ffi,
@@ -276,6 +276,9 @@ struct SafeTx {
     pool: Vec<Mr>,
     inline: Option<Vec<u8>>,
     out: Vec<Completion>,
+    /// READ: the destinations of unsignaled READs, handed back by
+    /// `Cq::poll_with_retired` and recycled into `pool`.
+    retired: Vec<(u64, Sges)>,
 }
 
 /// Raw-path state: one chained C list per QP, reused for every post (like
@@ -389,12 +392,21 @@ impl Tx {
         let ne = match &mut self.path {
             PathState::Safe(s) => {
                 s.out.clear();
-                let ne = cq.cq.poll(&mut s.out)?;
+                let read = self.shape.verb == Verb::Read;
+                let ne = if read {
+                    let ne = cq.cq.poll_with_retired(&mut s.out, &mut s.retired)?;
+                    for (_, bufs) in s.retired.drain(..) {
+                        s.pool.extend(bufs.into_iter().filter_map(Buffer::into_mr));
+                    }
+                    ne
+                } else {
+                    cq.cq.poll(&mut s.out)?
+                };
                 for comp in s.out.iter_mut() {
                     comp.result()?;
                     let qi = (comp.wr_id >> QP_SHIFT) as usize;
                     let seq = comp.wr_id & SEQ_MASK;
-                    if self.shape.verb == Verb::Read {
+                    if read {
                         if let Some(mr) = comp.take_mr() {
                             s.pool.push(mr);
                         }
@@ -497,21 +509,15 @@ impl SafeTx {
         let mut src = Vec::with_capacity(nq);
         let mut pool = Vec::new();
         if verb == Verb::Read {
-            // Unsignaled READs' destinations are released when a later completion
-            // retires them (they cannot come back), so the pool holds one piece per
-            // request of the run unless every READ is signaled.
-            let per_qp = if o.cq_mod == 1 {
-                o.tx_depth as usize
-            } else {
-                o.iters as usize + o.tx_depth as usize
-            };
-            let count = per_qp * nq;
+            // Every READ's destination comes back (unsignaled ones through
+            // poll_with_retired), and at most tx_depth are in flight per QP.
+            let count = o.tx_depth as usize * nq;
             if count.saturating_mul(size) > SAFE_POOL_CAP {
                 return Err(Error::InvalidArgument {
                     what: "safe read_bw",
                     reason: format!(
-                        "needs {count} destination buffers of {size} bytes ({} MiB) because \
-                         unsignaled READs do not return their buffers; use -Q 1, fewer -n, or --raw",
+                        "needs {count} destination buffers of {size} bytes ({} MiB); \
+                         lower -t or use --raw",
                         (count * size) >> 20
                     ),
                 });
@@ -536,6 +542,13 @@ impl SafeTx {
             pool,
             inline: inline.then(|| vec![0xa5u8; size]),
             out: Vec::with_capacity(POLL_BATCH),
+            // One completion retires at most tx_depth requests; a poll returns
+            // up to POLL_BATCH completions: this never reallocates.
+            retired: Vec::with_capacity(if verb == Verb::Read {
+                o.tx_depth as usize * nq + POLL_BATCH
+            } else {
+                0
+            }),
         })
     }
 }

@@ -518,7 +518,13 @@ pub(crate) unsafe fn retire(
             // below marks the data moved out (or dropped).
             unsafe {
                 match retired.as_deref_mut() {
-                    Some(v) => v.push(((*data).wr_id, std::ptr::read(&raw const (*data).bufs))),
+                    Some(v) => {
+                        // An empty list moved into place, then filled with the
+                        // used entries only (no full-size copy per request).
+                        v.push(((*data).wr_id, Sges::default()));
+                        let last = v.len() - 1;
+                        Sges::move_to(&raw const (*data).bufs, &raw mut v[last].1);
+                    }
                     None => std::ptr::drop_in_place(&raw mut (*data).bufs),
                 }
             }
