@@ -61,6 +61,7 @@
 
 pub mod attr;
 mod post;
+mod queue;
 pub(crate) mod ring;
 pub mod state;
 pub mod wr;
@@ -84,6 +85,7 @@ pub use ring::{Buffer, MAX_SAFE_SGES, Sges};
 pub use state::{CanPostRecv, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
 pub use wr::{RecvWr, SendWr};
 
+use queue::{RecvQueue, SendQueue};
 use ring::Rings;
 
 /// A queue pair of transport `T` in state `S`.
@@ -535,62 +537,11 @@ fn check_bits(what: &'static str, v: u32, bits: u32) -> Option<Error> {
     })
 }
 
-/// How many work requests one chained `ibv_post_*` call carries at most.
-const POST_CHUNK: usize = 32;
-
 impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     /// Posts one receive; its buffers return with the completion.
     #[inline]
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        // One request: no list machinery, one entry on the stack.
-        let mut c_wr = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; 1];
-        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; ring::MAX_SAFE_SGES];
-        let first_seq = self.core.rq_head;
-        // SAFETY: `wr` is forgotten once staged, returned whole when refused.
-        match unsafe { self.stage_recv(&wr, &mut c_wr[0], &mut c_sges) } {
-            Ok(()) => std::mem::forget(wr),
-            Err(error) => {
-                return Err(PostError {
-                    error,
-                    unposted: vec![(wr.wr_id, wr.bufs)],
-                });
-            }
-        }
-        self.submit_recv(&mut c_wr, &mut c_sges, 1, first_seq)
-    }
-
-    /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
-    /// moves its buffers into the next receive slot. On refusal nothing changed.
-    ///
-    /// # Safety
-    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget
-    /// `*wr` (neither drop nor use it again).
-    #[inline(always)]
-    unsafe fn stage_recv(
-        &mut self,
-        wr: &RecvWr,
-        c: &mut MaybeUninit<ffi::ibv_recv_wr>,
-        sges: &mut [MaybeUninit<ffi::ibv_sge>],
-    ) -> Result<(), Error> {
-        let rq = &self.core.rings.rq;
-        wr.validate(self.core.caps.max_recv_sge)?;
-        if rq.in_flight(self.core.rq_head) >= rq.depth() {
-            return Err(Error::QueueFull {
-                queue: "receive",
-                depth: rq.depth() as u32,
-            });
-        }
-        let num_sge = post::fill_sges(&wr.bufs, sges);
-        // SAFETY: producer side (&mut self), space checked above; the caller
-        // forgets `*wr`, so its buffers live on only in the slot.
-        let slot = unsafe { rq.fill(self.core.rq_head, wr.wr_id, &raw const wr.bufs) };
-        c.write(ffi::ibv_recv_wr {
-            wr_id: slot,
-            num_sge,
-            ..Default::default()
-        });
-        self.core.rq_head += 1;
-        Ok(())
+        queue::post_one::<RecvQueue>(&mut self.core, wr)
     }
 
     /// Posts receives as chained lists (one `ibv_post_recv` per 32 requests).
@@ -600,104 +551,7 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
         &mut self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<(), PostError> {
-        let mut wrs = wrs.into_iter();
-        // Uninitialised: only the entries a post uses are written (no 4 KiB memset per call).
-        let mut c_wrs = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; POST_CHUNK];
-        let mut c_sges =
-            [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
-        loop {
-            let first_seq = self.core.rq_head;
-            let mut n = 0;
-            let mut exhausted = false;
-            while n < POST_CHUNK {
-                // Through a reference, as in post_send_list.
-                let next = wrs.next();
-                let Some(wr) = &next else {
-                    exhausted = true;
-                    break;
-                };
-                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
-                // SAFETY: `next` is forgotten once staged, returned whole when refused.
-                if let Err(error) = unsafe { self.stage_recv(wr, &mut c_wrs[n], sges) } {
-                    let rest = next.into_iter().chain(wrs).map(|w| (w.wr_id, w.bufs));
-                    return Err(self.recv_list_failed(
-                        &mut c_wrs,
-                        &mut c_sges,
-                        n,
-                        first_seq,
-                        error,
-                        rest,
-                    ));
-                }
-                std::mem::forget(next);
-                n += 1;
-            }
-            if n > 0 {
-                if let Err(mut e) = self.submit_recv(&mut c_wrs, &mut c_sges, n, first_seq) {
-                    e.unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
-                    return Err(e);
-                }
-            }
-            if exhausted {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Posts the `n` staged receives (sequence numbers from `first_seq`) with
-    /// one `ibv_post_recv`; on refusal takes back what the device did not accept.
-    #[inline(always)]
-    fn submit_recv(
-        &mut self,
-        c_wrs: &mut [MaybeUninit<ffi::ibv_recv_wr>],
-        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
-        n: usize,
-        first_seq: u64,
-    ) -> Result<(), PostError> {
-        let head = post::link(c_wrs, c_sges, n);
-        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: valid QP; the chain and its SGEs live on the caller's stack
-        // frame, every SGE points into a buffer now owned by a ring slot.
-        let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), head, &mut bad) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(self.recv_refused(rc, post::bad_index(bad, head, n), first_seq))
-        }
-    }
-
-    /// `ibv_post_recv` returned `rc`: requests from the one at `bad` on were
-    /// refused; if the provider did not say which, keep them all in the ring
-    /// (the NIC may own some).
-    #[cold]
-    #[inline(never)]
-    fn recv_refused(&mut self, rc: i32, bad: Option<usize>, first_seq: u64) -> PostError {
-        let from = bad.map_or(self.core.rq_head, |i| first_seq + i as u64);
-        // SAFETY: producer side; the device refused these requests.
-        let unposted = unsafe { self.core.rings.rq.unfill_from(from, &mut self.core.rq_head) };
-        PostError {
-            error: Error::verb("ibv_post_recv", errno(rc)),
-            unposted,
-        }
-    }
-
-    /// A receive was refused before posting: posts the `n` staged before it,
-    /// and returns the error with everything that did not reach the NIC.
-    #[cold]
-    fn recv_list_failed(
-        &mut self,
-        c_wrs: &mut [MaybeUninit<ffi::ibv_recv_wr>],
-        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
-        n: usize,
-        first_seq: u64,
-        error: Error,
-        rest: impl Iterator<Item = (u64, Sges)>,
-    ) -> PostError {
-        list_failed(
-            (n > 0).then(|| self.submit_recv(c_wrs, c_sges, n, first_seq)),
-            error,
-            rest,
-        )
+        queue::post_list::<RecvQueue>(&mut self.core, wrs)
     }
 
     /// Posts a C receive work request list as is (`ibv_post_recv`).
@@ -725,21 +579,7 @@ impl<T: QpType> Qp<T, Rts> {
     /// Posts one send-queue work request; its buffers return with the completion.
     #[inline]
     pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError> {
-        // One request: no list machinery, one entry on the stack.
-        let mut c_wr = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; 1];
-        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; ring::MAX_SAFE_SGES];
-        let first_seq = self.core.sq_head;
-        // SAFETY: `wr` is forgotten once staged, returned whole when refused.
-        match unsafe { self.stage_send(&wr, &mut c_wr[0], &mut c_sges) } {
-            Ok(()) => std::mem::forget(wr),
-            Err(error) => {
-                return Err(PostError {
-                    error,
-                    unposted: vec![(wr.wr_id, wr.bufs)],
-                });
-            }
-        }
-        self.submit_send(&mut c_wr, &mut c_sges, 1, first_seq)
+        queue::post_one::<SendQueue>(&mut self.core, wr)
     }
 
     /// Posts send-queue work requests as chained lists (one `ibv_post_send`, one
@@ -749,155 +589,7 @@ impl<T: QpType> Qp<T, Rts> {
         &mut self,
         wrs: impl IntoIterator<Item = SendWr<'a>>,
     ) -> Result<(), PostError> {
-        let mut wrs = wrs.into_iter();
-        // Uninitialised: only the entries a post uses are written (no 6 KiB memset per call).
-        let mut c_wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_CHUNK];
-        let mut c_sges =
-            [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * ring::MAX_SAFE_SGES];
-        loop {
-            let first_seq = self.core.sq_head;
-            let mut n = 0;
-            let mut exhausted = false;
-            while n < POST_CHUNK {
-                // Staged through a reference: binding the request by value
-                // would copy all of it once more.
-                let next = wrs.next();
-                let Some(wr) = &next else {
-                    exhausted = true;
-                    break;
-                };
-                let sges = &mut c_sges[n * ring::MAX_SAFE_SGES..];
-                // SAFETY: `next` is forgotten once staged, returned whole when refused.
-                if let Err(error) = unsafe { self.stage_send(wr, &mut c_wrs[n], sges) } {
-                    let rest = next.into_iter().chain(wrs).map(|w| (w.wr_id, w.bufs));
-                    return Err(self.send_list_failed(
-                        &mut c_wrs,
-                        &mut c_sges,
-                        n,
-                        first_seq,
-                        error,
-                        rest,
-                    ));
-                }
-                std::mem::forget(next);
-                n += 1;
-            }
-            if n > 0 {
-                if let Err(mut e) = self.submit_send(&mut c_wrs, &mut c_sges, n, first_seq) {
-                    e.unposted.extend(wrs.map(|w| (w.wr_id, w.bufs)));
-                    return Err(e);
-                }
-            }
-            if exhausted {
-                return Ok(());
-            }
-        }
-    }
-
-    /// A request was refused before posting: posts the `n` staged before it,
-    /// and returns the error with everything that did not reach the NIC.
-    #[cold]
-    fn send_list_failed(
-        &mut self,
-        c_wrs: &mut [MaybeUninit<ffi::ibv_send_wr>],
-        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
-        n: usize,
-        first_seq: u64,
-        error: Error,
-        rest: impl Iterator<Item = (u64, Sges)>,
-    ) -> PostError {
-        list_failed(
-            (n > 0).then(|| self.submit_send(c_wrs, c_sges, n, first_seq)),
-            error,
-            rest,
-        )
-    }
-
-    /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
-    /// moves its buffers into the next send slot. On refusal nothing changed.
-    ///
-    /// # Safety
-    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget
-    /// `*wr` (neither drop nor use it again).
-    #[inline(always)]
-    unsafe fn stage_send(
-        &mut self,
-        wr: &SendWr<'_>,
-        c: &mut MaybeUninit<ffi::ibv_send_wr>,
-        sges: &mut [MaybeUninit<ffi::ibv_sge>],
-    ) -> Result<(), Error> {
-        let caps = self.core.caps;
-        let sq = &self.core.rings.sq;
-        wr.validate(caps.max_send_sge, caps.max_inline_data)?;
-        let in_flight = sq.in_flight(self.core.sq_head);
-        if in_flight >= sq.depth() {
-            return Err(Error::QueueFull {
-                queue: "send",
-                depth: sq.depth() as u32,
-            });
-        }
-        let c = c.write(ffi::ibv_send_wr::default());
-        wr.fill_ffi(c);
-        if in_flight + 1 == sq.depth() && !caps.sq_sig_all {
-            // The last free slot: ask for a completion so the ring drains.
-            c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        c.num_sge = match wr.inline_data {
-            // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
-            Some(data) if !data.is_empty() => {
-                sges[0].write(ffi::ibv_sge {
-                    addr: data.as_ptr() as u64,
-                    length: data.len() as u32,
-                    lkey: 0,
-                });
-                1
-            }
-            Some(_) => 0,
-            None => post::fill_sges(&wr.bufs, sges),
-        };
-        // SAFETY: producer side (&mut self), space checked above; the caller
-        // forgets `*wr`, so its buffers live on only in the slot.
-        c.wr_id = unsafe { sq.fill(self.core.sq_head, wr.wr_id, &raw const wr.bufs) };
-        self.core.sq_head += 1;
-        Ok(())
-    }
-
-    /// Posts the `n` staged requests (sequence numbers from `first_seq`) with one
-    /// `ibv_post_send`; on refusal takes back what the device did not accept.
-    #[inline(always)]
-    fn submit_send(
-        &mut self,
-        c_wrs: &mut [MaybeUninit<ffi::ibv_send_wr>],
-        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
-        n: usize,
-        first_seq: u64,
-    ) -> Result<(), PostError> {
-        let head = post::link(c_wrs, c_sges, n);
-        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: valid QP; the chain and SGE array live on the caller's stack
-        // frame; every SGE points into a buffer owned by a ring slot or into
-        // inline data borrowed for the caller's call.
-        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), head, &mut bad) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(self.send_refused(rc, post::bad_index(bad, head, n), first_seq))
-        }
-    }
-
-    /// `ibv_post_send` returned `rc`: requests from the one at `bad` on were
-    /// refused; if the provider did not say which, keep them all in the ring
-    /// (the NIC may own some).
-    #[cold]
-    #[inline(never)]
-    fn send_refused(&mut self, rc: i32, bad: Option<usize>, first_seq: u64) -> PostError {
-        let from = bad.map_or(self.core.sq_head, |i| first_seq + i as u64);
-        // SAFETY: producer side; the device refused these requests.
-        let unposted = unsafe { self.core.rings.sq.unfill_from(from, &mut self.core.sq_head) };
-        PostError {
-            error: Error::verb("ibv_post_send", errno(rc)),
-            unposted,
-        }
+        queue::post_list::<SendQueue<'a>>(&mut self.core, wrs)
     }
 
     /// Posts a C send work request list as is (`ibv_post_send`).
@@ -920,27 +612,6 @@ impl<T: QpType> Qp<T, Rts> {
         } else {
             Err(Error::verb("ibv_post_send", errno(rc)))
         }
-    }
-}
-
-/// The error of a list post that stopped at a refused request: the earlier
-/// requests' post result (if any were staged), the refusal, and the requests
-/// from the refused one on.
-fn list_failed(
-    submitted: Option<Result<(), PostError>>,
-    error: Error,
-    rest: impl Iterator<Item = (u64, Sges)>,
-) -> PostError {
-    match submitted {
-        // The earlier requests failed too: that error comes first.
-        Some(Err(mut e)) => {
-            e.unposted.extend(rest);
-            e
-        }
-        _ => PostError {
-            error,
-            unposted: rest.collect(),
-        },
     }
 }
 

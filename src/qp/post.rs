@@ -18,6 +18,12 @@ pub(crate) trait ChainedWr: Copy + Default {
     /// # Safety
     /// `wr` points to a live request.
     unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge);
+
+    /// Sets `wr_id` of the request at `wr`.
+    ///
+    /// # Safety
+    /// `wr` points to a live request.
+    unsafe fn set_wr_id(wr: *mut Self, id: u64);
 }
 
 impl ChainedWr for ffi::ibv_send_wr {
@@ -29,6 +35,12 @@ impl ChainedWr for ffi::ibv_send_wr {
             (*wr).sg_list = sges;
         }
     }
+
+    #[inline]
+    unsafe fn set_wr_id(wr: *mut Self, id: u64) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { (*wr).wr_id = id };
+    }
 }
 
 impl ChainedWr for ffi::ibv_recv_wr {
@@ -39,6 +51,12 @@ impl ChainedWr for ffi::ibv_recv_wr {
             (*wr).next = next;
             (*wr).sg_list = sges;
         }
+    }
+
+    #[inline]
+    unsafe fn set_wr_id(wr: *mut Self, id: u64) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { (*wr).wr_id = id };
     }
 }
 

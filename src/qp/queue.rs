@@ -1,0 +1,351 @@
+//! Posting on the safe path, written once for both queues: staging a request
+//! (checks, its C form, its buffers into the slot ring), submitting a chunk
+//! with one `ibv_post_*` call, and handing back what never reached the NIC.
+//!
+//! Requests are staged through a reference and then forgotten: passing the
+//! ~230-byte `SendWr` on by value would copy it at every step.
+
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+
+use crate::error::{Error, errno};
+use crate::ffi;
+use crate::qp::post::{self, ChainedWr};
+use crate::qp::ring::{MAX_SAFE_SGES, Ring, Sges};
+use crate::qp::wr::{RecvWr, SendWr};
+use crate::qp::{PostError, QpCore};
+
+/// How many work requests one chained `ibv_post_*` call carries at most.
+pub(crate) const POST_CHUNK: usize = 32;
+
+/// What differs between the send and the receive queue.
+pub(crate) trait WorkQueue {
+    /// The safe work request.
+    type Wr;
+    /// Its C form.
+    type CWr: ChainedWr;
+    /// "send" or "receive", for errors.
+    const NAME: &'static str;
+    /// `ibv_post_send` or `ibv_post_recv`, for errors.
+    const VERB: &'static str;
+
+    /// The queue's slot ring and head (its producer's sequence number).
+    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64);
+
+    /// Everything that can be checked before the NIC sees `wr`.
+    fn validate(core: &QpCore, wr: &Self::Wr) -> Result<(), Error>;
+
+    /// The C form of `wr` in `c` (all but `wr_id`, `next` and `sg_list`) and
+    /// its SGEs in `sges`; `last_slot`: it takes the ring's last free slot.
+    fn write_c(
+        core: &QpCore,
+        wr: &Self::Wr,
+        c: &mut MaybeUninit<Self::CWr>,
+        sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        last_slot: bool,
+    ) -> *mut Self::CWr;
+
+    /// The application's wr_id and the buffers of `wr`.
+    fn id_and_bufs(wr: &Self::Wr) -> (u64, *const Sges);
+
+    /// Takes `wr` apart (to hand back a request that was not posted).
+    fn into_parts(wr: Self::Wr) -> (u64, Sges);
+
+    /// `ibv_post_send` / `ibv_post_recv`.
+    ///
+    /// # Safety
+    /// As the verb's: a live QP and a well-formed chain.
+    unsafe fn post(qp: *mut ffi::ibv_qp, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32;
+}
+
+/// The send queue of a QP.
+pub(crate) struct SendQueue<'a>(PhantomData<SendWr<'a>>);
+
+impl<'a> WorkQueue for SendQueue<'a> {
+    type Wr = SendWr<'a>;
+    type CWr = ffi::ibv_send_wr;
+    const NAME: &'static str = "send";
+    const VERB: &'static str = "ibv_post_send";
+
+    #[inline(always)]
+    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
+        (&core.rings.sq, &mut core.sq_head)
+    }
+
+    #[inline(always)]
+    fn validate(core: &QpCore, wr: &SendWr<'a>) -> Result<(), Error> {
+        wr.validate(core.caps.max_send_sge, core.caps.max_inline_data)
+    }
+
+    #[inline(always)]
+    fn write_c(
+        core: &QpCore,
+        wr: &SendWr<'a>,
+        c: &mut MaybeUninit<ffi::ibv_send_wr>,
+        sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        last_slot: bool,
+    ) -> *mut ffi::ibv_send_wr {
+        let c = c.write(ffi::ibv_send_wr::default());
+        wr.fill_ffi(c);
+        if last_slot && !core.caps.sq_sig_all {
+            // The last free slot: ask for a completion so the ring drains.
+            c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        c.num_sge = match wr.inline_data {
+            // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
+            Some(data) if !data.is_empty() => {
+                sges[0].write(ffi::ibv_sge {
+                    addr: data.as_ptr() as u64,
+                    length: data.len() as u32,
+                    lkey: 0,
+                });
+                1
+            }
+            Some(_) => 0,
+            None => post::fill_sges(&wr.bufs, sges),
+        };
+        c
+    }
+
+    #[inline(always)]
+    fn id_and_bufs(wr: &SendWr<'a>) -> (u64, *const Sges) {
+        (wr.wr_id, &raw const wr.bufs)
+    }
+
+    fn into_parts(wr: SendWr<'a>) -> (u64, Sges) {
+        (wr.wr_id, wr.bufs)
+    }
+
+    #[inline(always)]
+    unsafe fn post(
+        qp: *mut ffi::ibv_qp,
+        head: *mut ffi::ibv_send_wr,
+        bad: *mut *mut ffi::ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: per this function's contract.
+        unsafe { ffi::ibv_post_send(qp, head, bad) }
+    }
+}
+
+/// The receive queue of a QP.
+pub(crate) struct RecvQueue;
+
+impl WorkQueue for RecvQueue {
+    type Wr = RecvWr;
+    type CWr = ffi::ibv_recv_wr;
+    const NAME: &'static str = "receive";
+    const VERB: &'static str = "ibv_post_recv";
+
+    #[inline(always)]
+    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
+        (&core.rings.rq, &mut core.rq_head)
+    }
+
+    #[inline(always)]
+    fn validate(core: &QpCore, wr: &RecvWr) -> Result<(), Error> {
+        wr.validate(core.caps.max_recv_sge)
+    }
+
+    #[inline(always)]
+    fn write_c(
+        _core: &QpCore,
+        wr: &RecvWr,
+        c: &mut MaybeUninit<ffi::ibv_recv_wr>,
+        sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        _last_slot: bool,
+    ) -> *mut ffi::ibv_recv_wr {
+        c.write(ffi::ibv_recv_wr {
+            num_sge: post::fill_sges(&wr.bufs, sges),
+            ..Default::default()
+        })
+    }
+
+    #[inline(always)]
+    fn id_and_bufs(wr: &RecvWr) -> (u64, *const Sges) {
+        (wr.wr_id, &raw const wr.bufs)
+    }
+
+    fn into_parts(wr: RecvWr) -> (u64, Sges) {
+        (wr.wr_id, wr.bufs)
+    }
+
+    #[inline(always)]
+    unsafe fn post(
+        qp: *mut ffi::ibv_qp,
+        head: *mut ffi::ibv_recv_wr,
+        bad: *mut *mut ffi::ibv_recv_wr,
+    ) -> i32 {
+        // SAFETY: per this function's contract.
+        unsafe { ffi::ibv_post_recv(qp, head, bad) }
+    }
+}
+
+/// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and moves
+/// its buffers into the queue's next slot. On refusal nothing changed.
+///
+/// # Safety
+/// On `Ok` the buffers of `*wr` were moved out: the caller must forget `*wr`
+/// (neither drop nor use it again).
+#[inline(always)]
+unsafe fn stage<Q: WorkQueue>(
+    core: &mut QpCore,
+    wr: &Q::Wr,
+    c: &mut MaybeUninit<Q::CWr>,
+    sges: &mut [MaybeUninit<ffi::ibv_sge>],
+) -> Result<(), Error> {
+    Q::validate(core, wr)?;
+    let (ring, head) = Q::ring_and_head(core);
+    let (in_flight, depth) = (ring.in_flight(*head), ring.depth());
+    if in_flight >= depth {
+        return Err(Error::QueueFull {
+            queue: Q::NAME,
+            depth: depth as u32,
+        });
+    }
+    let c = Q::write_c(core, wr, c, sges, in_flight + 1 == depth);
+    let (wr_id, bufs) = Q::id_and_bufs(wr);
+    let (ring, head) = Q::ring_and_head(core);
+    // SAFETY: producer side (&mut QpCore), space checked above; the caller
+    // forgets `*wr`, so its buffers live on only in the slot. `c` points to
+    // the entry written just above.
+    unsafe { Q::CWr::set_wr_id(c, ring.fill(*head, wr_id, bufs)) };
+    *head += 1;
+    Ok(())
+}
+
+/// Posts the `n` staged requests (sequence numbers from `first_seq`) with one
+/// verb call; on refusal takes back what the device did not accept.
+#[inline(always)]
+fn submit<Q: WorkQueue>(
+    core: &mut QpCore,
+    c_wrs: &mut [MaybeUninit<Q::CWr>],
+    c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
+    n: usize,
+    first_seq: u64,
+) -> Result<(), PostError> {
+    let head = post::link(c_wrs, c_sges, n);
+    let mut bad: *mut Q::CWr = std::ptr::null_mut();
+    // SAFETY: valid QP; the chain and its SGEs live on the caller's stack
+    // frame; every SGE points into a buffer owned by a ring slot or into inline
+    // data borrowed for the caller's call.
+    let rc = unsafe { Q::post(core.raw.as_ptr(), head, &mut bad) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(refused::<Q>(
+            core,
+            rc,
+            post::bad_index(bad, head, n),
+            first_seq,
+        ))
+    }
+}
+
+/// The verb returned `rc`: requests from the one at `bad` on were refused; if
+/// the provider did not say which, keep them all in the ring (the NIC may own
+/// some).
+#[cold]
+#[inline(never)]
+fn refused<Q: WorkQueue>(
+    core: &mut QpCore,
+    rc: i32,
+    bad: Option<usize>,
+    first_seq: u64,
+) -> PostError {
+    let (ring, head) = Q::ring_and_head(core);
+    let from = bad.map_or(*head, |i| first_seq + i as u64);
+    // SAFETY: producer side; the device refused these requests.
+    let unposted = unsafe { ring.unfill_from(from, head) };
+    PostError {
+        error: Error::verb(Q::VERB, errno(rc)),
+        unposted,
+    }
+}
+
+/// Posts one request: no list machinery, one entry on the stack.
+#[inline(always)]
+pub(crate) fn post_one<Q: WorkQueue>(core: &mut QpCore, wr: Q::Wr) -> Result<(), PostError> {
+    let mut c_wr = [const { MaybeUninit::<Q::CWr>::uninit() }; 1];
+    let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; MAX_SAFE_SGES];
+    let first_seq = *Q::ring_and_head(core).1;
+    // SAFETY: `wr` is forgotten once staged, returned whole when refused.
+    match unsafe { stage::<Q>(core, &wr, &mut c_wr[0], &mut c_sges) } {
+        Ok(()) => std::mem::forget(wr),
+        Err(error) => {
+            return Err(PostError {
+                error,
+                unposted: vec![Q::into_parts(wr)],
+            });
+        }
+    }
+    submit::<Q>(core, &mut c_wr, &mut c_sges, 1, first_seq)
+}
+
+/// Posts requests as chained lists, one verb call per [`POST_CHUNK`]. On
+/// failure the requests that did not reach the NIC come back in the error.
+#[inline]
+pub(crate) fn post_list<Q: WorkQueue>(
+    core: &mut QpCore,
+    wrs: impl IntoIterator<Item = Q::Wr>,
+) -> Result<(), PostError> {
+    let mut wrs = wrs.into_iter();
+    // Uninitialised: only the entries a post uses are written (no memset per call).
+    let mut c_wrs = [const { MaybeUninit::<Q::CWr>::uninit() }; POST_CHUNK];
+    let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * MAX_SAFE_SGES];
+    loop {
+        let first_seq = *Q::ring_and_head(core).1;
+        let mut n = 0;
+        let mut exhausted = false;
+        while n < POST_CHUNK {
+            // Staged through a reference: binding the request by value would
+            // copy all of it once more.
+            let next = wrs.next();
+            let Some(wr) = &next else {
+                exhausted = true;
+                break;
+            };
+            let sges = &mut c_sges[n * MAX_SAFE_SGES..];
+            // SAFETY: `next` is forgotten once staged, returned whole when refused.
+            if let Err(error) = unsafe { stage::<Q>(core, wr, &mut c_wrs[n], sges) } {
+                // Post what was staged before it, then report.
+                let earlier =
+                    (n > 0).then(|| submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq));
+                let rest = next.into_iter().chain(wrs).map(Q::into_parts);
+                return Err(list_failed(earlier, error, rest));
+            }
+            std::mem::forget(next);
+            n += 1;
+        }
+        if n > 0 {
+            if let Err(mut e) = submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq) {
+                e.unposted.extend(wrs.map(Q::into_parts));
+                return Err(e);
+            }
+        }
+        if exhausted {
+            return Ok(());
+        }
+    }
+}
+
+/// The error of a list post that stopped at a refused request: the earlier
+/// requests' post result (if any were staged), the refusal, and the requests
+/// from the refused one on.
+#[cold]
+fn list_failed(
+    earlier: Option<Result<(), PostError>>,
+    error: Error,
+    rest: impl Iterator<Item = (u64, Sges)>,
+) -> PostError {
+    match earlier {
+        // The earlier requests failed too: that error comes first.
+        Some(Err(mut e)) => {
+            e.unposted.extend(rest);
+            e
+        }
+        _ => PostError {
+            error,
+            unposted: rest.collect(),
+        },
+    }
+}
