@@ -172,9 +172,12 @@ fn main() {
         1600,
         |n| {
             for i in 0..n {
-                let wr = SendWr::write(i, remote, (i % 64) * MSG as u64).sge(src.clone());
-                let wr = if i % 16 == 15 { wr } else { wr.unsignaled() };
-                p.a.post_send(wr).expect("post_send");
+                // Built in the call (an `if` choosing between requests copies one).
+                p.a.post_send(
+                    SendWr::write_from(i, src.clone(), remote, (i % 64) * MSG as u64)
+                        .signaled(i % 16 == 15),
+                )
+                .expect("post_send");
                 if i % 16 == 15 {
                     wait_safe(&mut p.cq_a, &mut out_a);
                     out_a.clear();

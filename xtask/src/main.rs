@@ -68,6 +68,7 @@ environment:
   XTASK_TIMEOUT=SECS             time limit of run / vm-exec / each device test binary
                                  (default 900)
   XTASK_VM_DEBUG=1               full kernel log in the run directory, which is kept
+  RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048; at least 1024)
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
                                  passed through to the command in the guest
 

@@ -229,6 +229,17 @@ pub fn run(
     }
 }
 
+/// Guest memory in MiB: `RDMA_VERBS_VM_MEM_MB` (at least 1024), else 2048.
+/// More lets `benches/mr_reg.rs` register 1 GiB.
+fn memory_mb() -> String {
+    std::env::var("RDMA_VERBS_VM_MEM_MB")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|&mb| mb >= 1024)
+        .unwrap_or(2048)
+        .to_string()
+}
+
 /// The QEMU command line: TCG, q35, no outside NIC, PVH boot of the uncompressed kernel.
 fn qemu_args(
     assets: &VmAssets,
@@ -242,7 +253,7 @@ fn qemu_args(
         "-machine",
         "q35",
         "-m",
-        "2048",
+        &memory_mb(),
         "-smp",
         "2",
         "-nodefaults",
