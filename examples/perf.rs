@@ -7,7 +7,9 @@
 //! ```
 //!
 //! Subcommands: `write_bw`, `read_bw`, `send_bw`, `write_lat`, `send_lat`,
-//! `read_lat`. Flags are perftest's where they apply (`perf <test> -h`), with
+//! `read_lat`, `atomic_bw` (8-byte fetch-and-add, or compare-and-swap with
+//! `-A CMP_AND_SWAP`; `-o` sets the outstanding READs/atomics). Flags are
+//! perftest's where they apply (`perf <test> -h`), with
 //! perftest's defaults and dependency rules, so that the same flags do the
 //! same work as the C tools: the same message counts, send queue depth, CQ
 //! moderation (100, or 1 above 8 KiB), signaling, post lists, poll batches
@@ -17,17 +19,21 @@
 //!
 //! The two data paths:
 //! * **safe**: `Qp::post_send_list` with `SharedMr` sources (WRITE/SEND), owned
-//!   `Mr` destinations (READ, receives), `Cq::poll` into a preallocated vector;
-//!   buffers come back with their completions.
+//!   `Mr` destinations (READ, atomic results, receives), `Cq::poll` into a
+//!   preallocated vector; buffers come back with their completions.
 //! * **raw**: `unsafe Qp::post_send_raw` of a prepared C `ibv_send_wr` list into
 //!   registered memory, and `Cq::poll_raw`.
 //!
 //! Differences from perftest, all outside the timed loops: the safe path asks
 //! for one more send queue slot than `-t` (the slot ring signals when its last
 //! slot is taken; the loop still keeps at most `-t` requests in flight);
-//! unsignaled safe-path READs cannot return their destination buffers, so
-//! read_bw draws each READ a fresh piece of a pool sized for the run; inline
-//! data is off unless `-I` is given (perftest turns it off on soft-RoCE too).
+//! safe-path READ and atomic destinations are `-t` pieces of a pool per QP,
+//! recycled from completions (unsignaled ones through
+//! `Cq::poll_with_retired`); inline data is off unless `-I` is given (perftest
+//! turns it off on soft-RoCE too); READ and atomic tests ignore `-I` (perftest
+//! refuses it); `-o` sets both `max_rd_atomic` and `max_dest_rd_atomic` from
+//! this side's value (perftest takes the initiator's from the peer; both sides
+//! must be started with the same flags here anyway).
 
 #[path = "perf/bw.rs"]
 mod bw;
@@ -96,8 +102,11 @@ fn run(o: &Opts) -> Result<()> {
     let dev = conn::Device::open(o)?;
     let nq = o.num_qps as usize;
     let buff = conn::buff_size(o.max_size());
-    let remote_access =
+    let mut remote_access =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    if o.test.verb() == opts::Verb::Atomic {
+        remote_access |= AccessFlags::REMOTE_ATOMIC;
+    }
     // Declared before the queues: dropped after them.
     let mut bufs = Bufs {
         target: dev.pd.alloc_mr(buff * nq, remote_access)?,
@@ -112,7 +121,7 @@ fn run(o: &Opts) -> Result<()> {
         .collect();
     let pending = conn::create(o, &dev)?;
     let (mut queues, remote, mut ctrl) = conn::establish(o, &dev, pending, &regions)?;
-    report::banner(o, dev.ctx.name(), dev.mtu, dev.gid_index, &rate);
+    report::banner(o, &dev, &rate);
     let table = if o.test.is_bw() {
         bw::run(o, &rate, &dev, &mut queues, &remote, &bufs, &mut ctrl)?
     } else {

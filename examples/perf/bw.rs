@@ -20,7 +20,7 @@ use rdma_verbs::{
 use crate::Bufs;
 use crate::clock::{self, Phase, Rate, Timer};
 use crate::conn::{self, Ctrl, Device, EvCq, Queues};
-use crate::opts::{DataPath, Opts, Verb};
+use crate::opts::{AtomicOp, DataPath, Opts, Verb};
 use crate::report::{self, BwRow, BwSamples, Table, WireRow};
 
 /// perftest's `CTX_POLL_BATCH`.
@@ -31,6 +31,11 @@ const QP_SHIFT: u32 = 48;
 const SEQ_MASK: u64 = (1 << QP_SHIFT) - 1;
 /// Most memory the safe path may pin for READ destinations / receive buffers.
 const SAFE_POOL_CAP: usize = 512 << 20;
+/// perftest's `ATOMIC_ADD_VALUE`: what each fetch-and-add adds.
+const ATOMIC_ADD_VALUE: u64 = 1;
+/// perftest's compare-and-swap operands: `compare_add` left zero, `ATOMIC_SWAP_VALUE`.
+const ATOMIC_CMP_VALUE: u64 = 0;
+const ATOMIC_SWAP_VALUE: u64 = 0;
 
 /// Runs every size of a bandwidth test; returns the printed rows.
 #[allow(clippy::too_many_arguments)]
@@ -256,6 +261,8 @@ pub struct Tx {
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     verb: Verb,
+    /// Atomic tests: fetch-and-add or compare-and-swap.
+    atomic: AtomicOp,
     post_list: u64,
     sig: Signal,
     /// Cache-line cycling of small messages: stride and slot count.
@@ -269,14 +276,14 @@ enum PathState {
     Raw(RawTx),
 }
 
-/// Safe-path state: shared sources per (QP, slot), READ destinations, inline
-/// bytes, and the completion array.
+/// Safe-path state: shared sources per (QP, slot), READ/atomic destinations,
+/// inline bytes, and the completion array.
 struct SafeTx {
     src: Vec<Vec<SharedMr>>,
     pool: Vec<Mr>,
     inline: Option<Vec<u8>>,
     out: Vec<Completion>,
-    /// READ: the destinations of unsignaled READs, handed back by
+    /// READ/atomic: the destinations of unsignaled requests, handed back by
     /// `Cq::poll_with_retired` and recycled into `pool`.
     retired: Vec<(u64, Sges)>,
 }
@@ -301,7 +308,7 @@ impl Tx {
         } else {
             tot_iters.max(1) as usize
         };
-        let inline = size <= o.inline_size as usize && o.test.verb() != Verb::Read;
+        let inline = size <= o.inline_size as usize && !o.test.verb().writes_local();
         let path = match o.path {
             DataPath::Safe => PathState::Safe(SafeTx::new(o, dev, size, nslots, stride, inline)?),
             DataPath::Raw => PathState::Raw(RawTx::new(o, size, remote, bufs, inline)),
@@ -312,6 +319,7 @@ impl Tx {
             events: o.events,
             shape: Shape {
                 verb: o.test.verb(),
+                atomic: o.atomic,
                 post_list: u64::from(o.post_list),
                 sig: Signal {
                     cq_mod: u64::from(o.cq_mod),
@@ -392,7 +400,8 @@ impl Tx {
         let ne = match &mut self.path {
             PathState::Safe(s) => {
                 s.out.clear();
-                let read = self.shape.verb == Verb::Read;
+                // READ and atomics: the NIC wrote into owned destinations; recycle them.
+                let read = self.shape.verb.writes_local();
                 let ne = if read {
                     let ne = cq.cq.poll_with_retired(&mut s.out, &mut s.retired)?;
                     for (_, bufs) in s.retired.drain(..) {
@@ -444,7 +453,7 @@ impl Tx {
 
 impl SafeTx {
     /// One safe post call: `-l` requests; sources are shared slices (an `Arc`
-    /// clone each), READ destinations owned pieces from the pool.
+    /// clone each), READ and atomic destinations owned pieces from the pool.
     #[inline]
     fn post(
         &mut self,
@@ -457,7 +466,7 @@ impl SafeTx {
         let SafeTx {
             src, pool, inline, ..
         } = self;
-        // No sources for READ (its buffers are destinations from `pool`).
+        // No sources for READ/atomics (their buffers are destinations from `pool`).
         let src = src.get(qi).map_or(&[][..], Vec::as_slice);
         let inline = inline.as_deref();
         // The request for sequence number `$k`, built where it is consumed: a
@@ -485,6 +494,25 @@ impl SafeTx {
                         let dest = pool.pop().expect("READ destination pool sized for the run");
                         SendWr::read(wr_id, dest, remote, off).signaled(signaled)
                     }
+                    // `off` is a multiple of the 64-byte slot stride: 8-byte aligned.
+                    (Verb::Atomic, _) => {
+                        let dest = pool.pop().expect("atomic result pool sized for the run");
+                        match shape.atomic {
+                            AtomicOp::FetchAdd => {
+                                SendWr::fetch_add(wr_id, dest, remote, off, ATOMIC_ADD_VALUE)
+                                    .signaled(signaled)
+                            }
+                            AtomicOp::CmpSwap => SendWr::compare_swap(
+                                wr_id,
+                                dest,
+                                remote,
+                                off,
+                                ATOMIC_CMP_VALUE,
+                                ATOMIC_SWAP_VALUE,
+                            )
+                            .signaled(signaled),
+                        }
+                    }
                 }
             }};
         }
@@ -508,13 +536,14 @@ impl SafeTx {
         let verb = o.test.verb();
         let mut src = Vec::with_capacity(nq);
         let mut pool = Vec::new();
-        if verb == Verb::Read {
-            // Every READ's destination comes back (unsignaled ones through
-            // poll_with_retired), and at most tx_depth are in flight per QP.
+        if verb.writes_local() {
+            // Every READ's destination / atomic's result buffer comes back
+            // (unsignaled ones through poll_with_retired), and at most
+            // tx_depth are in flight per QP.
             let count = o.tx_depth as usize * nq;
             if count.saturating_mul(size) > SAFE_POOL_CAP {
                 return Err(Error::InvalidArgument {
-                    what: "safe read_bw",
+                    what: o.test.name(),
                     reason: format!(
                         "needs {count} destination buffers of {size} bytes ({} MiB); \
                          lower -t or use --raw",
@@ -544,7 +573,7 @@ impl SafeTx {
             out: Vec::with_capacity(POLL_BATCH),
             // One completion retires at most tx_depth requests; a poll returns
             // up to POLL_BATCH completions: this never reallocates.
-            retired: Vec::with_capacity(if verb == Verb::Read {
+            retired: Vec::with_capacity(if verb.writes_local() {
                 o.tx_depth as usize * nq + POLL_BATCH
             } else {
                 0
@@ -593,7 +622,12 @@ impl RawTx {
         if shape.nslots > 1 {
             let off = ((first % shape.nslots as u64) as usize * shape.stride) as u64;
             self.sges[qi][0].addr = self.local_base[qi] + off;
-            wrs[0].wr.rdma.remote_addr = remote.addr + off;
+            if shape.verb == Verb::Atomic {
+                // A multiple of the 64-byte slot stride: 8-byte aligned.
+                wrs[0].wr.atomic.remote_addr = remote.addr + off;
+            } else {
+                wrs[0].wr.rdma.remote_addr = remote.addr + off;
+            }
         }
         // SAFETY: the list's SGEs point into `Bufs::local`, registered in this PD
         // with LOCAL_WRITE and kept alive by `main` until after the QPs are
@@ -608,10 +642,12 @@ impl RawTx {
         let nq = o.num_qps as usize;
         let pl = o.post_list as usize;
         let buff = conn::buff_size(o.max_size());
-        let opcode = match o.test.verb() {
-            Verb::Write => ffi::IBV_WR_RDMA_WRITE,
-            Verb::Read => ffi::IBV_WR_RDMA_READ,
-            Verb::Send => ffi::IBV_WR_SEND,
+        let opcode = match (o.test.verb(), o.atomic) {
+            (Verb::Write, _) => ffi::IBV_WR_RDMA_WRITE,
+            (Verb::Read, _) => ffi::IBV_WR_RDMA_READ,
+            (Verb::Send, _) => ffi::IBV_WR_SEND,
+            (Verb::Atomic, AtomicOp::FetchAdd) => ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            (Verb::Atomic, AtomicOp::CmpSwap) => ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
         };
         let mut flags = 0;
         if inline {
@@ -642,10 +678,23 @@ impl RawTx {
                 wr.num_sge = 1;
                 wr.sg_list = &mut sge[j];
                 // With a post list every request targets the same addresses, as in perftest.
-                wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                    remote_addr: r.addr,
-                    rkey: r.rkey,
-                };
+                if o.test.verb() == Verb::Atomic {
+                    // The region's start is page aligned (8-byte aligned for the NIC).
+                    wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                        remote_addr: r.addr,
+                        compare_add: match o.atomic {
+                            AtomicOp::FetchAdd => ATOMIC_ADD_VALUE,
+                            AtomicOp::CmpSwap => ATOMIC_CMP_VALUE,
+                        },
+                        swap: ATOMIC_SWAP_VALUE,
+                        rkey: r.rkey,
+                    };
+                } else {
+                    wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                        remote_addr: r.addr,
+                        rkey: r.rkey,
+                    };
+                }
                 wr.next = if j + 1 < pl {
                     // SAFETY: j + 1 < pl: inside the same boxed slice, which never moves.
                     unsafe { list_ptr.add(j + 1) }

@@ -74,7 +74,8 @@ pub struct Device {
     pub gid_index: u8,
     /// The port's active MTU in bytes.
     pub mtu: u32,
-    /// Outstanding READs/atomics the device allows per QP.
+    /// Outstanding READs/atomics per QP: `-o`, at most (and by default) the
+    /// device's `max_qp_rd_atom` (perftest's `ctx_set_out_reads`).
     pub max_rd_atomic: u8,
 }
 
@@ -100,7 +101,19 @@ impl Device {
         };
         let mtu = ctx.query_port(o.ib_port)?.active_mtu.bytes();
         let dev = ctx.query_device()?;
-        let max_rd_atomic = u8::try_from(dev.max_qp_rd_atom.clamp(1, 255)).unwrap_or(1);
+        let dev_max = u8::try_from(dev.max_qp_rd_atom.clamp(1, 255)).unwrap_or(1);
+        let max_rd_atomic = match o.outs {
+            Some(n) if n > u32::from(dev_max) => {
+                eprintln!(
+                    "perf: number of outstanding reads is above max = {dev_max}; \
+                     changing to that max value"
+                );
+                dev_max
+            }
+            // In range (the guard above): the conversion cannot fail.
+            Some(n) if n > 0 => u8::try_from(n).unwrap_or(dev_max),
+            _ => dev_max,
+        };
         Ok(Device {
             ctx,
             pd,
@@ -260,7 +273,7 @@ pub fn establish(
     let mut connected = Vec::with_capacity(qps.len());
     let mut regions_out = Vec::with_capacity(qps.len());
     for ((qp, r), l) in qps.into_iter().zip(&remote).zip(&local) {
-        let rd = if o.test.verb() == Verb::Read {
+        let rd = if o.test.verb().writes_local() {
             dev.max_rd_atomic
         } else {
             1

@@ -18,6 +18,8 @@ pub enum Test {
     SendLat,
     /// RDMA READ latency (`ib_read_lat`).
     ReadLat,
+    /// Atomic bandwidth (`ib_atomic_bw`): 8-byte fetch-and-add or compare-and-swap.
+    AtomicBw,
 }
 
 /// The operation a test posts.
@@ -29,17 +31,52 @@ pub enum Verb {
     Read,
     /// SEND / RECV.
     Send,
+    /// Atomic fetch-and-add / compare-and-swap (READ-like: the NIC writes the
+    /// old value into a local 8-byte buffer).
+    Atomic,
 }
+
+impl Verb {
+    /// True for READ and atomics: the NIC writes their local buffers (owned
+    /// destinations on the safe path), and they count against `-o`.
+    pub fn writes_local(self) -> bool {
+        matches!(self, Verb::Read | Verb::Atomic)
+    }
+}
+
+/// `-A`: which atomic operation `atomic_bw` posts (perftest's `atomicType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// `FETCH_AND_ADD` (the default): adds 1 (perftest's `ATOMIC_ADD_VALUE`).
+    FetchAdd,
+    /// `CMP_AND_SWAP`: compare 0, swap 0 (perftest's zeroed `compare_add` and
+    /// `ATOMIC_SWAP_VALUE`).
+    CmpSwap,
+}
+
+impl AtomicOp {
+    /// perftest's name of the operation.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicOp::FetchAdd => "FETCH_AND_ADD",
+            AtomicOp::CmpSwap => "CMP_AND_SWAP",
+        }
+    }
+}
+
+/// perftest's `DEF_SIZE_ATOMIC`: atomics always move 8 bytes.
+pub const ATOMIC_SIZE: usize = 8;
 
 impl Test {
     /// Every test, in the order of the usage text.
-    pub const ALL: [Test; 6] = [
+    pub const ALL: [Test; 7] = [
         Test::WriteBw,
         Test::ReadBw,
         Test::SendBw,
         Test::WriteLat,
         Test::SendLat,
         Test::ReadLat,
+        Test::AtomicBw,
     ];
 
     /// The subcommand name, e.g. `write_bw`.
@@ -51,6 +88,7 @@ impl Test {
             Test::WriteLat => "write_lat",
             Test::SendLat => "send_lat",
             Test::ReadLat => "read_lat",
+            Test::AtomicBw => "atomic_bw",
         }
     }
 
@@ -63,12 +101,16 @@ impl Test {
             Test::WriteLat => "RDMA_Write Latency Test",
             Test::SendLat => "Send Latency Test",
             Test::ReadLat => "RDMA_Read Latency Test",
+            Test::AtomicBw => "Atomic BW Test",
         }
     }
 
     /// True for the bandwidth tests.
     pub fn is_bw(self) -> bool {
-        matches!(self, Test::WriteBw | Test::ReadBw | Test::SendBw)
+        matches!(
+            self,
+            Test::WriteBw | Test::ReadBw | Test::SendBw | Test::AtomicBw
+        )
     }
 
     /// The verb the test posts.
@@ -77,6 +119,7 @@ impl Test {
             Test::WriteBw | Test::WriteLat => Verb::Write,
             Test::ReadBw | Test::ReadLat => Verb::Read,
             Test::SendBw | Test::SendLat => Verb::Send,
+            Test::AtomicBw => Verb::Atomic,
         }
     }
 }
@@ -158,6 +201,11 @@ pub struct Opts {
     pub run_infinitely: bool,
     /// `-N` or too many iterations: no peak bandwidth.
     pub no_peak: bool,
+    /// `-A`: the atomic operation (atomic_bw).
+    pub atomic: AtomicOp,
+    /// `-o`: outstanding READs/atomics per QP (`max_rd_atomic` and
+    /// `max_dest_rd_atomic`); `None` or 0: the device's `max_qp_rd_atom`.
+    pub outs: Option<u32>,
 }
 
 /// The usage text.
@@ -173,8 +221,12 @@ pub fn usage() -> String {
          \x20 -i, --ib-port=PORT        device port (default 1)\n\
          \x20 -x, --gid-index=IDX       GID index (default: the RoCE v2 IPv4-mapped GID)\n\
          \x20 -p, --port=PORT           TCP port of the endpoint exchange (default 18515)\n\
-         \x20 -s, --size=BYTES          message size (default 65536 for bw, 2 for lat)\n\
-         \x20 -a, --all                 sizes 2 to 2^23\n\
+         \x20 -s, --size=BYTES          message size (default 65536 for bw, 2 for lat;\n\
+         \x20                           atomic_bw: always 8, other sizes are refused)\n\
+         \x20 -a, --all                 sizes 2 to 2^23 (not with atomic_bw)\n\
+         \x20 -A, --atomic_type=TYPE    atomic_bw: CMP_AND_SWAP or FETCH_AND_ADD (default)\n\
+         \x20 -o, --outs=N              outstanding READs/atomics per QP (read and atomic\n\
+         \x20                           tests; default and ceiling: the device's maximum)\n\
          \x20 -n, --iters=N             iterations (default 5000 for write_bw, else 1000)\n\
          \x20 -D, --duration=SECS       run for SECS seconds instead of -n\n\
          \x20 -t, --tx-depth=N          send queue depth (default 128 for bw, 1 for lat)\n\
@@ -262,6 +314,18 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "-l" | "--post_list" => raw.post_list = Some(num(&value("-l")?, "-l")?),
             "-Q" | "--cq-mod" => raw.cq_mod = Some(num(&value("-Q")?, "-Q")?),
             "-I" | "--inline_size" => raw.inline_size = Some(num(&value("-I")?, "-I")?),
+            "-o" | "--outs" => raw.outs = Some(num(&value("-o")?, "-o")?),
+            "-A" | "--atomic_type" => {
+                raw.atomic = Some(match value("-A")?.as_str() {
+                    "FETCH_AND_ADD" => AtomicOp::FetchAdd,
+                    "CMP_AND_SWAP" => AtomicOp::CmpSwap,
+                    other => {
+                        return Err(format!(
+                            "-A: invalid atomic type `{other}` (CMP_AND_SWAP or FETCH_AND_ADD)"
+                        ));
+                    }
+                })
+            }
             "--out_json" | "--out_json_file" => {
                 raw.out_json = Some(PathBuf::from(value("--out_json")?))
             }
@@ -307,6 +371,8 @@ struct RawArgs {
     post_list: Option<u32>,
     cq_mod: Option<u32>,
     inline_size: Option<u32>,
+    outs: Option<u32>,
+    atomic: Option<AtomicOp>,
     out_json: Option<PathBuf>,
     all: bool,
     events: bool,
@@ -321,7 +387,25 @@ struct RawArgs {
 fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
     let bw = test.is_bw();
     let verb = test.verb();
-    let size = a.size.unwrap_or(if bw { 65536 } else { 2 });
+    if verb == Verb::Atomic {
+        // perftest: "Message size cannot be changed for Atomic tests" (-a too).
+        if a.all || a.size.is_some_and(|s| s != ATOMIC_SIZE) {
+            return Err(format!(
+                "the message size cannot be changed for atomic tests (always {ATOMIC_SIZE} \
+                 bytes: no -a, and -s only as -s {ATOMIC_SIZE})"
+            ));
+        }
+    } else if a.atomic.is_some() {
+        return Err("-A applies to the atomic tests only".into());
+    }
+    if a.outs.is_some() && !verb.writes_local() {
+        return Err("-o (outstanding reads) applies to the READ and atomic tests only".into());
+    }
+    let size = a.size.unwrap_or(match (verb, bw) {
+        (Verb::Atomic, _) => ATOMIC_SIZE,
+        (_, true) => 65536,
+        (_, false) => 2,
+    });
     if size == 0 {
         return Err("-s must be at least 1".into());
     }
@@ -389,7 +473,7 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
     }
     cq_mod = cq_mod.min(tx_depth);
     let mut inline_size = a.inline_size.unwrap_or(0);
-    if verb == Verb::Read {
+    if verb.writes_local() {
         inline_size = 0;
     }
     if post_list > 1 {
@@ -458,6 +542,8 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         out_json: a.out_json,
         run_infinitely: a.run_infinitely,
         no_peak,
+        atomic: a.atomic.unwrap_or(AtomicOp::FetchAdd),
+        outs: a.outs,
     })
 }
 
@@ -485,7 +571,8 @@ impl Opts {
     /// What must match between the two sides, as text (sent in the handshake).
     pub fn fingerprint(&self) -> String {
         format!(
-            "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={}",
+            "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={} \
+             A={} o={:?}",
             self.test.name(),
             self.path.name(),
             self.sizes,
@@ -500,7 +587,9 @@ impl Opts {
             self.inline_size,
             self.events,
             self.bidir,
-            self.run_infinitely
+            self.run_infinitely,
+            self.atomic.name(),
+            self.outs
         )
     }
 }
@@ -542,6 +631,28 @@ mod tests {
     }
 
     #[test]
+    fn atomic_bw_follows_perftest() {
+        let o = p("atomic_bw");
+        assert_eq!(
+            (o.sizes.as_slice(), o.iters, o.tx_depth, o.cq_mod, o.atomic),
+            (&[8][..], 1000, 128, 100, AtomicOp::FetchAdd)
+        );
+        assert_eq!(
+            (o.inline_size, o.outs, o.test.verb()),
+            (0, None, Verb::Atomic)
+        );
+        let o = p("atomic_bw -s 8 -A CMP_AND_SWAP -o 4 --raw -I 64");
+        assert_eq!(
+            (o.sizes[0], o.atomic, o.outs, o.inline_size),
+            (8, AtomicOp::CmpSwap, Some(4), 0)
+        );
+        let o = p("atomic_bw --atomic_type=FETCH_AND_ADD -l 4 -n 1000");
+        assert_eq!((o.atomic, o.cq_mod), (AtomicOp::FetchAdd, 4));
+        assert_eq!(p("read_bw -o 2").outs, Some(2));
+        assert!(p("atomic_bw -A CMP_AND_SWAP").fingerprint() != p("atomic_bw").fingerprint());
+    }
+
+    #[test]
     fn refuses_what_perftest_refuses() {
         for bad in [
             "write_lat -q 2",
@@ -549,6 +660,11 @@ mod tests {
             "write_bw -l 3 -n 1000",
             "nope",
             "write_bw -s 0",
+            "atomic_bw -s 16",
+            "atomic_bw -a",
+            "atomic_bw -A ADD",
+            "write_bw -A FETCH_AND_ADD",
+            "send_bw -o 4",
         ] {
             let args: Vec<String> = bad.split_whitespace().map(str::to_owned).collect();
             assert!(parse(&args).is_err(), "{bad}");

@@ -8,7 +8,8 @@ use rdma_verbs::exchange::WireMessage;
 use rdma_verbs::{Error, Result};
 
 use crate::clock::Rate;
-use crate::opts::{Opts, Test};
+use crate::conn::Device;
+use crate::opts::{Opts, Test, Verb};
 
 /// perftest's `RESULT_LINE`.
 pub const LINE: &str =
@@ -204,9 +205,14 @@ pub struct Table {
 }
 
 /// Prints the banner perftest prints before a test.
-pub fn banner(o: &Opts, device: &str, mtu: u32, gid_index: u8, rate: &Rate) {
+pub fn banner(o: &Opts, dev: &Device, rate: &Rate) {
+    let (device, mtu, gid_index) = (dev.ctx.name(), dev.mtu, dev.gid_index);
     println!("{LINE}");
-    println!("                    {}", o.test.title());
+    if o.test.verb() == Verb::Atomic {
+        println!("                    Atomic {} BW Test", o.atomic.name());
+    } else {
+        println!("                    {}", o.test.title());
+    }
     println!(
         " Data path       : {}\t\tDevice         : {device}",
         o.path.name()
@@ -220,8 +226,11 @@ pub fn banner(o: &Opts, device: &str, mtu: u32, gid_index: u8, rate: &Rate) {
     } else {
         println!(" TX depth        : {}", o.tx_depth);
     }
-    if o.test.verb() == crate::opts::Verb::Send {
+    if o.test.verb() == Verb::Send {
         println!(" RX depth        : {}", o.rx_depth);
+    }
+    if o.test.verb().writes_local() {
+        println!(" Outstand reads  : {}", dev.max_rd_atomic);
     }
     println!(" Mtu             : {mtu}[B]");
     println!(" Link type       : Ethernet");

@@ -11,6 +11,10 @@
 //! moves about the same number of bytes: bandwidth tests `clamp(64 MiB / size, 64, 5000)`,
 //! latency tests `clamp(16 MiB / size, 20, 1000)`.
 //!
+//! `atomic_bw` (`ib_atomic_bw`, fetch-and-add) runs only with `--tests atomic_bw`: atomics
+//! always move 8 bytes (perftest refuses any other `-s`), so it runs at size 8 alone,
+//! whatever `--sizes` says, with `-s 8` on both tools' command lines.
+//!
 //! Results: perftest's table (client side; the bandwidth taken from whichever of its
 //! 2-decimal MiB/s and 6-decimal Mpps columns has more significant digits) and `perf`'s
 //! `--out_json`. Each number is the median over the repetitions. Written:
@@ -45,7 +49,10 @@ const KNOWN_TESTS: &[&str] = &[
     "write_lat",
     "send_lat",
     "read_lat",
+    "atomic_bw",
 ];
+/// perftest's `DEF_SIZE_ATOMIC`: the one size of `atomic_bw`.
+const ATOMIC_SIZE: u64 = 8;
 /// The three implementations, in the order of the first repetition.
 const IMPLS: &[&str] = &["perftest", "safe", "raw"];
 /// Time limit of each side of one run inside the guest, in seconds.
@@ -58,8 +65,8 @@ Runs perftest (ib_<test>) and the `perf` example (--safe and --raw) with identic
 in one soft-RoCE guest and writes target/compare/compare.{json,svg}.
   --reps N        repetitions of every run; medians are reported (default 5)
   --sizes LIST    message sizes in bytes (default 2,64,1024,4096,65536,1048576)
-  --tests LIST    of write_bw,read_bw,send_bw,write_lat,send_lat,read_lat
-                  (default write_bw,read_bw,send_bw,send_lat)
+  --tests LIST    of write_bw,read_bw,send_bw,write_lat,send_lat,read_lat,atomic_bw
+                  (default write_bw,read_bw,send_bw,send_lat; atomic_bw runs at 8 B only)
   --timeout SECS  limit of the whole guest run (default 2400)";
 
 /// What the command line asked for.
@@ -145,6 +152,20 @@ fn is_bw(test: &str) -> bool {
     test.ends_with("_bw")
 }
 
+/// The sizes `test` runs at: `--sizes`, except for atomics (always 8 bytes).
+fn sizes_for<'a>(plan: &'a Plan, test: &str) -> &'a [u64] {
+    if test == "atomic_bw" {
+        &[ATOMIC_SIZE]
+    } else {
+        &plan.sizes
+    }
+}
+
+/// How many (test, size) combinations the plan runs.
+fn combinations(plan: &Plan) -> usize {
+    plan.tests.iter().map(|t| sizes_for(plan, t).len()).sum()
+}
+
 /// Iterations for `test` at `size`: about the same bytes per run at every size.
 fn iters(test: &str, size: u64) -> u64 {
     if is_bw(test) {
@@ -172,11 +193,10 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).context(|| format!("cannot create {}", work.display()))?;
     let script = script(&plan);
-    let runs = plan.tests.len() * plan.sizes.len() * IMPLS.len() * plan.reps as usize;
+    let runs = combinations(&plan) * IMPLS.len() * plan.reps as usize;
     eprintln!(
-        "xtask compare: {runs} runs ({} tests x {} sizes x {} implementations x {} repetitions) in one guest",
-        plan.tests.len(),
-        plan.sizes.len(),
+        "xtask compare: {runs} runs ({} (test, size) pairs x {} implementations x {} repetitions) in one guest",
+        combinations(&plan),
         IMPLS.len(),
         plan.reps
     );
@@ -218,8 +238,7 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     fs::write(&svg_path, svg(&plan, &rows))
         .context(|| format!("cannot write {}", svg_path.display()))?;
     say!("wrote {} and {}", json_path.display(), svg_path.display());
-    let missing =
-        plan.tests.len() * plan.sizes.len() * 2 - rows.iter().filter(|r| r.primary).count();
+    let missing = combinations(&plan) * 2 - rows.iter().filter(|r| r.primary).count();
     if !failed.is_empty() {
         eprintln!(
             "xtask compare: {} run(s) produced no result (medians use the others): {}; logs in {}",
@@ -279,7 +298,7 @@ fn script(plan: &Plan) -> String {
     let mut k = 0usize;
     for rep in 0..plan.reps {
         for test in &plan.tests {
-            for &size in &plan.sizes {
+            for &size in sizes_for(plan, test) {
                 let n = iters(test, size);
                 for j in 0..IMPLS.len() {
                     let imp = IMPLS[(j + k) % IMPLS.len()];
@@ -308,7 +327,7 @@ fn collect(plan: &Plan, dir: &Path) -> (Results, Vec<String>) {
     let mut failed = Vec::new();
     for rep in 0..plan.reps {
         for test in &plan.tests {
-            for &size in &plan.sizes {
+            for &size in sizes_for(plan, test) {
                 for imp in IMPLS {
                     let name = format!("{test}_{size}_{imp}_{rep}");
                     let got = if *imp == "perftest" {
@@ -421,7 +440,7 @@ fn rows(plan: &Plan, results: &Results) -> Vec<Row> {
         } else {
             ["t_typical usec", "p99 usec"]
         };
-        for &size in &plan.sizes {
+        for &size in sizes_for(plan, test) {
             let Some(pt) = results.get(&(test.clone(), size, "perftest".to_string())) else {
                 continue;
             };
@@ -474,7 +493,7 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
     );
     let mut misses = Vec::new();
     for test in &plan.tests {
-        for &size in &plan.sizes {
+        for &size in sizes_for(plan, test) {
             let units: &[&str] = if is_bw(test) {
                 &["MB/sec", "Mpps"]
             } else {
@@ -535,13 +554,14 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
         }
     }
     for test in plan.tests.iter().filter(|t| is_bw(t)) {
+        let small = if test == "atomic_bw" { ATOMIC_SIZE } else { 2 };
         if let (Some(s), Some(r)) = (
-            find(rows, test, "safe", 2, "Mpps"),
-            find(rows, test, "raw", 2, "Mpps"),
+            find(rows, test, "safe", small, "Mpps"),
+            find(rows, test, "raw", small, "Mpps"),
         ) {
             let d = (s.ours / r.ours - 1.0) * 100.0;
             say!(
-                "  {test} 2 B safe vs raw message rate: {d:+.1}% ({})",
+                "  {test} {small} B safe vs raw message rate: {d:+.1}% ({})",
                 if d.abs() <= 3.0 {
                     "within 3%"
                 } else {
@@ -601,9 +621,10 @@ fn svg(plan: &Plan, rows: &[Row]) -> String {
          <text x=\"{M}\" y=\"24\" font-size=\"15\">rdma-verbs perf / perftest (soft-RoCE, TCG guest; median of {} runs)</text>\n",
         plan.reps
     );
+    let all_sizes = || plan.tests.iter().flat_map(|t| sizes_for(plan, t)).copied();
     let (lo_size, hi_size) = (
-        plan.sizes.iter().copied().min().unwrap_or(2).max(1) as f64,
-        plan.sizes.iter().copied().max().unwrap_or(2).max(2) as f64,
+        all_sizes().min().unwrap_or(2).max(1) as f64,
+        all_sizes().max().unwrap_or(2).max(2) as f64,
     );
     let span = (hi_size.log2() - lo_size.log2()).max(1.0);
     for (i, test) in plan.tests.iter().enumerate() {
@@ -656,7 +677,7 @@ fn svg(plan: &Plan, rows: &[Row]) -> String {
             t += if ymax - ymin > 2.0 { 0.5 } else { 0.1 };
         }
         // x ticks
-        for &size in &plan.sizes {
+        for &size in sizes_for(plan, test) {
             let label = if size >= 1 << 20 {
                 format!("{}M", size >> 20)
             } else if size >= 1024 {
@@ -920,6 +941,29 @@ mod tests {
         assert!(s.contains("job write_bw_2_perftest_0 perftest write_bw 2 5000"));
         assert!(s.contains("job write_bw_65536_safe_0 safe write_bw 65536 1024"));
         assert!(s.contains("send_lat_65536_raw_1 raw send_lat 65536 256"));
+    }
+
+    #[test]
+    fn atomic_bw_is_optional_and_runs_at_8_bytes_only() {
+        let args = |s: &str| s.split_whitespace().map(OsString::from).collect();
+        let plan = parse_args(args("")).unwrap().unwrap();
+        assert!(!plan.tests.iter().any(|t| t == "atomic_bw"));
+        let plan = parse_args(args("--tests atomic_bw,write_bw --sizes 2,65536 --reps 1"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(plan.tests, ["atomic_bw", "write_bw"]);
+        assert_eq!(sizes_for(&plan, "atomic_bw"), [8]);
+        assert_eq!(sizes_for(&plan, "write_bw"), [2, 65536]);
+        assert_eq!(combinations(&plan), 3);
+        let s = script(&plan);
+        let ok = Command::new("sh").args(["-n", "-c", &s]).status();
+        assert!(ok.is_ok_and(|st| st.success()), "{s}");
+        assert_eq!(s.matches("\njob atomic_bw_").count(), 3);
+        assert!(s.contains("job atomic_bw_8_perftest_0 perftest atomic_bw 8 5000"));
+        assert!(s.contains("job atomic_bw_8_safe_0 safe atomic_bw 8 5000"));
+        assert!(s.contains("job atomic_bw_8_raw_0 raw atomic_bw 8 5000"));
+        assert!(!s.contains("atomic_bw_2_"));
+        assert!(parse_args(args("--tests atomic_lat")).is_err());
     }
 
     #[test]
