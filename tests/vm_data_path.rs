@@ -502,6 +502,11 @@ fn buffer_lists_keep_their_order_and_release_every_buffer_once() {
     assert_eq!(bufs.len(), 2);
     bufs.push(p.pd.alloc_mr(1, AccessFlags::empty()).unwrap().into());
     assert_eq!(bufs.total_len(), 8 + 16 + 1);
+    // pop takes from the end, in place.
+    assert_eq!(bufs.pop().map(|b| b.len()), Some(1));
+    assert!(matches!(bufs.pop(), Some(rdma_verbs::qp::Buffer::Owned(m)) if m.len() == 16));
+    assert_eq!(bufs.pop().map(|b| b.len()), Some(8));
+    assert!(bufs.pop().is_none() && bufs.is_empty());
 }
 
 #[test]

@@ -11,7 +11,7 @@
 //! (libibverbs' soft-RoCE provider rings its doorbell with a `write(2)` per
 //! post call, on both paths, as for perftest.)
 
-use rdma_verbs::qp::{Buffer, Rts, Sges};
+use rdma_verbs::qp::{Rts, Sges};
 use rdma_verbs::{
     AccessFlags, Completion, Error, Mr, Qp, Rc, RecvWr, RemoteMr, Result, SendWr, SharedMr,
     WcStatus, ffi,
@@ -404,9 +404,13 @@ impl Tx {
                 let read = self.shape.verb.writes_local();
                 let ne = if read {
                     let ne = cq.cq.poll_with_retired(&mut s.out, &mut s.retired)?;
-                    for (_, bufs) in s.retired.drain(..) {
-                        s.pool.extend(bufs.into_iter().filter_map(Buffer::into_mr));
+                    // Popped in place: moving each list out would copy it.
+                    for (_, bufs) in s.retired.iter_mut() {
+                        while let Some(b) = bufs.pop() {
+                            s.pool.extend(b.into_mr());
+                        }
                     }
+                    s.retired.clear();
                     ne
                 } else {
                     cq.cq.poll(&mut s.out)?

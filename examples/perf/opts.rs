@@ -507,12 +507,6 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         no_peak = true;
     }
     let path = a.path.unwrap_or(DataPath::Safe);
-    if test == Test::ReadBw && path == DataPath::Safe && !iterations_mode && cq_mod > 1 {
-        // Unsignaled safe READs cannot hand their destinations back, and a
-        // duration run has no bound on how many it would need.
-        eprintln!("perf: read_bw --safe with -D: using -Q 1 (every READ signaled)");
-        cq_mod = 1;
-    }
     let margin = match duration {
         Some(d) => (d as f64 / 4.0).min(2.0),
         None => 0.0,

@@ -143,6 +143,17 @@ impl Sges {
         }
     }
 
+    /// Removes and returns the last buffer (cheaper than consuming the list
+    /// with `into_iter` when recycling buffers in a loop).
+    #[inline]
+    pub fn pop(&mut self) -> Option<Buffer> {
+        let len = self.len.checked_sub(1)?;
+        self.len = len;
+        // SAFETY: entry `len` was initialised; `self.len` no longer covers it,
+        // so it is read exactly once.
+        Some(unsafe { self.items[len as usize].assume_init_read() })
+    }
+
     /// Number of buffers.
     #[inline]
     pub fn len(&self) -> usize {

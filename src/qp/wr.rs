@@ -140,16 +140,13 @@ impl<'a> SendWr<'a> {
         compare: u64,
         swap: u64,
     ) -> SendWr<'a> {
-        SendWr::new(
-            wr_id,
-            SendOp::CompareSwap {
-                remote,
-                offset,
-                compare,
-                swap,
-            },
-        )
-        .sge(result)
+        let op = SendOp::CompareSwap {
+            remote,
+            offset,
+            compare,
+            swap,
+        };
+        SendWr::with_buffer(wr_id, op, Buffer::Owned(result))
     }
 
     /// Atomic fetch-and-add on the 8 bytes at `remote + offset`; the old value
@@ -162,15 +159,12 @@ impl<'a> SendWr<'a> {
         offset: u64,
         add: u64,
     ) -> SendWr<'a> {
-        SendWr::new(
-            wr_id,
-            SendOp::FetchAdd {
-                remote,
-                offset,
-                add,
-            },
-        )
-        .sge(result)
+        let op = SendOp::FetchAdd {
+            remote,
+            offset,
+            add,
+        };
+        SendWr::with_buffer(wr_id, op, Buffer::Owned(result))
     }
 
     /// Appends a scatter/gather entry covering the whole buffer. Past
@@ -242,9 +236,9 @@ impl<'a> SendWr<'a> {
         }
     }
 
-    /// A quick pass over the common shapes (SEND, WRITE, READ) on the post
-    /// path: true only if [`validate_fully`](Self::validate_fully) would pass;
-    /// false sends everything else (atomics, any error) to it.
+    /// A quick pass on the post path: true only if
+    /// [`validate_fully`](Self::validate_fully) would pass; false sends the
+    /// request to it for the error that names the problem.
     #[inline(always)]
     fn plainly_valid(&self, max_sge: u32, max_inline: u32) -> bool {
         let bufs = self.bufs.as_slice();
@@ -278,7 +272,17 @@ impl<'a> SendWr<'a> {
                     && self.bufs.all_owned()
                     && fits(remote, offset)
             }
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => false,
+            SendOp::CompareSwap { remote, offset, .. }
+            | SendOp::FetchAdd { remote, offset, .. } => {
+                // One owned 8-byte result, an aligned 8-byte target in range.
+                len == 8
+                    && bufs.len() == 1
+                    && self.imm.is_none()
+                    && self.inline_data.is_none()
+                    && self.bufs.all_owned()
+                    && fits(remote, offset)
+                    && remote.addr.wrapping_add(offset) % 8 == 0
+            }
         }
     }
 
