@@ -93,7 +93,7 @@ use crate::pd::Pd;
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
 };
-pub use ring::{Buffer, MAX_SAFE_SGES, Sges};
+pub use ring::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
 pub use state::{CanPostRecv, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
 pub use wr::{RecvWr, SendWr};
 
