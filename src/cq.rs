@@ -376,6 +376,7 @@ impl Cq {
     /// buffers back ([`Completion::take_mr`], [`Completion::take_buffers`]);
     /// unsignaled sends before it are retired and their buffers released
     /// (use [`Cq::poll_with_retired`] to get those back).
+    #[inline]
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
         self.poll_inner(out, None)
     }
@@ -392,6 +393,7 @@ impl Cq {
         self.poll_inner(out, Some(retired))
     }
 
+    #[inline]
     fn poll_inner(
         &mut self,
         out: &mut Vec<Completion>,
