@@ -1,94 +1,160 @@
-//! QP state transitions: creation and destruction, RESET → INIT → RTR → RTS,
-//! back to RESET directly or through ERR, each timed on its own (median over the
-//! repetitions). The RTR step connects to a second QP of the same device.
-//! Run inside the soft-RoCE guest:
-//! `cargo bench --no-run`, then `cargo xtask run -- target/release/deps/qp_state-<hash> --bench`.
+//! RC QP costs, divan benches: creation (`ibv_create_qp`) and destruction
+//! (`ibv_destroy_qp`), and each transition timed on its own: RESET -> INIT,
+//! INIT -> RTR, RTR -> RTS, and back: RTS -> RESET, RTS -> ERR, ERR -> RESET.
+//! Each iteration gets a fresh QP brought to the starting state untimed; the
+//! RTR step connects to a second QP of the same device.
+//!
+//! Run inside the soft-RoCE guest: `cargo bench --no-run --all-features` prints
+//! the executable, then
+//! `cargo xtask run -- target/release/deps/qp_state-<hash> --bench`.
+//! Divan options follow `--bench`. The TSC timer is the default where the CPU
+//! has an invariant TSC (not in the guest: there divan warns and uses the OS
+//! clock); see `harness::divan_main`.
 
 #[path = "harness/mod.rs"]
 mod harness;
 
-use harness::{all_remote, ctx, gid_index, ns, require_bench_flag, ticks};
-use rdma_verbs::{Cq, InitAttr, Pd, Qp, QpCaps, RtrAttr, RtsAttr};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
-const REPS: usize = 40;
-
-fn report(name: &str, mut v: Vec<f64>) {
-    v.sort_by(f64::total_cmp);
-    println!(
-        "{name:<36} {:>10.1} us  (min {:>8.1}, max {:>8.1})",
-        v[v.len() / 2] / 1e3,
-        v[0] / 1e3,
-        v[v.len() - 1] / 1e3
-    );
-}
+use divan::Bencher;
+use harness::{all_remote, ctx, gid_index};
+use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
+use rdma_verbs::{Context, Cq, Endpoint, InitAttr, Mtu, Pd, Qp, QpCaps, Rc, RtrAttr, RtsAttr};
 
 fn main() {
-    require_bench_flag("qp_state");
+    harness::divan_main("qp_state");
+}
+
+/// What every case uses: a CQ for all QPs and a peer QP (in INIT) to connect to.
+struct Setup {
+    _ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    gid: u8,
+    mtu: Mtu,
+    _peer: Qp<Rc, Init>,
+    remote: Endpoint,
+}
+
+static SETUP: LazyLock<Mutex<Setup>> = LazyLock::new(|| {
     let ctx = ctx();
     let pd = Pd::new(&ctx).expect("pd");
     let cq = Cq::new(&ctx, 256).expect("cq");
     let gid = gid_index(&ctx);
-    let caps = QpCaps::default();
     let mtu = ctx.query_port(1).expect("port").active_mtu;
-    let peer = Qp::new(&pd, &cq, &cq, caps)
+    let peer = Qp::new(&pd, &cq, &cq, QpCaps::default())
         .expect("peer")
         .init(InitAttr::new(1, all_remote()))
         .expect("peer init");
     let remote = peer
         .endpoint(1, Some(u32::from(gid)))
         .expect("peer endpoint");
-    println!("rdma-verbs qp_state bench ({REPS} repetitions, median)");
+    Mutex::new(Setup {
+        _ctx: ctx,
+        pd,
+        cq,
+        gid,
+        mtu,
+        _peer: peer,
+        remote,
+    })
+});
 
-    let (mut create, mut destroy) = (Vec::new(), Vec::new());
-    for _ in 0..REPS {
-        let t0 = ticks();
-        let qp = Qp::new(&pd, &cq, &cq, caps).expect("create");
-        let t1 = ticks();
-        drop(std::hint::black_box(qp));
-        let t2 = ticks();
-        create.push(ns(t1 - t0));
-        destroy.push(ns(t2 - t1));
-    }
-    report("create (ibv_create_qp)", create);
-    report("destroy (ibv_destroy_qp)", destroy);
+fn setup() -> MutexGuard<'static, Setup> {
+    SETUP.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
-    let (mut init, mut rtr, mut rts, mut reset) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut to_err, mut err_reset) = (Vec::new(), Vec::new());
-    let mut qp = Qp::new(&pd, &cq, &cq, caps).expect("create");
-    for rep in 0..2 * REPS {
-        let t0 = ticks();
-        let q1 = qp.init(InitAttr::new(1, all_remote())).expect("init");
-        let t1 = ticks();
-        let q2 = q1
-            .rtr(RtrAttr::new(&remote, 1, mtu, Some(gid)))
-            .expect("rtr");
-        let t2 = ticks();
-        let psn = q2.psn();
-        let q3 = q2.rts(RtsAttr::new(psn)).expect("rts");
-        let t3 = ticks();
-        init.push(ns(t1 - t0));
-        rtr.push(ns(t2 - t1));
-        rts.push(ns(t3 - t2));
-        // Every other round leaves RTS through ERR (RTS -> ERR -> RESET).
-        qp = if rep % 2 == 0 {
-            let q4 = q3.reset().expect("reset");
-            reset.push(ns(ticks() - t3));
-            q4
-        } else {
-            let e = q3.to_error().expect("to_error");
-            let t4 = ticks();
-            let q4 = e.reset().expect("reset from ERR");
-            to_err.push(ns(t4 - t3));
-            err_reset.push(ns(ticks() - t4));
-            q4
-        };
+impl Setup {
+    fn reset(&self) -> Qp<Rc, Reset> {
+        Qp::new(&self.pd, &self.cq, &self.cq, QpCaps::default()).expect("create")
     }
-    report("RESET -> INIT", init);
-    report("INIT -> RTR", rtr);
-    report("RTR -> RTS", rts);
-    report("RTS -> RESET", reset);
-    report("RTS -> ERR", to_err);
-    report("ERR -> RESET", err_reset);
-    drop(qp);
-    drop(peer);
+
+    fn init(&self) -> Qp<Rc, Init> {
+        to_init(self.reset())
+    }
+
+    fn rtr(&self) -> Qp<Rc, Rtr> {
+        self.to_rtr(self.init())
+    }
+
+    fn rts(&self) -> Qp<Rc, Rts> {
+        to_rts(self.rtr())
+    }
+
+    fn to_rtr(&self, qp: Qp<Rc, Init>) -> Qp<Rc, Rtr> {
+        qp.rtr(RtrAttr::new(&self.remote, 1, self.mtu, Some(self.gid)))
+            .expect("rtr")
+    }
+}
+
+fn to_init(qp: Qp<Rc, Reset>) -> Qp<Rc, Init> {
+    qp.init(InitAttr::new(1, all_remote())).expect("init")
+}
+
+fn to_rts(qp: Qp<Rc, Rtr>) -> Qp<Rc, Rts> {
+    let psn = qp.psn();
+    qp.rts(RtsAttr::new(psn)).expect("rts")
+}
+
+// Each sample times 4 iterations back to back; the QPs they return are
+// destroyed untimed.
+const COUNT: u32 = 100;
+const SIZE: u32 = 4;
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn create(bencher: Bencher) {
+    let s = setup();
+    bencher.bench_local(|| s.reset());
+}
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn destroy(bencher: Bencher) {
+    let s = setup();
+    bencher.with_inputs(|| s.reset()).bench_local_values(drop);
+}
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn reset_to_init(bencher: Bencher) {
+    let s = setup();
+    bencher
+        .with_inputs(|| s.reset())
+        .bench_local_values(to_init);
+}
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn init_to_rtr(bencher: Bencher) {
+    let s = setup();
+    bencher
+        .with_inputs(|| s.init())
+        .bench_local_values(|qp| s.to_rtr(qp));
+}
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn rtr_to_rts(bencher: Bencher) {
+    let s = setup();
+    bencher.with_inputs(|| s.rtr()).bench_local_values(to_rts);
+}
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn rts_to_reset(bencher: Bencher) {
+    let s = setup();
+    bencher
+        .with_inputs(|| s.rts())
+        .bench_local_values(|qp| qp.reset().expect("reset"));
+}
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn rts_to_err(bencher: Bencher) {
+    let s = setup();
+    bencher
+        .with_inputs(|| s.rts())
+        .bench_local_values(|qp| qp.to_error().expect("to_error"));
+}
+
+#[divan::bench(sample_count = COUNT, sample_size = SIZE)]
+fn err_to_reset(bencher: Bencher) {
+    let s = setup();
+    bencher
+        .with_inputs(|| s.rts().to_error().expect("to_error"))
+        .bench_local_values(|qp| qp.reset().expect("reset from ERR"));
 }

@@ -1,18 +1,14 @@
-//! A tiny timing harness for the `harness = false` benches (no criterion: it is
-//! heavy for a 2-core box, and the benches run inside a soft-RoCE guest).
+//! What the benches share: the `--bench` gate, divan's entry point, a counting
+//! allocator (for `alloc_count`) and the device setup of the tests.
 //!
-//! Time stamps are the CPU's time-stamp counter, calibrated against the
-//! monotonic clock (the guest's clock source is the slow HPET), and every case
-//! reports the median of several batches. [`CountingAlloc`] counts heap
-//! allocations made through Rust's global allocator (libibverbs' own `malloc`
-//! calls are not seen). Benches run only with `--bench` (as `cargo bench` and
+//! Benches run only with `--bench` (as `cargo bench` and
 //! `cargo xtask run -- target/release/deps/<bench>-<hash> --bench` pass it), so
 //! that `cargo test --benches` on a machine without RDMA does not fail.
+// Each bench includes this file and uses a different subset of it.
 #![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use rdma_verbs::QpCaps;
 
@@ -53,38 +49,6 @@ pub fn allocs() -> u64 {
     ALLOCS.load(Ordering::Relaxed)
 }
 
-/// Reads the time-stamp counter (nanoseconds elsewhere).
-#[inline(always)]
-pub fn ticks() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: rdtsc has no preconditions on x86_64.
-        unsafe { core::arch::x86_64::_rdtsc() }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
-}
-
-/// Ticks per nanosecond, measured over 100 ms.
-pub fn ticks_per_ns() -> f64 {
-    static RATE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *RATE.get_or_init(|| {
-        let t0 = Instant::now();
-        let c0 = ticks();
-        std::thread::sleep(Duration::from_millis(100));
-        let c1 = ticks();
-        (c1 - c0) as f64 / t0.elapsed().as_nanos() as f64
-    })
-}
-
-/// Converts ticks to nanoseconds.
-pub fn ns(ticks: u64) -> f64 {
-    ticks as f64 / ticks_per_ns()
-}
-
 /// Exits 0 with a note unless `--bench` was passed (see the module docs).
 pub fn require_bench_flag(name: &str) {
     if !std::env::args().any(|a| a == "--bench") {
@@ -93,48 +57,29 @@ pub fn require_bench_flag(name: &str) {
     }
 }
 
-/// The result of one case.
-#[derive(Debug, Clone, Copy)]
-pub struct Measured {
-    /// Median nanoseconds per operation over the batches.
-    pub ns_per_op: f64,
-    /// Fastest batch, nanoseconds per operation.
-    pub min_ns_per_op: f64,
-    /// Heap allocations per operation, over all timed batches.
-    pub allocs_per_op: f64,
-}
-
-/// Runs `f(ops)` once to warm up, then `batches` times for `ops` operations
-/// each; prints and returns the median time per operation.
-pub fn bench(name: &str, batches: usize, ops: u64, mut f: impl FnMut(u64)) -> Measured {
-    f(ops.div_ceil(4).max(1));
-    let mut per_op = Vec::with_capacity(batches);
-    let a0 = allocs();
-    for _ in 0..batches {
-        let t0 = ticks();
-        f(ops);
-        let t1 = ticks();
-        per_op.push(ns(t1 - t0) / ops as f64);
+/// The `main` of the divan benches: the `--bench` gate, then `divan::main()`
+/// with the TSC timer unless `--timer` or `DIVAN_TIMER` chose one.
+///
+/// Divan has no setter for the timer, only the flag and the variable, so this
+/// sets the variable. Divan falls back to the OS clock (with a warning) where
+/// the CPU does not report an invariant TSC, as in the `cargo xtask` guest.
+pub fn divan_main(name: &str) {
+    require_bench_flag(name);
+    let chosen = std::env::var_os("DIVAN_TIMER").is_some()
+        || std::env::args().any(|a| a == "--timer" || a.starts_with("--timer="));
+    if !chosen {
+        // SAFETY: called first thing in `main`, before any other thread exists
+        // (divan starts its threads inside `divan::main`).
+        unsafe { std::env::set_var("DIVAN_TIMER", "tsc") };
     }
-    let a = allocs() - a0;
-    per_op.sort_by(f64::total_cmp);
-    let m = Measured {
-        ns_per_op: per_op[per_op.len() / 2],
-        min_ns_per_op: per_op[0],
-        allocs_per_op: a as f64 / (batches as u64 * ops) as f64,
-    };
-    println!(
-        "{name:<44} {:>11.1} ns/op  (min {:>9.1})  {:>6.3} allocs/op",
-        m.ns_per_op, m.min_ns_per_op, m.allocs_per_op
-    );
-    m
+    divan::main();
 }
 
 // The device setup is the tests' own (one copy of it).
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-#[allow(unused_imports)] // each bench includes this file and uses a different subset
+#[allow(unused_imports)] // each bench uses a different subset
 pub use common::{Pair, all_remote, ctx, gid_index};
 
 /// Creates and connects a pair with `caps`; `cq_depth` completions per CQ.
