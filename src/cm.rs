@@ -1096,50 +1096,54 @@ impl CmId {
         // SAFETY: valid id under its lock; plain fields.
         let (verbs, port) = unsafe { ((*id).verbs, (*id).port_num) };
         check_same_device(verbs, pd, &[send_cq, recv_cq])?;
-        let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), ffi::IBV_QPT_RC);
-        // SAFETY: valid id (under its lock), PD and CQs of its device; init is
-        // fully initialised and receives the granted caps. The id's previous PD
-        // is restored and id->qp cleared below (see the module docs).
-        let (rc, qp) = unsafe {
-            let saved_pd = (*id).pd;
-            let rc = ffi::rdma_create_qp(id, pd.as_raw(), &mut init);
-            let qp = (*id).qp;
-            (*id).qp = std::ptr::null_mut();
-            (*id).pd = saved_pd;
-            (rc, qp)
-        };
-        let qp = match (rc, NonNull::new(qp)) {
-            (0, Some(qp)) => qp,
-            _ => {
-                let e = last_errno();
-                let hint = match e.raw_os_error() {
-                    Some(libc::EINVAL) => Some(
-                        "a capability (max_send_wr, max_recv_wr, max_*_sge, max_inline_data) exceeds the device limits"
-                            .into(),
-                    ),
-                    _ => None,
-                };
-                return Err(Error::Verb {
-                    verb: "rdma_create_qp",
-                    source: e,
-                    hint,
-                });
-            }
-        };
-        // The rings never hold more than asked for, even if the device rounded up.
-        let granted = caps.granted(&init);
-        let granted = QpCaps {
-            max_send_wr: caps.max_send_wr.min(granted.max_send_wr),
-            max_recv_wr: caps.max_recv_wr.min(granted.max_recv_wr),
-            ..granted
-        };
         let keepalive: Box<dyn std::any::Any + Send + Sync> = Box::new(self.inner.clone());
-        // SAFETY: rdma_create_qp just created this RC QP in `pd` with these CQs
-        // and (at least) these caps, and moved it to INIT; nothing is posted and
-        // no one else owns it (id->qp was cleared). The CM chose the PSN (0 here
-        // is a placeholder; psn() is meaningless for CM QPs). The keepalive keeps
-        // the id alive until after ibv_destroy_qp.
-        Ok(unsafe { Qp::from_raw(qp, pd, send_cq, recv_cq, granted, 0, port, Some(keepalive)) })
+        // SAFETY: rdma_create_qp creates an RC QP in `pd` from `init` (its CQs
+        // unchanged), moves it to INIT with nothing posted and writes the granted
+        // caps back; id->qp is cleared, so the Qp is its only owner. The CM
+        // chooses the PSN (0 is a placeholder; psn() is meaningless for CM QPs).
+        // The keepalive keeps the id alive until after ibv_destroy_qp.
+        unsafe {
+            Qp::build(
+                pd,
+                send_cq,
+                recv_cq,
+                caps,
+                0,
+                port,
+                Some(keepalive),
+                |init| {
+                    // SAFETY: valid id (under its lock), PD and CQs of its device; init
+                    // is fully initialised. The id's previous PD is restored and
+                    // id->qp cleared right after (see the module docs).
+                    let (rc, qp) = {
+                        let saved_pd = (*id).pd;
+                        let rc = ffi::rdma_create_qp(id, pd.as_raw(), init);
+                        let qp = (*id).qp;
+                        (*id).qp = std::ptr::null_mut();
+                        (*id).pd = saved_pd;
+                        (rc, qp)
+                    };
+                    match (rc, NonNull::new(qp)) {
+                        (0, Some(qp)) => Ok(qp),
+                        _ => {
+                            let e = last_errno();
+                            let hint = match e.raw_os_error() {
+                            Some(libc::EINVAL) => Some(
+                                "a capability (max_send_wr, max_recv_wr, max_*_sge, max_inline_data) exceeds the device limits"
+                                    .into(),
+                            ),
+                            _ => None,
+                        };
+                            Err(Error::Verb {
+                                verb: "rdma_create_qp",
+                                source: e,
+                                hint,
+                            })
+                        }
+                    }
+                },
+            )
+        }
     }
 
     /// Connects to the resolved peer (`rdma_connect`) and waits up to

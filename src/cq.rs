@@ -3,20 +3,19 @@
 //! Polling a completion of a work request posted through the safe path
 //! returns the buffers that request owned (see [`crate::qp`] for the design).
 
-use std::any::Any;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::channel::{CompletionChannel, CqEvents};
 use crate::context::Context;
 use crate::enums::c_enum;
 use crate::error::{Error, Result, errno, last_errno};
 use crate::ffi;
-use crate::qp::ring::{self, Sges};
+use crate::qp::Sges;
+use crate::qp::ring::Caught;
+use crate::qp::table::{RingCache, RingTable};
 
 c_enum! {
     /// Status of a work completion (`ibv_wc_status`).
@@ -134,28 +133,61 @@ c_enum! {
     }
 }
 
+/// Where a polled completion came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompletionSource {
+    /// A work request posted through the safe path: its buffers are in the
+    /// completion and `wr_id` is the application's.
+    Posted,
+    /// Not a safe-path request of a QP on this CQ: a raw-path post
+    /// (`post_*_raw`), a QP created outside this crate, or garbage from a
+    /// provider. Nothing was looked up; `wr_id` is the raw value.
+    Foreign,
+    /// A safe-path token whose request is gone: a second completion for the
+    /// same request, or one that raced with its QP's destruction (whose
+    /// buffers were released then). `wr_id` is the raw token.
+    Stale,
+}
+
 /// A polled work completion, with the buffers its work request owned.
+///
+/// Providers write only the `ibv_wc` fields that are valid for a completion's
+/// status and opcode (ibv_poll_cq(3); mlx5 leaves the others unwritten), so
+/// only those are read; every other field below is 0 / `None`.
 pub struct Completion {
-    /// The `wr_id` the application gave the work request.
+    /// The `wr_id` the application gave the work request (the raw value for
+    /// [`Foreign`](CompletionSource::Foreign) and
+    /// [`Stale`](CompletionSource::Stale) completions).
     pub wr_id: u64,
     /// Status; anything but `Success` means the operation did not happen.
     pub status: WcStatus,
-    /// Operation (only meaningful on success).
+    /// What completed. For safe-path requests this is what was posted, so it
+    /// is right for failed completions too (a failed WRITE says `RdmaWrite`);
+    /// receives say `Recv` or, on success, `RecvRdmaWithImm`. Foreign failed
+    /// completions, whose opcode the provider does not report, say
+    /// `Unknown(u32::MAX)`.
     pub opcode: WcOpcode,
-    /// Bytes received (receives, READ, atomics).
+    /// Bytes received (successful receives), read (RDMA READ) or 8 (atomics);
+    /// 0 for everything else, which the provider does not report.
     pub byte_len: u32,
-    /// Immediate data in host order, when the sender attached one.
+    /// Immediate data in host order, when a successful receive carried one.
     pub imm_data: Option<u32>,
-    /// Local QP number.
+    /// Local QP number (always reported).
     pub qp_num: u32,
-    /// Remote QP number (UD).
+    /// Remote QP number of a successful receive (meaningful on UD); else 0.
     pub src_qp: u32,
-    /// Raw `ibv_wc_flags`.
+    /// Raw `ibv_wc_flags` of a successful completion; 0 on errors.
     pub wc_flags: u32,
-    /// Vendor error syndrome for failed completions.
+    /// Vendor error syndrome of a failed completion; 0 on success.
     pub vendor_err: u32,
+    /// Whether this is a safe-path completion (with buffers) or not.
+    pub source: CompletionSource,
     bufs: Sges,
 }
+
+/// `wr_id`s of the safe path are tokens: ring tag in the high half.
+const TOKEN_SHIFT: u32 = 32;
 
 impl Completion {
     /// `Ok` on success, else [`Error::WorkCompletion`] naming the status.
@@ -177,45 +209,83 @@ impl Completion {
         &self.bufs
     }
 
-    /// Takes the buffers the work request owned (empty for inline sends and for
-    /// completions polled after their QP was reset or destroyed).
+    /// Takes the buffers the work request owned: SEND/WRITE sources,
+    /// receive, READ and atomic destinations (empty for inline sends and for
+    /// foreign or stale completions).
     pub fn take_buffers(&mut self) -> Sges {
         std::mem::take(&mut self.bufs)
     }
 
-    /// Takes the first exclusively owned buffer (a receive buffer, READ or atomic destination).
+    /// Takes the first exclusively owned buffer: a receive buffer, READ or
+    /// atomic destination, or an `Mr` that was the source of a SEND/WRITE.
     #[inline]
     pub fn take_mr(&mut self) -> Option<crate::Mr> {
         self.bufs.take_first_owned()
     }
 
-    /// Writes every field but `bufs` from `wc` into `*dst`.
+    /// Writes every field but `bufs` into `*dst`, reading from `wc` only the
+    /// fields the provider wrote for this status and opcode.
+    ///
+    /// `posted` is the posted request's wr_id and opcode (safe path), `None`
+    /// for foreign and stale completions; `recv` says it came from a receive
+    /// queue.
     ///
     /// # Safety
-    /// `dst` is valid for writes.
+    /// `dst` is valid for writes; `wc` was returned by `ibv_poll_cq` (so
+    /// `wr_id`, `status`, `qp_num` are written, and the rest as ibv_poll_cq(3)
+    /// says for the status and opcode).
     #[inline]
-    unsafe fn write_from_wc(dst: *mut Completion, wc: &ffi::ibv_wc, wr_id: u64) {
-        let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-        // SAFETY: imm_data is the valid union member when WITH_IMM is set.
-        let imm_data = with_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
-        // Success is by far the common case: skip the status lookup for it.
-        let status = if wc.status == ffi::IBV_WC_SUCCESS {
-            WcStatus::Success
-        } else {
-            WcStatus::from_raw(wc.status)
-        };
-        // SAFETY: `dst` is valid for writes (caller); fields are written in place
-        // so the buffers (moved in separately) are not copied again.
+    unsafe fn write_from_wc(
+        dst: *mut Completion,
+        wc: *const ffi::ibv_wc,
+        posted: Option<(u64, u32)>,
+        recv: bool,
+        source: CompletionSource,
+    ) {
+        // SAFETY: reads only fields the provider writes (see above), through
+        // raw pointers, never a reference to the partly written struct; `dst`
+        // is valid for writes (caller) and written field by field in place.
         unsafe {
+            let raw_status = (*wc).status;
+            let success = raw_status == ffi::IBV_WC_SUCCESS;
+            let (wr_id, opcode) = match posted {
+                Some((wr_id, op)) if !(success && recv) => (wr_id, op),
+                Some((wr_id, _)) => (wr_id, (*wc).opcode),
+                None if success => ((*wc).wr_id, (*wc).opcode),
+                None => ((*wc).wr_id, u32::MAX),
+            };
+            let (mut byte_len, mut imm_data, mut src_qp, mut wc_flags, mut vendor_err) =
+                (0, None, 0, 0, 0);
+            let status = if success {
+                wc_flags = (*wc).wc_flags;
+                if opcode & ffi::IBV_WC_RECV != 0 {
+                    byte_len = (*wc).byte_len;
+                    src_qp = (*wc).src_qp;
+                    if wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+                        // imm_data is the valid union member when WITH_IMM is set.
+                        imm_data = Some(u32::from_be((*wc).__bindgen_anon_1.imm_data));
+                    }
+                } else if matches!(
+                    opcode,
+                    ffi::IBV_WC_RDMA_READ | ffi::IBV_WC_COMP_SWAP | ffi::IBV_WC_FETCH_ADD
+                ) {
+                    byte_len = (*wc).byte_len;
+                }
+                WcStatus::Success
+            } else {
+                vendor_err = (*wc).vendor_err;
+                WcStatus::from_raw(raw_status)
+            };
             (&raw mut (*dst).wr_id).write(wr_id);
             (&raw mut (*dst).status).write(status);
-            (&raw mut (*dst).opcode).write(WcOpcode::from_raw(wc.opcode));
-            (&raw mut (*dst).byte_len).write(wc.byte_len);
+            (&raw mut (*dst).opcode).write(WcOpcode::from_raw(opcode));
+            (&raw mut (*dst).byte_len).write(byte_len);
             (&raw mut (*dst).imm_data).write(imm_data);
-            (&raw mut (*dst).qp_num).write(wc.qp_num);
-            (&raw mut (*dst).src_qp).write(wc.src_qp);
-            (&raw mut (*dst).wc_flags).write(wc.wc_flags);
-            (&raw mut (*dst).vendor_err).write(wc.vendor_err);
+            (&raw mut (*dst).qp_num).write((*wc).qp_num);
+            (&raw mut (*dst).src_qp).write(src_qp);
+            (&raw mut (*dst).wc_flags).write(wc_flags);
+            (&raw mut (*dst).vendor_err).write(vendor_err);
+            (&raw mut (*dst).source).write(source);
         }
     }
 }
@@ -229,6 +299,7 @@ impl fmt::Debug for Completion {
             .field("byte_len", &self.byte_len)
             .field("imm_data", &self.imm_data)
             .field("qp_num", &self.qp_num)
+            .field("source", &self.source)
             .field("buffers", &self.bufs.len())
             .finish()
     }
@@ -239,16 +310,21 @@ impl fmt::Debug for Completion {
 /// Not `Clone`: polling needs `&mut self`, which makes the poller the single
 /// consumer of the completions of every QP attached to it. QPs keep the
 /// underlying CQ alive, so it is destroyed after the last of them.
+///
+/// A QP is only created on a CQ that can hold every completion its queues
+/// may produce together with those of the other queues already on it (see
+/// [`Error::CqTooSmall`]), so the CQ cannot overrun through the safe path.
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
+    /// The poller's copy of the ring table (see [`crate::qp`]).
+    cache: RingCache,
 }
 
 pub(crate) struct CqInner {
     raw: NonNull<ffi::ibv_cq>,
     depth: u32,
-    /// Slot rings of destroyed QPs whose stale completions may still sit in this CQ.
-    graveyard: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
-    dead: AtomicUsize,
+    /// The slot rings whose completions this CQ carries, and the entries they reserve.
+    pub(crate) rings: RingTable,
     /// Completion events read and not yet acknowledged; its address is the
     /// CQ's `cq_context` (see [`crate::channel`]). `Some` iff `channel` is.
     /// (An `Arc`, not a `Box`: moving a `Box` would assert uniqueness and
@@ -261,7 +337,11 @@ pub(crate) struct CqInner {
 
 // SAFETY: ibv_cq may be used from any thread; polling is serialised by &mut Cq.
 unsafe impl Send for CqInner {}
-// SAFETY: through &CqInner only QP creation and the mutex-protected graveyard are reached.
+// SAFETY: through &CqInner other threads reach: QP creation and destruction
+// (the mutex-protected ring table), the event counter (atomics, see
+// crate::channel), the channel (itself Sync), and `ibv_req_notify_cq` through
+// `&Cq`, which libibverbs allows concurrently with polling (providers take
+// the CQ lock for it). Polling itself needs `&mut Cq`.
 unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
@@ -280,9 +360,7 @@ impl Drop for CqInner {
         let rc = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
         if rc != 0 {
             // The CQ survives (a QP still uses it): keep everything it may reach.
-            let graveyard =
-                std::mem::take(self.graveyard.get_mut().unwrap_or_else(|p| p.into_inner()));
-            std::mem::forget(graveyard);
+            self.rings.leak();
             std::mem::forget(self.events.take());
             std::mem::forget(self.channel.take());
             return;
@@ -297,13 +375,6 @@ impl CqInner {
     pub(crate) fn as_raw(&self) -> *mut ffi::ibv_cq {
         self.raw.as_ptr()
     }
-
-    /// Keeps a destroyed QP's rings alive until this CQ has been drained.
-    pub(crate) fn bury(&self, rings: Arc<dyn Any + Send + Sync>) {
-        let mut g = self.graveyard.lock().unwrap_or_else(|p| p.into_inner());
-        g.push(rings);
-        self.dead.store(g.len(), Ordering::Release);
-    }
 }
 
 /// How many work completions one `ibv_poll_cq` call fetches at most.
@@ -312,7 +383,9 @@ const POLL_BATCH: usize = 32;
 impl Cq {
     /// Creates a CQ with room for at least `depth` completions (`ibv_create_cq`).
     ///
-    /// A depth above the device's `max_cqe` is refused before calling the kernel.
+    /// A depth above the device's `max_cqe` is refused before calling the
+    /// kernel. Size it for every QP that will use it: each queue needs as
+    /// many entries as its depth (`max_send_wr` / `max_recv_wr`).
     pub fn new(ctx: &Context, depth: u32) -> Result<Cq> {
         Cq::create(ctx, depth, None)
     }
@@ -346,16 +419,17 @@ impl Cq {
         }
         // SAFETY: raw is valid; cqe is the actual depth the provider chose.
         let actual = unsafe { (*raw.as_ptr()).cqe };
+        let depth = u32::try_from(actual).unwrap_or(depth);
         Ok(Cq {
             inner: Arc::new(CqInner {
                 raw,
-                depth: u32::try_from(actual).unwrap_or(depth),
-                graveyard: Mutex::new(Vec::new()),
-                dead: AtomicUsize::new(0),
+                depth,
+                rings: RingTable::new(depth),
                 events,
                 channel: channel.cloned(),
                 _ctx: ctx.clone(),
             }),
+            cache: RingCache::default(),
         })
     }
 
@@ -364,21 +438,43 @@ impl Cq {
         self.inner.depth
     }
 
-    /// The raw `ibv_cq`.
+    /// CQ entries the queues of the QPs on this CQ may still fill: the sum of
+    /// their depths, plus those of destroyed QPs whose completions may still
+    /// be in the CQ (until a poll finds it empty).
+    pub fn reserved(&self) -> u64 {
+        self.inner.rings.reserved()
+    }
+
+    /// The raw `ibv_cq`, valid while this `Cq` (or a QP on it) lives.
+    ///
+    /// Completions polled through it bypass the safe path: the buffers of the
+    /// requests they complete stay in their QP's ring until a later completion
+    /// of the same queue sweeps them (reported as
+    /// [`Error::CompletionsLost`]) or the QP is destroyed.
     pub fn as_raw(&self) -> *mut ffi::ibv_cq {
         self.inner.as_raw()
     }
 
-    /// Polls up to `out.capacity() - out.len()` completions into `out`, returning
-    /// how many were added. Never allocates: reserve the capacity once.
+    /// Polls up to `out.capacity() - out.len()` completions into `out` (its
+    /// spare capacity: reserve it once), returning how many were added. Never
+    /// allocates.
     ///
     /// Each completion of a safe-path work request carries that request's
     /// buffers back ([`Completion::take_mr`], [`Completion::take_buffers`]);
     /// unsignaled sends before it are retired and their buffers released
-    /// (use [`Cq::poll_with_retired`] to get those back).
+    /// (use [`Cq::poll_with_retired`] to get those back). Completions that are
+    /// not the safe path's come back marked [`CompletionSource::Foreign`] or
+    /// [`CompletionSource::Stale`], without buffers.
+    ///
+    /// # Errors
+    /// [`Error::CompletionsLost`] when a completion swept a signaled request
+    /// whose own completion never arrived (the CQ overran, or it was consumed
+    /// by [`poll_raw`](Cq::poll_raw)); the completions polled in that call are
+    /// in `out` all the same.
     #[inline]
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
-        self.poll_inner(out, None)
+        let want = out.capacity() - out.len();
+        self.poll_inner(out, want, None)
     }
 
     /// [`Cq::poll`], and the buffers of the unsignaled requests each completion
@@ -390,20 +486,24 @@ impl Cq {
         out: &mut Vec<Completion>,
         retired: &mut Vec<(u64, Sges)>,
     ) -> Result<usize> {
-        self.poll_inner(out, Some(retired))
+        let want = out.capacity() - out.len();
+        self.poll_inner(out, want, Some(retired))
     }
 
     #[inline]
     fn poll_inner(
         &mut self,
         out: &mut Vec<Completion>,
+        want: usize,
         mut retired: Option<&mut Vec<(u64, Sges)>>,
     ) -> Result<usize> {
-        let want = out.capacity() - out.len();
-        let dead = self.inner.dead.load(Ordering::Acquire);
+        let want = want.min(out.capacity() - out.len());
+        let buried = self.inner.rings.buried();
         let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
         let mut total = 0;
         let mut drained = false;
+        let mut caught: Caught = None;
+        let mut lost = 0;
         while total < want {
             let n = (want - total).min(POLL_BATCH);
             // SAFETY: valid CQ; wcs has room for n entries.
@@ -411,23 +511,48 @@ impl Cq {
             if rc < 0 {
                 return Err(Error::verb("ibv_poll_cq", errno(rc)));
             }
-            let got = rc as usize;
+            let got = (rc as usize).min(n);
             for wc in &wcs[..got] {
-                // SAFETY: the first `got` entries were written by ibv_poll_cq.
-                let wc = unsafe { wc.assume_init_ref() };
                 let len = out.len();
-                // The completion is built in place in `out`'s spare capacity
-                // (total < want, so there is room): its buffers move once.
-                // SAFETY: in bounds of the allocation (len < capacity). Safe-path WRs
-                // carry a slot pointer as wr_id, into rings kept alive by their QP or
-                // by this CQ's graveyard; raw-path users promised (post_*_raw's
-                // contract) not to poll their completions with this method. Every
-                // field is written before set_len.
+                // SAFETY: ibv_poll_cq wrote this entry's always-valid fields
+                // (wr_id, status, qp_num); write_from_wc reads the rest only as
+                // the status and opcode allow. The completion is built in place
+                // in `out`'s spare capacity (total < want <= spare, so there is
+                // room) and every field is written before set_len; `retire`
+                // writes the buffers iff it returns Some, else they are set empty.
                 unsafe {
+                    let wc = wc.as_ptr();
                     let dst = out.as_mut_ptr().add(len);
-                    let wr_id =
-                        ring::retire(wc.wr_id, retired.as_deref_mut(), &raw mut (*dst).bufs);
-                    Completion::write_from_wc(dst, wc, wr_id);
+                    let bufs = &raw mut (*dst).bufs;
+                    let token = (*wc).wr_id;
+                    let (source, posted, recv) = match self
+                        .cache
+                        .get(&self.inner.rings, (token >> TOKEN_SHIFT) as u32)
+                        .filter(|r| r.qp_num() == (*wc).qp_num)
+                    {
+                        None => (CompletionSource::Foreign, None, false),
+                        Some(ring) => {
+                            let r = ring.retire(
+                                token as u32,
+                                retired.as_deref_mut(),
+                                bufs,
+                                &mut caught,
+                                &mut lost,
+                            );
+                            match r {
+                                Some(r) => (
+                                    CompletionSource::Posted,
+                                    Some((r.wr_id, r.meta.opcode)),
+                                    r.meta.opcode & ffi::IBV_WC_RECV != 0,
+                                ),
+                                None => (CompletionSource::Stale, None, false),
+                            }
+                        }
+                    };
+                    if posted.is_none() {
+                        bufs.write(Sges::default());
+                    }
+                    Completion::write_from_wc(dst, wc, posted, recv, source);
                     out.set_len(len + 1);
                 }
             }
@@ -437,26 +562,27 @@ impl Cq {
                 break;
             }
         }
-        if drained && dead > 0 {
-            self.reap(dead);
+        if drained && buried > 0 {
+            self.reap(buried);
+        }
+        if let Some(p) = caught {
+            // A buffer's Drop panicked while the ring was being retired: the
+            // books are consistent now, so let the panic go on.
+            std::panic::resume_unwind(p);
+        }
+        if lost > 0 {
+            return Err(Error::CompletionsLost { count: lost });
         }
         Ok(total)
     }
 
     /// The CQ was found empty: completions of QPs destroyed before the poll
-    /// began are gone, so their rings can be freed.
-    fn reap(&mut self, dead: usize) {
-        let mut g = self
-            .inner
-            .graveyard
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let n = dead.min(g.len());
-        let reaped: Vec<_> = g.drain(..n).collect();
-        self.inner.dead.store(g.len(), Ordering::Release);
-        drop(g);
-        // Dropped outside the lock: releasing buffers may run arbitrary Drop code
-        // (e.g. a device-memory keepalive) that could bury another QP here.
+    /// began are gone, so their rings can be unregistered and their CQ
+    /// entries given back.
+    #[cold]
+    fn reap(&mut self, buried: usize) {
+        let reaped = self.inner.rings.reap(buried, &mut self.cache);
+        // Dropped outside the table's lock (the buffers were released already).
         drop(reaped);
     }
 
@@ -464,12 +590,15 @@ impl Cq {
     ///
     /// For completions of work requests posted with `post_send_raw` /
     /// `post_recv_raw`. Safe-path completions consumed here do not hand their
-    /// buffers back: they stay in the QP's ring until a later completion on the
-    /// same queue polled with [`Cq::poll`] sweeps them (queues complete in
-    /// order), or the QP is destroyed.
+    /// buffers back: they stay in the QP's ring until a later completion on
+    /// the same queue polled with [`Cq::poll`] sweeps them (and reports them
+    /// as [`Error::CompletionsLost`]), or the QP is destroyed. Only the
+    /// fields ibv_poll_cq(3) names valid for each entry's status and opcode
+    /// hold data (the rest are as `wcs` had them).
     pub fn poll_raw(&mut self, wcs: &mut [ffi::ibv_wc]) -> Result<usize> {
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
-        // SAFETY: valid CQ; wcs has room for n entries.
+        // SAFETY: valid CQ; wcs has room for n entries (already initialised,
+        // so fields the provider leaves unwritten keep their values).
         let rc = unsafe { ffi::ibv_poll_cq(self.as_raw(), n, wcs.as_mut_ptr()) };
         if rc < 0 {
             Err(Error::verb("ibv_poll_cq", errno(rc)))
@@ -478,8 +607,10 @@ impl Cq {
         }
     }
 
-    /// Busy-polls until at least `n` more completions are in `out`, or fails
-    /// with [`Error::Timeout`] after `timeout`.
+    /// Busy-polls until exactly `n` more completions are in `out` (never
+    /// more: the rest stay in the CQ for the next poll), or fails with
+    /// [`Error::Timeout`] after `timeout`; the completions polled before the
+    /// timeout stay in `out`. Reserves room for `n` in `out` if needed.
     pub fn poll_n(
         &mut self,
         out: &mut Vec<Completion>,
@@ -487,10 +618,11 @@ impl Cq {
         timeout: std::time::Duration,
     ) -> Result<()> {
         let target = out.len().saturating_add(n);
-        out.reserve(n.min(self.depth() as usize));
+        out.reserve(n);
         let start = std::time::Instant::now();
         while out.len() < target {
-            if self.poll(out)? == 0 && start.elapsed() > timeout {
+            let want = target - out.len();
+            if self.poll_inner(out, want, None)? == 0 && start.elapsed() > timeout {
                 return Err(Error::Timeout {
                     what: "waiting for completions",
                     after: timeout,
@@ -498,6 +630,16 @@ impl Cq {
             }
         }
         Ok(())
+    }
+
+    /// Polls exactly one completion, waiting up to `timeout` for it.
+    pub fn poll_one(&mut self, timeout: std::time::Duration) -> Result<Completion> {
+        let mut out = Vec::with_capacity(1);
+        self.poll_n(&mut out, 1, timeout)?;
+        out.pop().ok_or(Error::Timeout {
+            what: "waiting for a completion",
+            after: timeout,
+        })
     }
 }
 
@@ -511,5 +653,96 @@ impl Context {
     /// Creates a completion queue; see [`Cq::new`].
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
         Cq::new(self, depth)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `ibv_wc` whose every byte is garbage except the fields a provider
+    /// writes for the given status (as mlx5 does: the rest keep whatever the
+    /// caller's array held).
+    fn poisoned_wc(status: u32, opcode: u32, byte_len: u32) -> MaybeUninit<ffi::ibv_wc> {
+        let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
+        let p = wc.as_mut_ptr();
+        // SAFETY: writes into the local's own storage through raw pointers.
+        unsafe {
+            std::ptr::write_bytes(p.cast::<u8>(), 0xab, size_of::<ffi::ibv_wc>());
+            (&raw mut (*p).wr_id).write(0x77);
+            (&raw mut (*p).status).write(status);
+            (&raw mut (*p).qp_num).write(5);
+            if status == ffi::IBV_WC_SUCCESS {
+                (&raw mut (*p).opcode).write(opcode);
+                (&raw mut (*p).wc_flags).write(0);
+                if opcode & ffi::IBV_WC_RECV != 0 || opcode == ffi::IBV_WC_RDMA_READ {
+                    (&raw mut (*p).byte_len).write(byte_len);
+                }
+                if opcode & ffi::IBV_WC_RECV != 0 {
+                    (&raw mut (*p).src_qp).write(9);
+                }
+            } else {
+                (&raw mut (*p).vendor_err).write(0x12);
+            }
+        }
+        wc
+    }
+
+    fn complete(
+        wc: &MaybeUninit<ffi::ibv_wc>,
+        posted: Option<(u64, u32)>,
+        recv: bool,
+    ) -> Completion {
+        let mut c = MaybeUninit::<Completion>::uninit();
+        let source = match posted {
+            Some(_) => CompletionSource::Posted,
+            None => CompletionSource::Foreign,
+        };
+        // SAFETY: `c` is valid for writes; every field is written (bufs here).
+        unsafe {
+            (&raw mut (*c.as_mut_ptr()).bufs).write(Sges::default());
+            Completion::write_from_wc(c.as_mut_ptr(), wc.as_ptr(), posted, recv, source);
+            c.assume_init()
+        }
+    }
+
+    #[test]
+    fn failed_completions_read_only_the_always_valid_fields() {
+        let wc = poisoned_wc(ffi::IBV_WC_REM_ACCESS_ERR, 0, 0);
+        let c = complete(&wc, Some((1, ffi::IBV_WC_RDMA_WRITE)), false);
+        assert_eq!(
+            (c.wr_id, c.status, c.qp_num),
+            (1, WcStatus::RemAccessErr, 5)
+        );
+        assert_eq!(c.opcode, WcOpcode::RdmaWrite, "what was posted");
+        assert_eq!(
+            (c.byte_len, c.src_qp, c.wc_flags, c.imm_data),
+            (0, 0, 0, None)
+        );
+        assert_eq!(c.vendor_err, 0x12);
+        let c = complete(&wc, None, false);
+        assert_eq!((c.wr_id, c.opcode), (0x77, WcOpcode::Unknown(u32::MAX)));
+        assert_eq!(c.byte_len, 0);
+    }
+
+    #[test]
+    fn successful_sends_do_not_read_length_source_or_vendor_error() {
+        let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_SEND, 0);
+        let c = complete(&wc, Some((3, ffi::IBV_WC_SEND)), false);
+        assert_eq!(
+            (c.opcode, c.byte_len, c.src_qp, c.vendor_err),
+            (WcOpcode::Send, 0, 0, 0)
+        );
+        let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RDMA_READ, 4096);
+        let c = complete(&wc, Some((4, ffi::IBV_WC_RDMA_READ)), false);
+        assert_eq!((c.byte_len, c.src_qp, c.vendor_err), (4096, 0, 0));
+    }
+
+    #[test]
+    fn successful_receives_read_their_fields() {
+        let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RECV, 40);
+        let c = complete(&wc, Some((6, ffi::IBV_WC_RECV)), true);
+        assert_eq!((c.opcode, c.byte_len, c.src_qp), (WcOpcode::Recv, 40, 9));
+        assert_eq!((c.vendor_err, c.imm_data), (0, None));
     }
 }

@@ -124,6 +124,49 @@ pub enum Error {
         depth: u32,
     },
 
+    /// A QP's queue would not fit in its CQ: with every queue on the CQ full,
+    /// completions would be lost.
+    #[error(
+        "the CQ cannot hold the completions of this QP's {queue} queue: it needs {needed} entries and only \
+         {free} of the CQ's {depth} are not reserved by other queues on it; create the CQ with more entries \
+         (each queue needs its depth: max_send_wr / max_recv_wr), ask for fewer work requests, or poll the CQ \
+         empty once so that destroyed QPs give their entries back"
+    )]
+    CqTooSmall {
+        /// `send` or `receive`.
+        queue: &'static str,
+        /// Entries the queue needs (its depth).
+        needed: u64,
+        /// Entries not reserved yet.
+        free: u64,
+        /// The CQ's depth.
+        depth: u64,
+    },
+
+    /// Signaled work requests were retired by a later completion while their
+    /// own completions never reached this poller.
+    #[error(
+        "{count} completion(s) were lost: later completions of the same queue arrived without them; the CQ \
+         overran (QPs created outside the safe path, or raw-path posts, filled it) or they were consumed by \
+         Cq::poll_raw; their buffers were released (or handed back by poll_with_retired)"
+    )]
+    CompletionsLost {
+        /// How many signaled requests had no completion.
+        count: u64,
+    },
+
+    /// A QP cannot be reset while work requests are outstanding.
+    #[error(
+        "{count} {queue} work request(s) are still outstanding; move the QP to ERR (to_error), poll the \
+         flushed completions, then reset"
+    )]
+    WorkOutstanding {
+        /// `send` or `receive`.
+        queue: &'static str,
+        /// Requests posted and not yet completed.
+        count: u64,
+    },
+
     /// Local access to memory that a remote peer may write at any time.
     #[error(
         "this memory region is remotely writable (REMOTE_WRITE/REMOTE_ATOMIC): a peer may change it at any \

@@ -41,7 +41,7 @@ pub mod qp;
 pub use channel::{CompletionChannel, CqId};
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};
 pub use context::{Context, DeviceAttr, PortAttr};
-pub use cq::{Completion, Cq, WcOpcode, WcStatus};
+pub use cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
 pub use device::{
     Device, DeviceList, Gid, GidEntry, GidType, LinkLayer, Mtu, NodeType, PortState, Transport,
     devices,

@@ -4,30 +4,8 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::process::Command;
-
-use common::{all_remote, ctx};
+use common::{all_remote, ctx, res_counts as counts};
 use rdma_verbs::{AccessFlags, Cq, InitAttr, Pd, Qp, QpCaps, RecvWr};
-
-/// `pd`, `cq`, `qp`, `mr`, `ctx` counts of the device, from `rdma resource show`.
-fn counts(dev: &str) -> HashMap<String, u64> {
-    let out = Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .expect("run rdma");
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.contains(&format!("{dev}:")))
-        .unwrap_or_else(|| panic!("{dev} not in {text}"));
-    let words: Vec<&str> = line.split_whitespace().collect();
-    words
-        .windows(2)
-        .filter_map(|w| Some((w[0].to_owned(), w[1].parse().ok()?)))
-        .collect()
-}
 
 #[test]
 fn every_drop_order_releases_every_kernel_object() {
@@ -36,7 +14,7 @@ fn every_drop_order_releases_every_kernel_object() {
     for order in 0..6 {
         let ctx = ctx();
         let pd = Pd::new(&ctx).unwrap();
-        let cq = Cq::new(&ctx, 64).unwrap();
+        let cq = Cq::new(&ctx, 256).unwrap();
         let mr = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
         let mut qp = Qp::new(&pd, &cq, &cq, QpCaps::default())
             .unwrap()

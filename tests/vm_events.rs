@@ -277,25 +277,67 @@ fn cq_overflow_raises_cq_err_naming_the_cq() {
     let small = Cq::new(&ctx, 1).unwrap();
     let big = Cq::new(&ctx, 64).unwrap();
     let gid = common::gid_index(&ctx);
-    let caps = QpCaps::default();
-    let mk = |scq: &Cq, rcq: &Cq| {
-        Qp::new(&pd, scq, rcq, caps)
+    let a_caps = QpCaps {
+        max_send_wr: small.depth(),
+        max_recv_wr: 8,
+        ..QpCaps::default()
+    };
+    // The safe path refuses a send queue deeper than the CQ can hold.
+    match Qp::new(
+        &pd,
+        &small,
+        &big,
+        QpCaps {
+            max_send_wr: 8,
+            ..a_caps
+        },
+    ) {
+        Err(rdma_verbs::Error::CqTooSmall {
+            queue: "send",
+            needed: 8,
+            ..
+        }) => {}
+        other => panic!("expected CqTooSmall, got {other:?}"),
+    }
+    let mk = |scq: &Cq, caps: QpCaps| {
+        Qp::new(&pd, scq, &big, caps)
             .unwrap()
             .init(InitAttr::new(1, common::all_remote()))
             .unwrap()
     };
-    let a = mk(&small, &big);
-    let mut b = mk(&big, &big);
+    let a = mk(&small, a_caps);
+    let mut b = mk(
+        &big,
+        QpCaps {
+            max_send_wr: 8,
+            ..a_caps
+        },
+    );
     b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
     let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
     let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
     let mut a = a.connect(&eb, Some(gid)).unwrap();
     let _b = b.connect(&ea, Some(gid)).unwrap();
+    // Only the raw path (which bypasses the ring's depth) can overrun it now:
+    // signaled zero-byte SENDs, one at a time, never polled.
+    let mut posted = 0;
     for i in 0..8 {
-        a.post_send(SendWr::send(i)).unwrap();
+        let mut wr = rdma_verbs::ffi::ibv_send_wr {
+            wr_id: i,
+            opcode: rdma_verbs::ffi::IBV_WR_SEND,
+            send_flags: rdma_verbs::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        // SAFETY: no SGEs (nothing for the NIC to read); the completions are
+        // never polled through the safe path.
+        if unsafe { a.post_send_raw(&mut wr) }.is_ok() {
+            posted += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     let got = events_for(&mut evs, "cq overflow", Duration::from_secs(2));
-    let overflow = 8 - small.depth() as usize;
+    let overflow = posted - small.depth() as usize;
+    assert!(overflow > 0, "only {posted} raw posts went through");
     assert!(
         got.iter()
             .any(|e| *e == AsyncEvent::CqErr { cq: small.id() }),

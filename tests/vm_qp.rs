@@ -206,7 +206,7 @@ fn a_dest_qpn_nobody_owns_ends_in_retry_exc_err() {
     // rxe accepts any 24-bit QPN at RTR; the error shows when nobody answers.
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
-    let mut cq = Cq::new(&ctx, 16).unwrap();
+    let mut cq = Cq::new(&ctx, 64).unwrap();
     let gid = gid_index(&ctx);
     let mtu = ctx.query_port(1).unwrap().active_mtu;
     let qp = Qp::new(&pd, &cq, &cq, caps())
@@ -490,8 +490,8 @@ fn cqs_of_another_context_are_refused() {
     let a = ctx();
     let b = ctx();
     let pd = Pd::new(&a).unwrap();
-    let cq_a = Cq::new(&a, 16).unwrap();
-    let cq_b = Cq::new(&b, 16).unwrap();
+    let cq_a = Cq::new(&a, 64).unwrap();
+    let cq_b = Cq::new(&b, 64).unwrap();
     for (s, r) in [(&cq_b, &cq_b), (&cq_a, &cq_b), (&cq_b, &cq_a)] {
         match Qp::new(&pd, s, r, caps()) {
             Err(Error::InvalidArgument {

@@ -75,8 +75,13 @@ pub mod attr;
 mod post;
 mod queue;
 pub(crate) mod ring;
+mod sges;
 pub mod state;
+pub(crate) mod table;
 pub mod wr;
+
+#[cfg(test)]
+mod device_tests;
 
 use std::any::Any;
 use std::fmt;
@@ -93,12 +98,12 @@ use crate::pd::Pd;
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
 };
-pub use ring::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
+pub use sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
 pub use state::{CanPostRecv, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
 pub use wr::{RecvWr, SendWr};
 
 use queue::{RecvQueue, SendQueue};
-use ring::Rings;
+use ring::Ring;
 
 /// A queue pair of transport `T` in state `S`.
 pub struct Qp<T: QpType, S: QpState> {
@@ -108,7 +113,9 @@ pub struct Qp<T: QpType, S: QpState> {
 
 struct QpCore {
     raw: NonNull<ffi::ibv_qp>,
-    rings: Arc<Rings>,
+    /// Slot rings of the send and receive queue, registered on their CQs.
+    sq: Arc<Ring>,
+    rq: Arc<Ring>,
     sq_head: u64,
     rq_head: u64,
     caps: QpCaps,
@@ -130,28 +137,25 @@ unsafe impl Sync for QpCore {}
 impl Drop for QpCore {
     fn drop(&mut self) {
         // SAFETY: raw is a live QP owned by this core. After ibv_destroy_qp returns
-        // the NIC no longer touches its buffers.
+        // the NIC no longer touches its buffers and generates no completion for it.
         let rc = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
         if rc != 0 {
             // The QP survives, so its buffers and rings must too: leak them.
-            std::mem::forget(self.rings.clone());
+            std::mem::forget(self.sq.clone());
+            std::mem::forget(self.rq.clone());
             return;
         }
-        self.bury_rings();
+        // Release the buffers now (no need to wait for the CQ to be polled);
+        // the rings stay registered until the CQs are polled empty, so that
+        // completions still queued for this QP are recognised as stale.
+        self.sq.release_all();
+        self.rq.release_all();
+        self.send_cq.rings.bury(&self.sq);
+        self.recv_cq.rings.bury(&self.rq);
     }
 }
 
 impl QpCore {
-    /// Hands the rings to the CQs, which free them once no stale completion can
-    /// name them (see the module docs).
-    fn bury_rings(&self) {
-        let rings: Arc<dyn Any + Send + Sync> = self.rings.clone();
-        self.send_cq.bury(rings.clone());
-        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
-            self.recv_cq.bury(rings);
-        }
-    }
-
     fn modify(
         &self,
         (mut attr, mask): (ffi::ibv_qp_attr, u32),
@@ -283,46 +287,30 @@ impl<T: QpType> Qp<T, Reset> {
                 reason: "the PD and both CQs must come from the same Context (device open)".into(),
             });
         }
-        let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
-        // SAFETY: valid PD and CQs (kept alive by the Arcs stored below); init is
-        // fully initialised; the provider writes the actual caps back into it.
-        let raw = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut init) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))?;
-        let got = caps.granted(&init);
-        Ok(Qp {
-            core: QpCore {
-                raw,
-                // Never more in flight than asked for, even if the device rounded up.
-                rings: Rings::new(
-                    caps.max_send_wr.min(got.max_send_wr),
-                    caps.max_recv_wr.min(got.max_recv_wr),
-                ),
-                sq_head: 0,
-                rq_head: 0,
-                caps: got,
-                psn: random_psn(),
-                port: 1,
-                send_cq: send_cq.inner.clone(),
-                recv_cq: recv_cq.inner.clone(),
-                pd: pd.clone(),
-                _keepalive: None,
-            },
-            _marker: PhantomData,
-        })
+        // SAFETY: ibv_create_qp creates a QP of type T from exactly `init`.
+        unsafe {
+            Qp::build(pd, send_cq, recv_cq, caps, random_psn(), 1, None, |init| {
+                // SAFETY: valid PD and CQs (kept alive by the Arcs the Qp stores);
+                // init is fully initialised; the provider writes the granted caps back.
+                let raw = ffi::ibv_create_qp(pd.as_raw(), init);
+                NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
+            })
+        }
     }
 }
 
 impl<T: QpType, S: QpState> Qp<T, S> {
-    /// Adopts a QP created outside this module (e.g. by `rdma_create_qp`).
+    /// Creates a QP with `create`, after reserving room on its CQs for every
+    /// completion its queues may produce, and registers its slot rings there.
     ///
     /// # Safety
-    /// `raw` is a live QP of type `T` in state `S`, created in `pd` with
-    /// `send_cq`/`recv_cq` and (at least) `caps`, with nothing posted; ownership
-    /// passes to the returned `Qp`, which destroys it with `ibv_destroy_qp` and
-    /// then drops `keepalive`. `psn` and `port` are what the QP was set up with.
+    /// `create` creates a QP of type `T` in `pd` from the `ibv_qp_init_attr`
+    /// it is given (whose CQs it must not change), leaving it in state `S`
+    /// with nothing posted, writes the granted caps back into it, and hands
+    /// over ownership: the returned `Qp` destroys it with `ibv_destroy_qp` and
+    /// then drops `keepalive`. `psn` and `port` are what the QP is set up with.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn from_raw(
-        raw: NonNull<ffi::ibv_qp>,
+    pub(crate) unsafe fn build(
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
@@ -330,14 +318,32 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         psn: u32,
         port: u8,
         keepalive: Option<Box<dyn Any + Send + Sync>>,
-    ) -> Qp<T, S> {
-        Qp {
+        create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
+    ) -> Result<Qp<T, S>> {
+        let sq_want = caps.max_send_wr.max(1);
+        let rq_want = caps.max_recv_wr.max(1);
+        let sq_res = send_cq.inner.rings.reserve(sq_want.into(), "send")?;
+        let rq_res = recv_cq.inner.rings.reserve(rq_want.into(), "receive")?;
+        let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
+        let raw = create(&mut init)?;
+        let got = caps.granted(&init);
+        // SAFETY: `raw` is live (per the contract); qp_num is a plain field.
+        let qp_num = unsafe { (*raw.as_ptr()).qp_num };
+        // Never more in flight than asked for, even if the device rounded up.
+        let sq = sq_res.publish(|tag| Ring::new(sq_want.min(got.max_send_wr), tag, qp_num));
+        let rq = rq_res.publish(|tag| Ring::new(rq_want.min(got.max_recv_wr), tag, qp_num));
+        Ok(Qp {
             core: QpCore {
                 raw,
-                rings: Rings::new(caps.max_send_wr, caps.max_recv_wr),
+                sq,
+                rq,
                 sq_head: 0,
                 rq_head: 0,
-                caps,
+                caps: QpCaps {
+                    max_send_wr: caps.max_send_wr.min(got.max_send_wr),
+                    max_recv_wr: caps.max_recv_wr.min(got.max_recv_wr),
+                    ..got
+                },
                 psn,
                 port,
                 send_cq: send_cq.inner.clone(),
@@ -346,7 +352,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 _keepalive: keepalive,
             },
             _marker: PhantomData,
-        }
+        })
     }
 }
 
@@ -466,25 +472,29 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))
     }
 
-    /// Moves the QP to RESET. Outstanding work requests are discarded without
-    /// completions; their buffers are released once the CQs no longer hold
-    /// completions that name them, and the QP continues with fresh rings.
+    /// Moves the QP to RESET, ready to be connected again.
+    ///
+    /// Refused with [`Error::WorkOutstanding`] (the QP comes back unchanged)
+    /// while any work request is outstanding: whether RESET discards posted
+    /// work is up to the provider (some rxe versions keep posted receives),
+    /// so the buffers could not be handed back safely. Move the QP to ERR
+    /// with [`to_error`](Qp::to_error) first and poll the flushed completions.
     pub fn reset(self) -> Result<Qp<T, Reset>, TransitionError<Qp<T, S>>> {
+        let outstanding = [
+            ("send", self.core.sq.in_flight(self.core.sq_head)),
+            ("receive", self.core.rq.in_flight(self.core.rq_head)),
+        ];
+        if let Some(&(queue, count)) = outstanding.iter().find(|(_, n)| *n > 0) {
+            return Err(TransitionError {
+                qp: self,
+                error: Error::WorkOutstanding { queue, count },
+            });
+        }
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_RESET,
             ..Default::default()
         };
-        let mut qp: Qp<T, Reset> =
-            self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))?;
-        qp.core.bury_rings();
-        let (sq, rq) = (
-            qp.core.rings.sq.depth() as u32,
-            qp.core.rings.rq.depth() as u32,
-        );
-        qp.core.rings = Rings::new(sq, rq);
-        qp.core.sq_head = 0;
-        qp.core.rq_head = 0;
-        Ok(qp)
+        self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))
     }
 }
 

@@ -11,7 +11,8 @@ use std::mem::MaybeUninit;
 use crate::error::{Error, errno};
 use crate::ffi;
 use crate::qp::post::{self, ChainedWr};
-use crate::qp::ring::{MAX_SAFE_SGES, Ring, Sges};
+use crate::qp::ring::{Ring, SlotMeta};
+use crate::qp::sges::{MAX_SAFE_SGES, Sges};
 use crate::qp::wr::{RecvWr, SendWr};
 use crate::qp::{PostError, QpCore};
 
@@ -37,13 +38,14 @@ pub(crate) trait WorkQueue {
 
     /// The C form of `wr` in `c` (all but `wr_id`, `next` and `sg_list`) and
     /// its SGEs in `sges`; `last_slot`: it takes the ring's last free slot.
+    /// Returns the entry and what the poller needs to know of the request.
     fn write_c(
         core: &QpCore,
         wr: &Self::Wr,
         c: &mut MaybeUninit<Self::CWr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
         last_slot: bool,
-    ) -> *mut Self::CWr;
+    ) -> (*mut Self::CWr, SlotMeta);
 
     /// The application's wr_id and the buffers of `wr`.
     fn id_and_bufs(wr: &Self::Wr) -> (u64, *const Sges);
@@ -69,7 +71,7 @@ impl<'a> WorkQueue for SendQueue<'a> {
 
     #[inline(always)]
     fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
-        (&core.rings.sq, &mut core.sq_head)
+        (&core.sq, &mut core.sq_head)
     }
 
     #[inline(always)]
@@ -84,13 +86,18 @@ impl<'a> WorkQueue for SendQueue<'a> {
         c: &mut MaybeUninit<ffi::ibv_send_wr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
         last_slot: bool,
-    ) -> *mut ffi::ibv_send_wr {
+    ) -> (*mut ffi::ibv_send_wr, SlotMeta) {
         let c = c.write(ffi::ibv_send_wr::default());
         wr.fill_ffi(c);
         if last_slot && !core.caps.sq_sig_all {
             // The last free slot: ask for a completion so the ring drains.
             c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
+        let meta = SlotMeta {
+            opcode: completion_opcode(c.opcode),
+            signaled: core.caps.sq_sig_all
+                || c.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+        };
         c.num_sge = match wr.inline_data {
             // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
             Some(data) if !data.is_empty() => {
@@ -104,7 +111,7 @@ impl<'a> WorkQueue for SendQueue<'a> {
             Some(_) => 0,
             None => post::fill_sges(&wr.bufs, sges),
         };
-        c
+        (c, meta)
     }
 
     #[inline(always)]
@@ -127,6 +134,18 @@ impl<'a> WorkQueue for SendQueue<'a> {
     }
 }
 
+/// The `ibv_wc_opcode` a send-queue request of `ibv_wr_opcode` completes with.
+#[inline(always)]
+fn completion_opcode(op: ffi::ibv_wr_opcode) -> u32 {
+    match op {
+        ffi::IBV_WR_RDMA_WRITE | ffi::IBV_WR_RDMA_WRITE_WITH_IMM => ffi::IBV_WC_RDMA_WRITE,
+        ffi::IBV_WR_RDMA_READ => ffi::IBV_WC_RDMA_READ,
+        ffi::IBV_WR_ATOMIC_CMP_AND_SWP => ffi::IBV_WC_COMP_SWAP,
+        ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => ffi::IBV_WC_FETCH_ADD,
+        _ => ffi::IBV_WC_SEND,
+    }
+}
+
 /// The receive queue of a QP.
 pub(crate) struct RecvQueue;
 
@@ -138,7 +157,7 @@ impl WorkQueue for RecvQueue {
 
     #[inline(always)]
     fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
-        (&core.rings.rq, &mut core.rq_head)
+        (&core.rq, &mut core.rq_head)
     }
 
     #[inline(always)]
@@ -153,11 +172,16 @@ impl WorkQueue for RecvQueue {
         c: &mut MaybeUninit<ffi::ibv_recv_wr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
         _last_slot: bool,
-    ) -> *mut ffi::ibv_recv_wr {
-        c.write(ffi::ibv_recv_wr {
+    ) -> (*mut ffi::ibv_recv_wr, SlotMeta) {
+        let c = c.write(ffi::ibv_recv_wr {
             num_sge: post::fill_sges(&wr.bufs, sges),
             ..Default::default()
-        })
+        });
+        let meta = SlotMeta {
+            opcode: ffi::IBV_WC_RECV,
+            signaled: true,
+        };
+        (c, meta)
     }
 
     #[inline(always)]
@@ -202,13 +226,13 @@ unsafe fn stage<Q: WorkQueue>(
             depth: depth as u32,
         });
     }
-    let c = Q::write_c(core, wr, c, sges, in_flight + 1 == depth);
+    let (c, meta) = Q::write_c(core, wr, c, sges, in_flight + 1 == depth);
     let (wr_id, bufs) = Q::id_and_bufs(wr);
     let (ring, head) = Q::ring_and_head(core);
     // SAFETY: producer side (&mut QpCore), space checked above; the caller
     // forgets `*wr`, so its buffers live on only in the slot. `c` points to
     // the entry written just above.
-    unsafe { Q::CWr::set_wr_id(c, ring.fill(*head, wr_id, bufs)) };
+    unsafe { Q::CWr::set_wr_id(c, ring.fill(*head, wr_id, meta, bufs)) };
     *head += 1;
     Ok(())
 }
@@ -283,6 +307,11 @@ pub(crate) fn post_one<Q: WorkQueue>(core: &mut QpCore, wr: Q::Wr) -> Result<(),
 
 /// Posts requests as chained lists, one verb call per [`POST_CHUNK`]. On
 /// failure the requests that did not reach the NIC come back in the error.
+///
+/// If the caller's iterator panics, the requests staged for the chunk in
+/// progress never reached the NIC: an unwind guard takes them back out of the
+/// ring (their buffers are dropped with the unwinding), so the queue is left
+/// exactly as if they had never been offered.
 #[inline]
 pub(crate) fn post_list<Q: WorkQueue>(
     core: &mut QpCore,
@@ -294,11 +323,17 @@ pub(crate) fn post_list<Q: WorkQueue>(
     let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * MAX_SAFE_SGES];
     loop {
         let first_seq = *Q::ring_and_head(core).1;
+        let mut guard = Unstage::<Q> {
+            core,
+            first_seq,
+            armed: true,
+            _queue: PhantomData,
+        };
         let mut n = 0;
         let mut exhausted = false;
         while n < POST_CHUNK {
             // Staged through a reference: binding the request by value would
-            // copy all of it once more.
+            // copy all of it once more. (`next` may panic: see Unstage.)
             let next = wrs.next();
             let Some(wr) = &next else {
                 exhausted = true;
@@ -306,7 +341,9 @@ pub(crate) fn post_list<Q: WorkQueue>(
             };
             let sges = &mut c_sges[n * MAX_SAFE_SGES..];
             // SAFETY: `next` is forgotten once staged, returned whole when refused.
-            if let Err(error) = unsafe { stage::<Q>(core, wr, &mut c_wrs[n], sges) } {
+            if let Err(error) = unsafe { stage::<Q>(guard.core, wr, &mut c_wrs[n], sges) } {
+                guard.armed = false;
+                let core = &mut *guard.core;
                 // Post what was staged before it, then report.
                 let earlier =
                     (n > 0).then(|| submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq));
@@ -316,6 +353,8 @@ pub(crate) fn post_list<Q: WorkQueue>(
             std::mem::forget(next);
             n += 1;
         }
+        guard.armed = false;
+        let core = &mut *guard.core;
         if n > 0 {
             if let Err(mut e) = submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq) {
                 e.unposted.extend(wrs.map(Q::into_parts));
@@ -324,6 +363,28 @@ pub(crate) fn post_list<Q: WorkQueue>(
         }
         if exhausted {
             return Ok(());
+        }
+    }
+}
+
+/// While armed (the caller's iterator may still panic), dropping this takes
+/// the requests staged since `first_seq` back out of the ring.
+struct Unstage<'c, Q: WorkQueue> {
+    core: &'c mut QpCore,
+    first_seq: u64,
+    armed: bool,
+    _queue: PhantomData<fn(Q)>,
+}
+
+impl<Q: WorkQueue> Drop for Unstage<'_, Q> {
+    fn drop(&mut self) {
+        if self.armed {
+            let (ring, head) = Q::ring_and_head(self.core);
+            // SAFETY: producer side; the staged requests were never submitted.
+            let unstaged = unsafe { ring.unfill_from(self.first_seq, head) };
+            // Their buffers drop here, during the unwind; a second panic from a
+            // buffer's Drop would abort the process, so it is contained.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unstaged)));
         }
     }
 }

@@ -1,410 +1,102 @@
-//! The per-QP slot rings that hold posted buffers until their completion.
+//! The per-queue slot rings that hold posted buffers until their completion.
 //!
-//! Each queue (SQ, RQ) of a QP has a ring of `depth` slots. Posting stores the
-//! work request's buffers in the next slot and passes the slot's address as
-//! the `wr_id`; polling reads the address back from the completion, takes the
-//! buffers out and advances the ring's tail. Queues complete in order, so a
-//! completion for slot `k` also retires every unsignaled slot before it.
+//! Each queue (SQ, RQ) of a QP has a ring of slots. Posting moves the work
+//! request's buffers into the next slot and gives the NIC a *token* as the
+//! `wr_id`: the ring's tag (its index in the CQ's [`RingTable`](super::table)
+//! and a generation) in the high 32 bits, the request's sequence number in the
+//! low 32. Polling validates the token before touching anything (the ring must
+//! be registered on that CQ under that tag, belong to the completion's QP, and
+//! hold a posted request of that sequence number inside its in-flight window),
+//! takes the buffers out and advances the ring's tail. Queues complete in
+//! order, so a completion for sequence `k` also retires every unsignaled
+//! request before it. A completion that fails validation is never
+//! dereferenced: it comes back as foreign or stale.
 //!
-//! Concurrency: the poster (`&mut Qp`) is the only producer, the poller of the
-//! queue's CQ (`&mut Cq`) the only consumer. A slot is handed over with its
-//! `state` (Release on post, Acquire on retire) and handed back through
-//! `tail` (Release on retire, Acquire on post).
+//! Concurrency: the poster (`&mut Qp`) is the only producer and the poller of
+//! the queue's CQ (`&mut Cq`) the only consumer. A slot is published with its
+//! `state` (Release on post) and claimed with a compare-exchange POSTED →
+//! EMPTY (Acquire) by whoever takes its buffers: the consumer retiring it, the
+//! producer taking back a refused post, or the QP's destructor releasing what
+//! a destroyed QP left behind. Exactly one claim succeeds, so a buffer is
+//! moved out (or dropped) exactly once. Slots are handed back to the producer
+//! through `tail` (Release on retire, Acquire on post).
 
+use std::any::Any;
 use std::cell::UnsafeCell;
-use std::fmt;
 use std::mem::MaybeUninit;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use crate::mr::{Mr, SharedMr};
-
-/// Most scatter/gather entries a safe-path work request can carry.
-pub const MAX_SAFE_SGES: usize = 4;
-
-/// A buffer handed to the NIC: exclusively owned, or a shared read-only range.
-#[derive(Debug)]
-pub enum Buffer {
-    /// An exclusively owned range (the NIC may write it).
-    Owned(Mr),
-    /// A shared read-only range (SEND/WRITE sources only).
-    Shared(SharedMr),
-}
-
-impl Buffer {
-    /// The owned `Mr`, if this is one.
-    #[inline]
-    pub fn into_mr(self) -> Option<Mr> {
-        match self {
-            Buffer::Owned(m) => Some(m),
-            Buffer::Shared(_) => None,
-        }
-    }
-
-    /// Bytes in the buffer.
-    #[inline]
-    pub fn len(&self) -> usize {
-        match self {
-            Buffer::Owned(m) => m.len(),
-            Buffer::Shared(s) => s.len(),
-        }
-    }
-
-    /// True when empty.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    #[inline]
-    pub(crate) fn sge(&self) -> crate::ffi::ibv_sge {
-        match self {
-            Buffer::Owned(m) => m.sge(),
-            Buffer::Shared(s) => s.sge(),
-        }
-    }
-}
-
-impl From<Mr> for Buffer {
-    fn from(m: Mr) -> Buffer {
-        Buffer::Owned(m)
-    }
-}
-
-impl From<SharedMr> for Buffer {
-    fn from(s: SharedMr) -> Buffer {
-        Buffer::Shared(s)
-    }
-}
-
-/// The buffers of one work request: up to [`MAX_SAFE_SGES`], stored inline
-/// (no heap allocation per work request).
-///
-/// Only the first `len` entries are initialised, and the hot paths copy only
-/// those (a one-buffer request moves one 32-byte entry, not the whole array).
-pub struct Sges {
-    items: [MaybeUninit<Buffer>; MAX_SAFE_SGES],
-    len: u8,
-    /// Entries offered beyond the capacity (reported at post time).
-    overflow: u32,
-}
-
-impl Default for Sges {
-    #[inline]
-    fn default() -> Sges {
-        Sges {
-            items: [const { MaybeUninit::uninit() }; MAX_SAFE_SGES],
-            len: 0,
-            overflow: 0,
-        }
-    }
-}
-
-impl Drop for Sges {
-    #[inline]
-    fn drop(&mut self) {
-        let len = self.len as usize;
-        // SAFETY: exactly the first `len` entries are initialised.
-        unsafe { std::ptr::drop_in_place(self.as_mut_ptr_slice(len)) };
-    }
-}
-
-impl fmt::Debug for Sges {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.as_slice()).finish()
-    }
-}
-
-impl Sges {
-    /// A list of one buffer.
-    #[inline(always)]
-    pub fn one(b: Buffer) -> Sges {
-        let mut s = Sges::default();
-        s.items[0].write(b);
-        s.len = 1;
-        s
-    }
-
-    #[inline(always)]
-    fn as_mut_ptr_slice(&mut self, len: usize) -> *mut [Buffer] {
-        std::ptr::slice_from_raw_parts_mut(self.items.as_mut_ptr().cast::<Buffer>(), len)
-    }
-
-    /// Appends a buffer; beyond [`MAX_SAFE_SGES`] the buffer is dropped and the
-    /// request will be refused with [`TooManySges`](crate::Error::TooManySges) when posted.
-    #[inline]
-    pub fn push(&mut self, b: Buffer) {
-        let len = self.len as usize;
-        if len < MAX_SAFE_SGES {
-            self.items[len].write(b);
-            self.len += 1;
-        } else {
-            self.overflow = self.overflow.saturating_add(1);
-        }
-    }
-
-    /// Removes and returns the last buffer (cheaper than consuming the list
-    /// with `into_iter` when recycling buffers in a loop).
-    #[inline]
-    pub fn pop(&mut self) -> Option<Buffer> {
-        let len = self.len.checked_sub(1)?;
-        self.len = len;
-        // SAFETY: entry `len` was initialised; `self.len` no longer covers it,
-        // so it is read exactly once.
-        Some(unsafe { self.items[len as usize].assume_init_read() })
-    }
-
-    /// Number of buffers.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-
-    /// True when there are none.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Buffers offered beyond [`MAX_SAFE_SGES`] (and dropped).
-    #[inline]
-    pub(crate) fn overflow(&self) -> usize {
-        self.overflow as usize
-    }
-
-    /// The buffers in order.
-    #[inline]
-    pub fn as_slice(&self) -> &[Buffer] {
-        // SAFETY: exactly the first `len` entries are initialised.
-        unsafe { std::slice::from_raw_parts(self.items.as_ptr().cast::<Buffer>(), self.len()) }
-    }
-
-    /// Total bytes.
-    #[inline]
-    pub fn total_len(&self) -> u64 {
-        self.iter().map(|b| b.len() as u64).sum()
-    }
-
-    /// The buffers in order.
-    #[inline]
-    pub fn iter(&self) -> std::slice::Iter<'_, Buffer> {
-        self.as_slice().iter()
-    }
-
-    /// Refuses a buffer whose length does not fit an SGE's 32-bit length field
-    /// (it would be truncated, and the NIC would address a different range).
-    #[inline]
-    pub(crate) fn check_lengths(&self) -> crate::Result<()> {
-        match self.iter().find(|b| b.len() > u32::MAX as usize) {
-            Some(b) => Err(crate::Error::InvalidArgument {
-                what: "buffer length",
-                reason: format!(
-                    "{} bytes do not fit one SGE (at most {} bytes); split the buffer",
-                    b.len(),
-                    u32::MAX
-                ),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn all_owned(&self) -> bool {
-        self.iter().all(|b| matches!(b, Buffer::Owned(_)))
-    }
-
-    #[inline]
-    pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
-        if self.len == 1 && matches!(self.as_slice()[0], Buffer::Owned(_)) {
-            // The common case (a receive or READ into one buffer).
-            self.len = 0;
-            // SAFETY: entry 0 was initialised; `len` is 0 now, so it is read once.
-            return unsafe { self.items[0].assume_init_read() }.into_mr();
-        }
-        let i = self.iter().position(|b| matches!(b, Buffer::Owned(_)))?;
-        let len = self.len();
-        // SAFETY: i < len, so entry i is initialised; it is read out once, the
-        // initialised entries after it shift down by one and `len` shrinks, so
-        // every entry stays initialised exactly once.
-        let b = unsafe {
-            let base = self.items.as_mut_ptr().cast::<Buffer>();
-            let b = base.add(i).read();
-            std::ptr::copy(base.add(i + 1), base.add(i), len - i - 1);
-            b
-        };
-        self.len -= 1;
-        b.into_mr()
-    }
-
-    /// Moves the buffers of `*src` to `dst`, copying only the initialised
-    /// entries (fixed-size copies, so no `memcpy` call on the hot path).
-    ///
-    /// # Safety
-    /// `src` is a live `Sges` that is not used (nor dropped) afterwards; `dst`
-    /// is valid for writes and holds nothing that needs dropping.
-    #[inline(always)]
-    pub(crate) unsafe fn move_to(src: *const Sges, dst: *mut Sges) {
-        // SAFETY: per the contract; entries below `len` are initialised in
-        // `src` and written in `dst`, the rest stay uninitialised.
-        unsafe {
-            let len = (*src).len;
-            (*dst).len = len;
-            (*dst).overflow = (*src).overflow;
-            let s = (&raw const (*src).items).cast::<MaybeUninit<Buffer>>();
-            let d = (&raw mut (*dst).items).cast::<MaybeUninit<Buffer>>();
-            // Unrolled on purpose: a loop here becomes a memcpy call.
-            if len > 0 {
-                d.write(s.read());
-            }
-            if len > 1 {
-                d.add(1).write(s.add(1).read());
-            }
-            if len > 2 {
-                d.add(2).write(s.add(2).read());
-            }
-            if len > 3 {
-                d.add(3).write(s.add(3).read());
-            }
-        }
-    }
-}
-
-/// The buffers of an [`Sges`], by value.
-pub struct SgesIntoIter {
-    sges: Sges,
-    next: u8,
-}
-
-impl Iterator for SgesIntoIter {
-    type Item = Buffer;
-
-    #[inline]
-    fn next(&mut self) -> Option<Buffer> {
-        if self.next >= self.sges.len {
-            return None;
-        }
-        let i = self.next as usize;
-        self.next += 1;
-        // SAFETY: i < len, so entry i is initialised; `next` moved past it, so
-        // Drop below never touches it again.
-        Some(unsafe { self.sges.items[i].assume_init_read() })
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = (self.sges.len - self.next) as usize;
-        (n, Some(n))
-    }
-}
-
-impl Drop for SgesIntoIter {
-    fn drop(&mut self) {
-        let (from, to) = (self.next as usize, self.sges.len as usize);
-        // Sges::drop must not see the entries already handed out.
-        self.sges.len = 0;
-        for item in &mut self.sges.items[from..to] {
-            // SAFETY: entries from..to are initialised and not handed out.
-            unsafe { item.assume_init_drop() };
-        }
-    }
-}
-
-impl fmt::Debug for SgesIntoIter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SgesIntoIter")
-            .field("remaining", &(self.sges.len - self.next))
-            .finish()
-    }
-}
-
-impl IntoIterator for Sges {
-    type Item = Buffer;
-    type IntoIter = SgesIntoIter;
-
-    #[inline]
-    fn into_iter(self) -> SgesIntoIter {
-        SgesIntoIter {
-            sges: self,
-            next: 0,
-        }
-    }
-}
-
-impl<'a> IntoIterator for &'a Sges {
-    type Item = &'a Buffer;
-    type IntoIter = std::slice::Iter<'a, Buffer>;
-
-    #[inline]
-    fn into_iter(self) -> Self::IntoIter {
-        self.iter()
-    }
-}
+use crate::qp::sges::Sges;
 
 const EMPTY: u8 = 0;
 const POSTED: u8 = 1;
 
+/// What the poller needs to know about a posted request besides its buffers.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotMeta {
+    /// The `ibv_wc_opcode` this request completes with (known at post time,
+    /// so completions in error report it too).
+    pub(crate) opcode: u32,
+    /// It asked for a completion. A later completion that sweeps a signaled
+    /// request means that request's own completion was lost.
+    pub(crate) signaled: bool,
+}
+
 struct SlotData {
     wr_id: u64,
+    meta: SlotMeta,
     bufs: Sges,
 }
 
-/// One slot; its address is the work request's `wr_id`. `data` is initialised
-/// exactly while `state` is POSTED (so nothing is written to empty it).
-pub(crate) struct Slot {
-    ring: *const Ring,
-    /// This slot's index in its ring (so a completion finds it without a division).
-    index: u64,
+/// One slot. `data` is initialised exactly while `state` is POSTED.
+struct Slot {
+    /// Sequence number (low 32 bits) of the request last posted here.
+    seq: AtomicU32,
     state: AtomicU8,
     data: UnsafeCell<MaybeUninit<SlotData>>,
 }
 
+/// A retired request handed to the poller.
+pub(crate) struct Retired {
+    /// The application's wr_id.
+    pub(crate) wr_id: u64,
+    /// What was posted.
+    pub(crate) meta: SlotMeta,
+}
+
+/// A panic caught while dropping buffers, re-raised once bookkeeping is done.
+pub(crate) type Caught = Option<Box<dyn Any + Send>>;
+
 /// A ring of slots for one queue.
 pub(crate) struct Ring {
     /// A power of two (at least `cap`) so that a sequence number maps to its
-    /// slot with a mask instead of a 64-bit division.
+    /// slot with a mask instead of a division.
     slots: Box<[Slot]>,
-    mask: u64,
+    mask: u32,
     /// Most work requests in flight: the queue's depth.
-    cap: u64,
+    cap: u32,
     tail: AtomicU64,
+    /// High half of every token: index in the CQ's table and generation.
+    tag: u32,
+    /// The QP whose queue this is (completions of other QPs never match).
+    qp_num: u32,
 }
 
-/// Both rings of a QP, allocated together so one `Arc` keeps them alive.
-pub(crate) struct Rings {
-    pub(crate) sq: Ring,
-    pub(crate) rq: Ring,
-}
-
-// SAFETY: slot contents are only touched by the single producer (holding &mut Qp)
-// and the single consumer (holding &mut Cq), handed over with acquire/release on
-// `state` and `tail`; the buffers inside are Send.
-unsafe impl Send for Rings {}
-// SAFETY: as above.
-unsafe impl Sync for Rings {}
-
-impl Rings {
-    pub(crate) fn new(sq_depth: u32, rq_depth: u32) -> Arc<Rings> {
-        Arc::new_cyclic(|weak| {
-            let base: *const Rings = weak.as_ptr();
-            // SAFETY: only field addresses are computed (`&raw const`, no read);
-            // they are fixed once the Arc allocation exists and are dereferenced
-            // only after new_cyclic returns.
-            let (sq_ptr, rq_ptr) = unsafe { (&raw const (*base).sq, &raw const (*base).rq) };
-            Rings {
-                sq: Ring::new(sq_depth, sq_ptr),
-                rq: Ring::new(rq_depth, rq_ptr),
-            }
-        })
-    }
-}
+// SAFETY: slot data is only touched by whoever won the slot's POSTED → EMPTY
+// claim or (for EMPTY slots behind the tail) by the single producer; the
+// hand-overs are acquire/release on `state` and `tail`; the buffers are Send.
+unsafe impl Send for Ring {}
+// SAFETY: as above: all shared mutation goes through the atomics.
+unsafe impl Sync for Ring {}
 
 impl Ring {
-    fn new(depth: u32, me: *const Ring) -> Ring {
-        let cap = u64::from(depth.max(1));
+    pub(crate) fn new(depth: u32, tag: u32, qp_num: u32) -> Ring {
+        let cap = depth.clamp(1, 1 << 30);
         let n = cap.next_power_of_two();
         let slots = (0..n)
-            .map(|index| Slot {
-                ring: me,
-                index,
+            .map(|_| Slot {
+                seq: AtomicU32::new(0),
                 state: AtomicU8::new(EMPTY),
                 data: UnsafeCell::new(MaybeUninit::uninit()),
             })
@@ -414,146 +106,322 @@ impl Ring {
             mask: n - 1,
             cap,
             tail: AtomicU64::new(0),
+            tag,
+            qp_num,
         }
     }
 
     /// Capacity in work requests.
     #[inline]
     pub(crate) fn depth(&self) -> u64 {
-        self.cap
+        u64::from(self.cap)
+    }
+
+    /// The tag in the high half of this ring's tokens.
+    #[inline]
+    pub(crate) fn tag(&self) -> u32 {
+        self.tag
+    }
+
+    /// The QP number the ring's completions carry.
+    #[inline]
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp_num
     }
 
     /// Outstanding work requests, seen from the producer whose count is `head`.
     #[inline]
     pub(crate) fn in_flight(&self, head: u64) -> u64 {
-        head - self.tail.load(Ordering::Acquire)
+        head.wrapping_sub(self.tail.load(Ordering::Acquire))
     }
 
     /// The slot of sequence number `seq`.
     #[inline(always)]
     fn slot(&self, seq: u64) -> &Slot {
         // SAFETY: `mask` is `slots.len() - 1`, so the index is in bounds.
-        unsafe { self.slots.get_unchecked((seq & self.mask) as usize) }
+        unsafe {
+            self.slots
+                .get_unchecked((seq & u64::from(self.mask)) as usize)
+        }
+    }
+
+    /// The token the NIC carries for sequence number `seq`.
+    #[inline(always)]
+    fn token(&self, seq: u64) -> u64 {
+        (u64::from(self.tag) << 32) | (seq & 0xffff_ffff)
     }
 
     /// Moves `*bufs` into the slot for sequence number `seq` and returns the
-    /// slot's address as a wr_id.
+    /// token to post as the wr_id.
     ///
     /// # Safety
     /// Only the producer calls this, for `seq` with `in_flight(seq) < depth`;
     /// `*bufs` is moved out (the caller must not use or drop it afterwards).
     #[inline]
-    pub(crate) unsafe fn fill(&self, seq: u64, wr_id: u64, bufs: *const Sges) -> u64 {
+    pub(crate) unsafe fn fill(
+        &self,
+        seq: u64,
+        wr_id: u64,
+        meta: SlotMeta,
+        bufs: *const Sges,
+    ) -> u64 {
         let slot = self.slot(seq);
         debug_assert_eq!(slot.state.load(Ordering::Relaxed), EMPTY);
         let data = slot.data.get().cast::<SlotData>();
-        // SAFETY: the slot is EMPTY and behind the consumer's tail: only the producer
-        // touches it until the Release store below publishes it; `bufs` per the contract.
+        // SAFETY: the slot is EMPTY and behind the consumer's tail, so nobody
+        // else touches its data until the Release store below publishes it;
+        // `bufs` per the contract.
         unsafe {
             (&raw mut (*data).wr_id).write(wr_id);
+            (&raw mut (*data).meta).write(meta);
             Sges::move_to(bufs, &raw mut (*data).bufs);
         }
+        slot.seq.store(seq as u32, Ordering::Relaxed);
         slot.state.store(POSTED, Ordering::Release);
-        slot as *const Slot as u64
+        self.token(seq)
+    }
+
+    /// Claims the slot for `seq` if it holds a posted request: the caller now
+    /// owns the data behind the pointer and must move it out (or drop it)
+    /// before the tail passes the slot.
+    #[inline(always)]
+    fn claim_ptr(&self, seq: u64) -> Option<*mut SlotData> {
+        let slot = self.slot(seq);
+        slot.state
+            .compare_exchange(POSTED, EMPTY, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        Some(slot.data.get().cast::<SlotData>())
+    }
+
+    /// Claims the slot for `seq` and moves its data out (cold paths).
+    fn claim(&self, seq: u64) -> Option<SlotData> {
+        // SAFETY: the claim succeeded, so the data was initialised (published
+        // with Release, acquired by the claim) and this thread alone moves it out.
+        self.claim_ptr(seq).map(|d| unsafe { d.read() })
     }
 
     /// Takes back the slots `from..*head` that were filled but never reached
-    /// the NIC (the post failed), and moves `head` back to `from`.
+    /// the NIC (the post failed or unwound), and moves `head` back to `from`.
     ///
     /// # Safety
     /// Only the producer calls this, for slots it filled and whose work requests
     /// the device did not accept.
     pub(crate) unsafe fn unfill_from(&self, from: u64, head: &mut u64) -> Vec<(u64, Sges)> {
         let out = (from..*head)
-            .map(|seq| {
-                let slot = self.slot(seq);
-                // SAFETY: no completion can name this slot, so the consumer never
-                // touches it; it was POSTED, so its data is initialised, and EMPTY
-                // below marks the data moved out.
-                let data = unsafe { (*slot.data.get()).assume_init_read() };
-                slot.state.store(EMPTY, Ordering::Relaxed);
-                (data.wr_id, data.bufs)
-            })
+            .filter_map(|seq| self.claim(seq))
+            .map(|d| (d.wr_id, d.bufs))
             .collect();
         *head = from;
         out
+    }
+
+    /// Releases the buffers of every request still posted. For the QP's
+    /// destructor, after `ibv_destroy_qp` returned (the NIC is done with them);
+    /// a panicking buffer `Drop` is contained so the destructor never unwinds.
+    pub(crate) fn release_all(&self) {
+        for seq in 0..self.slots.len() as u64 {
+            if let Some(d) = self.claim(seq) {
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(d)));
+            }
+        }
+    }
+
+    /// Retires the request with sequence number `seq32` (low 32 bits) and every
+    /// request before it, moving its buffers to `bufs_out`.
+    ///
+    /// Requests swept on the way go to `retired` if given, else are dropped;
+    /// a panic from dropping one is kept in `caught` (the first one) so the
+    /// ring stays consistent, and `lost` counts swept requests that had asked
+    /// for a completion (theirs never came: the CQ overran, or someone else
+    /// consumed it). Returns `None` without changing anything when `seq32`
+    /// names no posted request of this ring (a stale or forged completion), or
+    /// after sweeping when the destructor took the request first.
+    ///
+    /// # Safety
+    /// The caller is this ring's only consumer (holds `&mut` to its CQ) and
+    /// `bufs_out` is valid for writes and holds nothing that needs dropping.
+    /// The completion carrying `seq32` came from this ring's QP.
+    #[inline]
+    pub(crate) unsafe fn retire(
+        &self,
+        seq32: u32,
+        mut retired: Option<&mut Vec<(u64, Sges)>>,
+        bufs_out: *mut Sges,
+        caught: &mut Caught,
+        lost: &mut u64,
+    ) -> Option<Retired> {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let dist = seq32.wrapping_sub(tail as u32);
+        if dist >= self.cap {
+            return None;
+        }
+        let seq = tail + u64::from(dist);
+        let target = self.slot(seq);
+        if target.state.load(Ordering::Acquire) != POSTED
+            || target.seq.load(Ordering::Relaxed) != seq32
+        {
+            return None;
+        }
+        for s in tail..seq {
+            let Some(d) = self.claim_ptr(s) else { continue };
+            // SAFETY: claimed, so initialised and ours; each field is moved out
+            // (or dropped) once, and the slot is EMPTY so no one reads it again.
+            unsafe {
+                *lost += u64::from((*d).meta.signaled);
+                match retired.as_deref_mut() {
+                    Some(v) => push_retired(v, d),
+                    None => drop_in_place_catching(&raw mut (*d).bufs, caught),
+                }
+            }
+        }
+        let done = self.claim_ptr(seq).map(|d| {
+            // SAFETY: claimed as above; `bufs_out` is valid for writes per the
+            // contract; only the used buffer entries are copied.
+            unsafe {
+                Sges::move_to(&raw const (*d).bufs, bufs_out);
+                Retired {
+                    wr_id: (*d).wr_id,
+                    meta: (*d).meta,
+                }
+            }
+        });
+        self.tail.store(seq + 1, Ordering::Release);
+        done
+    }
+}
+
+/// Appends a claimed request's wr_id and buffers to `v`, written in place
+/// (a push would copy the whole entry once more).
+///
+/// # Safety
+/// `d` was claimed by the caller, who does not touch its data afterwards.
+#[inline]
+unsafe fn push_retired(v: &mut Vec<(u64, Sges)>, d: *mut SlotData) {
+    v.reserve(1);
+    let len = v.len();
+    // SAFETY: `reserve` made room for one more entry; both fields are written
+    // before `set_len`; the buffers move out of the claimed slot once.
+    unsafe {
+        let dst = v.as_mut_ptr().add(len);
+        (&raw mut (*dst).0).write((*d).wr_id);
+        Sges::move_to(&raw const (*d).bufs, &raw mut (*dst).1);
+        v.set_len(len + 1);
+    }
+}
+
+/// Drops the buffers at `bufs`; a panic from a buffer's `Drop` is kept in
+/// `caught` (the first one; later ones are discarded) instead of unwinding
+/// through the caller's bookkeeping. (A panicking element does not stop the
+/// others from being dropped, and none is dropped twice.)
+///
+/// # Safety
+/// `bufs` is a live list that nothing uses afterwards.
+#[inline]
+unsafe fn drop_in_place_catching(bufs: *mut Sges, caught: &mut Caught) {
+    // SAFETY: per the contract.
+    if unsafe { (*bufs).is_empty() } {
+        return;
+    }
+    // SAFETY: per the contract; dropped exactly once even if it unwinds.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+        std::ptr::drop_in_place(bufs)
+    }));
+    if let Err(p) = r {
+        caught.get_or_insert(p);
     }
 }
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        for slot in self.slots.iter_mut() {
-            if *slot.state.get_mut() == POSTED {
-                // SAFETY: POSTED slots hold initialised data; &mut self is exclusive and
-                // the ring is dropped only after its QP was destroyed (NIC done).
-                unsafe { slot.data.get_mut().assume_init_drop() };
-            }
-        }
+        // Reached only after the QP was destroyed (the NIC is done) or never
+        // posted to; release_all claimed everything already in the first case.
+        self.release_all();
     }
 }
 
-/// Retires the slot a completion's `wr_id` names, and every unsignaled slot
-/// before it (their buffers go to `retired` if given, else are released);
-/// moves the slot's buffers to `bufs_out` and returns the application's wr_id.
-///
-/// # Safety
-/// `wr_id` came from a completion of a work request posted by [`Ring::fill`],
-/// the ring is still alive (its QP or a CQ graveyard holds it), and the caller
-/// is that queue's only consumer (holds `&mut` to its CQ). `bufs_out` is valid
-/// for writes and holds nothing that needs dropping.
-#[inline]
-pub(crate) unsafe fn retire(
-    wr_id: u64,
-    mut retired: Option<&mut Vec<(u64, Sges)>>,
-    bufs_out: *mut Sges,
-) -> u64 {
-    let slot_ptr = wr_id as *const Slot;
-    // SAFETY: per the contract the slot and its ring are alive.
-    let (ring, target) = unsafe { (&*(*slot_ptr).ring, &*slot_ptr) };
-    let idx = target.index;
-    let tail = ring.tail.load(Ordering::Relaxed);
-    let dist = idx.wrapping_sub(tail) & ring.mask;
-    if target.state.load(Ordering::Acquire) != POSTED {
-        // A completion for a slot already retired (cannot happen with in-order
-        // queues): report it without buffers rather than guess.
-        // SAFETY: valid for writes per the contract.
-        unsafe { bufs_out.write(Sges::default()) };
-        return 0;
-    }
-    for s in 0..dist {
-        let slot = ring.slot(tail + s);
-        if slot.state.load(Ordering::Acquire) == POSTED {
-            let data = slot.data.get().cast::<SlotData>();
-            // SAFETY: POSTED (so initialised) and older than a completed slot: the
-            // NIC is done with it and only this consumer touches it now; EMPTY
-            // below marks the data moved out (or dropped). `v` has room for one
-            // more after `reserve`, and both fields are written before `set_len`.
-            unsafe {
-                match retired.as_deref_mut() {
-                    Some(v) => {
-                        // Written in place in the spare capacity, the buffers'
-                        // used entries only (a push would copy 144 bytes).
-                        v.reserve(1);
-                        let len = v.len();
-                        let dst = v.as_mut_ptr().add(len);
-                        (&raw mut (*dst).0).write((*data).wr_id);
-                        Sges::move_to(&raw const (*data).bufs, &raw mut (*dst).1);
-                        v.set_len(len + 1);
-                    }
-                    None => std::ptr::drop_in_place(&raw mut (*data).bufs),
-                }
-            }
-            slot.state.store(EMPTY, Ordering::Relaxed);
-        }
-    }
-    let data = target.data.get().cast::<SlotData>();
-    // SAFETY: POSTED (acquired above, so initialised), completed, consumer-only
-    // from here on; EMPTY below marks the data moved out.
-    let app_wr_id = unsafe {
-        Sges::move_to(&raw const (*data).bufs, bufs_out);
-        (*data).wr_id
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const META: SlotMeta = SlotMeta {
+        opcode: 0,
+        signaled: true,
     };
-    target.state.store(EMPTY, Ordering::Relaxed);
-    ring.tail.store(tail + dist + 1, Ordering::Release);
-    app_wr_id
+
+    fn post(ring: &Ring, head: &mut u64, wr_id: u64, signaled: bool) -> u64 {
+        let bufs = Sges::default();
+        let meta = SlotMeta { signaled, ..META };
+        // SAFETY: single producer; `bufs` is forgotten after the move.
+        let token = unsafe { ring.fill(*head, wr_id, meta, &bufs) };
+        std::mem::forget(bufs);
+        *head += 1;
+        token
+    }
+
+    fn retire(ring: &Ring, token: u64, lost: &mut u64) -> Option<u64> {
+        let mut out = MaybeUninit::<Sges>::uninit();
+        let mut caught = None;
+        // SAFETY: single consumer; `out` is written iff Some is returned.
+        let r = unsafe { ring.retire(token as u32, None, out.as_mut_ptr(), &mut caught, lost) };
+        r.map(|r| {
+            // SAFETY: written by retire.
+            drop(unsafe { out.assume_init() });
+            r.wr_id
+        })
+    }
+
+    #[test]
+    fn tokens_validate_sequence_and_window() {
+        let ring = Ring::new(3, 0x0102_0304, 7);
+        let mut head = 0;
+        let t0 = post(&ring, &mut head, 10, false);
+        let t1 = post(&ring, &mut head, 11, true);
+        assert_eq!(t0 >> 32, 0x0102_0304);
+        let mut lost = 0;
+        // Not posted yet / outside the window: refused, nothing changes.
+        assert_eq!(retire(&ring, t1 + 1, &mut lost), None);
+        assert_eq!(retire(&ring, t1 + 5, &mut lost), None);
+        assert_eq!(ring.in_flight(head), 2);
+        // t1 retires t0 (unsignaled) on the way.
+        assert_eq!(retire(&ring, t1, &mut lost), Some(11));
+        assert_eq!(lost, 0);
+        assert_eq!(ring.in_flight(head), 0);
+        // A repeat of t1 (stale) or t0 is refused.
+        assert_eq!(retire(&ring, t1, &mut lost), None);
+        assert_eq!(retire(&ring, t0, &mut lost), None);
+    }
+
+    #[test]
+    fn sweeping_a_signaled_request_counts_it_lost() {
+        let ring = Ring::new(4, 1, 7);
+        let mut head = 0;
+        post(&ring, &mut head, 1, true);
+        let t = post(&ring, &mut head, 2, true);
+        let mut lost = 0;
+        assert_eq!(retire(&ring, t, &mut lost), Some(2));
+        assert_eq!(lost, 1);
+    }
+
+    #[test]
+    fn wraps_past_u32_sequence_numbers() {
+        let ring = Ring::new(2, 1, 7);
+        ring.tail.store(u64::from(u32::MAX) - 1, Ordering::Relaxed);
+        let mut head = u64::from(u32::MAX) - 1;
+        let mut lost = 0;
+        for i in 0..6 {
+            let t = post(&ring, &mut head, i, true);
+            assert_eq!(retire(&ring, t, &mut lost), Some(i));
+        }
+        assert_eq!(lost, 0);
+    }
+
+    #[test]
+    fn release_all_empties_posted_slots_once() {
+        let ring = Ring::new(4, 1, 7);
+        let mut head = 0;
+        let t = post(&ring, &mut head, 1, true);
+        ring.release_all();
+        let mut lost = 0;
+        assert_eq!(retire(&ring, t, &mut lost), None);
+    }
 }

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::mr::{Mr, RemoteMr};
-use crate::qp::ring::{Buffer, Sges};
+use crate::qp::sges::{Buffer, Sges};
 
 /// What a send-queue work request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,7 +291,7 @@ impl<'a> SendWr<'a> {
     #[inline(never)]
     fn validate_fully(&self, max_sge: u32, max_inline: u32) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
-        let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
+        let max = (max_sge as usize).min(crate::qp::sges::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
         }
@@ -471,7 +471,7 @@ impl RecvWr {
     #[inline]
     pub(crate) fn validate(&self, max_sge: u32) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
-        let max = (max_sge as usize).min(crate::qp::ring::MAX_SAFE_SGES);
+        let max = (max_sge as usize).min(crate::qp::sges::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
         }

@@ -119,3 +119,22 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         })
         .collect()
 }
+
+/// `pd`, `cq`, `qp`, `mr`, `ctx` counts of the device, from `rdma resource show`.
+pub fn res_counts(dev: &str) -> std::collections::HashMap<String, u64> {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("run rdma");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("{dev}:")))
+        .unwrap_or_else(|| panic!("{dev} not in {text}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter_map(|w| Some((w[0].to_owned(), w[1].parse().ok()?)))
+        .collect()
+}

@@ -1,0 +1,121 @@
+//! Device tests of the ring's panic safety that need crate internals (a
+//! buffer whose `Drop` panics). Ignored on the host; `cargo xtask test` runs
+//! them in the soft-RoCE guest (`--lib -- --ignored`).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::mr::Region;
+use crate::qp::{InitAttr, Qp, QpCaps, RecvWr, SendWr};
+use crate::{AccessFlags, Context, Cq, GidType, Mr, Pd, WcStatus, ffi};
+
+/// Counts its drops, and panics in each.
+struct PanicOnDrop {
+    drops: Arc<AtomicUsize>,
+    _mem: Box<[u8]>,
+}
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+        panic!("a buffer's Drop panics");
+    }
+}
+
+/// A 64-byte `Mr` whose release panics (as a device-memory keepalive might).
+fn panicking_mr(pd: &Pd, drops: &Arc<AtomicUsize>) -> Mr {
+    let mut mem = vec![0u8; 64].into_boxed_slice();
+    let ptr = NonNull::new(mem.as_mut_ptr()).unwrap();
+    // SAFETY: registers 64 bytes of `mem`, which the keepalive owns (a Box's
+    // heap allocation does not move when the Box does).
+    let raw = unsafe {
+        ffi::ibv_reg_mr(
+            pd.as_raw(),
+            ptr.as_ptr().cast(),
+            64,
+            ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
+        )
+    };
+    let raw = NonNull::new(raw).expect("ibv_reg_mr");
+    let keep = PanicOnDrop {
+        drops: drops.clone(),
+        _mem: mem,
+    };
+    // SAFETY: `raw` registers [ptr, ptr+64) in `pd`, kept valid by `keep`.
+    unsafe {
+        Region::from_device_registration(pd, raw, ptr, 64, AccessFlags::LOCAL_WRITE, Box::new(keep))
+    }
+}
+
+fn ctx() -> Context {
+    let name = std::env::var("RDMA_VERBS_DEVICE").ok();
+    Context::open(name.as_deref()).expect("these tests need an RDMA device")
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+fn a_buffer_whose_drop_panics_is_dropped_once_and_the_ring_goes_on() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let gid = ctx
+        .gid_table()
+        .unwrap()
+        .iter()
+        .find(|e| e.port == 1 && e.gid_type == GidType::RoceV2)
+        .map(|e| e.index as u8)
+        .unwrap_or(0);
+    let mut cq_a = Cq::new(&ctx, 64).unwrap();
+    let mut cq_b = Cq::new(&ctx, 64).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        ..QpCaps::default()
+    };
+    let access = AccessFlags::LOCAL_WRITE;
+    let a = Qp::new(&pd, &cq_a, &cq_a, caps)
+        .unwrap()
+        .init(InitAttr::new(1, access))
+        .unwrap();
+    let mut b = Qp::new(&pd, &cq_b, &cq_b, caps)
+        .unwrap()
+        .init(InitAttr::new(1, access))
+        .unwrap();
+    b.post_recv_list((0..4).map(|i| RecvWr::new(i, pd.alloc_mr(64, access).unwrap())))
+        .unwrap();
+    let ea = a.endpoint(1, Some(gid.into())).unwrap();
+    let eb = b.endpoint(1, Some(gid.into())).unwrap();
+    let mut a = a.connect(&eb, Some(gid)).unwrap();
+    let _b = b.connect(&ea, Some(gid)).unwrap();
+
+    let drops = Arc::new(AtomicUsize::new(0));
+    // An unsignaled SEND from the panicking buffer, then a signaled one: its
+    // completion retires the first, whose buffer is released while polling.
+    a.post_send(SendWr::send_from(1, panicking_mr(&pd, &drops)).signaled(false))
+        .unwrap();
+    a.post_send(SendWr::send(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut out = Vec::with_capacity(8);
+    let r = catch_unwind(AssertUnwindSafe(|| cq_a.poll(&mut out)));
+    assert!(r.is_err(), "the Drop's panic reaches the poller");
+    assert_eq!(drops.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        out.len(),
+        1,
+        "the completion was delivered before the panic went on"
+    );
+    assert_eq!((out[0].wr_id, out[0].status), (2, WcStatus::Success));
+    // The ring is consistent: more requests complete, nothing is dropped twice.
+    for i in 3..5 {
+        a.post_send(SendWr::send(i)).unwrap();
+    }
+    let mut more = Vec::with_capacity(8);
+    cq_a.poll_n(&mut more, 2, Duration::from_secs(20)).unwrap();
+    assert_eq!([more[0].wr_id, more[1].wr_id], [3, 4]);
+    let mut recvs = Vec::with_capacity(8);
+    cq_b.poll_n(&mut recvs, 4, Duration::from_secs(20)).unwrap();
+    drop((a, cq_a));
+    assert_eq!(drops.load(Ordering::SeqCst), 1);
+}

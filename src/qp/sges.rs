@@ -1,0 +1,326 @@
+//! The buffers of a work request: [`Buffer`] and the inline list [`Sges`].
+
+use std::fmt;
+use std::mem::MaybeUninit;
+
+use crate::mr::{Mr, SharedMr};
+
+/// Most scatter/gather entries a safe-path work request can carry.
+pub const MAX_SAFE_SGES: usize = 4;
+
+/// A buffer handed to the NIC: exclusively owned, or a shared read-only range.
+#[derive(Debug)]
+pub enum Buffer {
+    /// An exclusively owned range (the NIC may write it).
+    Owned(Mr),
+    /// A shared read-only range (SEND/WRITE sources only).
+    Shared(SharedMr),
+}
+
+impl Buffer {
+    /// The owned `Mr`, if this is one.
+    #[inline]
+    pub fn into_mr(self) -> Option<Mr> {
+        match self {
+            Buffer::Owned(m) => Some(m),
+            Buffer::Shared(_) => None,
+        }
+    }
+
+    /// Bytes in the buffer.
+    #[inline]
+    pub fn len(&self) -> usize {
+        match self {
+            Buffer::Owned(m) => m.len(),
+            Buffer::Shared(s) => s.len(),
+        }
+    }
+
+    /// True when empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[inline]
+    pub(crate) fn sge(&self) -> crate::ffi::ibv_sge {
+        match self {
+            Buffer::Owned(m) => m.sge(),
+            Buffer::Shared(s) => s.sge(),
+        }
+    }
+}
+
+impl From<Mr> for Buffer {
+    fn from(m: Mr) -> Buffer {
+        Buffer::Owned(m)
+    }
+}
+
+impl From<SharedMr> for Buffer {
+    fn from(s: SharedMr) -> Buffer {
+        Buffer::Shared(s)
+    }
+}
+
+/// The buffers of one work request: up to [`MAX_SAFE_SGES`], stored inline
+/// (no heap allocation per work request).
+///
+/// Only the first `len` entries are initialised, and the hot paths copy only
+/// those (a one-buffer request moves one 32-byte entry, not the whole array).
+pub struct Sges {
+    items: [MaybeUninit<Buffer>; MAX_SAFE_SGES],
+    len: u8,
+    /// Entries offered beyond the capacity (reported at post time).
+    overflow: u32,
+}
+
+impl Default for Sges {
+    #[inline]
+    fn default() -> Sges {
+        Sges {
+            items: [const { MaybeUninit::uninit() }; MAX_SAFE_SGES],
+            len: 0,
+            overflow: 0,
+        }
+    }
+}
+
+impl Drop for Sges {
+    #[inline]
+    fn drop(&mut self) {
+        let len = self.len as usize;
+        // SAFETY: exactly the first `len` entries are initialised.
+        unsafe { std::ptr::drop_in_place(self.as_mut_ptr_slice(len)) };
+    }
+}
+
+impl fmt::Debug for Sges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl Sges {
+    /// A list of one buffer.
+    #[inline(always)]
+    pub fn one(b: Buffer) -> Sges {
+        let mut s = Sges::default();
+        s.items[0].write(b);
+        s.len = 1;
+        s
+    }
+
+    #[inline(always)]
+    fn as_mut_ptr_slice(&mut self, len: usize) -> *mut [Buffer] {
+        std::ptr::slice_from_raw_parts_mut(self.items.as_mut_ptr().cast::<Buffer>(), len)
+    }
+
+    /// Appends a buffer; beyond [`MAX_SAFE_SGES`] the buffer is dropped and the
+    /// request will be refused with [`TooManySges`](crate::Error::TooManySges) when posted.
+    #[inline]
+    pub fn push(&mut self, b: Buffer) {
+        let len = self.len as usize;
+        if len < MAX_SAFE_SGES {
+            self.items[len].write(b);
+            self.len += 1;
+        } else {
+            self.overflow = self.overflow.saturating_add(1);
+        }
+    }
+
+    /// Removes and returns the last buffer (cheaper than consuming the list
+    /// with `into_iter` when recycling buffers in a loop).
+    #[inline]
+    pub fn pop(&mut self) -> Option<Buffer> {
+        let len = self.len.checked_sub(1)?;
+        self.len = len;
+        // SAFETY: entry `len` was initialised; `self.len` no longer covers it,
+        // so it is read exactly once.
+        Some(unsafe { self.items[len as usize].assume_init_read() })
+    }
+
+    /// Number of buffers.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True when there are none.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Buffers offered beyond [`MAX_SAFE_SGES`] (and dropped).
+    #[inline]
+    pub(crate) fn overflow(&self) -> usize {
+        self.overflow as usize
+    }
+
+    /// The buffers in order.
+    #[inline]
+    pub fn as_slice(&self) -> &[Buffer] {
+        // SAFETY: exactly the first `len` entries are initialised.
+        unsafe { std::slice::from_raw_parts(self.items.as_ptr().cast::<Buffer>(), self.len()) }
+    }
+
+    /// Total bytes.
+    #[inline]
+    pub fn total_len(&self) -> u64 {
+        self.iter().map(|b| b.len() as u64).sum()
+    }
+
+    /// The buffers in order.
+    #[inline]
+    pub fn iter(&self) -> std::slice::Iter<'_, Buffer> {
+        self.as_slice().iter()
+    }
+
+    /// Refuses a buffer whose length does not fit an SGE's 32-bit length field
+    /// (it would be truncated, and the NIC would address a different range).
+    #[inline]
+    pub(crate) fn check_lengths(&self) -> crate::Result<()> {
+        match self.iter().find(|b| b.len() > u32::MAX as usize) {
+            Some(b) => Err(crate::Error::InvalidArgument {
+                what: "buffer length",
+                reason: format!(
+                    "{} bytes do not fit one SGE (at most {} bytes); split the buffer",
+                    b.len(),
+                    u32::MAX
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn all_owned(&self) -> bool {
+        self.iter().all(|b| matches!(b, Buffer::Owned(_)))
+    }
+
+    #[inline]
+    pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
+        if self.len == 1 && matches!(self.as_slice()[0], Buffer::Owned(_)) {
+            // The common case (a receive or READ into one buffer).
+            self.len = 0;
+            // SAFETY: entry 0 was initialised; `len` is 0 now, so it is read once.
+            return unsafe { self.items[0].assume_init_read() }.into_mr();
+        }
+        let i = self.iter().position(|b| matches!(b, Buffer::Owned(_)))?;
+        let len = self.len();
+        // SAFETY: i < len, so entry i is initialised; it is read out once, the
+        // initialised entries after it shift down by one and `len` shrinks, so
+        // every entry stays initialised exactly once.
+        let b = unsafe {
+            let base = self.items.as_mut_ptr().cast::<Buffer>();
+            let b = base.add(i).read();
+            std::ptr::copy(base.add(i + 1), base.add(i), len - i - 1);
+            b
+        };
+        self.len -= 1;
+        b.into_mr()
+    }
+
+    /// Moves the buffers of `*src` to `dst`, copying only the initialised
+    /// entries (fixed-size copies, so no `memcpy` call on the hot path).
+    ///
+    /// # Safety
+    /// `src` is a live `Sges` that is not used (nor dropped) afterwards; `dst`
+    /// is valid for writes and holds nothing that needs dropping.
+    #[inline(always)]
+    pub(crate) unsafe fn move_to(src: *const Sges, dst: *mut Sges) {
+        // SAFETY: per the contract; entries below `len` are initialised in
+        // `src` and written in `dst`, the rest stay uninitialised.
+        unsafe {
+            let len = (*src).len;
+            (*dst).len = len;
+            (*dst).overflow = (*src).overflow;
+            let s = (&raw const (*src).items).cast::<MaybeUninit<Buffer>>();
+            let d = (&raw mut (*dst).items).cast::<MaybeUninit<Buffer>>();
+            // Unrolled on purpose: a loop here becomes a memcpy call.
+            if len > 0 {
+                d.write(s.read());
+            }
+            if len > 1 {
+                d.add(1).write(s.add(1).read());
+            }
+            if len > 2 {
+                d.add(2).write(s.add(2).read());
+            }
+            if len > 3 {
+                d.add(3).write(s.add(3).read());
+            }
+        }
+    }
+}
+
+/// The buffers of an [`Sges`], by value.
+pub struct SgesIntoIter {
+    sges: Sges,
+    next: u8,
+}
+
+impl Iterator for SgesIntoIter {
+    type Item = Buffer;
+
+    #[inline]
+    fn next(&mut self) -> Option<Buffer> {
+        if self.next >= self.sges.len {
+            return None;
+        }
+        let i = self.next as usize;
+        self.next += 1;
+        // SAFETY: i < len, so entry i is initialised; `next` moved past it, so
+        // Drop below never touches it again.
+        Some(unsafe { self.sges.items[i].assume_init_read() })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = (self.sges.len - self.next) as usize;
+        (n, Some(n))
+    }
+}
+
+impl Drop for SgesIntoIter {
+    fn drop(&mut self) {
+        let (from, to) = (self.next as usize, self.sges.len as usize);
+        // Sges::drop must not see the entries already handed out.
+        self.sges.len = 0;
+        for item in &mut self.sges.items[from..to] {
+            // SAFETY: entries from..to are initialised and not handed out.
+            unsafe { item.assume_init_drop() };
+        }
+    }
+}
+
+impl fmt::Debug for SgesIntoIter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SgesIntoIter")
+            .field("remaining", &(self.sges.len - self.next))
+            .finish()
+    }
+}
+
+impl IntoIterator for Sges {
+    type Item = Buffer;
+    type IntoIter = SgesIntoIter;
+
+    #[inline]
+    fn into_iter(self) -> SgesIntoIter {
+        SgesIntoIter {
+            sges: self,
+            next: 0,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Sges {
+    type Item = &'a Buffer;
+    type IntoIter = std::slice::Iter<'a, Buffer>;
+
+    #[inline]
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}

@@ -1,0 +1,229 @@
+//! The rings a CQ carries completions for, and the CQ entries they reserve.
+//!
+//! Every queue (SQ or RQ) posting through the safe path registers its
+//! [`Ring`] in the table of the CQ its completions go to. The ring's index in
+//! the table (and a generation) is the high half of every `wr_id` token it
+//! hands out, so the poller finds the ring by index, never by trusting a
+//! pointer from the completion.
+//!
+//! The table also keeps the books of the CQ's capacity: a queue of depth `d`
+//! can have at most `d` completions in the CQ at once (one per posted request,
+//! signaled or flushed), so registering it *reserves* `d` entries, and a queue
+//! that does not fit is refused. A destroyed QP's rings stay registered (their
+//! buffers already released) until a poll finds the CQ empty, because until
+//! then completions naming them may still sit in the CQ; only then are their
+//! entries and reservation given back.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::qp::ring::Ring;
+
+/// Most rings one table can hold (indices fit the token's 24 bits).
+const MAX_RINGS: usize = 1 << 24;
+
+/// The rings registered on one CQ; lives in the CQ.
+pub(crate) struct RingTable {
+    state: Mutex<TableState>,
+    /// Bumped after every registration: the poller's cache is stale when it differs.
+    version: AtomicU64,
+    /// How many buried rings wait to be reaped.
+    buried: AtomicUsize,
+}
+
+struct TableState {
+    /// Completions the CQ can hold.
+    depth: u64,
+    /// Completions the registered queues (and the reservations being made) may produce.
+    reserved: u64,
+    entries: Vec<Entry>,
+    free: Vec<u32>,
+    /// Indices of rings whose QP was destroyed, oldest first.
+    buried: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Entry {
+    ring: Option<Arc<Ring>>,
+    generation: u8,
+}
+
+/// CQ entries set aside for one queue that is being created; given back when
+/// dropped unless [`publish`](Reservation::publish)ed.
+pub(crate) struct Reservation<'a> {
+    table: &'a RingTable,
+    n: u64,
+}
+
+impl RingTable {
+    pub(crate) fn new(depth: u32) -> RingTable {
+        RingTable {
+            state: Mutex::new(TableState {
+                depth: u64::from(depth),
+                reserved: 0,
+                entries: Vec::new(),
+                free: Vec::new(),
+                buried: Vec::new(),
+            }),
+            version: AtomicU64::new(0),
+            buried: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TableState> {
+        // Nothing panics while the lock is held, but never propagate poison.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets aside room for `n` completions of a `queue` ("send"/"receive")
+    /// queue, or explains why the CQ cannot take them.
+    pub(crate) fn reserve(&self, n: u64, queue: &'static str) -> Result<Reservation<'_>> {
+        let mut st = self.lock();
+        let free = st.depth.saturating_sub(st.reserved);
+        if n > free {
+            return Err(Error::CqTooSmall {
+                queue,
+                needed: n,
+                free,
+                depth: st.depth,
+            });
+        }
+        st.reserved += n;
+        Ok(Reservation { table: self, n })
+    }
+
+    /// Registers a destroyed QP's ring for reaping (its buffers are already
+    /// released); its completions may still be in the CQ.
+    pub(crate) fn bury(&self, ring: &Ring) {
+        let mut st = self.lock();
+        st.buried.push(ring.tag() >> 8);
+        self.buried.store(st.buried.len(), Ordering::Release);
+    }
+
+    /// How many rings were buried so far (read before a poll that may reap them).
+    #[inline]
+    pub(crate) fn buried(&self) -> usize {
+        self.buried.load(Ordering::Acquire)
+    }
+
+    /// Unregisters the first `n` buried rings: the CQ was polled empty after
+    /// they were buried, so no completion can name them any more. Clears their
+    /// entries in `cache` and returns them (to be dropped outside any lock).
+    pub(crate) fn reap(&self, n: usize, cache: &mut RingCache) -> Vec<Arc<Ring>> {
+        let mut st = self.lock();
+        let n = n.min(st.buried.len());
+        let indices: Vec<u32> = st.buried.drain(..n).collect();
+        self.buried.store(st.buried.len(), Ordering::Release);
+        let mut out = Vec::with_capacity(n);
+        for i in indices {
+            let e = &mut st.entries[i as usize];
+            if let Some(ring) = e.ring.take() {
+                e.generation = e.generation.wrapping_add(1);
+                st.reserved -= ring.depth();
+                st.free.push(i);
+                out.push(ring);
+            }
+            if let Some(p) = cache.rings.get_mut(i as usize) {
+                *p = std::ptr::null();
+            }
+        }
+        out
+    }
+
+    /// Completions the registered queues may still produce (for tests and `Debug`).
+    pub(crate) fn reserved(&self) -> u64 {
+        self.lock().reserved
+    }
+
+    /// Gives up every ring without dropping it: the CQ could not be destroyed,
+    /// so the NIC may still complete into buffers they hold.
+    pub(crate) fn leak(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        std::mem::forget(std::mem::take(&mut st.entries));
+    }
+}
+
+impl Reservation<'_> {
+    /// Registers the ring `make(tag)` builds, keeping the reservation for its
+    /// actual depth (at most what was reserved; the rest is given back).
+    pub(crate) fn publish(self, make: impl FnOnce(u32) -> Ring) -> Arc<Ring> {
+        let table = self.table;
+        let reserved = self.n;
+        std::mem::forget(self);
+        let mut st = table.lock();
+        let index = match st.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                st.entries.push(Entry::default());
+                st.entries.len() - 1
+            }
+        };
+        // Each ring reserves at least one CQ entry, so a table never holds
+        // more rings than its CQ has entries (< MAX_RINGS for every device).
+        debug_assert!(index < MAX_RINGS);
+        let tag = ((index as u32) << 8) | u32::from(st.entries[index].generation);
+        let ring = Arc::new(make(tag));
+        st.reserved -= reserved - ring.depth().min(reserved);
+        st.entries[index].ring = Some(ring.clone());
+        drop(st);
+        table.version.fetch_add(1, Ordering::Release);
+        ring
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.table.lock().reserved -= self.n;
+    }
+}
+
+/// The poller's lock-free copy of a table: ring pointers by index.
+///
+/// Lives in the [`Cq`](crate::Cq) (single consumer). The rings it points to
+/// are kept alive by the table until [`RingTable::reap`], which only the
+/// poller calls and which clears the cache entries first.
+#[derive(Default)]
+pub(crate) struct RingCache {
+    rings: Vec<*const Ring>,
+    version: u64,
+}
+
+// SAFETY: the pointers are only dereferenced by the owner of the `Cq` (see
+// above); the rings are Sync.
+unsafe impl Send for RingCache {}
+// SAFETY: shared references to the cache give no access to the rings.
+unsafe impl Sync for RingCache {}
+
+impl RingCache {
+    /// The ring registered under `tag` (index and generation), if any.
+    #[inline(always)]
+    pub(crate) fn get(&mut self, table: &RingTable, tag: u32) -> Option<&Ring> {
+        let index = (tag >> 8) as usize;
+        let p = match self.rings.get(index) {
+            Some(p) if !p.is_null() => *p,
+            _ => self.refresh(table, index)?,
+        };
+        // SAFETY: cached pointers are live (see the type's docs).
+        let ring = unsafe { &*p };
+        (ring.tag() == tag).then_some(ring)
+    }
+
+    /// Copies the table's registrations when they changed since the last copy.
+    #[cold]
+    #[inline(never)]
+    fn refresh(&mut self, table: &RingTable, index: usize) -> Option<*const Ring> {
+        let version = table.version.load(Ordering::Acquire);
+        if version != self.version {
+            let st = table.lock();
+            self.rings.clear();
+            self.rings.extend(
+                st.entries
+                    .iter()
+                    .map(|e| e.ring.as_ref().map_or(std::ptr::null(), Arc::as_ptr)),
+            );
+            self.version = version;
+        }
+        self.rings.get(index).copied().filter(|p| !p.is_null())
+    }
+}

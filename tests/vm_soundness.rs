@@ -1,0 +1,425 @@
+//! The safe data path at its edges: panicking iterators, exact poll counts, CQ
+//! capacity, destroyed QPs, foreign and stale completions, and the provider
+//! behaviour the soundness argument relies on (see the `qp` module docs).
+//! Runs in the soft-RoCE guest; tests are serialised because one of them
+//! counts the device's kernel objects.
+
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{WAIT, all_remote, ctx, pair, pair_with, res_counts, wait};
+use rdma_verbs::ffi;
+use rdma_verbs::{
+    AccessFlags, Completion, CompletionSource, Cq, Error, InitAttr, Pd, Qp, QpCaps, RecvWr, SendWr,
+    WcOpcode, WcStatus,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn caps(send: u32, recv: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: send,
+        max_recv_wr: recv,
+        ..QpCaps::default()
+    }
+}
+
+/// Polls whatever is in `cq` within `window` (no count expected).
+fn drain(cq: &mut Cq, window: Duration) -> Vec<Completion> {
+    let mut out = Vec::with_capacity(256);
+    let end = std::time::Instant::now() + window;
+    while std::time::Instant::now() < end {
+        if cq.poll(&mut out).expect("poll") == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_panicking_post_list_iterator_leaves_the_queue_usable() {
+    let _g = serial();
+    // Two send slots: one unsignaled send in flight, then a list whose
+    // iterator yields one request (taking the last slot, so forced signaled)
+    // and panics before the verb is called.
+    let mut p = pair_with(caps(2, 4), |pd, _, b| {
+        let mr = |_| pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv_list((0..4).map(|i| RecvWr::new(i, mr(i))))
+            .unwrap();
+    });
+    p.a.post_send(SendWr::send(1).signaled(false)).unwrap();
+    let src = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap().freeze();
+    let probe = src.clone();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut n = 0;
+        let _ = p.a.post_send_list(std::iter::from_fn(|| {
+            n += 1;
+            if n == 2 {
+                panic!("iterator panics");
+            }
+            Some(SendWr::send_from(2, src.clone()))
+        }));
+    }));
+    assert!(r.is_err(), "the iterator's panic propagates");
+    drop(src);
+    // The staged request was taken back and its buffer released with the unwind.
+    let mr = probe
+        .try_unfreeze()
+        .expect("no clone of the source is left in the ring");
+    // The queue still has its slot: a signaled send completes and retires the
+    // unsignaled one before it.
+    p.a.post_send(SendWr::send_from(3, mr)).unwrap();
+    let c = wait(&mut p.cq_a, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::Success));
+    p.a.post_send(SendWr::send(4)).unwrap();
+    p.a.post_send(SendWr::send(5)).unwrap();
+    let c = wait(&mut p.cq_a, 2);
+    assert_eq!([c[0].wr_id, c[1].wr_id], [4, 5]);
+    let got: Vec<u64> = wait(&mut p.cq_b, 4).iter().map(|c| c.wr_id).collect();
+    assert_eq!(got, [0, 1, 2, 3], "the receiver saw exactly the four sends");
+}
+
+#[test]
+fn poll_n_returns_exactly_the_count_asked_for() {
+    let _g = serial();
+    let mut p = pair_with(caps(8, 8), |_, _, b| {
+        b.post_recv_list((0..4).map(RecvWr::empty)).unwrap();
+    });
+    for i in 0..4 {
+        p.a.post_send(SendWr::send(i)).unwrap();
+    }
+    // Let all four completions land in the CQ first.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut out = Vec::with_capacity(16);
+    p.cq_a.poll_n(&mut out, 1, WAIT).unwrap();
+    assert_eq!(out.len(), 1, "poll_n(1) with room for 16 returned {out:?}");
+    p.cq_a.poll_n(&mut out, 2, WAIT).unwrap();
+    assert_eq!(out.len(), 3);
+    // More than the CQ's depth in one call works too (in several polls).
+    let c = p.cq_a.poll_one(WAIT).unwrap();
+    let ids: Vec<u64> = out.iter().chain([&c]).map(|c| c.wr_id).collect();
+    assert_eq!(ids, [0, 1, 2, 3]);
+    let mut none = Vec::with_capacity(4);
+    assert_eq!(
+        p.cq_a.poll(&mut none).unwrap(),
+        0,
+        "nothing was left behind"
+    );
+    for c in wait(&mut p.cq_b, 4) {
+        assert_eq!(c.status, WcStatus::Success);
+    }
+}
+
+#[test]
+fn queues_that_would_overrun_the_cq_are_refused() {
+    let _g = serial();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let mut cq = Cq::new(&ctx, 64).unwrap();
+    let depth = u64::from(cq.depth());
+    let first = Qp::new(&pd, &cq, &cq, caps(16, 16)).unwrap();
+    assert_eq!(cq.reserved(), 32);
+    // Every QP on the CQ counts: the second one gets what is left, not more.
+    let left = depth - 32;
+    let too_deep = u32::try_from(left).unwrap() + 1;
+    match Qp::new(&pd, &cq, &cq, caps(too_deep, 1)) {
+        Err(Error::CqTooSmall {
+            queue: "send",
+            needed,
+            free,
+            ..
+        }) => assert_eq!((needed, free), (left + 1, left)),
+        other => panic!("expected CqTooSmall, got {other:?}"),
+    }
+    match Qp::new(&pd, &cq, &cq, caps(1, too_deep)) {
+        Err(
+            e @ Error::CqTooSmall {
+                queue: "receive", ..
+            },
+        ) => assert!(e.to_string().contains("create the CQ with more entries")),
+        other => panic!("expected CqTooSmall, got {other:?}"),
+    }
+    assert_eq!(cq.reserved(), 32, "refused QPs reserve nothing");
+    let second = Qp::new(&pd, &cq, &cq, caps(1, too_deep - 2)).unwrap();
+    assert_eq!(cq.reserved(), depth);
+    drop(second);
+    // A destroyed QP's completions may still be in the CQ: its entries come
+    // back once a poll finds the CQ empty.
+    assert_eq!(cq.reserved(), depth);
+    let mut out = Vec::with_capacity(4);
+    assert_eq!(cq.poll(&mut out).unwrap(), 0);
+    assert_eq!(cq.reserved(), 32);
+    drop(first);
+}
+
+#[test]
+fn completions_consumed_by_poll_raw_are_reported_lost() {
+    let _g = serial();
+    let mut p = pair_with(caps(8, 8), |_, _, b| {
+        b.post_recv_list((0..2).map(RecvWr::empty)).unwrap();
+    });
+    p.a.post_send(SendWr::send(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut raw = [ffi::ibv_wc::default(); 4];
+    assert_eq!(p.cq_a.poll_raw(&mut raw).unwrap(), 1);
+    p.a.post_send(SendWr::send(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut out = Vec::with_capacity(4);
+    match p.cq_a.poll(&mut out) {
+        Err(Error::CompletionsLost { count: 1 }) => {}
+        other => panic!("expected CompletionsLost, got {other:?}"),
+    }
+    assert_eq!(out.len(), 1, "the completion that exposed the loss is kept");
+    assert_eq!(out[0].wr_id, 2);
+    wait(&mut p.cq_b, 2);
+}
+
+#[test]
+fn destroying_a_qp_releases_its_buffers_without_a_poll() {
+    let _g = serial();
+    let ctx = ctx();
+    let dev = ctx.name().to_owned();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 64).unwrap();
+    let mut qp = Qp::new(&pd, &cq, &cq, caps(8, 8))
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
+    let before = res_counts(&dev)["mr"];
+    for i in 0..8 {
+        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        qp.post_recv(RecvWr::new(i, mr)).unwrap();
+    }
+    assert_eq!(res_counts(&dev)["mr"], before + 8);
+    drop(qp);
+    // Nobody polled the CQ: the registrations are gone all the same.
+    assert_eq!(res_counts(&dev)["mr"], before);
+    drop(cq);
+}
+
+#[test]
+fn completions_of_a_destroyed_qp_come_back_stale() {
+    let _g = serial();
+    let mut p = pair_with(caps(8, 8), |_, _, b| {
+        b.post_recv_list((0..4).map(RecvWr::empty)).unwrap();
+    });
+    let src = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap().freeze();
+    for i in 0..4 {
+        p.a.post_send(SendWr::send_from(i, src.clone())).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let a_qpn = p.a.qp_num();
+    let reserved = p.cq_a.reserved();
+    drop(p.a);
+    let src = src
+        .try_unfreeze()
+        .expect("the destroyed QP released its buffers before any poll");
+    let got = wait(&mut p.cq_a, 4);
+    for c in &got {
+        assert_eq!(c.source, CompletionSource::Stale, "{c:?}");
+        assert_eq!(c.qp_num, a_qpn);
+        assert!(c.buffers().is_empty());
+    }
+    let mut out = Vec::with_capacity(4);
+    assert_eq!(p.cq_a.poll(&mut out).unwrap(), 0);
+    assert_eq!(p.cq_a.reserved(), reserved - 16, "its CQ entries came back");
+    drop(src);
+}
+
+#[test]
+fn foreign_wr_ids_are_never_dereferenced() {
+    let _g = serial();
+    let mut p = pair_with(caps(8, 8), |_, _, b| {
+        b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
+    });
+    // A safe completion first, so that its token's tag is known.
+    p.a.post_send(SendWr::send(7)).unwrap();
+    let ok = wait(&mut p.cq_a, 1);
+    assert_eq!(ok[0].source, CompletionSource::Posted);
+    // Raw posts on the same QP with wr_ids that look like pointers, like
+    // nothing, or like one of the ring's own tokens for a request that does
+    // not exist. The old design dereferenced every wr_id as a slot address.
+    let heap = Box::into_raw(Box::new(0u64)) as u64;
+    let bogus = [0, u64::MAX, 0xdead_beef_dead_beef, heap, heap + 8];
+    for (i, id) in bogus.iter().enumerate() {
+        let mut wr = ffi::ibv_send_wr {
+            wr_id: *id,
+            opcode: ffi::IBV_WR_SEND,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        // SAFETY: no SGEs; the ring's depth is respected (one at a time, each
+        // polled before the next).
+        unsafe { p.a.post_send_raw(&mut wr) }.unwrap();
+        let c = wait(&mut p.cq_a, 1);
+        assert_eq!(c[0].wr_id, *id, "#{i}");
+        assert_ne!(c[0].source, CompletionSource::Posted, "#{i}: {:?}", c[0]);
+        assert!(c[0].buffers().is_empty());
+        assert_eq!(c[0].status, WcStatus::Success);
+    }
+    // SAFETY: allocated above, never shared.
+    drop(unsafe { Box::from_raw(heap as *mut u64) });
+    // The safe path goes on as if nothing happened.
+    p.a.post_send(SendWr::send(8)).unwrap();
+    let c = wait(&mut p.cq_a, 1);
+    assert_eq!((c[0].wr_id, c[0].source), (8, CompletionSource::Posted));
+    wait(&mut p.cq_b, 7);
+}
+
+#[test]
+fn failed_completions_report_what_was_posted() {
+    let _g = serial();
+    let mut p = pair_with(caps(8, 8), |pd, _, b| {
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv(RecvWr::new(9, mr)).unwrap();
+    });
+    // A successful SEND: the sender's completion has no length (providers
+    // do not report one); the receiver's has the exact length.
+    let mut src = p.pd.alloc_mr(40, AccessFlags::empty()).unwrap();
+    src.fill(0x5a).unwrap();
+    p.a.post_send(SendWr::send_from(1, src)).unwrap();
+    let s = wait(&mut p.cq_a, 1);
+    assert_eq!(
+        (s[0].opcode, s[0].byte_len, s[0].src_qp),
+        (WcOpcode::Send, 0, 0)
+    );
+    assert_eq!(s[0].vendor_err, 0);
+    let mut r = wait(&mut p.cq_b, 1);
+    assert_eq!((r[0].opcode, r[0].byte_len), (WcOpcode::Recv, 40));
+    assert_eq!(r[0].take_mr().unwrap().to_vec().unwrap()[..40], [0x5a; 40]);
+    // A WRITE with a wrong rkey fails; the completion still says WRITE.
+    let target = p.pd.alloc_mr(64, all_remote()).unwrap();
+    let mut bad = target.remote();
+    bad.rkey ^= 0x5555;
+    let src = p.pd.alloc_mr(8, AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write_from(2, src, bad, 0)).unwrap();
+    let mut c = wait(&mut p.cq_a, 1);
+    assert_eq!(c[0].status, WcStatus::RemAccessErr);
+    assert_eq!(c[0].opcode, WcOpcode::RdmaWrite, "{:?}", c[0]);
+    assert_eq!((c[0].byte_len, c[0].wc_flags, c[0].imm_data), (0, 0, None));
+    assert_eq!(c[0].take_buffers().len(), 1, "the source comes back");
+}
+
+// --- Provider behaviour the soundness argument relies on (qp module docs) ---
+
+#[test]
+fn each_queue_completes_in_posting_order() {
+    let _g = serial();
+    let mut p = pair_with(caps(64, 64), |_, _, b| {
+        b.post_recv_list((0..64).map(RecvWr::empty)).unwrap();
+    });
+    p.a.post_send_list((0..64).map(SendWr::send)).unwrap();
+    let sends: Vec<u64> = wait(&mut p.cq_a, 64).iter().map(|c| c.wr_id).collect();
+    let recvs: Vec<u64> = wait(&mut p.cq_b, 64).iter().map(|c| c.wr_id).collect();
+    let expected: Vec<u64> = (0..64).collect();
+    assert_eq!(sends, expected);
+    assert_eq!(recvs, expected);
+}
+
+#[test]
+fn the_error_state_flushes_every_posted_request() {
+    let _g = serial();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let mut cq = Cq::new(&ctx, 64).unwrap();
+    let mut qp = Qp::new(&pd, &cq, &cq, caps(8, 16))
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
+    for i in 0..16 {
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        qp.post_recv(RecvWr::new(i, mr)).unwrap();
+    }
+    let qp = qp.to_error().unwrap();
+    let mut got = wait(&mut cq, 16);
+    for (i, c) in got.iter_mut().enumerate() {
+        assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::WrFlushErr));
+        assert_eq!(c.opcode, WcOpcode::Recv);
+        assert_eq!(c.take_mr().map(|m| m.len()), Some(64));
+    }
+    assert!(drain(&mut cq, Duration::from_millis(200)).is_empty());
+    drop(qp);
+}
+
+#[test]
+fn no_completion_arrives_after_destroy_returns() {
+    let _g = serial();
+    let mut p = pair_with(caps(64, 64), |_, _, b| {
+        b.post_recv_list((0..64).map(RecvWr::empty)).unwrap();
+    });
+    let a_qpn = p.a.qp_num();
+    // Destroy with work in flight; whatever completions were generated before
+    // are in the CQ now, and nothing may follow.
+    p.a.post_send_list((0..64).map(SendWr::send)).unwrap();
+    drop(p.a);
+    let first = drain(&mut p.cq_a, Duration::from_millis(300));
+    assert!(first.len() <= 64);
+    assert!(first.iter().all(|c| c.qp_num == a_qpn));
+    std::thread::sleep(Duration::from_millis(500));
+    let later = drain(&mut p.cq_a, Duration::from_millis(300));
+    assert!(later.is_empty(), "completions after destroy: {later:?}");
+}
+
+#[test]
+fn reset_needs_a_drained_qp() {
+    let _g = serial();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let mut cq = Cq::new(&ctx, 64).unwrap();
+    let mut qp = Qp::new(&pd, &cq, &cq, caps(8, 8))
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
+    for i in 0..3 {
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        qp.post_recv(RecvWr::new(i, mr)).unwrap();
+    }
+    // RESET may or may not discard posted receives (provider-specific), so
+    // the buffers could not be accounted for: refused, QP handed back.
+    let qp = match qp.reset() {
+        Err(e) => {
+            assert!(
+                matches!(
+                    e.error,
+                    Error::WorkOutstanding {
+                        queue: "receive",
+                        count: 3
+                    }
+                ),
+                "{}",
+                e.error
+            );
+            e.qp
+        }
+        Ok(_) => panic!("reset with outstanding receives"),
+    };
+    // The documented way: ERR, poll the flushes, then RESET, and reuse it.
+    let qp = qp.to_error().unwrap();
+    assert_eq!(wait(&mut cq, 3).len(), 3);
+    let qp = qp.reset().expect("reset of a drained QP");
+    let mut qp = qp.init(InitAttr::new(1, all_remote())).unwrap();
+    let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_recv(RecvWr::new(42, mr)).unwrap();
+    let qp = qp.to_error().unwrap();
+    let c = wait(&mut cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (42, WcStatus::WrFlushErr));
+    drop(qp);
+}
+
+#[test]
+fn a_pair_still_talks_after_all_of_this() {
+    let _g = serial();
+    let mut p = pair(caps(4, 4));
+    let mr = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.post_recv(RecvWr::new(1, mr)).unwrap();
+    p.a.post_send(SendWr::send(2)).unwrap();
+    assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
+    assert_eq!(wait(&mut p.cq_b, 1)[0].byte_len, 0);
+}
