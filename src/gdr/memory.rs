@@ -26,6 +26,12 @@ use crate::error::{Error, Result};
 /// lives: registrations keep the value alive and the NIC accesses the range
 /// until they are gone. `stream`, if given, belongs to the context the memory
 /// was allocated in.
+///
+/// The range must be valid for *any* bytes: a peer's RDMA WRITE or atomic, a
+/// RECV, or [`copy_to_device`] may store arbitrary bytes anywhere in it, so
+/// every typed view of the memory (e.g. a `CudaSlice<T>` that safe code can
+/// copy back as `T`s) must have an element type for which every bit pattern
+/// is a valid value (see [`PlainBytes`]).
 pub unsafe trait DeviceMemory: Send + Sync + 'static {
     /// Device address of the first byte and length in bytes.
     fn device_range(&self) -> (CUdeviceptr, usize);
@@ -36,8 +42,44 @@ pub unsafe trait DeviceMemory: Send + Sync + 'static {
     fn stream(&self) -> Option<&Arc<CudaStream>>;
 }
 
-// SAFETY: a CudaSlice owns its allocation until dropped; its pointer and length never change.
-unsafe impl<T: 'static> DeviceMemory for CudaSlice<T> {
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Element types of device memory this module will hand to the NIC or fill
+/// with bytes: every bit pattern of `size_of::<T>()` bytes is a valid `T`, and
+/// `T` has no padding.
+///
+/// A registered `CudaSlice<T>` can be filled with arbitrary bytes by a peer
+/// (RDMA WRITE, atomics, a RECV) or by [`copy_to_device`], after which
+/// cudarc's safe API (`clone_dtoh`, kernels) reads them back as `T`s; for a
+/// type like `bool` or `char` that would produce invalid values. So
+/// [`DeviceMemory`] is implemented only for `CudaSlice<T>` with `T` among:
+/// `u8`..`u128`, `usize`, `i8`..`i128`, `isize`, `f32`, `f64`, and arrays
+/// `[T; N]` of these. (For untyped bytes use [`DeviceAlloc`].)
+///
+/// Sealed: it cannot be implemented outside this crate.
+pub trait PlainBytes: sealed::Sealed + Copy + Send + Sync + 'static {}
+
+macro_rules! plain_bytes {
+    ($($t:ty),* $(,)?) => {$(
+        impl sealed::Sealed for $t {}
+        impl PlainBytes for $t {}
+    )*};
+}
+plain_bytes!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64
+);
+impl<T: PlainBytes, const N: usize> sealed::Sealed for [T; N] {}
+impl<T: PlainBytes, const N: usize> PlainBytes for [T; N] {}
+
+// SAFETY: a CudaSlice owns its allocation until dropped; its pointer and length never
+// change, so the range stays live and fixed while a registration holds the slice. The
+// NIC (a peer's WRITE or atomic, a RECV) and copy_to_device may store arbitrary bytes in
+// it, which cudarc's safe API then reads back as `T`s: `T: PlainBytes` makes every such
+// byte pattern a valid `[T]` (integers and floats of every bit pattern, arrays of them,
+// no padding), so no invalid value can come out of it.
+unsafe impl<T: PlainBytes> DeviceMemory for CudaSlice<T> {
     fn device_range(&self) -> (CUdeviceptr, usize) {
         // device_ptr orders this (the slice's own) stream after pending writes and
         // records a read when `_record` drops; both only touch CUDA events.
@@ -162,7 +204,8 @@ impl fmt::Debug for DeviceAlloc {
     }
 }
 
-// SAFETY: the allocation lives until drop; ptr and len never change.
+// SAFETY: the allocation lives until drop; ptr and len never change; it is untyped
+// bytes, so any bytes written into it are valid.
 unsafe impl DeviceMemory for DeviceAlloc {
     fn device_range(&self) -> (CUdeviceptr, usize) {
         (self.ptr, self.len)
@@ -188,7 +231,10 @@ impl DeviceRange {
     /// # Safety
     /// The range is CUDA device memory (or managed memory) that stays
     /// allocated until `owner` is dropped; `stream`, if given, belongs to the
-    /// context it was allocated in.
+    /// context it was allocated in. Any bytes may be written into it (by a
+    /// peer through a registration, or [`copy_to_device`]): whatever reads it
+    /// as typed values (e.g. a `CudaSlice<bool>` it was cut from) must accept
+    /// every bit pattern (see [`PlainBytes`]).
     pub unsafe fn new(
         ptr: CUdeviceptr,
         len: usize,
@@ -213,7 +259,7 @@ impl fmt::Debug for DeviceRange {
     }
 }
 
-// SAFETY: DeviceRange::new's contract.
+// SAFETY: DeviceRange::new's contract (live, fixed range; valid for any bytes).
 unsafe impl DeviceMemory for DeviceRange {
     fn device_range(&self) -> (CUdeviceptr, usize) {
         (self.ptr, self.len)

@@ -101,7 +101,9 @@ mod transfer;
 use std::fmt;
 
 pub use driver::{check_driver, cuda_context, device_count};
-pub use memory::{DeviceAlloc, DeviceMemory, DeviceRange, copy_from_device, copy_to_device};
+pub use memory::{
+    DeviceAlloc, DeviceMemory, DeviceRange, PlainBytes, copy_from_device, copy_to_device,
+};
 pub use register::{
     DmaBufExport, ExportWindow, GPU_PAGE_SIZE, Registration, export_dma_buf, export_window,
     peermem_loaded, probe, register, set_sync_memops, sync_memops,

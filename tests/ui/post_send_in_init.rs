@@ -1,3 +1,4 @@
+//~ ERROR E0599 no method named `post_send`
 #![allow(unused_imports, unused_variables, unused_mut)]
 use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
 use rdma_verbs::{AccessFlags, Cq, InitAttr, Mr, Qp, Rc, RecvWr, SendWr};

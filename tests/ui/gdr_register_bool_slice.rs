@@ -1,0 +1,13 @@
+//~ ERROR E0277 PlainBytes
+//@ needs-feature: gdr
+// A peer's WRITE must not produce invalid `bool`s: register refuses CudaSlice<bool>.
+use std::sync::Arc;
+
+use rdma_verbs::gdr::{self, GdrMode, cudarc::driver::CudaSlice};
+use rdma_verbs::{AccessFlags, Pd};
+
+fn f(pd: &Pd, slice: CudaSlice<bool>) {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let _ = gdr::register(pd, Arc::new(slice), access, GdrMode::Auto);
+}
+fn main() {}
