@@ -96,10 +96,8 @@ pub(crate) struct ChannelInner {
     raw: NonNull<ffi::ibv_comp_channel>,
     /// CQs created on this channel and not yet destroyed.
     attached: AtomicUsize,
-    /// The CQs of this crate on this channel: `ibv_cq` address and its event
-    /// counter (the `cq_context`). Entries whose counter is gone are pruned on
-    /// the next registration.
-    cqs: Mutex<Vec<(usize, Weak<CqEvents>)>>,
+    /// The CQs of this crate on this channel.
+    cqs: CqRegistry,
     readiness: ReadinessCell,
     ctx: Context,
 }
@@ -141,22 +139,7 @@ impl ChannelInner {
     /// `cq_context`) as one of this crate's, so that
     /// [`CompletionChannel::try_next`] counts its events on `events`.
     pub(crate) fn register(&self, cq: *mut ffi::ibv_cq, events: &Arc<CqEvents>) {
-        let mut cqs = self.cqs();
-        cqs.retain(|(_, w)| w.strong_count() > 0);
-        cqs.push((cq as usize, Arc::downgrade(events)));
-    }
-
-    /// The counter of `cq` if it is a registered CQ whose `cq_context` is
-    /// `cq_ctx` and the counter is still alive; `None` for a foreign CQ.
-    fn counter(&self, cq: *mut ffi::ibv_cq, cq_ctx: *mut libc::c_void) -> Option<Arc<CqEvents>> {
-        self.cqs()
-            .iter()
-            .find(|(addr, w)| *addr == cq as usize && std::ptr::eq(w.as_ptr(), cq_ctx.cast()))
-            .and_then(|(_, w)| w.upgrade())
-    }
-
-    fn cqs(&self) -> MutexGuard<'_, Vec<(usize, Weak<CqEvents>)>> {
-        self.cqs.lock().unwrap_or_else(|p| p.into_inner())
+        self.cqs.register(cq as usize, events);
     }
 
     fn fd(&self) -> RawFd {
@@ -198,6 +181,45 @@ pub(crate) struct CqEvents {
 const CLOSING: u32 = 1 << 31;
 /// Beyond this many pending events the reader acknowledges its own.
 const MAX_PENDING: u32 = 1 << 30;
+
+/// The CQs this crate created on one channel: `ibv_cq` address and a weak
+/// reference to the event counter that is its `cq_context`. Entries whose
+/// counter is gone are pruned on the next registration.
+///
+/// Matching the pair (not just the address) and upgrading the `Weak` under
+/// the lock means a counter is only ever reached through a live `Arc`: even an
+/// `ibv_cq` address reused by a foreign CQ between a CQ's destruction and its
+/// counter's release cannot make a reader touch freed or foreign memory. (A
+/// `Weak` also keeps the counter's allocation, so its address is not reused
+/// by another counter while the entry exists.)
+#[derive(Default)]
+struct CqRegistry(Mutex<Vec<(usize, Weak<CqEvents>)>>);
+
+impl CqRegistry {
+    fn lock(&self) -> MutexGuard<'_, Vec<(usize, Weak<CqEvents>)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self, cq: usize, events: &Arc<CqEvents>) {
+        let mut cqs = self.lock();
+        cqs.retain(|(_, w)| w.strong_count() > 0);
+        cqs.push((cq, Arc::downgrade(events)));
+    }
+
+    /// The counter of CQ `cq` if it is registered with `cq_ctx` as its
+    /// counter and the counter is alive; `None` for a foreign CQ.
+    fn counter(&self, cq: usize, cq_ctx: *const CqEvents) -> Option<Arc<CqEvents>> {
+        self.lock()
+            .iter()
+            .find(|(addr, w)| *addr == cq && std::ptr::eq(w.as_ptr(), cq_ctx))
+            .and_then(|(_, w)| w.upgrade())
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
 
 impl CqEvents {
     pub(crate) fn new() -> CqEvents {
@@ -243,7 +265,7 @@ impl CompletionChannel {
         let inner = ChannelInner {
             raw,
             attached: AtomicUsize::new(0),
-            cqs: Mutex::new(Vec::new()),
+            cqs: CqRegistry::default(),
             readiness: ReadinessCell::default(),
             ctx: ctx.clone(),
         };
@@ -319,7 +341,8 @@ impl CompletionChannel {
         // cannot make this read foreign memory.
         let counted = self
             .inner
-            .counter(cq, cq_ctx)
+            .cqs
+            .counter(cq as usize, cq_ctx.cast_const().cast())
             .is_some_and(|events| events.count());
         if !counted {
             // SAFETY: the CQ is alive (its destruction waits for this ack); we
@@ -655,6 +678,29 @@ mod tests {
         assert!(!c.count());
         assert_eq!(c.take(), MAX_PENDING);
         assert!(c.count());
+    }
+
+    #[test]
+    fn registry_counts_only_registered_pairs() {
+        let reg = CqRegistry::default();
+        let a = Arc::new(CqEvents::new());
+        let b = Arc::new(CqEvents::new());
+        reg.register(0x1000, &a);
+        let got = reg.counter(0x1000, Arc::as_ptr(&a)).expect("registered");
+        assert!(Arc::ptr_eq(&got, &a));
+        drop(got);
+        // A foreign CQ: unknown address, or a known address with another context.
+        assert!(reg.counter(0x2000, Arc::as_ptr(&a)).is_none());
+        assert!(reg.counter(0x1000, Arc::as_ptr(&b)).is_none());
+        assert!(reg.counter(0x1000, std::ptr::null()).is_none());
+        // A dropped CQ's counter is not reached, and its entry goes on the next registration.
+        let a_ptr = Arc::as_ptr(&a);
+        drop(a);
+        assert!(reg.counter(0x1000, a_ptr).is_none());
+        assert_eq!(reg.len(), 1);
+        reg.register(0x1000, &b);
+        assert_eq!(reg.len(), 1);
+        assert!(reg.counter(0x1000, Arc::as_ptr(&b)).is_some());
     }
 
     /// The readiness handle follows the watched descriptor and cannot read
