@@ -6,8 +6,9 @@
 //! 1. create the CQ on the channel ([`Cq::with_channel`]);
 //! 2. arm it ([`Cq::req_notify`]): the next completion will raise one event;
 //! 3. sleep on the channel ([`CompletionChannel::wait`], or `poll`/`epoll` on
-//!    its fd, which is non-blocking);
-//! 4. poll the CQ, re-arm, poll again, sleep again.
+//!    its [readiness handle](CompletionChannel::readiness));
+//! 4. read the event ([`CompletionChannel::try_next`]), poll the CQ, re-arm,
+//!    poll again, sleep again.
 //!
 //! [`Cq::wait_poll`] does all of that, including the re-arm race: a completion
 //! that arrives after the last poll but before the arm raises no event, so it
@@ -24,13 +25,53 @@
 //! and no event is acknowledged twice.
 //!
 //! The channel outlives its CQs: each CQ holds a reference to it.
+//!
+//! # Readiness without the descriptor
+//! The channel's own descriptor is deliberately *not* reachable from safe code
+//! (no `AsFd`/`AsRawFd`). Anyone holding it can `read(2)` an event from it
+//! behind libibverbs' back: the kernel then counts the event as reported,
+//! nobody ever acknowledges it, and the CQ's `Drop` (`ibv_destroy_cq`) waits
+//! for that acknowledgement forever. The same holds for the context's async
+//! event descriptor ([`AsyncEvents`](crate::AsyncEvents): destroying a QP or
+//! CQ waits for its async events) and for an rdma_cm
+//! [`EventChannel`](crate::EventChannel) (`rdma_destroy_id` waits for its CM
+//! events).
+//!
+//! Event loops get a [`Readiness`] handle instead ([`CompletionChannel::readiness`],
+//! [`AsyncEvents::readiness`](crate::AsyncEvents::readiness),
+//! [`EventChannel::readiness`](crate::EventChannel::readiness)): a private
+//! `epoll` instance that watches the real descriptor for `EPOLLIN`
+//! (level-triggered). An epoll descriptor is readable exactly when one of the
+//! descriptors it watches is, so the handle can join a `poll`/`epoll` set or
+//! tokio's `AsyncFd` like the real one; but `read(2)` on it fails with
+//! `EINVAL`, so safe code can observe readiness and never consume an event.
+//! The events themselves are read with the owner's `try_next`-style method,
+//! which acknowledges them. The handle cannot lead back to the watched
+//! descriptor: `epoll_ctl` needs that descriptor as an argument, and producing
+//! a descriptor from an integer is `unsafe`. The handle is created on first
+//! use (one more descriptor per channel), and this crate's own waits poll the
+//! real descriptor directly, so whatever an application adds to the handle's
+//! epoll set cannot disturb them.
+//!
+//! # Which events are counted
+//! [`try_next`](CompletionChannel::try_next) treats an event's `cq_context` as
+//! this crate's per-CQ counter only for CQs that [`Cq::with_channel`]
+//! registered on the channel (the `ibv_cq` address together with the counter's
+//! address, held weakly). A CQ created on the channel through
+//! [`as_raw`](CompletionChannel::as_raw) and the FFI is *foreign*: its events
+//! are acknowledged at once and only its [`CqId`] is returned, so no
+//! `cq_context` a caller chose is ever dereferenced. This keeps `as_raw` a
+//! plain, safe accessor (using the pointer is `unsafe` FFI anyway) instead of
+//! a prose rule that safe code depended on; the price is one uncontended mutex
+//! and a scan of the channel's CQs per event, and events come at most once per
+//! arm.
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::context::Context;
@@ -44,7 +85,8 @@ pub const ACK_BATCH: u32 = 32;
 /// A completion channel (`ibv_comp_channel`).
 ///
 /// Cheap to clone (reference counted); every CQ attached to it keeps it alive.
-/// Its file descriptor is non-blocking.
+/// Its file descriptor is non-blocking and private: event loops watch the
+/// [`readiness`](Self::readiness) handle instead (see the [module docs](self)).
 #[derive(Clone)]
 pub struct CompletionChannel {
     pub(crate) inner: Arc<ChannelInner>,
@@ -54,6 +96,9 @@ pub(crate) struct ChannelInner {
     raw: NonNull<ffi::ibv_comp_channel>,
     /// CQs created on this channel and not yet destroyed.
     attached: AtomicUsize,
+    /// The CQs of this crate on this channel.
+    cqs: CqRegistry,
+    readiness: ReadinessCell,
     ctx: Context,
 }
 
@@ -88,6 +133,13 @@ impl ChannelInner {
 
     pub(crate) fn detach(&self) {
         self.attached.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Records `cq` (created on this channel with `events` as its
+    /// `cq_context`) as one of this crate's, so that
+    /// [`CompletionChannel::try_next`] counts its events on `events`.
+    pub(crate) fn register(&self, cq: *mut ffi::ibv_cq, events: &Arc<CqEvents>) {
+        self.cqs.register(cq as usize, events);
     }
 
     fn fd(&self) -> RawFd {
@@ -129,6 +181,45 @@ pub(crate) struct CqEvents {
 const CLOSING: u32 = 1 << 31;
 /// Beyond this many pending events the reader acknowledges its own.
 const MAX_PENDING: u32 = 1 << 30;
+
+/// The CQs this crate created on one channel: `ibv_cq` address and a weak
+/// reference to the event counter that is its `cq_context`. Entries whose
+/// counter is gone are pruned on the next registration.
+///
+/// Matching the pair (not just the address) and upgrading the `Weak` under
+/// the lock means a counter is only ever reached through a live `Arc`: even an
+/// `ibv_cq` address reused by a foreign CQ between a CQ's destruction and its
+/// counter's release cannot make a reader touch freed or foreign memory. (A
+/// `Weak` also keeps the counter's allocation, so its address is not reused
+/// by another counter while the entry exists.)
+#[derive(Default)]
+struct CqRegistry(Mutex<Vec<(usize, Weak<CqEvents>)>>);
+
+impl CqRegistry {
+    fn lock(&self) -> MutexGuard<'_, Vec<(usize, Weak<CqEvents>)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self, cq: usize, events: &Arc<CqEvents>) {
+        let mut cqs = self.lock();
+        cqs.retain(|(_, w)| w.strong_count() > 0);
+        cqs.push((cq, Arc::downgrade(events)));
+    }
+
+    /// The counter of CQ `cq` if it is registered with `cq_ctx` as its
+    /// counter and the counter is alive; `None` for a foreign CQ.
+    fn counter(&self, cq: usize, cq_ctx: *const CqEvents) -> Option<Arc<CqEvents>> {
+        self.lock()
+            .iter()
+            .find(|(addr, w)| *addr == cq && std::ptr::eq(w.as_ptr(), cq_ctx))
+            .and_then(|(_, w)| w.upgrade())
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
 
 impl CqEvents {
     pub(crate) fn new() -> CqEvents {
@@ -174,6 +265,8 @@ impl CompletionChannel {
         let inner = ChannelInner {
             raw,
             attached: AtomicUsize::new(0),
+            cqs: CqRegistry::default(),
+            readiness: ReadinessCell::default(),
             ctx: ctx.clone(),
         };
         set_nonblocking(inner.fd()).map_err(|e| Error::Io {
@@ -193,10 +286,24 @@ impl CompletionChannel {
     /// The raw `ibv_comp_channel`, valid while this channel (or a clone, or a
     /// CQ on it) lives.
     ///
-    /// Do not create CQs on it through the raw pointer: [`wait`](Self::wait)
-    /// reads every event's `cq_context` as this crate's event counter.
+    /// A CQ created on it through the FFI is foreign to this crate:
+    /// [`try_next`](Self::try_next) acknowledges its events at once and
+    /// returns its id (see the [module docs](self)). An event read through the
+    /// raw channel (`ibv_get_cq_event`) must be acknowledged by whoever read
+    /// it, or destroying its CQ blocks forever.
     pub fn as_raw(&self) -> *mut ffi::ibv_comp_channel {
         self.inner.as_raw()
+    }
+
+    /// A handle that is readable when an event is waiting, for an
+    /// application's own `poll`/`epoll`/`AsyncFd` (then read the event with
+    /// [`try_next`](Self::try_next)). It cannot consume events itself: see
+    /// [`Readiness`]. Created on first use and shared by the channel's clones.
+    pub fn readiness(&self) -> Result<&Readiness> {
+        self.inner.readiness.get_or_watch(
+            self.inner.fd(),
+            "creating the completion channel's readiness epoll",
+        )
     }
 
     /// How many CQs are attached to the channel.
@@ -208,7 +315,8 @@ impl CompletionChannel {
     /// non-blocking fd): `Some(cq)` names the CQ that had a completion, `None`
     /// means no event was pending. The event is counted on that CQ and
     /// acknowledged later (see the [module docs](self)); the CQ is disarmed
-    /// until the next [`Cq::req_notify`].
+    /// until the next [`Cq::req_notify`]. The event of a CQ created on the
+    /// channel outside this crate is acknowledged at once.
     pub fn try_next(&self) -> Result<Option<CqId>> {
         let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
@@ -227,17 +335,15 @@ impl CompletionChannel {
                 io::Error::new(io::ErrorKind::InvalidData, "event names no CQ"),
             ));
         }
-        let counted = if cq_ctx.is_null() {
-            false
-        } else {
-            // SAFETY: every CQ created on a channel of this crate (Cq::with_channel)
-            // has a CqEvents as cq_context, held (only) by its CqInner and dropped
-            // only after ibv_destroy_cq returned. ibv_destroy_cq does not return while this
-            // event is unacknowledged, so the counter is alive here. After `count`
-            // hands the event over, this thread no longer touches the counter.
-            let events = unsafe { &*(cq_ctx as *const CqEvents) };
-            events.count()
-        };
+        // Only a registered (cq, counter) pair is counted, through a strong
+        // reference taken from the registry: no cq_context is dereferenced
+        // as a raw pointer, so a CQ created on the channel through the FFI
+        // cannot make this read foreign memory.
+        let counted = self
+            .inner
+            .cqs
+            .counter(cq as usize, cq_ctx.cast_const().cast())
+            .is_some_and(|events| events.count());
         if !counted {
             // SAFETY: the CQ is alive (its destruction waits for this ack); we
             // acknowledge exactly the one event we read and then never touch it.
@@ -265,17 +371,78 @@ impl CompletionChannel {
     }
 }
 
-impl AsRawFd for CompletionChannel {
-    fn as_raw_fd(&self) -> RawFd {
-        self.inner.fd()
+/// Readiness of an event descriptor this crate keeps private: an `epoll`
+/// instance watching it for `EPOLLIN` (level-triggered).
+///
+/// Readable (`poll`, `epoll`, tokio's `AsyncFd`) exactly while an event is
+/// waiting on the watched descriptor; `read(2)` on it fails with `EINVAL`,
+/// so it can never consume an event (the reason the real descriptor is not
+/// handed out is in the [module docs](self)). Read the event with the owner's
+/// `try_next`. A duplicate of the descriptor keeps working while the owner
+/// lives; once the owner is dropped it never becomes readable again.
+pub struct Readiness {
+    epoll: OwnedFd,
+}
+
+impl Readiness {
+    /// A new epoll instance watching `fd` (open while the caller holds it).
+    fn watch(fd: RawFd) -> io::Result<Readiness> {
+        // SAFETY: plain syscall, no pointers.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: ep is a descriptor epoll_create1 just opened for us alone.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: valid epoll descriptor; fd is open (caller); ev is a valid
+        // struct that the kernel only reads.
+        let rc = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Readiness { epoll })
     }
 }
 
-impl AsFd for CompletionChannel {
+impl AsFd for Readiness {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the fd stays open until the channel is destroyed, which cannot
-        // happen while &self (and so an Arc to the inner) is borrowed.
-        unsafe { BorrowedFd::borrow_raw(self.inner.fd()) }
+        self.epoll.as_fd()
+    }
+}
+
+impl AsRawFd for Readiness {
+    fn as_raw_fd(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+}
+
+impl fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Readiness")
+            .field("epoll_fd", &self.epoll.as_raw_fd())
+            .finish()
+    }
+}
+
+/// A [`Readiness`] created on first use; shared by the three event sources.
+#[derive(Default)]
+pub(crate) struct ReadinessCell(OnceLock<Readiness>);
+
+impl ReadinessCell {
+    /// The handle watching `fd` (which must stay open while the owner of
+    /// this cell lives), created now if needed.
+    pub(crate) fn get_or_watch(&self, fd: RawFd, what: &'static str) -> Result<&Readiness> {
+        if let Some(r) = self.0.get() {
+            return Ok(r);
+        }
+        let r = Readiness::watch(fd).map_err(|source| Error::Io { what, source })?;
+        // A racing caller may have stored its handle first: both watch the same
+        // descriptor, ours is closed.
+        Ok(self.0.get_or_init(|| r))
     }
 }
 
@@ -364,7 +531,12 @@ impl Cq {
                     .into(),
             });
         }
-        Cq::create(ctx, depth, Some(channel))
+        let cq = Cq::create(ctx, depth, Some(channel))?;
+        // No event can arrive before this: the CQ is not armed yet.
+        if let Some(events) = &cq.inner.events {
+            channel.inner.register(cq.as_raw(), events);
+        }
+        Ok(cq)
     }
 
     /// This CQ's id, as [`CompletionChannel::wait`] and async events name it.
@@ -506,6 +678,68 @@ mod tests {
         assert!(!c.count());
         assert_eq!(c.take(), MAX_PENDING);
         assert!(c.count());
+    }
+
+    #[test]
+    fn registry_counts_only_registered_pairs() {
+        let reg = CqRegistry::default();
+        let a = Arc::new(CqEvents::new());
+        let b = Arc::new(CqEvents::new());
+        reg.register(0x1000, &a);
+        let got = reg.counter(0x1000, Arc::as_ptr(&a)).expect("registered");
+        assert!(Arc::ptr_eq(&got, &a));
+        drop(got);
+        // A foreign CQ: unknown address, or a known address with another context.
+        assert!(reg.counter(0x2000, Arc::as_ptr(&a)).is_none());
+        assert!(reg.counter(0x1000, Arc::as_ptr(&b)).is_none());
+        assert!(reg.counter(0x1000, std::ptr::null()).is_none());
+        // A dropped CQ's counter is not reached, and its entry goes on the next registration.
+        let a_ptr = Arc::as_ptr(&a);
+        drop(a);
+        assert!(reg.counter(0x1000, a_ptr).is_none());
+        assert_eq!(reg.len(), 1);
+        reg.register(0x1000, &b);
+        assert_eq!(reg.len(), 1);
+        assert!(reg.counter(0x1000, Arc::as_ptr(&b)).is_some());
+    }
+
+    /// The readiness handle follows the watched descriptor and cannot read
+    /// from it (a pipe stands in for the event descriptor).
+    #[test]
+    fn readiness_reports_without_consuming() {
+        use std::io::Read;
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into fds.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let cell = ReadinessCell::default();
+        let r = cell.get_or_watch(fds[0], "test").unwrap();
+        assert!(std::ptr::eq(r, cell.get_or_watch(fds[0], "test").unwrap()));
+        let ready = |r: &Readiness| {
+            poll_readable(
+                r.as_raw_fd(),
+                Some(Instant::now() + Duration::from_millis(20)),
+            )
+            .unwrap()
+        };
+        assert!(!ready(r));
+        // SAFETY: writes one byte from a valid buffer to our pipe.
+        assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
+        assert!(ready(r));
+        // Level-triggered: still readable, and reading the handle fails.
+        assert!(ready(r));
+        let mut dup = std::fs::File::from(r.as_fd().try_clone_to_owned().unwrap());
+        let e = dup.read(&mut [0u8; 16]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        // The byte is still in the pipe; once it is read, the handle is quiet.
+        let mut b = [0u8; 1];
+        // SAFETY: reads one byte into a valid buffer from our pipe.
+        assert_eq!(unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) }, 1);
+        assert!(!ready(r));
+        // SAFETY: closing the descriptors we created.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
     }
 
     #[test]

@@ -51,6 +51,12 @@
 //! peer that goes away ends a call with [`Error::CmEvent`] (naming the event,
 //! its status and what it usually means) or [`Error::Timeout`], never a hang.
 //!
+//! The descriptor itself is not handed out: an event read from it behind
+//! librdmacm's back is never acknowledged, and `rdma_destroy_id` (the id's
+//! `Drop`) then waits forever. Event loops watch
+//! [`EventChannel::readiness`] instead, readable when an event is waiting
+//! but unable to consume one (see [`crate::channel`]).
+//!
 //! # Private data
 //! [`ConnParam::private_data`] travels with the request (connect), the reply
 //! (accept) and the reject. On InfiniBand and RoCE the CM messages have fixed
@@ -85,12 +91,12 @@
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::channel::deadline_after;
+use crate::channel::{Readiness, ReadinessCell, deadline_after};
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::enums::c_enum;
@@ -144,10 +150,12 @@ c_enum! {
 /// kernel reports an id's events on.
 ///
 /// Each [`CmId`] owns one (see the [module docs](self)); its descriptor is
-/// non-blocking, so it can also join an application's own `poll`/`epoll` set
-/// (readable = an event is waiting for [`CmId::get_event`]).
+/// non-blocking and private. An application's own `poll`/`epoll` set watches
+/// [`readiness`](Self::readiness) (readable = an event is waiting for
+/// [`CmId::get_event`] / [`CmId::try_event`]).
 pub struct EventChannel {
     raw: NonNull<ffi::rdma_event_channel>,
+    readiness: ReadinessCell,
 }
 
 // SAFETY: an event channel is a file descriptor; librdmacm keeps no other
@@ -175,8 +183,11 @@ impl EventChannel {
         let Some(raw) = NonNull::new(raw) else {
             return Err(channel_error(last_errno()));
         };
-        let ch = EventChannel { raw };
-        let fd = ch.as_raw_fd();
+        let ch = EventChannel {
+            raw,
+            readiness: ReadinessCell::default(),
+        };
+        let fd = ch.fd();
         // SAFETY: fd is the channel's open descriptor; F_GETFL/F_SETFL only
         // change its status flags.
         let rc = unsafe {
@@ -196,30 +207,33 @@ impl EventChannel {
         Ok(ch)
     }
 
-    /// The raw channel.
+    /// The raw channel. An event read through it (`rdma_get_cm_event`) must
+    /// be acknowledged by whoever read it, or destroying its id blocks forever.
     pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
         self.raw.as_ptr()
     }
-}
 
-impl AsRawFd for EventChannel {
-    fn as_raw_fd(&self) -> RawFd {
+    /// A handle that is readable when an event is waiting, for an
+    /// application's own `poll`/`epoll`/`AsyncFd` (then read the event with
+    /// [`CmId::try_event`]). It cannot consume events itself: see
+    /// [`Readiness`]. Created on first use.
+    pub fn readiness(&self) -> Result<&Readiness> {
+        self.readiness.get_or_watch(
+            self.fd(),
+            "creating the rdma_cm event channel's readiness epoll",
+        )
+    }
+
+    fn fd(&self) -> RawFd {
         // SAFETY: raw is valid while self lives; fd is a plain field.
         unsafe { (*self.raw.as_ptr()).fd }
-    }
-}
-
-impl AsFd for EventChannel {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the fd stays open until self is dropped.
-        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
     }
 }
 
 impl fmt::Debug for EventChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EventChannel")
-            .field("fd", &self.as_raw_fd())
+            .field("fd", &self.fd())
             .finish()
     }
 }
@@ -548,7 +562,7 @@ impl IdInner {
             if now >= deadline {
                 return Err(Error::Timeout { what, after: total });
             }
-            poll_readable(self.channel.as_raw_fd(), deadline - now)?;
+            poll_readable(self.channel.fd(), deadline - now)?;
         }
     }
 
@@ -889,7 +903,8 @@ impl CmId {
         self.inner.id()
     }
 
-    /// The id's event channel (for `poll`/`epoll`; readable = [`CmId::get_event`] has work).
+    /// The id's event channel (for `poll`/`epoll` on its
+    /// [`readiness`](EventChannel::readiness): readable = [`CmId::get_event`] has work).
     pub fn channel(&self) -> &EventChannel {
         &self.inner.channel
     }
@@ -1251,7 +1266,7 @@ impl CmId {
             if now >= deadline {
                 return Err(Error::Timeout { what, after: total });
             }
-            poll_readable(self.inner.channel.as_raw_fd(), deadline - now)?;
+            poll_readable(self.inner.channel.fd(), deadline - now)?;
         }
     }
 }
@@ -1541,7 +1556,7 @@ mod tests {
     #[test]
     fn event_channel_reports_missing_rdma() {
         match EventChannel::new() {
-            Ok(ch) => assert!(ch.as_raw_fd() >= 0),
+            Ok(ch) => assert!(ch.fd() >= 0),
             Err(e) => {
                 if !std::path::Path::new("/sys/class/infiniband").exists() {
                     assert!(

@@ -20,14 +20,22 @@
 //!
 //! Which events a device raises is up to its driver; the soft-RoCE findings
 //! are recorded in `tests/vm_events.rs`.
+//!
+//! The async descriptor itself is not handed out: an event read from it
+//! behind libibverbs' back is never acknowledged, and destroying the QP or
+//! CQ it names then blocks forever. Event loops watch
+//! [`AsyncEvents::readiness`] instead, which is readable when an event is
+//! waiting but cannot consume one (see [`crate::channel`]).
 
 use std::fmt;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use crate::channel::{CqId, deadline_after, poll_readable, set_nonblocking};
+use crate::channel::{
+    CqId, Readiness, ReadinessCell, deadline_after, poll_readable, set_nonblocking,
+};
 use crate::context::Context;
 use crate::error::{Error, Result, last_errno};
 use crate::ffi;
@@ -350,13 +358,17 @@ impl fmt::Display for AsyncEvent {
 /// between them; use one.
 pub struct AsyncEvents {
     ctx: Context,
+    readiness: ReadinessCell,
 }
 
 impl Context {
     /// A reader of this context's asynchronous events; makes the context's
     /// async fd non-blocking.
     pub fn async_events(&self) -> Result<AsyncEvents> {
-        let r = AsyncEvents { ctx: self.clone() };
+        let r = AsyncEvents {
+            ctx: self.clone(),
+            readiness: ReadinessCell::default(),
+        };
         set_nonblocking(r.fd()).map_err(|source| Error::Io {
             what: "making the async event fd non-blocking",
             source,
@@ -374,6 +386,15 @@ impl AsyncEvents {
     /// The context the events come from.
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+
+    /// A handle that is readable when an event is waiting, for an
+    /// application's own `poll`/`epoll`/`AsyncFd` (then read the event with
+    /// [`try_next`](Self::try_next)). It cannot consume events itself: see
+    /// [`Readiness`]. Created on first use.
+    pub fn readiness(&self) -> Result<&Readiness> {
+        self.readiness
+            .get_or_watch(self.fd(), "creating the async event readiness epoll")
     }
 
     /// Reads one pending event without blocking; `None` when there is none.
@@ -426,19 +447,6 @@ impl AsyncEvents {
                 None => return Ok(out),
             }
         }
-    }
-}
-
-impl AsRawFd for AsyncEvents {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd()
-    }
-}
-
-impl AsFd for AsyncEvents {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the fd stays open while the context (held by self) is open.
-        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 

@@ -4,12 +4,16 @@
 
 mod common;
 
+use std::fs::File;
+use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::wait;
+use rdma_verbs::channel::Readiness;
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{AccessFlags, Cq, Error, Pd, Qp, QpCaps, Rc, RecvWr, SendWr, WcOpcode};
@@ -294,4 +298,68 @@ fn waiting_for_nothing_times_out() {
     assert!(start.elapsed() < Duration::from_secs(5));
     // Not bound yet: no device to build a QP on.
     assert!(matches!(id.context(), Err(Error::InvalidArgument { .. })));
+}
+
+/// Whether `r` polls readable within `timeout` (`libc::poll`, as an event loop would).
+fn readable(r: &Readiness, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: r.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    assert!(rc >= 0, "poll: {}", std::io::Error::last_os_error());
+    rc == 1 && pfd.revents & libc::POLLIN != 0
+}
+
+/// The event channel's descriptor is out of safe code's reach; its readiness
+/// handle reports a pending CONNECT_REQUEST, reading the handle consumes
+/// nothing, `try_event` still gets the request, and dropping the listener
+/// (rdma_destroy_id waits for its events to be acknowledged) returns.
+#[test]
+fn readiness_reports_a_connect_request_without_consuming_it() {
+    let addr = at(20106);
+    let listener = CmId::listener(addr, 4).expect("listen");
+    let r = listener.channel().readiness().expect("readiness handle");
+    assert!(std::ptr::eq(r, listener.channel().readiness().unwrap()));
+    assert!(!readable(r, Duration::ZERO), "no event yet");
+
+    let client = thread::spawn(move || {
+        let (id, _pd, _cq, qp) = client(addr);
+        let err = id
+            .connect(qp, &ConnParam::new(), T)
+            .expect_err("the listener rejects");
+        err.to_string()
+    });
+    assert!(readable(r, T), "no readiness for the connect request");
+    let mut dup = File::from(r.as_fd().try_clone_to_owned().expect("dup"));
+    let e = dup
+        .read(&mut [0u8; 256])
+        .expect_err("reading the readiness handle must fail");
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+    assert!(readable(r, Duration::ZERO), "the event is still waiting");
+
+    let mut ev = listener
+        .try_event()
+        .expect("try_event")
+        .expect("the event the handle reported");
+    assert_eq!(ev.kind, CmEventKind::ConnectRequest);
+    assert!(!readable(r, Duration::ZERO), "the event was consumed once");
+    let req = ev.take_request().expect("the request");
+    let child = req.id().channel().readiness().expect("the child's handle");
+    assert!(!readable(child, Duration::ZERO));
+    req.reject(b"readiness").expect("reject");
+    let err = client.join().expect("client thread");
+    assert!(err.contains("RDMA_CM_EVENT_REJECTED"), "{err}");
+
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        drop(listener);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("dropping the listener still blocked after 5 s");
+    assert!(dup.read(&mut [0u8; 16]).is_err());
 }

@@ -13,14 +13,23 @@
 //!   REM_ACCESS_ERR completion): rxe does not raise QP_FATAL, QP_REQ_ERR or
 //!   QP_ACCESS_ERR there.
 //!
+//! The event descriptors themselves are private (a read through a duplicate
+//! would consume an event nobody acknowledges and hang Drop); the
+//! `*_readiness_reports_without_consuming` tests check the readiness handles
+//! that replace them.
+//!
 //! The tests take one lock, so they run one at a time: the port test takes
 //! the link down, which would break the others.
 mod common;
 
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use rdma_verbs::channel::Readiness;
 use rdma_verbs::qp::Rts;
 use rdma_verbs::{
     AccessFlags, AsyncEvent, AsyncEvents, CompletionChannel, Context, Cq, InitAttr, Pd, PortState,
@@ -480,4 +489,146 @@ fn port_and_gid_events_follow_the_netdev() {
     p.b.post_recv(RecvWr::empty(1)).unwrap();
     p.a.post_send(SendWr::send(1)).unwrap();
     common::wait(&mut p.cq_b, 1)[0].result().unwrap();
+}
+
+/// Whether `r` polls readable within `timeout` (`libc::poll`, as an event loop would).
+fn readable(r: &Readiness, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: r.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    assert!(rc >= 0, "poll: {}", std::io::Error::last_os_error());
+    rc == 1 && pfd.revents & libc::POLLIN != 0
+}
+
+/// `read` on a duplicate of the handle (all safe code) fails with EINVAL:
+/// it cannot consume the event the handle reports.
+fn read_through_a_dup_fails(r: &Readiness) {
+    let mut dup = File::from(r.as_fd().try_clone_to_owned().expect("dup"));
+    let e = dup
+        .read(&mut [0u8; 256])
+        .expect_err("reading the readiness handle must fail");
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+}
+
+/// Drops `v` on a thread and fails if that does not return within 5 s
+/// (an unacknowledged event makes ibv_destroy_cq / ibv_destroy_qp wait forever).
+fn drop_returns<T: Send + 'static>(what: &str, v: T) {
+    let (tx, rx) = mpsc::channel();
+    let t = Instant::now();
+    std::thread::spawn(move || {
+        drop(v);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("dropping {what} still blocked after {:?}", t.elapsed()));
+}
+
+/// The regression test for the hang: the channel's own descriptor is out of
+/// safe code's reach (`tests/ui/completion_channel_fd_is_private.rs`), its
+/// readiness handle reports the event, reading the handle consumes nothing,
+/// `try_next` still gets the event, and dropping the CQ returns.
+#[test]
+fn completion_readiness_reports_without_consuming() {
+    let _g = serial();
+    let mut p = chan_pair(QpCaps::default(), 2);
+    let ch = p.cq_b.channel().expect("channel").clone();
+    {
+        let r = ch.readiness().expect("readiness handle");
+        assert!(
+            std::ptr::eq(r, ch.readiness().unwrap()),
+            "one handle per channel"
+        );
+        assert!(!readable(r, Duration::ZERO), "nothing armed yet");
+
+        p.cq_b.req_notify(false).unwrap();
+        p.a.post_send(SendWr::send(1).imm(5)).unwrap();
+        assert!(readable(r, common::WAIT), "no readiness for the completion");
+        read_through_a_dup_fails(r);
+        assert!(readable(r, Duration::ZERO), "the event is still waiting");
+
+        assert_eq!(ch.try_next().unwrap(), Some(p.cq_b.id()));
+        assert_eq!(p.cq_b.unacked_events(), 1, "counted on cq_b, not yet acked");
+        assert!(!readable(r, Duration::ZERO), "the event was consumed once");
+        assert_eq!(ch.try_next().unwrap(), None);
+    }
+    assert_eq!(common::wait(&mut p.cq_b, 1)[0].imm_data, Some(5));
+    common::wait(&mut p.cq_a, 1);
+
+    // A second event, read and left unacknowledged: Drop acks both.
+    p.cq_b.req_notify(false).unwrap();
+    p.a.post_send(SendWr::send(2)).unwrap();
+    assert_eq!(ch.wait(Some(common::WAIT)).unwrap(), Some(p.cq_b.id()));
+    assert_eq!(p.cq_b.unacked_events(), 2);
+    // A duplicate of the handle outlives everything and stays harmless.
+    let dup = ch
+        .readiness()
+        .unwrap()
+        .as_fd()
+        .try_clone_to_owned()
+        .unwrap();
+    drop(ch);
+    drop_returns("the CQs, QPs and channels", p);
+    let mut dup = File::from(dup);
+    assert!(dup.read(&mut [0u8; 16]).is_err());
+}
+
+/// The same for the async event descriptor: a CQ overflow raises CQ_ERR,
+/// the handle reports it, reading the handle consumes nothing, `try_next`
+/// gets it, and destroying the CQ (which waits for its async events) returns.
+#[test]
+fn async_readiness_reports_without_consuming() {
+    let _g = serial();
+    let ctx = common::ctx();
+    let mut evs = ctx.async_events().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let small = Cq::new(&ctx, 1).unwrap();
+    let big = Cq::new(&ctx, 64).unwrap();
+    let gid = common::gid_index(&ctx);
+    let mk = |scq: &Cq, rcq: &Cq| {
+        Qp::new(&pd, scq, rcq, QpCaps::default())
+            .unwrap()
+            .init(InitAttr::new(1, common::all_remote()))
+            .unwrap()
+    };
+    let a = mk(&small, &big);
+    let mut b = mk(&big, &big);
+    b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
+    let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
+    let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
+    let mut a = a.connect(&eb, Some(gid)).unwrap();
+    let b = b.connect(&ea, Some(gid)).unwrap();
+
+    let r = evs.readiness().expect("readiness handle");
+    assert!(!readable(r, Duration::ZERO), "no event yet");
+    for i in 0..8 {
+        a.post_send(SendWr::send(i)).unwrap();
+    }
+    assert!(readable(r, common::WAIT), "no readiness for CQ_ERR");
+    read_through_a_dup_fails(r);
+    assert!(readable(r, Duration::ZERO), "the event is still waiting");
+    let dup = r.as_fd().try_clone_to_owned().unwrap();
+
+    let first = evs
+        .try_next()
+        .unwrap()
+        .expect("the event the handle reported");
+    assert_eq!(first, AsyncEvent::CqErr { cq: small.id() });
+    let rest = events_for(&mut evs, "after readiness", Duration::from_secs(2));
+    assert!(
+        rest.iter()
+            .all(|e| *e == AsyncEvent::CqErr { cq: small.id() }),
+        "{rest:?}"
+    );
+    let r = evs.readiness().unwrap();
+    assert!(!readable(r, Duration::ZERO), "every event was read");
+    drop_returns("the QPs and CQs", (a, b, small, big, pd));
+    drop(evs);
+    drop(ctx);
+    let mut dup = File::from(dup);
+    assert!(dup.read(&mut [0u8; 16]).is_err());
 }

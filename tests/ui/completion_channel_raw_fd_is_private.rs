@@ -1,0 +1,11 @@
+// expected: E0599
+// Not as a raw descriptor either (see completion_channel_fd_is_private.rs).
+use std::os::fd::AsRawFd;
+
+use rdma_verbs::{CompletionChannel, Context};
+
+fn main() {
+    let ctx = Context::open(None).unwrap();
+    let ch = CompletionChannel::new(&ctx).unwrap();
+    let _fd = ch.as_raw_fd();
+}
