@@ -1,4 +1,4 @@
-// expected: E0599
+//~ ERROR E0599 no method named `as_fd`
 // The context's async event descriptor is not reachable from safe code: an
 // event read from it is never acknowledged, and destroying the QP or CQ it
 // names then waits forever. Event loops use `AsyncEvents::readiness()`.

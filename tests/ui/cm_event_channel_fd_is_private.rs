@@ -1,4 +1,4 @@
-// expected: E0599
+//~ ERROR E0599 doesn't satisfy `EventChannel: AsFd`
 // The rdma_cm event channel's descriptor is not reachable from safe code: an
 // event read from it is never acknowledged, and rdma_destroy_id (the CmId's
 // Drop) then waits forever. Event loops use `EventChannel::readiness()`.

@@ -1,4 +1,4 @@
-// expected: E0599
+//~ ERROR E0599 no method named `as_fd`
 // The completion channel's descriptor is not reachable from safe code: a
 // read(2) on it would consume an event behind libibverbs' back and make the
 // CQ's Drop (ibv_destroy_cq) wait forever. Event loops use `readiness()`.

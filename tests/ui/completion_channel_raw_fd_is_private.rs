@@ -1,4 +1,4 @@
-// expected: E0599
+//~ ERROR E0599 no method named `as_raw_fd`
 // Not as a raw descriptor either (see completion_channel_fd_is_private.rs).
 use std::os::fd::AsRawFd;
 
