@@ -22,38 +22,84 @@
 //!
 //! * Posting **moves** the buffers ([`Mr`](crate::Mr), or a read-only
 //!   [`SharedMr`](crate::SharedMr) for SEND/WRITE sources) into a slot of the
-//!   QP's preallocated ring (no heap allocation per work request); the slot's
-//!   address is the `wr_id` the NIC sees. Nothing else can reach the buffer.
-//! * [`Cq::poll`](crate::Cq::poll) (single consumer: `&mut Cq`) maps each
-//!   completion back to its slot and returns the buffers inside the
-//!   [`Completion`](crate::Completion). Queues complete in order, so a
-//!   completion also retires the unsignaled requests before it; their buffers
-//!   are released then, or handed back by
+//!   queue's preallocated ring (no heap allocation per work request). Nothing
+//!   else can reach them until they come back.
+//! * The `wr_id` the NIC sees is a **token**, not a pointer: the ring's index
+//!   and generation in its CQ's ring table, and the request's sequence
+//!   number. [`Cq::poll`](crate::Cq::poll) (single consumer: `&mut Cq`)
+//!   validates every completion before touching anything: the ring must be
+//!   registered on that CQ under that tag, belong to the completion's QP
+//!   number, and hold a posted request with that sequence number inside its
+//!   in-flight window. Anything else (a raw-path post, a QP created outside
+//!   this crate, a provider bug, a completion of a destroyed QP) comes back
+//!   as [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) or
+//!   [`Stale`](crate::CompletionSource::Stale), without buffers.
+//! * A valid completion returns the request's buffers inside the
+//!   [`Completion`](crate::Completion). Queues complete in order, so it also
+//!   retires the unsignaled requests before it; their buffers are released
+//!   then, or handed back by
 //!   [`Cq::poll_with_retired`](crate::Cq::poll_with_retired). The QP forces a
 //!   signaled request when its ring would fill up, so it can never wedge.
+//! * Each slot is claimed by one compare-exchange (POSTED → EMPTY) by whoever
+//!   takes its buffers: the poller, the poster taking back a refused post, or
+//!   the QP's destructor. A buffer moves out (or drops) exactly once.
 //! * NIC-written destinations (receives, READ and atomic results) must be
 //!   exclusively owned `Mr`s; `SharedMr` is refused there, since others may
 //!   be reading it.
-//! * Flushed completions (QP in ERR) return their buffers the same way.
-//! * **QP dropped with work in flight**: `ibv_destroy_qp` returns only when the
-//!   NIC is done with the QP. Its completions may still sit in the CQ, so the
-//!   slot rings move into each CQ's graveyard; the CQ frees them (releasing
-//!   the buffers still inside) the first time a poll finds it empty, or when
-//!   the CQ is destroyed. [`reset`](Qp::reset) does the same with fresh rings.
-//! * **A CQ shared by several QPs**: the `wr_id` names the slot, and the slot
-//!   names its ring, so completions of any QP find their buffers without a
-//!   lookup or a lock.
+//! * **The CQ cannot overrun through the safe path.** A queue of depth `d`
+//!   has at most `d` completions in its CQ (one per posted request, signaled
+//!   or flushed), so creating a QP reserves its queues' depths on its CQs,
+//!   and a QP that does not fit is refused
+//!   ([`Error::CqTooSmall`]). If completions are
+//!   lost anyway (raw posts, [`Cq::poll_raw`](crate::Cq::poll_raw)), the
+//!   poller sees a later completion sweep a signaled request and reports
+//!   [`Error::CompletionsLost`].
+//! * **QP dropped with work in flight**: `ibv_destroy_qp` returns only when
+//!   the NIC is done with the QP, so the destructor releases the buffers still
+//!   posted right away. Its completions may still sit in the CQ: its rings
+//!   stay registered (empty) until a poll finds the CQ empty, so those
+//!   completions come back `Stale`; then the rings and their reserved CQ
+//!   entries are given back.
+//! * [`reset`](Qp::reset) needs a drained QP (nothing outstanding on either
+//!   queue), because whether RESET discards posted work is up to the
+//!   provider; [`to_error`](Qp::to_error) and polling the flushes drains it.
+//! * **Panics.** A panic in the iterator given to
+//!   [`post_send_list`](Qp::post_send_list) / [`post_recv_list`](Qp::post_recv_list)
+//!   unwinds through a guard that takes the requests staged for the verb
+//!   call back out of the ring. A buffer whose `Drop` panics while the poller
+//!   retires it is contained until the ring's books are consistent, then the
+//!   panic resumes from `poll`; the QP's destructor contains it for good.
 //! * **Memory a peer can write** (REMOTE_WRITE/REMOTE_ATOMIC) is never exposed
-//!   as a Rust slice; see [`crate::mr`].
+//!   as a Rust slice; copies in and out use atomic accesses (see
+//!   [`crate::mr`]).
 //!
-//! Misuse that remains possible in safe code is harmless: polling with
-//! [`Cq::poll_raw`](crate::Cq::poll_raw) keeps the buffers in the ring until the
-//! QP is destroyed; letting the CQ overflow loses completions (the QP goes to
-//! ERR), so buffers again wait for QP destruction.
+//! # What the argument relies on
+//! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`.
+//!
+//! | Assumption | Source | Test |
+//! |---|---|---|
+//! | Completions of one queue (SQ or RQ) arrive in posting order | IB spec vol. 1, 10.8.3 ("work requests on a queue complete in order"); `ibv_post_send(3)` | `each_queue_completes_in_posting_order` |
+//! | No completion for a QP is generated after `ibv_destroy_qp` returns | `ibv_destroy_qp(3)`; Linux rxe `rxe_qp_do_cleanup` stops the QP's tasks (drivers/infiniband/sw/rxe/rxe_qp.c); mlx5 `destroy_qp_common` moves the QP to RESET before destroying it | `no_completion_arrives_after_destroy_returns` |
+//! | ERR flushes every posted request with a completion | `ibv_modify_qp(3)` / IB spec 10.3.1 (error state: "work requests are completed in error") | `the_error_state_flushes_every_posted_request` |
+//! | `wr_id`, `status`, `qp_num` are written for every completion; other fields only as the status and opcode make them valid | `ibv_poll_cq(3)`; rdma-core `providers/mlx5/cq.c` leaves the rest unwritten | `cq::tests` (host, poisoned entries), `failed_completions_report_what_was_posted` |
+//! | A CQ of depth `d` holds `d` completions | `ibv_create_cq(3)` (`cqe` is the minimum; the actual depth is read back) | `queues_that_would_overrun_the_cq_are_refused` |
+//!
+//! Not relied on: that RESET discards posted work (some rxe versions keep
+//! posted receives), hence the drained-QP rule above
+//! (`reset_needs_a_drained_qp`); that `wr_id`s are ours (validated tokens,
+//! `foreign_wr_ids_are_never_dereferenced`).
+//!
+//! Misuse that remains possible in safe code is harmless: completions
+//! consumed by [`Cq::poll_raw`](crate::Cq::poll_raw) leave their buffers in
+//! the ring until a later completion sweeps them (reported as lost) or the QP
+//! is destroyed.
 //!
 //! The `unsafe` [`post_send_raw`](Qp::post_send_raw) /
 //! [`post_recv_raw`](Qp::post_recv_raw) take C work requests for callers who
 //! manage buffers themselves; their contract is in their `# Safety` sections.
+//! Their completions come back as `Foreign` from `Cq::poll` (or raw from
+//! `poll_raw`); they bypass the queue's depth, so keep the queue's total
+//! within the QP's caps or the CQ can overrun.
 //!
 //! # What the safe path costs
 //! Per request: the checks, moving its buffers into a slot and back out
@@ -581,10 +627,12 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     /// # Safety
     /// Every SGE must point into memory registered in this QP's PD with
     /// LOCAL_WRITE, that stays valid, and that nothing reads or writes, until
-    /// the request's completion is polled (or the QP is destroyed). The
-    /// completions must be polled with [`Cq::poll_raw`](crate::Cq::poll_raw),
-    /// never [`Cq::poll`](crate::Cq::poll), because `wr_id` is yours; do not mix
-    /// with the safe path on the same CQ.
+    /// the request's completion is polled (or the QP is destroyed). Safe-path
+    /// requests in flight plus raw ones must not exceed the QP's
+    /// `max_recv_wr`, or the CQ may overrun. The completion comes back from
+    /// [`Cq::poll`](crate::Cq::poll) as
+    /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
+    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)).
     pub unsafe fn post_recv_raw(&mut self, wr: &mut ffi::ibv_recv_wr) -> Result<()> {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
@@ -622,9 +670,11 @@ impl<T: QpType> Qp<T, Rts> {
     /// request's, for unsignaled ones), or the QP is destroyed; memory the NIC
     /// writes (READ/atomic destinations) must not be read or written by anyone
     /// else meanwhile, and memory it reads must not be written. Remote addresses
-    /// are not checked. The completions must be polled with
-    /// [`Cq::poll_raw`](crate::Cq::poll_raw), never [`Cq::poll`](crate::Cq::poll),
-    /// because `wr_id` is yours; do not mix with the safe path on the same CQ.
+    /// are not checked. Safe-path requests in flight plus raw ones must not
+    /// exceed the QP's `max_send_wr`, or the CQ may overrun. The completion
+    /// comes back from [`Cq::poll`](crate::Cq::poll) as
+    /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
+    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)).
     pub unsafe fn post_send_raw(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()> {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
