@@ -7,13 +7,12 @@ mod common;
 use std::fs::File;
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::wait;
-use rdma_verbs::channel::Readiness;
+use common::{readable, wait};
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{AccessFlags, Cq, Error, Pd, Qp, QpCaps, Rc, RecvWr, SendWr, WcOpcode};
@@ -298,20 +297,6 @@ fn waiting_for_nothing_times_out() {
     assert!(start.elapsed() < Duration::from_secs(5));
     // Not bound yet: no device to build a QP on.
     assert!(matches!(id.context(), Err(Error::InvalidArgument { .. })));
-}
-
-/// Whether `r` polls readable within `timeout` (`libc::poll`, as an event loop would).
-fn readable(r: &Readiness, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: r.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    assert!(rc >= 0, "poll: {}", std::io::Error::last_os_error());
-    rc == 1 && pfd.revents & libc::POLLIN != 0
 }
 
 /// The event channel's descriptor is out of safe code's reach; its readiness

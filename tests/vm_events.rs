@@ -24,8 +24,10 @@ mod common;
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::process::Command;
+
+use common::readable;
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -277,15 +279,19 @@ fn events_for(evs: &mut AsyncEvents, tag: &str, window: Duration) -> Vec<AsyncEv
     got
 }
 
-#[test]
-fn cq_overflow_raises_cq_err_naming_the_cq() {
-    let _g = serial();
-    let ctx = common::ctx();
-    let mut evs = ctx.async_events().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let small = Cq::new(&ctx, 1).unwrap();
-    let big = Cq::new(&ctx, 64).unwrap();
-    let gid = common::gid_index(&ctx);
+/// A connected pair whose `a` sends complete on a CQ of depth 1 (`small`):
+/// the only way left to overrun a CQ is the raw path, see [`overrun`].
+struct SmallCqPair {
+    a: Qp<Rc, Rts>,
+    b: Qp<Rc, Rts>,
+    small: Cq,
+    big: Cq,
+}
+
+fn small_cq_pair(ctx: &Context, pd: &Pd) -> SmallCqPair {
+    let small = Cq::new(ctx, 1).unwrap();
+    let big = Cq::new(ctx, 64).unwrap();
+    let gid = common::gid_index(ctx);
     let a_caps = QpCaps {
         max_send_wr: small.depth(),
         max_recv_wr: 8,
@@ -293,7 +299,7 @@ fn cq_overflow_raises_cq_err_naming_the_cq() {
     };
     // The safe path refuses a send queue deeper than the CQ can hold.
     match Qp::new(
-        &pd,
+        pd,
         &small,
         &big,
         QpCaps {
@@ -309,7 +315,7 @@ fn cq_overflow_raises_cq_err_naming_the_cq() {
         other => panic!("expected CqTooSmall, got {other:?}"),
     }
     let mk = |scq: &Cq, caps: QpCaps| {
-        Qp::new(&pd, scq, &big, caps)
+        Qp::new(pd, scq, &big, caps)
             .unwrap()
             .init(InitAttr::new(1, common::all_remote()))
             .unwrap()
@@ -325,14 +331,21 @@ fn cq_overflow_raises_cq_err_naming_the_cq() {
     b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
     let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
     let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
-    let mut a = a.connect(&eb, Some(gid)).unwrap();
-    let _b = b.connect(&ea, Some(gid)).unwrap();
-    // Only the raw path (which bypasses the ring's depth) can overrun it now:
-    // signaled zero-byte SENDs, one at a time, never polled.
+    let a = a.connect(&eb, Some(gid)).unwrap();
+    let b = b.connect(&ea, Some(gid)).unwrap();
+    SmallCqPair { a, b, small, big }
+}
+
+/// Signaled zero-byte SENDs through the raw path (which bypasses the ring's
+/// depth), never polled: tries for up to 5 s to get `n` accepted (the send
+/// queue frees a slot only once the previous request completed), and
+/// returns how many were.
+fn overrun(a: &mut Qp<Rc, Rts>, n: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
     let mut posted = 0;
-    for i in 0..8 {
+    while posted < n && Instant::now() < deadline {
         let mut wr = rdma_verbs::ffi::ibv_send_wr {
-            wr_id: i,
+            wr_id: posted as u64,
             opcode: rdma_verbs::ffi::IBV_WR_SEND,
             send_flags: rdma_verbs::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
             ..Default::default()
@@ -344,6 +357,22 @@ fn cq_overflow_raises_cq_err_naming_the_cq() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    posted
+}
+
+#[test]
+fn cq_overflow_raises_cq_err_naming_the_cq() {
+    let _g = serial();
+    let ctx = common::ctx();
+    let mut evs = ctx.async_events().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let SmallCqPair {
+        mut a,
+        b: _b,
+        small,
+        big: _big,
+    } = small_cq_pair(&ctx, &pd);
+    let posted = overrun(&mut a, small.depth() as usize + 1);
     let got = events_for(&mut evs, "cq overflow", Duration::from_secs(2));
     let overflow = posted - small.depth() as usize;
     assert!(overflow > 0, "only {posted} raw posts went through");
@@ -491,20 +520,6 @@ fn port_and_gid_events_follow_the_netdev() {
     common::wait(&mut p.cq_b, 1)[0].result().unwrap();
 }
 
-/// Whether `r` polls readable within `timeout` (`libc::poll`, as an event loop would).
-fn readable(r: &Readiness, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: r.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    assert!(rc >= 0, "poll: {}", std::io::Error::last_os_error());
-    rc == 1 && pfd.revents & libc::POLLIN != 0
-}
-
 /// `read` on a duplicate of the handle (all safe code) fails with EINVAL:
 /// it cannot consume the event the handle reports.
 fn read_through_a_dup_fails(r: &Readiness) {
@@ -586,28 +601,20 @@ fn async_readiness_reports_without_consuming() {
     let ctx = common::ctx();
     let mut evs = ctx.async_events().unwrap();
     let pd = Pd::new(&ctx).unwrap();
-    let small = Cq::new(&ctx, 1).unwrap();
-    let big = Cq::new(&ctx, 64).unwrap();
-    let gid = common::gid_index(&ctx);
-    let mk = |scq: &Cq, rcq: &Cq| {
-        Qp::new(&pd, scq, rcq, QpCaps::default())
-            .unwrap()
-            .init(InitAttr::new(1, common::all_remote()))
-            .unwrap()
-    };
-    let a = mk(&small, &big);
-    let mut b = mk(&big, &big);
-    b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
-    let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
-    let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
-    let mut a = a.connect(&eb, Some(gid)).unwrap();
-    let b = b.connect(&ea, Some(gid)).unwrap();
+    let SmallCqPair {
+        mut a,
+        b,
+        small,
+        big,
+    } = small_cq_pair(&ctx, &pd);
 
     let r = evs.readiness().expect("readiness handle");
     assert!(!readable(r, Duration::ZERO), "no event yet");
-    for i in 0..8 {
-        a.post_send(SendWr::send(i)).unwrap();
-    }
+    let depth = small.depth() as usize;
+    assert!(
+        overrun(&mut a, depth + 1) > depth,
+        "the raw posts went through"
+    );
     assert!(readable(r, common::WAIT), "no readiness for CQ_ERR");
     read_through_a_dup_fails(r);
     assert!(readable(r, Duration::ZERO), "the event is still waiting");

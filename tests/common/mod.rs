@@ -138,3 +138,17 @@ pub fn res_counts(dev: &str) -> std::collections::HashMap<String, u64> {
         .filter_map(|w| Some((w[0].to_owned(), w[1].parse().ok()?)))
         .collect()
 }
+
+/// Whether `r` polls readable within `timeout` (`libc::poll`, as an event loop would).
+pub fn readable(r: &rdma_verbs::channel::Readiness, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(r),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    assert!(rc >= 0, "poll: {}", std::io::Error::last_os_error());
+    rc == 1 && pfd.revents & libc::POLLIN != 0
+}
