@@ -81,7 +81,10 @@ fn parse_args() -> Result<Args, String> {
             "--gpu" => a.gpu = val()?.parse().map_err(|e| format!("--gpu: {e}"))?,
             "--mode" => a.mode = val()?.parse().map_err(|e| format!("--mode: {e}"))?,
             "--iters" => a.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
-            "-h" | "--help" => return Err(String::new()),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0)
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -98,9 +101,7 @@ fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("gdr_write: {e}");
-            }
+            eprintln!("gdr_write: {e}");
             eprintln!("{USAGE}");
             return ExitCode::from(2);
         }

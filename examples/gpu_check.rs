@@ -77,6 +77,10 @@ fn main() -> ExitCode {
     let mut device: Option<String> = std::env::var("RDMA_VERBS_DEVICE").ok();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "-h" || a == "--help" {
+            println!("usage: gpu_check [--gpu N] [--device RDMA_DEV]");
+            return ExitCode::SUCCESS;
+        }
         match (a.as_str(), args.next()) {
             ("--gpu", Some(v)) => gpu = v.parse().unwrap_or(0),
             ("--device", Some(v)) => device = Some(v),

@@ -95,6 +95,7 @@ fn usage(argv0: &str) {
     println!("  -g, --gid-idx=<gid index> local port gid index");
     println!("  -o, --odp\t\t    use on demand paging");
     println!("  -c, --chk\t            validate received buffer");
+    println!("  -h, --help             print this help");
 }
 
 /// `strtol(s, NULL, 0)`: decimal, `0x` hex or `0` octal, optional sign.
@@ -312,6 +313,10 @@ fn main() -> ExitCode {
         .first()
         .map_or("rc_pingpong", String::as_str)
         .to_owned();
+    if args.iter().skip(1).any(|a| a == "-h" || a == "--help") {
+        usage(&argv0);
+        return ExitCode::SUCCESS;
+    }
     let o = match parse_args(&args) {
         Ok(o) => o,
         Err(e) => {

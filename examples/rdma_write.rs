@@ -24,9 +24,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &app::Args) -> Result<()> {
-    let mut side = app::open(args, 4)?;
-    let mut qp = app::qp(&side, 4)?;
-    let mut out = Vec::with_capacity(4);
+    let mut side = app::open(args, 1)?;
+    let mut qp = app::qp(&side)?;
+    let pattern = app::Pattern::new(args.size);
     if args.client.is_none() {
         // The target region: the peer may write it at any time, so it is read
         // with copies (read_at), never as a slice.
@@ -36,28 +36,40 @@ fn run(args: &app::Args) -> Result<()> {
         )?;
         qp.post_recv(RecvWr::empty(0))?;
         let (mut qp, _) = app::connect(args, &side, qp, &[target.remote()])?;
-        let mut ack = Some(side.pd.alloc_mr(1, AccessFlags::empty())?);
         let mut data = vec![0u8; args.size];
+        // The acknowledgements are empty SENDs; one is in flight at most.
+        let mut ack_in_flight = false;
         for i in 0..args.iters {
-            out.clear();
-            side.cq.poll_n(&mut out, 1, WAIT)?;
-            let c = &out[0];
-            c.result()?;
-            if c.opcode != WcOpcode::RecvRdmaWithImm || c.imm_data != Some(i as u32) {
+            // The client's WRITE_WITH_IMM, and the completion of our last ack,
+            // in either order.
+            let mut write = None;
+            while write.is_none() || ack_in_flight {
+                let c = side.cq.poll_one(WAIT)?;
+                c.result()?;
+                match c.opcode {
+                    WcOpcode::Send if ack_in_flight => ack_in_flight = false,
+                    WcOpcode::RecvRdmaWithImm if write.is_none() => write = Some(c),
+                    _ => return Err(Error::Protocol(format!("unexpected completion {c:?}"))),
+                }
+            }
+            if let Some(c) = write.filter(|c| c.imm_data != Some(i as u32)) {
                 return Err(Error::Protocol(format!(
                     "expected WRITE_WITH_IMM {i}, got {c:?}"
                 )));
             }
             target.read_at(0, &mut data)?;
-            if data != app::payload(args.size, i) {
+            if data != pattern.message(i) {
                 return Err(Error::Protocol(format!("write {i}: content mismatch")));
             }
             qp.post_recv(RecvWr::empty(i as u64 + 1))?;
-            qp.post_send(SendWr::send(i as u64).sge(ack.take().expect("ack buffer")))?;
-            out.clear();
-            side.cq.poll_n(&mut out, 1, WAIT)?;
-            out[0].result()?;
-            ack = out[0].take_mr();
+            qp.post_send(SendWr::send(i as u64))?;
+            ack_in_flight = true;
+        }
+        // The last ack completes too before the QP goes away.
+        let c = side.cq.poll_one(WAIT)?;
+        c.result()?;
+        if c.opcode != WcOpcode::Send {
+            return Err(Error::Protocol(format!("unexpected completion {c:?}")));
         }
         println!(
             "server: {} RDMA WRITEs of {} bytes received and verified",
@@ -65,12 +77,7 @@ fn run(args: &app::Args) -> Result<()> {
         );
         return Ok(());
     }
-    for i in 0..4 {
-        qp.post_recv(RecvWr::new(
-            i,
-            side.pd.alloc_mr(1, AccessFlags::LOCAL_WRITE)?,
-        ))?;
-    }
+    qp.post_recv(RecvWr::empty(0))?;
     let (mut qp, remote) = app::connect(args, &side, qp, &[])?;
     let target = *remote
         .mrs
@@ -80,22 +87,21 @@ fn run(args: &app::Args) -> Result<()> {
     let start = Instant::now();
     for i in 0..args.iters {
         let mut buf = src.take().expect("source buffer is back");
-        buf.write_at(0, &app::payload(args.size, i))?;
+        buf.write_at(0, pattern.message(i))?;
         qp.post_send(SendWr::write(i as u64, target, 0).sge(buf).imm(i as u32))?;
+        // The WRITE's completion (its buffer comes back) and the server's ack,
+        // in either order.
         let mut acked = false;
         while !acked || src.is_none() {
-            out.clear();
-            side.cq.poll_n(&mut out, 1, WAIT)?;
-            for mut c in out.drain(..) {
-                c.result()?;
-                match c.opcode {
-                    WcOpcode::RdmaWrite => src = c.take_mr(),
-                    WcOpcode::Recv => {
-                        acked = true;
-                        qp.post_recv(RecvWr::new(c.wr_id, c.take_mr().expect("ack buffer")))?;
-                    }
-                    other => return Err(Error::Protocol(format!("unexpected completion {other}"))),
+            let mut c = side.cq.poll_one(WAIT)?;
+            c.result()?;
+            match c.opcode {
+                WcOpcode::RdmaWrite if src.is_none() => src = c.take_mr(),
+                WcOpcode::Recv if !acked => {
+                    acked = true;
+                    qp.post_recv(RecvWr::empty(i as u64 + 1))?;
                 }
+                _ => return Err(Error::Protocol(format!("unexpected completion {c:?}"))),
             }
         }
     }

@@ -70,7 +70,8 @@ usage: rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port] [-W secs]
   -v        display ping data
   -V        validate ping data
   -d        debug output
-  -W secs   give up on any wait after secs (default 60)";
+  -W secs   give up on any wait after secs (default 60)
+  -h        print this help";
 
 fn parse_args() -> Res<Opts> {
     let mut o = Opts {
@@ -87,6 +88,10 @@ fn parse_args() -> Res<Opts> {
     };
     let mut role = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        std::process::exit(0);
+    }
     let mut i = 0;
     while i < args.len() {
         let a = &args[i];

@@ -13,7 +13,8 @@ mod app;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::{AccessFlags, Error, RecvWr, Result, SendWr, WcOpcode};
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{AccessFlags, Cq, Error, Mr, Qp, Rc, RecvWr, Result, SendWr, WcOpcode};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -22,61 +23,88 @@ fn main() -> ExitCode {
     app::exit_on_error("send_recv", || run(&args))
 }
 
+/// The buffers that completions hand back.
+struct Bufs {
+    /// The send buffer, when no SEND is in flight.
+    send: Option<Mr>,
+    /// A message received and not handled yet, with its length.
+    received: Option<(usize, Mr)>,
+}
+
+impl Bufs {
+    /// Polls one completion and files the buffer it hands back. One SEND and
+    /// one receive are in flight at most, so each slot is empty when it fills.
+    fn poll(&mut self, cq: &mut Cq) -> Result<()> {
+        let mut c = cq.poll_one(WAIT)?;
+        c.result()?;
+        match (c.opcode, c.take_mr()) {
+            (WcOpcode::Send, Some(buf)) if self.send.is_none() => self.send = Some(buf),
+            (WcOpcode::Recv, Some(buf)) if self.received.is_none() => {
+                self.received = Some((c.byte_len as usize, buf))
+            }
+            _ => return Err(Error::Protocol(format!("unexpected completion {c:?}"))),
+        }
+        Ok(())
+    }
+
+    /// Sends `msg` once the previous SEND has completed.
+    fn send(&mut self, cq: &mut Cq, qp: &mut Qp<Rc, Rts>, id: usize, msg: &[u8]) -> Result<()> {
+        while self.send.is_none() {
+            self.poll(cq)?;
+        }
+        let mut buf = self.send.take().expect("send buffer is back");
+        buf.write_at(0, msg)?;
+        Ok(qp.post_send(SendWr::send(id as u64).sge(buf))?)
+    }
+
+    /// Waits for the next message.
+    fn recv(&mut self, cq: &mut Cq) -> Result<(usize, Mr)> {
+        loop {
+            if let Some(got) = self.received.take() {
+                return Ok(got);
+            }
+            self.poll(cq)?;
+        }
+    }
+}
+
 fn run(args: &app::Args) -> Result<()> {
-    let mut side = app::open(args, 4)?;
-    let mut qp = app::qp(&side, 4)?;
+    let mut side = app::open(args, 1)?;
+    let mut qp = app::qp(&side)?;
     // Receive buffer posted before connecting, so the first message finds it.
     qp.post_recv(RecvWr::new(
         0,
         side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?,
     ))?;
     let (mut qp, _) = app::connect(args, &side, qp, &[])?;
-    let mut out = Vec::with_capacity(4);
-    let mut send_buf = Some(side.pd.alloc_mr(args.size, AccessFlags::empty())?);
+    let pattern = app::Pattern::new(args.size);
+    let mut bufs = Bufs {
+        send: Some(side.pd.alloc_mr(args.size, AccessFlags::empty())?),
+        received: None,
+    };
+    let client = args.client.is_some();
     let start = Instant::now();
     for i in 0..args.iters {
-        let expected = app::payload(args.size, i);
-        if args.client.is_some() {
-            let mut buf = send_buf.take().expect("send buffer is back");
-            buf.write_at(0, &expected)?;
-            qp.post_send(SendWr::send(i as u64).sge(buf))?;
+        let expected = pattern.message(i);
+        if client {
+            bufs.send(&mut side.cq, &mut qp, i, expected)?;
         }
-        // Wait for our send (client) and the peer's message.
-        let mut got_recv = None;
-        while got_recv.is_none() || send_buf.is_none() {
-            out.clear();
-            side.cq.poll_n(&mut out, 1, WAIT)?;
-            for mut c in out.drain(..) {
-                c.result()?;
-                match c.opcode {
-                    WcOpcode::Recv => {
-                        got_recv = Some((c.byte_len as usize, c.take_mr().expect("receive buffer")))
-                    }
-                    _ => send_buf = c.take_mr(),
-                }
-            }
-            if args.client.is_none() && got_recv.is_some() {
-                break;
-            }
-        }
-        let (len, buf) = got_recv.expect("received");
-        let data = buf.to_vec()?;
-        if len != args.size || data[..len] != expected[..] {
+        // The peer's message (the client's, or the server's echo of it).
+        let (len, buf) = bufs.recv(&mut side.cq)?;
+        if len != args.size || buf.as_slice()? != expected {
             return Err(Error::Protocol(format!(
                 "message {i}: {len} bytes, content mismatch"
             )));
         }
         // Re-arm the receive for the next message before answering.
         qp.post_recv(RecvWr::new(i as u64 + 1, buf))?;
-        if args.client.is_none() {
-            let mut echo = send_buf.take().expect("send buffer is back");
-            echo.write_at(0, &data)?;
-            qp.post_send(SendWr::send(i as u64).sge(echo))?;
-            out.clear();
-            side.cq.poll_n(&mut out, 1, WAIT)?;
-            out[0].result()?;
-            send_buf = out[0].take_mr();
+        if !client {
+            bufs.send(&mut side.cq, &mut qp, i, expected)?;
         }
+    }
+    // The last SEND completes too before the QP goes away.
+    while bufs.send.is_none() {
+        bufs.poll(&mut side.cq)?;
     }
     let secs = start.elapsed().as_secs_f64();
     println!(

@@ -148,13 +148,6 @@ pub struct Pending {
 /// is taken, and perftest's loop keeps at most `-t` requests in flight).
 pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
     let nq = o.num_qps;
-    let send_depth = o.tx_depth * nq * if o.bidir { 2 } else { 1 };
-    let send_cq = EvCq::new(&dev.ctx, send_depth.max(1), o.events)?;
-    let recv_cq = if o.test.verb() == Verb::Send {
-        Some(EvCq::new(&dev.ctx, (o.rx_depth * nq).max(1), o.events)?)
-    } else {
-        None
-    };
     let max_send_wr = match o.path {
         DataPath::Safe => o.tx_depth + 1,
         DataPath::Raw => o.tx_depth,
@@ -167,6 +160,22 @@ pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
         max_inline_data: o.inline_size,
         sq_sig_all: false,
     };
+    // Each CQ holds every completion its queues may produce: a QP's send
+    // queue its depth on the send CQ, its receive queue its depth on the
+    // receive CQ (the send CQ when receives are not used).
+    let sends = max_send_wr.saturating_mul(nq);
+    let recvs = o.rx_depth.saturating_mul(nq);
+    let recv_cq = if o.test.verb() == Verb::Send {
+        Some(EvCq::new(&dev.ctx, recvs, o.events)?)
+    } else {
+        None
+    };
+    let send_depth = if recv_cq.is_some() {
+        sends
+    } else {
+        sends.saturating_add(recvs)
+    };
+    let send_cq = EvCq::new(&dev.ctx, send_depth, o.events)?;
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ

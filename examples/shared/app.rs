@@ -97,13 +97,18 @@ pub struct Side {
     pub pd: Pd,
     pub cq: Cq,
     pub gid_index: u8,
+    /// Work requests each queue of the QP may hold.
+    pub depth: u32,
 }
 
-/// Opens the device, a PD and one CQ deep enough for `depth` work requests.
+/// Opens the device, a PD, and one CQ for both queues of a QP whose queues
+/// hold `depth` work requests each.
 pub fn open(args: &Args, depth: u32) -> Result<Side> {
     let ctx = Context::open(args.device.as_deref())?;
     let pd = Pd::new(&ctx)?;
-    let cq = Cq::new(&ctx, depth * 2)?;
+    // Every completion the QP's queues may produce must fit: `depth` for the
+    // send queue plus `depth` for the receive queue.
+    let cq = Cq::new(&ctx, 2 * depth)?;
     let gid_index = match args.gid_index {
         Some(i) => i,
         None => {
@@ -117,14 +122,20 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
             table.iter().find(v2).map(|e| e.index as u8).unwrap_or(0)
         }
     };
-    Ok(Side { pd, cq, gid_index })
+    Ok(Side {
+        pd,
+        cq,
+        gid_index,
+        depth,
+    })
 }
 
-/// An RC QP in INIT with REMOTE_WRITE/READ rights, on `side`'s CQ.
-pub fn qp(side: &Side, depth: u32) -> Result<Qp<Rc, Init>> {
+/// An RC QP in INIT with REMOTE_WRITE/READ rights, on `side`'s CQ, with
+/// `side.depth` work requests per queue.
+pub fn qp(side: &Side) -> Result<Qp<Rc, Init>> {
     let caps = QpCaps {
-        max_send_wr: depth,
-        max_recv_wr: depth,
+        max_send_wr: side.depth,
+        max_recv_wr: side.depth,
         ..QpCaps::default()
     };
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
@@ -166,11 +177,34 @@ pub fn connect(
     Ok((qp, remote))
 }
 
-/// The deterministic payload of iteration `iter`.
-pub fn payload(len: usize, iter: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i.wrapping_mul(7) ^ iter.wrapping_mul(131)) as u8)
-        .collect()
+/// The messages: message `i` is the window at `i % 256` of one pseudo-random
+/// byte string, so consecutive messages differ and none is generated in the
+/// loop (compare with `==` on slices: a `memcmp`, fast in debug builds too).
+pub struct Pattern {
+    bytes: Vec<u8>,
+    len: usize,
+}
+
+impl Pattern {
+    /// Messages of `len` bytes.
+    pub fn new(len: usize) -> Pattern {
+        let mut bytes = Vec::with_capacity(len + 256 + 8);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        while bytes.len() < len + 256 {
+            // xorshift64, eight bytes at a time.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bytes.extend_from_slice(&x.to_le_bytes());
+        }
+        Pattern { bytes, len }
+    }
+
+    /// The content of message `iter`.
+    pub fn message(&self, iter: usize) -> &[u8] {
+        let at = iter % 256;
+        &self.bytes[at..at + self.len]
+    }
 }
 
 /// Runs `f`, printing the error and exiting 1 on failure.
