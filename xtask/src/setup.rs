@@ -22,7 +22,7 @@ use crate::{Context, Error, Result, vm};
 
 /// Debian packages the host needs: QEMU and busybox for the guest, kmod and xz for building
 /// it, rdma-core and the perftest/rdmacm tools that run inside it, and the headers, clang and
-/// pkg-config that the crate's build script needs.
+/// pkg-config that the crate's build script needs, and valgrind (memcheck of tests/vm_lifecycle.rs).
 pub const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
@@ -41,6 +41,7 @@ pub const PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
     "xz-utils",
+    "valgrind",
 ];
 
 /// Kernel modules the guest loads, in this order, each after its own dependencies (resolved
