@@ -21,8 +21,9 @@ use crate::cpio::Archive;
 use crate::{Context, Error, Result, vm};
 
 /// Debian packages the host needs: QEMU and busybox for the guest, kmod and xz for building
-/// it, rdma-core and the perftest/rdmacm tools that run inside it, and the headers, clang and
-/// pkg-config that the crate's build script needs.
+/// it, rdma-core and the perftest/rdmacm tools that run inside it, the headers, clang and
+/// pkg-config that the crate's build script needs, and valgrind (tests/vm_lifecycle.rs runs
+/// under it in the guest).
 pub const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
@@ -41,6 +42,7 @@ pub const PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
     "xz-utils",
+    "valgrind",
 ];
 
 /// Kernel modules the guest loads, in this order, each after its own dependencies (resolved
