@@ -3,7 +3,7 @@
 //! # The state machine
 //! `Qp<Rc, Reset>` → [`init`](Qp::init) → `Qp<Rc, Init>` → [`rtr`](Qp::rtr) →
 //! `Qp<Rc, Rtr>` → [`rts`](Qp::rts) → `Qp<Rc, Rts>`; [`to_error`](Qp::to_error)
-//! and [`reset`](Qp::reset) from any state. Each transition consumes the QP and
+//! and [`reset`](Qp::reset) from any state (ERR not from RESET). Each transition consumes the QP and
 //! takes exactly the attributes the kernel requires; a refused transition
 //! hands the QP back in its old state inside [`TransitionError`].
 //! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send)
@@ -509,7 +509,14 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 
     /// Moves the QP to ERR: every outstanding work request completes with
-    /// WR_FLUSH_ERR and its buffers come back through the CQ.
+    /// WR_FLUSH_ERR and its buffers come back through the CQ. Not from RESET
+    /// (the kernel refuses RESET → ERR; the QP comes back unchanged).
+    ///
+    /// An unsignaled send that already completed successfully has no
+    /// completion to flush: if nothing signaled was posted after it, its
+    /// buffers stay in the ring and [`reset`](Qp::reset) keeps refusing, so
+    /// destroy the QP instead, or make the last send before `to_error`
+    /// signaled.
     pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,
@@ -613,8 +620,11 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     }
 
     /// Posts receives as chained lists (one `ibv_post_recv` per 32 requests).
-    /// On failure, the requests that did not reach the NIC come back in the
-    /// error with their buffers.
+    /// On failure, the requests taken from `wrs` that did not reach the NIC
+    /// come back in the error with their buffers; `wrs` is not pulled any
+    /// further (pass `iter.by_ref()` to keep the rest). If `wrs` panics, the
+    /// requests it yielded since the last verb call are taken back (their
+    /// buffers drop with the unwind); earlier chunks were posted.
     pub fn post_recv_list(
         &mut self,
         wrs: impl IntoIterator<Item = RecvWr>,
@@ -653,8 +663,12 @@ impl<T: QpType> Qp<T, Rts> {
     }
 
     /// Posts send-queue work requests as chained lists (one `ibv_post_send`, one
-    /// doorbell, per 32 requests). On failure, the requests that did not reach the
-    /// NIC come back in the error with their buffers.
+    /// doorbell, per 32 requests). On failure (e.g. [`Error::QueueFull`]), the
+    /// requests taken from `wrs` that did not reach the NIC come back in the
+    /// error with their buffers; `wrs` is not pulled any further (pass
+    /// `iter.by_ref()` to keep the rest). If `wrs` panics, the requests it
+    /// yielded since the last verb call are taken back (their buffers drop
+    /// with the unwind); earlier chunks of 32 were posted and complete as usual.
     pub fn post_send_list<'a>(
         &mut self,
         wrs: impl IntoIterator<Item = SendWr<'a>>,

@@ -306,7 +306,8 @@ pub(crate) fn post_one<Q: WorkQueue>(core: &mut QpCore, wr: Q::Wr) -> Result<(),
 }
 
 /// Posts requests as chained lists, one verb call per [`POST_CHUNK`]. On
-/// failure the requests that did not reach the NIC come back in the error.
+/// failure the requests that were taken from the iterator but did not reach
+/// the NIC come back in the error; the iterator is not pulled further.
 ///
 /// If the caller's iterator panics, the requests staged for the chunk in
 /// progress never reached the NIC: an unwind guard takes them back out of the
@@ -347,8 +348,14 @@ pub(crate) fn post_list<Q: WorkQueue>(
                 // Post what was staged before it, then report.
                 let earlier =
                     (n > 0).then(|| submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq));
-                let rest = next.into_iter().chain(wrs).map(Q::into_parts);
-                return Err(list_failed(earlier, error, rest));
+                // The caller's iterator is not pulled any further: what it has
+                // not yielded stays with it (a panic or an endless iterator
+                // there must not hide what was posted).
+                return Err(list_failed(
+                    earlier,
+                    error,
+                    next.into_iter().map(Q::into_parts),
+                ));
             }
             std::mem::forget(next);
             n += 1;
@@ -356,10 +363,7 @@ pub(crate) fn post_list<Q: WorkQueue>(
         guard.armed = false;
         let core = &mut *guard.core;
         if n > 0 {
-            if let Err(mut e) = submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq) {
-                e.unposted.extend(wrs.map(Q::into_parts));
-                return Err(e);
-            }
+            submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq)?;
         }
         if exhausted {
             return Ok(());
