@@ -1558,6 +1558,9 @@ fn random_lifecycle_under_valgrind() {
     let supp = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/valgrind.supp");
     let mut cmd = std::process::Command::new("valgrind");
     cmd.args([
+        // No gdbserver pipes: valgrind cannot create them on every file
+        // system the guest has (e.g. a checkout under the host's /tmp).
+        "--vgdb=no",
         "--error-exitcode=99",
         "--leak-check=full",
         "--errors-for-leak-kinds=definite,indirect",
@@ -1672,13 +1675,9 @@ fn a_list_post_refused_for_room_stops_pulling_the_iterator() {
         Ok(()) => panic!("a depth-2 queue took three requests"),
     }
     assert_eq!(k, 3, "the iterator was not pulled after the refusal");
-    let done: Vec<u64> = common::wait(&mut p.cq_a, 1)
+    let done: Vec<u64> = common::wait(&mut p.cq_a, 2)
         .iter()
         .map(|c| c.wr_id)
         .collect();
-    assert_eq!(
-        done,
-        [2],
-        "the two that fit were posted (the last one signaled)"
-    );
+    assert_eq!(done, [1, 2], "the two that fit were posted");
 }
