@@ -38,7 +38,7 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 
-pub use channel::{CompletionChannel, CqId};
+pub use channel::{CompletionChannel, CqId, Readiness};
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};
 pub use context::{Context, DeviceAttr, PortAttr};
 pub use cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
