@@ -11,9 +11,8 @@
 //! Cases run one at a time, each on its own TCP port.
 mod common;
 
-use std::fs::{self, File};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use common::procs::{Proc, example, finish};
+
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,95 +22,6 @@ const SIZES: [usize; 2] = [4096, 1];
 const LIMIT: Duration = Duration::from_secs(60);
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// target/<profile>/examples/NAME, next to this test's deps/ directory.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps");
-    let bin = dir.join("examples").join(name);
-    assert!(
-        bin.is_file(),
-        "{} has not been built: run `cargo build --all-features --examples` first (cargo xtask test does)",
-        bin.display()
-    );
-    bin
-}
-
-/// True when something listens on TCP `port` (/proc/net/tcp{,6}, state 0A).
-/// Probing by connecting would consume the server's only accept().
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-            })
-    })
-}
-
-/// A running example, its stdout and stderr going to a file.
-struct Proc {
-    name: String,
-    child: Child,
-    out: PathBuf,
-}
-
-impl Proc {
-    fn spawn(bin: &Path, args: &[String], tag: &str) -> Proc {
-        let out =
-            std::env::temp_dir().join(format!("vm_examples-{}-{tag}.out", std::process::id()));
-        let f = File::create(&out).expect("output file");
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().expect("dup"))
-            .stderr(f)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let file = bin.file_name().unwrap_or_default().to_string_lossy();
-        Proc {
-            name: format!("{file} {}", args.join(" ")),
-            child,
-            out,
-        }
-    }
-
-    fn output(&self) -> String {
-        fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    /// Waits until `deadline`; kills the process after that (`None`).
-    fn wait(&mut self, deadline: Instant) -> Option<ExitStatus> {
-        loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                return Some(st);
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = fs::remove_file(&self.out);
-    }
-}
 
 /// Runs example `name` as server (`server_args`, listening on `port`), then
 /// as client (`client_args`, which name the server); returns both outputs and
@@ -125,46 +35,10 @@ fn run_pair(
     let bin = example(name);
     let t = Instant::now();
     let deadline = t + LIMIT;
-    let mut server = Proc::spawn(&bin, server_args, &format!("{port}-server"));
-    while !listening(port) {
-        if let Some(st) = server.child.try_wait().expect("try_wait") {
-            panic!(
-                "`{}` exited with {st} before listening:\n{}",
-                server.name,
-                server.output()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "`{}` never listened on {port}",
-            server.name
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut client = Proc::spawn(&bin, client_args, &format!("{port}-client"));
-    let cst = client.wait(deadline);
-    let sst = server.wait(deadline);
-    let took = t.elapsed();
-    let (sout, cout) = (server.output(), client.output());
-    let report = format!(
-        "server `{}`: {}\n{sout}\nclient `{}`: {}\n{cout}",
-        server.name,
-        status(sst),
-        client.name,
-        status(cst)
-    );
-    assert!(
-        cst.is_some_and(|s| s.success()) && sst.is_some_and(|s| s.success()),
-        "a side failed or was not done within {LIMIT:?}:\n{report}"
-    );
-    (sout, cout, took)
-}
-
-fn status(st: Option<ExitStatus>) -> String {
-    match st {
-        Some(st) => st.to_string(),
-        None => format!("killed: not done within {LIMIT:?}"),
-    }
+    let server = Proc::server(name, &bin, server_args, port, deadline);
+    let client = Proc::spawn(name, &bin, client_args, &format!("{port}-client"));
+    let (sout, cout) = finish(server, client, deadline);
+    (sout, cout, t.elapsed())
 }
 
 fn addr() -> String {

@@ -729,6 +729,43 @@ impl Model {
     }
 
     /// Takes back the buffers of requests that were not posted.
+    /// Checks how a list post whose iterator panics on item `p` ended, for a
+    /// list of `n` of which `fits` had room; returns what was posted.
+    fn panicking_list_outcome(
+        &mut self,
+        r: std::thread::Result<Result<(), PostError>>,
+        p: u64,
+        fits: usize,
+        n: u64,
+        slot: usize,
+    ) -> Result<usize, PostError> {
+        match r {
+            // Past the queue's room (p > fits) the library stops at the
+            // refused request and never pulls the panicking item.
+            Ok(res) => {
+                check!(
+                    p as usize > fits && fits < n as usize,
+                    "the iterator was to panic at {p} (fits {fits}, n {n}) but did not"
+                );
+                res.map(|()| n as usize)
+            }
+            // Panicking while staging posts nothing.
+            Err(payload) => {
+                check!(
+                    payload.downcast_ref::<String>().map(String::as_str) == Some(INJECTED),
+                    "unexpected panic"
+                );
+                check!(
+                    p as usize <= fits,
+                    "pulled past the refusal (p {p}, fits {fits})"
+                );
+                self.stats.panics += 1;
+                trace!("slot {slot}: list of {n} panicked at {p}, nothing posted");
+                Ok(0)
+            }
+        }
+    }
+
     fn unposted(&mut self, e: PostError, want: &[Entry], recv: bool) {
         let depth = {
             let q = self
@@ -828,42 +865,8 @@ impl Model {
             unreachable!()
         };
         let r = if let Some(p) = panic_at {
-            let r = catch_unwind(AssertUnwindSafe(|| {
-                let mut k = 0;
-                let mut it = wrs.into_iter();
-                qp.post_send_list(std::iter::from_fn(move || {
-                    if k == p {
-                        panic!("{INJECTED}");
-                    }
-                    k += 1;
-                    it.next()
-                }))
-            }));
-            match r {
-                // Past the queue's room (p > fits) the library stops at the
-                // refused request and never pulls the panicking item.
-                Ok(res) => {
-                    check!(
-                        p as usize > fits && fits < n as usize,
-                        "the iterator was to panic at {p} (fits {fits}, n {n}) but did not"
-                    );
-                    res.map(|()| n as usize)
-                }
-                // Panicking while staging posts nothing.
-                Err(payload) => {
-                    check!(
-                        payload.downcast_ref::<String>().map(String::as_str) == Some(INJECTED),
-                        "unexpected panic"
-                    );
-                    check!(
-                        p as usize <= fits,
-                        "pulled past the refusal (p {p}, fits {fits})"
-                    );
-                    self.stats.panics += 1;
-                    trace!("slot {slot}: list of {n} panicked at {p}, nothing posted");
-                    Ok(0)
-                }
-            }
+            let r = catch_unwind(AssertUnwindSafe(|| qp.post_send_list(panicking_at(wrs, p))));
+            self.panicking_list_outcome(r, p, fits, n, slot)
         } else if list {
             qp.post_send_list(wrs).map(|()| n as usize)
         } else {
@@ -935,42 +938,8 @@ impl Model {
         let q = self.qps[slot].as_mut().unwrap();
         let r = if let Some(p) = panic_at {
             let qp = &mut q.qp;
-            let r = catch_unwind(AssertUnwindSafe(|| {
-                let mut k = 0;
-                let mut it = wrs.into_iter();
-                qp.post_recv_list(std::iter::from_fn(move || {
-                    if k == p {
-                        panic!("{INJECTED}");
-                    }
-                    k += 1;
-                    it.next()
-                }))
-            }));
-            match r {
-                // Past the queue's room (p > fits) the library stops at the
-                // refused request and never pulls the panicking item.
-                Ok(res) => {
-                    check!(
-                        p as usize > fits && fits < n as usize,
-                        "the iterator was to panic at {p} (fits {fits}, n {n}) but did not"
-                    );
-                    res.map(|()| n as usize)
-                }
-                // Panicking while staging posts nothing.
-                Err(payload) => {
-                    check!(
-                        payload.downcast_ref::<String>().map(String::as_str) == Some(INJECTED),
-                        "unexpected panic"
-                    );
-                    check!(
-                        p as usize <= fits,
-                        "pulled past the refusal (p {p}, fits {fits})"
-                    );
-                    self.stats.panics += 1;
-                    trace!("slot {slot}: list of {n} panicked at {p}, nothing posted");
-                    Ok(0)
-                }
-            }
+            let r = catch_unwind(AssertUnwindSafe(|| qp.post_recv_list(panicking_at(wrs, p))));
+            self.panicking_list_outcome(r, p, fits, n, slot)
         } else if list {
             q.qp.post_recv_list(wrs).map(|()| n as usize)
         } else {
@@ -1596,6 +1565,19 @@ fn random_lifecycle_under_valgrind() {
         status.success(),
         "valgrind run of random_lifecycle ({steps} steps) failed: {status} (99: memcheck errors; see the seed above)"
     );
+}
+
+/// `wrs` as an iterator that panics (with [`INJECTED`]) when asked for item `p`.
+fn panicking_at<W>(wrs: Vec<W>, p: u64) -> impl Iterator<Item = W> {
+    let mut k = 0;
+    let mut it = wrs.into_iter();
+    std::iter::from_fn(move || {
+        if k == p {
+            panic!("{INJECTED}");
+        }
+        k += 1;
+        it.next()
+    })
 }
 
 // --- Library issues found by the random walk, as minimal reproductions. ---

@@ -9,9 +9,9 @@
 //! local one. Cases run one at a time, each on its own TCP port.
 mod common;
 
-use std::fs::{self, File};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use common::procs::{Proc, example, finish};
+
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,20 +25,9 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 const C_PROGRAM: &str = "ibv_rc_pingpong";
 
-/// target/<profile>/examples/rc_pingpong, next to this test's deps/ directory.
+/// target/<profile>/examples/rc_pingpong.
 fn ours() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps");
-    let bin = dir.join("examples").join("rc_pingpong");
-    assert!(
-        bin.is_file(),
-        "{} has not been built: run `cargo build --examples` first (cargo xtask test does)",
-        bin.display()
-    );
-    bin
+    example("rc_pingpong")
 }
 
 fn c_program() -> PathBuf {
@@ -49,78 +38,6 @@ fn c_program() -> PathBuf {
         .unwrap_or_else(|| {
             panic!("{C_PROGRAM} not found on PATH: install ibverbs-utils (rdma-core's examples)")
         })
-}
-
-/// True when something listens on TCP `port` (/proc/net/tcp{,6}, state 0A).
-/// Probing by connecting would consume the server's only accept().
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-            })
-    })
-}
-
-struct Proc {
-    name: String,
-    child: Child,
-    out: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &str, bin: &Path, args: &[String], tag: &str) -> Proc {
-        let out =
-            std::env::temp_dir().join(format!("vm_rc_pingpong-{}-{tag}.out", std::process::id()));
-        let f = File::create(&out).expect("output file");
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().expect("dup"))
-            .stderr(f)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        Proc {
-            name: format!("{name} {}", args.join(" ")),
-            child,
-            out,
-        }
-    }
-
-    fn output(&self) -> String {
-        fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    /// Waits at most `limit`; kills the process after that.
-    fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let t = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                return Some(st);
-            }
-            if t.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = fs::remove_file(&self.out);
-    }
 }
 
 /// The `  local address:  LID ..., QPN 0x..., PSN 0x..., GID ...` line's fields.
@@ -205,38 +122,13 @@ fn run_case(c: &Case, gid: u8) -> Duration {
     }
     let ((sbin, sname), (cbin, cname)) = (c.server.program(), c.client.program());
     let t = Instant::now();
-    let mut server = Proc::spawn(sname, &sbin, &args, &format!("{}-server", c.port));
-    while !listening(c.port) {
-        if let Some(st) = server.child.try_wait().expect("try_wait") {
-            panic!(
-                "{} exited with {st} before listening:\n{}",
-                server.name,
-                server.output()
-            );
-        }
-        assert!(
-            t.elapsed() < LIMIT,
-            "{} never listened on {}",
-            server.name,
-            c.port
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let server = Proc::server(sname, &sbin, &args, c.port, t + LIMIT);
     let host = std::env::var("RDMA_VERBS_ADDR").unwrap_or_else(|_| "10.99.0.1".into());
     let mut cargs = args.clone();
     cargs.push(host);
-    let mut client = Proc::spawn(cname, &cbin, &cargs, &format!("{}-client", c.port));
-    let cst = client.wait(LIMIT);
-    let sst = server.wait(LIMIT);
-    let (sout, cout) = (server.output(), client.output());
-    let report = format!(
-        "server `{}`: {sst:?}\n{sout}\nclient `{}`: {cst:?}\n{cout}",
-        server.name, client.name
-    );
-    assert!(
-        cst.is_some_and(|s| s.success()) && sst.is_some_and(|s| s.success()),
-        "a side failed or timed out:\n{report}"
-    );
+    let client = Proc::spawn(cname, &cbin, &cargs, &format!("{}-client", c.port));
+    let (sout, cout) = finish(server, client, Instant::now() + LIMIT);
+    let report = format!("server:\n{sout}\nclient:\n{cout}");
     check_closing(&sout, c.size, "server");
     check_closing(&cout, c.size, "client");
     // Each side's remote address is the other's local one.

@@ -3,6 +3,8 @@
 //! Without a device they fail with the library's error: they never skip.
 #![allow(dead_code)]
 
+pub mod procs;
+
 use std::time::Duration;
 
 use rdma_verbs::qp::{Init, Rts};
