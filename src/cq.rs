@@ -473,8 +473,7 @@ impl Cq {
     /// in `out` all the same.
     #[inline]
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
-        let want = out.capacity() - out.len();
-        self.poll_inner(out, want, None)
+        self.poll_inner(out, usize::MAX, None)
     }
 
     /// [`Cq::poll`], and the buffers of the unsignaled requests each completion
@@ -486,8 +485,7 @@ impl Cq {
         out: &mut Vec<Completion>,
         retired: &mut Vec<(u64, Sges)>,
     ) -> Result<usize> {
-        let want = out.capacity() - out.len();
-        self.poll_inner(out, want, Some(retired))
+        self.poll_inner(out, usize::MAX, Some(retired))
     }
 
     #[inline]
@@ -497,7 +495,8 @@ impl Cq {
         want: usize,
         mut retired: Option<&mut Vec<(u64, Sges)>>,
     ) -> Result<usize> {
-        let want = want.min(out.capacity() - out.len());
+        let start = out.len();
+        let want = want.min(out.capacity() - start);
         let buried = self.inner.rings.buried();
         let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
         let mut total = 0;
@@ -540,6 +539,11 @@ impl Cq {
                                 &mut lost,
                             );
                             match r {
+                                // The library's own drain marker (see
+                                // Qp::to_error): it has retired the requests
+                                // before it; nothing to hand out (its empty
+                                // buffer list needs no drop).
+                                Some(r) if r.meta.drain => continue,
                                 Some(r) => (
                                     CompletionSource::Posted,
                                     Some((r.wr_id, r.meta.opcode)),
@@ -573,7 +577,7 @@ impl Cq {
         if lost > 0 {
             return Err(Error::CompletionsLost { count: lost });
         }
-        Ok(total)
+        Ok(out.len() - start)
     }
 
     /// The CQ was found empty: completions of QPs destroyed before the poll

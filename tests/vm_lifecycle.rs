@@ -187,6 +187,10 @@ struct Entry {
     body: bool,
     /// Receives: index since the QP's last reset (which message lands here).
     idx: u64,
+    /// A send before the drain marker `to_error` posted (the last send was
+    /// unsignaled): retired without a completion of its own once the
+    /// marker's (invisible) completion is polled, unless it flushes itself.
+    drain_covered: bool,
 }
 
 #[derive(Default)]
@@ -194,6 +198,9 @@ struct Queue {
     fifo: VecDeque<Entry>,
     depth: u64,
     flushed_seen: bool,
+    /// `to_error` posted a drain marker whose completion was not polled yet
+    /// (it counts as outstanding, and is never handed out).
+    marker: bool,
 }
 
 struct QpSlot {
@@ -497,7 +504,65 @@ impl Model {
         for e in q.sq.fifo.iter_mut().chain(q.rq.fifo.iter_mut()) {
             e.may_flush = true;
         }
+        // to_error posts a drain marker when the last send was unsignaled
+        // (and the ring has room): it will retire every send before it.
+        let last_unsignaled = q.sq.fifo.back().is_some_and(|e| !e.signaled);
+        if last_unsignaled && (q.sq.fifo.len() as u64) < q.sq.depth {
+            for e in q.sq.fifo.iter_mut() {
+                e.drain_covered = true;
+            }
+            q.sq.marker = true;
+        }
         self.qps[slot] = Some(q);
+    }
+
+    /// The drained send `id` came back in a retired list without a completion
+    /// of its own: the drain marker swept it. Removes it from the model.
+    fn take_drained(&mut self, id: u64) -> Option<Entry> {
+        let q = self.qps.iter_mut().flatten().find(|q| {
+            q.sq.fifo
+                .front()
+                .is_some_and(|e| e.wr_id == id && e.drain_covered)
+        })?;
+        q.sq.fifo.pop_front()
+    }
+
+    /// Signaled sends a drain marker polled just now swept (their own
+    /// completions were consumed by poll_raw): the library reports them lost.
+    fn marker_swept_signaled(&self, cq_id: u64) -> u64 {
+        let mut n = 0;
+        for q in self.qps.iter().flatten() {
+            if q.sq.marker && q.send_cq == cq_id && each!(&q.qp, qp => qp.outstanding()).0 == 0 {
+                let sig = q.sq.fifo.iter().filter(|e| e.signaled).count() as u64;
+                check!(
+                    sig == 0 || q.tainted,
+                    "the drain marker swept {sig} signaled sends"
+                );
+                n += sig;
+            }
+        }
+        n
+    }
+
+    /// After a poll of CQ `cq_id`: a drain marker whose completion was polled
+    /// (the library reports no send outstanding) retired the covered sends
+    /// still in the model, releasing their buffers.
+    fn sync_drained(&mut self, cq_id: u64) {
+        for q in self.qps.iter_mut().flatten() {
+            if q.sq.marker && q.send_cq == cq_id && each!(&q.qp, qp => qp.outstanding()).0 == 0 {
+                check!(
+                    q.sq.fifo.iter().all(|e| e.drain_covered),
+                    "sends after the drain marker"
+                );
+                trace!(
+                    "qpn {}: drain marker retired {} sends",
+                    q.qpn,
+                    q.sq.fifo.len()
+                );
+                q.sq.fifo.clear();
+                q.sq.marker = false;
+            }
+        }
     }
 
     fn err(&mut self, slot: usize) {
@@ -531,8 +596,8 @@ impl Model {
 
     fn reset(&mut self, slot: usize) {
         let mut q = self.qps[slot].take().unwrap();
-        let expect = if !q.sq.fifo.is_empty() {
-            Some(("send", q.sq.fifo.len() as u64))
+        let expect = if !q.sq.fifo.is_empty() || q.sq.marker {
+            Some(("send", q.sq.fifo.len() as u64 + u64::from(q.sq.marker)))
         } else if !q.rq.fifo.is_empty() {
             Some(("receive", q.rq.fifo.len() as u64))
         } else {
@@ -708,6 +773,7 @@ impl Model {
             owned_addr: addr,
             body: body_len > 0,
             idx: 0,
+            drain_covered: false,
         };
         (wr, entry, expect)
     }
@@ -724,6 +790,7 @@ impl Model {
             owned_addr: mr.addr(),
             body: false,
             idx: 0,
+            drain_covered: false,
         };
         (RecvWr::new(id, mr), entry)
     }
@@ -1210,6 +1277,7 @@ impl Model {
             }
             swept_all.extend(swept);
         }
+        lost += self.marker_swept_signaled(cq_id);
         match (r, lost) {
             (Ok(_), 0) => {}
             (Err(Error::CompletionsLost { count }), n) if n > 0 => {
@@ -1219,7 +1287,22 @@ impl Model {
             (r, n) => fail!("poll returned {r:?}, model expected {n} lost"),
         }
         // Without `retired` the library released them: the Mr count check sees them gone.
-        if let Some(ret) = retired {
+        if let Some(all) = retired {
+            let mut ret = Vec::with_capacity(all.len());
+            for (id, bufs) in all {
+                let drained = (!swept_all.iter().any(|e| e.wr_id == id))
+                    .then(|| self.take_drained(id))
+                    .flatten();
+                match drained {
+                    Some(e) => {
+                        self.stats.retired += 1;
+                        if let Some(mr) = self.take_buffers(bufs, &e, "drained") {
+                            self.give_back(mr);
+                        }
+                    }
+                    None => ret.push((id, bufs)),
+                }
+            }
             let got: Vec<u64> = ret.iter().map(|(id, _)| *id).collect();
             let exp: Vec<u64> = swept_all.iter().map(|e| e.wr_id).collect();
             check!(got == exp, "retired {got:x?}, model {exp:x?}");
@@ -1230,6 +1313,7 @@ impl Model {
                 }
             }
         }
+        self.sync_drained(cq_id);
     }
 
     /// Polls until the QP in `slot` has no certain completions left (bounded),
@@ -1580,9 +1664,7 @@ fn panicking_at<W>(wrs: Vec<W>, p: u64) -> impl Iterator<Item = W> {
     })
 }
 
-// --- Library issues found by the random walk, as minimal reproductions. ---
-// They assert the behaviour one would want and fail today; run them with
-// `cargo xtask run -- <test binary> --ignored`.
+// --- Library issues the random walk found, as minimal regression tests. ---
 
 fn small_caps(send: u32, recv: u32) -> QpCaps {
     QpCaps {
@@ -1605,13 +1687,11 @@ fn drain_for(cq: &mut Cq, window: Duration) -> Vec<Completion> {
 }
 
 /// An unsignaled send that completed successfully produces no completion,
-/// not even after `to_error`, so it stays in the ring: `reset` is refused
-/// with WorkOutstanding forever, although the NIC is done with the buffer.
-/// The documented recovery (ERR, poll the flushes, RESET) cannot succeed;
-/// only destroying the QP does.
+/// not even after `to_error`; it used to stay in the ring so that `reset` was
+/// refused forever. `to_error` now posts a drain marker whose (invisible)
+/// completion retires it: ERR, poll, RESET works.
 #[test]
-#[ignore = "library issue: reset is impossible after a silently completed unsignaled send"]
-fn repro_reset_after_a_completed_unsignaled_send() {
+fn reset_after_a_completed_unsignaled_send() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let mut p = common::pair_with(small_caps(4, 4), |_, _, b| {
         b.post_recv(RecvWr::empty(0)).unwrap();
@@ -1620,8 +1700,13 @@ fn repro_reset_after_a_completed_unsignaled_send() {
     // The receiver got it: the send is complete on the wire.
     assert_eq!(common::wait(&mut p.cq_b, 1)[0].status, WcStatus::Success);
     let a = p.a.to_error().unwrap();
+    assert_eq!(a.outstanding(), (2, 0), "the send and the drain marker");
     let flushed = drain_for(&mut p.cq_a, Duration::from_millis(300));
-    assert!(flushed.is_empty(), "{flushed:?}");
+    assert!(
+        flushed.is_empty(),
+        "the marker is not handed out: {flushed:?}"
+    );
+    assert_eq!(a.outstanding(), (0, 0));
     match a.reset() {
         Ok(_) => {}
         Err(e) => panic!(

@@ -63,6 +63,10 @@
 //! * [`reset`](Qp::reset) needs a drained QP (nothing outstanding on either
 //!   queue), because whether RESET discards posted work is up to the
 //!   provider; [`to_error`](Qp::to_error) and polling the flushes drains it.
+//!   An unsignaled send that completed successfully produces no completion
+//!   to flush, so `to_error` then posts a signaled zero-length drain marker
+//!   (flushed at once, never on the wire) whose completion retires it and is
+//!   not handed out.
 //! * **Panics.** A panic in the iterator given to
 //!   [`post_send_list`](Qp::post_send_list) / [`post_recv_list`](Qp::post_recv_list)
 //!   unwinds through a guard that takes the requests staged for the verb
@@ -202,6 +206,43 @@ impl Drop for QpCore {
 }
 
 impl QpCore {
+    /// After a move to ERR: when the last send posted was unsignaled (and so
+    /// may have completed without a completion), posts a signaled zero-length
+    /// SEND without buffers. In ERR it is flushed at once; queues complete in
+    /// order, so its completion retires every send before it. The poller
+    /// recognises it by its slot and does not hand it out. A provider that
+    /// refuses the post leaves things as they were (the ring slot is taken back).
+    fn post_drain_marker(&mut self) {
+        let (ring, head) = (&self.sq, &mut self.sq_head);
+        if ring.last_signaled(*head) != Some(false) || ring.in_flight(*head) >= ring.depth() {
+            return;
+        }
+        let bufs = Sges::default();
+        let meta = ring::SlotMeta {
+            opcode: ffi::IBV_WC_SEND,
+            signaled: true,
+            drain: true,
+        };
+        // SAFETY: producer side (&mut self); a slot is free (checked above);
+        // `bufs` is empty and forgotten below.
+        let token = unsafe { ring.fill(*head, 0, meta, &bufs) };
+        std::mem::forget(bufs);
+        *head += 1;
+        let mut wr = ffi::ibv_send_wr {
+            wr_id: token,
+            opcode: ffi::IBV_WR_SEND,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid QP; no SGEs, so the NIC touches no memory.
+        let rc = unsafe { ffi::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            // SAFETY: producer side; the device refused the marker.
+            drop(unsafe { ring.unfill_from(*head - 1, head) });
+        }
+    }
+
     fn modify(
         &self,
         (mut attr, mask): (ffi::ibv_qp_attr, u32),
@@ -513,16 +554,30 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// (the kernel refuses RESET → ERR; the QP comes back unchanged).
     ///
     /// An unsignaled send that already completed successfully has no
-    /// completion to flush: if nothing signaled was posted after it, its
-    /// buffers stay in the ring and [`reset`](Qp::reset) keeps refusing, so
-    /// destroy the QP instead, or make the last send before `to_error`
-    /// signaled.
+    /// completion to flush. So when the last send posted was unsignaled, a
+    /// signaled zero-length request is posted after the move to ERR (it is
+    /// flushed at once and never reaches the wire, like the kernel's
+    /// `ib_drain_sq`); its completion retires the sends before it and is not
+    /// handed out by [`Cq::poll`](crate::Cq::poll). Once the flushes are
+    /// polled, [`outstanding`](Qp::outstanding) is `(0, 0)` and
+    /// [`reset`](Qp::reset) succeeds.
     pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,
             ..Default::default()
         };
-        self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))
+        let mut qp = self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))?;
+        qp.core.post_drain_marker();
+        Ok(qp)
+    }
+
+    /// Work requests posted and not yet retired by a polled completion, as
+    /// `(send, receive)`. [`reset`](Qp::reset) needs both to be 0.
+    pub fn outstanding(&self) -> (u64, u64) {
+        (
+            self.core.sq.in_flight(self.core.sq_head),
+            self.core.rq.in_flight(self.core.rq_head),
+        )
     }
 
     /// Moves the QP to RESET, ready to be connected again.
@@ -533,10 +588,8 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// so the buffers could not be handed back safely. Move the QP to ERR
     /// with [`to_error`](Qp::to_error) first and poll the flushed completions.
     pub fn reset(self) -> Result<Qp<T, Reset>, TransitionError<Qp<T, S>>> {
-        let outstanding = [
-            ("send", self.core.sq.in_flight(self.core.sq_head)),
-            ("receive", self.core.rq.in_flight(self.core.rq_head)),
-        ];
+        let (send, receive) = self.outstanding();
+        let outstanding = [("send", send), ("receive", receive)];
         if let Some(&(queue, count)) = outstanding.iter().find(|(_, n)| *n > 0) {
             return Err(TransitionError {
                 qp: self,

@@ -97,6 +97,7 @@ impl<'a> WorkQueue for SendQueue<'a> {
             opcode: completion_opcode(c.opcode),
             signaled: core.caps.sq_sig_all
                 || c.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+            drain: false,
         };
         c.num_sge = match wr.inline_data {
             // Inline: the NIC copies `data` during ibv_post_send; lkey is unused.
@@ -180,6 +181,7 @@ impl WorkQueue for RecvQueue {
         let meta = SlotMeta {
             opcode: ffi::IBV_WC_RECV,
             signaled: true,
+            drain: false,
         };
         (c, meta)
     }

@@ -41,6 +41,9 @@ pub(crate) struct SlotMeta {
     /// It asked for a completion. A later completion that sweeps a signaled
     /// request means that request's own completion was lost.
     pub(crate) signaled: bool,
+    /// The library's own drain marker (see `QpCore::post_drain_marker`): its
+    /// completion retires the requests before it and is not handed out.
+    pub(crate) drain: bool,
 }
 
 struct SlotData {
@@ -133,6 +136,20 @@ impl Ring {
     #[inline]
     pub(crate) fn in_flight(&self, head: u64) -> u64 {
         head.wrapping_sub(self.tail.load(Ordering::Acquire))
+    }
+
+    /// Whether the request the producer posted last (sequence `head - 1`)
+    /// asked for a completion; `None` when nothing is outstanding.
+    pub(crate) fn last_signaled(&self, head: u64) -> Option<bool> {
+        if self.in_flight(head) == 0 {
+            return None;
+        }
+        let slot = self.slot(head - 1);
+        // SAFETY: the producer (the caller) wrote this slot's data before
+        // publishing it, and nobody writes it again until the producer refills
+        // it; the consumer may be reading it concurrently (a claim moves the
+        // data out by copying), which is read against read. `meta` is Copy.
+        Some(unsafe { (*slot.data.get().cast::<SlotData>()).meta.signaled })
     }
 
     /// The slot of sequence number `seq`.
@@ -346,6 +363,7 @@ mod tests {
     const META: SlotMeta = SlotMeta {
         opcode: 0,
         signaled: true,
+        drain: false,
     };
 
     fn post(ring: &Ring, head: &mut u64, wr_id: u64, signaled: bool) -> u64 {
