@@ -546,8 +546,8 @@ impl Cq {
                                 Some(r) if r.meta.drain => continue,
                                 Some(r) => (
                                     CompletionSource::Posted,
-                                    Some((r.wr_id, r.meta.opcode)),
-                                    r.meta.opcode & ffi::IBV_WC_RECV != 0,
+                                    Some((r.wr_id, r.meta.completion_opcode())),
+                                    r.meta.is_recv(),
                                 ),
                                 None => (CompletionSource::Stale, None, false),
                             }

@@ -219,7 +219,7 @@ impl QpCore {
         }
         let bufs = Sges::default();
         let meta = ring::SlotMeta {
-            opcode: ffi::IBV_WC_SEND,
+            opcode: ffi::IBV_WR_SEND,
             signaled: true,
             drain: true,
         };

@@ -94,7 +94,7 @@ impl<'a> WorkQueue for SendQueue<'a> {
             c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
         let meta = SlotMeta {
-            opcode: completion_opcode(c.opcode),
+            opcode: c.opcode,
             signaled: core.caps.sq_sig_all
                 || c.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
             drain: false,
@@ -132,18 +132,6 @@ impl<'a> WorkQueue for SendQueue<'a> {
     ) -> i32 {
         // SAFETY: per this function's contract.
         unsafe { ffi::ibv_post_send(qp, head, bad) }
-    }
-}
-
-/// The `ibv_wc_opcode` a send-queue request of `ibv_wr_opcode` completes with.
-#[inline(always)]
-fn completion_opcode(op: ffi::ibv_wr_opcode) -> u32 {
-    match op {
-        ffi::IBV_WR_RDMA_WRITE | ffi::IBV_WR_RDMA_WRITE_WITH_IMM => ffi::IBV_WC_RDMA_WRITE,
-        ffi::IBV_WR_RDMA_READ => ffi::IBV_WC_RDMA_READ,
-        ffi::IBV_WR_ATOMIC_CMP_AND_SWP => ffi::IBV_WC_COMP_SWAP,
-        ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => ffi::IBV_WC_FETCH_ADD,
-        _ => ffi::IBV_WC_SEND,
     }
 }
 

@@ -35,8 +35,10 @@ const POSTED: u8 = 1;
 /// What the poller needs to know about a posted request besides its buffers.
 #[derive(Clone, Copy)]
 pub(crate) struct SlotMeta {
-    /// The `ibv_wc_opcode` this request completes with (known at post time,
-    /// so completions in error report it too).
+    /// What was posted, so that completions in error report it too: the
+    /// `ibv_wr_opcode` of a send (mapped to its completion opcode by
+    /// [`SlotMeta::completion_opcode`] when polled, off the post path), or
+    /// `IBV_WC_RECV` for a receive.
     pub(crate) opcode: u32,
     /// It asked for a completion. A later completion that sweeps a signaled
     /// request means that request's own completion was lost.
@@ -44,6 +46,28 @@ pub(crate) struct SlotMeta {
     /// The library's own drain marker (see `QpCore::post_drain_marker`): its
     /// completion retires the requests before it and is not handed out.
     pub(crate) drain: bool,
+}
+
+impl SlotMeta {
+    /// Whether this is a receive.
+    #[inline(always)]
+    pub(crate) fn is_recv(self) -> bool {
+        self.opcode == crate::ffi::IBV_WC_RECV
+    }
+
+    /// The `ibv_wc_opcode` the request completes with.
+    #[inline]
+    pub(crate) fn completion_opcode(self) -> u32 {
+        use crate::ffi;
+        match self.opcode {
+            ffi::IBV_WC_RECV => ffi::IBV_WC_RECV,
+            ffi::IBV_WR_RDMA_WRITE | ffi::IBV_WR_RDMA_WRITE_WITH_IMM => ffi::IBV_WC_RDMA_WRITE,
+            ffi::IBV_WR_RDMA_READ => ffi::IBV_WC_RDMA_READ,
+            ffi::IBV_WR_ATOMIC_CMP_AND_SWP => ffi::IBV_WC_COMP_SWAP,
+            ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => ffi::IBV_WC_FETCH_ADD,
+            _ => ffi::IBV_WC_SEND,
+        }
+    }
 }
 
 struct SlotData {
@@ -431,6 +455,34 @@ mod tests {
             assert_eq!(retire(&ring, t, &mut lost), Some(i));
         }
         assert_eq!(lost, 0);
+    }
+
+    #[test]
+    fn posted_opcodes_map_to_completion_opcodes() {
+        use crate::ffi;
+        let wc = |opcode| SlotMeta { opcode, ..META }.completion_opcode();
+        assert_eq!(wc(ffi::IBV_WR_SEND), ffi::IBV_WC_SEND);
+        assert_eq!(wc(ffi::IBV_WR_SEND_WITH_IMM), ffi::IBV_WC_SEND);
+        assert_eq!(wc(ffi::IBV_WR_RDMA_WRITE), ffi::IBV_WC_RDMA_WRITE);
+        assert_eq!(wc(ffi::IBV_WR_RDMA_WRITE_WITH_IMM), ffi::IBV_WC_RDMA_WRITE);
+        assert_eq!(wc(ffi::IBV_WR_RDMA_READ), ffi::IBV_WC_RDMA_READ);
+        assert_eq!(wc(ffi::IBV_WR_ATOMIC_CMP_AND_SWP), ffi::IBV_WC_COMP_SWAP);
+        assert_eq!(wc(ffi::IBV_WR_ATOMIC_FETCH_AND_ADD), ffi::IBV_WC_FETCH_ADD);
+        assert_eq!(wc(ffi::IBV_WC_RECV), ffi::IBV_WC_RECV);
+        assert!(
+            SlotMeta {
+                opcode: ffi::IBV_WC_RECV,
+                ..META
+            }
+            .is_recv()
+        );
+        assert!(
+            !SlotMeta {
+                opcode: ffi::IBV_WR_SEND,
+                ..META
+            }
+            .is_recv()
+        );
     }
 
     #[test]
