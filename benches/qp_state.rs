@@ -46,9 +46,7 @@ static SETUP: LazyLock<Mutex<Setup>> = LazyLock::new(|| {
         .expect("peer")
         .init(InitAttr::new(1, all_remote()))
         .expect("peer init");
-    let remote = peer
-        .endpoint(1, Some(u32::from(gid)))
-        .expect("peer endpoint");
+    let remote = peer.endpoint(Some(gid)).expect("peer endpoint");
     Mutex::new(Setup {
         _ctx: ctx,
         pd,

@@ -183,7 +183,7 @@ fn server(args: &Args) -> AnyResult<bool> {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let side = open_side(args, access)?;
     let mr = side.pd.alloc_mr(args.size, access)?;
-    let me = side.qp.endpoint(1, args.gid_index.map(u32::from))?;
+    let me = side.qp.endpoint(args.gid_index)?;
     let listener = TcpListener::bind(("0.0.0.0", args.port))?;
     println!(
         "server: {} bytes at {:#x} rkey {:#x}; waiting on port {}",
@@ -286,7 +286,7 @@ fn client(args: &Args) -> AnyResult<bool> {
         )
         .into());
     }
-    let me = side.qp.endpoint(1, args.gid_index.map(u32::from))?;
+    let me = side.qp.endpoint(args.gid_index)?;
     writeln!(w, "GDRW1 {}", format_endpoint(&me))?;
     let (mut qp, mut cq, _pd) = connect(side, &remote_ep, args)?;
     if read_line(&mut reader)? != "READY" {

@@ -500,7 +500,7 @@ fn loopback(r: &mut Report, ctx: &Context, pd: &Pd, mem: &Arc<DeviceAlloc>) {
                         && e.gid.raw()[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
                 })
                 .or_else(|| t.iter().find(|e| e.port == 1))
-                .map(|e| e.index as u8)
+                .map(|e| e.index)
         })
         .unwrap_or(0);
     let setup = || -> rdma_verbs::Result<Loopback> {
@@ -513,8 +513,8 @@ fn loopback(r: &mut Report, ctx: &Context, pd: &Pd, mem: &Arc<DeviceAlloc>) {
         let cq_b = Cq::new(ctx, 256)?;
         let a = Qp::new(pd, &cq_a, &cq_a, caps)?.init(InitAttr::new(1, access))?;
         let b = Qp::new(pd, &cq_b, &cq_b, caps)?.init(InitAttr::new(1, access))?;
-        let ea = a.endpoint(1, Some(u32::from(gid)))?;
-        let eb = b.endpoint(1, Some(u32::from(gid)))?;
+        let ea = a.endpoint(Some(gid))?;
+        let eb = b.endpoint(Some(gid))?;
         Ok((
             a.connect(&eb, Some(gid))?,
             cq_a,

@@ -51,7 +51,7 @@ struct Opts {
     iters: u32,
     sl: u8,
     use_event: bool,
-    gidx: Option<u32>,
+    gidx: Option<u8>,
     use_odp: bool,
     validate: bool,
     servername: Option<String>,
@@ -221,7 +221,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 'e' => o.use_event = true,
                 'g' => {
                     let g: i64 = num('g', &v)?;
-                    o.gidx = u32::try_from(g).ok();
+                    o.gidx = u8::try_from(g).ok();
                 }
                 'o' => o.use_odp = true,
                 'c' => o.validate = true,
@@ -298,7 +298,7 @@ fn connect(
     dest: &Endpoint,
 ) -> Result<Qp<Rc, rdma_verbs::qp::Rts>, String> {
     // A GRH only when the peer sent a GID, with our -g index (C: sgid_idx).
-    let grh = (dest.gid.interface_id() != 0).then(|| o.gidx.unwrap_or(0) as u8);
+    let grh = (dest.gid.interface_id() != 0).then(|| o.gidx.unwrap_or(0));
     let attr = RtrAttr::new(dest, o.ib_port, o.mtu, grh).sl(o.sl);
     let qp = qp
         .rtr(attr)
@@ -427,9 +427,15 @@ fn run(o: &Opts) -> Result<(), String> {
     if portinfo.link_layer != LinkLayer::Ethernet && portinfo.lid == 0 {
         return Err("Couldn't get local LID".into());
     }
-    let my_dest = qp
-        .endpoint(o.ib_port, o.gidx)
-        .map_err(|_| format!("can't read sgid of index {}", o.gidx.unwrap_or(0)))?;
+    let my_dest = match o.gidx {
+        Some(g) => qp.endpoint(Some(g)),
+        // Like ibv_rc_pingpong without -g: no GID on the wire.
+        None => qp.endpoint(None).map(|e| rdma_verbs::Endpoint {
+            gid: rdma_verbs::Gid::ZERO,
+            ..e
+        }),
+    }
+    .map_err(|_| format!("can't read sgid of index {}", o.gidx.unwrap_or(0)))?;
     print_dest("local address: ", &my_dest);
 
     let (rem_dest, mut qp) = match &o.servername {

@@ -379,7 +379,7 @@ fn run_server(o: &Opts) -> Res<()> {
     if o.debug {
         println!("accepting client connection request");
     }
-    let (id, qp) = req.accept(qp, &conn_param(), o.wait)?;
+    let (qp, id) = req.accept(qp, &conn_param(), o.wait)?;
     let mut conn = Conn {
         id,
         cq,

@@ -34,7 +34,7 @@
 //! let cq = Cq::new(&ctx, 64)?;
 //! let qp = req.id().create_qp(&pd, &cq, &cq, QpCaps::default())?;
 //! // post receives here: they carry over into the connected QP
-//! let (id, qp) = req.accept(qp, &ConnParam::new(), t)?; // ESTABLISHED
+//! let (qp, id) = req.accept(qp, &ConnParam::new(), t)?; // ESTABLISHED
 //! # Ok::<(), rdma_verbs::Error>(())
 //! ```
 //!
@@ -1382,14 +1382,14 @@ impl ConnectRequest {
 
     /// Accepts with `qp` (from [`CmId::create_qp`] on [`id`](ConnectRequest::id))
     /// and waits up to `timeout` for ESTABLISHED. librdmacm moves the QP to
-    /// RTR and RTS; receives posted in INIT stay posted. Returns the
-    /// connection's id and the QP.
+    /// RTR and RTS; receives posted in INIT stay posted. Returns the QP and
+    /// the connection's id (QP first, as [`CmId::connect`] does).
     pub fn accept(
         mut self,
         qp: Qp<Rc, Init>,
         param: &ConnParam,
         timeout: Duration,
-    ) -> Result<(CmId, Qp<Rc, Rts>)> {
+    ) -> Result<(Qp<Rc, Rts>, CmId)> {
         param.validate()?;
         let Some(cm) = self.id.take() else {
             return Err(busy_id());
@@ -1423,7 +1423,7 @@ impl ConnectRequest {
             // to RTR and RTS, and the peer confirmed (ESTABLISHED).
             unsafe { qp.assume_state::<Rts>() }
         };
-        Ok((cm, qp))
+        Ok((qp, cm))
     }
 
     /// Rejects the request (`rdma_reject`) with `private_data` for the peer

@@ -144,30 +144,85 @@ impl Context {
         Ok(PortAttr::from_ffi(&attr))
     }
 
-    /// One GID (`ibv_query_gid`).
-    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+    /// One GID (`ibv_query_gid`). An index past the table, or an empty slot
+    /// (the all-zero GID), is an error naming the valid indices.
+    pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid> {
         let mut gid = ffi::ibv_gid { raw: [0; 16] };
-        let idx = i32::try_from(index).map_err(|_| Error::InvalidArgument {
-            what: "gid index",
-            reason: format!("{index} is too large"),
-        })?;
         // SAFETY: valid context and out-pointer.
-        let rc = unsafe { ffi::ibv_query_gid(self.as_raw(), port, idx, &mut gid) };
-        if rc != 0 {
-            return Err(Error::InvalidArgument {
-                what: "gid index",
-                reason: format!("port {port} of {} has no GID at index {index}", self.name()),
-            });
+        let rc = unsafe { ffi::ibv_query_gid(self.as_raw(), port, index.into(), &mut gid) };
+        let gid = Gid::from_ffi(&gid);
+        if rc != 0 || gid.is_zero() {
+            return Err(self.no_gid(port, index));
         }
-        Ok(Gid::from_ffi(&gid))
+        Ok(gid)
+    }
+
+    #[cold]
+    fn no_gid(&self, port: u8, index: u8) -> Error {
+        let valid: Vec<String> = self
+            .gid_table()
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e.port == port)
+            .map(|e| format!("{} ({}, {})", e.index, e.gid, e.gid_type))
+            .collect();
+        Error::InvalidArgument {
+            what: "gid index",
+            reason: format!(
+                "port {port} of {} has no GID at index {index}; valid: {}",
+                self.name(),
+                if valid.is_empty() {
+                    "none".to_owned()
+                } else {
+                    valid.join(", ")
+                }
+            ),
+        }
+    }
+
+    /// The GID index to use on `port` when the caller names none: `None` on
+    /// InfiniBand (no GRH needed within a subnet); on RoCE (Ethernet link
+    /// layer) the first RoCE v2 IPv4-mapped GID, else the first RoCE v2 GID,
+    /// else the first RoCE v1 one (what `-g`/`-x` usually select). An
+    /// Ethernet port without any GID (no IP address on its netdev) is an error.
+    pub fn default_gid_index(&self, port: u8) -> Result<Option<u8>> {
+        if self.query_port(port)?.link_layer != crate::LinkLayer::Ethernet {
+            return Ok(None);
+        }
+        let table: Vec<GidEntry> = self
+            .gid_table()?
+            .into_iter()
+            .filter(|e| e.port == port)
+            .collect();
+        let v2 = |e: &&GidEntry| e.gid_type == crate::GidType::RoceV2;
+        table
+            .iter()
+            .filter(v2)
+            .find(|e| e.gid.is_ipv4_mapped())
+            .or_else(|| table.iter().find(v2))
+            .or_else(|| table.first())
+            .map(|e| Some(e.index))
+            .ok_or_else(|| Error::InvalidArgument {
+                what: "gid index",
+                reason: format!(
+                    "port {port} of {} is RoCE but has no GID: give its network interface an IP address",
+                    self.name()
+                ),
+            })
     }
 
     /// One GID table entry with its type and netdev (`ibv_query_gid_ex`).
-    pub fn query_gid_entry(&self, port: u8, index: u32) -> Result<GidEntry> {
+    pub fn query_gid_entry(&self, port: u8, index: u8) -> Result<GidEntry> {
         let mut e = MaybeUninit::<ffi::ibv_gid_entry>::zeroed();
         // SAFETY: valid context and out-pointer; flags must be 0.
         let rc = unsafe {
-            ffi::ibv_query_gid_ex(self.as_raw(), u32::from(port), index, e.as_mut_ptr(), 0)
+            ffi::ibv_query_gid_ex(
+                self.as_raw(),
+                u32::from(port),
+                index.into(),
+                e.as_mut_ptr(),
+                0,
+            )
         };
         if rc != 0 {
             return Err(Error::InvalidArgument {
@@ -181,7 +236,7 @@ impl Context {
         }
         // SAFETY: filled by the call.
         let e = unsafe { e.assume_init() };
-        Ok(gid_entry(&e))
+        gid_entry(&e).ok_or_else(|| self.no_gid(port, index))
     }
 
     /// Every valid GID of every port (`ibv_query_gid_table`), in table order.
@@ -200,22 +255,23 @@ impl Context {
             return Err(Error::verb("ibv_query_gid_table", errno(n as i32)));
         }
         entries.truncate(n as usize);
-        Ok(entries.iter().map(gid_entry).collect())
+        // Indices past 255 cannot be named in an address vector: left out.
+        Ok(entries.iter().filter_map(gid_entry).collect())
     }
 }
 
-fn gid_entry(e: &ffi::ibv_gid_entry) -> GidEntry {
+fn gid_entry(e: &ffi::ibv_gid_entry) -> Option<GidEntry> {
     let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: buf is IF_NAMESIZE bytes as if_indextoname requires.
     let p = unsafe { libc::if_indextoname(e.ndev_ifindex, buf.as_mut_ptr()) };
     let netdev = (e.ndev_ifindex != 0 && !p.is_null()).then(|| device::carray(&buf));
-    GidEntry {
-        index: e.gid_index,
+    Some(GidEntry {
+        index: u8::try_from(e.gid_index).ok()?,
         port: u8::try_from(e.port_num).unwrap_or(0),
         gid: Gid::from_ffi(&e.gid),
         gid_type: GidType::from_raw(e.gid_type),
         netdev,
-    }
+    })
 }
 
 impl fmt::Debug for Context {

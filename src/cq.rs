@@ -78,7 +78,7 @@ impl WcStatus {
         unsafe { crate::device::cstr(ffi::ibv_wc_status_str(self.as_raw())) }
     }
 
-    /// What usually causes this status.
+    /// What usually causes this status, and what to check.
     pub fn hint(self) -> Option<&'static str> {
         Some(match self {
             WcStatus::RemAccessErr => {
@@ -88,13 +88,32 @@ impl WcStatus {
                 "the peer had no receive posted; post receives before the sender starts, or raise rnr_retry"
             }
             WcStatus::RetryExcErr => {
-                "the peer did not answer: is it up, is its QP in RTR/RTS, do GID index and path MTU match?"
+                "the peer did not answer: is it up, is its QP in RTR/RTS, do GID index and path MTU match? \
+                 (retry_cnt 7 means retry forever on some providers, rxe included)"
             }
             WcStatus::LocLenErr => "the receive buffer is smaller than the incoming message",
+            WcStatus::LocQpOpErr => {
+                "on a receive: the incoming message is larger than the receive buffer (rxe reports this \
+                 instead of LOC_LEN_ERR); on a send: the request is malformed for this QP, or the link \
+                 went down"
+            }
+            WcStatus::RemOpErr => {
+                "the peer could not complete the operation: its receive buffer was too small for this \
+                 SEND, or its QP failed (look at the peer's completions)"
+            }
+            WcStatus::RemInvReqErr => {
+                "the peer's QP refused the request: it was not granted the access this operation needs \
+                 (REMOTE_WRITE/READ/ATOMIC in the peer's InitAttr), or the operation does not fit its \
+                 state or limits (e.g. more outstanding READs than its max_dest_rd_atomic)"
+            }
             WcStatus::LocProtErr => {
                 "a local buffer's lkey or access rights do not allow this operation (READ/atomic targets need LOCAL_WRITE)"
             }
-            WcStatus::WrFlushErr => "the QP is in the error state; earlier completions say why",
+            WcStatus::WrFlushErr => {
+                "the QP is in the error state, so its outstanding requests were flushed: it was moved \
+                 there (to_error), or an earlier request failed; the first completion that is not a \
+                 flush, on this side or the peer's, says why"
+            }
             _ => return None,
         })
     }

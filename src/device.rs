@@ -174,6 +174,18 @@ impl Gid {
         u64::from_be_bytes(self.0[8..].try_into().expect("8 bytes"))
     }
 
+    /// True for an IPv4-mapped GID (`::ffff:a.b.c.d`): what RoCE v2 uses for
+    /// an interface's IPv4 address.
+    pub fn is_ipv4_mapped(&self) -> bool {
+        self.0[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+    }
+
+    /// The GID as an IPv6 address (RoCE v2 GIDs are the interface's
+    /// addresses; an IPv4 one shows as `::ffff:a.b.c.d`).
+    pub fn to_ipv6(&self) -> Ipv6Addr {
+        Ipv6Addr::from(self.0)
+    }
+
     /// The 32 lowercase hex digits `ibv_rc_pingpong` puts on the wire.
     pub fn to_wire_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
@@ -229,8 +241,9 @@ impl FromStr for Gid {
 /// One entry of a port's GID table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GidEntry {
-    /// Index in the table (what `--gid-index` / `-x` selects).
-    pub index: u32,
+    /// Index in the table (what `--gid-index` / `-x` selects). Address
+    /// vectors carry it in 8 bits, so every GID index in this crate is a `u8`.
+    pub index: u8,
     /// Port number.
     pub port: u8,
     /// The GID.

@@ -227,6 +227,19 @@ pub enum Error {
     #[error("malformed message from peer: {0}")]
     Protocol(String),
 
+    /// The peer closed the endpoint exchange before sending anything: its own
+    /// setup most likely failed (look at its output).
+    #[error(
+        "the peer closed the connection before sending its endpoint: its own setup most likely \
+         failed (a bad GID index, device or port on its side); look at the peer's output"
+    )]
+    PeerGaveUp,
+
+    /// An application's own failure, for programs that use this crate's
+    /// `Error` as theirs (so that they need not borrow another variant).
+    #[error("{0}")]
+    Other(String),
+
     /// GPU memory could not be used (CUDA driver missing, no GPUDirect RDMA
     /// path, a failing CUDA call); see [`crate::gdr`].
     #[cfg(feature = "gdr")]

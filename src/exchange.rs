@@ -363,11 +363,19 @@ pub fn parse_peer_info(buf: &[u8]) -> Result<PeerInfo> {
     Ok(PeerInfo { endpoint, mrs })
 }
 
-/// Reads exactly `buf.len()` bytes; EOF first is a truncated message.
-fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8], what: &'static str) -> Result<()> {
+/// Reads exactly `buf.len()` bytes; EOF first is a truncated message, or
+/// [`Error::PeerGaveUp`] when nothing of the peer's `first` message came.
+fn read_full<R: Read + ?Sized>(
+    r: &mut R,
+    buf: &mut [u8],
+    what: &'static str,
+    first: bool,
+) -> Result<()> {
     let mut got = 0;
     while got < buf.len() {
         match r.read(&mut buf[got..]) {
+            // Nothing at all before the first message: the peer gave up.
+            Ok(0) if got == 0 && first => return Err(Error::PeerGaveUp),
             Ok(0) => {
                 return Err(protocol(format!(
                     "{what}: the peer closed the connection after {got} of {} bytes{}",
@@ -410,7 +418,7 @@ impl WireMessage for Endpoint {
 
     fn read_from<R: Read + ?Sized>(r: &mut R) -> Result<Endpoint> {
         let mut buf = [0u8; ENDPOINT_MSG_LEN];
-        read_full(r, &mut buf, "receiving the remote endpoint")?;
+        read_full(r, &mut buf, "receiving the remote endpoint", true)?;
         parse_endpoint(&buf)
     }
 }
@@ -423,12 +431,12 @@ impl WireMessage for PeerInfo {
     fn read_from<R: Read + ?Sized>(r: &mut R) -> Result<PeerInfo> {
         let endpoint = Endpoint::read_from(r)?;
         let mut header = [0u8; MR_HEADER_LEN];
-        read_full(r, &mut header, "receiving the remote region list")?;
+        read_full(r, &mut header, "receiving the remote region list", false)?;
         let n = parse_mr_header(&header)?;
         let mut mrs = Vec::with_capacity(n);
         let mut rec = [0u8; MR_RECORD_LEN];
         for _ in 0..n {
-            read_full(r, &mut rec, "receiving a remote region")?;
+            read_full(r, &mut rec, "receiving a remote region", false)?;
             mrs.push(parse_mr_record(&rec)?);
         }
         Ok(PeerInfo { endpoint, mrs })
@@ -905,10 +913,12 @@ mod tests {
                 "cut {cut}"
             );
             let mut cur = io::Cursor::new(&wire[..cut]);
-            assert!(
-                matches!(PeerInfo::read_from(&mut cur), Err(Error::Protocol(_))),
-                "stream cut {cut}"
-            );
+            let r = PeerInfo::read_from(&mut cur);
+            if cut == 0 {
+                assert!(matches!(r, Err(Error::PeerGaveUp)), "{r:?}");
+            } else {
+                assert!(matches!(r, Err(Error::Protocol(_))), "stream cut {cut}");
+            }
         }
         assert!(parse_peer_info(&[&wire[..], b"\0"].concat()).is_err());
         // Too many regions announced.

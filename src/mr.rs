@@ -171,6 +171,16 @@ impl Mr {
                 reason: "must be at least 1 byte".into(),
             });
         }
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            // ibv_reg_mr(3): the kernel refuses this with a bare EINVAL.
+            return Err(Error::InvalidArgument {
+                what: "MR access flags",
+                reason: "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too (ibv_reg_mr(3))"
+                    .into(),
+            });
+        }
         let page = page_size();
         let alloc_len =
             len.checked_next_multiple_of(page)
@@ -179,16 +189,19 @@ impl Mr {
                     reason: format!("{len} bytes is too large"),
                 })?;
         let layout =
-            Layout::from_size_align(alloc_len, page).map_err(|e| Error::InvalidArgument {
+            Layout::from_size_align(alloc_len, page).map_err(|_| Error::InvalidArgument {
                 what: "MR length",
-                reason: e.to_string(),
+                reason: format!("{len} bytes is more than one allocation can hold"),
             })?;
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(ptr) else {
-            return Err(Error::InvalidArgument {
-                what: "MR length",
-                reason: format!("could not allocate {len} bytes"),
+            return Err(Error::Io {
+                what: "allocating the memory to register",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("could not allocate {len} bytes"),
+                ),
             });
         };
         // SAFETY: valid PD; [ptr, ptr+len) is memory we own for the registration's life.

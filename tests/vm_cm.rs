@@ -92,7 +92,7 @@ fn connect_accept_private_data_and_data_transfer() {
             pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).expect("mr"),
         ))
         .expect("post recv");
-        let (id, mut qp) = req
+        let (mut qp, id) = req
             .accept(qp, &ConnParam::new().private_data(b"server-hello"), T)
             .expect("accept");
         assert!(id.peer_addr().is_some());
@@ -266,7 +266,7 @@ fn dropping_the_client_disconnects_the_server() {
         ready_tx.send(()).expect("signal");
         let req = listener.get_request(T).expect("connect request");
         let (_pd, _cq, qp) = setup(req.id());
-        let (id, _qp) = req.accept(qp, &ConnParam::new(), T).expect("accept");
+        let (_qp, id) = req.accept(qp, &ConnParam::new(), T).expect("accept");
         let start = Instant::now();
         let ev = id
             .get_event(T)

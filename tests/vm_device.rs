@@ -14,7 +14,7 @@ use rdma_verbs::{Cq, Error, GidType, LinkLayer, PortState, devices};
 struct DevInfo {
     dev: HashMap<String, String>,
     ports: Vec<HashMap<String, String>>,
-    gids: Vec<(u8, u32, String)>,
+    gids: Vec<(u8, u8, String)>,
 }
 
 fn ibv_devinfo(dev: &str) -> DevInfo {
@@ -217,12 +217,36 @@ fn bad_port_and_gid_index_are_typed_errors() {
         Err(Error::InvalidArgument { what: "port", .. })
     ));
     assert!(matches!(
-        ctx.query_gid_entry(1, 10_000),
+        ctx.query_gid_entry(1, 200),
         Err(Error::InvalidArgument {
             what: "gid index",
             ..
         })
     ));
+    // An index past the table, or an empty slot, is an error naming the valid
+    // ones (it used to come back as the zero GID).
+    match ctx.query_gid(1, 200) {
+        Err(
+            e @ Error::InvalidArgument {
+                what: "gid index", ..
+            },
+        ) => assert!(e.to_string().contains("valid: "), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_default_gid_is_the_roce_v2_ipv4_mapped_one() {
+    let ctx = ctx();
+    let i = ctx
+        .default_gid_index(1)
+        .unwrap()
+        .expect("rxe is RoCE: a GID is needed");
+    let e = ctx.query_gid_entry(1, i).unwrap();
+    assert_eq!(e.gid_type, rdma_verbs::GidType::RoceV2);
+    assert!(e.gid.is_ipv4_mapped(), "{e:?}");
+    let addr = std::env::var("RDMA_VERBS_ADDR").unwrap_or_else(|_| "10.99.0.1".into());
+    assert_eq!(e.gid.to_ipv6().to_ipv4_mapped().unwrap().to_string(), addr);
 }
 
 #[test]

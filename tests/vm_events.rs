@@ -75,8 +75,8 @@ fn chan_pair(caps: QpCaps, b_recvs: u64) -> ChanPair {
     let mut b = mk(&cq_b);
     b.post_recv_list((0..b_recvs).map(RecvWr::empty))
         .expect("post receives");
-    let ea = a.endpoint(1, Some(u32::from(gid))).expect("endpoint a");
-    let eb = b.endpoint(1, Some(u32::from(gid))).expect("endpoint b");
+    let ea = a.endpoint(Some(gid)).expect("endpoint a");
+    let eb = b.endpoint(Some(gid)).expect("endpoint b");
     let a = a.connect(&eb, Some(gid)).expect("connect a");
     let b = b.connect(&ea, Some(gid)).expect("connect b");
     ChanPair {
@@ -329,8 +329,8 @@ fn small_cq_pair(ctx: &Context, pd: &Pd) -> SmallCqPair {
         },
     );
     b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
-    let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
-    let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
+    let ea = a.endpoint(Some(gid)).unwrap();
+    let eb = b.endpoint(Some(gid)).unwrap();
     let a = a.connect(&eb, Some(gid)).unwrap();
     let b = b.connect(&ea, Some(gid)).unwrap();
     SmallCqPair { a, b, small, big }

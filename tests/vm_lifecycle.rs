@@ -681,7 +681,7 @@ impl Model {
         }
         let gid = self.gid;
         let ep = |m: &Model, s: usize| -> rdma_verbs::Endpoint {
-            each!(&m.qps[s].as_ref().unwrap().qp, q => q.endpoint(1, Some(u32::from(gid))))
+            each!(&m.qps[s].as_ref().unwrap().qp, q => q.endpoint(Some(gid)))
                 .unwrap_or_else(|e| fail!("endpoint: {e}"))
         };
         let (ea, eb) = (ep(self, a), ep(self, b));

@@ -48,8 +48,8 @@ fn every_transition_and_query_after_each() {
         "{q:?}"
     );
 
-    let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
-    let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
+    let ea = a.endpoint(Some(gid)).unwrap();
+    let eb = b.endpoint(Some(gid)).unwrap();
     assert_eq!(ea.qpn, a.qp_num());
     assert_eq!(ea.psn, a.psn());
     assert!(ea.psn < (1 << 24));
@@ -131,7 +131,7 @@ fn refused_transitions_hand_the_qp_back() {
         .expect("retry with a good port");
 
     // A GID index that does not exist.
-    let peer = qp.endpoint(1, Some(u32::from(gid))).unwrap();
+    let peer = qp.endpoint(Some(gid)).unwrap();
     let err = qp.rtr(RtrAttr::new(&peer, 1, mtu, Some(200))).unwrap_err();
     let msg = err.error.to_string();
     assert!(
@@ -173,10 +173,30 @@ fn refused_transitions_hand_the_qp_back() {
         err.error
     );
 
-    // RoCE without a GRH is refused too.
+    // RoCE without a GRH is refused too, locally, saying what is missing.
     let err = err.qp.rtr(RtrAttr::new(&peer, 1, mtu, None)).unwrap_err();
     assert!(
-        matches!(err.error, Error::Transition { to: "RTR", .. }),
+        matches!(
+            err.error,
+            Error::InvalidArgument {
+                what: "address vector",
+                ..
+            }
+        ) && err.error.to_string().contains("needs a GRH"),
+        "{}",
+        err.error
+    );
+    // And so is a peer endpoint without a GID.
+    let no_gid = rdma_verbs::Endpoint {
+        gid: rdma_verbs::Gid::ZERO,
+        ..peer
+    };
+    let err = err
+        .qp
+        .rtr(RtrAttr::new(&no_gid, 1, mtu, Some(gid)))
+        .unwrap_err();
+    assert!(
+        err.error.to_string().contains("carries no GID"),
         "{}",
         err.error
     );
@@ -213,7 +233,7 @@ fn a_dest_qpn_nobody_owns_ends_in_retry_exc_err() {
         .unwrap()
         .init(InitAttr::new(1, all_remote()))
         .unwrap();
-    let me = qp.endpoint(1, Some(gid.into())).unwrap();
+    let me = qp.endpoint(Some(gid)).unwrap();
     let nobody = rdma_verbs::Endpoint {
         qpn: 0xff_fff0,
         ..me
@@ -282,8 +302,8 @@ fn send_without_receive_and_rnr_retry_0_is_rnr_retry_exc_err() {
         .init(InitAttr::new(1, all_remote()))
         .unwrap();
     let (ea, eb) = (
-        a.endpoint(1, Some(gid.into())).unwrap(),
-        b.endpoint(1, Some(gid.into())).unwrap(),
+        a.endpoint(Some(gid)).unwrap(),
+        b.endpoint(Some(gid)).unwrap(),
     );
     let mut a = a
         .rtr(RtrAttr::new(&eb, 1, mtu, Some(gid)))
@@ -502,4 +522,32 @@ fn cqs_of_another_context_are_refused() {
         }
     }
     Qp::new(&pd, &cq_a, &cq_a, caps()).expect("same context is fine");
+}
+
+#[test]
+fn buffers_the_nic_writes_need_local_write() {
+    let mut p = pair(caps());
+    // A receive buffer without LOCAL_WRITE: refused at post, handed back.
+    let ro = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap();
+    let e = p.b.post_recv(RecvWr::new(1, ro)).unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::InvalidArgument {
+                what: "receive buffer",
+                ..
+            }
+        ) && e.error.to_string().contains("LOCAL_WRITE"),
+        "{}",
+        e.error
+    );
+    assert_eq!(e.unposted.len(), 1);
+    // An RDMA READ destination without LOCAL_WRITE: the same.
+    let target = p.pd.alloc_mr(64, all_remote()).unwrap();
+    let dest = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap();
+    let e =
+        p.a.post_send(SendWr::read(2, dest, target.remote(), 0))
+            .unwrap_err();
+    assert!(e.error.to_string().contains("LOCAL_WRITE"), "{}", e.error);
+    assert_eq!(e.unposted.len(), 1);
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo, WireMessage};
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, Context, Cq, Error, GidType, InitAttr, Pd, Qp, QpCaps, Rc,
-    RemoteMr, Result, RtrAttr, RtsAttr,
+    AccessFlags, CompletionChannel, Context, Cq, Error, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr,
+    Result, RtrAttr, RtsAttr,
 };
 
 use crate::opts::{DataPath, Opts, Verb};
@@ -84,20 +84,10 @@ impl Device {
     pub fn open(o: &Opts) -> Result<Device> {
         let ctx = Context::open(o.device.as_deref())?;
         let pd = Pd::new(&ctx)?;
+        // Like perftest's -x: the RoCE v2 IPv4-mapped GID by default.
         let gid_index = match o.gid_index {
             Some(i) => i,
-            None => {
-                let table = ctx.gid_table()?;
-                table
-                    .iter()
-                    .find(|e| {
-                        e.port == o.ib_port
-                            && e.gid_type == GidType::RoceV2
-                            && e.gid.raw()[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
-                    })
-                    .map(|e| e.index as u8)
-                    .unwrap_or(0)
-            }
+            None => ctx.default_gid_index(o.ib_port)?.unwrap_or(0),
         };
         let mtu = ctx.query_port(o.ib_port)?.active_mtu.bytes();
         let dev = ctx.query_device()?;
@@ -238,10 +228,10 @@ pub fn establish(
         send_cq,
         recv_cq,
     } = pending;
-    let gid = u32::from(dev.gid_index);
+    let gid = dev.gid_index;
     let mut local = Vec::with_capacity(qps.len());
     for (qp, region) in qps.iter().zip(regions) {
-        local.push(PeerInfo::new(qp.endpoint(o.ib_port, Some(gid))?).with_mr(*region));
+        local.push(PeerInfo::new(qp.endpoint(Some(gid))?).with_mr(*region));
     }
     let client = !o.is_server();
     let mut stream = match &o.host {

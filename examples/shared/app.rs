@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use rdma_verbs::exchange::{ExchangeListener, PeerInfo, client_exchange, server_exchange};
 use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{
-    AccessFlags, Context, Cq, GidType, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result,
-};
+use rdma_verbs::{AccessFlags, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result};
 
 /// Options every example takes.
 pub struct Args {
@@ -109,18 +107,10 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
     // Every completion the QP's queues may produce must fit: `depth` for the
     // send queue plus `depth` for the receive queue.
     let cq = Cq::new(&ctx, 2 * depth)?;
+    // Like `-g`/`-x` on soft-RoCE: the RoCE v2 IPv4-mapped GID by default.
     let gid_index = match args.gid_index {
         Some(i) => i,
-        None => {
-            // Like `-g`/`-x` on soft-RoCE: the RoCE v2 IPv4-mapped GID, else index 0.
-            let table = ctx.gid_table()?;
-            let v2 = |e: &&rdma_verbs::GidEntry| {
-                e.port == 1
-                    && e.gid_type == GidType::RoceV2
-                    && e.gid.to_string().starts_with("::ffff:")
-            };
-            table.iter().find(v2).map(|e| e.index as u8).unwrap_or(0)
-        }
+        None => ctx.default_gid_index(1)?.unwrap_or(0),
     };
     Ok(Side {
         pd,
@@ -152,7 +142,7 @@ pub fn connect(
     mrs: &[RemoteMr],
 ) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
     let gid = side.gid_index;
-    let mut local = PeerInfo::new(qp.endpoint(1, Some(u32::from(gid)))?);
+    let mut local = PeerInfo::new(qp.endpoint(Some(gid))?);
     local.mrs.extend_from_slice(mrs);
     println!("{}: local  {}", args.role(), local.endpoint);
     let timeout = Duration::from_secs(30);

@@ -1139,7 +1139,7 @@ mod rdma_tests {
             .find(|e| {
                 e.port == 1 && e.gid_type == GidType::RoceV2 && e.gid.raw()[10..12] == [0xff, 0xff]
             })
-            .map(|e| e.index as u8)
+            .map(|e| e.index)
             .unwrap_or(0);
         let caps = QpCaps {
             max_send_wr,
@@ -1156,8 +1156,8 @@ mod rdma_tests {
             .unwrap()
             .init(InitAttr::new(1, access))
             .unwrap();
-        let ea = a.endpoint(1, Some(u32::from(gid))).unwrap();
-        let eb = b.endpoint(1, Some(u32::from(gid))).unwrap();
+        let ea = a.endpoint(Some(gid)).unwrap();
+        let eb = b.endpoint(Some(gid)).unwrap();
         Pair {
             a: a.connect(&eb, Some(gid)).expect("connect a"),
             _b: b.connect(&ea, Some(gid)).expect("connect b"),

@@ -65,7 +65,7 @@ fn a_buffer_whose_drop_panics_is_dropped_once_and_the_ring_goes_on() {
         .unwrap()
         .iter()
         .find(|e| e.port == 1 && e.gid_type == GidType::RoceV2)
-        .map(|e| e.index as u8)
+        .map(|e| e.index)
         .unwrap_or(0);
     let mut cq_a = Cq::new(&ctx, 64).unwrap();
     let mut cq_b = Cq::new(&ctx, 64).unwrap();
@@ -85,8 +85,8 @@ fn a_buffer_whose_drop_panics_is_dropped_once_and_the_ring_goes_on() {
         .unwrap();
     b.post_recv_list((0..4).map(|i| RecvWr::new(i, pd.alloc_mr(64, access).unwrap())))
         .unwrap();
-    let ea = a.endpoint(1, Some(gid.into())).unwrap();
-    let eb = b.endpoint(1, Some(gid.into())).unwrap();
+    let ea = a.endpoint(Some(gid)).unwrap();
+    let eb = b.endpoint(Some(gid)).unwrap();
     let mut a = a.connect(&eb, Some(gid)).unwrap();
     let _b = b.connect(&ea, Some(gid)).unwrap();
 

@@ -149,7 +149,7 @@ pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
 };
 pub use sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
-pub use state::{CanPostRecv, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
+pub use state::{CanPostRecv, CanPostSend, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
 pub use wr::{RecvWr, SendWr};
 
 use queue::{RecvQueue, SendQueue};
@@ -517,12 +517,20 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         self.core.raw.as_ptr()
     }
 
-    /// This side's endpoint for the peer: LID of `port`, QPN, PSN, and the GID
-    /// at `gid_index` (zero GID when `None`, like `ibv_rc_pingpong` without `-g`).
-    pub fn endpoint(&self, port: u8, gid_index: Option<u32>) -> Result<Endpoint> {
+    /// This side's endpoint for the peer: the LID of the QP's port (the one
+    /// given to [`init`](Qp::init); 1 before that), its QPN and PSN, and the
+    /// GID at `gid_index`. With `None`, [`Context::default_gid_index`](crate::Context::default_gid_index)
+    /// chooses: the RoCE v2 IPv4-mapped GID on RoCE, no GID (zero) on
+    /// InfiniBand, like `ibv_rc_pingpong` without `-g`.
+    pub fn endpoint(&self, gid_index: Option<u8>) -> Result<Endpoint> {
         let ctx = self.core.pd.context();
+        let port = self.core.port;
         let lid = ctx.query_port(port)?.lid;
-        let gid = match gid_index {
+        let index = match gid_index {
+            Some(i) => Some(i),
+            None => ctx.default_gid_index(port)?,
+        };
+        let gid = match index {
             Some(i) => ctx.query_gid(port, i)?,
             None => crate::Gid::ZERO,
         };
@@ -619,10 +627,15 @@ impl Qp<Rc, Reset> {
 impl Qp<Rc, Init> {
     /// INIT → RTR. Values wider than their wire fields (dest QPN and RQ PSN
     /// 24 bits, min_rnr_timer 5) are refused before the kernel sees them.
+    ///
+    /// On RoCE (an Ethernet port) the address vector needs a GRH with the
+    /// peer's GID; one without is refused here with an error that says so
+    /// (the kernel would only say EINVAL).
     pub fn rtr(self, attr: RtrAttr) -> Result<Qp<Rc, Rtr>, TransitionError<Qp<Rc, Init>>> {
         let error = check_bits("dest QPN", attr.dest_qpn, 24)
             .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
-            .or_else(|| check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5));
+            .or_else(|| check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5))
+            .or_else(|| self.check_roce_grh(&attr.av));
         if let Some(error) = error {
             return Err(TransitionError { qp: self, error });
         }
@@ -630,14 +643,44 @@ impl Qp<Rc, Init> {
     }
 
     /// INIT → RTR → RTS towards `remote` with the defaults of `ibv_rc_pingpong`:
-    /// path MTU = the port's active MTU, a GRH from `gid_index` when given.
+    /// path MTU = the port's active MTU, a GRH from `gid_index` (with `None`,
+    /// [`Context::default_gid_index`](crate::Context::default_gid_index)
+    /// chooses: the RoCE v2 GID on RoCE, no GRH on InfiniBand).
     /// A failure destroys the QP (its buffers are released) and returns the error.
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Rc, Rts>> {
         let port = self.core.port;
-        let mtu = self.core.pd.context().query_port(port)?.active_mtu;
+        let ctx = self.core.pd.context().clone();
+        let mtu = ctx.query_port(port)?.active_mtu;
+        let gid_index = match gid_index {
+            Some(i) => Some(i),
+            None => ctx.default_gid_index(port)?,
+        };
         let sq_psn = self.core.psn;
         let qp = self.rtr(RtrAttr::new(remote, port, mtu, gid_index))?;
         Ok(qp.rts(RtsAttr::new(sq_psn))?)
+    }
+
+    /// On an Ethernet (RoCE) port: a GRH, towards a non-zero GID.
+    fn check_roce_grh(&self, av: &AddressVector) -> Option<Error> {
+        let port = self.core.pd.context().query_port(av.port).ok()?;
+        if port.link_layer != crate::LinkLayer::Ethernet {
+            return None;
+        }
+        let reason = match &av.grh {
+            None => {
+                "RoCE (an Ethernet port) needs a GRH: give a GID index (RtrAttr::new's \
+                     sgid_index; Context::default_gid_index picks the RoCE v2 one)"
+            }
+            Some(g) if g.dgid.is_zero() => {
+                "the peer's endpoint carries no GID (all zero), which RoCE needs: the peer must \
+                 send its GID (Qp::endpoint picks one by default)"
+            }
+            Some(_) => return None,
+        };
+        Some(Error::InvalidArgument {
+            what: "address vector",
+            reason: reason.into(),
+        })
     }
 }
 
@@ -665,10 +708,15 @@ fn check_bits(what: &'static str, v: u32, bits: u32) -> Option<Error> {
     })
 }
 
-impl<T: QpType, S: CanPostRecv> Qp<T, S> {
+// The state bounds sit on the methods (not the impl) so that calling one in
+// the wrong state reports the trait's diagnostic ("connect the QP first").
+impl<T: QpType, S: QpState> Qp<T, S> {
     /// Posts one receive; its buffers return with the completion.
     #[inline]
-    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>
+    where
+        S: CanPostRecv,
+    {
         queue::post_one::<RecvQueue>(&mut self.core, wr)
     }
 
@@ -678,10 +726,10 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     /// further (pass `iter.by_ref()` to keep the rest). If `wrs` panics, the
     /// requests it yielded since the last verb call are taken back (their
     /// buffers drop with the unwind); earlier chunks were posted.
-    pub fn post_recv_list(
-        &mut self,
-        wrs: impl IntoIterator<Item = RecvWr>,
-    ) -> Result<(), PostError> {
+    pub fn post_recv_list(&mut self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostError>
+    where
+        S: CanPostRecv,
+    {
         queue::post_list::<RecvQueue>(&mut self.core, wrs)
     }
 
@@ -696,7 +744,10 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     /// [`Cq::poll`](crate::Cq::poll) as
     /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
     /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)).
-    pub unsafe fn post_recv_raw(&mut self, wr: &mut ffi::ibv_recv_wr) -> Result<()> {
+    pub unsafe fn post_recv_raw(&mut self, wr: &mut ffi::ibv_recv_wr) -> Result<()>
+    where
+        S: CanPostRecv,
+    {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
         let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), wr, &mut bad) };
@@ -708,10 +759,13 @@ impl<T: QpType, S: CanPostRecv> Qp<T, S> {
     }
 }
 
-impl<T: QpType> Qp<T, Rts> {
+impl<T: QpType, S: QpState> Qp<T, S> {
     /// Posts one send-queue work request; its buffers return with the completion.
     #[inline]
-    pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError> {
+    pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
         queue::post_one::<SendQueue>(&mut self.core, wr)
     }
 
@@ -725,7 +779,10 @@ impl<T: QpType> Qp<T, Rts> {
     pub fn post_send_list<'a>(
         &mut self,
         wrs: impl IntoIterator<Item = SendWr<'a>>,
-    ) -> Result<(), PostError> {
+    ) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
         queue::post_list::<SendQueue<'a>>(&mut self.core, wrs)
     }
 
@@ -742,7 +799,10 @@ impl<T: QpType> Qp<T, Rts> {
     /// comes back from [`Cq::poll`](crate::Cq::poll) as
     /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
     /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)).
-    pub unsafe fn post_send_raw(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()> {
+    pub unsafe fn post_send_raw(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()>
+    where
+        S: CanPostSend,
+    {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
         let rc = unsafe { ffi::ibv_post_send(self.as_raw(), wr, &mut bad) };

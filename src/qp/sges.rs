@@ -199,6 +199,16 @@ impl Sges {
         self.iter().all(|b| matches!(b, Buffer::Owned(_)))
     }
 
+    /// Every buffer is an owned `Mr` registered with LOCAL_WRITE (the NIC may
+    /// write it: a receive, READ or atomic destination).
+    #[inline]
+    pub(crate) fn all_locally_writable(&self) -> bool {
+        self.iter().all(|b| match b {
+            Buffer::Owned(m) => m.access().contains(crate::AccessFlags::LOCAL_WRITE),
+            Buffer::Shared(_) => false,
+        })
+    }
+
     #[inline]
     pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
         if self.len == 1 && matches!(self.as_slice()[0], Buffer::Owned(_)) {

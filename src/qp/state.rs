@@ -16,7 +16,20 @@ pub trait QpState: sealed::Sealed + Send + Sync + 'static {
 }
 
 /// States in which receives may be posted (INIT, RTR, RTS).
+#[diagnostic::on_unimplemented(
+    message = "receives can be posted only from INIT on: this QP is in `{Self}`",
+    label = "call `init` first",
+    note = "the QP state machine is RESET -> init -> INIT -> rtr -> RTR -> rts -> RTS"
+)]
 pub trait CanPostRecv: QpState {}
+
+/// States in which send-queue requests may be posted (RTS).
+#[diagnostic::on_unimplemented(
+    message = "sends, WRITEs, READs and atomics can be posted only in RTS: this QP is in `{Self}`",
+    label = "connect the QP first (`connect`, or `rtr` then `rts`)",
+    note = "the QP state machine is RESET -> init -> INIT -> rtr -> RTR -> rts -> RTS"
+)]
+pub trait CanPostSend: QpState {}
 
 /// A QP transport type marker.
 pub trait QpType: sealed::Sealed + Send + Sync + 'static {
@@ -60,6 +73,7 @@ marker!(
 impl CanPostRecv for Init {}
 impl CanPostRecv for Rtr {}
 impl CanPostRecv for Rts {}
+impl CanPostSend for Rts {}
 
 /// Reliable Connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

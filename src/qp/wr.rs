@@ -269,7 +269,7 @@ impl<'a> SendWr<'a> {
             SendOp::Read { remote, offset } => {
                 self.imm.is_none()
                     && self.inline_data.is_none()
-                    && self.bufs.all_owned()
+                    && self.bufs.all_locally_writable()
                     && fits(remote, offset)
             }
             SendOp::CompareSwap { remote, offset, .. }
@@ -279,7 +279,7 @@ impl<'a> SendWr<'a> {
                     && bufs.len() == 1
                     && self.imm.is_none()
                     && self.inline_data.is_none()
-                    && self.bufs.all_owned()
+                    && self.bufs.all_locally_writable()
                     && fits(remote, offset)
                     && remote.addr.wrapping_add(offset) % 8 == 0
             }
@@ -354,6 +354,15 @@ impl<'a> SendWr<'a> {
                 "destination buffer",
                 &format!(
                     "{what} writes its destination: pass owned Mrs, not SharedMr or inline data"
+                ),
+            ));
+        }
+        if !self.bufs.all_locally_writable() {
+            return Err(invalid(
+                "destination buffer",
+                &format!(
+                    "{what} writes its destination, so its Mr needs AccessFlags::LOCAL_WRITE \
+                     (the NIC would fail it with LOC_PROT_ERR)"
                 ),
             ));
         }
@@ -474,6 +483,13 @@ impl RecvWr {
         let max = (max_sge as usize).min(crate::qp::sges::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
+        }
+        if !self.bufs.all_locally_writable() {
+            return Err(invalid(
+                "receive buffer",
+                "the NIC writes receive buffers, so their Mr needs AccessFlags::LOCAL_WRITE \
+                 (the receive would fail with LOC_PROT_ERR)",
+            ));
         }
         self.bufs.check_lengths()
     }

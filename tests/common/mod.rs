@@ -8,7 +8,7 @@ pub mod procs;
 use std::time::Duration;
 
 use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{AccessFlags, Completion, Context, Cq, GidType, InitAttr, Pd, Qp, QpCaps, Rc};
+use rdma_verbs::{AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc};
 
 /// How long a test waits for completions before failing.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -25,17 +25,7 @@ pub fn ctx() -> Context {
 /// Index of the RoCE v2 IPv4-mapped GID on port 1 (what `-g`/`-x` usually
 /// select on soft-RoCE), or 0 when there is none.
 pub fn gid_index(ctx: &Context) -> u8 {
-    let table = ctx.gid_table().expect("gid table");
-    table
-        .iter()
-        .find(|e| {
-            e.port == 1
-                && e.gid_type == GidType::RoceV2
-                && e.gid.raw()[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
-        })
-        .or_else(|| table.iter().find(|e| e.port == 1))
-        .map(|e| e.index as u8)
-        .unwrap_or(0)
+    ctx.default_gid_index(1).expect("gid table").unwrap_or(0)
 }
 
 /// Remote rights the test QPs grant.
@@ -84,8 +74,8 @@ pub fn pair_sized(
     let mut a = mk(&cq_a);
     let mut b = mk(&cq_b);
     prep(&pd, &mut a, &mut b);
-    let ea = a.endpoint(1, Some(u32::from(gid))).expect("endpoint a");
-    let eb = b.endpoint(1, Some(u32::from(gid))).expect("endpoint b");
+    let ea = a.endpoint(Some(gid)).expect("endpoint a");
+    let eb = b.endpoint(Some(gid)).expect("endpoint b");
     let a = a.connect(&eb, Some(gid)).expect("connect a");
     let b = b.connect(&ea, Some(gid)).expect("connect b");
     Pair {

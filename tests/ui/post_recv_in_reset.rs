@@ -1,4 +1,4 @@
-//~ ERROR E0599 `post_recv`
+//~ ERROR E0277 receives can be posted only from INIT on
 #![allow(unused_imports, unused_variables, unused_mut)]
 use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
 use rdma_verbs::{AccessFlags, Cq, InitAttr, Mr, Qp, Rc, RecvWr, SendWr};

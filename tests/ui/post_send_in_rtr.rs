@@ -1,4 +1,4 @@
-//~ ERROR E0599 no method named `post_send`
+//~ ERROR E0277 can be posted only in RTS: this QP is in
 #![allow(unused_imports, unused_variables, unused_mut)]
 use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
 use rdma_verbs::{AccessFlags, Cq, InitAttr, Mr, Qp, Rc, RecvWr, SendWr};
