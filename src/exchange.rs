@@ -20,6 +20,8 @@
 //!
 //! [`client_exchange`] and [`server_exchange`] run that sequence;
 //! [`ExchangeStream`] and [`ExchangeListener`] are the pieces for other orders.
+//! [`connect_client`] and [`serve`] do the whole connection of an RC QP
+//! (exchange, then INIT → RTR → RTS on each side, the server before it answers).
 //!
 //! # The extended form: [`PeerInfo`]
 //! Programs that RDMA WRITE or READ also need the peer's memory regions
@@ -61,7 +63,7 @@ use std::time::{Duration, Instant};
 use crate::device::Gid;
 use crate::error::{Error, Result};
 use crate::mr::RemoteMr;
-use crate::qp::Endpoint;
+use crate::qp::{Endpoint, Init, Qp, Rc, Rts};
 
 /// The TCP port `ibv_rc_pingpong` uses by default.
 pub const DEFAULT_PORT: u16 = 18515;
@@ -745,6 +747,55 @@ pub fn server_exchange<M: WireMessage, T>(
     s.send(local)?;
     s.recv_done()?;
     Ok((remote, t))
+}
+
+/// Connects `qp` to a server of this crate ([`serve`]): sends this side's
+/// endpoint and `mrs`, receives the server's, moves the QP to RTS, and
+/// returns it with what the server advertised (its regions to WRITE/READ).
+///
+/// `gid_index` `None` picks [`Context::default_gid_index`](crate::Context::default_gid_index)
+/// (the RoCE v2 GID on RoCE). Connecting retries until `timeout`; every read
+/// and write is bounded by it too.
+pub fn connect_client(
+    host: &str,
+    port: u16,
+    qp: Qp<Rc, Init>,
+    gid_index: Option<u8>,
+    mrs: &[RemoteMr],
+    timeout: Duration,
+) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
+    let mut local = PeerInfo::new(qp.endpoint(gid_index)?);
+    local.mrs.extend_from_slice(mrs);
+    let remote: PeerInfo = client_exchange(host, port, &local, timeout)?;
+    let qp = qp.connect(&remote.endpoint, gid_index)?;
+    Ok((qp, remote))
+}
+
+/// The server side of [`connect_client`]: waits for one client on `listener`
+/// (at most `timeout`, `None`: forever), connects `qp` to it *before*
+/// answering (so the client's first message finds it ready), sends this
+/// side's endpoint and `mrs`, and returns the QP in RTS with what the client
+/// advertised. If connecting fails, the client sees the connection closed
+/// ([`Error::PeerGaveUp`]) and this side gets the error.
+pub fn serve(
+    listener: &ExchangeListener,
+    qp: Qp<Rc, Init>,
+    gid_index: Option<u8>,
+    mrs: &[RemoteMr],
+    timeout: Option<Duration>,
+) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
+    let mut local = PeerInfo::new(qp.endpoint(gid_index)?);
+    local.mrs.extend_from_slice(mrs);
+    let mut qp = Some(qp);
+    let (remote, qp) = server_exchange(listener, &local, timeout, |remote: &PeerInfo| {
+        match qp.take() {
+            Some(qp) => qp.connect(&remote.endpoint, gid_index),
+            None => Err(Error::Other(
+                "server_exchange ran its callback twice".into(),
+            )),
+        }
+    })?;
+    Ok((qp, remote))
 }
 
 #[cfg(test)]

@@ -8,16 +8,17 @@
 //!   in RTS does not compile ([`qp`]).
 //! * A data path that safe code cannot misuse: posting moves buffers into the
 //!   QP, polling the completion gives them back ([`qp`] explains why it is sound).
-//! * [`ffi`]: the raw bindings, generated at build time from rdma-core's headers.
+//! * [`ffi`]: the raw bindings, generated from rdma-core's headers.
 //!
-//! ```no_run
-//! use rdma_verbs::{AccessFlags, Context, Cq, Pd};
-//! let ctx = Context::open(None)?;
-//! let pd = Pd::new(&ctx)?;
-//! let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
-//! let cq = Cq::new(&ctx, 64)?;
-//! # Ok::<(), rdma_verbs::Error>(())
-//! ```
+//! The [`guide`] walks from opening a device to an RDMA WRITE application and
+//! lists the errors newcomers meet, with what to do about each.
+//!
+//! # A complete RC program
+//! `examples/hello_rc.rs`: run it as `hello_rc server` on one machine and
+//! `hello_rc client HOST` on the other (or both in one soft-RoCE guest: see
+//! the README). The client SENDs a message; the server receives it and RDMA
+//! WRITEs a reply into the region the client advertised.
+#![doc = concat!("```no_run\n", include_str!("../examples/hello_rc.rs"), "\n```")]
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -34,6 +35,7 @@ pub mod exchange;
 pub mod ffi;
 #[cfg(feature = "gdr")]
 pub mod gdr;
+pub mod guide;
 pub mod mr;
 pub mod pd;
 pub mod qp;

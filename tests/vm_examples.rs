@@ -129,3 +129,20 @@ fn rc_pingpong() {
         eprintln!("rc_pingpong -s {size} -n {ITERS}: ok in {took:?}");
     }
 }
+
+/// The crate docs' two-process program (`examples/hello_rc.rs`, shown there
+/// as is) does what the docs say.
+#[test]
+fn hello_rc() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let port = rdma_verbs::exchange::DEFAULT_PORT;
+    let (sout, cout, took) = run_pair(
+        "hello_rc",
+        port,
+        &strings(&["server"]),
+        &strings(&["client", &addr()]),
+    );
+    assert_line(&sout, "server", "got \"ping\"");
+    assert_line(&cout, "client", "reply: \"hello\"");
+    eprintln!("hello_rc: ok in {took:?}");
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rdma_verbs::exchange::{ExchangeListener, PeerInfo, client_exchange, server_exchange};
+use rdma_verbs::exchange::{self, ExchangeListener, PeerInfo};
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{AccessFlags, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result};
 
@@ -141,26 +141,13 @@ pub fn connect(
     qp: Qp<Rc, Init>,
     mrs: &[RemoteMr],
 ) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
-    let gid = side.gid_index;
-    let mut local = PeerInfo::new(qp.endpoint(Some(gid))?);
-    local.mrs.extend_from_slice(mrs);
-    println!("{}: local  {}", args.role(), local.endpoint);
+    let gid = Some(side.gid_index);
     let timeout = Duration::from_secs(30);
     let (qp, remote) = match &args.client {
-        Some(host) => {
-            let remote: PeerInfo = client_exchange(host, args.port, &local, timeout)?;
-            (qp.connect(&remote.endpoint, Some(gid))?, remote)
-        }
+        Some(host) => exchange::connect_client(host, args.port, qp, gid, mrs, timeout)?,
         None => {
             let listener = ExchangeListener::bind(args.port)?;
-            let mut qp = Some(qp);
-            let (remote, qp) =
-                server_exchange(&listener, &local, Some(timeout), |remote: &PeerInfo| {
-                    qp.take()
-                        .expect("called once")
-                        .connect(&remote.endpoint, Some(gid))
-                })?;
-            (qp, remote)
+            exchange::serve(&listener, qp, gid, mrs, Some(timeout))?
         }
     };
     println!("{}: remote {}", args.role(), remote.endpoint);

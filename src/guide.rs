@@ -1,0 +1,129 @@
+//! A guide: from opening a device to an RDMA WRITE application, then the
+//! errors newcomers meet and what to do about each.
+//!
+//! (This module has no items; it is documentation.)
+//!
+//! # 1. A device
+//! [`Context::open(None)`](crate::Context::open) opens the first RDMA device
+//! (`Some("rxe0")` a named one); [`devices`](crate::devices) lists them.
+//! Without RDMA hardware, soft-RoCE works: `rdma link add rxe0 type rxe
+//! netdev eth0` on a kernel with `rdma_rxe`, or the project's soft-RoCE VM
+//! runner (README, "Testing your own crate without RDMA hardware").
+//! [`Context::query_port`](crate::Context::query_port) tells the link layer:
+//! InfiniBand, or Ethernet (RoCE), which needs a GID on every connection.
+//!
+//! # 2. Memory
+//! The NIC reads and writes only registered memory:
+//! [`Pd::alloc_mr(len, access)`](crate::Pd::alloc_mr) allocates and registers.
+//! `access` says what the NIC may do: `LOCAL_WRITE` for anything the NIC
+//! writes locally (receive buffers, READ and atomic destinations), and
+//! `REMOTE_WRITE` / `REMOTE_READ` / `REMOTE_ATOMIC` for what the *peer* may do
+//! to it (the remote flags that write need `LOCAL_WRITE` too). An `Mr` is
+//! exclusively owned; [`Mr::freeze`](crate::Mr::freeze) turns it into a
+//! cloneable read-only [`SharedMr`](crate::SharedMr) for sources posted many
+//! times. Memory a peer may write is never handed out as a slice: copy with
+//! [`Mr::read_at`](crate::Mr::read_at) / [`Mr::to_vec`](crate::Mr::to_vec).
+//! [`Mr::remote`](crate::Mr::remote) is what a peer needs to reach it
+//! (address, length, rkey).
+//!
+//! # 3. Queues
+//! A [`Cq`](crate::Cq) collects completions; a [`Qp`](crate::Qp) has a send
+//! and a receive queue. Size the CQ for every queue on it: each queue needs as
+//! many entries as its depth (`max_send_wr`, `max_recv_wr`), or
+//! [`Qp::new`](crate::Qp::new) refuses with [`Error::CqTooSmall`](crate::Error::CqTooSmall).
+//! A QP goes RESET → [`init`](crate::Qp::init) → [`rtr`](crate::Qp::rtr) →
+//! [`rts`](crate::Qp::rts); receives may be posted from INIT on, sends only
+//! in RTS, and the compiler enforces both.
+//!
+//! # 4. Connecting
+//! Each side needs the other's [`Endpoint`](crate::Endpoint) (LID, QP number,
+//! PSN, GID), exchanged out of band. [`exchange::connect_client`](crate::exchange::connect_client)
+//! and [`exchange::serve`](crate::exchange::serve) do it over TCP and bring
+//! the QP to RTS (the server before it answers), also handing over the
+//! regions each side advertises. With `gid_index` `None` they pick
+//! [`Context::default_gid_index`](crate::Context::default_gid_index): the
+//! RoCE v2 GID of the interface's IPv4 address on RoCE, none on InfiniBand.
+//! The crate docs have a complete two-process program; `examples/rdma_write.rs`
+//! is a longer one.
+//!
+//! # 5. Posting and polling
+//! Posting *moves* buffers into the QP; polling gives them back:
+//!
+//! ```no_run
+//! # use rdma_verbs::*;
+//! # fn f(qp: &mut Qp<Rc, qp::Rts>, cq: &mut Cq, pd: &Pd, peer: RemoteMr) -> Result<()> {
+//! let mut src = pd.alloc_mr(4096, AccessFlags::empty())?;
+//! src.fill(7)?;
+//! qp.post_send(SendWr::write_from(1, src, peer, 0))?; // `src` now belongs to the QP
+//! let mut c = cq.poll_one(std::time::Duration::from_secs(5))?;
+//! c.result()?; // a failed completion becomes an Error with a hint
+//! let src = c.take_mr(); // and the buffer is back
+//! # Ok(()) }
+//! ```
+//!
+//! Unsignaled requests (`.signaled(false)`) produce no completion of their
+//! own; a later completion retires them. For a stream of small messages,
+//! signal every Nth and poll in batches ([`Cq::poll`](crate::Cq::poll) into a
+//! `Vec` whose capacity is the batch).
+//!
+//! # 6. Troubleshooting
+//! What the crate prints, and what to do.
+//!
+//! **No RDMA at all.** `this kernel has no RDMA support (no ib_uverbs; ...)`:
+//! the kernel lacks the verbs modules (many cloud and CI kernels); use a
+//! machine that has them, or the soft-RoCE VM runner.
+//! `no RDMA devices found; create a soft-RoCE device with rdma link add rxe0
+//! type rxe netdev <if>`: the modules are there but no device is; do that.
+//!
+//! **Memlock.** `ibv_reg_mr of N bytes failed: Cannot allocate memory (os
+//! error 12); the locked-memory limit (RLIMIT_MEMLOCK) is 8388608 bytes (8192
+//! KiB), raise it with ulimit -l unlimited (...)`: registration pins memory
+//! and counts against that limit (root with CAP_IPC_LOCK is exempt). Raise it
+//! for the user, the systemd unit (`LimitMEMLOCK=`) or the container
+//! (`--ulimit memlock=-1`), or register less (reuse buffers: registration is
+//! also slow, about 2–3 µs per page).
+//!
+//! **GID and RoCE.** `invalid address vector: RoCE (an Ethernet port) needs a
+//! GRH: give a GID index ...`: on Ethernet every address needs a GRH; pass a
+//! GID index, or `None` to the helpers so that the default is used.
+//! `invalid gid index: port 1 of rxe0 has no GID at index 200; valid: 0
+//! (fe80::..., RoCE v2), 1 (::ffff:10.99.0.1, RoCE v2)`: pick one of those;
+//! both sides must use GIDs of the same type (RoCE v2 IPv4-mapped ones across
+//! an IP network). `... is RoCE but has no GID: give its network interface an
+//! IP address`: RoCE GIDs are the interface's addresses.
+//!
+//! **MTU.** `modify_qp INIT -> RTR failed: Invalid argument (os error 22)
+//! (attr_mask ...); hint: check the remote QPN, the GID index ..., the path
+//! MTU (at most the port's active_mtu) ...`: the path MTU must not exceed
+//! either port's `active_mtu` ([`Qp::connect`](crate::Qp::connect) uses the
+//! local one; the peers must agree).
+//!
+//! **RNR.** `work request N completed with IBV_WC_RNR_RETRY_EXC_ERR ...;
+//! hint: the peer had no receive posted ...`: a SEND arrived when the peer
+//! had no receive buffer. Post receives before the sender starts (pre-post a
+//! few hundred for streams) and raise `rnr_retry` ([`RtsAttr`](crate::RtsAttr))
+//! if the receiver can fall behind.
+//!
+//! **Retry exceeded.** `work request N completed with IBV_WC_RETRY_EXC_ERR
+//! ...; hint: the peer did not answer ...`: the peer's QP is gone, not in
+//! RTR/RTS, or unreachable (wrong GID, link down). With `retry_cnt` 7 some
+//! providers (rxe among them) retry forever, so a dead peer is never reported:
+//! use a smaller `retry_cnt` to bound the time.
+//!
+//! **Buffer too small.** The receiver sees `IBV_WC_LOC_LEN_ERR` (rxe:
+//! `IBV_WC_LOC_QP_OP_ERR`), the sender `IBV_WC_REM_OP_ERR`: the incoming
+//! message is larger than the receive buffer.
+//!
+//! **Access.** `IBV_WC_REM_ACCESS_ERR`: wrong rkey, a range outside the
+//! peer's region, or a region without the needed `REMOTE_*` flag.
+//! `IBV_WC_REM_INV_REQ_ERR`: the peer's *QP* was not granted the access
+//! (the flags given to its [`InitAttr`](crate::InitAttr)). A receive, READ
+//! or atomic destination without `LOCAL_WRITE` is refused when posted.
+//!
+//! **Flushes.** `IBV_WC_WR_FLUSH_ERR`: the QP is in the error state, so
+//! everything outstanding was flushed. Look for the first completion that is
+//! not a flush, on this side or the peer's: it says why.
+//!
+//! **The peer gave up.** `the peer closed the connection before sending its
+//! endpoint: its own setup most likely failed ...`: read the other side's
+//! output; it refused something locally (a bad GID index, device or port).
