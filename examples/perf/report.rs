@@ -66,23 +66,7 @@ pub fn bw_row(s: &BwSamples<'_>, rate: &Rate, gbits: bool) -> BwRow {
     let n = s.iters as usize;
     let mut opt_delta = s.tcompleted[0].wrapping_sub(s.tposted[0]);
     if !s.no_peak && n > 0 {
-        let step_i = s.post_list.max(1) as usize;
-        let step_j = s.cq_mod.max(1) as usize;
-        let mut i = 0;
-        while i < n {
-            let mut j = (i + 1).div_ceil(step_j) * step_j - 1;
-            while j < n {
-                let t = s.tcompleted[j].wrapping_sub(s.tposted[i]) / (j - i + 1) as u64;
-                opt_delta = opt_delta.min(t);
-                j += step_j;
-            }
-            if n % step_j != 0 {
-                let j = n - 1;
-                let t = s.tcompleted[j].wrapping_sub(s.tposted[i]) / (j - i + 1) as u64;
-                opt_delta = opt_delta.min(t);
-            }
-            i += step_i;
-        }
+        opt_delta = opt_delta.min(peak_delta(s, n));
     }
     let cycles_to_units = rate.per_sec();
     let format_factor = if gbits { 125_000_000.0 } else { 1_048_576.0 };
@@ -107,6 +91,102 @@ pub fn bw_row(s: &BwSamples<'_>, rate: &Rate, gbits: bool) -> BwRow {
 
 fn finite(v: f64) -> f64 {
     if v.is_finite() { v } else { 0.0 }
+}
+
+/// perftest's peak: the least `(tcompleted[j] - tposted[i]) / (j - i + 1)`
+/// (integer division) over `i` in steps of the post list and `j >= i` on the
+/// CQ-moderation grid (plus the last message). perftest tries every pair,
+/// O(n²); this finds the same minimum in O(n log n) when no difference
+/// wraps (each completion used is no earlier than every post before it, as
+/// in a real run), and falls back to the pairs otherwise.
+fn peak_delta(s: &BwSamples<'_>, n: usize) -> u64 {
+    let step_i = s.post_list.max(1) as usize;
+    let step_j = s.cq_mod.max(1) as usize;
+    let (mut latest_post, mut next_i) = (0, 0);
+    let no_wrap = peak_js(step_j, n).all(|j| {
+        while next_i <= j {
+            latest_post = latest_post.max(s.tposted[next_i]);
+            next_i += step_i;
+        }
+        s.tcompleted[j] >= latest_post
+    });
+    if no_wrap {
+        peak_delta_hull(s, n)
+    } else {
+        peak_delta_pairs(s, n)
+    }
+}
+
+/// The `j`s of the peak search: every `step_j`-th message's completion, and
+/// the last message's when `n` is not a multiple of `step_j`.
+fn peak_js(step_j: usize, n: usize) -> impl Iterator<Item = usize> {
+    let last = (n % step_j != 0).then_some(n - 1);
+    (step_j - 1..n).step_by(step_j).chain(last)
+}
+
+/// perftest's quadratic search, as it is written there.
+fn peak_delta_pairs(s: &BwSamples<'_>, n: usize) -> u64 {
+    let step_i = s.post_list.max(1) as usize;
+    let step_j = s.cq_mod.max(1) as usize;
+    let mut opt_delta = u64::MAX;
+    let mut i = 0;
+    while i < n {
+        let mut j = (i + 1).div_ceil(step_j) * step_j - 1;
+        while j < n {
+            let t = s.tcompleted[j].wrapping_sub(s.tposted[i]) / (j - i + 1) as u64;
+            opt_delta = opt_delta.min(t);
+            j += step_j;
+        }
+        if n % step_j != 0 {
+            let j = n - 1;
+            let t = s.tcompleted[j].wrapping_sub(s.tposted[i]) / (j - i + 1) as u64;
+            opt_delta = opt_delta.min(t);
+        }
+        i += step_i;
+    }
+    opt_delta
+}
+
+/// The same minimum as a least-slope search: the ratio is the slope from
+/// `(i, tposted[i])` to `(j + 1, tcompleted[j])`, and for each `j` the
+/// least slope from the points left of it lies on their upper convex hull,
+/// found by binary search. floor(min) = min(floor), so the result is exact.
+fn peak_delta_hull(s: &BwSamples<'_>, n: usize) -> u64 {
+    let step_i = s.post_list.max(1) as usize;
+    let step_j = s.cq_mod.max(1) as usize;
+    let pt = |i: usize| (i as i128, i128::from(s.tposted[i]));
+    // (b - a) x (c - a): > 0 when a, b, c turn counter-clockwise.
+    let cross = |a: (i128, i128), b: (i128, i128), c: (i128, i128)| {
+        (b.0 - a.0) * (c.1 - a.1) - (b.1 - a.1) * (c.0 - a.0)
+    };
+    let mut hull: Vec<(i128, i128)> = Vec::new();
+    let mut next_i = 0;
+    let mut best = u64::MAX;
+    for j in peak_js(step_j, n) {
+        while next_i <= j {
+            let r = pt(next_i);
+            while hull.len() >= 2 && cross(hull[hull.len() - 2], hull[hull.len() - 1], r) >= 0 {
+                hull.pop();
+            }
+            hull.push(r);
+            next_i += step_i;
+        }
+        let p = ((j + 1) as i128, i128::from(s.tcompleted[j]));
+        // The first hull edge that P is not below ends at the best point.
+        let (mut lo, mut hi) = (0, hull.len() - 1);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if cross(hull[mid], hull[mid + 1], p) < 0 {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let q = hull[lo];
+        let t = ((p.1 - q.1) / (p.0 - q.0)) as u64;
+        best = best.min(t);
+    }
+    best
 }
 
 /// One row of a latency table (iterations mode), in microseconds.
@@ -463,6 +543,54 @@ pub fn rtt_factor(test: Test) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fast_peak_search_matches_perftests_pairs() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rnd = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for case in 0..3000 {
+            let n = 1 + rnd(300) as usize;
+            let (mut tp, mut tc) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            let mut t = rnd(1 << 40);
+            for _ in 0..n {
+                t += rnd(if case % 3 == 0 { 5 } else { 1000 });
+                tp.push(t);
+            }
+            for p in &tp {
+                tc.push(p + rnd(if case % 5 == 0 { 3 } else { 100_000 }));
+            }
+            let (post_list, cq_mod) = (1 + rnd(8), 1 + rnd(120));
+            if case % 2 == 0 {
+                // As in a run: only signaled messages have a completion time.
+                for (j, c) in tc.iter_mut().enumerate() {
+                    if (j as u64 + 1) % cq_mod != 0 && j + 1 != n {
+                        *c = 0;
+                    }
+                }
+            }
+            let s = BwSamples {
+                size: 2,
+                iters: n as u64,
+                post_list,
+                cq_mod,
+                tposted: &tp,
+                tcompleted: &tc,
+                no_peak: false,
+            };
+            assert_eq!(
+                peak_delta_hull(&s, n),
+                peak_delta_pairs(&s, n),
+                "case {case}: n {n}, post_list {}, cq_mod {}",
+                s.post_list,
+                s.cq_mod
+            );
+        }
+    }
 
     #[test]
     fn latency_statistics_follow_perftest() {
