@@ -22,6 +22,7 @@ mod compare;
 mod cpio;
 mod demo;
 mod gpu;
+mod insn;
 mod run;
 mod setup;
 mod test;
@@ -60,6 +61,8 @@ commands:
                                  runner (CARGO_TARGET_<TRIPLE>_RUNNER=\"<xtask> vm-exec\")
   test [CARGO TEST ARGS...]      host tests, examples build, then tests/vm_*.rs in guests
   demo                           build the examples and run them in one guest
+  insn [--tests ..] [--check R]  user-space instructions per message under callgrind in the
+                                 guest (perftest, perf --safe, perf --raw), target/compare/insn.json
   gpu-check [ARGS...]            on a machine with an NVIDIA GPU: the GPUDirect check
                                  (examples/gpu_check.rs, feature gdr), run on the host
   help                           print this help
@@ -191,6 +194,7 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         }
         Some("run") => run::run_command(rest),
         Some("compare") => compare::compare_command(rest),
+        Some("insn") => insn::insn_command(rest),
         Some("vm-exec") => run::vm_exec_command(rest),
         Some("test") => test::test_command(rest),
         Some("gpu-check") => gpu::gpu_check_command(rest),

@@ -1,0 +1,370 @@
+//! `cargo xtask insn`: user-space instructions per message, deterministically.
+//!
+//! Under QEMU/TCG a small message costs ~18 µs of kernel (rxe) work, so timing
+//! hides what the user-space data path costs. This runs each client (perftest's
+//! `ib_<test>`, this crate's `perf --safe` and `perf --raw`) under callgrind in
+//! one soft-RoCE guest at two iteration counts N1 < N2, with peak search off
+//! (`-N`) on both tools, and reports (I(N2) − I(N1)) / (N2 − N1): the
+//! program's total instructions per message, start-up and teardown cancelled.
+//! Servers run natively next to it with the same flags.
+//!
+//! Writes `target/compare/insn.json`: rows `{test, path, size, post_list,
+//! insn_per_msg}` with path `perftest`, `safe` or `raw`, and prints a table
+//! with safe/raw and raw/perftest. `--check RATIO` exits 1 when any safe/raw
+//! exceeds RATIO (the regression guard `cargo xtask test` runs).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::cmd::{self, run_checked};
+use crate::run::{self, Invocation};
+use crate::{Context, Error, Result};
+
+const USAGE: &str = "\
+usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
+                        [--iters N1,N2] [--check RATIO] [--timeout SECS]
+
+  --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
+  --sizes      message sizes in bytes (default 2; atomic_bw always 8)
+  --post-list  WRs per post call, perftest's -l (default 1,8)
+  --paths      perftest,safe,raw (default all three)
+  --iters      the two iteration counts (default 2000,8000)
+  --check      exit 1 if safe/raw instructions per message exceed RATIO anywhere
+  --timeout    limit for the whole guest run (default 1800)";
+
+const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
+const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw"];
+/// Per client or server process.
+const SIDE_TIMEOUT_SECS: u32 = 300;
+
+struct Plan {
+    tests: Vec<String>,
+    sizes: Vec<u64>,
+    post_lists: Vec<u64>,
+    paths: Vec<String>,
+    iters: (u64, u64),
+    check: Option<f64>,
+    timeout: Duration,
+}
+
+fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
+    v.split(',')
+        .map(|s| s.trim().parse::<T>().ok())
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::usage(format!("{what}: bad list {v:?}\n\n{USAGE}")))
+}
+
+fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
+    let mut plan = Plan {
+        tests: ["write_bw", "send_bw", "read_bw"]
+            .map(String::from)
+            .to_vec(),
+        sizes: vec![2],
+        post_lists: vec![1, 8],
+        paths: KNOWN_PATHS.iter().map(|s| s.to_string()).collect(),
+        iters: (2000, 8000),
+        check: None,
+        timeout: Duration::from_secs(1800),
+    };
+    let mut it = args.into_iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(flag) = it.next() {
+        if matches!(flag.as_str(), "-h" | "--help") {
+            say!("{USAGE}");
+            return Ok(None);
+        }
+        let value = it
+            .next()
+            .ok_or_else(|| Error::usage(format!("{flag} needs a value\n\n{USAGE}")))?;
+        match flag.as_str() {
+            "--tests" => plan.tests = list(&value, "--tests")?,
+            "--sizes" => plan.sizes = list(&value, "--sizes")?,
+            "--post-list" => plan.post_lists = list(&value, "--post-list")?,
+            "--paths" => plan.paths = list(&value, "--paths")?,
+            "--iters" => match list::<u64>(&value, "--iters")?[..] {
+                [a, b] if 0 < a && a < b => plan.iters = (a, b),
+                _ => return Err(Error::usage("--iters needs N1,N2 with 0 < N1 < N2")),
+            },
+            "--check" => {
+                plan.check = Some(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|r: &f64| *r > 0.0)
+                        .ok_or_else(|| Error::usage("--check needs a positive ratio"))?,
+                )
+            }
+            "--timeout" => {
+                plan.timeout = crate::parse_secs(&value)
+                    .map_err(|e| Error::usage(format!("--timeout: {e}")))?
+            }
+            other => return Err(Error::usage(format!("unknown option {other:?}\n\n{USAGE}"))),
+        }
+    }
+    if let Some(bad) = plan
+        .tests
+        .iter()
+        .find(|t| !KNOWN_TESTS.contains(&t.as_str()))
+    {
+        return Err(Error::usage(format!("unknown test {bad:?}\n\n{USAGE}")));
+    }
+    if let Some(bad) = plan
+        .paths
+        .iter()
+        .find(|p| !KNOWN_PATHS.contains(&p.as_str()))
+    {
+        return Err(Error::usage(format!("unknown path {bad:?}\n\n{USAGE}")));
+    }
+    if plan.sizes.contains(&0) || plan.post_lists.contains(&0) {
+        return Err(Error::usage("sizes and post lists must be positive"));
+    }
+    Ok(Some(plan))
+}
+
+/// One measured configuration.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    test: String,
+    size: u64,
+    post_list: u64,
+    path: String,
+}
+
+fn keys(plan: &Plan) -> Vec<Key> {
+    let mut out = Vec::new();
+    for test in &plan.tests {
+        let sizes = if test == "atomic_bw" {
+            vec![8]
+        } else {
+            plan.sizes.clone()
+        };
+        for size in sizes {
+            for &post_list in &plan.post_lists {
+                for path in &plan.paths {
+                    out.push(Key {
+                        test: test.clone(),
+                        size,
+                        post_list,
+                        path: path.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn job_name(k: &Key, n: u64) -> String {
+    format!("{}_{}_l{}_{}_{n}", k.test, k.size, k.post_list, k.path)
+}
+
+/// The guest script: `sh -c SCRIPT insn OUTDIR PERF`. Each job writes the
+/// client's total instructions to `OUTDIR/NAME.insn`.
+fn script(plan: &Plan) -> String {
+    let t = SIDE_TIMEOUT_SECS;
+    let mut s = format!(
+        "set -u\n\
+         OUT=$1; PERF=$2\n\
+         DEV=${{RDMA_VERBS_DEVICE:-rxe0}}; ADDR=${{RDMA_VERBS_ADDR:-10.99.0.1}}\n\
+         listening() {{\n\
+         \x20 i=0\n\
+         \x20 until grep -q ':4853 00000000:0000 0A' /proc/net/tcp; do\n\
+         \x20   i=$((i + 1)); [ $i -lt 600 ] || return 1; sleep 0.05\n\
+         \x20 done\n\
+         }}\n\
+         # job NAME PATH TEST SIZE POSTLIST ITERS\n\
+         job() {{\n\
+         \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6\n\
+         \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l\"\n\
+         \x20 if [ \"$t\" = atomic_bw ]; then common=\"$common -A FETCH_AND_ADD\"; fi\n\
+         \x20 if [ \"$path\" = perftest ]; then prog=\"ib_$t\"; else prog=\"$PERF $t --$path\"; fi\n\
+         \x20 timeout {t} $prog $common > \"$OUT/$name.server.txt\" 2>&1 &\n\
+         \x20 spid=$!\n\
+         \x20 if listening; then\n\
+         \x20   timeout {t} valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.cg \\\n\
+         \x20     $prog $common $ADDR > \"$OUT/$name.client.txt\" 2>&1; crc=$?\n\
+         \x20   sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg | head -1 > \"$OUT/$name.insn\"\n\
+         \x20   rm -f /tmp/$name.cg\n\
+         \x20 else\n\
+         \x20   crc=98; kill $spid 2>/dev/null\n\
+         \x20 fi\n\
+         \x20 wait $spid; src=$?\n\
+         \x20 echo \"[insn] $name: client $crc, server $src\"\n\
+         }}\n"
+    );
+    for k in keys(plan) {
+        for n in [plan.iters.0, plan.iters.1] {
+            let name = job_name(&k, n);
+            let _ = writeln!(
+                s,
+                "job {name} {} {} {} {} {n}",
+                k.path, k.test, k.size, k.post_list
+            );
+        }
+    }
+    s.push_str("echo '[insn] done'\n");
+    s
+}
+
+pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
+    let Some(plan) = parse_args(args)? else {
+        return Ok(0);
+    };
+    let root = crate::workspace_root();
+    let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    build
+        .args(["build", "--release", "--example", "perf", "--all-features"])
+        .current_dir(root);
+    eprintln!("xtask insn: {}", cmd::display(&build));
+    run_checked(&mut build)?;
+    let perf = crate::target_dir().join("release/examples/perf");
+
+    let work = PathBuf::from(format!("/tmp/rdma-verbs-insn.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).context(|| format!("cannot create {}", work.display()))?;
+    let mut inv = Invocation::new(
+        "sh".into(),
+        vec![
+            "-c".into(),
+            script(&plan).into(),
+            "insn".into(),
+            work.clone().into(),
+            perf.into(),
+        ],
+    )?;
+    inv.cwd = root.to_path_buf();
+    eprintln!(
+        "xtask insn: {} client runs under callgrind in one guest",
+        keys(&plan).len() * 2
+    );
+    let code = run::execute(inv, plan.timeout)?;
+
+    let total = |k: &Key, n: u64| -> Option<u64> {
+        let p = work.join(format!("{}.insn", job_name(k, n)));
+        fs::read_to_string(p)
+            .ok()?
+            .trim()
+            .replace(',', "")
+            .parse()
+            .ok()
+    };
+    let mut per_msg: BTreeMap<Key, f64> = BTreeMap::new();
+    let mut missing = Vec::new();
+    for k in keys(&plan) {
+        let (n1, n2) = plan.iters;
+        match (total(&k, n1), total(&k, n2)) {
+            (Some(a), Some(b)) => {
+                per_msg.insert(k, (b as f64 - a as f64) / (n2 - n1) as f64);
+            }
+            _ => missing.push(job_name(&k, n1)),
+        }
+    }
+    let out_dir = crate::target_dir().join("compare");
+    fs::create_dir_all(&out_dir).context(|| format!("cannot create {}", out_dir.display()))?;
+    let logs = out_dir.join("insn-runs");
+    let _ = fs::remove_dir_all(&logs);
+    let _ = fs::create_dir_all(&logs);
+    if let Ok(entries) = fs::read_dir(&work) {
+        for e in entries.flatten() {
+            let _ = fs::copy(e.path(), logs.join(e.file_name()));
+        }
+    }
+    let _ = fs::remove_dir_all(&work);
+    let json = out_dir.join("insn.json");
+    fs::write(&json, to_json(&per_msg)).context(|| format!("cannot write {}", json.display()))?;
+
+    let worst = print_table(&plan, &per_msg);
+    say!("wrote {}", json.display());
+    if !missing.is_empty() || code != 0 {
+        eprintln!(
+            "xtask insn: no result for {} (guest status {code}); logs in {}",
+            if missing.is_empty() {
+                "-".to_owned()
+            } else {
+                missing.join(", ")
+            },
+            logs.display()
+        );
+        return Ok(1);
+    }
+    if let (Some(limit), Some(worst)) = (plan.check, worst) {
+        if worst > limit {
+            eprintln!("xtask insn: FAILED: safe/raw {worst:.3} exceeds the guard {limit}");
+            return Ok(1);
+        }
+        say!("xtask insn: safe/raw at most {worst:.3} (guard {limit}): ok");
+    }
+    Ok(0)
+}
+
+/// Prints the table; returns the largest safe/raw ratio, if any.
+fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> Option<f64> {
+    say!(
+        "instructions per message (client, callgrind, (I({n2}) - I({n1})) / {d}):",
+        n1 = plan.iters.0,
+        n2 = plan.iters.1,
+        d = plan.iters.1 - plan.iters.0
+    );
+    say!(
+        "{:<10} {:>8} {:>3} {:>10} {:>10} {:>10} {:>9} {:>12}",
+        "test",
+        "size",
+        "-l",
+        "perftest",
+        "raw",
+        "safe",
+        "safe/raw",
+        "raw/perftest"
+    );
+    let get = |k: &Key, path: &str| {
+        per_msg
+            .get(&Key {
+                path: path.into(),
+                ..k.clone()
+            })
+            .copied()
+    };
+    let num = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let mut worst: Option<f64> = None;
+    for k in keys(plan).iter().filter(|k| k.path == plan.paths[0]) {
+        let (p, r, s) = (get(k, "perftest"), get(k, "raw"), get(k, "safe"));
+        let sr = ratio(s, r);
+        if let Some(x) = sr {
+            worst = Some(worst.map_or(x, |w: f64| w.max(x)));
+        }
+        let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
+        say!(
+            "{:<10} {:>8} {:>3} {:>10} {:>10} {:>10} {:>9} {:>12}",
+            k.test,
+            k.size,
+            k.post_list,
+            num(p),
+            num(r),
+            num(s),
+            fmt(sr),
+            fmt(ratio(r, p))
+        );
+    }
+    worst
+}
+
+fn to_json(per_msg: &BTreeMap<Key, f64>) -> String {
+    let rows: Vec<String> = per_msg
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "  {{\"test\": \"{}\", \"path\": \"{}\", \"size\": {}, \"post_list\": {}, \"insn_per_msg\": {v:.1}}}",
+                k.test, k.path, k.size, k.post_list
+            )
+        })
+        .collect();
+    format!("[\n{}\n]\n", rows.join(",\n"))
+}
