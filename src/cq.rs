@@ -15,7 +15,7 @@ use crate::error::{Error, Result, errno, last_errno};
 use crate::ffi;
 use crate::qp::Sges;
 use crate::qp::ring::Caught;
-use crate::qp::table::{RingCache, RingTable};
+use crate::qp::table::{RingCache, RingTable, TAG_FLAG};
 
 c_enum! {
     /// Status of a work completion (`ibv_wc_status`).
@@ -205,7 +205,8 @@ pub struct Completion {
     bufs: Sges,
 }
 
-/// `wr_id`s of the safe path are tokens: ring tag in the high half.
+/// `wr_id`s of the safe path are tokens: ring tag in the high half (its top
+/// bit, bit 63 of the token, always set).
 const TOKEN_SHIFT: u32 = 32;
 
 impl Completion {
@@ -543,11 +544,13 @@ impl Cq {
                     let dst = out.as_mut_ptr().add(len);
                     let bufs = &raw mut (*dst).bufs;
                     let token = (*wc).wr_id;
-                    let (source, posted, recv) = match self
-                        .cache
-                        .get(&self.inner.rings, (token >> TOKEN_SHIFT) as u32)
-                        .filter(|r| r.qp_num() == (*wc).qp_num)
-                    {
+                    let tag = (token >> TOKEN_SHIFT) as u32;
+                    let ring = if tag & TAG_FLAG == 0 {
+                        None // not a token: raw posts keep bit 63 clear
+                    } else {
+                        self.cache.get(&self.inner.rings, tag)
+                    };
+                    let (source, posted, recv) = match ring.filter(|r| r.qp_num() == (*wc).qp_num) {
                         None => (CompletionSource::Foreign, None, false),
                         Some(ring) => {
                             let r = ring.retire(

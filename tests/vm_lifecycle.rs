@@ -504,10 +504,11 @@ impl Model {
         for e in q.sq.fifo.iter_mut().chain(q.rq.fifo.iter_mut()) {
             e.may_flush = true;
         }
-        // to_error posts a drain marker when the last send was unsignaled
-        // (and the ring has room): it will retire every send before it.
-        let last_unsignaled = q.sq.fifo.back().is_some_and(|e| !e.signaled);
-        if last_unsignaled && (q.sq.fifo.len() as u64) < q.sq.depth {
+        // to_error posts a drain marker when sends are outstanding (and the
+        // ring has room, counting a marker already pending): it will retire
+        // every send before it.
+        let in_flight = q.sq.fifo.len() as u64 + u64::from(q.sq.marker);
+        if in_flight > 0 && in_flight < q.sq.depth {
             for e in q.sq.fifo.iter_mut() {
                 e.drain_covered = true;
             }

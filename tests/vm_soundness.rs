@@ -247,7 +247,22 @@ fn foreign_wr_ids_are_never_dereferenced() {
     // nothing, or like one of the ring's own tokens for a request that does
     // not exist. The old design dereferenced every wr_id as a slot address.
     let heap = Box::into_raw(Box::new(0u64)) as u64;
-    let bogus = [0, u64::MAX, 0xdead_beef_dead_beef, heap, heap + 8];
+    // wr_ids with bit 63 set (the safe path's marker) are refused at post.
+    for id in [u64::MAX, 0xdead_beef_dead_beef] {
+        let mut wr = ffi::ibv_send_wr {
+            wr_id: id,
+            opcode: ffi::IBV_WR_SEND,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        // SAFETY: no SGEs; refused before the verb.
+        let r = unsafe { p.a.post_send_raw(&mut wr) };
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { what: "wr_id", .. })),
+            "{r:?}"
+        );
+    }
+    let bogus = [0, 1, 0x7fff_ffff_ffff_ffff, heap, heap + 8];
     for (i, id) in bogus.iter().enumerate() {
         let mut wr = ffi::ibv_send_wr {
             wr_id: *id,
@@ -422,4 +437,88 @@ fn a_pair_still_talks_after_all_of_this() {
     p.a.post_send(SendWr::send(2)).unwrap();
     assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
     assert_eq!(wait(&mut p.cq_b, 1)[0].byte_len, 0);
+}
+
+/// Found in review: a raw `wr_id` equal to a token (the first ring's tokens
+/// were 0, 1, 2, ...) retired a safe request still in flight and handed its
+/// buffer back while the NIC would still read it. Tokens now have bit 63 set
+/// and raw posts must leave it clear.
+#[test]
+fn a_raw_wr_id_never_retires_a_safe_request_in_flight() {
+    let _g = serial();
+    let mut p = pair_with(caps(4, 4), |pd, _, b| {
+        // One receive only: consumed by the raw SEND.
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv(RecvWr::new(100, mr)).unwrap();
+    });
+    let raw = |wr_id| ffi::ibv_send_wr {
+        wr_id,
+        opcode: ffi::IBV_WR_SEND,
+        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    // A wr_id with the reserved bit is refused before the NIC sees it.
+    let mut bad = raw(rdma_verbs::qp::RAW_WR_ID_RESERVED | 5);
+    // SAFETY: no SGEs; a single request.
+    match unsafe { p.a.post_send_raw(&mut bad) } {
+        Err(Error::InvalidArgument { what: "wr_id", .. }) => {}
+        other => panic!("expected the reserved bit to be refused, got {other:?}"),
+    }
+    let mut wr = raw(0);
+    // SAFETY: no SGEs; 2 requests in flight <= max_send_wr.
+    unsafe { p.a.post_send_raw(&mut wr) }.unwrap();
+    let mut src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    src.fill(0xaa).unwrap();
+    // No receive left at b: this SEND waits in RNR retry.
+    p.a.post_send(SendWr::send_from(77, src)).unwrap();
+    let c = wait(&mut p.cq_a, 1);
+    assert_eq!((c[0].wr_id, c[0].source), (0, CompletionSource::Foreign));
+    assert!(c[0].buffers().is_empty());
+    assert_eq!(
+        p.a.outstanding(),
+        (1, 0),
+        "the safe SEND is still in flight"
+    );
+    // Let it go: the peer gets the bytes that were posted.
+    let dst = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.post_recv(RecvWr::new(101, dst)).unwrap();
+    let mut got = wait(&mut p.cq_b, 2);
+    assert_eq!(got[1].take_mr().unwrap().to_vec().unwrap(), [0xaa; 64]);
+    let c = wait(&mut p.cq_a, 1);
+    assert_eq!((c[0].wr_id, c[0].source), (77, CompletionSource::Posted));
+    assert_eq!(c[0].buffers().len(), 1);
+}
+
+/// Found in review: when `poll_raw` consumed the drain marker, `reset` was
+/// refused forever. `to_error` again posts a new marker (whenever sends are
+/// outstanding), so the documented recovery works.
+#[test]
+fn to_error_again_recovers_from_poll_raw_eating_the_marker() {
+    let _g = serial();
+    let mut p = pair_with(caps(4, 4), |_, _, b| {
+        b.post_recv_list((0..4).map(RecvWr::empty)).unwrap();
+    });
+    p.a.post_send(SendWr::send(1).signaled(false)).unwrap();
+    wait(&mut p.cq_b, 1);
+    let qp = p.a.to_error().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut wcs = [ffi::ibv_wc::default(); 8];
+    assert_eq!(
+        p.cq_a.poll_raw(&mut wcs).unwrap(),
+        1,
+        "the marker's completion"
+    );
+    assert_eq!(qp.outstanding(), (2, 0));
+    let qp = qp.to_error().unwrap();
+    let mut out = Vec::with_capacity(8);
+    let end = std::time::Instant::now() + WAIT;
+    while qp.outstanding() != (0, 0) && std::time::Instant::now() < end {
+        match p.cq_a.poll(&mut out) {
+            // The second marker sweeps the first, whose completion poll_raw took.
+            Ok(_) | Err(Error::CompletionsLost { count: 1 }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(out.is_empty(), "markers are not handed out: {out:?}");
+    assert!(qp.reset().is_ok(), "reset after the recovery");
 }

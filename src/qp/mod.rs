@@ -64,9 +64,9 @@
 //!   queue), because whether RESET discards posted work is up to the
 //!   provider; [`to_error`](Qp::to_error) and polling the flushes drains it.
 //!   An unsignaled send that completed successfully produces no completion
-//!   to flush, so `to_error` then posts a signaled zero-length drain marker
-//!   (flushed at once, never on the wire) whose completion retires it and is
-//!   not handed out.
+//!   to flush, so `to_error` posts a signaled zero-length drain marker when
+//!   sends are outstanding (flushed at once, never on the wire) whose
+//!   completion retires them and is not handed out.
 //! * **Panics.** A panic in the iterator given to
 //!   [`post_send_list`](Qp::post_send_list) / [`post_recv_list`](Qp::post_recv_list)
 //!   unwinds through a guard that takes the requests staged for the verb
@@ -206,15 +206,17 @@ impl Drop for QpCore {
 }
 
 impl QpCore {
-    /// After a move to ERR: when the last send posted was unsignaled (and so
-    /// may have completed without a completion), posts a signaled zero-length
-    /// SEND without buffers. In ERR it is flushed at once; queues complete in
-    /// order, so its completion retires every send before it. The poller
-    /// recognises it by its slot and does not hand it out. A provider that
-    /// refuses the post leaves things as they were (the ring slot is taken back).
+    /// After a move to ERR: when sends are outstanding (and a slot is free),
+    /// posts a signaled zero-length SEND without buffers. In ERR it is flushed
+    /// at once; queues complete in order, so its completion retires every
+    /// send before it: unsignaled ones that completed without a completion,
+    /// and any whose completion `poll_raw` consumed. The poller recognises it
+    /// by its slot and does not hand it out. A provider that refuses the post
+    /// leaves things as they were (the ring slot is taken back).
     fn post_drain_marker(&mut self) {
         let (ring, head) = (&self.sq, &mut self.sq_head);
-        if ring.last_signaled(*head) != Some(false) || ring.in_flight(*head) >= ring.depth() {
+        let in_flight = ring.in_flight(*head);
+        if in_flight == 0 || in_flight >= ring.depth() {
             return;
         }
         let bufs = Sges::default();
@@ -562,13 +564,16 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// (the kernel refuses RESET → ERR; the QP comes back unchanged).
     ///
     /// An unsignaled send that already completed successfully has no
-    /// completion to flush. So when the last send posted was unsignaled, a
-    /// signaled zero-length request is posted after the move to ERR (it is
-    /// flushed at once and never reaches the wire, like the kernel's
-    /// `ib_drain_sq`); its completion retires the sends before it and is not
-    /// handed out by [`Cq::poll`](crate::Cq::poll). Once the flushes are
-    /// polled, [`outstanding`](Qp::outstanding) is `(0, 0)` and
-    /// [`reset`](Qp::reset) succeeds.
+    /// completion to flush, and a completion consumed by
+    /// [`Cq::poll_raw`](crate::Cq::poll_raw) never reaches the safe path. So
+    /// when sends are outstanding, a signaled zero-length request is posted
+    /// after the move to ERR (it is flushed at once and never reaches the
+    /// wire, like the kernel's `ib_drain_sq`); its completion retires the sends
+    /// before it and is not handed out by [`Cq::poll`](crate::Cq::poll). Once
+    /// the flushes are polled, [`outstanding`](Qp::outstanding) is `(0, 0)`
+    /// and [`reset`](Qp::reset) succeeds. (Receives always flush; only ones
+    /// whose completions `poll_raw` consumed stay outstanding: destroy such a
+    /// QP.)
     pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,
@@ -699,6 +704,34 @@ impl Qp<Rc, Rtr> {
     }
 }
 
+/// Bit 63 of a `wr_id`: set in every token of the safe path, so raw posts
+/// (`post_send_raw`, `post_recv_raw`) must leave it clear.
+pub const RAW_WR_ID_RESERVED: u64 = 1 << 63;
+
+/// Refuses a raw chain with a `wr_id` that has [`RAW_WR_ID_RESERVED`] set.
+///
+/// # Safety
+/// `head` heads a well-formed chain; `parts` reads `(wr_id, next)` of one entry.
+unsafe fn check_raw_wr_ids<W>(
+    head: *const W,
+    parts: impl Fn(*const W) -> (u64, *mut W),
+) -> Result<()> {
+    let mut w = head;
+    while !w.is_null() {
+        let (wr_id, next) = parts(w);
+        if wr_id & RAW_WR_ID_RESERVED != 0 {
+            return Err(Error::InvalidArgument {
+                what: "wr_id",
+                reason: format!(
+                    "{wr_id:#x} has bit 63 set, which marks the safe path's own wr_ids; raw posts must leave it clear"
+                ),
+            });
+        }
+        w = next;
+    }
+    Ok(())
+}
+
 /// Refuses a value that does not fit its `bits`-wide field (some providers
 /// silently truncate instead of failing).
 fn check_bits(what: &'static str, v: u32, bits: u32) -> Option<Error> {
@@ -743,11 +776,19 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// `max_recv_wr`, or the CQ may overrun. The completion comes back from
     /// [`Cq::poll`](crate::Cq::poll) as
     /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
-    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)).
+    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)). `wr`
+    /// heads a well-formed chain (`next` null-terminated).
+    ///
+    /// # Errors
+    /// A `wr_id` with bit 63 set is refused ([`RAW_WR_ID_RESERVED`]): those
+    /// are the safe path's tokens, and a raw completion that looked like one
+    /// would retire a safe request still in flight.
     pub unsafe fn post_recv_raw(&mut self, wr: &mut ffi::ibv_recv_wr) -> Result<()>
     where
         S: CanPostRecv,
     {
+        // SAFETY: the caller promises a well-formed chain.
+        unsafe { check_raw_wr_ids(wr, |w| ((*w).wr_id, (*w).next))? };
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
         let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), wr, &mut bad) };
@@ -798,11 +839,19 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// exceed the QP's `max_send_wr`, or the CQ may overrun. The completion
     /// comes back from [`Cq::poll`](crate::Cq::poll) as
     /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
-    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)).
+    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)). `wr`
+    /// heads a well-formed chain (`next` null-terminated). Leave one slot of
+    /// `max_send_wr` for the drain marker [`to_error`](Qp::to_error) may post.
+    ///
+    /// # Errors
+    /// A `wr_id` with bit 63 set is refused ([`RAW_WR_ID_RESERVED`]), as for
+    /// [`post_recv_raw`](Qp::post_recv_raw).
     pub unsafe fn post_send_raw(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()>
     where
         S: CanPostSend,
     {
+        // SAFETY: the caller promises a well-formed chain.
+        unsafe { check_raw_wr_ids(wr, |w| ((*w).wr_id, (*w).next))? };
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
         let rc = unsafe { ffi::ibv_post_send(self.as_raw(), wr, &mut bad) };

@@ -162,20 +162,6 @@ impl Ring {
         head.wrapping_sub(self.tail.load(Ordering::Acquire))
     }
 
-    /// Whether the request the producer posted last (sequence `head - 1`)
-    /// asked for a completion; `None` when nothing is outstanding.
-    pub(crate) fn last_signaled(&self, head: u64) -> Option<bool> {
-        if self.in_flight(head) == 0 {
-            return None;
-        }
-        let slot = self.slot(head - 1);
-        // SAFETY: the producer (the caller) wrote this slot's data before
-        // publishing it, and nobody writes it again until the producer refills
-        // it; the consumer may be reading it concurrently (a claim moves the
-        // data out by copying), which is read against read. `meta` is Copy.
-        Some(unsafe { (*slot.data.get().cast::<SlotData>()).meta.signaled })
-    }
-
     /// The slot of sequence number `seq`.
     #[inline(always)]
     fn slot(&self, seq: u64) -> &Slot {

@@ -20,8 +20,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{Error, Result};
 use crate::qp::ring::Ring;
 
-/// Most rings one table can hold (indices fit the token's 24 bits).
-const MAX_RINGS: usize = 1 << 24;
+/// Most rings one table can hold (indices fit the token's 23 bits).
+const MAX_RINGS: usize = 1 << 23;
+
+/// Set in every tag (bit 63 of every token): `wr_id`s of raw posts must have
+/// it clear, so no raw `wr_id` can ever look like a token.
+pub(crate) const TAG_FLAG: u32 = 1 << 31;
+
+/// The table index in a tag.
+#[inline(always)]
+fn index_of(tag: u32) -> usize {
+    ((tag & !TAG_FLAG) >> 8) as usize
+}
 
 /// The rings registered on one CQ; lives in the CQ.
 pub(crate) struct RingTable {
@@ -97,7 +107,7 @@ impl RingTable {
     /// released); its completions may still be in the CQ.
     pub(crate) fn bury(&self, ring: &Ring) {
         let mut st = self.lock();
-        st.buried.push(ring.tag() >> 8);
+        st.buried.push(index_of(ring.tag()) as u32);
         self.buried.store(st.buried.len(), Ordering::Release);
     }
 
@@ -162,7 +172,7 @@ impl Reservation<'_> {
         // Each ring reserves at least one CQ entry, so a table never holds
         // more rings than its CQ has entries (< MAX_RINGS for every device).
         debug_assert!(index < MAX_RINGS);
-        let tag = ((index as u32) << 8) | u32::from(st.entries[index].generation);
+        let tag = TAG_FLAG | ((index as u32) << 8) | u32::from(st.entries[index].generation);
         let ring = Arc::new(make(tag));
         st.reserved -= reserved - ring.depth().min(reserved);
         st.entries[index].ring = Some(ring.clone());
@@ -199,7 +209,7 @@ impl RingCache {
     /// The ring registered under `tag` (index and generation), if any.
     #[inline(always)]
     pub(crate) fn get(&mut self, table: &RingTable, tag: u32) -> Option<&Ring> {
-        let index = (tag >> 8) as usize;
+        let index = index_of(tag);
         let p = match self.rings.get(index) {
             Some(p) if !p.is_null() => *p,
             _ => self.refresh(table, index)?,
