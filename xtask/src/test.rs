@@ -61,7 +61,7 @@ struct Counts {
 
 /// Runs the steps described in the module documentation; exits non-zero if any failed.
 pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
-    setup::setup(Verbosity::Quiet)?;
+    crate::setup_vm(Verbosity::Quiet)?;
     let root = crate::workspace_root();
     let (host_tests, device_tests) = discover_tests(&root.join("tests"))?;
     let mut summary = Summary::default();
