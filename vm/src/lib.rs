@@ -34,7 +34,7 @@ macro_rules! say {
 }
 
 pub mod cmd;
-pub mod cpio;
+mod cpio;
 pub mod run;
 pub mod setup;
 pub mod vm;

@@ -38,7 +38,7 @@ use crate::run::Invocation;
 use crate::setup::VmAssets;
 use crate::{Context, EXIT_TIMEOUT, Error, Result};
 
-/// Where the initramfs mounts the per-run share (9p tag [`RUN_SHARE_TAG`]).
+/// Where the initramfs mounts the per-run share (9p tag `xrun`).
 pub const RUN_SHARE_DIR: &str = "/xrun";
 /// 9p tag of the per-run share.
 const RUN_SHARE_TAG: &str = "xrun";
@@ -79,8 +79,8 @@ poweroff -f
 ///
 /// Only one topology exists. A two-guest mode (real traffic between two kernels, see
 /// "Two guests on a virtual wire" in RXE-VM.md) would add a variant here whose
-/// [`qemu_net_args`](Self::qemu_net_args) adds a `virtio-net-pci` joined to the peer by a
-/// `-netdev socket,udp=127.0.0.1:...` pair, whose [`setup_script`](Self::setup_script) puts rxe
+/// `qemu_net_args` adds a `virtio-net-pci` joined to the peer by a
+/// `-netdev socket,udp=127.0.0.1:...` pair, whose `setup_script` puts rxe
 /// on eth0, and a caller that boots both guests and waits for both.
 #[derive(Clone, Copy, Debug)]
 pub enum Topology {
