@@ -29,7 +29,10 @@ pub enum Error {
     /// The running kernel has no RDMA support (no `ib_uverbs`).
     #[error(
         "this kernel has no RDMA support (no ib_uverbs; {verb} returned ENOSYS/ENODEV); \
-         load rdma_rxe on a kernel that has it, or use `cargo xtask run` to run inside the soft-RoCE VM"
+         load rdma_rxe on a kernel that has it, or run the program in a soft-RoCE VM with \
+         `rdma-verbs-vm run -- <your program>` (`cargo install rdma-verbs-vm`; as a cargo runner: \
+         `runner = [\"rdma-verbs-vm\", \"run\", \"--\"]` under \
+         `[target.x86_64-unknown-linux-gnu]` in .cargo/config.toml)"
     )]
     NoRdmaSupport {
         /// The call that revealed it.
@@ -377,7 +380,7 @@ mod tests {
         }
         .to_string();
         assert!(
-            s.contains("no RDMA support") && s.contains("cargo xtask run"),
+            s.contains("no RDMA support") && s.contains("rdma-verbs-vm run --"),
             "{s}"
         );
         assert!(Error::NoDevices.to_string().contains("rdma link add"));

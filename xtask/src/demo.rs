@@ -47,7 +47,7 @@ const SIDE_TIMEOUT_SECS: u32 = 120;
 
 /// Builds the examples on the host and runs [`STEPS`] in one guest.
 pub fn demo_command() -> Result<u8> {
-    setup::setup(setup::Verbosity::Quiet)?;
+    crate::setup_vm(setup::Verbosity::Quiet)?;
     let root = crate::workspace_root();
     let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     build.args(["build", "--examples"]).current_dir(root);

@@ -3,8 +3,9 @@
 //! The main job is giving the project a real RDMA device on machines whose kernel has none:
 //! `setup` builds a small soft-RoCE (rdma_rxe) guest out of Debian's kernel and busybox, `run`
 //! and `vm-exec` run host-built programs inside it, `test` runs the whole test suite with
-//! `tests/vm_*.rs` inside guests, and `demo` runs the examples there. The recipe behind it is
-//! described in `RXE-VM.md`; the guest layout is described in [`vm`].
+//! `tests/vm_*.rs` inside guests, and `demo` runs the examples there. The guest machinery is
+//! the workspace crate `rdma-verbs-vm` (`vm/`), which users get as the `rdma-verbs-vm`
+//! binary; xtask keeps its guest image under `target/rxe-vm/`.
 //!
 //! Only `std` is used, so this crate builds even while the main crate does not.
 
@@ -17,35 +18,28 @@ macro_rules! say {
     }};
 }
 
-mod cmd;
 mod compare;
-mod cpio;
 mod demo;
 mod gpu;
 mod insn;
-mod run;
-mod setup;
 mod test;
-mod vm;
 
 use std::ffi::OsString;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
-/// Exit status for a usage error (unknown command, bad flag).
-pub const EXIT_USAGE: u8 = 2;
-/// Exit status when the command did not finish in time (as timeout(1) does).
-pub const EXIT_TIMEOUT: u8 = 124;
-/// Exit status when xtask itself failed: missing packages, a guest that did not boot, ...
-pub const EXIT_INFRA: u8 = 125;
+pub use rdma_verbs_vm::{
+    Context, EXIT_INFRA, EXIT_USAGE, Error, Result, cmd, parse_secs, run, setup, timeout_from_env,
+};
 
-/// Default time limit of `run`, `vm-exec` and `demo`, in seconds.
-pub const DEFAULT_TIMEOUT_SECS: u64 = 900;
-/// Environment variable that sets the time limit of `vm-exec` (and of `run` without
-/// `--timeout`), in seconds.
-pub const TIMEOUT_ENV: &str = "XTASK_TIMEOUT";
+/// Host packages xtask needs on top of [`setup::PACKAGES`]: valgrind (tests/vm_lifecycle.rs
+/// runs under it in the guest).
+pub const EXTRA_PACKAGES: &[&str] = &["valgrind"];
+
+/// [`setup::setup`] with xtask's [`EXTRA_PACKAGES`].
+pub fn setup_vm(verbosity: setup::Verbosity) -> Result<setup::VmAssets> {
+    setup::setup(verbosity, EXTRA_PACKAGES)
+}
 
 /// `cargo xtask help`.
 const USAGE: &str = "\
@@ -69,62 +63,16 @@ commands:
 
 environment:
   XTASK_TIMEOUT=SECS             time limit of run / vm-exec / each device test binary
-                                 (default 900)
+  (or RDMA_VERBS_VM_TIMEOUT)     (default 900)
   XTASK_VM_DEBUG=1               full kernel log in the run directory, which is kept
+  (or RDMA_VERBS_VM_DEBUG)
+  RDMA_VERBS_VM_WRITABLE=DIRS    colon-separated host directories the guest may write to
   RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048; at least 1024)
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
                                  passed through to the command in the guest
 
 exit status: the command's own; 124 on timeout; 125 when xtask or the guest failed;
 2 on a usage error.";
-
-/// An error that ends the xtask process with a message and an exit status.
-#[derive(Debug)]
-pub struct Error {
-    /// What went wrong, for a human; printed as `xtask: <message>`.
-    pub message: String,
-    /// The process exit status to use.
-    pub code: u8,
-}
-
-impl Error {
-    /// An infrastructure failure (exit status [`EXIT_INFRA`]).
-    pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            code: EXIT_INFRA,
-        }
-    }
-
-    /// A usage error (exit status [`EXIT_USAGE`]); the usage text is printed after it.
-    pub fn usage(message: impl Into<String>) -> Self {
-        Self {
-            message: format!("{}\n\n{USAGE}", message.into()),
-            code: EXIT_USAGE,
-        }
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-/// Result type of every fallible xtask function.
-pub type Result<T> = std::result::Result<T, Error>;
-
-/// Adds a description of what was being done to an I/O error.
-pub trait Context<T> {
-    /// Turns an error into an [`Error`] whose message is `what()` followed by the cause.
-    fn context(self, what: impl FnOnce() -> String) -> Result<T>;
-}
-
-impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
-    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|e| Error::new(format!("{}: {e}", what())))
-    }
-}
 
 /// The workspace root: the parent of this crate's manifest directory.
 ///
@@ -153,29 +101,6 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
-/// The time limit from [`TIMEOUT_ENV`], or [`DEFAULT_TIMEOUT_SECS`].
-pub fn timeout_from_env() -> Result<Duration> {
-    match std::env::var(TIMEOUT_ENV) {
-        Ok(v) => parse_secs(&v).map_err(|e| Error::usage(format!("{TIMEOUT_ENV}: {e}"))),
-        Err(_) => Ok(Duration::from_secs(DEFAULT_TIMEOUT_SECS)),
-    }
-}
-
-/// Whether a process with this decimal id exists (false for anything that is not a pid).
-pub fn pid_alive(pid: &str) -> bool {
-    !pid.is_empty()
-        && pid.bytes().all(|b| b.is_ascii_digit())
-        && Path::new("/proc").join(pid).exists()
-}
-
-/// Parses a positive whole number of seconds.
-pub fn parse_secs(v: &str) -> std::result::Result<Duration, String> {
-    match v.trim().parse::<u64>() {
-        Ok(n) if n > 0 => Ok(Duration::from_secs(n)),
-        _ => Err(format!("expected a positive number of seconds, got {v:?}")),
-    }
-}
-
 /// Runs the command named by the first argument; returns the exit status.
 fn dispatch(args: Vec<OsString>) -> Result<u8> {
     let mut args = args.into_iter();
@@ -190,7 +115,7 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
                     "setup takes no arguments, got {extra:?}"
                 )));
             }
-            setup::setup(setup::Verbosity::Report).map(|_| 0)
+            setup_vm(setup::Verbosity::Report).map(|_| 0)
         }
         Some("run") => run::run_command(rest),
         Some("compare") => compare::compare_command(rest),
@@ -215,10 +140,14 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
 }
 
 fn main() -> ExitCode {
+    setup::set_default_dir(target_dir().join("rxe-vm"));
     match dispatch(std::env::args_os().skip(1).collect()) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("xtask: {e}");
+            if e.code == EXIT_USAGE {
+                eprintln!("\n{USAGE}");
+            }
             ExitCode::from(e.code)
         }
     }

@@ -8,7 +8,12 @@
 //! 3. device tests: `cargo test --test vm_a --test vm_b ...` with this binary's `vm-exec` as
 //!    the target runner, so each device test binary boots one guest (or runs on the host when
 //!    it has an RDMA device); then the library's own unit tests that need a device, which
-//!    are `#[ignore]`d on the host, with `cargo test --lib -- --ignored` in one guest.
+//!    are `#[ignore]`d on the host, with `cargo test --lib -- --ignored` in one guest;
+//! 4. the runner for everyone: `cargo build -p rdma-verbs-vm`, then `cargo test` in
+//!    `tests/vm_runner_crate` (a crate outside the workspace that depends on rdma-verbs by
+//!    path and names `rdma-verbs-vm` as its runner in its `.cargo/config.toml`), with
+//!    target/debug first on PATH, its own target directory `<target>/vm-runner-crate`, and the
+//!    guest image of `target/rxe-vm`.
 //!
 //! cargo's output is shown as it comes; the `test result:` lines are summed into a final
 //! `xtask test: N passed, M failed` line.
@@ -61,7 +66,7 @@ struct Counts {
 
 /// Runs the steps described in the module documentation; exits non-zero if any failed.
 pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
-    setup::setup(Verbosity::Quiet)?;
+    crate::setup_vm(Verbosity::Quiet)?;
     let root = crate::workspace_root();
     let (host_tests, device_tests) = discover_tests(&root.join("tests"))?;
     let mut summary = Summary::default();
@@ -115,6 +120,9 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         summary.add("library device tests", outcome);
     }
 
+    let outcome = runner_crate_step(root, &mut summary.problems);
+    summary.add("runner crate (tests/vm_runner_crate)", outcome);
+
     for problem in &summary.problems {
         eprintln!("xtask test: FAILED: {problem}");
     }
@@ -166,16 +174,56 @@ fn device_step(root: &Path, targets: &[OsString], problems: &mut Vec<String>) ->
                 exe.display()
             ))
         })?;
-    let report = setup::vm_dir().join(format!("test-report-{}", std::process::id()));
-    let _ = fs::remove_file(&report);
-
     let mut device = cargo(root);
     device.args(["test", "--all-features", "--no-fail-fast"]);
     device
         .args(targets)
-        .env(runner_env_var()?, format!("{exe} vm-exec"))
-        .env(REPORT_ENV, &report);
-    let counts = cargo_test(&mut device);
+        .env(runner_env_var()?, format!("{exe} vm-exec"));
+    cargo_test_in_guests(&mut device, problems)
+}
+
+/// Directory of the crate that tests `rdma-verbs-vm` as a user's cargo runner.
+pub const RUNNER_CRATE: &str = "tests/vm_runner_crate";
+
+/// `cargo test` in [`RUNNER_CRATE`], with the freshly built `rdma-verbs-vm` first on PATH
+/// (its `.cargo/config.toml` names the runner by name, as a user's would).
+fn runner_crate_step(root: &Path, problems: &mut Vec<String>) -> Result<Counts> {
+    let mut build = cargo(root);
+    build.args([
+        "build",
+        "--package",
+        "rdma-verbs-vm",
+        "--bin",
+        "rdma-verbs-vm",
+    ]);
+    let built = cargo_build(&mut build)?;
+    if !built.success {
+        return Ok(built);
+    }
+    let target = crate::target_dir();
+    let bin_dir = target.join("debug");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path =
+        std::env::join_paths(std::iter::once(bin_dir.clone()).chain(std::env::split_paths(&path)))
+            .context(|| format!("cannot put {} on PATH", bin_dir.display()))?;
+
+    let mut test = cargo(&root.join(RUNNER_CRATE));
+    test.args(["test", "--no-fail-fast"])
+        .env("PATH", path)
+        .env("CARGO_TARGET_DIR", target.join("vm-runner-crate"))
+        // The guest image xtask already built, rather than a second one in ~/.cache.
+        .env(setup::DIR_ENV, setup::vm_dir())
+        // The crate's own config must choose the runner, not an inherited override.
+        .env_remove(runner_env_var()?);
+    cargo_test_in_guests(&mut test, problems)
+}
+
+/// [`cargo_test`] of a command whose test binaries run in guests: guests that did not boot
+/// or timed out become problems.
+fn cargo_test_in_guests(command: &mut Command, problems: &mut Vec<String>) -> Result<Counts> {
+    let report = setup::vm_dir().join(format!("test-report-{}", std::process::id()));
+    let _ = fs::remove_file(&report);
+    let counts = cargo_test(command.env(REPORT_ENV, &report));
 
     let failures = fs::read_to_string(&report).unwrap_or_default();
     let _ = fs::remove_file(&report);

@@ -1,6 +1,6 @@
-//! `cargo xtask setup`: host packages, the guest kernel and the guest initramfs.
+//! `rdma-verbs-vm setup`: host packages, the guest kernel and the guest initramfs.
 //!
-//! Everything is cached under `<target>/rxe-vm/` and rebuilt only when missing or when its
+//! Everything is cached in [`vm_dir`] and rebuilt only when missing or when its
 //! recipe changed (each artifact has a `.stamp` file holding the inputs it was built from):
 //!
 //! ```text
@@ -14,6 +14,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::thread;
 
 use crate::cmd::{self, output_checked, require_tool, run_checked};
@@ -21,9 +22,8 @@ use crate::cpio::Archive;
 use crate::{Context, Error, Result, vm};
 
 /// Debian packages the host needs: QEMU and busybox for the guest, kmod and xz for building
-/// it, rdma-core and the perftest/rdmacm tools that run inside it, the headers, clang and
-/// pkg-config that the crate's build script needs, and valgrind (tests/vm_lifecycle.rs runs
-/// under it in the guest).
+/// it, rdma-core and the perftest/rdmacm tools that run inside it, and the headers, clang and
+/// pkg-config that the `rdma-verbs` crate's build script needs.
 pub const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
@@ -42,7 +42,6 @@ pub const PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
     "xz-utils",
-    "valgrind",
 ];
 
 /// Kernel modules the guest loads, in this order, each after its own dependencies (resolved
@@ -86,7 +85,7 @@ pub enum Verbosity {
 
 /// The guest image, ready to boot.
 pub struct VmAssets {
-    /// The cache directory, `<target>/rxe-vm`.
+    /// The cache directory, [`vm_dir`].
     pub dir: PathBuf,
     /// Uncompressed ELF kernel, booted through PVH.
     pub vmlinux: PathBuf,
@@ -94,14 +93,58 @@ pub struct VmAssets {
     pub initramfs: PathBuf,
 }
 
-/// The cache directory, `<target>/rxe-vm`.
-pub fn vm_dir() -> PathBuf {
-    crate::target_dir().join("rxe-vm")
+/// Environment variable naming the cache directory.
+pub const DIR_ENV: &str = "RDMA_VERBS_VM_DIR";
+
+/// The cache directory when [`DIR_ENV`] is unset, if a program set one (see
+/// [`set_default_dir`]).
+static DEFAULT_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// Sets the cache directory to use when [`DIR_ENV`] is unset, instead of the user's cache
+/// directory; only the first call counts. (This project's `cargo xtask` keeps its guest image
+/// under its own `target/rxe-vm`.)
+pub fn set_default_dir(dir: PathBuf) {
+    let _ = DEFAULT_DIR.set(dir);
 }
 
-/// Makes sure the packages are installed and the guest image is built; idempotent.
-pub fn setup(verbosity: Verbosity) -> Result<VmAssets> {
-    ensure_packages()?;
+/// The cache directory: `$RDMA_VERBS_VM_DIR` (relative to the current directory), else the
+/// one given to [`set_default_dir`], else `$XDG_CACHE_HOME/rdma-verbs-vm`, else
+/// `$HOME/.cache/rdma-verbs-vm`, else `<temp dir>/rdma-verbs-vm-<uid>`.
+pub fn vm_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
+        return absolute(PathBuf::from(dir));
+    }
+    if let Some(dir) = DEFAULT_DIR.get() {
+        return dir.clone();
+    }
+    let absolute_var = |name| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    if let Some(cache) = absolute_var("XDG_CACHE_HOME") {
+        return cache.join("rdma-verbs-vm");
+    }
+    if let Some(home) = absolute_var("HOME") {
+        return home.join(".cache/rdma-verbs-vm");
+    }
+    std::env::temp_dir().join(format!("rdma-verbs-vm-{}", cmd::uid().unwrap_or(0)))
+}
+
+/// `path` made absolute against the current directory (unchanged if that cannot be read).
+fn absolute(path: PathBuf) -> PathBuf {
+    if path.is_absolute() {
+        return path;
+    }
+    std::env::current_dir()
+        .map(|cwd| cwd.join(&path))
+        .unwrap_or(path)
+}
+
+/// Makes sure the packages ([`PACKAGES`] and `extra_packages`) are installed and the guest
+/// image is built; idempotent.
+pub fn setup(verbosity: Verbosity, extra_packages: &[&str]) -> Result<VmAssets> {
+    ensure_packages(extra_packages)?;
     let dir = vm_dir();
     fs::create_dir_all(&dir).context(|| format!("cannot create {}", dir.display()))?;
     remove_abandoned_scratch(&dir);
@@ -127,19 +170,23 @@ pub fn setup(verbosity: Verbosity) -> Result<VmAssets> {
     if need_vmlinux || need_initramfs {
         let tree = Unpacked::new(&dir, &deb)?;
         if need_vmlinux {
-            eprintln!("xtask setup: extracting the uncompressed kernel");
+            eprintln!("rdma-verbs-vm setup: extracting the uncompressed kernel");
             extract_vmlinux(&tree.vmlinuz()?, &vmlinux)?;
             write_stamp(&vmlinux, &vmlinux_stamp)?;
         }
         if need_initramfs {
-            eprintln!("xtask setup: building the initramfs");
+            eprintln!("rdma-verbs-vm setup: building the initramfs");
             build_initramfs(&tree, &busybox, &initramfs)?;
             write_stamp(&initramfs, &initramfs_stamp)?;
         }
     }
 
     if verbosity == Verbosity::Report {
-        say!("xtask setup: all {} packages installed", PACKAGES.len());
+        say!(
+            "rdma-verbs-vm setup: all {} packages installed",
+            PACKAGES.len() + extra_packages.len()
+        );
+        say!("  cache           {}", dir.display());
         say!("  kernel package  {}", deb.display());
         say!("  kernel          {}", vmlinux.display());
         say!("  initramfs       {}", initramfs.display());
@@ -151,19 +198,20 @@ pub fn setup(verbosity: Verbosity) -> Result<VmAssets> {
     })
 }
 
-/// Installs the [`PACKAGES`] that `dpkg-query` does not report as installed.
-fn ensure_packages() -> Result<()> {
-    let missing = missing_packages()?;
+/// Installs the [`PACKAGES`] and `extra` that `dpkg-query` does not report as installed.
+fn ensure_packages(extra: &[&str]) -> Result<()> {
+    let wanted: Vec<&str> = PACKAGES.iter().chain(extra).copied().collect();
+    let missing = missing_packages(&wanted)?;
     if missing.is_empty() {
         return Ok(());
     }
     eprintln!(
-        "xtask setup: installing missing packages: {}",
+        "rdma-verbs-vm setup: installing missing packages: {}",
         missing.join(" ")
     );
     run_checked(apt(&["update"]).stdout(Stdio::null()))?;
     run_checked(apt(&["install", "-y", "--no-install-recommends"]).args(&missing))?;
-    let still = missing_packages()?;
+    let still = missing_packages(&wanted)?;
     if still.is_empty() {
         Ok(())
     } else {
@@ -174,18 +222,18 @@ fn ensure_packages() -> Result<()> {
     }
 }
 
-/// The [`PACKAGES`] whose dpkg status is not "install ok installed".
-fn missing_packages() -> Result<Vec<&'static str>> {
+/// The `wanted` packages whose dpkg status is not "install ok installed".
+fn missing_packages<'a>(wanted: &[&'a str]) -> Result<Vec<&'a str>> {
     let out = Command::new("dpkg-query")
         .args(["-W", "-f=${Package} ${Status}\\n"])
-        .args(PACKAGES)
+        .args(wanted)
         .stderr(Stdio::null())
         .output()
         .context(|| {
             format!(
                 "cannot run dpkg-query (setup supports Debian and Ubuntu; elsewhere install \
                  the equivalents of: {})",
-                PACKAGES.join(" ")
+                wanted.join(" ")
             )
         })?;
     // dpkg-query exits 1 when some package is unknown; the installed ones are still listed.
@@ -196,7 +244,7 @@ fn missing_packages() -> Result<Vec<&'static str>> {
         .filter_map(|l| l.split_whitespace().next())
         .map(|name| name.split(':').next().unwrap_or(name))
         .collect();
-    Ok(PACKAGES
+    Ok(wanted
         .iter()
         .copied()
         .filter(|p| !installed.contains(p))
@@ -232,7 +280,7 @@ fn busybox() -> Result<PathBuf> {
         }
     }
     Err(Error::new(
-        "busybox not found; install busybox-static (cargo xtask setup does)",
+        "busybox not found; install busybox-static (rdma-verbs-vm setup does)",
     ))
 }
 
@@ -293,7 +341,7 @@ fn download_kernel(dir: &Path) -> Result<PathBuf> {
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download).context(|| format!("cannot create {}", download.display()))?;
 
-    eprintln!("xtask setup: downloading {KERNEL_METAPACKAGE} to find the current kernel");
+    eprintln!("rdma-verbs-vm setup: downloading {KERNEL_METAPACKAGE} to find the current kernel");
     let meta = apt_download(&download, KERNEL_METAPACKAGE)?;
     let depends = output_checked(Command::new("dpkg-deb").arg("-f").arg(&meta).arg("Depends"))?;
     let depends = String::from_utf8_lossy(&depends.stdout);
@@ -305,7 +353,7 @@ fn download_kernel(dir: &Path) -> Result<PathBuf> {
         ))
     })?;
 
-    eprintln!("xtask setup: downloading {package}");
+    eprintln!("rdma-verbs-vm setup: downloading {package}");
     let deb = apt_download(&download, package)?;
     let cached = dir.join(file_name(&deb));
     fs::rename(&deb, &cached).context(|| format!("cannot move {}", deb.display()))?;
@@ -338,7 +386,7 @@ fn apt_download(dir: &Path, package: &str) -> Result<PathBuf> {
     let out = if out.status.success() {
         out
     } else {
-        eprintln!("xtask setup: apt-get download {package} failed; running apt-get update");
+        eprintln!("rdma-verbs-vm setup: apt-get download {package} failed; running apt-get update");
         run_checked(apt(&["update"]).stdout(Stdio::null()))?;
         download().context(|| "cannot run apt-get".into())?
     };
@@ -369,7 +417,7 @@ impl Unpacked {
     fn new(dir: &Path, deb: &Path) -> Result<Self> {
         let root = dir.join(private_name("unpack"));
         let _ = fs::remove_dir_all(&root);
-        eprintln!("xtask setup: unpacking {}", file_name(deb));
+        eprintln!("rdma-verbs-vm setup: unpacking {}", file_name(deb));
         run_checked(Command::new("dpkg").arg("-x").arg(deb).arg(&root))?;
         let mut tree = Self {
             root,
@@ -568,7 +616,7 @@ fn read_module(path: &Path) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// `name-<pid>`: a scratch name no concurrent xtask uses, so two cold setups racing each other
+/// `name-<pid>`: a scratch name no concurrent setup uses, so two cold setups racing each other
 /// both finish (the last rename into place wins, and both results are complete).
 fn private_name(name: &str) -> String {
     format!("{name}-{}", std::process::id())

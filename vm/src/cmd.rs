@@ -147,21 +147,25 @@ pub fn is_executable(path: &Path) -> bool {
 pub fn require_tool(name: &str, package: &str) -> Result<PathBuf> {
     find_tool(name).ok_or_else(|| {
         Error::new(format!(
-            "`{name}` not found; install the `{package}` package (cargo xtask setup does)"
+            "`{name}` not found; install the `{package}` package (rdma-verbs-vm setup does)"
         ))
     })
 }
 
-/// Whether this process runs as root (effective uid 0), read from /proc/self/status.
+/// Whether this process runs as root (effective uid 0).
 pub fn is_root() -> bool {
+    uid() == Some(0)
+}
+
+/// This process's effective uid, read from /proc/self/status.
+pub fn uid() -> Option<u32> {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
                 .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
+                .and_then(|ids| ids.split_whitespace().nth(1).and_then(|e| e.parse().ok()))
         })
-        .unwrap_or(false)
 }
 
 #[cfg(test)]

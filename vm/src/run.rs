@@ -1,9 +1,10 @@
-//! `cargo xtask run` and `cargo xtask vm-exec`: run a command where an RDMA device exists.
+//! `rdma-verbs-vm run` (and `cargo xtask run` / `vm-exec`): run a command where an RDMA
+//! device exists.
 //!
 //! When the host has an RDMA device (`/sys/class/infiniband/*`), the command runs directly on
 //! the host. Otherwise it runs in a soft-RoCE guest ([`crate::vm`]), with `rxe0` on
 //! 10.99.0.1. Either way it runs in the caller's working directory, its output streams as it
-//! comes, and xtask exits with its exit status.
+//! comes, and the runner exits with its exit status.
 
 use std::ffi::OsString;
 use std::fs;
@@ -30,9 +31,9 @@ const PASS_NAMES: &[&str] = &[
 /// for a test binary it runs (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...).
 const PASS_PREFIXES: &[&str] = &["RDMA_VERBS_", "CARGO_"];
 
-/// When set, `vm-exec` and `run` append one line per guest failure ("timeout" or "boot") to
-/// the file it names; `cargo xtask test` uses it to count guests that did not boot.
-pub const REPORT_ENV: &str = "XTASK_VM_REPORT";
+/// When set, `run` appends one line per guest failure ("timeout" or "boot") to the file it
+/// names; this project's `cargo xtask test` uses it to count guests that did not boot.
+pub const REPORT_ENV: &str = "RDMA_VERBS_VM_REPORT";
 
 /// A command to run: program, arguments, working directory and environment.
 #[derive(Clone, Debug)]
@@ -138,7 +139,7 @@ fn parse_timeout(value: &str) -> Result<Duration> {
 
 /// Runs `inv` on the host if it has an RDMA device, else in a guest; returns its exit status.
 pub fn execute(inv: Invocation, timeout: Duration) -> Result<u8> {
-    let assets = setup::setup(Verbosity::Quiet)?;
+    let assets = setup::setup(Verbosity::Quiet, &[])?;
     let devices = host_rdma_devices();
     if let Some(first) = devices.first() {
         return run_on_host(&inv, first, timeout);

@@ -8,8 +8,9 @@
 //! /               9p "hostroot", ro  -> /host, then chroot /host
 //! <run dir>       9p "xrun", rw      -> /xrun, and bound at <run dir> inside /host
 //! /tmp, /run      9p, rw, only when a path the command needs lies there; tmpfs otherwise
-//! our stdout      virtio port "xtask-out"  <- the command's stdout
-//! our stderr      virtio port "xtask-err"  <- the command's stderr (via a pipe and a thread)
+//! $RDMA_VERBS_VM_WRITABLE dirs  9p, rw  -> the same paths inside /host
+//! our stdout      virtio port "vm-out"  <- the command's stdout
+//! our stderr      virtio port "vm-err"  <- the command's stderr (via a pipe and a thread)
 //! <run dir>/console.log  ttyS0: kernel and init messages, shown only when something fails
 //! ```
 //!
@@ -37,16 +38,16 @@ use crate::run::Invocation;
 use crate::setup::VmAssets;
 use crate::{Context, EXIT_TIMEOUT, Error, Result};
 
-/// Where the initramfs mounts the per-run share (9p tag [`RUN_SHARE_TAG`]).
+/// Where the initramfs mounts the per-run share (9p tag `xrun`).
 pub const RUN_SHARE_DIR: &str = "/xrun";
 /// 9p tag of the per-run share.
 const RUN_SHARE_TAG: &str = "xrun";
 /// File in the per-run share that holds the command's exit status when it has finished.
 const EXIT_STATUS_FILE: &str = "exit-status";
 /// virtio-serial port name of the command's stdout.
-const OUT_PORT: &str = "xtask-out";
+const OUT_PORT: &str = "vm-out";
 /// virtio-serial port name of the command's stderr.
-const ERR_PORT: &str = "xtask-err";
+const ERR_PORT: &str = "vm-err";
 /// 9p options: version 9p2000.L over virtio, with the largest message size 6.1's virtio
 /// transport takes (fewer round trips when loading large test binaries).
 const NINEP_OPTS: &str = "trans=virtio,version=9p2000.L,msize=512000";
@@ -78,8 +79,8 @@ poweroff -f
 ///
 /// Only one topology exists. A two-guest mode (real traffic between two kernels, see
 /// "Two guests on a virtual wire" in RXE-VM.md) would add a variant here whose
-/// [`qemu_net_args`](Self::qemu_net_args) adds a `virtio-net-pci` joined to the peer by a
-/// `-netdev socket,udp=127.0.0.1:...` pair, whose [`setup_script`](Self::setup_script) puts rxe
+/// `qemu_net_args` adds a `virtio-net-pci` joined to the peer by a
+/// `-netdev socket,udp=127.0.0.1:...` pair, whose `setup_script` puts rxe
 /// on eth0, and a caller that boots both guests and waits for both.
 #[derive(Clone, Copy, Debug)]
 pub enum Topology {
@@ -151,7 +152,11 @@ pub fn run(
 ) -> std::result::Result<u8, (Failure, Error)> {
     let boot = |e: Error| (Failure::Boot, e);
     let run_dir = RunDir::create(&assets.dir).map_err(boot)?;
-    let shared = host_dirs_to_share(inv, &crate::target_dir());
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| inv.cwd.clone(), |d| inv.cwd.join(d));
+    let shared = host_dirs_to_share(inv, &target_dir);
+    let writable = writable_dirs().map_err(boot)?;
 
     let mut env = inv.env.clone();
     for (name, value) in topology.guest_env() {
@@ -166,17 +171,23 @@ pub fn run(
     .map_err(boot)?;
     write(
         &run_dir.path.join("stage2.sh"),
-        &stage2_script(&run_dir.path, &shared),
+        &stage2_script(&run_dir.path, &shared, &writable),
     )
     .map_err(boot)?;
 
     let mut qemu = Command::new("qemu-system-x86_64");
     // stdin is a pipe that stays open and silent: at EOF (say, from /dev/null) QEMU would mark
     // the stdio chardev closed, and the guest's writes to the stdout port would block forever.
-    qemu.args(qemu_args(assets, &run_dir.path, &shared, topology))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::piped());
+    qemu.args(qemu_args(
+        assets,
+        &run_dir.path,
+        &shared,
+        &writable,
+        topology,
+    ))
+    .stdin(Stdio::piped())
+    .stdout(Stdio::inherit())
+    .stderr(Stdio::piped());
     let mut child = qemu.spawn().map_err(|e| {
         boot(Error::new(format!(
             "cannot start qemu-system-x86_64 (package qemu-system-x86): {e}"
@@ -245,6 +256,7 @@ fn qemu_args(
     assets: &VmAssets,
     run_dir: &Path,
     shared: &[&str],
+    writable: &[PathBuf],
     topology: Topology,
 ) -> Vec<OsString> {
     let mut a: Vec<OsString> = [
@@ -299,6 +311,18 @@ fn qemu_args(
             .into(),
         );
     }
+    for (i, dir) in writable.iter().enumerate() {
+        a.push("-virtfs".into());
+        a.push(concat(&[
+            "local,path=".as_ref(),
+            &escape_commas(dir.as_os_str()),
+            format!(
+                ",mount_tag={},security_model=none,multidevs=remap",
+                writable_tag(i)
+            )
+            .as_ref(),
+        ]));
+    }
     a.extend(
         [
             "-device",
@@ -323,12 +347,19 @@ fn qemu_args(
 
 /// Set to anything to boot the guest with all kernel messages in console.log (and to keep the
 /// run directory), for debugging the guest itself.
-pub const DEBUG_ENV: &str = "XTASK_VM_DEBUG";
+pub const DEBUG_ENV: &str = "RDMA_VERBS_VM_DEBUG";
+/// The older name of [`DEBUG_ENV`] (from this project's `cargo xtask`), still read.
+pub const DEBUG_ENV_OLD: &str = "XTASK_VM_DEBUG";
+
+/// Whether [`DEBUG_ENV`] (or [`DEBUG_ENV_OLD`]) is set.
+fn debug() -> bool {
+    crate::env_or_old(DEBUG_ENV, DEBUG_ENV_OLD).is_some()
+}
 
 /// The kernel command line: console on ttyS0 (the log file), quiet unless [`DEBUG_ENV`] is
 /// set; no CPU vulnerability mitigations (a throwaway test guest; they slow emulation down).
 fn kernel_cmdline() -> &'static str {
-    if std::env::var_os(DEBUG_ENV).is_some() {
+    if debug() {
         "console=ttyS0 loglevel=7 panic=-1 mitigations=off"
     } else {
         "console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off"
@@ -361,6 +392,42 @@ fn share_tag(dir: &str) -> String {
     format!("host_{}", dir.trim_start_matches('/'))
 }
 
+/// Environment variable: colon-separated host directories the guest may write to.
+pub const WRITABLE_ENV: &str = "RDMA_VERBS_VM_WRITABLE";
+
+/// 9p tag of the `i`-th [`WRITABLE_ENV`] directory.
+fn writable_tag(i: usize) -> String {
+    format!("rw{i}")
+}
+
+/// The [`WRITABLE_ENV`] directories, canonical, without duplicates, parents first (so a
+/// directory shared inside another one is mounted over it).
+fn writable_dirs() -> Result<Vec<PathBuf>> {
+    let Some(value) = std::env::var_os(WRITABLE_ENV) else {
+        return Ok(Vec::new());
+    };
+    let mut dirs = Vec::new();
+    for dir in std::env::split_paths(&value).filter(|d| !d.as_os_str().is_empty()) {
+        let canonical = dir.canonicalize().context(|| {
+            format!(
+                "{WRITABLE_ENV}: cannot share {} with the guest",
+                dir.display()
+            )
+        })?;
+        if !canonical.is_dir() {
+            return Err(Error::new(format!(
+                "{WRITABLE_ENV}: {} is not a directory",
+                dir.display()
+            )));
+        }
+        if !dirs.contains(&canonical) {
+            dirs.push(canonical);
+        }
+    }
+    dirs.sort_by_key(|d: &PathBuf| d.components().count());
+    Ok(dirs)
+}
+
 /// Host directories that the guest normally covers with a tmpfs (`/tmp`, `/run`) but must
 /// share instead, because the working directory, the program, cargo's target directory, an
 /// absolute-path argument or an environment value lies inside them (e.g. a clone under /tmp).
@@ -385,7 +452,7 @@ fn host_dirs_to_share(inv: &Invocation, target_dir: &Path) -> Vec<&'static str> 
 /// `command.sh`: run by the host's /bin/sh inside the chroot. Goes to the working directory,
 /// lifts the memlock limit and executes the command with exactly `env`.
 fn command_script(inv: &Invocation, env: &[(OsString, OsString)]) -> Vec<u8> {
-    let mut s = b"# generated by cargo xtask: the command of one guest run\ncd ".to_vec();
+    let mut s = b"# generated by rdma-verbs-vm: the command of one guest run\ncd ".to_vec();
     push_quoted(&mut s, inv.cwd.as_os_str());
     s.extend_from_slice(b" || exit 125\nulimit -l unlimited\nexec /usr/bin/env -i");
     for (name, value) in env {
@@ -403,7 +470,7 @@ fn command_script(inv: &Invocation, env: &[(OsString, OsString)]) -> Vec<u8> {
 }
 
 /// `stage2.sh`: run by busybox sh in the initramfs; see the module documentation.
-fn stage2_script(run_dir: &Path, shared: &[&str]) -> Vec<u8> {
+fn stage2_script(run_dir: &Path, shared: &[&str], writable: &[PathBuf]) -> Vec<u8> {
     let mut s = Vec::new();
     let mut line = |parts: &[&[u8]]| {
         for p in parts {
@@ -419,9 +486,9 @@ fn stage2_script(run_dir: &Path, shared: &[&str]) -> Vec<u8> {
     let mut q_run_dir = Vec::new();
     push_quoted(&mut q_run_dir, run_dir.as_os_str());
 
-    line(&[b"# generated by cargo xtask for one guest run"]);
+    line(&[b"# generated by rdma-verbs-vm for one guest run"]);
     line(&[b"export PATH=/bin"]);
-    line(&[b"fail() { echo \"xtask-stage2: $*\"; exit 1; }"]);
+    line(&[b"fail() { echo \"vm-stage2: $*\"; exit 1; }"]);
     line(&[
         b"mount -t 9p -o ro,cache=loose,",
         opts,
@@ -450,6 +517,23 @@ fn stage2_script(run_dir: &Path, shared: &[&str]) -> Vec<u8> {
             line(&[b"mount -t tmpfs tmpfs /host", dir.as_bytes()]);
             line(&[b"chmod 1777 /host", dir.as_bytes()]);
         }
+    }
+    for (i, dir) in writable.iter().enumerate() {
+        let mut host_dir = b"/host".to_vec();
+        host_dir.extend_from_slice(dir.as_os_str().as_bytes());
+        let mut q_host_dir = Vec::new();
+        push_quoted(&mut q_host_dir, OsStr::from_bytes(&host_dir));
+        // mkdir only matters below a tmpfs (/tmp, /run); elsewhere the directory exists.
+        line(&[b"mkdir -p ", &q_host_dir, b" 2>/dev/null"]);
+        line(&[
+            b"mount -t 9p -o ",
+            opts,
+            b" ",
+            writable_tag(i).as_bytes(),
+            b" ",
+            &q_host_dir,
+            b" || fail 'cannot mount a writable directory'",
+        ]);
     }
     line(&[b"mkdir -p ", &q_host_run_dir]);
     line(&[
@@ -529,13 +613,13 @@ impl RunDir {
 
 impl Drop for RunDir {
     fn drop(&mut self) {
-        if !self.keep && std::env::var_os(DEBUG_ENV).is_none() {
+        if !self.keep && !debug() {
             let _ = fs::remove_dir_all(&self.path);
         }
     }
 }
 
-/// Removes run directories whose xtask process is gone.
+/// Removes run directories whose process is gone.
 fn remove_stale_runs(runs: &Path) {
     let Ok(entries) = fs::read_dir(runs) else {
         return;
@@ -593,8 +677,9 @@ mod tests {
         };
         assert!(sh_n(INIT_SCRIPT.as_bytes()));
         assert!(sh_n(Topology::Loopback.setup_script().as_bytes()));
+        let writable = [PathBuf::from("/w/it's"), PathBuf::from("/tmp/x")];
         for shared in [&[][..], &["/tmp"], &["/tmp", "/run"]] {
-            let script = stage2_script(Path::new("/a b/it's"), shared);
+            let script = stage2_script(Path::new("/a b/it's"), shared, &writable);
             assert!(sh_n(&script), "{}", String::from_utf8_lossy(&script));
         }
     }
