@@ -222,7 +222,7 @@ impl Context {
                 index.into(),
                 e.as_mut_ptr(),
                 0,
-            )
+            )?
         };
         if rc != 0 {
             return Err(Error::InvalidArgument {
@@ -249,7 +249,7 @@ impl Context {
         let mut entries = vec![ffi::ibv_gid_entry::default(); cap.max(1)];
         // SAFETY: entries has room for `len` entries; flags must be 0.
         let n = unsafe {
-            ffi::ibv_query_gid_table(self.as_raw(), entries.as_mut_ptr(), entries.len(), 0)
+            ffi::ibv_query_gid_table(self.as_raw(), entries.as_mut_ptr(), entries.len(), 0)?
         };
         if n < 0 {
             return Err(Error::verb("ibv_query_gid_table", errno(n as i32)));

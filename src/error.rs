@@ -243,6 +243,16 @@ pub enum Error {
     #[error("{0}")]
     Other(String),
 
+    /// The libibverbs loaded at run time is older than this verb (the crate
+    /// resolves verbs newer than its oldest supported rdma-core at run time).
+    #[error("{verb} is not supported by this rdma-core: {hint}")]
+    Unsupported {
+        /// The verb, e.g. `ibv_reg_dmabuf_mr`.
+        verb: &'static str,
+        /// Which rdma-core added it and what to do.
+        hint: String,
+    },
+
     /// GPU memory could not be used (CUDA driver missing, no GPUDirect RDMA
     /// path, a failing CUDA call); see [`crate::gdr`].
     #[cfg(feature = "gdr")]

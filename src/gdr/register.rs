@@ -369,7 +369,7 @@ pub(crate) fn register_direct(
                     ptr,
                     export.fd.as_raw_fd(),
                     access_bits,
-                )
+                )?
             };
             let err = last_errno();
             drop(export); // closes the fd: the MR (if any) holds the dma-buf now

@@ -217,7 +217,14 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
     let root = crate::workspace_root();
     let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     build
-        .args(["build", "--release", "--example", "perf", "--all-features"])
+        .args([
+            "build",
+            "--release",
+            "--example",
+            "perf",
+            "--features",
+            "gdr",
+        ])
         .current_dir(root);
     eprintln!("xtask insn: {}", cmd::display(&build));
     run_checked(&mut build)?;

@@ -22,6 +22,7 @@ mod compare;
 mod demo;
 mod gpu;
 mod insn;
+mod matrix;
 mod test;
 
 use std::ffi::OsString;
@@ -59,6 +60,8 @@ commands:
                                  guest (perftest, perf --safe, perf --raw), target/compare/insn.json
   gpu-check [ARGS...]            on a machine with an NVIDIA GPU: the GPUDirect check
                                  (examples/gpu_check.rs, feature gdr), run on the host
+  matrix [--no-fetch]            host tests against Debian 11/12/13's rdma-core and each
+                                 installed libclang (feature bindgen); target/matrix/matrix.json
   help                           print this help
 
 environment:
@@ -122,6 +125,7 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         Some("insn") => insn::insn_command(rest),
         Some("vm-exec") => run::vm_exec_command(rest),
         Some("test") => test::test_command(rest),
+        Some("matrix") => matrix::matrix_command(rest),
         Some("gpu-check") => gpu::gpu_check_command(rest),
         Some("demo") => {
             if let Some(extra) = rest.first() {
