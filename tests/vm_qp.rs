@@ -551,3 +551,22 @@ fn buffers_the_nic_writes_need_local_write() {
     assert!(e.error.to_string().contains("LOCAL_WRITE"), "{}", e.error);
     assert_eq!(e.unposted.len(), 1);
 }
+
+#[test]
+fn a_dead_peer_is_reported_within_the_default_retry_bound() {
+    // RtsAttr::new's defaults (timeout 14, retry_cnt 6): RETRY_EXC_ERR after
+    // 7 ACK timeouts of ~67 ms (at most 4x that by the spec). retry_cnt 7 is
+    // "forever" on rxe, which is why it is not the default.
+    let mut p = pair(caps());
+    drop(p.b);
+    let start = std::time::Instant::now();
+    p.a.post_send(SendWr::send(1)).unwrap();
+    let c = wait(&mut p.cq_a, 1);
+    let took = start.elapsed();
+    assert_eq!(c[0].status, WcStatus::RetryExcErr, "{:?}", c[0]);
+    assert!(
+        took < std::time::Duration::from_millis(7 * 4 * 68),
+        "dead peer reported after {took:?}"
+    );
+    eprintln!("dead peer reported after {took:?}");
+}

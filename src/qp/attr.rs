@@ -241,12 +241,19 @@ pub struct RtsAttr {
 
 impl RtsAttr {
     /// Starts sending at `sq_psn` (this side's [`Endpoint::psn`]). Defaults:
-    /// timeout 14 (~67 ms), retry_cnt 7, rnr_retry 7 (infinite), max_rd_atomic 1.
+    /// timeout 14 (~67 ms), retry_cnt 6, rnr_retry 7 (infinite), max_rd_atomic 1.
+    ///
+    /// With these, a peer that is gone (destroyed QP, dead host, cut link) is
+    /// reported as `RETRY_EXC_ERR` after `retry_cnt + 1` ACK timeouts: about
+    /// 7 × 67 ms ≈ 0.5 s (the IB spec lets a device stretch each timeout up to
+    /// 4×, so at most ~1.9 s). `retry_cnt` 7 is *not* used by default: some
+    /// providers (rxe among them) treat it as "retry forever", so a dead peer
+    /// would never be reported. `ibv_rc_pingpong` uses 7.
     pub fn new(sq_psn: u32) -> RtsAttr {
         RtsAttr {
             sq_psn,
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             rnr_retry: 7,
             max_rd_atomic: 1,
         }
@@ -258,7 +265,8 @@ impl RtsAttr {
         self
     }
 
-    /// Transport retries before RETRY_EXC_ERR (0..=7).
+    /// Transport retries before RETRY_EXC_ERR (0..=7; 7 means "forever" on
+    /// some providers, rxe included).
     pub fn retry_cnt(mut self, n: u8) -> RtsAttr {
         self.retry_cnt = n;
         self
