@@ -834,6 +834,45 @@ impl Model {
         }
     }
 
+    /// Checks how a post of `n` requests (`fits` of them had room among
+    /// `free` slots) ended, drops from `entries` what was not posted, and
+    /// returns how many were.
+    #[allow(clippy::too_many_arguments)]
+    fn post_outcome(
+        &mut self,
+        r: Result<usize, PostError>,
+        panicked_list: bool,
+        entries: &mut Vec<Entry>,
+        fits: usize,
+        n: u64,
+        free: u64,
+        recv: bool,
+    ) -> usize {
+        let kind = if recv { "receive" } else { "send" };
+        match r {
+            Ok(posted) if panicked_list => {
+                entries.truncate(posted);
+                posted
+            }
+            Ok(_) => {
+                check!(
+                    fits == n as usize,
+                    "posted {n} {kind}s with {free} free slots"
+                );
+                n as usize
+            }
+            Err(e) => {
+                check!(fits < n as usize, "{kind} refused with room: {}", e.error);
+                // Only the refused request comes back; the iterator is not
+                // pulled further, so the rest drop with it (released).
+                let mut rest = entries.split_off(fits);
+                rest.truncate(1);
+                self.unposted(e, &rest, recv);
+                fits
+            }
+        }
+    }
+
     fn unposted(&mut self, e: PostError, want: &[Entry], recv: bool) {
         let depth = {
             let q = self
@@ -940,28 +979,7 @@ impl Model {
         } else {
             qp.post_send(wrs.pop().unwrap()).map(|()| 1)
         };
-        let posted = match r {
-            Ok(posted) if panic_at.is_some() => {
-                entries.truncate(posted);
-                posted
-            }
-            Ok(_) => {
-                check!(
-                    fits == n as usize,
-                    "posted {n} sends with {free} free slots"
-                );
-                n as usize
-            }
-            Err(e) => {
-                check!(fits < n as usize, "send refused with room: {}", e.error);
-                // Only the refused request comes back; the iterator is not
-                // pulled further, so the rest drop with it (released).
-                let mut rest = entries.split_off(fits);
-                rest.truncate(1);
-                self.unposted(e, &rest, false);
-                fits
-            }
-        };
+        let posted = self.post_outcome(r, panic_at.is_some(), &mut entries, fits, n, free, false);
         let peer = self.peer_of(slot);
         let (pinst, pepoch, pin) = {
             let p = self.qps[peer].as_ref().unwrap();
@@ -1013,28 +1031,7 @@ impl Model {
         } else {
             q.qp.post_recv(wrs.pop().unwrap()).map(|()| 1)
         };
-        let posted = match r {
-            Ok(posted) if panic_at.is_some() => {
-                entries.truncate(posted);
-                posted
-            }
-            Ok(_) => {
-                check!(
-                    fits == n as usize,
-                    "posted {n} receives with {free} free slots"
-                );
-                n as usize
-            }
-            Err(e) => {
-                check!(fits < n as usize, "receive refused with room: {}", e.error);
-                // Only the refused request comes back; the iterator is not
-                // pulled further, so the rest drop with it (released).
-                let mut rest = entries.split_off(fits);
-                rest.truncate(1);
-                self.unposted(e, &rest, true);
-                fits
-            }
-        };
+        let posted = self.post_outcome(r, panic_at.is_some(), &mut entries, fits, n, free, true);
         trace!(
             "slot {slot} qpn {}: {posted}/{n} receives posted (free {free} depth {depth} fifo {:x?})",
             self.qps[slot].as_ref().unwrap().qpn,
