@@ -103,6 +103,7 @@ fn run_size(
     let mut next_report = clock::now() + period;
     let mut last_count = 0u64;
     let mut last_t = clock::now();
+    let mut stall = Stall::new(rate);
     if let Some(tx) = tx.as_deref_mut() {
         if tx.c.no_peak {
             tx.c.tposted[0] = clock::now();
@@ -123,6 +124,9 @@ fn run_size(
         if let Some(tx) = tx.as_deref_mut() {
             tx.poll_round(&mut q.send_cq, phase)?;
         }
+        let progress =
+            tx.as_deref().map_or(0, |t| t.c.totccnt) + rx.as_deref().map_or(0, |r| r.rcnt);
+        stall.check(progress)?;
         if o.run_infinitely {
             let t = clock::now();
             if t >= next_report {
@@ -183,6 +187,57 @@ fn run_size(
         }
     };
     Ok(Some(row))
+}
+
+/// How long the loop may go without a completion before it gives up: a peer
+/// that died leaves the receiver (and a sender whose requests never fail)
+/// spinning forever otherwise (perftest does).
+const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Notices a run that stopped completing anything. The clock is read only
+/// after many idle rounds, never while completions arrive.
+struct Stall {
+    last: u64,
+    idle: u32,
+    since: Option<u64>,
+    limit_ticks: u64,
+}
+
+impl Stall {
+    fn new(rate: &Rate) -> Stall {
+        Stall {
+            last: 0,
+            idle: 0,
+            since: None,
+            limit_ticks: rate.ticks(STALL_LIMIT.as_secs_f64()),
+        }
+    }
+
+    #[inline]
+    fn check(&mut self, progress: u64) -> Result<()> {
+        if progress != self.last {
+            self.last = progress;
+            self.idle = 0;
+            self.since = None;
+            return Ok(());
+        }
+        self.idle = self.idle.wrapping_add(1);
+        if self.idle % 65_536 != 0 {
+            return Ok(());
+        }
+        let now = clock::now();
+        match self.since {
+            None => self.since = Some(now),
+            Some(t0) if now.wrapping_sub(t0) > self.limit_ticks => {
+                return Err(Error::Timeout {
+                    what: "completions: none arrived (the peer is gone or stopped)",
+                    after: STALL_LIMIT,
+                });
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
 }
 
 /// Turns a failed raw completion into an error.
