@@ -530,7 +530,9 @@ mod tests {
     }
 
     #[test]
-    fn rts_defaults_match_rc_pingpong() {
+    fn rts_defaults_are_rc_pingpongs_but_a_bounded_retry_cnt() {
+        // ibv_rc_pingpong uses retry_cnt 7, which rxe treats as "forever": 6
+        // reports a dead peer (see RtsAttr::new).
         let (a, mask) = RtsAttr::new(5).to_ffi();
         assert_eq!(
             (
@@ -540,7 +542,7 @@ mod tests {
                 a.max_rd_atomic,
                 a.sq_psn
             ),
-            (14, 7, 7, 1, 5)
+            (14, 6, 7, 1, 5)
         );
         assert_eq!(
             mask_names(mask),
