@@ -828,6 +828,131 @@ impl Drop for QpAttach {
     }
 }
 
+/// `id->qp` set for a handshake the async layer awaits without holding the
+/// id's lock; dropping it clears `id->qp` (and restores `id->pd`) under the lock.
+#[cfg(feature = "tokio")]
+pub(crate) struct Handshake {
+    inner: Arc<IdInner>,
+    pd: *mut ffi::ibv_pd,
+}
+
+// SAFETY: the pointers are only dereferenced under the id's lock (in Drop).
+#[cfg(feature = "tokio")]
+unsafe impl Send for Handshake {}
+// SAFETY: &Handshake gives access to nothing.
+#[cfg(feature = "tokio")]
+unsafe impl Sync for Handshake {}
+
+#[cfg(feature = "tokio")]
+impl Handshake {
+    /// Turns an attach made under the lock into one that outlives the lock.
+    fn keep(inner: &Arc<IdInner>, attach: QpAttach) -> Handshake {
+        let h = Handshake {
+            inner: inner.clone(),
+            pd: attach.pd,
+        };
+        std::mem::forget(attach);
+        h
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        let _g = self.inner.lock();
+        // SAFETY: valid id (the Arc), under its lock: the same writes as QpAttach's Drop.
+        unsafe {
+            (*self.inner.id()).qp = std::ptr::null_mut();
+            (*self.inner.id()).pd = self.pd;
+        }
+    }
+}
+
+/// Starting halves of the handshakes, for the async layer (which awaits the
+/// events through the channel's readiness handle instead of blocking).
+#[cfg(feature = "tokio")]
+impl CmId {
+    pub(crate) fn start_resolve_addr(&self, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        let _g = self.inner.lock();
+        self.start_resolve_addr_locked(None, dst, timeout)
+    }
+
+    pub(crate) fn start_resolve_route(&self, timeout: Duration) -> Result<()> {
+        let _g = self.inner.lock();
+        self.start_resolve_route_locked(timeout)
+    }
+
+    /// `rdma_connect` with `qp` attached; ESTABLISHED (or an error event) follows.
+    ///
+    /// # Safety
+    /// `qp` stays alive (not dropped, not moved out of its `Qp`) until the
+    /// returned [`Handshake`] is dropped.
+    pub(crate) unsafe fn start_connect(
+        &self,
+        qp: &Qp<Rc, Init>,
+        param: &ConnParam,
+    ) -> Result<Handshake> {
+        param.validate()?;
+        let _g = self.inner.lock();
+        let id = self.inner.id();
+        // SAFETY: valid id under its lock; plain fields.
+        let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
+        check_qp_device(verbs, qp)?;
+        if !cur.is_null() {
+            return Err(busy_id());
+        }
+        // SAFETY: id valid and locked while `attach` is a QpAttach; qp outlives
+        // the Handshake it becomes (caller).
+        let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
+        let mut cp = param.to_ffi();
+        // SAFETY: valid id with our QP attached; cp and its private data live across the call.
+        let rc = unsafe { ffi::rdma_connect(id, &mut cp) };
+        if rc != 0 {
+            return Err(conn_call_error("rdma_connect", last_errno()));
+        }
+        Ok(Handshake::keep(&self.inner, attach))
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl ConnectRequest {
+    /// `rdma_accept` with `qp` attached; ESTABLISHED (or an error event)
+    /// follows on the returned id.
+    ///
+    /// # Safety
+    /// As [`CmId::start_connect`].
+    pub(crate) unsafe fn start_accept(
+        mut self,
+        qp: &Qp<Rc, Init>,
+        param: &ConnParam,
+    ) -> Result<(CmId, Handshake)> {
+        param.validate()?;
+        let Some(cm) = self.id.take() else {
+            return Err(busy_id());
+        };
+        let handshake = {
+            let _g = cm.inner.lock();
+            let id = cm.inner.id();
+            // SAFETY: valid id under its lock; plain fields.
+            let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
+            check_qp_device(verbs, qp)?;
+            if !cur.is_null() {
+                return Err(busy_id());
+            }
+            // SAFETY: as in start_connect.
+            let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
+            let mut cp = param.to_ffi();
+            // SAFETY: valid id with our QP attached; cp and its data live across the call.
+            let rc = unsafe { ffi::rdma_accept(id, &mut cp) };
+            if rc != 0 {
+                return Err(conn_call_error("rdma_accept", last_errno()));
+            }
+            Handshake::keep(&cm.inner, attach)
+        };
+        Ok((cm, handshake))
+    }
+}
+
 /// An rdma_cm identifier (`rdma_cm_id`): one end of a connection, or a listener.
 ///
 /// Owns its [`EventChannel`]. Dropping it destroys the id (`rdma_destroy_id`;
@@ -986,10 +1111,29 @@ impl CmId {
         dst: SocketAddr,
         timeout: Duration,
     ) -> Result<()> {
+        let _g = self.inner.lock();
+        self.start_resolve_addr_locked(src, dst, timeout)?;
+        self.inner
+            .expect_locked(
+                CmEventKind::AddrResolved,
+                "rdma_resolve_addr",
+                "rdma_resolve_addr: waiting for ADDR_RESOLVED",
+                timeout.saturating_add(RESOLVE_GRACE),
+            )
+            .map(drop)
+    }
+
+    /// Calls `rdma_resolve_addr` (ADDR_RESOLVED or ADDR_ERROR follows). Call
+    /// with the lock held.
+    fn start_resolve_addr_locked(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
         let mut d = RawAddr::new(dst);
         let mut s = src.map(RawAddr::new);
         let sp = s.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_ptr);
-        let _g = self.inner.lock();
         // SAFETY: valid id under its lock; the addresses are full sockaddrs.
         let rc = unsafe { ffi::rdma_resolve_addr(self.inner.id(), sp, d.as_ptr(), ms(timeout)) };
         if rc != 0 {
@@ -1010,25 +1154,14 @@ impl CmId {
                 hint,
             });
         }
-        self.inner
-            .expect_locked(
-                CmEventKind::AddrResolved,
-                "rdma_resolve_addr",
-                "rdma_resolve_addr: waiting for ADDR_RESOLVED",
-                timeout.saturating_add(RESOLVE_GRACE),
-            )
-            .map(drop)
+        Ok(())
     }
 
     /// Resolves the route to the resolved address (`rdma_resolve_route`,
     /// waiting for ROUTE_RESOLVED; returns at the latest 2 s after `timeout`).
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         let _g = self.inner.lock();
-        // SAFETY: valid id under its lock.
-        let rc = unsafe { ffi::rdma_resolve_route(self.inner.id(), ms(timeout)) };
-        if rc != 0 {
-            return Err(Error::verb("rdma_resolve_route", last_errno()));
-        }
+        self.start_resolve_route_locked(timeout)?;
         self.inner
             .expect_locked(
                 CmEventKind::RouteResolved,
@@ -1037,6 +1170,17 @@ impl CmId {
                 timeout.saturating_add(RESOLVE_GRACE),
             )
             .map(drop)
+    }
+
+    /// Calls `rdma_resolve_route` (ROUTE_RESOLVED or ROUTE_ERROR follows).
+    /// Call with the lock held.
+    fn start_resolve_route_locked(&self, timeout: Duration) -> Result<()> {
+        // SAFETY: valid id under its lock (caller).
+        let rc = unsafe { ffi::rdma_resolve_route(self.inner.id(), ms(timeout)) };
+        if rc != 0 {
+            return Err(Error::verb("rdma_resolve_route", last_errno()));
+        }
+        Ok(())
     }
 
     /// [`resolve_addr`](CmId::resolve_addr) then [`resolve_route`](CmId::resolve_route),

@@ -39,6 +39,8 @@ pub mod guide;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use channel::{CompletionChannel, CqId, Readiness};
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};

@@ -584,6 +584,23 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         Ok(qp)
     }
 
+    /// Whether the send (`send == true`) or receive queue has a free slot.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn has_room(&self, send: bool) -> bool {
+        let (ring, head) = if send {
+            (&self.core.sq, self.core.sq_head)
+        } else {
+            (&self.core.rq, self.core.rq_head)
+        };
+        ring.in_flight(head) < ring.depth()
+    }
+
+    /// The `ibv_cq`s of the send and receive queue.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn cq_raws(&self) -> (*mut ffi::ibv_cq, *mut ffi::ibv_cq) {
+        (self.core.send_cq.as_raw(), self.core.recv_cq.as_raw())
+    }
+
     /// Work requests posted and not yet retired by a polled completion, as
     /// `(send, receive)`. [`reset`](Qp::reset) needs both to be 0.
     pub fn outstanding(&self) -> (u64, u64) {

@@ -1,0 +1,248 @@
+//! rdma_cm connection setup as futures: [`Listener`], [`AsyncCmId`].
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use ::tokio::io::unix::AsyncFd;
+
+use super::qp::AsyncQp;
+use super::{ReadinessFd, watch};
+use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest};
+use crate::error::{Error, Result};
+use crate::qp::state::{Init, Rts};
+use crate::qp::Rc;
+
+/// How long after its own timeout the kernel's resolution is given to report.
+const RESOLVE_GRACE: Duration = Duration::from_secs(2);
+
+
+/// A [`CmId`] whose events are awaited through its channel's readiness handle.
+struct Watched {
+    // Field order is drop order: deregister from tokio while the descriptor is open.
+    watched: AsyncFd<ReadinessFd>,
+    id: CmId,
+}
+
+impl Watched {
+    fn new(id: CmId) -> Result<Watched> {
+        let fd = id.channel().readiness()?.as_raw_fd();
+        // SAFETY: the readiness handle belongs to the id's channel, which the
+        // id owns; `watched` is declared before `id`, so it is dropped first.
+        let watched = unsafe { watch(fd, "registering an rdma_cm event channel with tokio")? };
+        Ok(Watched { watched, id })
+    }
+
+    /// The id's next event. Cancel safe: an event is read only when returned.
+    async fn event(&self) -> Result<CmEvent> {
+        loop {
+            if let Some(ev) = self.id.try_event()? {
+                return Ok(ev);
+            }
+            let mut ready = self.watched.readable().await.map_err(|source| Error::Io {
+                what: "waiting for rdma_cm events",
+                source,
+            })?;
+            match self.id.try_event()? {
+                Some(ev) => return Ok(ev),
+                None => ready.clear_ready(),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for an event of `kind`; any other event (but
+    /// ADDR_CHANGE / TIMEWAIT_EXIT) is returned as its error.
+    async fn expect(
+        &self,
+        kind: CmEventKind,
+        op: &'static str,
+        what: &'static str,
+        timeout: Duration,
+    ) -> Result<CmEvent> {
+        let wait = async {
+            loop {
+                let ev = self.event().await?;
+                if ev.kind == kind {
+                    return Ok(ev);
+                }
+                if !matches!(ev.kind, CmEventKind::AddrChange | CmEventKind::TimewaitExit) {
+                    return Err(ev.into_error(op));
+                }
+            }
+        };
+        ::tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                what,
+                after: timeout,
+            }))
+    }
+}
+
+/// A listening rdma_cm id: connection requests, awaited.
+pub struct Listener {
+    inner: Watched,
+}
+
+impl Listener {
+    /// Binds to `addr` and listens with `backlog` (`rdma_bind_addr`,
+    /// `rdma_listen`). Needs a tokio runtime.
+    pub fn bind(addr: SocketAddr, backlog: i32) -> Result<Listener> {
+        Ok(Listener {
+            inner: Watched::new(CmId::listener(addr, backlog)?)?,
+        })
+    }
+
+    /// The id, e.g. for its local address.
+    pub fn id(&self) -> &CmId {
+        &self.inner.id
+    }
+
+    /// The next connection request. Cancel safe. Create the QP with
+    /// `request.id().create_qp(..)`, wrap it in an [`AsyncQp`], post receives,
+    /// then [`AsyncCmId::accept`] (dropping the request rejects it).
+    pub async fn request(&self) -> Result<ConnectRequest> {
+        loop {
+            let mut ev = self.inner.event().await?;
+            if let Some(req) = ev.take_request() {
+                return Ok(req);
+            }
+            if !matches!(ev.kind, CmEventKind::AddrChange | CmEventKind::TimewaitExit) {
+                return Err(ev.into_error("rdma_get_request"));
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("local_addr", &self.inner.id.local_addr())
+            .finish()
+    }
+}
+
+/// One end of an rdma_cm connection, with awaitable events.
+pub struct AsyncCmId {
+    inner: Watched,
+}
+
+impl AsyncCmId {
+    /// A new id with its address and route to `dst` resolved (each step
+    /// bounded by `timeout`, plus 2 s for the kernel to report). Next: create
+    /// the PD, CQs and QP on [`id().context()`](CmId::context), then
+    /// [`connect`](Self::connect).
+    pub async fn resolve(dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
+        let w = Watched::new(CmId::new()?)?;
+        w.id.start_resolve_addr(dst, timeout)?;
+        w.expect(
+            CmEventKind::AddrResolved,
+            "rdma_resolve_addr",
+            "rdma_resolve_addr: waiting for ADDR_RESOLVED",
+            timeout.saturating_add(RESOLVE_GRACE),
+        )
+        .await?;
+        w.id.start_resolve_route(timeout)?;
+        w.expect(
+            CmEventKind::RouteResolved,
+            "rdma_resolve_route",
+            "rdma_resolve_route: waiting for ROUTE_RESOLVED",
+            timeout.saturating_add(RESOLVE_GRACE),
+        )
+        .await?;
+        Ok(AsyncCmId { inner: w })
+    }
+
+    /// The id (its device, addresses, `create_qp`).
+    pub fn id(&self) -> &CmId {
+        &self.inner.id
+    }
+
+    /// Connects with `qp` (created on this id, wrapped in an [`AsyncQp`];
+    /// receives posted before carry over) and waits up to `timeout` for
+    /// ESTABLISHED. Returns the QP in RTS and the ESTABLISHED event (the
+    /// peer's private data). A rejection, an unreachable peer or a timeout is
+    /// an error; the QP is dropped then. Cancel safe: dropping the future
+    /// abandons the handshake and drops the QP.
+    pub async fn connect(
+        &self,
+        qp: AsyncQp<Rc, Init>,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(AsyncQp<Rc, Rts>, CmEvent)> {
+        let (qp, parts) = qp.into_parts();
+        // SAFETY: `qp` lives in this frame until after `handshake` is dropped
+        // (declared after it, so dropped first, also on cancellation).
+        let handshake = unsafe { self.inner.id.start_connect(&qp, param)? };
+        let ev = self
+            .inner
+            .expect(
+                CmEventKind::Established,
+                "rdma_connect",
+                "rdma_connect: waiting for ESTABLISHED",
+                timeout,
+            )
+            .await?;
+        drop(handshake);
+        // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm
+        // moved the QP to RTR and RTS (else it reports CONNECT_ERROR).
+        let qp = unsafe { qp.assume_state::<Rts>() };
+        Ok((AsyncQp::from_parts(qp, parts), ev))
+    }
+
+    /// Accepts `request` with `qp` (created on `request.id()`, wrapped in an
+    /// [`AsyncQp`]; receives posted before carry over) and waits up to
+    /// `timeout` for ESTABLISHED. Returns the QP in RTS and the connection's id.
+    pub async fn accept(
+        request: ConnectRequest,
+        qp: AsyncQp<Rc, Init>,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(AsyncQp<Rc, Rts>, AsyncCmId)> {
+        let (qp, parts) = qp.into_parts();
+        // SAFETY: as in connect: `qp` outlives `handshake`.
+        let (id, handshake) = unsafe { request.start_accept(&qp, param)? };
+        let w = Watched::new(id)?;
+        w.expect(
+            CmEventKind::Established,
+            "rdma_accept",
+            "rdma_accept: waiting for ESTABLISHED",
+            timeout,
+        )
+        .await?;
+        drop(handshake);
+        // SAFETY: rdma_accept moved the attached QP to RTR and RTS, and the
+        // peer confirmed (ESTABLISHED).
+        let qp = unsafe { qp.assume_state::<Rts>() };
+        Ok((AsyncQp::from_parts(qp, parts), AsyncCmId { inner: w }))
+    }
+
+    /// The next event of this connection (e.g. DISCONNECTED when the peer
+    /// goes away). Cancel safe.
+    pub async fn event(&self) -> Result<CmEvent> {
+        self.inner.event().await
+    }
+
+    /// Sends a disconnect (`rdma_disconnect`) and waits up to `timeout` for
+    /// this side's DISCONNECTED. Flush the QP with `to_error` afterwards.
+    pub async fn disconnect(&self, timeout: Duration) -> Result<()> {
+        self.inner.id.disconnect()?;
+        self.inner
+            .expect(
+                CmEventKind::Disconnected,
+                "rdma_disconnect",
+                "rdma_disconnect: waiting for DISCONNECTED",
+                timeout,
+            )
+            .await
+            .map(drop)
+    }
+}
+
+impl std::fmt::Debug for AsyncCmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCmId")
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}

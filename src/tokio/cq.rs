@@ -1,0 +1,381 @@
+//! [`AsyncCq`]: a CQ whose completions are delivered to futures by a driver task.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context as TaskContext, Poll, Waker};
+
+use ::tokio::io::unix::AsyncFd;
+use ::tokio::sync::Notify;
+use ::tokio::task::JoinHandle;
+
+use super::{ReadinessFd, watch};
+use crate::channel::{ACK_BATCH, CompletionChannel};
+use crate::cq::{Completion, CompletionSource, Cq, WcOpcode};
+use crate::error::{Error, Result};
+use crate::{Context, CqId};
+
+/// How many completions the driver takes per `ibv_poll_cq` round.
+const POLL_BATCH: usize = 64;
+
+/// Which queue a completion came from: sends and receives of one QP are
+/// waited for separately, so a receive can never satisfy a send's waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Queue {
+    Send,
+    Recv,
+}
+
+impl Queue {
+    fn of(c: &Completion) -> Queue {
+        match c.opcode {
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => Queue::Recv,
+            _ => Queue::Send,
+        }
+    }
+}
+
+/// A posted request's identity on its CQ: QP number, queue, `wr_id`.
+pub(crate) type Key = (u32, Queue, u64);
+
+enum Waiter {
+    /// Posted, not completed; the future's waker once it has been polled.
+    Pending(Option<Waker>),
+    /// Completed; waiting for the future to take it.
+    Done(Completion),
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests whose futures are alive.
+    waiters: HashMap<Key, Waiter>,
+    /// Completions nobody awaits: requests posted without a future, and
+    /// requests whose future was dropped before they completed.
+    unclaimed: VecDeque<Completion>,
+    /// Errors of the CQ itself (e.g. `CompletionsLost`), reported by `next`.
+    errors: VecDeque<Error>,
+    /// The task waiting in [`AsyncCq::next`].
+    next_waker: Option<Waker>,
+    /// The driver stopped (its error is in `errors`): waiters fail.
+    stopped: bool,
+}
+
+/// What the driver task and the futures share.
+pub(crate) struct Shared {
+    cq: Mutex<Cq>,
+    state: Mutex<State>,
+    /// Signalled after every batch of completions: queues may have room again.
+    room: Notify,
+    id: CqId,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data (every
+        // critical section below is a few map/queue operations).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn cq(&self) -> MutexGuard<'_, Cq> {
+        self.cq.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn room(&self) -> &Notify {
+        &self.room
+    }
+
+    /// Registers a request just posted (before its completion can be polled:
+    /// callers register *before* posting and [`forget`](Self::forget) on failure).
+    pub(crate) fn expect(&self, key: Key) {
+        self.state().waiters.insert(key, Waiter::Pending(None));
+    }
+
+    /// Withdraws a registration whose post failed.
+    pub(crate) fn forget(&self, key: Key) {
+        self.state().waiters.remove(&key);
+    }
+
+    /// Hands completions to their futures, or to `next`.
+    fn dispatch(&self, done: &mut Vec<Completion>) {
+        let mut wake = Vec::new();
+        {
+            let mut st = self.state();
+            for c in done.drain(..) {
+                let key = (c.qp_num, Queue::of(&c), c.wr_id);
+                match (c.source, st.waiters.get_mut(&key)) {
+                    (CompletionSource::Posted, Some(w @ Waiter::Pending(_))) => {
+                        if let Waiter::Pending(Some(waker)) = std::mem::replace(w, Waiter::Done(c))
+                        {
+                            wake.push(waker);
+                        }
+                    }
+                    _ => st.unclaimed.push_back(c),
+                }
+            }
+            if !st.unclaimed.is_empty() {
+                wake.extend(st.next_waker.take());
+            }
+        }
+        // Wake outside the lock: a woken task may run at once on another thread.
+        wake.into_iter().for_each(Waker::wake);
+        self.room.notify_waiters();
+    }
+
+    /// The driver failed: every waiter and `next` learn it.
+    fn stop(&self, error: Error) {
+        let wake: Vec<Waker> = {
+            let mut st = self.state();
+            st.stopped = true;
+            st.errors.push_back(error);
+            let mut wake: Vec<Waker> = st
+                .waiters
+                .values_mut()
+                .filter_map(|w| match w {
+                    Waiter::Pending(waker) => waker.take(),
+                    Waiter::Done(_) => None,
+                })
+                .collect();
+            wake.extend(st.next_waker.take());
+            wake
+        };
+        wake.into_iter().for_each(Waker::wake);
+        self.room.notify_waiters();
+    }
+
+    /// Polls for the completion of `key`.
+    pub(crate) fn poll_done(&self, key: Key, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
+        let mut st = self.state();
+        let stopped = st.stopped;
+        match st.waiters.get_mut(&key) {
+            Some(Waiter::Done(_)) => match st.waiters.remove(&key) {
+                Some(Waiter::Done(c)) => Poll::Ready(Ok(c)),
+                _ => unreachable!("checked above under the same lock"),
+            },
+            Some(Waiter::Pending(_)) if stopped => Poll::Ready(Err(Error::Other(
+                "the CQ's completion driver stopped (see AsyncCq::next for its error); \
+                 this request's completion will not be delivered"
+                    .into(),
+            ))),
+            Some(Waiter::Pending(waker)) => {
+                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            None => Poll::Ready(Err(Error::Other(
+                "this request was not registered on the CQ".into(),
+            ))),
+        }
+    }
+
+    /// The future for `key` was dropped: its completion (now or later) goes to `next`.
+    pub(crate) fn abandon(&self, key: Key) {
+        let mut st = self.state();
+        // A pending request loses its waiter: its completion will find none
+        // and go to `next`; a completed one goes there now.
+        if let Some(Waiter::Done(c)) = st.waiters.remove(&key) {
+            st.unclaimed.push_back(c);
+            if let Some(w) = st.next_waker.take() {
+                drop(st);
+                w.wake();
+            }
+        }
+    }
+}
+
+/// A completion queue driven by a tokio task: awaitable completions.
+///
+/// [`AsyncCq::new`] creates a CQ on a completion channel of its own and spawns
+/// a driver task on the current tokio runtime. The driver polls the CQ; when
+/// it is empty it arms it, polls once more (a completion that arrived before
+/// the arm raised no event), and sleeps on the channel's
+/// [readiness](crate::Readiness) handle through [`AsyncFd`]. Events are
+/// acknowledged in batches of [`ACK_BATCH`].
+///
+/// Each completion goes to the future of the operation that posted it
+/// ([`AsyncQp`](super::AsyncQp)); completions nobody awaits (requests posted
+/// with `post_*`, SRQ receives, and requests whose future was dropped) are
+/// returned by [`next`](Self::next) with their buffers.
+///
+/// Dropping the `AsyncCq` stops the driver. QPs created on it keep the CQ
+/// itself alive, as with [`Cq`].
+pub struct AsyncCq {
+    shared: Arc<Shared>,
+    driver: JoinHandle<()>,
+}
+
+impl AsyncCq {
+    /// A CQ of at least `depth` entries with its own completion channel, and
+    /// its driver task on the current runtime. Fails outside a tokio runtime.
+    pub fn new(ctx: &Context, depth: u32) -> Result<AsyncCq> {
+        let handle = ::tokio::runtime::Handle::try_current().map_err(|_| Error::InvalidArgument {
+            what: "AsyncCq::new",
+            reason: "called outside a tokio runtime; create it inside one (e.g. in #[tokio::main])"
+                .into(),
+        })?;
+        let channel = CompletionChannel::new(ctx)?;
+        let cq = Cq::with_channel(ctx, depth, &channel)?;
+        let fd = channel.readiness()?.as_raw_fd();
+        // SAFETY: the readiness handle belongs to `channel`, which moves into
+        // `Watch` next to `watched`, declared after it (dropped after it).
+        let watched = unsafe { watch(fd, "registering a completion channel with tokio")? };
+        let shared = Arc::new(Shared {
+            id: cq.id(),
+            cq: Mutex::new(cq),
+            state: Mutex::new(State::default()),
+            room: Notify::new(),
+        });
+        let driver = handle.spawn(drive(shared.clone(), Watch { watched, channel }));
+        Ok(AsyncCq { shared, driver })
+    }
+
+    /// The CQ, to create QPs on: `let c = cq.cq(); Qp::new(&pd, &c, &c, caps)`.
+    ///
+    /// A lock guard (the driver polls the CQ under the same lock): take it
+    /// once per statement (twice in one expression deadlocks), keep it
+    /// briefly, and never hold it across an `.await`.
+    pub fn cq(&self) -> MutexGuard<'_, Cq> {
+        self.shared.cq()
+    }
+
+    /// This CQ's id, as async events name it.
+    pub fn id(&self) -> CqId {
+        self.shared.id
+    }
+
+    /// The next completion nobody awaits (see the type's docs), with its
+    /// buffers; errors of the CQ itself (e.g. [`Error::CompletionsLost`]) are
+    /// returned here too.
+    ///
+    /// Cancel safe: a completion is removed only when it is returned. One
+    /// task at a time should call it (a second caller replaces the first's
+    /// wake-up).
+    pub fn next(&self) -> Next<'_> {
+        Next { cq: self }
+    }
+
+    /// The next unclaimed completion, if one is already there.
+    pub fn try_next(&self) -> Result<Option<Completion>> {
+        let mut st = self.shared.state();
+        if let Some(e) = st.errors.pop_front() {
+            return Err(e);
+        }
+        Ok(st.unclaimed.pop_front())
+    }
+
+    /// How many completions wait for [`next`](Self::next).
+    pub fn unclaimed(&self) -> usize {
+        self.shared.state().unclaimed.len()
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+impl Drop for AsyncCq {
+    fn drop(&mut self) {
+        self.driver.abort();
+        self.shared.stop(Error::Other("the AsyncCq was dropped".into()));
+    }
+}
+
+impl std::fmt::Debug for AsyncCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCq")
+            .field("id", &self.shared.id)
+            .field("unclaimed", &self.unclaimed())
+            .finish()
+    }
+}
+
+/// The future of [`AsyncCq::next`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct Next<'a> {
+    cq: &'a AsyncCq,
+}
+
+impl Future for Next<'_> {
+    type Output = Result<Completion>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
+        let mut st = self.cq.shared.state();
+        if let Some(c) = st.unclaimed.pop_front() {
+            return Poll::Ready(Ok(c));
+        }
+        if let Some(e) = st.errors.pop_front() {
+            return Poll::Ready(Err(e));
+        }
+        if st.stopped {
+            return Poll::Ready(Err(Error::Other(
+                "the CQ's completion driver stopped".into(),
+            )));
+        }
+        st.next_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+struct Watch {
+    // Field order is drop order: deregister from tokio while the descriptor is open.
+    watched: AsyncFd<ReadinessFd>,
+    channel: CompletionChannel,
+}
+
+/// The driver task: poll, dispatch, arm, poll again, sleep on the channel.
+async fn drive(shared: Arc<Shared>, watch: Watch) {
+    if let Err(e) = drive_loop(&shared, &watch).await {
+        shared.stop(e);
+    }
+}
+
+async fn drive_loop(shared: &Shared, watch: &Watch) -> Result<()> {
+    let mut done: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+    let mut rounds = 0u32;
+    loop {
+        let (n, lost) = poll_into(shared, &mut done);
+        if let Some(e) = lost {
+            shared.state().errors.push_back(e);
+        }
+        if n? > 0 {
+            shared.dispatch(&mut done);
+            rounds += 1;
+            if rounds % 16 == 0 {
+                // Busy CQ: let the tasks we woke run.
+                ::tokio::task::yield_now().await;
+            }
+            continue;
+        }
+        shared.cq().req_notify(false)?;
+        let (n, lost) = poll_into(shared, &mut done);
+        if let Some(e) = lost {
+            shared.state().errors.push_back(e);
+        }
+        if n? > 0 {
+            shared.dispatch(&mut done);
+            continue;
+        }
+        let mut ready = watch.watched.readable().await.map_err(|source| Error::Io {
+            what: "waiting for the completion channel",
+            source,
+        })?;
+        while watch.channel.try_next()?.is_some() {}
+        ready.clear_ready();
+        let mut cq = shared.cq();
+        if cq.unacked_events() >= ACK_BATCH {
+            cq.ack_events();
+        }
+    }
+}
+
+/// One poll of the CQ into `done`: the count, and a lost-completions report
+/// (the completions of that poll are in `done` either way).
+fn poll_into(shared: &Shared, done: &mut Vec<Completion>) -> (Result<usize>, Option<Error>) {
+    match shared.cq().poll(done) {
+        Ok(n) => (Ok(n), None),
+        Err(e @ Error::CompletionsLost { .. }) => (Ok(done.len()), Some(e)),
+        Err(e) => (Err(e), None),
+    }
+}

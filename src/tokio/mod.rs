@@ -1,0 +1,110 @@
+//! Async integration on tokio (cargo feature `tokio`): completions,
+//! operations, rdma_cm connection setup and async events as futures.
+//!
+//! ```no_run
+//! # async fn f() -> rdma_verbs::Result<()> {
+//! use rdma_verbs::tokio::{AsyncCq, AsyncQp};
+//! use rdma_verbs::{AccessFlags, Context, Pd, Qp, QpCaps};
+//! let ctx = Context::open(None)?;
+//! let pd = Pd::new(&ctx)?;
+//! let cq = AsyncCq::new(&ctx, 256)?;
+//! let qp = {
+//!     let c = cq.cq(); // a lock guard: keep it short, never across an .await
+//!     Qp::new(&pd, &c, &c, QpCaps::default())?
+//! };
+//! # let remote: rdma_verbs::Endpoint = todo!();
+//! let qp = qp.connect(&remote, None)?; // or rdma_cm: AsyncCmId::connect / accept
+//! let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _qp)| e)?;
+//! let mut buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+//! buf.write_at(0, b"hello")?;
+//! let mut done = qp.send(buf).await?; // resolves when the SEND completed
+//! done.result()?;
+//! let buf = done.take_mr().expect("the buffer comes back");
+//! # drop(buf);
+//! # Ok(()) }
+//! ```
+//!
+//! # How it works
+//! An [`AsyncCq`] owns a CQ on a completion channel of its own and a driver
+//! task (spawned on the runtime it was created in) that polls the CQ, and when
+//! the CQ is empty arms it, polls once more and sleeps on the channel's
+//! [`Readiness`](crate::Readiness) handle through tokio's `AsyncFd`; events
+//! are acknowledged in batches. Each completion is handed to the future that
+//! awaits it, or queued for [`AsyncCq::next`].
+//!
+//! [`AsyncQp`] numbers its requests itself and registers each one on its CQ
+//! before posting it, so a completion finds its future by (QP number, queue,
+//! `wr_id`) whatever order things happen in.
+//!
+//! # Cancel safety
+//! The ownership-passing data path is what makes cancellation sound: a posted
+//! buffer belongs to the QP, not to the future. Dropping an operation's future
+//! after it was posted leaves the request in flight; its completion, with the
+//! buffers, is then returned by [`AsyncCq::next`]. Nothing is freed while the
+//! NIC may still use it, and nothing is lost: every buffer comes back exactly
+//! once, from the operation's future or from `next`, unless the QP is
+//! dropped first (which releases them, as for a synchronous [`Qp`](crate::Qp)).
+//!
+//! # Threading model
+//! Everything here is `Send` and `Sync` and works on the multi-threaded
+//! runtime. [`AsyncQp`] methods take `&self` and can run from many tasks at
+//! once (posting is serialised by a mutex held only for the post).
+//! [`AsyncCq::next`] is meant for one consumer task: a second concurrent
+//! caller replaces the first one's wake-up. The driver task runs on the
+//! runtime that created the [`AsyncCq`]; dropping the `AsyncCq` stops it, and
+//! futures still waiting on it then fail instead of hanging.
+//!
+//! rdma_cm ([`Listener`], [`AsyncCmId`]) and async events ([`AsyncEventStream`])
+//! are awaited the same way, through the readiness handles of their channels.
+
+mod cm;
+mod cq;
+mod events;
+mod qp;
+
+pub use cm::{AsyncCmId, Listener};
+pub use cq::{AsyncCq, Next};
+pub use events::AsyncEventStream;
+pub use qp::AsyncQp;
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use ::tokio::io::Interest;
+use ::tokio::io::unix::AsyncFd;
+
+use crate::error::{Error, Result};
+
+/// A readiness handle's descriptor, registered with tokio; its owner lives
+/// next to the [`AsyncFd`] and is dropped after it.
+struct ReadinessFd(RawFd);
+
+impl AsRawFd for ReadinessFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Registers the readiness descriptor `fd` with the current runtime's
+/// reactor for reading.
+///
+/// # Safety
+/// `fd` stays open, and the same descriptor, until the returned `AsyncFd` is
+/// dropped (callers keep it in a struct field declared before the owner of
+/// `fd`, so it is dropped first).
+unsafe fn watch(fd: RawFd, what: &'static str) -> Result<AsyncFd<ReadinessFd>> {
+    if ::tokio::runtime::Handle::try_current().is_err() {
+        return Err(Error::InvalidArgument {
+            what,
+            reason: "called outside a tokio runtime; call it from a task (e.g. under #[tokio::main])"
+                .into(),
+        });
+    }
+    // SAFETY: the caller keeps `fd` open and unchanged for the AsyncFd's life;
+    // a runtime is current (checked above), so registration does not panic.
+    unsafe { AsyncFd::register_with_interest(ReadinessFd(fd), Interest::READABLE) }.map_err(|e| {
+        Error::Io {
+            what,
+            source: e.into_parts().1,
+        }
+    })
+}

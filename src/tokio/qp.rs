@@ -1,0 +1,312 @@
+//! [`AsyncQp`]: awaitable operations on a QP whose CQs are [`AsyncCq`]s.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context as TaskContext, Poll};
+
+use super::cq::{AsyncCq, Key, Queue, Shared};
+use crate::CqId;
+use crate::cq::Completion;
+use crate::error::Error;
+use crate::mr::{Mr, RemoteMr};
+use crate::qp::state::{CanPostRecv, CanPostSend};
+use crate::qp::{PostError, Qp, QpState, QpType, RecvWr, SendWr};
+
+/// A QP whose operations are futures that resolve to their [`Completion`]
+/// (with the buffers back).
+///
+/// Built from a [`Qp`] created on the CQs of [`AsyncCq`]s and with nothing
+/// outstanding; from then on every request goes through this wrapper, which
+/// numbers them itself (the `wr_id` you give is replaced; read the
+/// completion's `wr_id` to match requests posted with the `post_*` methods).
+/// All methods take `&self`: share it between tasks with an `Arc`.
+///
+/// # Cancel safety
+/// An operation is posted when its future is first polled. Dropping the
+/// future before that drops the request and its buffers (nothing was posted).
+/// Dropping it after that (a `tokio::time::timeout` firing, a `select!` arm
+/// losing) never frees or exposes the posted buffers: the QP owns them until
+/// the request completes, and the completion, with the buffers, is then
+/// returned by [`AsyncCq::next`] of the CQ it completed on. Dropping the
+/// `AsyncQp` destroys the QP and releases every buffer still posted, as
+/// dropping a [`Qp`] does.
+pub struct AsyncQp<T: QpType, S: QpState> {
+    qp: Mutex<Qp<T, S>>,
+    send: Arc<Shared>,
+    recv: Arc<Shared>,
+    qp_num: u32,
+    next_id: AtomicU64,
+}
+
+impl<T: QpType, S: QpState> AsyncQp<T, S> {
+    /// Wraps `qp`, whose send queue completes on `send_cq` and receive queue
+    /// on `recv_cq` (the same `AsyncCq` for both is common).
+    ///
+    /// Refused, with the QP back, if its CQs are not those, or if it has work
+    /// outstanding ([`Error::WorkOutstanding`]): the completions of requests
+    /// numbered before the wrapper could be confused with its own.
+    #[allow(clippy::result_large_err)]
+    pub fn new(
+        qp: Qp<T, S>,
+        send_cq: &AsyncCq,
+        recv_cq: &AsyncCq,
+    ) -> std::result::Result<AsyncQp<T, S>, (Error, Qp<T, S>)> {
+        let (s, r) = qp.cq_raws();
+        if CqId::from_raw(s) != send_cq.id() || CqId::from_raw(r) != recv_cq.id() {
+            return Err((
+                Error::InvalidArgument {
+                    what: "AsyncQp::new",
+                    reason: "the QP was not created on these AsyncCqs' CQs".into(),
+                },
+                qp,
+            ));
+        }
+        let (sends, recvs) = qp.outstanding();
+        if sends + recvs > 0 {
+            let (queue, count) = if sends > 0 {
+                ("send", sends)
+            } else {
+                ("receive", recvs)
+            };
+            return Err((Error::WorkOutstanding { queue, count }, qp));
+        }
+        Ok(AsyncQp {
+            qp_num: qp.qp_num(),
+            qp: Mutex::new(qp),
+            send: send_cq.shared().clone(),
+            recv: recv_cq.shared().clone(),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The QP, for queries and state changes that keep the state
+    /// (`query`, `endpoint`, `caps`). Do not post through it.
+    pub fn qp(&self) -> MutexGuard<'_, Qp<T, S>> {
+        self.qp.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves the QP to another state with `f` (e.g. `|qp| qp.to_error()`, or
+    /// an rdma_cm handshake), keeping the wrapper's books: requests posted
+    /// before stay awaited where their futures live and the rest go to
+    /// [`AsyncCq::next`]. On failure `f`'s error is returned and the wrapper is gone
+    /// (the QP is wherever `f` left it).
+    pub fn transition<S2: QpState, E>(
+        self,
+        f: impl FnOnce(Qp<T, S>) -> std::result::Result<Qp<T, S2>, E>,
+    ) -> std::result::Result<AsyncQp<T, S2>, E> {
+        let qp = self.qp.into_inner().unwrap_or_else(|e| e.into_inner());
+        let qp = f(qp)?;
+        Ok(AsyncQp {
+            qp: Mutex::new(qp),
+            send: self.send,
+            recv: self.recv,
+            qp_num: self.qp_num,
+            next_id: self.next_id,
+        })
+    }
+
+    /// Unwraps the QP. Requests still outstanding complete through
+    /// [`AsyncCq::next`].
+    pub fn into_inner(self) -> Qp<T, S> {
+        self.qp.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The QP and the wrapper's books, for a state change that awaits.
+    pub(crate) fn into_parts(self) -> (Qp<T, S>, Parts) {
+        let qp = self.qp.into_inner().unwrap_or_else(|e| e.into_inner());
+        (
+            qp,
+            Parts {
+                send: self.send,
+                recv: self.recv,
+                qp_num: self.qp_num,
+                next_id: self.next_id,
+            },
+        )
+    }
+
+    /// Puts [`into_parts`](Self::into_parts) back together (same QP).
+    pub(crate) fn from_parts(qp: Qp<T, S>, parts: Parts) -> AsyncQp<T, S> {
+        AsyncQp {
+            qp: Mutex::new(qp),
+            send: parts.send,
+            recv: parts.recv,
+            qp_num: parts.qp_num,
+            next_id: parts.next_id,
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl<T: QpType, S: CanPostRecv> AsyncQp<T, S> {
+    /// Posts a receive and waits for its completion (a message arrived, or
+    /// the receive was flushed). Waits for room when the receive queue is full.
+    pub async fn recv(&self, mut wr: RecvWr) -> std::result::Result<Completion, PostError> {
+        let key = (self.qp_num, Queue::Recv, self.id());
+        wr.wr_id = key.2;
+        self.post_when_room(&self.recv, key, false, |qp| qp.post_recv(wr))
+            .await?;
+        Ok(Op::new(&self.recv, key).await?)
+    }
+
+    /// A receive into the whole of `buf`: `recv(RecvWr::new(_, buf))`.
+    pub async fn recv_into(&self, buf: Mr) -> std::result::Result<Completion, PostError> {
+        self.recv(RecvWr::new(0, buf)).await
+    }
+
+    /// Posts a receive whose completion nobody awaits: it comes back from
+    /// [`AsyncCq::next`]. Returns the `wr_id` it was given. Does not wait for
+    /// room ([`Error::QueueFull`] instead).
+    pub fn post_recv(&self, mut wr: RecvWr) -> std::result::Result<u64, PostError> {
+        let id = self.id();
+        wr.wr_id = id;
+        self.qp().post_recv(wr).map(|()| id)
+    }
+}
+
+impl<T: QpType, S: CanPostSend> AsyncQp<T, S> {
+    /// Posts a send-queue request (SEND, WRITE, READ, atomic; made signaled)
+    /// and waits for its completion. Waits for room when the send queue is full.
+    pub async fn post(&self, mut wr: SendWr<'_>) -> std::result::Result<Completion, PostError> {
+        let key = (self.qp_num, Queue::Send, self.id());
+        wr.wr_id = key.2;
+        wr.flags |= crate::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self.post_when_room(&self.send, key, true, |qp| qp.post_send(wr))
+            .await?;
+        Ok(Op::new(&self.send, key).await?)
+    }
+
+    /// SENDs the whole of `src` and waits for its completion.
+    pub async fn send(&self, src: impl Into<crate::qp::Buffer>) -> std::result::Result<Completion, PostError> {
+        self.post(SendWr::send_from(0, src)).await
+    }
+
+    /// RDMA WRITEs the whole of `src` to `remote` at `offset`.
+    pub async fn write(
+        &self,
+        src: impl Into<crate::qp::Buffer>,
+        remote: RemoteMr,
+        offset: u64,
+    ) -> std::result::Result<Completion, PostError> {
+        self.post(SendWr::write_from(0, src, remote, offset)).await
+    }
+
+    /// RDMA READs `dest.len()` bytes from `remote` at `offset` into `dest`.
+    pub async fn read(
+        &self,
+        dest: Mr,
+        remote: RemoteMr,
+        offset: u64,
+    ) -> std::result::Result<Completion, PostError> {
+        self.post(SendWr::read(0, dest, remote, offset)).await
+    }
+
+    /// Posts a send-queue request whose completion (if signaled) nobody
+    /// awaits: it comes back from [`AsyncCq::next`]. Returns the `wr_id` it
+    /// was given. Does not wait for room ([`Error::QueueFull`] instead).
+    pub fn post_send(&self, mut wr: SendWr<'_>) -> std::result::Result<u64, PostError> {
+        let id = self.id();
+        wr.wr_id = id;
+        self.qp().post_send(wr).map(|()| id)
+    }
+}
+
+impl<T: QpType, S: QpState> AsyncQp<T, S> {
+    /// Registers `key` on `cq`, waits until the queue has a free slot, and
+    /// posts with `post` (which must give the request `key`'s `wr_id`).
+    async fn post_when_room(
+        &self,
+        cq: &Shared,
+        key: Key,
+        send: bool,
+        post: impl FnOnce(&mut Qp<T, S>) -> std::result::Result<(), PostError>,
+    ) -> std::result::Result<(), PostError> {
+        loop {
+            let room = cq.room().notified();
+            let mut room = std::pin::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut qp = self.qp();
+                if qp.has_room(send) {
+                    // Registered before posting: the driver may poll the
+                    // completion before `post` returns.
+                    cq.expect(key);
+                    let posted = post(&mut qp);
+                    if posted.is_err() {
+                        cq.forget(key);
+                    }
+                    return posted;
+                }
+            }
+            room.await;
+        }
+    }
+}
+
+impl<T: QpType, S: QpState> std::fmt::Debug for AsyncQp<T, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncQp")
+            .field("qp_num", &self.qp_num)
+            .field("state", &S::NAME)
+            .finish()
+    }
+}
+
+/// An [`AsyncQp`] without its QP.
+pub(crate) struct Parts {
+    send: Arc<Shared>,
+    recv: Arc<Shared>,
+    qp_num: u32,
+    next_id: AtomicU64,
+}
+
+/// Waits for the completion of one posted request; hands it to
+/// [`AsyncCq::next`] instead if dropped first.
+struct Op<'a> {
+    cq: &'a Shared,
+    key: Key,
+    done: bool,
+}
+
+impl<'a> Op<'a> {
+    fn new(cq: &'a Shared, key: Key) -> Op<'a> {
+        Op {
+            cq,
+            key,
+            done: false,
+        }
+    }
+}
+
+impl Future for Op<'_> {
+    type Output = std::result::Result<Completion, PostError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let polled = self.cq.poll_done(self.key, cx);
+        if polled.is_ready() {
+            self.done = true;
+        }
+        polled.map_err(|error| PostError {
+            error,
+            unposted: Vec::new(),
+        })
+    }
+}
+
+impl Drop for Op<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.cq.abandon(self.key);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The tokio integration (`rdma_verbs::tokio`, feature `tokio`) on soft-RoCE:
+//! awaited operations with data verified, cancel safety under firing
+//! timeouts with every buffer accounted, a dropped `AsyncCq` failing its
+//! waiters instead of hanging, rdma_cm connect/accept/disconnect cycles with
+//! kernel objects back to baseline, and async events.
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex as StdMutex;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::cm::{CmEventKind, ConnParam};
+use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::tokio::{AsyncCmId, AsyncCq, AsyncEventStream, AsyncQp, Listener};
+use rdma_verbs::{
+    AccessFlags, AsyncEvent, Completion, CompletionSource, InitAttr, Mr, Pd, Qp, QpCaps, Rc,
+    RecvWr, WcOpcode, WcStatus,
+};
+
+static SERIAL: StdMutex<()> = StdMutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+struct AsyncPair {
+    pd: Pd,
+    cq_a: AsyncCq,
+    cq_b: AsyncCq,
+    a: AsyncQp<Rc, Rts>,
+    b: AsyncQp<Rc, Rts>,
+}
+
+/// Two RC QPs connected to each other, each on an `AsyncCq` of its own.
+fn async_pair(caps: QpCaps) -> AsyncPair {
+    let ctx = common::ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
+    let cq_a = AsyncCq::new(&ctx, depth).unwrap();
+    let cq_b = AsyncCq::new(&ctx, depth).unwrap();
+    let gid = common::gid_index(&ctx);
+    let mk = |cq: &AsyncCq| -> Qp<Rc, Init> {
+        let c = cq.cq();
+        Qp::new(&pd, &c, &c, caps)
+            .unwrap()
+            .init(InitAttr::new(1, common::all_remote()))
+            .unwrap()
+    };
+    let (a, b) = (mk(&cq_a), mk(&cq_b));
+    let (ea, eb) = (a.endpoint(Some(gid)).unwrap(), b.endpoint(Some(gid)).unwrap());
+    let a = a.connect(&eb, Some(gid)).unwrap();
+    let b = b.connect(&ea, Some(gid)).unwrap();
+    let a = AsyncQp::new(a, &cq_a, &cq_a).map_err(|(e, _)| e).unwrap();
+    let b = AsyncQp::new(b, &cq_b, &cq_b).map_err(|(e, _)| e).unwrap();
+    AsyncPair {
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+fn caps(depth: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: depth,
+        max_recv_wr: depth,
+        ..QpCaps::default()
+    }
+}
+
+fn mr_with(pd: &Pd, data: &[u8]) -> Mr {
+    let mut mr = pd
+        .alloc_mr(data.len().max(1), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    mr.write_at(0, data).unwrap();
+    mr
+}
+
+/// SEND/RECV of 1 B to 16 KiB and WRITE then READ, all awaited, bytes compared.
+#[test]
+fn awaited_operations_move_the_right_bytes() {
+    let _g = serial();
+    let rt = runtime();
+    rt.block_on(async {
+        let p = async_pair(caps(16));
+        let sizes = [1usize, 2, 63, 64, 1000, 4096, 16384];
+        for (i, &len) in sizes.iter().enumerate() {
+            let data = common::pattern(len, i as u8);
+            let dest = p.pd.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+            let (got, sent) = tokio::join!(p.b.recv_into(dest), p.a.send(mr_with(&p.pd, &data)));
+            let mut sent = sent.unwrap();
+            assert_eq!(sent.status, WcStatus::Success);
+            assert_eq!(sent.opcode, WcOpcode::Send);
+            assert!(sent.take_mr().is_some(), "the send buffer comes back");
+            let mut got = got.unwrap();
+            got.result().unwrap();
+            assert_eq!(got.opcode, WcOpcode::Recv);
+            assert_eq!(got.byte_len as usize, len);
+            assert_eq!(got.take_mr().unwrap().to_vec().unwrap(), data, "size {len}");
+        }
+
+        let len = 8192;
+        let target = p.pd.alloc_mr(len, common::all_remote()).unwrap();
+        let remote = target.remote();
+        let data = common::pattern(len, 77);
+        let w = p.a.write(mr_with(&p.pd, &data), remote, 0).await.unwrap();
+        w.result().unwrap();
+        assert_eq!(w.opcode, WcOpcode::RdmaWrite);
+        let dest = p.pd.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut r = p.a.read(dest, remote, 0).await.unwrap();
+        r.result().unwrap();
+        assert_eq!(r.opcode, WcOpcode::RdmaRead);
+        assert_eq!(r.take_mr().unwrap().to_vec().unwrap(), data);
+        drop(target);
+        assert_eq!(p.cq_a.unclaimed() + p.cq_b.unclaimed(), 0);
+    });
+}
+
+/// Identity of a buffer: its address and key.
+fn ident(mr: &Mr) -> (u64, u32) {
+    (mr.addr(), mr.lkey())
+}
+
+/// Every buffer comes back exactly once, from the operation's future or, when
+/// a timeout dropped the future after the post, from `AsyncCq::next`; the
+/// data of every message is verified; MRs are back to baseline at the end.
+#[test]
+fn cancelled_operations_return_every_buffer_exactly_once() {
+    let _g = serial();
+    let dev = std::env::var("RDMA_VERBS_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    let before = common::res_counts(&dev);
+    let rt = runtime();
+    rt.block_on(async {
+        const TASKS: usize = 4;
+        const PER_TASK: usize = 150;
+        const LEN: usize = 256;
+        let depth = (TASKS * PER_TASK) as u32;
+        let p = Arc::new(async_pair(caps(depth)));
+        let posted = Arc::new(StdMutex::new(HashMap::<(u64, u32), &'static str>::new()));
+        let back = Arc::new(StdMutex::new(Vec::<((u64, u32), Completion)>::new()));
+        let mut timed_out = 0usize;
+
+        // Receives first, each awaited with a timeout that fires (no message
+        // yet): they stay posted and must come back through cq_b.next().
+        for _ in 0..TASKS * PER_TASK {
+            let mr = p.pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
+            posted.lock().unwrap().insert(ident(&mr), "recv");
+            let r = tokio::time::timeout(Duration::from_micros(1), p.b.recv_into(mr)).await;
+            assert!(r.is_err(), "a receive completed with no message sent");
+        }
+
+        // Senders on several tasks, each SEND under a timeout between 0 and
+        // ~200 us: some complete in time, the rest are dropped in flight.
+        let mut tasks = Vec::new();
+        for t in 0..TASKS {
+            let (p, posted, back) = (p.clone(), posted.clone(), back.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut dropped = 0usize;
+                for i in 0..PER_TASK {
+                    let seq = (t * PER_TASK + i) as u32;
+                    let mut data = common::pattern(LEN, seq as u8);
+                    data[..4].copy_from_slice(&seq.to_le_bytes());
+                    let mr = mr_with(&p.pd, &data);
+                    posted.lock().unwrap().insert(ident(&mr), "send");
+                    let limit = Duration::from_micros((seq as u64 * 37) % 200);
+                    match tokio::time::timeout(limit, p.a.send(mr)).await {
+                        Ok(c) => {
+                            let mut c = c.unwrap();
+                            c.result().unwrap();
+                            let mr = c.take_mr().expect("send buffer back");
+                            back.lock().unwrap().push((ident(&mr), c));
+                        }
+                        Err(_) => dropped += 1,
+                    }
+                }
+                dropped
+            }));
+        }
+        for t in tasks {
+            timed_out += t.await.unwrap();
+        }
+
+        // Everything dropped in flight comes back through next().
+        let total = TASKS * PER_TASK;
+        let sends_back = back.lock().unwrap().len();
+        let mut seqs = Vec::new();
+        let deadline = Duration::from_secs(30);
+        for _ in 0..total - sends_back {
+            let mut c = tokio::time::timeout(deadline, p.cq_a.next())
+                .await
+                .expect("a dropped send's completion")
+                .unwrap();
+            assert_eq!(c.source, CompletionSource::Posted);
+            c.result().unwrap();
+            let mr = c.take_mr().expect("buffer of a dropped send");
+            back.lock().unwrap().push((ident(&mr), c));
+        }
+        for _ in 0..total {
+            let mut c = tokio::time::timeout(deadline, p.cq_b.next())
+                .await
+                .expect("a dropped receive's completion")
+                .unwrap();
+            c.result().unwrap();
+            assert_eq!(c.byte_len as usize, LEN);
+            let mr = c.take_mr().expect("receive buffer");
+            let bytes = mr.to_vec().unwrap();
+            let seq = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+            let mut want = common::pattern(LEN, seq as u8);
+            want[..4].copy_from_slice(&seq.to_le_bytes());
+            assert_eq!(bytes, want, "message {seq}");
+            seqs.push(seq);
+            back.lock().unwrap().push((ident(&mr), c));
+        }
+        seqs.sort_unstable();
+        assert_eq!(seqs, (0..total as u32).collect::<Vec<_>>(), "every message once");
+
+        let mut returned: Vec<(u64, u32)> = back.lock().unwrap().iter().map(|x| x.0).collect();
+        returned.sort_unstable();
+        let n = returned.len();
+        returned.dedup();
+        assert_eq!(returned.len(), n, "a buffer came back twice");
+        let mut want: Vec<(u64, u32)> = posted.lock().unwrap().keys().copied().collect();
+        want.sort_unstable();
+        assert_eq!(returned, want, "every posted buffer back");
+        assert!(
+            timed_out > 0 && timed_out < total,
+            "the timeouts should fire for some sends and not others: {timed_out} of {total}"
+        );
+        assert_eq!(p.cq_a.unclaimed() + p.cq_b.unclaimed(), 0);
+        println!("cancel safety: {total} sends ({timed_out} dropped in flight), {total} receives (all dropped in flight): every buffer back once");
+        back.lock().unwrap().clear();
+    });
+    drop(rt);
+    let after = common::res_counts(&dev);
+    for k in ["qp", "cq", "mr", "pd"] {
+        assert_eq!(before.get(k), after.get(k), "{k} count after the test");
+    }
+}
+
+/// A future waiting on an `AsyncCq` that is dropped fails instead of hanging.
+#[test]
+fn dropping_the_async_cq_fails_its_waiters() {
+    let _g = serial();
+    let rt = runtime();
+    rt.block_on(async {
+        let AsyncPair {
+            pd, cq_a, cq_b, a, b,
+        } = async_pair(caps(4));
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let waiter = tokio::spawn(async move { b.recv_into(mr).await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished(), "nothing was sent: the receive waits");
+        drop(cq_b);
+        let r = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter must end once its AsyncCq is dropped")
+            .unwrap();
+        let e = r.expect_err("no completion can arrive any more");
+        assert!(e.to_string().contains("driver stopped"), "{e}");
+        drop((a, cq_a));
+    });
+}
+
+/// Kernel object counts of the guest's device.
+fn counts() -> HashMap<String, u64> {
+    let dev = std::env::var("RDMA_VERBS_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    common::res_counts(&dev)
+}
+
+fn addr(port: u16) -> SocketAddr {
+    let ip = std::env::var("RDMA_VERBS_ADDR").unwrap_or_else(|_| "10.99.0.1".into());
+    format!("{ip}:{port}").parse().unwrap()
+}
+
+const T: Duration = Duration::from_secs(10);
+
+/// Connects to `server`, exchanges one message each way, disconnects.
+async fn client_cycle(server: SocketAddr, seq: u32) {
+    let id = AsyncCmId::resolve(server, T).await.unwrap();
+    let ctx = id.id().context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = AsyncCq::new(&ctx, 16).unwrap();
+    let qp = {
+        let c = cq.cq();
+        id.id().create_qp(&pd, &c, &c, caps(4)).unwrap()
+    };
+    let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+    qp.post_recv(RecvWr::new(0, pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap()))
+        .unwrap();
+    let (qp, ev) = id
+        .connect(qp, &ConnParam::new().private_data(&seq.to_le_bytes()), T)
+        .await
+        .unwrap();
+    assert_eq!(ev.kind, CmEventKind::Established);
+    let sent = qp.send(mr_with(&pd, &seq.to_le_bytes())).await.unwrap();
+    sent.result().unwrap();
+    let mut got = tokio::time::timeout(T, cq.next()).await.unwrap().unwrap();
+    got.result().unwrap();
+    assert_eq!(got.take_mr().unwrap().to_vec().unwrap(), (seq + 1).to_le_bytes());
+    id.disconnect(T).await.unwrap();
+}
+
+/// The server: accepts, echoes seq + 1, waits for DISCONNECTED, repeats;
+/// gives the listener back.
+async fn server_loop(listener: Listener, cycles: u32) -> Listener {
+    for _ in 0..cycles {
+        let req = listener.request().await.unwrap();
+        let seq = u32::from_le_bytes(req.private_data()[..4].try_into().unwrap());
+        let ctx = req.id().context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = AsyncCq::new(&ctx, 16).unwrap();
+        let qp = {
+            let c = cq.cq();
+            req.id().create_qp(&pd, &c, &c, caps(4)).unwrap()
+        };
+        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        qp.post_recv(RecvWr::new(0, pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap()))
+            .unwrap();
+        let (qp, id) = AsyncCmId::accept(req, qp, &ConnParam::new(), T).await.unwrap();
+        let mut got = tokio::time::timeout(T, cq.next()).await.unwrap().unwrap();
+        got.result().unwrap();
+        let n = u32::from_le_bytes(got.take_mr().unwrap().to_vec().unwrap().try_into().unwrap());
+        assert_eq!(n, seq);
+        qp.send(mr_with(&pd, &(seq + 1).to_le_bytes()))
+            .await
+            .unwrap()
+            .result()
+            .unwrap();
+        let ev = tokio::time::timeout(T, id.event()).await.unwrap().unwrap();
+        assert_eq!(ev.kind, CmEventKind::Disconnected);
+    }
+    listener
+}
+
+/// Connect, message each way, disconnect, destroy: many times, every object
+/// back at the end. The baseline is taken after one warm-up cycle, because
+/// librdmacm opens the device (and allocates a PD of its own) on first use
+/// and keeps them for the life of the process.
+#[test]
+fn cm_connect_accept_disconnect_cycles_leave_nothing_behind() {
+    let _g = serial();
+    let cycles: u32 = std::env::var("RDMA_VERBS_ASYNC_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let rt = runtime();
+    let (before, after, elapsed) = rt.block_on(async {
+        let server = addr(7471);
+        let listener = Listener::bind(server, 16).unwrap();
+        let srv = tokio::spawn(server_loop(listener, cycles + 1));
+        client_cycle(server, 0).await;
+        let before = counts();
+        let t = Instant::now();
+        for seq in 1..=cycles {
+            client_cycle(server, seq * 2).await;
+        }
+        let listener = tokio::time::timeout(T, srv).await.unwrap().unwrap();
+        let elapsed = t.elapsed();
+        let after = counts();
+        drop(listener);
+        (before, after, elapsed)
+    });
+    println!("{cycles} async rdma_cm connect/send/recv/disconnect cycles in {elapsed:?}");
+    for k in ["qp", "cq", "mr", "pd", "cm_id"] {
+        assert_eq!(before.get(k), after.get(k), "{k} count after {cycles} cycles");
+    }
+}
+
+/// Connecting to a port nobody listens on is refused within the bound.
+#[test]
+fn cm_connect_to_a_dead_port_is_an_error_not_a_hang() {
+    let _g = serial();
+    let rt = runtime();
+    rt.block_on(async {
+        let t = Instant::now();
+        let id = AsyncCmId::resolve(addr(7499), T).await.unwrap();
+        let ctx = id.id().context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = AsyncCq::new(&ctx, 8).unwrap();
+        let qp = {
+            let c = cq.cq();
+            id.id().create_qp(&pd, &c, &c, caps(2)).unwrap()
+        };
+        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        let e = id.connect(qp, &ConnParam::new(), T).await.unwrap_err();
+        assert!(
+            matches!(e, rdma_verbs::Error::CmEvent { .. }),
+            "expected a REJECTED/UNREACHABLE event error, got {e:?}"
+        );
+        assert!(t.elapsed() < T, "took {:?}", t.elapsed());
+    });
+}
+
+/// Async events arrive through the stream: GID_CHANGE when an address is
+/// added to the netdev.
+#[test]
+fn async_events_arrive_on_the_stream() {
+    let _g = serial();
+    assert_eq!(
+        std::env::var("RDMA_VERBS_DEVICE").ok().as_deref(),
+        Some("rxe0"),
+        "this test changes veth0's addresses and needs the soft-RoCE guest"
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let ctx = common::ctx();
+        let mut events = AsyncEventStream::new(&ctx).unwrap();
+        let ip = |args: &[&str]| {
+            let st = std::process::Command::new("ip").args(args).status().unwrap();
+            assert!(st.success(), "ip {args:?}");
+        };
+        ip(&["addr", "add", "10.99.8.1/24", "dev", "veth0"]);
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+        ip(&["addr", "del", "10.99.8.1/24", "dev", "veth0"]);
+        let ev = ev.expect("an event within 5 s").unwrap();
+        assert_eq!(ev, AsyncEvent::GidChange { port: 1 });
+    });
+}
