@@ -391,13 +391,16 @@ impl Default for ConnParam {
 impl ConnParam {
     /// No private data; responder resources and initiator depth left to
     /// librdmacm (the device maximum on connect, the smaller of the peer's
-    /// request and the device maximum on accept); 7 transport and RNR retries.
+    /// request and the device maximum on accept); 6 transport retries (7
+    /// means "retry forever" on soft-RoCE, so a dead peer would never be
+    /// reported, as with [`RtsAttr::new`](crate::RtsAttr::new)) and 7 RNR
+    /// retries (forever: a slow receiver is not an error).
     pub fn new() -> ConnParam {
         ConnParam {
             private_data: Vec::new(),
             responder_resources: ffi::RDMA_MAX_RESP_RES as u8,
             initiator_depth: ffi::RDMA_MAX_INIT_DEPTH as u8,
-            retry_count: 7,
+            retry_count: 6,
             rnr_retry_count: 7,
             flow_control: false,
         }
@@ -776,11 +779,25 @@ impl DeviceListPin {
     /// device's reference count, so librdmacm does not close its context even
     /// if the device goes away) and checks that `verbs` is among them.
     fn new(verbs: *mut ffi::ibv_context) -> Result<DeviceListPin> {
+        // Serialised, and retried: under concurrent first use (256 tasks
+        // connecting at once on soft-RoCE, librdmacm 44) a few calls failed
+        // with ENODEV while librdmacm synchronised its device list.
+        static GET_DEVICES: Mutex<()> = Mutex::new(());
+        let _g = GET_DEVICES.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
-        // SAFETY: out-pointer for the count.
-        let list = unsafe { ffi::rdma_get_devices(&mut n) };
-        let list =
-            NonNull::new(list).ok_or_else(|| Error::verb("rdma_get_devices", last_errno()))?;
+        let mut tries = 0;
+        let list = loop {
+            // SAFETY: out-pointer for the count.
+            let list = unsafe { ffi::rdma_get_devices(&mut n) };
+            match NonNull::new(list) {
+                Some(list) => break list,
+                None if tries < 3 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                None => return Err(Error::verb("rdma_get_devices", last_errno())),
+            }
+        };
         let pin = DeviceListPin { list };
         let count = usize::try_from(n).unwrap_or(0);
         // SAFETY: the list holds `count` contexts followed by NULL.

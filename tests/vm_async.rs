@@ -5,6 +5,8 @@
 //! kernel objects back to baseline, and async events.
 mod common;
 
+use common::procs::{Proc, example};
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,7 +59,10 @@ fn async_pair(caps: QpCaps) -> AsyncPair {
             .unwrap()
     };
     let (a, b) = (mk(&cq_a), mk(&cq_b));
-    let (ea, eb) = (a.endpoint(Some(gid)).unwrap(), b.endpoint(Some(gid)).unwrap());
+    let (ea, eb) = (
+        a.endpoint(Some(gid)).unwrap(),
+        b.endpoint(Some(gid)).unwrap(),
+    );
     let a = a.connect(&eb, Some(gid)).unwrap();
     let b = b.connect(&ea, Some(gid)).unwrap();
     let a = AsyncQp::new(a, &cq_a, &cq_a).map_err(|(e, _)| e).unwrap();
@@ -255,7 +260,11 @@ fn dropping_the_async_cq_fails_its_waiters() {
     let rt = runtime();
     rt.block_on(async {
         let AsyncPair {
-            pd, cq_a, cq_b, a, b,
+            pd,
+            cq_a,
+            cq_b,
+            a,
+            b,
         } = async_pair(caps(4));
         let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         let waiter = tokio::spawn(async move { b.recv_into(mr).await.map(drop) });
@@ -296,8 +305,11 @@ async fn client_cycle(server: SocketAddr, seq: u32) {
         id.id().create_qp(&pd, &c, &c, caps(4)).unwrap()
     };
     let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
-    qp.post_recv(RecvWr::new(0, pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap()))
-        .unwrap();
+    qp.post_recv(RecvWr::new(
+        0,
+        pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap(),
+    ))
+    .unwrap();
     let (qp, ev) = id
         .connect(qp, &ConnParam::new().private_data(&seq.to_le_bytes()), T)
         .await
@@ -307,7 +319,10 @@ async fn client_cycle(server: SocketAddr, seq: u32) {
     sent.result().unwrap();
     let mut got = tokio::time::timeout(T, cq.next()).await.unwrap().unwrap();
     got.result().unwrap();
-    assert_eq!(got.take_mr().unwrap().to_vec().unwrap(), (seq + 1).to_le_bytes());
+    assert_eq!(
+        got.take_mr().unwrap().to_vec().unwrap(),
+        (seq + 1).to_le_bytes()
+    );
     id.disconnect(T).await.unwrap();
 }
 
@@ -325,9 +340,14 @@ async fn server_loop(listener: Listener, cycles: u32) -> Listener {
             req.id().create_qp(&pd, &c, &c, caps(4)).unwrap()
         };
         let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
-        qp.post_recv(RecvWr::new(0, pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap()))
+        qp.post_recv(RecvWr::new(
+            0,
+            pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+        .unwrap();
+        let (qp, id) = AsyncCmId::accept(req, qp, &ConnParam::new(), T)
+            .await
             .unwrap();
-        let (qp, id) = AsyncCmId::accept(req, qp, &ConnParam::new(), T).await.unwrap();
         let mut got = tokio::time::timeout(T, cq.next()).await.unwrap().unwrap();
         got.result().unwrap();
         let n = u32::from_le_bytes(got.take_mr().unwrap().to_vec().unwrap().try_into().unwrap());
@@ -373,7 +393,11 @@ fn cm_connect_accept_disconnect_cycles_leave_nothing_behind() {
     });
     println!("{cycles} async rdma_cm connect/send/recv/disconnect cycles in {elapsed:?}");
     for k in ["qp", "cq", "mr", "pd", "cm_id"] {
-        assert_eq!(before.get(k), after.get(k), "{k} count after {cycles} cycles");
+        assert_eq!(
+            before.get(k),
+            after.get(k),
+            "{k} count after {cycles} cycles"
+        );
     }
 }
 
@@ -417,7 +441,10 @@ fn async_events_arrive_on_the_stream() {
         let ctx = common::ctx();
         let mut events = AsyncEventStream::new(&ctx).unwrap();
         let ip = |args: &[&str]| {
-            let st = std::process::Command::new("ip").args(args).status().unwrap();
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap();
             assert!(st.success(), "ip {args:?}");
         };
         ip(&["addr", "add", "10.99.8.1/24", "dev", "veth0"]);
@@ -426,4 +453,85 @@ fn async_events_arrive_on_the_stream() {
         let ev = ev.expect("an event within 5 s").unwrap();
         assert_eq!(ev, AsyncEvent::GidChange { port: 1 });
     });
+}
+
+/// Starts `async_echo --server` on `port` and waits until it listens.
+fn echo_server(port: u16) -> Proc {
+    let args = vec!["--server".to_owned(), "--port".to_owned(), port.to_string()];
+    let server = Proc::spawn(
+        "async_echo",
+        &example("async_echo"),
+        &args,
+        &format!("{port}"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server.output().contains("listening on port") {
+        assert!(
+            Instant::now() < deadline,
+            "server never listened:\n{}",
+            server.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+fn echo_client(port: u16, conns: u32, msgs: u32) -> Proc {
+    let ip = std::env::var("RDMA_VERBS_ADDR").unwrap_or_else(|_| "10.99.0.1".into());
+    let args: Vec<String> = ["--client", &ip, "--port", &port.to_string()]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([
+            "--conns".into(),
+            conns.to_string(),
+            "--msgs".into(),
+            msgs.to_string(),
+        ])
+        .collect();
+    Proc::spawn(
+        "async_echo",
+        &example("async_echo"),
+        &args,
+        &format!("{port}-client"),
+    )
+}
+
+/// The example verifies every echoed byte over 32 concurrent connections,
+/// then a client whose server is killed mid-run exits non-zero in bounded time.
+#[test]
+fn async_echo_verifies_every_byte_and_reports_a_dead_server() {
+    let _g = serial();
+    let server = echo_server(7481);
+    let mut client = echo_client(7481, 32, 20);
+    let st = client.wait_until(Instant::now() + Duration::from_secs(120));
+    let out = client.output();
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "client failed: {st:?}\n{out}\nserver:\n{}",
+        server.output()
+    );
+    assert!(
+        out.contains("conns=32 msgs=20 size=4096 verified=640 "),
+        "{out}"
+    );
+
+    let mut client = echo_client(7481, 4, 1_000_000);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !client.output().contains("connections failed"),
+        "the client failed while its server was alive:\n{}",
+        client.output()
+    );
+    let killed = Instant::now();
+    drop(server); // kills it
+    let st = client.wait_until(killed + Duration::from_secs(30));
+    let out = client.output();
+    let st =
+        st.unwrap_or_else(|| panic!("client still running 30 s after its server died:\n{out}"));
+    assert!(!st.success(), "client exited 0 without its server:\n{out}");
+    assert!(out.contains("connections failed"), "{out}");
+    println!(
+        "client noticed its server's death after {:?}",
+        killed.elapsed()
+    );
 }

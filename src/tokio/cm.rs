@@ -10,12 +10,11 @@ use super::qp::AsyncQp;
 use super::{ReadinessFd, watch};
 use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest};
 use crate::error::{Error, Result};
-use crate::qp::state::{Init, Rts};
 use crate::qp::Rc;
+use crate::qp::state::{Init, Rts};
 
 /// How long after its own timeout the kernel's resolution is given to report.
 const RESOLVE_GRACE: Duration = Duration::from_secs(2);
-
 
 /// A [`CmId`] whose events are awaited through its channel's readiness handle.
 struct Watched {

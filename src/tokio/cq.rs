@@ -210,11 +210,13 @@ impl AsyncCq {
     /// A CQ of at least `depth` entries with its own completion channel, and
     /// its driver task on the current runtime. Fails outside a tokio runtime.
     pub fn new(ctx: &Context, depth: u32) -> Result<AsyncCq> {
-        let handle = ::tokio::runtime::Handle::try_current().map_err(|_| Error::InvalidArgument {
-            what: "AsyncCq::new",
-            reason: "called outside a tokio runtime; create it inside one (e.g. in #[tokio::main])"
-                .into(),
-        })?;
+        let handle =
+            ::tokio::runtime::Handle::try_current().map_err(|_| Error::InvalidArgument {
+                what: "AsyncCq::new",
+                reason:
+                    "called outside a tokio runtime; create it inside one (e.g. in #[tokio::main])"
+                        .into(),
+            })?;
         let channel = CompletionChannel::new(ctx)?;
         let cq = Cq::with_channel(ctx, depth, &channel)?;
         let fd = channel.readiness()?.as_raw_fd();
@@ -278,7 +280,8 @@ impl AsyncCq {
 impl Drop for AsyncCq {
     fn drop(&mut self) {
         self.driver.abort();
-        self.shared.stop(Error::Other("the AsyncCq was dropped".into()));
+        self.shared
+            .stop(Error::Other("the AsyncCq was dropped".into()));
     }
 }
 

@@ -4,10 +4,10 @@ use std::os::fd::AsRawFd;
 
 use ::tokio::io::unix::AsyncFd;
 
-use crate::error::{Error, Result};
 use super::{ReadinessFd, watch};
-use crate::event::{AsyncEvent, AsyncEvents};
 use crate::Context;
+use crate::error::{Error, Result};
+use crate::event::{AsyncEvent, AsyncEvents};
 
 /// A context's asynchronous events (port changes, QP/CQ/SRQ errors,
 /// `SRQ_LIMIT_REACHED`, ...), one `next().await` at a time.
@@ -19,7 +19,6 @@ pub struct AsyncEventStream {
     watched: AsyncFd<ReadinessFd>,
     events: AsyncEvents,
 }
-
 
 impl AsyncEventStream {
     /// A stream of `ctx`'s async events. Needs a tokio runtime.

@@ -95,8 +95,9 @@ unsafe fn watch(fd: RawFd, what: &'static str) -> Result<AsyncFd<ReadinessFd>> {
     if ::tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::InvalidArgument {
             what,
-            reason: "called outside a tokio runtime; call it from a task (e.g. under #[tokio::main])"
-                .into(),
+            reason:
+                "called outside a tokio runtime; call it from a task (e.g. under #[tokio::main])"
+                    .into(),
         });
     }
     // SAFETY: the caller keeps `fd` open and unchanged for the AsyncFd's life;

@@ -156,7 +156,7 @@ impl<T: QpType, S: CanPostRecv> AsyncQp<T, S> {
         wr.wr_id = key.2;
         self.post_when_room(&self.recv, key, false, |qp| qp.post_recv(wr))
             .await?;
-        Ok(Op::new(&self.recv, key).await?)
+        Op::new(&self.recv, key).await
     }
 
     /// A receive into the whole of `buf`: `recv(RecvWr::new(_, buf))`.
@@ -183,11 +183,14 @@ impl<T: QpType, S: CanPostSend> AsyncQp<T, S> {
         wr.flags |= crate::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         self.post_when_room(&self.send, key, true, |qp| qp.post_send(wr))
             .await?;
-        Ok(Op::new(&self.send, key).await?)
+        Op::new(&self.send, key).await
     }
 
     /// SENDs the whole of `src` and waits for its completion.
-    pub async fn send(&self, src: impl Into<crate::qp::Buffer>) -> std::result::Result<Completion, PostError> {
+    pub async fn send(
+        &self,
+        src: impl Into<crate::qp::Buffer>,
+    ) -> std::result::Result<Completion, PostError> {
         self.post(SendWr::send_from(0, src)).await
     }
 

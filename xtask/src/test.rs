@@ -1,6 +1,6 @@
 //! `cargo xtask test`: the whole test suite, with the device tests inside soft-RoCE guests.
 //!
-//! Steps, all run even when an earlier one fails, each with `--features gdr` (so the `gdr`
+//! Steps, all run even when an earlier one fails, each with `--features gdr,tokio` (so the `gdr` and `tokio`
 //! code is built and tested too, while the FFI comes from the checked-in bindings: the
 //! `bindgen` feature, which regenerates them, is `cargo xtask matrix`'s) and the extra
 //! arguments:
@@ -83,7 +83,7 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         "test",
         "--workspace",
         "--features",
-        "rdma-verbs/gdr",
+        "rdma-verbs/gdr,rdma-verbs/tokio",
         "--no-fail-fast",
         "--lib",
         "--bins",
@@ -99,14 +99,14 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         "test",
         "--workspace",
         "--features",
-        "rdma-verbs/gdr",
+        "rdma-verbs/gdr,rdma-verbs/tokio",
         "--no-fail-fast",
         "--doc",
     ]);
     summary.add("doc tests", cargo_test(doc.args(&extra)));
 
     let mut examples = cargo(root);
-    examples.args(["build", "--features", "gdr", "--examples"]);
+    examples.args(["build", "--features", "gdr,tokio", "--examples"]);
     summary.add("examples build", cargo_build(&mut examples));
 
     if device_tests.is_empty() {
@@ -187,7 +187,7 @@ fn device_step(root: &Path, targets: &[OsString], problems: &mut Vec<String>) ->
             ))
         })?;
     let mut device = cargo(root);
-    device.args(["test", "--features", "gdr", "--no-fail-fast"]);
+    device.args(["test", "--features", "gdr,tokio", "--no-fail-fast"]);
     device
         .args(targets)
         .env(runner_env_var()?, format!("{exe} vm-exec"));
