@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use rdma_verbs::cm::{CmEventKind, ConnParam};
 use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::tokio::{AsyncCmId, AsyncCq, AsyncEventStream, AsyncQp, Listener};
+use rdma_verbs::tokio::{AsyncChannel, AsyncCmId, AsyncCq, AsyncEventStream, AsyncQp, Listener};
 use rdma_verbs::{
     AccessFlags, AsyncEvent, Completion, CompletionSource, InitAttr, Mr, Pd, Qp, QpCaps, Rc,
     RecvWr, WcOpcode, WcStatus,
@@ -43,13 +43,26 @@ struct AsyncPair {
     b: AsyncQp<Rc, Rts>,
 }
 
-/// Two RC QPs connected to each other, each on an `AsyncCq` of its own.
-fn async_pair(caps: QpCaps) -> AsyncPair {
+/// Two RC QPs connected to each other, each on an `AsyncCq` of its own; the
+/// two CQs share one channel (and driver task) when `one_channel`.
+fn async_pair_on(caps: QpCaps, one_channel: bool) -> AsyncPair {
     let ctx = common::ctx();
     let pd = Pd::new(&ctx).unwrap();
     let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
-    let cq_a = AsyncCq::new(&ctx, depth).unwrap();
-    let cq_b = AsyncCq::new(&ctx, depth).unwrap();
+    let (cq_a, cq_b) = if one_channel {
+        let ch = AsyncChannel::new(&ctx).unwrap();
+        let pair = (
+            AsyncCq::on_channel(&ch, depth).unwrap(),
+            AsyncCq::on_channel(&ch, depth).unwrap(),
+        );
+        assert!(format!("{ch:?}").contains("cqs: 2"), "{ch:?}");
+        pair
+    } else {
+        (
+            AsyncCq::new(&ctx, depth).unwrap(),
+            AsyncCq::new(&ctx, depth).unwrap(),
+        )
+    };
     let gid = common::gid_index(&ctx);
     let mk = |cq: &AsyncCq| -> Qp<Rc, Init> {
         let c = cq.cq();
@@ -76,6 +89,10 @@ fn async_pair(caps: QpCaps) -> AsyncPair {
     }
 }
 
+fn async_pair(caps: QpCaps) -> AsyncPair {
+    async_pair_on(caps, false)
+}
+
 fn caps(depth: u32) -> QpCaps {
     QpCaps {
         max_send_wr: depth,
@@ -92,13 +109,14 @@ fn mr_with(pd: &Pd, data: &[u8]) -> Mr {
     mr
 }
 
-/// SEND/RECV of 1 B to 16 KiB and WRITE then READ, all awaited, bytes compared.
+/// SEND/RECV of 1 B to 16 KiB and WRITE then READ, all awaited, bytes
+/// compared; the two CQs share one channel and driver task.
 #[test]
 fn awaited_operations_move_the_right_bytes() {
     let _g = serial();
     let rt = runtime();
     rt.block_on(async {
-        let p = async_pair(caps(16));
+        let p = async_pair_on(caps(16), true);
         let sizes = [1usize, 2, 63, 64, 1000, 4096, 16384];
         for (i, &len) in sizes.iter().enumerate() {
             let data = common::pattern(len, i as u8);

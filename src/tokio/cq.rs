@@ -2,23 +2,16 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context as TaskContext, Poll, Waker};
 
-use ::tokio::io::unix::AsyncFd;
 use ::tokio::sync::Notify;
-use ::tokio::task::JoinHandle;
 
-use super::{ReadinessFd, watch};
-use crate::channel::{ACK_BATCH, CompletionChannel};
+use super::driver::AsyncChannel;
 use crate::cq::{Completion, CompletionSource, Cq, WcOpcode};
 use crate::error::{Error, Result};
 use crate::{Context, CqId};
-
-/// How many completions the driver takes per `ibv_poll_cq` round.
-const POLL_BATCH: usize = 64;
 
 /// Which queue a completion came from: sends and receives of one QP are
 /// waited for separately, so a receive can never satisfy a send's waiter.
@@ -48,14 +41,14 @@ enum Waiter {
 }
 
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     /// Requests whose futures are alive.
     waiters: HashMap<Key, Waiter>,
     /// Completions nobody awaits: requests posted without a future, and
     /// requests whose future was dropped before they completed.
     unclaimed: VecDeque<Completion>,
     /// Errors of the CQ itself (e.g. `CompletionsLost`), reported by `next`.
-    errors: VecDeque<Error>,
+    pub(crate) errors: VecDeque<Error>,
     /// The task waiting in [`AsyncCq::next`].
     next_waker: Option<Waker>,
     /// The driver stopped (its error is in `errors`): waiters fail.
@@ -68,11 +61,11 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     /// Signalled after every batch of completions: queues may have room again.
     room: Notify,
-    id: CqId,
+    pub(crate) id: CqId,
 }
 
 impl Shared {
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every
         // critical section below is a few map/queue operations).
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -98,7 +91,7 @@ impl Shared {
     }
 
     /// Hands completions to their futures, or to `next`.
-    fn dispatch(&self, done: &mut Vec<Completion>) {
+    pub(crate) fn dispatch(&self, done: &mut Vec<Completion>) {
         let mut wake = Vec::new();
         {
             let mut st = self.state();
@@ -124,7 +117,7 @@ impl Shared {
     }
 
     /// The driver failed: every waiter and `next` learn it.
-    fn stop(&self, error: Error) {
+    pub(crate) fn stop(&self, error: Error) {
         let wake: Vec<Waker> = {
             let mut st = self.state();
             st.stopped = true;
@@ -187,50 +180,54 @@ impl Shared {
 
 /// A completion queue driven by a tokio task: awaitable completions.
 ///
-/// [`AsyncCq::new`] creates a CQ on a completion channel of its own and spawns
-/// a driver task on the current tokio runtime. The driver polls the CQ; when
-/// it is empty it arms it, polls once more (a completion that arrived before
-/// the arm raised no event), and sleeps on the channel's
-/// [readiness](crate::Readiness) handle through [`AsyncFd`]. Events are
-/// acknowledged in batches of [`ACK_BATCH`].
+/// [`AsyncCq::new`] creates a CQ on a completion channel of its own;
+/// [`AsyncCq::on_channel`] puts several CQs on one [`AsyncChannel`]. The
+/// channel's driver task polls each CQ that has work; when one is empty it
+/// arms it, polls once more (a completion that arrived before the arm raised
+/// no event), and the driver sleeps on the channel's
+/// [readiness](crate::Readiness) handle through tokio's `AsyncFd`. Events are
+/// acknowledged in batches of [`ACK_BATCH`](crate::channel::ACK_BATCH).
 ///
 /// Each completion goes to the future of the operation that posted it
 /// ([`AsyncQp`](super::AsyncQp)); completions nobody awaits (requests posted
 /// with `post_*`, SRQ receives, and requests whose future was dropped) are
 /// returned by [`next`](Self::next) with their buffers.
 ///
-/// Dropping the `AsyncCq` stops the driver. QPs created on it keep the CQ
-/// itself alive, as with [`Cq`].
+/// Dropping the `AsyncCq` takes it off its channel; futures still waiting on
+/// it then fail instead of hanging. QPs created on it keep the CQ itself
+/// alive, as with [`Cq`].
 pub struct AsyncCq {
     shared: Arc<Shared>,
-    driver: JoinHandle<()>,
+    channel: AsyncChannel,
 }
 
 impl AsyncCq {
-    /// A CQ of at least `depth` entries with its own completion channel, and
-    /// its driver task on the current runtime. Fails outside a tokio runtime.
+    /// A CQ of at least `depth` entries with a completion channel (and driver
+    /// task, on the current runtime) of its own. Fails outside a tokio runtime.
     pub fn new(ctx: &Context, depth: u32) -> Result<AsyncCq> {
-        let handle =
-            ::tokio::runtime::Handle::try_current().map_err(|_| Error::InvalidArgument {
-                what: "AsyncCq::new",
-                reason:
-                    "called outside a tokio runtime; create it inside one (e.g. in #[tokio::main])"
-                        .into(),
-            })?;
-        let channel = CompletionChannel::new(ctx)?;
-        let cq = Cq::with_channel(ctx, depth, &channel)?;
-        let fd = channel.readiness()?.as_raw_fd();
-        // SAFETY: the readiness handle belongs to `channel`, which moves into
-        // `Watch` next to `watched`, declared after it (dropped after it).
-        let watched = unsafe { watch(fd, "registering a completion channel with tokio")? };
+        AsyncCq::on_channel(&AsyncChannel::new(ctx)?, depth)
+    }
+
+    /// A CQ of at least `depth` entries on `channel`, whose driver task serves
+    /// it together with the channel's other CQs.
+    pub fn on_channel(channel: &AsyncChannel, depth: u32) -> Result<AsyncCq> {
+        let cq = Cq::with_channel(channel.context(), depth, channel.channel())?;
         let shared = Arc::new(Shared {
             id: cq.id(),
             cq: Mutex::new(cq),
             state: Mutex::new(State::default()),
             room: Notify::new(),
         });
-        let driver = handle.spawn(drive(shared.clone(), Watch { watched, channel }));
-        Ok(AsyncCq { shared, driver })
+        channel.attach(&shared);
+        Ok(AsyncCq {
+            shared,
+            channel: channel.clone(),
+        })
+    }
+
+    /// The channel whose driver serves this CQ.
+    pub fn channel(&self) -> &AsyncChannel {
+        &self.channel
     }
 
     /// The CQ, to create QPs on: `let c = cq.cq(); Qp::new(&pd, &c, &c, caps)`.
@@ -279,7 +276,7 @@ impl AsyncCq {
 
 impl Drop for AsyncCq {
     fn drop(&mut self) {
-        self.driver.abort();
+        self.channel.detach(self.shared.id);
         self.shared
             .stop(Error::Other("the AsyncCq was dropped".into()));
     }
@@ -318,67 +315,5 @@ impl Future for Next<'_> {
         }
         st.next_waker = Some(cx.waker().clone());
         Poll::Pending
-    }
-}
-
-struct Watch {
-    // Field order is drop order: deregister from tokio while the descriptor is open.
-    watched: AsyncFd<ReadinessFd>,
-    channel: CompletionChannel,
-}
-
-/// The driver task: poll, dispatch, arm, poll again, sleep on the channel.
-async fn drive(shared: Arc<Shared>, watch: Watch) {
-    if let Err(e) = drive_loop(&shared, &watch).await {
-        shared.stop(e);
-    }
-}
-
-async fn drive_loop(shared: &Shared, watch: &Watch) -> Result<()> {
-    let mut done: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
-    let mut rounds = 0u32;
-    loop {
-        let (n, lost) = poll_into(shared, &mut done);
-        if let Some(e) = lost {
-            shared.state().errors.push_back(e);
-        }
-        if n? > 0 {
-            shared.dispatch(&mut done);
-            rounds += 1;
-            if rounds % 16 == 0 {
-                // Busy CQ: let the tasks we woke run.
-                ::tokio::task::yield_now().await;
-            }
-            continue;
-        }
-        shared.cq().req_notify(false)?;
-        let (n, lost) = poll_into(shared, &mut done);
-        if let Some(e) = lost {
-            shared.state().errors.push_back(e);
-        }
-        if n? > 0 {
-            shared.dispatch(&mut done);
-            continue;
-        }
-        let mut ready = watch.watched.readable().await.map_err(|source| Error::Io {
-            what: "waiting for the completion channel",
-            source,
-        })?;
-        while watch.channel.try_next()?.is_some() {}
-        ready.clear_ready();
-        let mut cq = shared.cq();
-        if cq.unacked_events() >= ACK_BATCH {
-            cq.ack_events();
-        }
-    }
-}
-
-/// One poll of the CQ into `done`: the count, and a lost-completions report
-/// (the completions of that poll are in `done` either way).
-fn poll_into(shared: &Shared, done: &mut Vec<Completion>) -> (Result<usize>, Option<Error>) {
-    match shared.cq().poll(done) {
-        Ok(n) => (Ok(n), None),
-        Err(e @ Error::CompletionsLost { .. }) => (Ok(done.len()), Some(e)),
-        Err(e) => (Err(e), None),
     }
 }

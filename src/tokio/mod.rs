@@ -25,11 +25,12 @@
 //! ```
 //!
 //! # How it works
-//! An [`AsyncCq`] owns a CQ on a completion channel of its own and a driver
-//! task (spawned on the runtime it was created in) that polls the CQ, and when
-//! the CQ is empty arms it, polls once more and sleeps on the channel's
-//! [`Readiness`](crate::Readiness) handle through tokio's `AsyncFd`; events
-//! are acknowledged in batches. Each completion is handed to the future that
+//! An [`AsyncCq`] is a CQ on an [`AsyncChannel`]: a completion channel (its
+//! own, or shared by many CQs) with a driver task, spawned on the runtime it
+//! was created in, that polls each CQ with work, and when a CQ is empty arms
+//! it, polls once more and sleeps on the channel's
+//! [`Readiness`](crate::Readiness) handle through tokio's `AsyncFd`; the
+//! events name the CQs to poll next and are acknowledged in batches. Each completion is handed to the future that
 //! awaits it, or queued for [`AsyncCq::next`].
 //!
 //! [`AsyncQp`] numbers its requests itself and registers each one on its CQ
@@ -59,11 +60,13 @@
 
 mod cm;
 mod cq;
+mod driver;
 mod events;
 mod qp;
 
 pub use cm::{AsyncCmId, Listener};
 pub use cq::{AsyncCq, Next};
+pub use driver::AsyncChannel;
 pub use events::AsyncEventStream;
 pub use qp::AsyncQp;
 

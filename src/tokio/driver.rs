@@ -1,0 +1,238 @@
+//! [`AsyncChannel`]: a completion channel and the task that serves its CQs.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use ::tokio::io::unix::AsyncFd;
+use ::tokio::sync::Notify;
+use ::tokio::task::JoinHandle;
+
+use super::cq::Shared;
+use super::{ReadinessFd, watch};
+use crate::channel::{ACK_BATCH, CompletionChannel};
+use crate::cq::Completion;
+use crate::error::{Error, Result};
+use crate::{Context, CqId};
+
+/// How many completions the driver takes per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 64;
+
+/// Polls of one CQ before the driver moves on to the channel's other CQs
+/// (and lets the tasks it woke run).
+const ROUNDS_PER_TURN: usize = 16;
+
+/// A completion channel whose driver task serves every [`AsyncCq`](super::AsyncCq)
+/// created on it ([`AsyncCq::on_channel`](super::AsyncCq::on_channel)).
+///
+/// One channel and one task for many CQs: the driver reads which CQ each
+/// event names and polls that one. Cheap to clone; the driver stops when
+/// the last clone and the last CQ on it are dropped.
+#[derive(Clone)]
+pub struct AsyncChannel {
+    inner: Arc<ChannelInner>,
+}
+
+struct ChannelInner {
+    channel: CompletionChannel,
+    registry: Arc<Registry>,
+    driver: JoinHandle<()>,
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// The CQs on a channel, shared by the handles and the driver.
+#[derive(Default)]
+struct Registry {
+    cqs: Mutex<HashMap<CqId, Weak<Shared>>>,
+    /// CQs added since the driver last looked: polled and armed first.
+    added: Mutex<Vec<Arc<Shared>>>,
+    kick: Notify,
+}
+
+impl Registry {
+    fn cqs(&self) -> MutexGuard<'_, HashMap<CqId, Weak<Shared>>> {
+        self.cqs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn added(&self) -> MutexGuard<'_, Vec<Arc<Shared>>> {
+        self.added.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl AsyncChannel {
+    /// A completion channel on `ctx` and its driver task, spawned on the
+    /// current tokio runtime. Fails outside a runtime.
+    pub fn new(ctx: &Context) -> Result<AsyncChannel> {
+        let channel = CompletionChannel::new(ctx)?;
+        let fd = channel.readiness()?.as_raw_fd();
+        // SAFETY: the readiness handle belongs to `channel`; a clone of it
+        // moves into `Watch` next to `watched`, declared after it (dropped
+        // after it), and keeps the descriptor open until then.
+        let watched = unsafe { watch(fd, "registering a completion channel with tokio")? };
+        let registry = Arc::new(Registry::default());
+        let driver = ::tokio::spawn(drive(
+            registry.clone(),
+            Watch {
+                watched,
+                channel: channel.clone(),
+            },
+        ));
+        Ok(AsyncChannel {
+            inner: Arc::new(ChannelInner {
+                channel,
+                registry,
+                driver,
+            }),
+        })
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Context {
+        self.inner.channel.context()
+    }
+
+    /// The underlying channel.
+    pub(crate) fn channel(&self) -> &CompletionChannel {
+        &self.inner.channel
+    }
+
+    /// Hands a new CQ to the driver.
+    pub(crate) fn attach(&self, cq: &Arc<Shared>) {
+        let reg = &self.inner.registry;
+        reg.cqs().insert(cq.id, Arc::downgrade(cq));
+        reg.added().push(cq.clone());
+        reg.kick.notify_one();
+    }
+
+    /// Takes a CQ off the driver (its handle is being dropped).
+    pub(crate) fn detach(&self, id: CqId) {
+        let reg = &self.inner.registry;
+        reg.cqs().remove(&id);
+        reg.added().retain(|s| s.id != id);
+    }
+}
+
+impl std::fmt::Debug for AsyncChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncChannel")
+            .field("cqs", &self.inner.registry.cqs().len())
+            .finish()
+    }
+}
+
+struct Watch {
+    // Field order is drop order: deregister from tokio while the descriptor is open.
+    watched: AsyncFd<ReadinessFd>,
+    channel: CompletionChannel,
+}
+
+/// The driver: serve the CQs with work, then sleep until an event or a new CQ.
+async fn drive(registry: Arc<Registry>, watch: Watch) {
+    let mut done: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+    let mut pending: Vec<Arc<Shared>> = Vec::new();
+    loop {
+        pending.append(&mut registry.added());
+        let mut busy = Vec::new();
+        for cq in pending.drain(..) {
+            match serve(&cq, &mut done) {
+                Ok(true) => busy.push(cq),
+                Ok(false) => {}
+                Err(e) => cq.stop(e),
+            }
+        }
+        pending = busy;
+        // Events of the other CQs are read between turns, so a busy CQ
+        // cannot starve them.
+        if let Err(e) = read_events(&registry, &watch.channel, &mut pending) {
+            return stop_all(&registry, &e);
+        }
+        if !pending.is_empty() {
+            ::tokio::task::yield_now().await;
+            continue;
+        }
+        ::tokio::select! {
+            ready = watch.watched.readable() => {
+                let mut ready = match ready {
+                    Ok(r) => r,
+                    Err(e) => return stop_all(&registry, &e.to_string()),
+                };
+                if let Err(e) = read_events(&registry, &watch.channel, &mut pending) {
+                    return stop_all(&registry, &e);
+                }
+                if pending.is_empty() {
+                    // Read until empty: the next event is a new edge.
+                    ready.clear_ready();
+                }
+            }
+            () = registry.kick.notified() => {}
+        }
+    }
+}
+
+/// Reads every pending event, adding the CQs they name to `pending` once.
+fn read_events(
+    registry: &Registry,
+    channel: &CompletionChannel,
+    pending: &mut Vec<Arc<Shared>>,
+) -> std::result::Result<(), String> {
+    while let Some(id) = channel.try_next().map_err(|e| e.to_string())? {
+        let cq = registry.cqs().get(&id).and_then(Weak::upgrade);
+        if let Some(cq) = cq
+            && !pending.iter().any(|p| Arc::ptr_eq(p, &cq))
+        {
+            pending.push(cq);
+        }
+    }
+    Ok(())
+}
+
+/// Polls `cq` for up to [`ROUNDS_PER_TURN`] batches; when it is empty, arms
+/// it and polls once more. `Ok(true)`: it still has work (serve it again).
+fn serve(cq: &Shared, done: &mut Vec<Completion>) -> Result<bool> {
+    for _ in 0..ROUNDS_PER_TURN {
+        if poll_into(cq, done)? > 0 {
+            cq.dispatch(done);
+            continue;
+        }
+        let mut c = cq.cq();
+        if c.unacked_events() >= ACK_BATCH {
+            c.ack_events();
+        }
+        c.req_notify(false)?;
+        drop(c);
+        if poll_into(cq, done)? == 0 {
+            return Ok(false);
+        }
+        cq.dispatch(done);
+    }
+    Ok(true)
+}
+
+/// One poll into `done`; a lost-completions report is queued for `next`
+/// (the completions of that poll are in `done` either way).
+fn poll_into(cq: &Shared, done: &mut Vec<Completion>) -> Result<usize> {
+    let polled = cq.cq().poll(done);
+    match polled {
+        Ok(n) => Ok(n),
+        Err(e @ Error::CompletionsLost { .. }) => {
+            cq.state().errors.push_back(e);
+            Ok(done.len())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The channel failed: every CQ on it stops, its waiters fail.
+fn stop_all(registry: &Registry, error: &str) {
+    let cqs: Vec<Arc<Shared>> = registry.cqs().values().filter_map(Weak::upgrade).collect();
+    for cq in cqs {
+        cq.stop(Error::Other(format!(
+            "the completion channel failed: {error}"
+        )));
+    }
+}
