@@ -23,6 +23,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod ah;
 pub mod channel;
 pub mod cm;
 pub mod context;
@@ -40,6 +41,7 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 
+pub use ah::AddressHandle;
 pub use channel::{CompletionChannel, CqId, Readiness};
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};
 pub use context::{Context, DeviceAttr, PortAttr};
@@ -55,6 +57,7 @@ pub use gdr::{GdrMode, GdrPath, GpuBuffer};
 pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
 pub use pd::Pd;
 pub use qp::{
-    Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
-    TransitionError,
+    AddressVector, Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
+    TransitionError, Uc, UcInitAttr, UcRtrAttr, UcSendWr, Ud, UdInitAttr, UdMessage, UdRecvWr,
+    UdSendWr,
 };

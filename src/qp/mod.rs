@@ -128,6 +128,8 @@ pub(crate) mod ring;
 mod sges;
 pub mod state;
 pub(crate) mod table;
+mod uc;
+mod ud;
 pub mod wr;
 
 #[cfg(test)]
@@ -147,9 +149,14 @@ use crate::pd::Pd;
 
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
+    UcInitAttr, UcRtrAttr, UdInitAttr,
 };
 pub use sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
-pub use state::{CanPostRecv, CanPostSend, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
+pub use state::{
+    CanPostRecv, CanPostSend, Connected, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
+};
+pub use uc::UcSendWr;
+pub use ud::{UdMessage, UdRecvWr, UdSendWr};
 pub use wr::{RecvWr, SendWr};
 
 use queue::{RecvQueue, SendQueue};
@@ -174,6 +181,8 @@ struct QpCore {
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Pd,
+    /// UD only: the address handles of posted sends and the largest payload.
+    ud: Option<Box<ud::UdState>>,
     /// Dropped after the QP is destroyed (e.g. the rdma_cm id that created it).
     _keepalive: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -190,9 +199,11 @@ impl Drop for QpCore {
         // the NIC no longer touches its buffers and generates no completion for it.
         let rc = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
         if rc != 0 {
-            // The QP survives, so its buffers and rings must too: leak them.
+            // The QP survives, so its buffers, rings and address handles
+            // must too: leak them.
             std::mem::forget(self.sq.clone());
             std::mem::forget(self.rq.clone());
+            std::mem::forget(self.ud.take());
             return;
         }
         // Release the buffers now (no need to wait for the CQ to be polled);
@@ -213,7 +224,13 @@ impl QpCore {
     /// and any whose completion `poll_raw` consumed. The poller recognises it
     /// by its slot and does not hand it out. A provider that refuses the post
     /// leaves things as they were (the ring slot is taken back).
+    ///
+    /// Not on UD: a UD send needs an address handle, and UD sends are always
+    /// signaled, so every one of them completes (or is flushed) anyway.
     fn post_drain_marker(&mut self) {
+        if self.ud.is_some() {
+            return;
+        }
         let (ring, head) = (&self.sq, &mut self.sq_head);
         let in_flight = ring.in_flight(*head);
         if in_flight == 0 || in_flight >= ring.depth() {
@@ -258,6 +275,9 @@ impl QpCore {
         }
         let hint = match (rc.abs(), to) {
             (libc::EINVAL, "INIT") => Some("check the port number and pkey index".to_owned()),
+            (libc::EINVAL, "RTS") if mask == attr::sq_psn_only(0).1 => {
+                Some("check the SQ PSN (24 bits)".to_owned())
+            }
             (libc::EINVAL | libc::ENODATA, "RTR") => Some(
                 "check the remote QPN, the GID index (sgid_index must exist on this port; RoCE needs a GRH), \
                  the path MTU (at most the port's active_mtu) and max_dest_rd_atomic"
@@ -438,6 +458,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 send_cq: send_cq.inner.clone(),
                 recv_cq: recv_cq.inner.clone(),
                 pd: pd.clone(),
+                ud: None,
                 _keepalive: keepalive,
             },
             _marker: PhantomData,
@@ -619,11 +640,22 @@ impl<T: QpType, S: QpState> Qp<T, S> {
 
 impl Qp<Rc, Reset> {
     /// RESET → INIT.
-    pub fn init(mut self, attr: InitAttr) -> Result<Qp<Rc, Init>, TransitionError<Qp<Rc, Reset>>> {
-        let port = self.core.port;
-        self.core.port = attr.port;
-        self.transition(attr.to_ffi()).map_err(|mut e| {
-            e.qp.core.port = port;
+    pub fn init(self, attr: InitAttr) -> Result<Qp<Rc, Init>, TransitionError<Qp<Rc, Reset>>> {
+        self.init_on(attr.port, attr.to_ffi())
+    }
+}
+
+impl<T: QpType> Qp<T, Reset> {
+    /// RESET → INIT on `port` (remembered for [`endpoint`](Qp::endpoint)).
+    fn init_on(
+        mut self,
+        port: u8,
+        attr: (ffi::ibv_qp_attr, u32),
+    ) -> Result<Qp<T, Init>, TransitionError<Qp<T, Reset>>> {
+        let old = self.core.port;
+        self.core.port = port;
+        self.transition(attr).map_err(|mut e| {
+            e.qp.core.port = old;
             e
         })
     }
@@ -637,10 +669,8 @@ impl Qp<Rc, Init> {
     /// peer's GID; one without is refused here with an error that says so
     /// (the kernel would only say EINVAL).
     pub fn rtr(self, attr: RtrAttr) -> Result<Qp<Rc, Rtr>, TransitionError<Qp<Rc, Init>>> {
-        let error = check_bits("dest QPN", attr.dest_qpn, 24)
-            .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
-            .or_else(|| check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5))
-            .or_else(|| self.check_roce_grh(&attr.av));
+        let error = check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5)
+            .or_else(|| self.check_rtr(&attr));
         if let Some(error) = error {
             return Err(TransitionError { qp: self, error });
         }
@@ -654,15 +684,33 @@ impl Qp<Rc, Init> {
     /// A failure destroys the QP (its buffers are released) and returns the error.
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Rc, Rts>> {
         let port = self.core.port;
-        let ctx = self.core.pd.context().clone();
+        let (mtu, gid_index) = self.connect_defaults(gid_index)?;
+        let sq_psn = self.core.psn;
+        let qp = self.rtr(RtrAttr::new(remote, port, mtu, gid_index))?;
+        Ok(qp.rts(RtsAttr::new(sq_psn))?)
+    }
+}
+
+impl<T: QpType> Qp<T, Init> {
+    /// The checks of INIT → RTR common to RC and UC: wire field widths and
+    /// the GRH RoCE needs.
+    fn check_rtr(&self, attr: &RtrAttr) -> Option<Error> {
+        check_bits("dest QPN", attr.dest_qpn, 24)
+            .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
+            .or_else(|| self.check_roce_grh(&attr.av))
+    }
+
+    /// The path MTU and GID index `connect` uses: the port's active MTU, and
+    /// `gid_index` or the port's default.
+    fn connect_defaults(&self, gid_index: Option<u8>) -> Result<(crate::Mtu, Option<u8>)> {
+        let port = self.core.port;
+        let ctx = self.core.pd.context();
         let mtu = ctx.query_port(port)?.active_mtu;
         let gid_index = match gid_index {
             Some(i) => Some(i),
             None => ctx.default_gid_index(port)?,
         };
-        let sq_psn = self.core.psn;
-        let qp = self.rtr(RtrAttr::new(remote, port, mtu, gid_index))?;
-        Ok(qp.rts(RtsAttr::new(sq_psn))?)
+        Ok((mtu, gid_index))
     }
 
     /// On an Ethernet (RoCE) port: a GRH, towards a non-zero GID.
@@ -743,7 +791,7 @@ fn check_bits(what: &'static str, v: u32, bits: u32) -> Option<Error> {
 
 // The state bounds sit on the methods (not the impl) so that calling one in
 // the wrong state reports the trait's diagnostic ("connect the QP first").
-impl<T: QpType, S: QpState> Qp<T, S> {
+impl<T: Connected, S: QpState> Qp<T, S> {
     /// Posts one receive; its buffers return with the completion.
     #[inline]
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>
@@ -765,7 +813,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     {
         queue::post_list::<RecvQueue>(&mut self.core, wrs)
     }
+}
 
+impl<T: QpType, S: QpState> Qp<T, S> {
     /// Posts a C receive work request list as is (`ibv_post_recv`).
     ///
     /// # Safety
@@ -800,7 +850,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 }
 
-impl<T: QpType, S: QpState> Qp<T, S> {
+impl<S: QpState> Qp<Rc, S> {
     /// Posts one send-queue work request; its buffers return with the completion.
     #[inline]
     pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError>
@@ -826,7 +876,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     {
         queue::post_list::<SendQueue<'a>>(&mut self.core, wrs)
     }
+}
 
+impl<T: QpType, S: QpState> Qp<T, S> {
     /// Posts a C send work request list as is (`ibv_post_send`).
     ///
     /// # Safety
