@@ -6,6 +6,16 @@
 //! and [`reset`](Qp::reset) from any state (ERR not from RESET). Each transition consumes the QP and
 //! takes exactly the attributes the kernel requires; a refused transition
 //! hands the QP back in its old state inside [`TransitionError`].
+//!
+//! UC ([`Uc`]: SEND and RDMA WRITE, unacknowledged) and UD ([`Ud`]:
+//! datagrams through an [`AddressHandle`](crate::AddressHandle)) have the
+//! same states with their own constructors ([`Qp::new_uc`], [`Qp::new_ud`]),
+//! transition attributes ([`UcInitAttr`], [`UcRtrAttr`], [`UdInitAttr`]; no
+//! retry or RNR attributes, no remote at UD's RTR) and request types
+//! ([`UcSendWr`]: no READ or atomics; [`UdSendWr`]: SEND naming its address
+//! handle, remote QPN and Q_Key; [`UdRecvWr`]: the GRH apart from the
+//! payload). What a transport cannot do has no constructor, so it does not
+//! compile (see `tests/ui`).
 //! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send)
 //! only in RTS; misuse does not compile:
 //!
@@ -78,7 +88,8 @@
 //!   [`crate::mr`]).
 //!
 //! # What the argument relies on
-//! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`.
+//! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`
+//! (UD rows: `tests/vm_ud_uc.rs` and `qp::device_tests`).
 //!
 //! | Assumption | Source | Test |
 //! |---|---|---|
@@ -87,11 +98,17 @@
 //! | ERR flushes every posted request with a completion | `ibv_modify_qp(3)` / IB spec 10.3.1 (error state: "work requests are completed in error") | `the_error_state_flushes_every_posted_request` |
 //! | `wr_id`, `status`, `qp_num` are written for every completion; other fields only as the status and opcode make them valid | `ibv_poll_cq(3)`; rdma-core `providers/mlx5/cq.c` leaves the rest unwritten | `cq::tests` (host, poisoned entries), `failed_completions_report_what_was_posted` |
 //! | A CQ of depth `d` holds `d` completions | `ibv_create_cq(3)` (`cqe` is the minimum; the actual depth is read back) | `queues_that_would_overrun_the_cq_are_refused` |
+//! | A UD receive's first 40 bytes take the GRH: with a 40-byte first SGE the GRH fills it and the payload starts at the second; `byte_len` counts the 40 | IB spec vol. 1, 11.4.1.2 (`ibv_post_recv(3)`: "the first 40 bytes of the buffer"); Linux rxe `send_data_in` of the GRH before the payload (drivers/infiniband/sw/rxe/rxe_resp.c) | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` |
+//! | A UD receive's GRH bytes are the IPv6 GRH, or on RoCE v2/IPv4 an IPv4 header in bytes 20..40 | rdma-core `ibv_init_ah_from_wc` (libibverbs/verbs.c) reads them so | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` (`sgid`, `from_completion`) |
 //!
 //! Not relied on: that RESET discards posted work (some rxe versions keep
 //! posted receives), hence the drained-QP rule above
 //! (`reset_needs_a_drained_qp`); that `wr_id`s are ours (validated tokens,
-//! `foreign_wr_ids_are_never_dereferenced`).
+//! `foreign_wr_ids_are_never_dereferenced`); that a provider copies a UD
+//! send's address vector at post time (rxe and mlx5 do): the QP keeps a clone
+//! of the [`AddressHandle`](crate::AddressHandle) until the send's slot is
+//! reused or the QP is destroyed
+//! (`a_ud_qp_keeps_its_address_handles_until_done_and_drops_everything_once`).
 //!
 //! Misuse that remains possible in safe code is harmless: completions
 //! consumed by [`Cq::poll_raw`](crate::Cq::poll_raw) leave their buffers in

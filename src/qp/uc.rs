@@ -27,7 +27,7 @@ use crate::qp::wr::SendWr;
 
 /// A UC send-queue work request: SEND or RDMA WRITE (with or without
 /// immediate data). Built like [`SendWr`], posted with
-/// [`Qp::post_send`](Qp#method.post_send-1) on a `Qp<Uc, Rts>`.
+/// `post_send` on a `Qp<Uc, Rts>`.
 #[derive(Debug)]
 pub struct UcSendWr<'a>(pub(crate) SendWr<'a>);
 

@@ -63,7 +63,7 @@ pub(crate) struct UdState {
 
 /// A UD send: SEND (with or without immediate data) of at most one path MTU
 /// to `remote_qpn` through an address handle, with the receiver's Q_Key.
-/// Posted with [`Qp::post_send`](Qp#method.post_send-2) on a `Qp<Ud, Rts>`;
+/// Posted with `post_send` on a `Qp<Ud, Rts>`;
 /// always signaled.
 #[derive(Debug)]
 pub struct UdSendWr<'a> {
