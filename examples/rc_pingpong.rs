@@ -31,46 +31,23 @@ use std::process::ExitCode;
 mod pingpong;
 
 use pingpong::{
-    LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint, num,
-    post_receives, run_loop, setup,
+    Common, LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint,
+    main_with, post_receives, run_loop, setup,
 };
-use rdma_verbs::exchange;
 use rdma_verbs::qp::Init;
-use rdma_verbs::{AccessFlags, Endpoint, InitAttr, Mtu, Qp, Rc, RtrAttr, RtsAttr, ffi};
+use rdma_verbs::{AccessFlags, Endpoint, InitAttr, Qp, Rc, RtrAttr, RtsAttr, ffi};
 
+/// The C program's options: the common ones, ODP and the data check.
 struct Opts {
-    port: u16,
-    ib_devname: Option<String>,
-    ib_port: u8,
-    size: usize,
-    mtu: Mtu,
-    rx_depth: u32,
-    iters: u32,
-    sl: u8,
-    use_event: bool,
-    gidx: Option<u8>,
+    c: Common,
     use_odp: bool,
     validate: bool,
-    servername: Option<String>,
 }
 
-impl Default for Opts {
-    fn default() -> Opts {
-        Opts {
-            port: exchange::DEFAULT_PORT,
-            ib_devname: None,
-            ib_port: 1,
-            size: 4096,
-            mtu: Mtu::Mtu1024,
-            rx_depth: 500,
-            iters: 1000,
-            sl: 0,
-            use_event: false,
-            gidx: None,
-            use_odp: false,
-            validate: false,
-            servername: None,
-        }
+impl std::ops::Deref for Opts {
+    type Target = Common;
+    fn deref(&self) -> &Common {
+        &self.c
     }
 }
 
@@ -116,45 +93,21 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         ("dm", 'j', false),
         ("new_send", 'N', false),
     ];
-    let (opts, mut positional) = getopt(args, LONG)?;
-    let mut o = Opts::default();
+    let (opts, positional) = getopt(args, LONG)?;
+    let mut o = Opts {
+        c: Common::new(4096),
+        use_odp: false,
+        validate: false,
+    };
     for (c, v) in opts {
         match c {
-            'p' => o.port = num('p', &v)?,
-            'd' => o.ib_devname = Some(v),
-            'i' => {
-                o.ib_port = num('i', &v)?;
-                if o.ib_port < 1 {
-                    return Err("-i must be at least 1".into());
-                }
-            }
-            's' => o.size = num('s', &v)?,
-            'm' => {
-                let bytes: u32 = num('m', &v)?;
-                o.mtu = Mtu::from_bytes(bytes)
-                    .ok_or_else(|| format!("invalid MTU {v} (256, 512, 1024, 2048 or 4096)"))?;
-            }
-            'r' => o.rx_depth = num('r', &v)?,
-            'n' => o.iters = num('n', &v)?,
-            'l' => o.sl = num('l', &v)?,
-            'e' => o.use_event = true,
-            'g' => {
-                let g: i64 = num('g', &v)?;
-                o.gidx = u8::try_from(g).ok();
-            }
             'o' => o.use_odp = true,
             'c' => o.validate = true,
+            c if o.c.apply(c, &v)? => {}
             other => return Err(format!("option -{other} is not supported by this port")),
         }
     }
-    match positional.len() {
-        0 => {}
-        1 => o.servername = positional.pop(),
-        _ => return Err("too many arguments".into()),
-    }
-    if o.rx_depth == 0 {
-        return Err("-r must be at least 1".into());
-    }
+    o.c.finish(positional)?;
     Ok(o)
 }
 
@@ -180,30 +133,7 @@ fn connect(
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let argv0 = args
-        .first()
-        .map_or("rc_pingpong", String::as_str)
-        .to_owned();
-    if args.iter().skip(1).any(|a| a == "-h" || a == "--help") {
-        usage(&argv0);
-        return ExitCode::SUCCESS;
-    }
-    let o = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{argv0}: {e}");
-            usage(&argv0);
-            return ExitCode::from(1);
-        }
-    };
-    match run(&o) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(1)
-        }
-    }
+    main_with("rc_pingpong", usage, parse_args, run)
 }
 
 fn run(o: &Opts) -> Result<(), String> {
@@ -279,6 +209,7 @@ fn run(o: &Opts) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
         std::iter::once("rc_pingpong")

@@ -26,43 +26,14 @@ mod pingpong;
 use std::process::ExitCode;
 
 use pingpong::{
-    LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint, num,
-    post_receives, print_dest, run_loop, setup,
+    Common, LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint,
+    main_with, post_receives, print_dest, run_loop, setup,
 };
 use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{AccessFlags, Endpoint, Mtu, Qp, Uc, UcInitAttr, UcRtrAttr, exchange};
+use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
 
-struct Opts {
-    port: u16,
-    ib_devname: Option<String>,
-    ib_port: u8,
-    size: usize,
-    mtu: Mtu,
-    rx_depth: u32,
-    iters: u32,
-    sl: u8,
-    use_event: bool,
-    gidx: Option<u8>,
-    servername: Option<String>,
-}
-
-impl Default for Opts {
-    fn default() -> Opts {
-        Opts {
-            port: exchange::DEFAULT_PORT,
-            ib_devname: None,
-            ib_port: 1,
-            size: 4096,
-            mtu: Mtu::Mtu1024,
-            rx_depth: 500,
-            iters: 1000,
-            sl: 0,
-            use_event: false,
-            gidx: None,
-            servername: None,
-        }
-    }
-}
+/// The C program's options: the common ones.
+type Opts = Common;
 
 fn usage(argv0: &str) {
     println!("Usage:");
@@ -96,40 +67,14 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         ("events", 'e', false),
         ("gid-idx", 'g', true),
     ];
-    let (opts, mut positional) = getopt(args, LONG)?;
-    let mut o = Opts::default();
+    let (opts, positional) = getopt(args, LONG)?;
+    let mut o = Common::new(4096);
     for (c, v) in opts {
-        match c {
-            'p' => o.port = num('p', &v)?,
-            'd' => o.ib_devname = Some(v),
-            'i' => {
-                o.ib_port = num('i', &v)?;
-                if o.ib_port < 1 {
-                    return Err("-i must be at least 1".into());
-                }
-            }
-            's' => o.size = num('s', &v)?,
-            'm' => {
-                let bytes: u32 = num('m', &v)?;
-                o.mtu = Mtu::from_bytes(bytes)
-                    .ok_or_else(|| format!("invalid MTU {v} (256, 512, 1024, 2048 or 4096)"))?;
-            }
-            'r' => o.rx_depth = num('r', &v)?,
-            'n' => o.iters = num('n', &v)?,
-            'l' => o.sl = num('l', &v)?,
-            'e' => o.use_event = true,
-            'g' => o.gidx = u8::try_from(num::<i64>('g', &v)?).ok(),
-            other => return Err(format!("invalid option -- '{other}'")),
+        if !o.apply(c, &v)? {
+            return Err(format!("invalid option -- '{c}'"));
         }
     }
-    match positional.len() {
-        0 => {}
-        1 => o.servername = positional.pop(),
-        _ => return Err("too many arguments".into()),
-    }
-    if o.rx_depth == 0 {
-        return Err("-r must be at least 1".into());
-    }
+    o.finish(positional)?;
     Ok(o)
 }
 
@@ -151,30 +96,7 @@ fn connect(
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let argv0 = args
-        .first()
-        .map_or("uc_pingpong", String::as_str)
-        .to_owned();
-    if args.iter().skip(1).any(|a| a == "-h" || a == "--help") {
-        usage(&argv0);
-        return ExitCode::SUCCESS;
-    }
-    let o = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{argv0}: {e}");
-            usage(&argv0);
-            return ExitCode::from(1);
-        }
-    };
-    match run(&o) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(1)
-        }
-    }
+    main_with("uc_pingpong", usage, parse_args, run)
 }
 
 fn run(o: &Opts) -> Result<(), String> {
@@ -233,6 +155,7 @@ fn run(o: &Opts) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
         std::iter::once("uc_pingpong")

@@ -2,13 +2,14 @@
 //! command line, the address lines they print, opening the device and the
 //! TCP exchange of endpoints. Included with `#[path]` by each port.
 
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::exchange::{self, ExchangeListener};
 use rdma_verbs::qp::{Connected, Init, QpState, QpType, Rts};
 use rdma_verbs::{
-    AccessFlags, Completion, CompletionChannel, Context, Cq, Endpoint, Gid, LinkLayer, Mr, Pd, Qp,
-    QpCaps, Rc, RecvWr, SendWr, Uc, UcSendWr,
+    AccessFlags, Completion, CompletionChannel, Context, Cq, Endpoint, Gid, LinkLayer, Mr, Mtu, Pd,
+    Qp, QpCaps, Rc, RecvWr, SendWr, Uc, UcSendWr,
 };
 
 /// How long the client keeps trying to reach the server.
@@ -41,6 +42,123 @@ pub fn num<T: TryFrom<i64>>(opt: char, v: &str) -> Result<T, String> {
 
 /// One long option: its name, its short letter, whether it takes a value.
 pub type LongOpt = (&'static str, char, bool);
+
+/// The options every `ibv_*_pingpong` takes, with the C programs' defaults.
+pub struct Common {
+    /// `-p`: TCP port (18515).
+    pub port: u16,
+    /// `-d`: device (the first found).
+    pub ib_devname: Option<String>,
+    /// `-i`: device port (1).
+    pub ib_port: u8,
+    /// `-s`: message size.
+    pub size: usize,
+    /// `-m`: path MTU (1024; UD has no `-m`).
+    pub mtu: Mtu,
+    /// `-r`: receives posted at a time (500).
+    pub rx_depth: u32,
+    /// `-n`: exchanges (1000).
+    pub iters: u32,
+    /// `-l`: service level (0).
+    pub sl: u8,
+    /// `-e`: sleep on CQ events.
+    pub use_event: bool,
+    /// `-g`: GID index (none).
+    pub gidx: Option<u8>,
+    /// The server to connect to (none: be the server).
+    pub servername: Option<String>,
+}
+
+impl Common {
+    /// The C programs' defaults, with message size `size`.
+    pub fn new(size: usize) -> Common {
+        Common {
+            port: rdma_verbs::exchange::DEFAULT_PORT,
+            ib_devname: None,
+            ib_port: 1,
+            size,
+            mtu: Mtu::Mtu1024,
+            rx_depth: 500,
+            iters: 1000,
+            sl: 0,
+            use_event: false,
+            gidx: None,
+            servername: None,
+        }
+    }
+
+    /// Applies option `-c` with value `v`; `Ok(false)` if it is not a common one.
+    pub fn apply(&mut self, c: char, v: &str) -> Result<bool, String> {
+        match c {
+            'p' => self.port = num('p', v)?,
+            'd' => self.ib_devname = Some(v.to_owned()),
+            'i' => {
+                self.ib_port = num('i', v)?;
+                if self.ib_port < 1 {
+                    return Err("-i must be at least 1".into());
+                }
+            }
+            's' => self.size = num('s', v)?,
+            'm' => {
+                let bytes: u32 = num('m', v)?;
+                self.mtu = Mtu::from_bytes(bytes)
+                    .ok_or_else(|| format!("invalid MTU {v} (256, 512, 1024, 2048 or 4096)"))?;
+            }
+            'r' => self.rx_depth = num('r', v)?,
+            'n' => self.iters = num('n', v)?,
+            'l' => self.sl = num('l', v)?,
+            'e' => self.use_event = true,
+            // A negative index is the C programs' "none".
+            'g' => self.gidx = u8::try_from(num::<i64>('g', v)?).ok(),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Takes the server name from the positional arguments and checks the rest.
+    pub fn finish(&mut self, mut positional: Vec<String>) -> Result<(), String> {
+        match positional.len() {
+            0 => {}
+            1 => self.servername = positional.pop(),
+            _ => return Err("too many arguments".into()),
+        }
+        if self.rx_depth == 0 {
+            return Err("-r must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// A port's `main`: `-h`/`--help` prints `usage` and exits 0; options that do
+/// not parse print the error and `usage` and exit 1; so does a failing `run`.
+pub fn main_with<O>(
+    name: &str,
+    usage: fn(&str),
+    parse: fn(&[String]) -> Result<O, String>,
+    run: fn(&O) -> Result<(), String>,
+) -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let argv0 = args.first().map_or(name, String::as_str).to_owned();
+    if args.iter().skip(1).any(|a| a == "-h" || a == "--help") {
+        usage(&argv0);
+        return ExitCode::SUCCESS;
+    }
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{argv0}: {e}");
+            usage(&argv0);
+            return ExitCode::from(1);
+        }
+    };
+    match run(&o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
 
 /// getopt_long with GNU permutation over `args` (`args[0]` is the program):
 /// the options in order, as (letter, value), and the positional arguments.
