@@ -438,3 +438,42 @@ fn ud_pingpong_refuses_a_message_over_the_mtu() {
         "{err}"
     );
 }
+
+#[test]
+fn the_ports_answer_help_and_refuse_bad_input_with_exit_1() {
+    let run = |name: &str, args: &[&str]| {
+        let out = std::process::Command::new(example(name))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for name in ["ud_pingpong", "uc_pingpong"] {
+        let (code, out, _) = run(name, &["--help"]);
+        assert_eq!(code, Some(0), "{name} --help");
+        assert!(out.contains("--gid-idx=<gid index>"), "{out}");
+        for (args, says) in [
+            (&["-x"][..], "invalid option -- 'x'"),
+            (&["-r", "0"][..], "-r must be at least 1"),
+            (&["-p", "70000"][..], "invalid value `70000` for -p"),
+            (&["a", "b"][..], "too many arguments"),
+            (&["-d", "nosuchdev"][..], "IB device nosuchdev not found"),
+        ] {
+            let (code, _, err) = run(name, args);
+            assert_eq!(code, Some(1), "{name} {args:?}: {err}");
+            assert!(err.contains(says), "{name} {args:?}: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+    // ibv_ud_pingpong has no -m: the path MTU is the port's.
+    let (code, _, err) = run("ud_pingpong", &["-m", "1024"]);
+    assert_eq!(
+        (code, err.contains("invalid option -- 'm'")),
+        (Some(1), true),
+        "{err}"
+    );
+}
