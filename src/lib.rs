@@ -8,6 +8,9 @@
 //!   in RTS does not compile ([`qp`]).
 //! * A data path that safe code cannot misuse: posting moves buffers into the
 //!   QP, polling the completion gives them back ([`qp`] explains why it is sound).
+//! * RC, UC and UD transports ([`Rc`], [`Uc`], [`Ud`]): each takes only the
+//!   requests it can carry (no READ on UC, every UD send names its
+//!   [`AddressHandle`], remote QPN and Q_Key; UD receives keep the GRH apart).
 //! * [`ffi`]: the raw bindings, generated from rdma-core's headers.
 //!
 //! The [`guide`] walks from opening a device to an RDMA WRITE application and
