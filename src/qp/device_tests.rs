@@ -204,6 +204,28 @@ fn a_ud_qp_keeps_its_address_handles_until_done_and_drops_everything_once() {
         cq.poll_n(&mut out, 1, Duration::from_secs(20)).unwrap();
     }
     assert!(count() <= 1 + 4, "{} clones", count());
+    // A list whose second request is refused (over the MTU): the first is
+    // posted and keeps its clone; the refused one and the one never pulled
+    // drop theirs.
+    let before = count();
+    let big = Mr::new(&pd, a.max_message() as usize + 1, AccessFlags::LOCAL_WRITE).unwrap();
+    let e = a
+        .post_send_list([
+            UdSendWr::send(30, &ah, nobody, 7),
+            UdSendWr::send_from(31, big, &ah, nobody, 7),
+            UdSendWr::send(32, &ah, nobody, 7),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(e.error, crate::Error::MessageTooLong { .. }),
+        "{e}"
+    );
+    // The refused request comes back; the list is not pulled any further.
+    assert_eq!(e.unposted.iter().map(|u| u.0).collect::<Vec<_>>(), [31]);
+    drop(e);
+    cq.poll_n(&mut out, 1, Duration::from_secs(20)).unwrap();
+    assert_eq!(out.last().unwrap().wr_id, 30);
+    assert!(count() <= before + 1, "{} clones", count());
 
     // Work in flight when the QP goes: receives that never complete and
     // sends whose completions nobody polled. Every buffer drops exactly once.
