@@ -26,54 +26,28 @@
 //! `cargo xtask run -- sh -c 'ibv_rc_pingpong -g 1 & sleep 1; target/debug/examples/rc_pingpong -g 1 10.99.0.1'`
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
-use rdma_verbs::exchange::{self, ExchangeListener};
-use rdma_verbs::qp::Init;
-use rdma_verbs::{
-    AccessFlags, CompletionChannel, Context, Cq, Endpoint, Gid, InitAttr, LinkLayer, Mr, Mtu, Pd,
-    Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr, ffi,
+#[path = "shared/pingpong.rs"]
+mod pingpong;
+
+use pingpong::{
+    Common, LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint,
+    main_with, post_receives, run_loop, setup,
 };
+use rdma_verbs::qp::Init;
+use rdma_verbs::{AccessFlags, Endpoint, InitAttr, Qp, Rc, RtrAttr, RtsAttr, ffi};
 
-const RECV_WRID: u64 = 1;
-const SEND_WRID: u64 = 2;
-
-/// How long the client keeps trying to reach the server.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
+/// The C program's options: the common ones, ODP and the data check.
 struct Opts {
-    port: u16,
-    ib_devname: Option<String>,
-    ib_port: u8,
-    size: usize,
-    mtu: Mtu,
-    rx_depth: u32,
-    iters: u32,
-    sl: u8,
-    use_event: bool,
-    gidx: Option<u8>,
+    c: Common,
     use_odp: bool,
     validate: bool,
-    servername: Option<String>,
 }
 
-impl Default for Opts {
-    fn default() -> Opts {
-        Opts {
-            port: exchange::DEFAULT_PORT,
-            ib_devname: None,
-            ib_port: 1,
-            size: 4096,
-            mtu: Mtu::Mtu1024,
-            rx_depth: 500,
-            iters: 1000,
-            sl: 0,
-            use_event: false,
-            gidx: None,
-            use_odp: false,
-            validate: false,
-            servername: None,
-        }
+impl std::ops::Deref for Opts {
+    type Target = Common;
+    fn deref(&self) -> &Common {
+        &self.c
     }
 }
 
@@ -98,33 +72,9 @@ fn usage(argv0: &str) {
     println!("  -h, --help             print this help");
 }
 
-/// `strtol(s, NULL, 0)`: decimal, `0x` hex or `0` octal, optional sign.
-fn c_long(s: &str) -> Option<i64> {
-    let s = s.trim_start();
-    let (neg, s) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    let v = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        i64::from_str_radix(h, 16).ok()?
-    } else if s.len() > 1 && s.starts_with('0') {
-        i64::from_str_radix(&s[1..], 8).ok()?
-    } else {
-        s.parse::<i64>().ok()?
-    };
-    Some(if neg { -v } else { v })
-}
-
-fn num<T: TryFrom<i64>>(opt: char, v: &str) -> Result<T, String> {
-    c_long(v)
-        .and_then(|n| T::try_from(n).ok())
-        .ok_or_else(|| format!("invalid value `{v}` for -{opt}"))
-}
-
 /// getopt_long("p:d:i:s:m:r:n:l:eg:oc") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    const LONG: &[(&str, char, bool)] = &[
+    const LONG: &[LongOpt] = &[
         ("port", 'p', true),
         ("ib-dev", 'd', true),
         ("ib-port", 'i', true),
@@ -143,151 +93,26 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         ("dm", 'j', false),
         ("new_send", 'N', false),
     ];
-    let takes_arg = |c: char| LONG.iter().find(|l| l.1 == c).map(|l| l.2);
-    let mut o = Opts::default();
-    let mut positional = Vec::new();
-    let mut it = args.iter().skip(1);
-    let mut only_positional = false;
-    while let Some(arg) = it.next() {
-        let mut opts: Vec<(char, Option<String>)> = Vec::new();
-        if only_positional || arg == "-" || !arg.starts_with('-') {
-            positional.push(arg.clone());
-            continue;
-        } else if arg == "--" {
-            only_positional = true;
-            continue;
-        } else if let Some(long) = arg.strip_prefix("--") {
-            let (name, val) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_owned())),
-                None => (long, None),
-            };
-            let Some(&(_, c, has_arg)) = LONG.iter().find(|l| l.0 == name) else {
-                return Err(format!("unrecognized option '--{name}'"));
-            };
-            let val = match (has_arg, val) {
-                (true, Some(v)) => Some(v),
-                (true, None) => Some(
-                    it.next()
-                        .cloned()
-                        .ok_or_else(|| format!("option '--{name}' requires an argument"))?,
-                ),
-                (false, Some(_)) => {
-                    return Err(format!("option '--{name}' doesn't allow an argument"));
-                }
-                (false, None) => None,
-            };
-            opts.push((c, val));
-        } else {
-            let body = &arg[1..];
-            for (i, c) in body.char_indices() {
-                match takes_arg(c) {
-                    None => return Err(format!("invalid option -- '{c}'")),
-                    Some(false) => opts.push((c, None)),
-                    Some(true) => {
-                        let rest = &body[i + c.len_utf8()..];
-                        let v = if rest.is_empty() {
-                            it.next()
-                                .cloned()
-                                .ok_or_else(|| format!("option requires an argument -- '{c}'"))?
-                        } else {
-                            rest.to_owned()
-                        };
-                        opts.push((c, Some(v)));
-                        break;
-                    }
-                }
-            }
-        }
-        for (c, v) in opts {
-            let v = v.unwrap_or_default();
-            match c {
-                'p' => o.port = num('p', &v)?,
-                'd' => o.ib_devname = Some(v),
-                'i' => {
-                    o.ib_port = num('i', &v)?;
-                    if o.ib_port < 1 {
-                        return Err("-i must be at least 1".into());
-                    }
-                }
-                's' => o.size = num('s', &v)?,
-                'm' => {
-                    let bytes: u32 = num('m', &v)?;
-                    o.mtu = Mtu::from_bytes(bytes)
-                        .ok_or_else(|| format!("invalid MTU {v} (256, 512, 1024, 2048 or 4096)"))?;
-                }
-                'r' => o.rx_depth = num('r', &v)?,
-                'n' => o.iters = num('n', &v)?,
-                'l' => o.sl = num('l', &v)?,
-                'e' => o.use_event = true,
-                'g' => {
-                    let g: i64 = num('g', &v)?;
-                    o.gidx = u8::try_from(g).ok();
-                }
-                'o' => o.use_odp = true,
-                'c' => o.validate = true,
-                other => return Err(format!("option -{other} is not supported by this port")),
-            }
+    let (opts, positional) = getopt(args, LONG)?;
+    let mut o = Opts {
+        c: Common::new(4096),
+        use_odp: false,
+        validate: false,
+    };
+    for (c, v) in opts {
+        match c {
+            'o' => o.use_odp = true,
+            'c' => o.validate = true,
+            c if o.c.apply(c, &v)? => {}
+            other => return Err(format!("option -{other} is not supported by this port")),
         }
     }
-    match positional.len() {
-        0 => {}
-        1 => o.servername = positional.pop(),
-        _ => return Err("too many arguments".into()),
-    }
-    if o.rx_depth == 0 {
-        return Err("-r must be at least 1".into());
-    }
+    o.c.finish(positional)?;
     Ok(o)
 }
 
-unsafe extern "C" {
-    /// glibc's `inet_ntop` (not bound by the libc crate).
-    fn inet_ntop(
-        af: libc::c_int,
-        src: *const libc::c_void,
-        dst: *mut libc::c_char,
-        size: libc::socklen_t,
-    ) -> *const libc::c_char;
-}
-
-/// The GID as `inet_ntop(AF_INET6)` prints it, exactly like the C program.
-fn ntop(gid: &Gid) -> String {
-    let mut buf = [0 as libc::c_char; 64];
-    let raw = gid.raw();
-    // SAFETY: raw is 16 bytes (an in6_addr); buf has room for INET6_ADDRSTRLEN.
-    let p = unsafe {
-        inet_ntop(
-            libc::AF_INET6,
-            raw.as_ptr().cast(),
-            buf.as_mut_ptr(),
-            buf.len() as libc::socklen_t,
-        )
-    };
-    if p.is_null() {
-        return gid.to_string();
-    }
-    // SAFETY: inet_ntop wrote a NUL-terminated string into buf.
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
 fn print_dest(which: &str, d: &Endpoint) {
-    println!(
-        "  {which} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-        d.lid,
-        d.qpn,
-        d.psn,
-        ntop(&d.gid)
-    );
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-        .ok()
-        .filter(|&p| p > 0)
-        .unwrap_or(4096)
+    pingpong::print_dest(which, d, ',');
 }
 
 /// INIT → RTR → RTS as `pp_connect_ctx` does it.
@@ -308,332 +133,83 @@ fn connect(
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let argv0 = args
-        .first()
-        .map_or("rc_pingpong", String::as_str)
-        .to_owned();
-    if args.iter().skip(1).any(|a| a == "-h" || a == "--help") {
-        usage(&argv0);
-        return ExitCode::SUCCESS;
-    }
-    let o = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{argv0}: {e}");
-            usage(&argv0);
-            return ExitCode::from(1);
-        }
-    };
-    match run(&o) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(1)
-        }
-    }
+    main_with("rc_pingpong", usage, parse_args, run)
 }
 
 fn run(o: &Opts) -> Result<(), String> {
-    let ctx = Context::open(o.ib_devname.as_deref()).map_err(|e| match (&o.ib_devname, e) {
-        (Some(name), rdma_verbs::Error::DeviceNotFound { .. }) => {
-            format!("IB device {name} not found")
-        }
-        (_, rdma_verbs::Error::NoDevices) => "No IB devices found".to_owned(),
-        (_, e) => format!("Couldn't get context: {e}"),
-    })?;
-    let channel = if o.use_event {
-        Some(
-            CompletionChannel::new(&ctx)
-                .map_err(|e| format!("Couldn't create completion channel: {e}"))?,
-        )
-    } else {
-        None
-    };
-    let pd = Pd::new(&ctx).map_err(|e| format!("Couldn't allocate PD: {e}"))?;
-
-    let mut access = AccessFlags::LOCAL_WRITE;
-    if o.use_odp {
-        let attr = ctx
-            .query_device()
-            .map_err(|e| format!("Couldn't query device for its features: {e}"))?;
-        let rc_caps = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
-        if attr.odp_general_caps & u64::from(ffi::IBV_ODP_SUPPORT) == 0
-            || attr.odp_rc_caps & rc_caps != rc_caps
-        {
-            return Err("The device isn't ODP capable or does not support RC send and receive with ODP (unsupported)".into());
-        }
-        access |= AccessFlags::ON_DEMAND;
-    }
-
-    // Buffers: rx_depth receives plus the first message to send, from one registration.
-    let nbufs = o.rx_depth as usize + 1;
-    let mut bufs: Vec<Option<Mr>> = Vec::with_capacity(nbufs);
-    if o.size == 0 {
-        bufs.resize_with(nbufs, || None);
-    } else {
-        let total = o
-            .size
-            .checked_mul(nbufs)
-            .ok_or("message size times rx depth overflows")?;
-        let mut all =
-            Mr::new(&pd, total, access).map_err(|e| format!("Couldn't register MR: {e}"))?;
-        for _ in 0..nbufs - 1 {
-            bufs.push(Some(all.split_to(o.size).map_err(|e| e.to_string())?));
-        }
-        bufs.push(Some(all));
-    }
-    let mut first_send = bufs.pop().flatten();
-    if let Some(b) = first_send.as_mut() {
-        b.fill(0x7b).map_err(|e| e.to_string())?;
-    }
-
-    let depth = o.rx_depth + 1;
-    let mut cq = match &channel {
-        Some(ch) => Cq::with_channel(&ctx, depth, ch),
-        None => Cq::new(&ctx, depth),
-    }
-    .map_err(|e| format!("Couldn't create CQ: {e}"))?;
-
-    let caps = QpCaps {
-        max_send_wr: 1,
-        max_recv_wr: o.rx_depth,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-        sq_sig_all: false,
-    };
-    let qp = Qp::new(&pd, &cq, &cq, caps).map_err(|e| format!("Couldn't create QP: {e}"))?;
+    let Resources {
+        ctx,
+        channel,
+        pd,
+        mut cq,
+        bufs,
+        first_send,
+    } = setup(
+        o.ib_devname.as_deref(),
+        o.use_event,
+        o.size,
+        o.rx_depth,
+        |ctx| {
+            if !o.use_odp {
+                return Ok(AccessFlags::LOCAL_WRITE);
+            }
+            let attr = ctx
+                .query_device()
+                .map_err(|e| format!("Couldn't query device for its features: {e}"))?;
+            let rc_caps = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
+            if attr.odp_general_caps & u64::from(ffi::IBV_ODP_SUPPORT) == 0
+                || attr.odp_rc_caps & rc_caps != rc_caps
+            {
+                return Err("The device isn't ODP capable or does not support RC send and receive with ODP (unsupported)".into());
+            }
+            Ok(AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND)
+        },
+    )?;
+    let qp =
+        Qp::new(&pd, &cq, &cq, caps(o.rx_depth)).map_err(|e| format!("Couldn't create QP: {e}"))?;
     let use_inline = o.size > 0 && qp.caps().max_inline_data as usize >= o.size;
     let mut qp = qp
         .init(InitAttr::new(o.ib_port, AccessFlags::empty()))
         .map_err(|e| format!("Failed to modify QP to INIT: {}", e.error))?;
-
-    let recvs = bufs.into_iter().map(|b| match b {
-        Some(mr) => RecvWr::new(RECV_WRID, mr),
-        None => RecvWr::empty(RECV_WRID),
-    });
-    qp.post_recv_list(recvs)
-        .map_err(|e| format!("Couldn't post receive ({}): {}", e.unposted.len(), e.error))?;
-
-    if o.use_event {
-        cq.req_notify(false)
-            .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
-    }
-
-    let portinfo = ctx
-        .query_port(o.ib_port)
-        .map_err(|e| format!("Couldn't get port info: {e}"))?;
-    if portinfo.link_layer != LinkLayer::Ethernet && portinfo.lid == 0 {
-        return Err("Couldn't get local LID".into());
-    }
-    let my_dest = match o.gidx {
-        Some(g) => qp.endpoint(Some(g)),
-        // Like ibv_rc_pingpong without -g: no GID on the wire.
-        None => qp.endpoint(None).map(|e| rdma_verbs::Endpoint {
-            gid: rdma_verbs::Gid::ZERO,
-            ..e
-        }),
-    }
-    .map_err(|_| format!("can't read sgid of index {}", o.gidx.unwrap_or(0)))?;
+    post_receives(&mut qp, bufs)?;
+    arm(&mut cq, o.use_event)?;
+    let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
     print_dest("local address: ", &my_dest);
 
-    let (rem_dest, mut qp) = match &o.servername {
-        Some(host) => {
-            let rem = exchange::client_exchange(host, o.port, &my_dest, CONNECT_TIMEOUT).map_err(
-                |e| match e {
-                    rdma_verbs::Error::Io { what, .. } if what.starts_with("connecting") => {
-                        format!("Couldn't connect to {host}:{}: {e}", o.port)
-                    }
-                    e => format!("Couldn't read/write remote address: {e}"),
-                },
-            )?;
-            print_dest("remote address:", &rem);
-            let qp = connect(qp, o, my_dest.psn, &rem)?;
-            (rem, qp)
+    let (rem_dest, mut qp) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
+        if o.servername.is_some() {
+            print_dest("remote address:", rem);
         }
-        None => {
-            let listener = ExchangeListener::bind(o.port)
-                .map_err(|e| format!("Couldn't listen to port {}: {e}", o.port))?;
-            let (rem, qp) = exchange::server_exchange(&listener, &my_dest, None, |rem| {
-                connect(qp, o, my_dest.psn, rem).map_err(rdma_verbs::Error::Protocol)
-            })
-            .map_err(|e| format!("Couldn't exchange addresses: {e}"))?;
-            print_dest("remote address:", &rem);
-            (rem, qp)
-        }
-    };
+        connect(qp, o, my_dest.psn, rem)
+    })?;
+    if o.servername.is_none() {
+        print_dest("remote address:", &rem_dest);
+    }
     let _ = rem_dest;
 
-    let page = page_size();
-    if o.servername.is_some() && o.validate {
-        if let Some(b) = first_send.as_mut() {
-            for i in (0..o.size).step_by(page) {
-                // C: buf[i] = i / page_size % sizeof(char), which is always 0.
-                b.write_at(i, &[0]).map_err(|e| e.to_string())?;
-            }
-        }
-    }
-
-    // The buffer to send next: the last one received (the C program's single buffer).
-    let mut next_send: Option<Mr> = first_send;
-    let mut pending = RECV_WRID;
-    let post_send =
-        |qp: &mut Qp<Rc, rdma_verbs::qp::Rts>, buf: Option<Mr>| -> Result<Option<Mr>, String> {
-            let err = |e: rdma_verbs::PostError| format!("Couldn't post send: {}", e.error);
-            match buf {
-                Some(mr) if use_inline => {
-                    let data = mr.as_slice().map_err(|e| e.to_string())?;
-                    qp.post_send(SendWr::send_inline(SEND_WRID, data))
-                        .map_err(err)?;
-                    // The NIC copied the data: the buffer is free again.
-                    Ok(Some(mr))
-                }
-                Some(mr) => qp
-                    .post_send(SendWr::send(SEND_WRID).sge(mr))
-                    .map(|()| None)
-                    .map_err(err),
-                None => qp
-                    .post_send(SendWr::send(SEND_WRID))
-                    .map(|()| None)
-                    .map_err(err),
-            }
-        };
-    // Receives posted: at most rx_depth (C: "receives to post at a time"); a
-    // buffer that comes back while rx_depth are posted waits in `spare`.
-    let mut posted = o.rx_depth;
-    let mut spare: Vec<Mr> = Vec::new();
-    let mut give_back = |qp: &mut Qp<Rc, rdma_verbs::qp::Rts>,
-                         posted: &mut u32,
-                         buf: Option<Mr>|
-     -> Result<(), String> {
-        let buf = match buf {
-            Some(mr) if *posted >= o.rx_depth => {
-                spare.push(mr);
-                return Ok(());
-            }
-            Some(mr) => Some(mr),
-            None if o.size == 0 && *posted < o.rx_depth => None,
-            None => match spare.pop() {
-                Some(mr) if *posted < o.rx_depth => Some(mr),
-                Some(mr) => {
-                    spare.push(mr);
-                    return Ok(());
-                }
-                None => return Ok(()),
-            },
-        };
-        let wr = match buf {
-            Some(mr) => RecvWr::new(RECV_WRID, mr),
-            None => RecvWr::empty(RECV_WRID),
-        };
-        qp.post_recv(wr)
-            .map_err(|e| format!("Couldn't post receive ({posted}): {}", e.error))?;
-        *posted += 1;
-        Ok(())
+    let params = LoopParams {
+        size: o.size,
+        rx_depth: o.rx_depth,
+        iters: o.iters,
+        use_event: o.use_event,
+        validate: o.validate,
+        is_client: o.servername.is_some(),
+        use_inline,
     };
-
-    if o.servername.is_some() {
-        if let Some(freed) = post_send(&mut qp, next_send.take())? {
-            give_back(&mut qp, &mut posted, Some(freed))?;
-        }
-        pending |= SEND_WRID;
-    }
-
-    let start = Instant::now();
-    let (mut rcnt, mut scnt) = (0u32, 0u32);
-    let mut wcs = Vec::with_capacity(2);
-    while rcnt < o.iters || scnt < o.iters {
-        wcs.clear();
-        if o.use_event {
-            cq.wait_poll(&mut wcs, None)
-                .map_err(|e| format!("Failed to get cq_event: {e}"))?;
-        } else {
-            while cq
-                .poll(&mut wcs)
-                .map_err(|e| format!("poll CQ failed {e}"))?
-                == 0
-            {}
-        }
-        for mut wc in wcs.drain(..) {
-            if !wc.status.is_success() {
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    wc.status.description(),
-                    wc.status.as_raw(),
-                    wc.wr_id
-                ));
-            }
-            match wc.wr_id {
-                SEND_WRID => {
-                    scnt += 1;
-                    // A sent buffer (not inline) comes back: receive into it again.
-                    if let Some(mr) = wc.take_mr() {
-                        give_back(&mut qp, &mut posted, Some(mr))?;
-                    }
-                }
-                RECV_WRID => {
-                    rcnt += 1;
-                    posted -= 1;
-                    let got = wc.take_mr();
-                    if o.validate && o.servername.is_none() && rcnt == o.iters {
-                        if let Some(mr) = &got {
-                            let data = mr.as_slice().map_err(|e| e.to_string())?;
-                            for i in (0..o.size).step_by(page) {
-                                if data[i] != 0 {
-                                    println!("invalid data in page {}", i / page);
-                                }
-                            }
-                        }
-                    }
-                    if o.size > 0 {
-                        let got = got.ok_or("receive came back without its buffer")?;
-                        if let Some(old) = next_send.replace(got) {
-                            give_back(&mut qp, &mut posted, Some(old))?;
-                        }
-                    }
-                    // Keep rx_depth receives posted (a spare buffer, or none for 0 bytes).
-                    give_back(&mut qp, &mut posted, None)?;
-                }
-                other => return Err(format!("Completion for unknown wr_id {other}")),
-            }
-            pending &= !wc.wr_id;
-            if scnt < o.iters && pending == 0 {
-                let buf = if o.size == 0 { None } else { next_send.take() };
-                if o.size > 0 && buf.is_none() {
-                    return Err("Couldn't post send: no buffer".into());
-                }
-                if let Some(freed) = post_send(&mut qp, buf)? {
-                    give_back(&mut qp, &mut posted, Some(freed))?;
-                }
-                pending = RECV_WRID | SEND_WRID;
-            }
-        }
-    }
-    let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = o.size as i64 * i64::from(o.iters) * 2;
-    println!(
-        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        o.iters,
-        usec / 1e6,
-        usec / f64::from(o.iters)
-    );
+    let last = run_loop(&mut qp, &mut cq, &params, first_send)?;
     // Destroy in the C program's order: QP, CQ (its Drop acknowledges the CQ
     // events), MRs, PD, channel, context.
     drop(qp);
-    drop(next_send);
+    drop(last);
     drop(cq);
+    drop((pd, channel, ctx));
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
         std::iter::once("rc_pingpong")
@@ -681,13 +257,5 @@ mod tests {
         assert!(parse_args(&args("-i 0")).is_err());
         assert!(parse_args(&args("-p")).is_err());
         assert!(parse_args(&args("-t")).is_err());
-    }
-
-    #[test]
-    fn ntop_matches_inet_ntop() {
-        let g: Gid = "::ffff:10.99.0.1".parse().unwrap();
-        assert_eq!(ntop(&g), "::ffff:10.99.0.1");
-        assert_eq!(ntop(&Gid::ZERO), "::");
-        assert_eq!(ntop(&"fe80::1".parse().unwrap()), "fe80::1");
     }
 }

@@ -202,6 +202,9 @@ pub struct Completion {
     pub vendor_err: u32,
     /// Whether this is a safe-path completion (with buffers) or not.
     pub source: CompletionSource,
+    /// Of a successful receive: source LID (bits 0..16), SL (16..24) and
+    /// destination LID path bits (24..32), packed into one store.
+    path: u32,
     bufs: Sges,
 }
 
@@ -222,6 +225,28 @@ impl Completion {
                 vendor_err: self.vendor_err,
             })
         }
+    }
+
+    /// Source LID of a successful receive (UD on InfiniBand; 0 on RoCE).
+    pub fn slid(&self) -> u16 {
+        self.path as u16
+    }
+
+    /// Service level of a successful receive.
+    pub fn sl(&self) -> u8 {
+        (self.path >> 16) as u8
+    }
+
+    /// Destination LID path bits of a successful receive.
+    pub fn dlid_path_bits(&self) -> u8 {
+        (self.path >> 24) as u8
+    }
+
+    /// True when a successful UD receive carries a GRH (`IBV_WC_GRH`; always
+    /// on RoCE): the first [`GRH_LEN`](crate::ah::GRH_LEN) bytes received
+    /// hold it.
+    pub fn has_grh(&self) -> bool {
+        self.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0
     }
 
     /// The buffers the work request owned, without taking them.
@@ -276,11 +301,15 @@ impl Completion {
             };
             let (mut byte_len, mut imm_data, mut src_qp, mut wc_flags, mut vendor_err) =
                 (0, None, 0, 0, 0);
+            let mut path = 0;
             let status = if success {
                 wc_flags = (*wc).wc_flags;
                 if opcode & ffi::IBV_WC_RECV != 0 {
                     byte_len = (*wc).byte_len;
                     src_qp = (*wc).src_qp;
+                    path = u32::from((*wc).slid)
+                        | u32::from((*wc).sl) << 16
+                        | u32::from((*wc).dlid_path_bits) << 24;
                     if wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
                         // imm_data is the valid union member when WITH_IMM is set.
                         imm_data = Some(u32::from_be((*wc).__bindgen_anon_1.imm_data));
@@ -306,6 +335,7 @@ impl Completion {
             (&raw mut (*dst).wc_flags).write(wc_flags);
             (&raw mut (*dst).vendor_err).write(vendor_err);
             (&raw mut (*dst).source).write(source);
+            (&raw mut (*dst).path).write(path);
         }
     }
 }
@@ -706,6 +736,9 @@ mod tests {
                 }
                 if opcode & ffi::IBV_WC_RECV != 0 {
                     (&raw mut (*p).src_qp).write(9);
+                    (&raw mut (*p).slid).write(0x1234);
+                    (&raw mut (*p).sl).write(3);
+                    (&raw mut (*p).dlid_path_bits).write(5);
                 }
             } else {
                 (&raw mut (*p).vendor_err).write(0x12);
@@ -759,6 +792,7 @@ mod tests {
             (c.opcode, c.byte_len, c.src_qp, c.vendor_err),
             (WcOpcode::Send, 0, 0, 0)
         );
+        assert_eq!((c.slid(), c.sl(), c.dlid_path_bits()), (0, 0, 0));
         let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RDMA_READ, 4096);
         let c = complete(&wc, Some((4, ffi::IBV_WC_RDMA_READ)), false);
         assert_eq!((c.byte_len, c.src_qp, c.vendor_err), (4096, 0, 0));
@@ -769,6 +803,7 @@ mod tests {
         let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RECV, 40);
         let c = complete(&wc, Some((6, ffi::IBV_WC_RECV)), true);
         assert_eq!((c.opcode, c.byte_len, c.src_qp), (WcOpcode::Recv, 40, 9));
+        assert_eq!((c.slid(), c.sl(), c.dlid_path_bits()), (0x1234, 3, 5));
         assert_eq!((c.vendor_err, c.imm_data), (0, None));
     }
 }

@@ -116,6 +116,18 @@ pub enum Error {
         region_len: u64,
     },
 
+    /// A UD datagram larger than one path MTU (UD does not segment).
+    #[error(
+        "a UD message carries at most one path MTU: {len} bytes exceed the port's active MTU of {max}; \
+         split it into datagrams of at most {max} bytes"
+    )]
+    MessageTooLong {
+        /// Payload bytes of the send.
+        len: u64,
+        /// The largest payload: the port's active MTU.
+        max: u32,
+    },
+
     /// The send or receive queue has no free slot: poll completions first.
     #[error(
         "the {queue} queue is full ({depth} work requests outstanding); poll the CQ to retire completions before posting more"

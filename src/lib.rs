@@ -8,6 +8,9 @@
 //!   in RTS does not compile ([`qp`]).
 //! * A data path that safe code cannot misuse: posting moves buffers into the
 //!   QP, polling the completion gives them back ([`qp`] explains why it is sound).
+//! * RC, UC and UD transports ([`Rc`], [`Uc`], [`Ud`]): each takes only the
+//!   requests it can carry (no READ on UC, every UD send names its
+//!   [`AddressHandle`], remote QPN and Q_Key; UD receives keep the GRH apart).
 //! * [`ffi`]: the raw bindings, generated from rdma-core's headers.
 //!
 //! The [`guide`] walks from opening a device to an RDMA WRITE application and
@@ -23,6 +26,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod ah;
 pub mod channel;
 pub mod cm;
 pub mod context;
@@ -42,6 +46,7 @@ pub mod qp;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
+pub use ah::AddressHandle;
 pub use channel::{CompletionChannel, CqId, Readiness};
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};
 pub use context::{Context, DeviceAttr, PortAttr};
@@ -57,6 +62,7 @@ pub use gdr::{GdrMode, GdrPath, GpuBuffer};
 pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
 pub use pd::Pd;
 pub use qp::{
-    Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
-    TransitionError,
+    AddressVector, Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
+    TransitionError, Uc, UcInitAttr, UcRtrAttr, UcSendWr, Ud, UdInitAttr, UdMessage, UdRecvWr,
+    UdSendWr,
 };

@@ -127,6 +127,97 @@ pub struct Grh {
     pub flow_label: u32,
 }
 
+impl AddressVector {
+    /// Towards `dgid` (RoCE, or routed InfiniBand) from the local GID at
+    /// `sgid_index` of `port`: hop limit 1 (like the rdma-core examples),
+    /// traffic class, flow label and SL 0.
+    pub fn global(port: u8, dgid: Gid, sgid_index: u8) -> AddressVector {
+        AddressVector {
+            dlid: 0,
+            sl: 0,
+            src_path_bits: 0,
+            port,
+            grh: Some(Grh {
+                dgid,
+                sgid_index,
+                hop_limit: 1,
+                traffic_class: 0,
+                flow_label: 0,
+            }),
+        }
+    }
+
+    /// Towards `dlid` within an InfiniBand subnet (no GRH; RoCE refuses this).
+    pub fn local(port: u8, dlid: u16) -> AddressVector {
+        AddressVector {
+            dlid,
+            sl: 0,
+            src_path_bits: 0,
+            port,
+            grh: None,
+        }
+    }
+
+    /// Service level.
+    pub fn sl(mut self, sl: u8) -> AddressVector {
+        self.sl = sl;
+        self
+    }
+
+    /// Hop limit of the GRH (no effect without one).
+    pub fn hop_limit(mut self, hops: u8) -> AddressVector {
+        if let Some(g) = self.grh.as_mut() {
+            g.hop_limit = hops;
+        }
+        self
+    }
+
+    /// Traffic class of the GRH (no effect without one).
+    pub fn traffic_class(mut self, tclass: u8) -> AddressVector {
+        if let Some(g) = self.grh.as_mut() {
+            g.traffic_class = tclass;
+        }
+        self
+    }
+
+    pub(crate) fn to_ffi(self) -> ffi::ibv_ah_attr {
+        let mut ah = ffi::ibv_ah_attr {
+            dlid: self.dlid,
+            sl: self.sl,
+            src_path_bits: self.src_path_bits,
+            port_num: self.port,
+            ..Default::default()
+        };
+        if let Some(g) = self.grh {
+            ah.is_global = 1;
+            ah.grh = ffi::ibv_global_route {
+                dgid: g.dgid.to_ffi(),
+                flow_label: g.flow_label,
+                sgid_index: g.sgid_index,
+                hop_limit: g.hop_limit,
+                traffic_class: g.traffic_class,
+            };
+        }
+        ah
+    }
+
+    pub(crate) fn from_ffi(ah: &ffi::ibv_ah_attr) -> AddressVector {
+        AddressVector {
+            dlid: ah.dlid,
+            sl: ah.sl,
+            src_path_bits: ah.src_path_bits,
+            port: ah.port_num,
+            grh: (ah.is_global != 0).then(|| Grh {
+                dgid: Gid::from_ffi(&ah.grh.dgid),
+                sgid_index: ah.grh.sgid_index,
+                hop_limit: ah.grh.hop_limit,
+                traffic_class: ah.grh.traffic_class,
+                flow_label: ah.grh.flow_label,
+            }),
+        }
+    }
+}
+
 impl RtrAttr {
     /// Connects to `remote` over `port` with `path_mtu` (use the port's
     /// `active_mtu`). A GRH is added when `sgid_index` is `Some` (RoCE needs
@@ -190,23 +281,7 @@ impl RtrAttr {
     }
 
     pub(crate) fn to_ffi(self) -> (ffi::ibv_qp_attr, u32) {
-        let mut ah = ffi::ibv_ah_attr {
-            dlid: self.av.dlid,
-            sl: self.av.sl,
-            src_path_bits: self.av.src_path_bits,
-            port_num: self.av.port,
-            ..Default::default()
-        };
-        if let Some(g) = self.av.grh {
-            ah.is_global = 1;
-            ah.grh = ffi::ibv_global_route {
-                dgid: g.dgid.to_ffi(),
-                flow_label: g.flow_label,
-                sgid_index: g.sgid_index,
-                hop_limit: g.hop_limit,
-                traffic_class: g.traffic_class,
-            };
-        }
+        let ah = self.av.to_ffi();
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_RTR,
             path_mtu: self.path_mtu.as_raw(),
@@ -303,6 +378,153 @@ impl RtsAttr {
             | M::IBV_QP_MAX_QP_RD_ATOMIC;
         (attr, mask.0)
     }
+}
+
+/// RESET → INIT (UD): port, P_Key index and the Q_Key. UD has no remote
+/// access rights to grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdInitAttr {
+    pub(crate) port: u8,
+    pub(crate) pkey_index: u16,
+    pub(crate) qkey: u32,
+}
+
+impl UdInitAttr {
+    /// Port `port`, P_Key index 0, receiving datagrams sent with `qkey`
+    /// (`ibv_ud_pingpong` uses 0x11111111).
+    pub fn new(port: u8, qkey: u32) -> UdInitAttr {
+        UdInitAttr {
+            port,
+            pkey_index: 0,
+            qkey,
+        }
+    }
+
+    /// P_Key table index (default 0).
+    pub fn pkey_index(mut self, index: u16) -> UdInitAttr {
+        self.pkey_index = index;
+        self
+    }
+
+    pub(crate) fn to_ffi(self) -> (ffi::ibv_qp_attr, u32) {
+        let attr = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_INIT,
+            pkey_index: self.pkey_index,
+            port_num: self.port,
+            qkey: self.qkey,
+            ..Default::default()
+        };
+        use ffi::ibv_qp_attr_mask as M;
+        (
+            attr,
+            (M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_QKEY).0,
+        )
+    }
+}
+
+/// RESET → INIT (UC): port, P_Key index, and whether the peer may RDMA
+/// WRITE into this side (UC has no RDMA READ or atomics to grant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UcInitAttr {
+    pub(crate) port: u8,
+    pub(crate) pkey_index: u16,
+    pub(crate) remote_write: bool,
+}
+
+impl UcInitAttr {
+    /// Port `port`, P_Key index 0, no remote access (SENDs only, like
+    /// `ibv_uc_pingpong`).
+    pub fn new(port: u8) -> UcInitAttr {
+        UcInitAttr {
+            port,
+            pkey_index: 0,
+            remote_write: false,
+        }
+    }
+
+    /// Lets the peer RDMA WRITE into this side's `REMOTE_WRITE` regions.
+    pub fn remote_write(mut self) -> UcInitAttr {
+        self.remote_write = true;
+        self
+    }
+
+    /// P_Key table index (default 0).
+    pub fn pkey_index(mut self, index: u16) -> UcInitAttr {
+        self.pkey_index = index;
+        self
+    }
+
+    pub(crate) fn to_ffi(self) -> (ffi::ibv_qp_attr, u32) {
+        let access = if self.remote_write {
+            AccessFlags::REMOTE_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        InitAttr {
+            port: self.port,
+            pkey_index: self.pkey_index,
+            access,
+        }
+        .to_ffi()
+    }
+}
+
+/// INIT → RTR (UC): path MTU, the remote QPN and PSN, and the address
+/// vector. Unlike RC there are no responder resources (no READ/atomics) and
+/// no RNR timer (nothing is acknowledged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UcRtrAttr {
+    pub(crate) rc: RtrAttr,
+}
+
+impl UcRtrAttr {
+    /// Connects to `remote` over `port` with `path_mtu`; a GRH from
+    /// `sgid_index` when `Some` (RoCE needs it), as [`RtrAttr::new`].
+    pub fn new(remote: &Endpoint, port: u8, path_mtu: Mtu, sgid_index: Option<u8>) -> UcRtrAttr {
+        UcRtrAttr {
+            rc: RtrAttr::new(remote, port, path_mtu, sgid_index),
+        }
+    }
+
+    /// Service level.
+    pub fn sl(self, sl: u8) -> UcRtrAttr {
+        UcRtrAttr { rc: self.rc.sl(sl) }
+    }
+
+    /// Hop limit of the GRH (no effect without one).
+    pub fn hop_limit(self, hops: u8) -> UcRtrAttr {
+        UcRtrAttr {
+            rc: self.rc.hop_limit(hops),
+        }
+    }
+
+    /// Traffic class of the GRH (no effect without one).
+    pub fn traffic_class(self, tclass: u8) -> UcRtrAttr {
+        UcRtrAttr {
+            rc: self.rc.traffic_class(tclass),
+        }
+    }
+
+    pub(crate) fn to_ffi(self) -> (ffi::ibv_qp_attr, u32) {
+        let (attr, mask) = self.rc.to_ffi();
+        use ffi::ibv_qp_attr_mask as M;
+        (
+            attr,
+            mask & !(M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER).0,
+        )
+    }
+}
+
+/// RTR → RTS for UC and UD: the send PSN only (nothing is acknowledged, so
+/// there are no timeouts or retries).
+pub(crate) fn sq_psn_only(sq_psn: u32) -> (ffi::ibv_qp_attr, u32) {
+    let attr = ffi::ibv_qp_attr {
+        qp_state: ffi::IBV_QPS_RTS,
+        sq_psn,
+        ..Default::default()
+    };
+    use ffi::ibv_qp_attr_mask as M;
+    (attr, (M::IBV_QP_STATE | M::IBV_QP_SQ_PSN).0)
 }
 
 /// Queue sizes asked for at creation; the device may round them up (read the
@@ -436,19 +658,7 @@ impl QpAttr {
                 max_inline_data: a.cap.max_inline_data,
                 sq_sig_all: init.sq_sig_all != 0,
             },
-            av: AddressVector {
-                dlid: ah.dlid,
-                sl: ah.sl,
-                src_path_bits: ah.src_path_bits,
-                port: ah.port_num,
-                grh: (ah.is_global != 0).then(|| Grh {
-                    dgid: Gid::from_ffi(&ah.grh.dgid),
-                    sgid_index: ah.grh.sgid_index,
-                    hop_limit: ah.grh.hop_limit,
-                    traffic_class: ah.grh.traffic_class,
-                    flow_label: ah.grh.flow_label,
-                }),
-            },
+            av: AddressVector::from_ffi(ah),
             pkey_index: a.pkey_index,
             sq_draining: a.sq_draining != 0,
             max_rd_atomic: a.max_rd_atomic,
@@ -527,6 +737,33 @@ mod tests {
         assert_eq!(a.rq_psn, 0x22);
         let (a, _) = RtrAttr::new(&remote, 1, Mtu::Mtu1024, None).to_ffi();
         assert_eq!(a.ah_attr.is_global, 0);
+    }
+
+    #[test]
+    fn uc_and_ud_masks_are_what_the_kernel_requires() {
+        // ibv_modify_qp(3), "required attributes" per transport.
+        let remote = Endpoint {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0x22,
+            gid: "::ffff:10.99.0.1".parse().unwrap(),
+        };
+        let (a, mask) = UcRtrAttr::new(&remote, 1, Mtu::Mtu1024, Some(1)).to_ffi();
+        assert_eq!(mask_names(mask), "STATE|AV|PATH_MTU|RQ_PSN|DEST_QPN");
+        assert_eq!(
+            (a.dest_qp_num, a.rq_psn, a.ah_attr.is_global),
+            (0x11, 0x22, 1)
+        );
+        let (a, mask) = UcInitAttr::new(1).remote_write().to_ffi();
+        assert_eq!(mask_names(mask), "STATE|ACCESS_FLAGS|PKEY_INDEX|PORT");
+        assert_eq!(a.qp_access_flags, AccessFlags::REMOTE_WRITE.bits());
+        assert_eq!(UcInitAttr::new(1).to_ffi().0.qp_access_flags, 0);
+        let (a, mask) = UdInitAttr::new(2, 0x1111_1111).pkey_index(3).to_ffi();
+        assert_eq!(mask_names(mask), "STATE|PKEY_INDEX|PORT|QKEY");
+        assert_eq!((a.qkey, a.port_num, a.pkey_index), (0x1111_1111, 2, 3));
+        let (a, mask) = sq_psn_only(7);
+        assert_eq!(mask_names(mask), "STATE|SQ_PSN");
+        assert_eq!(a.sq_psn, 7);
     }
 
     #[test]

@@ -119,3 +119,142 @@ fn a_buffer_whose_drop_panics_is_dropped_once_and_the_ring_goes_on() {
     drop((a, cq_a));
     assert_eq!(drops.load(Ordering::SeqCst), 1);
 }
+
+/// Counts its drops.
+struct CountOnDrop {
+    drops: Arc<AtomicUsize>,
+    _mem: Box<[u8]>,
+}
+
+impl Drop for CountOnDrop {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A `len`-byte `Mr` whose release is counted in `drops`.
+fn counted_mr(pd: &Pd, len: usize, drops: &Arc<AtomicUsize>) -> Mr {
+    let mut mem = vec![0u8; len].into_boxed_slice();
+    let ptr = NonNull::new(mem.as_mut_ptr()).unwrap();
+    // SAFETY: registers `len` bytes of `mem`, which the keepalive owns.
+    let raw = unsafe {
+        ffi::ibv_reg_mr(
+            pd.as_raw(),
+            ptr.as_ptr().cast(),
+            len,
+            ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
+        )
+    };
+    let raw = NonNull::new(raw).expect("ibv_reg_mr");
+    let keep = CountOnDrop {
+        drops: drops.clone(),
+        _mem: mem,
+    };
+    // SAFETY: `raw` registers [ptr, ptr+len) in `pd`, kept valid by `keep`.
+    unsafe {
+        Region::from_device_registration(
+            pd,
+            raw,
+            ptr,
+            len,
+            AccessFlags::LOCAL_WRITE,
+            Box::new(keep),
+        )
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+fn a_ud_qp_keeps_its_address_handles_until_done_and_drops_everything_once() {
+    use crate::qp::{UdInitAttr, UdRecvWr, UdSendWr};
+    use crate::{AddressHandle, AddressVector};
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let gid_ix = ctx.default_gid_index(1).unwrap().unwrap_or(0);
+    let gid = ctx.query_gid(1, gid_ix).unwrap();
+    let mut cq = Cq::new(&ctx, 64).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        ..QpCaps::default()
+    };
+    let new_qp = |cq: &Cq| {
+        Qp::new_ud(&pd, cq, cq, caps)
+            .unwrap()
+            .init(UdInitAttr::new(1, 7))
+            .unwrap()
+            .ready()
+            .unwrap()
+    };
+    let mut a = new_qp(&cq);
+    let ah = AddressHandle::new(&pd, AddressVector::global(1, gid, gid_ix)).unwrap();
+    let count = || Arc::strong_count(&ah.inner);
+    // Sends to a QP number nobody listens on (UD drops them silently).
+    let nobody = a.qp_num() + 1000;
+    for i in 0..3 {
+        a.post_send(UdSendWr::send(i, &ah, nobody, 7)).unwrap();
+    }
+    assert_eq!(count(), 4, "one clone per posted send");
+    let mut out = Vec::with_capacity(8);
+    cq.poll_n(&mut out, 3, Duration::from_secs(20)).unwrap();
+    assert!(out.iter().all(|c| c.status == WcStatus::Success));
+    // Slots are reused round the ring: at most one clone per slot is kept.
+    for i in 3..20 {
+        a.post_send(UdSendWr::send(i, &ah, nobody, 7)).unwrap();
+        cq.poll_n(&mut out, 1, Duration::from_secs(20)).unwrap();
+    }
+    assert!(count() <= 1 + 4, "{} clones", count());
+    // A list whose second request is refused (over the MTU): the first is
+    // posted and keeps its clone; the refused one and the one never pulled
+    // drop theirs.
+    let before = count();
+    let big = Mr::new(&pd, a.max_message() as usize + 1, AccessFlags::LOCAL_WRITE).unwrap();
+    let e = a
+        .post_send_list([
+            UdSendWr::send(30, &ah, nobody, 7),
+            UdSendWr::send_from(31, big, &ah, nobody, 7),
+            UdSendWr::send(32, &ah, nobody, 7),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(e.error, crate::Error::MessageTooLong { .. }),
+        "{e}"
+    );
+    // The refused request comes back; the list is not pulled any further.
+    assert_eq!(e.unposted.iter().map(|u| u.0).collect::<Vec<_>>(), [31]);
+    drop(e);
+    cq.poll_n(&mut out, 1, Duration::from_secs(20)).unwrap();
+    assert_eq!(out.last().unwrap().wr_id, 30);
+    assert!(count() <= before + 1, "{} clones", count());
+
+    // Work in flight when the QP goes: receives that never complete and
+    // sends whose completions nobody polled. Every buffer drops exactly once.
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut b = new_qp(&cq);
+    for i in 0..4 {
+        let grh = counted_mr(&pd, 40, &drops);
+        let payload = counted_mr(&pd, 64, &drops);
+        b.post_recv(UdRecvWr::new(i, grh, payload)).unwrap();
+    }
+    for i in 0..4 {
+        let src = counted_mr(&pd, 16, &drops);
+        b.post_send(UdSendWr::send_from(i, src, &ah, nobody, 7))
+            .unwrap();
+    }
+    let before = count();
+    assert_eq!(before, 5 + 4);
+    drop(b);
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        12,
+        "8 receive + 4 send buffers"
+    );
+    assert_eq!(count(), 5, "b's clones are gone");
+    drop(a);
+    assert_eq!(count(), 1, "only the user's handle is left");
+    // The completions of b's sends are stale now; polling them drops nothing.
+    let mut rest = Vec::with_capacity(16);
+    std::thread::sleep(Duration::from_millis(200));
+    cq.poll(&mut rest).unwrap();
+    assert_eq!(drops.load(Ordering::SeqCst), 12);
+}

@@ -6,6 +6,16 @@
 //! and [`reset`](Qp::reset) from any state (ERR not from RESET). Each transition consumes the QP and
 //! takes exactly the attributes the kernel requires; a refused transition
 //! hands the QP back in its old state inside [`TransitionError`].
+//!
+//! UC ([`Uc`]: SEND and RDMA WRITE, unacknowledged) and UD ([`Ud`]:
+//! datagrams through an [`AddressHandle`](crate::AddressHandle)) have the
+//! same states with their own constructors ([`Qp::new_uc`], [`Qp::new_ud`]),
+//! transition attributes ([`UcInitAttr`], [`UcRtrAttr`], [`UdInitAttr`]; no
+//! retry or RNR attributes, no remote at UD's RTR) and request types
+//! ([`UcSendWr`]: no READ or atomics; [`UdSendWr`]: SEND naming its address
+//! handle, remote QPN and Q_Key; [`UdRecvWr`]: the GRH apart from the
+//! payload). What a transport cannot do has no constructor, so it does not
+//! compile (see `tests/ui`).
 //! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send)
 //! only in RTS; misuse does not compile:
 //!
@@ -78,7 +88,8 @@
 //!   [`crate::mr`]).
 //!
 //! # What the argument relies on
-//! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`.
+//! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`
+//! (UD rows: `tests/vm_ud_uc.rs` and `qp::device_tests`).
 //!
 //! | Assumption | Source | Test |
 //! |---|---|---|
@@ -87,11 +98,17 @@
 //! | ERR flushes every posted request with a completion | `ibv_modify_qp(3)` / IB spec 10.3.1 (error state: "work requests are completed in error") | `the_error_state_flushes_every_posted_request` |
 //! | `wr_id`, `status`, `qp_num` are written for every completion; other fields only as the status and opcode make them valid | `ibv_poll_cq(3)`; rdma-core `providers/mlx5/cq.c` leaves the rest unwritten | `cq::tests` (host, poisoned entries), `failed_completions_report_what_was_posted` |
 //! | A CQ of depth `d` holds `d` completions | `ibv_create_cq(3)` (`cqe` is the minimum; the actual depth is read back) | `queues_that_would_overrun_the_cq_are_refused` |
+//! | A UD receive's first 40 bytes take the GRH: with a 40-byte first SGE the GRH fills it and the payload starts at the second; `byte_len` counts the 40 | IB spec vol. 1, 11.4.1.2 (`ibv_post_recv(3)`: "the first 40 bytes of the buffer"); Linux rxe `send_data_in` of the GRH before the payload (drivers/infiniband/sw/rxe/rxe_resp.c) | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` |
+//! | A UD receive's GRH bytes are the IPv6 GRH, or on RoCE v2/IPv4 an IPv4 header in bytes 20..40 | rdma-core `ibv_init_ah_from_wc` (libibverbs/verbs.c) reads them so | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` (`sgid`, `from_completion`) |
 //!
 //! Not relied on: that RESET discards posted work (some rxe versions keep
 //! posted receives), hence the drained-QP rule above
 //! (`reset_needs_a_drained_qp`); that `wr_id`s are ours (validated tokens,
-//! `foreign_wr_ids_are_never_dereferenced`).
+//! `foreign_wr_ids_are_never_dereferenced`); that a provider copies a UD
+//! send's address vector at post time (rxe and mlx5 do): the QP keeps a clone
+//! of the [`AddressHandle`](crate::AddressHandle) until the send's slot is
+//! reused or the QP is destroyed
+//! (`a_ud_qp_keeps_its_address_handles_until_done_and_drops_everything_once`).
 //!
 //! Misuse that remains possible in safe code is harmless: completions
 //! consumed by [`Cq::poll_raw`](crate::Cq::poll_raw) leave their buffers in
@@ -128,6 +145,8 @@ pub(crate) mod ring;
 mod sges;
 pub mod state;
 pub(crate) mod table;
+mod uc;
+mod ud;
 pub mod wr;
 
 #[cfg(test)]
@@ -147,9 +166,14 @@ use crate::pd::Pd;
 
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
+    UcInitAttr, UcRtrAttr, UdInitAttr,
 };
 pub use sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
-pub use state::{CanPostRecv, CanPostSend, Init, QpState, QpType, Rc, Reset, Rtr, Rts};
+pub use state::{
+    CanPostRecv, CanPostSend, Connected, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
+};
+pub use uc::UcSendWr;
+pub use ud::{UdMessage, UdRecvWr, UdSendWr};
 pub use wr::{RecvWr, SendWr};
 
 use queue::{RecvQueue, SendQueue};
@@ -174,6 +198,8 @@ struct QpCore {
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Pd,
+    /// UD only: the address handles of posted sends and the largest payload.
+    ud: Option<Box<ud::UdState>>,
     /// Dropped after the QP is destroyed (e.g. the rdma_cm id that created it).
     _keepalive: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -190,9 +216,11 @@ impl Drop for QpCore {
         // the NIC no longer touches its buffers and generates no completion for it.
         let rc = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
         if rc != 0 {
-            // The QP survives, so its buffers and rings must too: leak them.
+            // The QP survives, so its buffers, rings and address handles
+            // must too: leak them.
             std::mem::forget(self.sq.clone());
             std::mem::forget(self.rq.clone());
+            std::mem::forget(self.ud.take());
             return;
         }
         // Release the buffers now (no need to wait for the CQ to be polled);
@@ -213,7 +241,13 @@ impl QpCore {
     /// and any whose completion `poll_raw` consumed. The poller recognises it
     /// by its slot and does not hand it out. A provider that refuses the post
     /// leaves things as they were (the ring slot is taken back).
+    ///
+    /// Not on UD: a UD send needs an address handle, and UD sends are always
+    /// signaled, so every one of them completes (or is flushed) anyway.
     fn post_drain_marker(&mut self) {
+        if self.ud.is_some() {
+            return;
+        }
         let (ring, head) = (&self.sq, &mut self.sq_head);
         let in_flight = ring.in_flight(*head);
         if in_flight == 0 || in_flight >= ring.depth() {
@@ -258,6 +292,9 @@ impl QpCore {
         }
         let hint = match (rc.abs(), to) {
             (libc::EINVAL, "INIT") => Some("check the port number and pkey index".to_owned()),
+            (libc::EINVAL, "RTS") if mask == attr::sq_psn_only(0).1 => {
+                Some("check the SQ PSN (24 bits)".to_owned())
+            }
             (libc::EINVAL | libc::ENODATA, "RTR") => Some(
                 "check the remote QPN, the GID index (sgid_index must exist on this port; RoCE needs a GRH), \
                  the path MTU (at most the port's active_mtu) and max_dest_rd_atomic"
@@ -438,6 +475,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 send_cq: send_cq.inner.clone(),
                 recv_cq: recv_cq.inner.clone(),
                 pd: pd.clone(),
+                ud: None,
                 _keepalive: keepalive,
             },
             _marker: PhantomData,
@@ -636,11 +674,22 @@ impl<T: QpType, S: QpState> Qp<T, S> {
 
 impl Qp<Rc, Reset> {
     /// RESET → INIT.
-    pub fn init(mut self, attr: InitAttr) -> Result<Qp<Rc, Init>, TransitionError<Qp<Rc, Reset>>> {
-        let port = self.core.port;
-        self.core.port = attr.port;
-        self.transition(attr.to_ffi()).map_err(|mut e| {
-            e.qp.core.port = port;
+    pub fn init(self, attr: InitAttr) -> Result<Qp<Rc, Init>, TransitionError<Qp<Rc, Reset>>> {
+        self.init_on(attr.port, attr.to_ffi())
+    }
+}
+
+impl<T: QpType> Qp<T, Reset> {
+    /// RESET → INIT on `port` (remembered for [`endpoint`](Qp::endpoint)).
+    fn init_on(
+        mut self,
+        port: u8,
+        attr: (ffi::ibv_qp_attr, u32),
+    ) -> Result<Qp<T, Init>, TransitionError<Qp<T, Reset>>> {
+        let old = self.core.port;
+        self.core.port = port;
+        self.transition(attr).map_err(|mut e| {
+            e.qp.core.port = old;
             e
         })
     }
@@ -654,10 +703,8 @@ impl Qp<Rc, Init> {
     /// peer's GID; one without is refused here with an error that says so
     /// (the kernel would only say EINVAL).
     pub fn rtr(self, attr: RtrAttr) -> Result<Qp<Rc, Rtr>, TransitionError<Qp<Rc, Init>>> {
-        let error = check_bits("dest QPN", attr.dest_qpn, 24)
-            .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
-            .or_else(|| check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5))
-            .or_else(|| self.check_roce_grh(&attr.av));
+        let error = check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5)
+            .or_else(|| self.check_rtr(&attr));
         if let Some(error) = error {
             return Err(TransitionError { qp: self, error });
         }
@@ -671,15 +718,33 @@ impl Qp<Rc, Init> {
     /// A failure destroys the QP (its buffers are released) and returns the error.
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Rc, Rts>> {
         let port = self.core.port;
-        let ctx = self.core.pd.context().clone();
+        let (mtu, gid_index) = self.connect_defaults(gid_index)?;
+        let sq_psn = self.core.psn;
+        let qp = self.rtr(RtrAttr::new(remote, port, mtu, gid_index))?;
+        Ok(qp.rts(RtsAttr::new(sq_psn))?)
+    }
+}
+
+impl<T: QpType> Qp<T, Init> {
+    /// The checks of INIT → RTR common to RC and UC: wire field widths and
+    /// the GRH RoCE needs.
+    fn check_rtr(&self, attr: &RtrAttr) -> Option<Error> {
+        check_bits("dest QPN", attr.dest_qpn, 24)
+            .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
+            .or_else(|| self.check_roce_grh(&attr.av))
+    }
+
+    /// The path MTU and GID index `connect` uses: the port's active MTU, and
+    /// `gid_index` or the port's default.
+    fn connect_defaults(&self, gid_index: Option<u8>) -> Result<(crate::Mtu, Option<u8>)> {
+        let port = self.core.port;
+        let ctx = self.core.pd.context();
         let mtu = ctx.query_port(port)?.active_mtu;
         let gid_index = match gid_index {
             Some(i) => Some(i),
             None => ctx.default_gid_index(port)?,
         };
-        let sq_psn = self.core.psn;
-        let qp = self.rtr(RtrAttr::new(remote, port, mtu, gid_index))?;
-        Ok(qp.rts(RtsAttr::new(sq_psn))?)
+        Ok((mtu, gid_index))
     }
 
     /// On an Ethernet (RoCE) port: a GRH, towards a non-zero GID.
@@ -760,7 +825,7 @@ fn check_bits(what: &'static str, v: u32, bits: u32) -> Option<Error> {
 
 // The state bounds sit on the methods (not the impl) so that calling one in
 // the wrong state reports the trait's diagnostic ("connect the QP first").
-impl<T: QpType, S: QpState> Qp<T, S> {
+impl<T: Connected, S: QpState> Qp<T, S> {
     /// Posts one receive; its buffers return with the completion.
     #[inline]
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>
@@ -782,7 +847,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     {
         queue::post_list::<RecvQueue>(&mut self.core, wrs)
     }
+}
 
+impl<T: QpType, S: QpState> Qp<T, S> {
     /// Posts a C receive work request list as is (`ibv_post_recv`).
     ///
     /// # Safety
@@ -817,7 +884,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 }
 
-impl<T: QpType, S: QpState> Qp<T, S> {
+impl<S: QpState> Qp<Rc, S> {
     /// Posts one send-queue work request; its buffers return with the completion.
     #[inline]
     pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError>
@@ -843,7 +910,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     {
         queue::post_list::<SendQueue<'a>>(&mut self.core, wrs)
     }
+}
 
+impl<T: QpType, S: QpState> Qp<T, S> {
     /// Posts a C send work request list as is (`ibv_post_send`).
     ///
     /// # Safety

@@ -58,6 +58,16 @@ pub(crate) trait WorkQueue {
     /// # Safety
     /// As the verb's: a live QP and a well-formed chain.
     unsafe fn post(qp: *mut ffi::ibv_qp, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32;
+
+    /// Called once `wr` holds sequence number `seq` in the ring, for what
+    /// must live with the request besides its buffers (a UD send's address
+    /// handle). Nothing by default.
+    ///
+    /// # Safety
+    /// `wr` is forgotten by the caller afterwards (so what this moves out of
+    /// it is not dropped twice).
+    #[inline(always)]
+    unsafe fn staged(_core: &mut QpCore, _seq: u64, _wr: &Self::Wr) {}
 }
 
 /// The send queue of a QP.
@@ -219,11 +229,14 @@ unsafe fn stage<Q: WorkQueue>(
     let (c, meta) = Q::write_c(core, wr, c, sges, in_flight + 1 == depth);
     let (wr_id, bufs) = Q::id_and_bufs(wr);
     let (ring, head) = Q::ring_and_head(core);
+    let seq = *head;
     // SAFETY: producer side (&mut QpCore), space checked above; the caller
     // forgets `*wr`, so its buffers live on only in the slot. `c` points to
     // the entry written just above.
-    unsafe { Q::CWr::set_wr_id(c, ring.fill(*head, wr_id, meta, bufs)) };
+    unsafe { Q::CWr::set_wr_id(c, ring.fill(seq, wr_id, meta, bufs)) };
     *head += 1;
+    // SAFETY: the caller forgets `*wr` (this function's contract).
+    unsafe { Q::staged(core, seq, wr) };
     Ok(())
 }
 

@@ -82,3 +82,28 @@ impl sealed::Sealed for Rc {}
 impl QpType for Rc {
     const RAW: crate::ffi::ibv_qp_type = crate::ffi::IBV_QPT_RC;
 }
+
+/// Unreliable Connected: SEND and RDMA WRITE to one peer QP, no
+/// acknowledgements (a lost packet loses the message, silently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uc;
+impl sealed::Sealed for Uc {}
+impl QpType for Uc {
+    const RAW: crate::ffi::ibv_qp_type = crate::ffi::IBV_QPT_UC;
+}
+
+/// Unreliable Datagram: SENDs of at most one path MTU to any UD QP, each
+/// addressed by an [`AddressHandle`](crate::AddressHandle), remote QPN and
+/// Q_Key; receives carry a 40-byte GRH before the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ud;
+impl sealed::Sealed for Ud {}
+impl QpType for Ud {
+    const RAW: crate::ffi::ibv_qp_type = crate::ffi::IBV_QPT_UD;
+}
+
+/// Connected transports (RC, UC): receives are plain [`RecvWr`](super::RecvWr)s.
+/// UD receives take a GRH buffer too ([`UdRecvWr`](super::UdRecvWr)).
+pub trait Connected: QpType {}
+impl Connected for Rc {}
+impl Connected for Uc {}

@@ -1,0 +1,188 @@
+//! `uc_pingpong`: a Rust port of rdma-core's `ibv_uc_pingpong`, wire-compatible
+//! with it (either side can be the C program), on a `Qp<Uc, _>`.
+//!
+//! ```text
+//! uc_pingpong [options]          start a server and wait for connection
+//! uc_pingpong [options] <host>   connect to server at <host>
+//! ```
+//!
+//! Same options, defaults and output as the C program: `-p` TCP port (18515),
+//! `-d` device (first found), `-i` device port (1), `-s` message size (4096),
+//! `-m` path MTU (1024), `-r` receives posted at a time (500), `-n` exchanges
+//! (1000), `-l` service level (0), `-e` sleep on CQ events instead of
+//! busy-polling, `-g` GID index (none; RoCE needs one, usually 1 on
+//! soft-RoCE). Long forms (`--port=18515`) work too.
+//!
+//! UC is unreliable: a message lost on the wire is not resent, and then both
+//! sides wait forever (as the C program does). The data path and its buffer
+//! handling are `rc_pingpong`'s (`examples/shared/pingpong.rs`).
+//!
+//! In the soft-RoCE guest, against the C program:
+//! `cargo xtask run -- sh -c 'ibv_uc_pingpong -g 1 & sleep 1; target/debug/examples/uc_pingpong -g 1 10.99.0.1'`
+
+#[path = "shared/pingpong.rs"]
+mod pingpong;
+
+use std::process::ExitCode;
+
+use pingpong::{
+    Common, LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint,
+    main_with, post_receives, print_dest, run_loop, setup,
+};
+use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
+
+/// The C program's options: the common ones.
+type Opts = Common;
+
+fn usage(argv0: &str) {
+    println!("Usage:");
+    println!("  {argv0}            start a server and wait for connection");
+    println!("  {argv0} <host>     connect to server at <host>");
+    println!();
+    println!("Options:");
+    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
+    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
+    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
+    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
+    println!("  -m, --mtu=<size>       path MTU (default 1024)");
+    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
+    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
+    println!("  -l, --sl=<sl>          service level value");
+    println!("  -e, --events           sleep on CQ events (default poll)");
+    println!("  -g, --gid-idx=<gid index> local port gid index");
+}
+
+/// getopt_long("p:d:i:s:m:r:n:l:eg:") with GNU permutation.
+fn parse_args(args: &[String]) -> Result<Opts, String> {
+    const LONG: &[LongOpt] = &[
+        ("port", 'p', true),
+        ("ib-dev", 'd', true),
+        ("ib-port", 'i', true),
+        ("size", 's', true),
+        ("mtu", 'm', true),
+        ("rx-depth", 'r', true),
+        ("iters", 'n', true),
+        ("sl", 'l', true),
+        ("events", 'e', false),
+        ("gid-idx", 'g', true),
+    ];
+    let (opts, positional) = getopt(args, LONG)?;
+    let mut o = Common::new(4096);
+    for (c, v) in opts {
+        if !o.apply(c, &v)? {
+            return Err(format!("invalid option -- '{c}'"));
+        }
+    }
+    o.finish(positional)?;
+    Ok(o)
+}
+
+/// INIT → RTR → RTS as `pp_connect_ctx` does it: a GRH only when the peer
+/// sent a GID, from our `-g` index.
+fn connect(
+    qp: Qp<Uc, Init>,
+    o: &Opts,
+    my_psn: u32,
+    dest: &Endpoint,
+) -> Result<Qp<Uc, Rts>, String> {
+    let grh = (dest.gid.interface_id() != 0).then(|| o.gidx.unwrap_or(0));
+    let attr = UcRtrAttr::new(dest, o.ib_port, o.mtu, grh).sl(o.sl);
+    let qp = qp
+        .rtr(attr)
+        .map_err(|e| format!("Failed to modify QP to RTR: {}", e.error))?;
+    qp.rts(my_psn)
+        .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))
+}
+
+fn main() -> ExitCode {
+    main_with("uc_pingpong", usage, parse_args, run)
+}
+
+fn run(o: &Opts) -> Result<(), String> {
+    let Resources {
+        ctx,
+        channel,
+        pd,
+        mut cq,
+        bufs,
+        first_send,
+    } = setup(
+        o.ib_devname.as_deref(),
+        o.use_event,
+        o.size,
+        o.rx_depth,
+        |_| Ok(AccessFlags::LOCAL_WRITE),
+    )?;
+    let qp = Qp::new_uc(&pd, &cq, &cq, caps(o.rx_depth))
+        .map_err(|e| format!("Couldn't create QP: {e}"))?;
+    let use_inline = o.size > 0 && qp.caps().max_inline_data as usize >= o.size;
+    let mut qp = qp
+        .init(UcInitAttr::new(o.ib_port))
+        .map_err(|e| format!("Failed to modify QP to INIT: {}", e.error))?;
+    post_receives(&mut qp, bufs)?;
+    arm(&mut cq, o.use_event)?;
+    let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
+    print_dest("local address: ", &my_dest, ',');
+
+    let (rem_dest, mut qp) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
+        if o.servername.is_some() {
+            print_dest("remote address:", rem, ',');
+        }
+        connect(qp, o, my_dest.psn, rem)
+    })?;
+    if o.servername.is_none() {
+        print_dest("remote address:", &rem_dest, ',');
+    }
+    let params = LoopParams {
+        size: o.size,
+        rx_depth: o.rx_depth,
+        iters: o.iters,
+        use_event: o.use_event,
+        validate: false,
+        is_client: o.servername.is_some(),
+        use_inline,
+    };
+    let last = run_loop(&mut qp, &mut cq, &params, first_send)?;
+    // The C program's order: QP, CQ, MR, PD, channel, context.
+    drop(qp);
+    drop(cq);
+    drop(last);
+    drop((pd, channel, ctx));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma_verbs::Mtu;
+
+    fn args(s: &str) -> Vec<String> {
+        std::iter::once("uc_pingpong")
+            .chain(s.split_whitespace())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn defaults_and_options_match_the_c_program() {
+        let o = parse_args(&args("")).unwrap();
+        assert_eq!(
+            (o.port, o.ib_port, o.size, o.mtu, o.rx_depth, o.iters, o.sl),
+            (18515, 1, 4096, Mtu::Mtu1024, 500, 1000, 0)
+        );
+        assert!(!o.use_event && o.gidx.is_none() && o.servername.is_none());
+        let o = parse_args(&args("-eg1 -m 2048 -n 0x10 --size=1 host")).unwrap();
+        assert!(o.use_event);
+        assert_eq!(
+            (o.gidx, o.mtu, o.iters, o.size),
+            (Some(1), Mtu::Mtu2048, 16, 1)
+        );
+        assert_eq!(o.servername.as_deref(), Some("host"));
+        // RC-only options of ibv_rc_pingpong are not ibv_uc_pingpong's.
+        assert!(parse_args(&args("-c")).is_err());
+        assert!(parse_args(&args("-o")).is_err());
+        assert!(parse_args(&args("-m 1000")).is_err());
+        assert!(parse_args(&args("a b")).is_err());
+    }
+}
