@@ -11,8 +11,8 @@ use crate::CqId;
 use crate::cq::Completion;
 use crate::error::Error;
 use crate::mr::{Mr, RemoteMr};
-use crate::qp::state::{CanPostRecv, CanPostSend};
-use crate::qp::{PostError, Qp, QpState, QpType, RecvWr, SendWr};
+use crate::qp::state::{CanPostRecv, CanPostSend, Connected};
+use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr};
 
 /// A QP whose operations are futures that resolve to their [`Completion`]
 /// (with the buffers back).
@@ -148,7 +148,7 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     }
 }
 
-impl<T: QpType, S: CanPostRecv> AsyncQp<T, S> {
+impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
     /// Posts a receive and waits for its completion (a message arrived, or
     /// the receive was flushed). Waits for room when the receive queue is full.
     pub async fn recv(&self, mut wr: RecvWr) -> std::result::Result<Completion, PostError> {
@@ -174,7 +174,7 @@ impl<T: QpType, S: CanPostRecv> AsyncQp<T, S> {
     }
 }
 
-impl<T: QpType, S: CanPostSend> AsyncQp<T, S> {
+impl<S: CanPostSend> AsyncQp<Rc, S> {
     /// Posts a send-queue request (SEND, WRITE, READ, atomic; made signaled)
     /// and waits for its completion. Waits for room when the send queue is full.
     pub async fn post(&self, mut wr: SendWr<'_>) -> std::result::Result<Completion, PostError> {
