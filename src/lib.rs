@@ -39,6 +39,7 @@ pub mod guide;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod srq;
 
 pub use channel::{CompletionChannel, CqId, Readiness};
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};
@@ -58,3 +59,4 @@ pub use qp::{
     Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
     TransitionError,
 };
+pub use srq::{Srq, SrqAttr};

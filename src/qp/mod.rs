@@ -122,7 +122,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod attr;
-mod post;
+pub(crate) mod post;
 mod queue;
 pub(crate) mod ring;
 mod sges;
@@ -144,6 +144,7 @@ use crate::cq::{Cq, CqInner};
 use crate::error::{Error, Result, errno, last_errno};
 use crate::ffi;
 use crate::pd::Pd;
+use crate::srq::{Srq, SrqInner};
 
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
@@ -174,6 +175,9 @@ struct QpCore {
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Pd,
+    /// The shared receive queue the QP takes its receives from (its own
+    /// receive ring then has depth 0); released after the QP is destroyed.
+    srq: Option<Arc<SrqInner>>,
     /// Dropped after the QP is destroyed (e.g. the rdma_cm id that created it).
     _keepalive: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -360,10 +364,52 @@ impl Qp<Rc, Reset> {
     pub fn new(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Rc, Reset>> {
         Qp::create(pd, send_cq, recv_cq, caps)
     }
+
+    /// Creates an RC QP whose receives come from the shared receive queue
+    /// `srq` (see [`crate::srq`]): its own receive queue is not used
+    /// (`caps.max_recv_wr` and `max_recv_sge` are ignored, and
+    /// [`post_recv`](Qp::post_recv) is refused with [`Error::QpUsesSrq`]),
+    /// and it reserves no receive entries on `recv_cq`, which must be the CQ
+    /// the SRQ was created with ([`Error::SrqCqMismatch`] otherwise). The QP
+    /// keeps the SRQ alive.
+    pub fn new_with_srq(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        caps: QpCaps,
+    ) -> Result<Qp<Rc, Reset>> {
+        let srq = srq.inner();
+        if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
+            return Err(Error::SrqCqMismatch);
+        }
+        let caps = QpCaps {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..caps
+        };
+        let raw_srq = srq.raw.as_ptr();
+        Qp::create_with(pd, send_cq, recv_cq, caps, Some(srq.clone()), |init| {
+            init.srq = raw_srq;
+        })
+    }
 }
 
 impl<T: QpType> Qp<T, Reset> {
     fn create(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<T, Reset>> {
+        Qp::create_with(pd, send_cq, recv_cq, caps, None, |_| {})
+    }
+
+    /// [`create`](Qp::create), on `srq` if given, with `adjust` applied to the
+    /// init attributes last.
+    fn create_with(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: Option<Arc<SrqInner>>,
+        adjust: impl FnOnce(&mut ffi::ibv_qp_init_attr),
+    ) -> Result<Qp<T, Reset>> {
         // The kernel resolves CQ handles in the PD's context: a CQ of another
         // context would silently name some other CQ there.
         let ctx = pd.context().as_raw();
@@ -378,9 +424,11 @@ impl<T: QpType> Qp<T, Reset> {
         }
         // SAFETY: ibv_create_qp creates a QP of type T from exactly `init`.
         unsafe {
-            Qp::build(pd, send_cq, recv_cq, caps, random_psn(), 1, None, |init| {
-                // SAFETY: valid PD and CQs (kept alive by the Arcs the Qp stores);
-                // init is fully initialised; the provider writes the granted caps back.
+            Qp::build_on(pd, send_cq, recv_cq, caps, random_psn(), 1, None, srq, |init| {
+                adjust(init);
+                // SAFETY: valid PD, CQs and SRQ (kept alive by the Arcs the Qp
+                // stores); init is fully initialised; the provider writes the
+                // granted caps back.
                 let raw = ffi::ibv_create_qp(pd.as_raw(), init);
                 NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
             })
@@ -409,8 +457,35 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         keepalive: Option<Box<dyn Any + Send + Sync>>,
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
     ) -> Result<Qp<T, S>> {
+        // SAFETY: forwarded contract.
+        unsafe { Qp::build_on(pd, send_cq, recv_cq, caps, psn, port, keepalive, None, create) }
+    }
+
+    /// [`build`](Qp::build) for a QP whose receives come from `srq` when
+    /// given: `create` must then create the QP on that SRQ. Its receive ring
+    /// has depth 0 and reserves nothing on `recv_cq` (the SRQ reserved its
+    /// depth there when it was created).
+    ///
+    /// # Safety
+    /// As for [`build`](Qp::build).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn build_on(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        psn: u32,
+        port: u8,
+        keepalive: Option<Box<dyn Any + Send + Sync>>,
+        srq: Option<Arc<SrqInner>>,
+        create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
+    ) -> Result<Qp<T, S>> {
         let sq_want = caps.max_send_wr.max(1);
-        let rq_want = caps.max_recv_wr.max(1);
+        let rq_want = if srq.is_some() {
+            0
+        } else {
+            caps.max_recv_wr.max(1)
+        };
         let sq_res = send_cq.inner.rings.reserve(sq_want.into(), "send")?;
         let rq_res = recv_cq.inner.rings.reserve(rq_want.into(), "receive")?;
         let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
@@ -438,6 +513,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 send_cq: send_cq.inner.clone(),
                 recv_cq: recv_cq.inner.clone(),
                 pd: pd.clone(),
+                srq,
                 _keepalive: keepalive,
             },
             _marker: PhantomData,
