@@ -152,6 +152,7 @@ impl WorkQueue for RecvQueue {
     #[inline(always)]
     fn validate(core: &QpCore, wr: &RecvWr) -> Result<(), Error> {
         wr.validate(core.caps.max_recv_sge)
+            .map_err(|e| recv_refused(core, e))
     }
 
     #[inline(always)]
@@ -222,6 +223,17 @@ unsafe fn stage<Q: WorkQueue>(
     unsafe { Q::CWr::set_wr_id(c, ring.fill(*head, wr_id, meta, bufs)) };
     *head += 1;
     Ok(())
+}
+
+/// A receive was refused: on a QP on a shared receive queue (no receive
+/// queue of its own, no scatter entries), say so first.
+#[cold]
+#[inline(never)]
+fn recv_refused(core: &QpCore, e: Error) -> Error {
+    if core.srq.is_some() {
+        return full::<RecvQueue>(core, 0);
+    }
+    e
 }
 
 /// The queue has no free slot; a QP on a shared receive queue has no
