@@ -287,7 +287,6 @@ fn print_dest(which: &str, d: &Endpoint) {
     );
 }
 
-
 /// INIT → RTR → RTS as `pp_connect_ctx` does it. Like the C program, the
 /// first remote line decides whether there is a GRH, and names its GID.
 fn connect(
@@ -634,7 +633,9 @@ mod tests {
     fn defaults_match_the_c_program() {
         let o = parse_args(&args("")).unwrap();
         assert_eq!(
-            (o.port, o.ib_port, o.size, o.mtu, o.num_qp, o.rx_depth, o.iters, o.sl),
+            (
+                o.port, o.ib_port, o.size, o.mtu, o.num_qp, o.rx_depth, o.iters, o.sl
+            ),
             (18515, 1, 4096, Mtu::Mtu1024, 16, 500, 1000, 0)
         );
         assert!(!o.use_event);
@@ -659,7 +660,9 @@ mod tests {
             (o.num_qp, o.size, o.use_event, o.gidx),
             (2, 65536, true, None)
         );
-        for bad in ["-x", "-m 1000", "-p 70000", "a b", "-i 0", "-p", "-c", "-o", "-s 0", "-q 0", "-q 257"] {
+        for bad in [
+            "-x", "-m 1000", "-p 70000", "a b", "-i 0", "-p", "-c", "-o", "-s 0", "-q 0", "-q 257",
+        ] {
             assert!(parse_args(&args(bad)).is_err(), "{bad}");
         }
     }

@@ -166,7 +166,10 @@ impl Srq {
                 reason: "the PD and the CQ must come from the same Context (device open)".into(),
             });
         }
-        let reservation = cq.inner.rings.reserve(attr.max_wr.into(), "shared receive")?;
+        let reservation = cq
+            .inner
+            .rings
+            .reserve(attr.max_wr.into(), "shared receive")?;
         let mut init = ffi::ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
             attr: ffi::ibv_srq_attr {
@@ -254,9 +257,8 @@ impl Srq {
             srq_limit: limit,
         };
         // SAFETY: valid SRQ; attr is initialised; only srq_limit is read.
-        let rc = unsafe {
-            ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::IBV_SRQ_LIMIT as i32)
-        };
+        let rc =
+            unsafe { ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::IBV_SRQ_LIMIT as i32) };
         if rc == 0 {
             Ok(())
         } else {
@@ -295,7 +297,10 @@ impl Srq {
     /// back in the error with their buffers; `wrs` is not pulled any further.
     /// If `wrs` panics, the requests it yielded since the last verb call are
     /// taken back (their buffers drop with the unwind).
-    pub fn post_recv_list(&mut self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostError> {
+    pub fn post_recv_list(
+        &mut self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), PostError> {
         let mut wrs = wrs.into_iter();
         let mut c_wrs = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; CHUNK];
         let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; CHUNK * MAX_SAFE_SGES];
@@ -308,29 +313,33 @@ impl Srq {
             let mut exhausted = false;
             while guard.n < CHUNK {
                 // (`next` may panic: the guard takes the staged requests back.)
-                let Some(wr) = wrs.next() else {
+                // Staged through a reference: by value it would be copied again.
+                let next = wrs.next();
+                let Some(wr) = &next else {
                     exhausted = true;
                     break;
                 };
                 let n = guard.n;
                 let sges = &mut c_sges[n * MAX_SAFE_SGES..];
-                match guard.srq.stage(wr, &mut c_wrs[n], sges) {
+                // SAFETY: `next` is forgotten once staged, handed back when refused.
+                match unsafe { guard.srq.stage(wr, &mut c_wrs[n], sges) } {
                     Ok(token) => {
+                        std::mem::forget(next);
                         guard.tokens[n] = token;
                         guard.n += 1;
                     }
-                    Err((error, wr)) => {
+                    Err(error) => {
                         // Post what was staged before it, then report.
                         let earlier = guard.submit(&mut c_wrs, &mut c_sges);
-                        let (wr_id, bufs) = (wr.wr_id, wr.into_buffers());
+                        let refused = next.map(|wr| (wr.wr_id, wr.into_buffers()));
                         return Err(match earlier {
                             Err(mut e) => {
-                                e.unposted.push((wr_id, bufs));
+                                e.unposted.extend(refused);
                                 e
                             }
                             Ok(()) => PostError {
                                 error,
-                                unposted: vec![(wr_id, bufs)],
+                                unposted: refused.into_iter().collect(),
                             },
                         });
                     }
@@ -357,38 +366,35 @@ impl Srq {
 
     /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
     /// moves its buffers into a free slot; returns the token (its `wr_id`).
-    /// On refusal nothing changed and `wr` comes back.
-    fn stage(
+    /// On refusal nothing changed.
+    ///
+    /// # Safety
+    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget
+    /// `*wr` (neither drop nor use it again).
+    unsafe fn stage(
         &mut self,
-        wr: RecvWr,
+        wr: &RecvWr,
         c: &mut MaybeUninit<ffi::ibv_recv_wr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
-    ) -> Result<u64, (Error, RecvWr)> {
-        if let Err(e) = wr.validate(self.inner.attr.max_sge) {
-            return Err((e, wr));
-        }
+    ) -> Result<u64, Error> {
+        wr.validate(self.inner.attr.max_sge)?;
         let c = c.write(ffi::ibv_recv_wr {
             num_sge: post::fill_sges(&wr.bufs, sges),
             ..Default::default()
         });
         // SAFETY: producer side (&mut self holds the ring's only producer);
-        // on Some the buffers moved into the slot and `wr` is forgotten below.
+        // on Some the buffers moved into the slot and the caller forgets `wr`.
         let token = unsafe {
             self.inner
                 .ring
                 .fill_srq(&mut self.producer, wr.wr_id, &raw const wr.bufs)
         };
         let Some(token) = token else {
-            let depth = self.depth();
-            return Err((
-                Error::QueueFull {
-                    queue: "shared receive",
-                    depth,
-                },
-                wr,
-            ));
+            return Err(Error::QueueFull {
+                queue: "shared receive",
+                depth: self.depth(),
+            });
         };
-        std::mem::forget(wr);
         c.wr_id = token;
         Ok(token)
     }

@@ -143,7 +143,11 @@ fn check_receive(
     assert_eq!(wc.byte_len as usize, expect.len());
     assert!(seen.insert(wc.wr_id), "wr_id {} came back twice", wc.wr_id);
     let mr = wc.take_mr().expect("the receive's buffer");
-    assert_eq!(Some(&mr.addr()), posted.get(&wc.wr_id), "not the buffer posted with it");
+    assert_eq!(
+        Some(&mr.addr()),
+        posted.get(&wc.wr_id),
+        "not the buffer posted with it"
+    );
     assert_eq!(&mr.as_slice().expect("read")[..expect.len()], expect);
 }
 
@@ -170,17 +174,27 @@ fn sixteen_qps_share_an_srq_and_every_receive_comes_back_once() {
     let sends = wait(&mut s.peer_cq, N * PER_QP);
     assert!(sends.iter().all(|c| c.status == WcStatus::Success));
     let mut wcs = wait(&mut s.cq, N * PER_QP);
-    let index: HashMap<u32, usize> = s.qps.iter().enumerate().map(|(i, q)| (q.qp_num(), i)).collect();
+    let index: HashMap<u32, usize> = s
+        .qps
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (q.qp_num(), i))
+        .collect();
     let mut next = [0usize; N];
     let mut seen = HashSet::new();
     for wc in &mut wcs {
         // The completion names the QP that consumed the receive.
-        let j = *index.get(&wc.qp_num).unwrap_or_else(|| panic!("qp_num {:#x}", wc.qp_num));
+        let j = *index
+            .get(&wc.qp_num)
+            .unwrap_or_else(|| panic!("qp_num {:#x}", wc.qp_num));
         let k = next[j];
         next[j] += 1;
         check_receive(wc, &posted, &mut seen, &message(j, k, LEN - 7 * k - j));
     }
-    assert_eq!(next, [PER_QP; N], "every QP consumed its messages' receives");
+    assert_eq!(
+        next, [PER_QP; N],
+        "every QP consumed its messages' receives"
+    );
     assert_eq!(seen.len(), N * PER_QP);
     assert_eq!(s.srq.posted(), 0);
     // The SRQ refills to its depth; nothing else is in the CQ.
@@ -191,7 +205,10 @@ fn sixteen_qps_share_an_srq_and_every_receive_comes_back_once() {
         .srq
         .refill(|| pool.pop().map(|mr| RecvWr::new(1, mr)))
         .expect("refill");
-    assert_eq!((n, s.srq.posted(), pool.len()), (N * PER_QP, (N * PER_QP) as u64, 5));
+    assert_eq!(
+        (n, s.srq.posted(), pool.len()),
+        (N * PER_QP, (N * PER_QP) as u64, 5)
+    );
     let mut out = Vec::with_capacity(4);
     assert_eq!(s.cq.poll(&mut out).expect("poll"), 0);
 }
@@ -229,11 +246,15 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
         std::thread::scope(|sc| {
             sc.spawn(|| {
                 barrier.wait();
-                p0[0].post_send(SendWr::send(0).sge(big_buf)).expect("big send");
+                p0[0]
+                    .post_send(SendWr::send(0).sge(big_buf))
+                    .expect("big send");
             });
             barrier.wait();
             for (k, mr) in bufs.enumerate() {
-                p1[0].post_send(SendWr::send(1 + k as u64).sge(mr)).expect("small send");
+                p1[0]
+                    .post_send(SendWr::send(1 + k as u64).sge(mr))
+                    .expect("small send");
             }
         });
         wait(&mut s.peer_cq, 1 + SMALL);
@@ -257,7 +278,10 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
             break;
         }
     }
-    assert!(out_of_order, "the receives always completed in posting order");
+    assert!(
+        out_of_order,
+        "the receives always completed in posting order"
+    );
 }
 
 #[test]
@@ -271,7 +295,11 @@ fn a_qp_on_the_srq_in_err_leaves_the_srq_receives_to_the_others() {
     let qp0 = qp0.to_error().expect("to ERR");
     assert_eq!(qp0.outstanding(), (0, 0));
     let mut out = Vec::with_capacity(8);
-    assert_eq!(s.cq.poll(&mut out).expect("poll"), 0, "a receive was flushed: {out:?}");
+    assert_eq!(
+        s.cq.poll(&mut out).expect("poll"),
+        0,
+        "a receive was flushed: {out:?}"
+    );
     assert_eq!(s.srq.posted(), 8);
     // The other QP gets all of them, each once, with its data.
     for k in 0..8 {
@@ -369,7 +397,10 @@ fn qps_on_an_srq_need_its_cq_and_have_no_receive_queue() {
         srq.post_recv(RecvWr::new(i, buffer(&pd, 8))).expect("post");
     }
     let e = srq.post_recv(RecvWr::new(99, buffer(&pd, 8))).unwrap_err();
-    assert!(matches!(e.error, Error::QueueFull { depth: 32, .. }), "{e:?}");
+    assert!(
+        matches!(e.error, Error::QueueFull { depth: 32, .. }),
+        "{e:?}"
+    );
     assert_eq!(e.unposted[0].0, 99);
     // An SRQ that does not fit its CQ is refused.
     let free = u64::from(cq.depth()) - 32;
@@ -397,8 +428,15 @@ fn the_srq_limit_event_arrives_and_can_be_rearmed() {
         }
         wait(&mut s.peer_cq, 5);
         let mut wcs = wait(&mut s.cq, 5);
-        let ev = evs.next(Some(WAIT)).expect("event").expect("SRQ_LIMIT_REACHED in time");
-        assert_eq!(ev, AsyncEvent::SrqLimitReached { srq: s.srq.id() }, "round {round}");
+        let ev = evs
+            .next(Some(WAIT))
+            .expect("event")
+            .expect("SRQ_LIMIT_REACHED in time");
+        assert_eq!(
+            ev,
+            AsyncEvent::SrqLimitReached { srq: s.srq.id() },
+            "round {round}"
+        );
         // The event disarmed the limit.
         assert_eq!(s.srq.query().expect("query").limit, 0);
         // Refill what came back (their buffers, under new wr_ids).
@@ -454,7 +492,13 @@ fn check_closing(out: &str, size: usize, who: &str) {
     }
 }
 
-fn interop(server: (&str, PathBuf), client: (&str, PathBuf), num_qp: Option<u32>, events: bool, port: u16) {
+fn interop(
+    server: (&str, PathBuf),
+    client: (&str, PathBuf),
+    num_qp: Option<u32>,
+    events: bool,
+    port: u16,
+) {
     let gid = gid_index(&ctx());
     let size = 1024;
     let mut args = vec![

@@ -73,12 +73,37 @@
 //!   call back out of the ring. A buffer whose `Drop` panics while the poller
 //!   retires it is contained until the ring's books are consistent, then the
 //!   panic resumes from `poll`; the QP's destructor contains it for good.
+//! * **Shared receive queues** ([`crate::srq`]). Receives posted to an SRQ
+//!   are consumed by whichever QP on it gets a message first, so they
+//!   complete out of posting order across QPs: the in-order sweep above
+//!   would retire receives another QP still fills. An SRQ's ring never
+//!   sweeps: every SRQ receive produces its own completion (success or
+//!   flush), which retires exactly its slot, and slots are reused in any
+//!   order (a free list; each reuse bumps a per-slot generation carried in
+//!   the token). The completion's QP number is whichever QP consumed the
+//!   receive, so it is not checked; the token is validated strictly
+//!   instead: the ring registered under that tag on *this* CQ, the slot
+//!   posted, its generation current. That suffices because an SRQ is bound
+//!   to one CQ and every QP the crate creates on it must use that CQ for its
+//!   receives ([`Error::SrqCqMismatch`]), so the completion of an SRQ receive
+//!   can only appear where its ring is registered; raw posts cannot carry
+//!   tokens. The SRQ reserves its depth on that CQ; a QP on it reserves no
+//!   receive entries and has a receive ring of depth 0 (its `post_recv` is
+//!   refused with [`Error::QpUsesSrq`]). QPs keep the SRQ alive, so
+//!   `ibv_destroy_srq` runs after all of them were destroyed; the buffers
+//!   still posted are released after it returns, and the ring stays
+//!   registered (empty) until the CQ is polled empty, like a destroyed QP's.
+//!   A receive a QP had taken but not completed when that QP left the
+//!   connection (ERR, destroyed) and that the provider neither completes nor
+//!   flushes stays in its slot: its buffer is released with the SRQ, and
+//!   [`Srq::posted`](crate::Srq::posted) keeps counting it.
 //! * **Memory a peer can write** (REMOTE_WRITE/REMOTE_ATOMIC) is never exposed
 //!   as a Rust slice; copies in and out use atomic accesses (see
 //!   [`crate::mr`]).
 //!
 //! # What the argument relies on
-//! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`.
+//! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`
+//! (the shared receive queue rows by `tests/vm_srq.rs`).
 //!
 //! | Assumption | Source | Test |
 //! |---|---|---|
@@ -86,6 +111,10 @@
 //! | No completion for a QP is generated after `ibv_destroy_qp` returns | `ibv_destroy_qp(3)`; Linux rxe `rxe_qp_do_cleanup` stops the QP's tasks (drivers/infiniband/sw/rxe/rxe_qp.c); mlx5 `destroy_qp_common` moves the QP to RESET before destroying it | `no_completion_arrives_after_destroy_returns` |
 //! | ERR flushes every posted request with a completion | `ibv_modify_qp(3)` / IB spec 10.3.1 (error state: "work requests are completed in error") | `the_error_state_flushes_every_posted_request` |
 //! | `wr_id`, `status`, `qp_num` are written for every completion; other fields only as the status and opcode make them valid | `ibv_poll_cq(3)`; rdma-core `providers/mlx5/cq.c` leaves the rest unwritten | `cq::tests` (host, poisoned entries), `failed_completions_report_what_was_posted` |
+//! | An SRQ receive completes once, on the receive CQ of the QP that consumed it, carrying that QP's number | `ibv_create_srq(3)`, `ibv_post_srq_recv(3)`; IB spec vol. 1, 10.2.9 (an SRQ WQE is consumed by one QP and completes on its receive CQ) | `sixteen_qps_share_an_srq_and_every_receive_comes_back_once` |
+//! | SRQ receives may complete out of posting order across the QPs that consume them | IB spec vol. 1, 10.2.9 (in-order completion holds per QP, not per SRQ) | `receives_consumed_out_of_order_across_qps_retire_their_own_slots` (and `qp::ring::srq` unit tests) |
+//! | A QP on an SRQ that enters ERR flushes only the receives it had consumed; the others stay in the SRQ for the other QPs | IB spec vol. 1, 10.2.9.5; Linux rxe `flush_recv_queue` returns early for QPs on an SRQ | `a_qp_on_the_srq_in_err_leaves_the_srq_receives_to_the_others` |
+//! | No completion for an SRQ's receives after `ibv_destroy_srq` returns (it is called after every QP on it is destroyed) | `ibv_destroy_srq(3)` (refused while QPs use the SRQ) | `dropping_the_srq_and_its_qps_with_receives_posted_frees_everything` |
 //! | A CQ of depth `d` holds `d` completions | `ibv_create_cq(3)` (`cqe` is the minimum; the actual depth is read back) | `queues_that_would_overrun_the_cq_are_refused` |
 //!
 //! Not relied on: that RESET discards posted work (some rxe versions keep
@@ -424,14 +453,24 @@ impl<T: QpType> Qp<T, Reset> {
         }
         // SAFETY: ibv_create_qp creates a QP of type T from exactly `init`.
         unsafe {
-            Qp::build_on(pd, send_cq, recv_cq, caps, random_psn(), 1, None, srq, |init| {
-                adjust(init);
-                // SAFETY: valid PD, CQs and SRQ (kept alive by the Arcs the Qp
-                // stores); init is fully initialised; the provider writes the
-                // granted caps back.
-                let raw = ffi::ibv_create_qp(pd.as_raw(), init);
-                NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
-            })
+            Qp::build_on(
+                pd,
+                send_cq,
+                recv_cq,
+                caps,
+                random_psn(),
+                1,
+                None,
+                srq,
+                |init| {
+                    adjust(init);
+                    // SAFETY: valid PD, CQs and SRQ (kept alive by the Arcs the Qp
+                    // stores); init is fully initialised; the provider writes the
+                    // granted caps back.
+                    let raw = ffi::ibv_create_qp(pd.as_raw(), init);
+                    NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
+                },
+            )
         }
     }
 }
@@ -458,7 +497,11 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
     ) -> Result<Qp<T, S>> {
         // SAFETY: forwarded contract.
-        unsafe { Qp::build_on(pd, send_cq, recv_cq, caps, psn, port, keepalive, None, create) }
+        unsafe {
+            Qp::build_on(
+                pd, send_cq, recv_cq, caps, psn, port, keepalive, None, create,
+            )
+        }
     }
 
     /// [`build`](Qp::build) for a QP whose receives come from `srq` when
