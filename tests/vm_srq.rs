@@ -402,6 +402,28 @@ fn qps_on_an_srq_need_its_cq_and_have_no_receive_queue() {
         "{e:?}"
     );
     assert_eq!(e.unposted[0].0, 99);
+    // A panic in the iterator takes the requests staged for that call back
+    // out of the SRQ (their buffers drop with the unwind).
+    drop(e);
+    let mrs_before = res_counts(&dev(&ctx))["mr"];
+    let mut srq2 = Srq::new(&pd, &other, SrqAttr::new(8, 1)).expect("srq 2");
+    let pd2 = pd.clone();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        srq2.post_recv_list((0..4).map(|i| {
+            assert!(i < 3, "iterator panics");
+            RecvWr::new(i, buffer(&pd2, 8))
+        }))
+    }));
+    assert!(r.is_err());
+    assert_eq!(srq2.posted(), 0);
+    assert_eq!(
+        res_counts(&dev(&ctx))["mr"],
+        mrs_before,
+        "the staged buffers were dropped"
+    );
+    srq2.post_recv(RecvWr::new(7, buffer(&pd, 8)))
+        .expect("still usable");
+    assert_eq!(srq2.posted(), 1);
     // An SRQ that does not fit its CQ is refused.
     let free = u64::from(cq.depth()) - 32;
     let e = Srq::new(&pd, &cq, SrqAttr::new(free as u32 + 1, 1)).unwrap_err();
