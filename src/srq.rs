@@ -13,8 +13,9 @@
 //!   the SRQ is bound to.
 //! * The SRQ is bound to one CQ at creation ([`Srq::new`]): it reserves its
 //!   depth there, and every QP created on it with
-//!   [`Qp::new_with_srq`](crate::Qp::new_with_srq) must use that CQ as its
-//!   receive CQ ([`Error::SrqCqMismatch`] otherwise). Such a QP reserves no
+//!   [`Qp::new_with_srq`](crate::Qp::new_with_srq) (or, for rdma_cm,
+//!   [`CmId::create_qp_with_srq`](crate::cm::CmId::create_qp_with_srq)) must
+//!   use that CQ as its receive CQ ([`Error::SrqCqMismatch`] otherwise). Such a QP reserves no
 //!   receive entries and has no receive queue of its own
 //!   ([`Qp::post_recv`](crate::Qp::post_recv) on it is refused with
 //!   [`Error::QpUsesSrq`]).

@@ -453,7 +453,7 @@ impl<T: QpType> Qp<T, Reset> {
         }
         // SAFETY: ibv_create_qp creates a QP of type T from exactly `init`.
         unsafe {
-            Qp::build_on(
+            Qp::build(
                 pd,
                 send_cq,
                 recv_cq,
@@ -485,34 +485,11 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// with nothing posted, writes the granted caps back into it, and hands
     /// over ownership: the returned `Qp` destroys it with `ibv_destroy_qp` and
     /// then drops `keepalive`. `psn` and `port` are what the QP is set up with.
+    /// With `srq`, `create` must create the QP on that SRQ (`init.srq`): its
+    /// receive ring then has depth 0 and reserves nothing on `recv_cq` (the
+    /// SRQ reserved its depth there), and the QP keeps the SRQ alive.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn build(
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
-        caps: QpCaps,
-        psn: u32,
-        port: u8,
-        keepalive: Option<Box<dyn Any + Send + Sync>>,
-        create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
-    ) -> Result<Qp<T, S>> {
-        // SAFETY: forwarded contract.
-        unsafe {
-            Qp::build_on(
-                pd, send_cq, recv_cq, caps, psn, port, keepalive, None, create,
-            )
-        }
-    }
-
-    /// [`build`](Qp::build) for a QP whose receives come from `srq` when
-    /// given: `create` must then create the QP on that SRQ. Its receive ring
-    /// has depth 0 and reserves nothing on `recv_cq` (the SRQ reserved its
-    /// depth there when it was created).
-    ///
-    /// # Safety
-    /// As for [`build`](Qp::build).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn build_on(
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
