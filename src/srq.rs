@@ -241,6 +241,12 @@ impl Srq {
 
     /// Receives posted and not yet retired by a polled completion. Keep it
     /// near [`depth`](Srq::depth) with [`refill`](Srq::refill).
+    ///
+    /// A receive whose completion was consumed by
+    /// [`Cq::poll_raw`](crate::Cq::poll_raw), or that a QP had taken when it
+    /// was destroyed mid-message (if the provider neither completes nor
+    /// flushes it), stays counted here and keeps its slot; its buffer is
+    /// released when the SRQ is destroyed.
     pub fn posted(&self) -> u64 {
         self.producer.in_flight(&self.inner.ring)
     }
