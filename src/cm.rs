@@ -1267,6 +1267,51 @@ impl CmId {
         recv_cq: &Cq,
         caps: QpCaps,
     ) -> Result<Qp<Rc, Init>> {
+        self.create_qp_on(pd, send_cq, recv_cq, None, caps)
+    }
+
+    /// [`create_qp`](CmId::create_qp) for a QP whose receives come from the
+    /// shared receive queue `srq`, as [`Qp::new_with_srq`] makes them:
+    /// `recv_cq` must be the SRQ's CQ ([`Error::SrqCqMismatch`]), the QP
+    /// reserves no receive entries and its `post_recv` is refused. The QP
+    /// keeps the SRQ alive.
+    pub fn create_qp_with_srq(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &crate::Srq,
+        caps: QpCaps,
+    ) -> Result<Qp<Rc, Init>> {
+        self.create_qp_on(pd, send_cq, recv_cq, Some(srq), caps)
+    }
+
+    fn create_qp_on(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&crate::Srq>,
+        caps: QpCaps,
+    ) -> Result<Qp<Rc, Init>> {
+        let (srq, caps) = match srq {
+            Some(srq) => {
+                let srq = srq.inner();
+                if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
+                    return Err(Error::SrqCqMismatch);
+                }
+                let caps = QpCaps {
+                    max_recv_wr: 0,
+                    max_recv_sge: 0,
+                    ..caps
+                };
+                (Some(srq.clone()), caps)
+            }
+            None => (None, caps),
+        };
+        let raw_srq = srq
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |s| s.raw.as_ptr());
         let _g = self.inner.lock();
         let id = self.inner.id();
         // SAFETY: valid id under its lock; plain fields.
@@ -1287,7 +1332,9 @@ impl CmId {
                 0,
                 port,
                 Some(keepalive),
+                srq,
                 |init| {
+                    init.srq = raw_srq;
                     // SAFETY: valid id (under its lock), PD and CQs of its device; init
                     // is fully initialised. The id's previous PD is restored and
                     // id->qp cleared right after (see the module docs).

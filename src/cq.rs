@@ -580,9 +580,8 @@ impl Cq {
                     } else {
                         self.cache.get(&self.inner.rings, tag)
                     };
-                    let (source, posted, recv) = match ring.filter(|r| r.qp_num() == (*wc).qp_num) {
-                        None => (CompletionSource::Foreign, None, false),
-                        Some(ring) => {
+                    let (source, posted, recv) = match ring {
+                        Some(ring) if ring.qp_num() == (*wc).qp_num => {
                             let r = ring.retire(
                                 token as u32,
                                 retired.as_deref_mut(),
@@ -604,6 +603,17 @@ impl Cq {
                                 None => (CompletionSource::Stale, None, false),
                             }
                         }
+                        // A shared receive queue's receive, consumed by any QP
+                        // on it: it retires exactly its own slot.
+                        Some(ring) if ring.is_srq() => match ring.retire_srq(token as u32, bufs) {
+                            Some(r) => (
+                                CompletionSource::Posted,
+                                Some((r.wr_id, ffi::IBV_WC_RECV)),
+                                true,
+                            ),
+                            None => (CompletionSource::Stale, None, false),
+                        },
+                        _ => (CompletionSource::Foreign, None, false),
                     };
                     if posted.is_none() {
                         bufs.write(Sges::default());

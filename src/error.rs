@@ -182,6 +182,24 @@ pub enum Error {
         count: u64,
     },
 
+    /// A QP created on a shared receive queue has no receive queue of its
+    /// own: its receives are posted to the SRQ.
+    #[error(
+        "QP {qp_num:#x} takes its receives from a shared receive queue: post them with Srq::post_recv"
+    )]
+    QpUsesSrq {
+        /// The QP.
+        qp_num: u32,
+    },
+
+    /// A QP on a shared receive queue must complete its receives on the CQ
+    /// the SRQ was created with (the SRQ's receives are accounted there).
+    #[error(
+        "the QP's receive CQ is not the CQ its shared receive queue was created with: an SRQ's receives \
+         complete on that one CQ (Srq::new's cq); create the QP with it as recv_cq"
+    )]
+    SrqCqMismatch,
+
     /// Local access to memory that a remote peer may write at any time.
     #[error(
         "this memory region is remotely writable (REMOTE_WRITE/REMOTE_ATOMIC): a peer may change it at any \

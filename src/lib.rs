@@ -43,6 +43,7 @@ pub mod guide;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod srq;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
@@ -66,3 +67,4 @@ pub use qp::{
     TransitionError, Uc, UcInitAttr, UcRtrAttr, UcSendWr, Ud, UdInitAttr, UdMessage, UdRecvWr,
     UdSendWr,
 };
+pub use srq::{Srq, SrqAttr};

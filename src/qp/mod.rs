@@ -83,13 +83,38 @@
 //!   call back out of the ring. A buffer whose `Drop` panics while the poller
 //!   retires it is contained until the ring's books are consistent, then the
 //!   panic resumes from `poll`; the QP's destructor contains it for good.
+//! * **Shared receive queues** ([`crate::srq`]). Receives posted to an SRQ
+//!   are consumed by whichever QP on it gets a message first, so they
+//!   complete out of posting order across QPs: the in-order sweep above
+//!   would retire receives another QP still fills. An SRQ's ring never
+//!   sweeps: every SRQ receive produces its own completion (success or
+//!   flush), which retires exactly its slot, and slots are reused in any
+//!   order (a free list; each reuse bumps a per-slot generation carried in
+//!   the token). The completion's QP number is whichever QP consumed the
+//!   receive, so it is not checked; the token is validated strictly
+//!   instead: the ring registered under that tag on *this* CQ, the slot
+//!   posted, its generation current. That suffices because an SRQ is bound
+//!   to one CQ and every QP the crate creates on it must use that CQ for its
+//!   receives ([`Error::SrqCqMismatch`]), so the completion of an SRQ receive
+//!   can only appear where its ring is registered; raw posts cannot carry
+//!   tokens. The SRQ reserves its depth on that CQ; a QP on it reserves no
+//!   receive entries and has a receive ring of depth 0 (its `post_recv` is
+//!   refused with [`Error::QpUsesSrq`]). QPs keep the SRQ alive, so
+//!   `ibv_destroy_srq` runs after all of them were destroyed; the buffers
+//!   still posted are released after it returns, and the ring stays
+//!   registered (empty) until the CQ is polled empty, like a destroyed QP's.
+//!   A receive a QP had taken but not completed when that QP left the
+//!   connection (ERR, destroyed) and that the provider neither completes nor
+//!   flushes stays in its slot: its buffer is released with the SRQ, and
+//!   [`Srq::posted`](crate::Srq::posted) keeps counting it.
 //! * **Memory a peer can write** (REMOTE_WRITE/REMOTE_ATOMIC) is never exposed
 //!   as a Rust slice; copies in and out use atomic accesses (see
 //!   [`crate::mr`]).
 //!
 //! # What the argument relies on
 //! Each behaviour below is asserted on soft-RoCE by `tests/vm_soundness.rs`
-//! (UD rows: `tests/vm_ud_uc.rs` and `qp::device_tests`).
+//! (UD rows: `tests/vm_ud_uc.rs` and `qp::device_tests`; the shared receive
+//! queue rows: `tests/vm_srq.rs`).
 //!
 //! | Assumption | Source | Test |
 //! |---|---|---|
@@ -97,6 +122,10 @@
 //! | No completion for a QP is generated after `ibv_destroy_qp` returns | `ibv_destroy_qp(3)`; Linux rxe `rxe_qp_do_cleanup` stops the QP's tasks (drivers/infiniband/sw/rxe/rxe_qp.c); mlx5 `destroy_qp_common` moves the QP to RESET before destroying it | `no_completion_arrives_after_destroy_returns` |
 //! | ERR flushes every posted request with a completion | `ibv_modify_qp(3)` / IB spec 10.3.1 (error state: "work requests are completed in error") | `the_error_state_flushes_every_posted_request` |
 //! | `wr_id`, `status`, `qp_num` are written for every completion; other fields only as the status and opcode make them valid | `ibv_poll_cq(3)`; rdma-core `providers/mlx5/cq.c` leaves the rest unwritten | `cq::tests` (host, poisoned entries), `failed_completions_report_what_was_posted` |
+//! | An SRQ receive completes once, on the receive CQ of the QP that consumed it, carrying that QP's number | `ibv_create_srq(3)`, `ibv_post_srq_recv(3)`; IB spec vol. 1, 10.2.9 (an SRQ WQE is consumed by one QP and completes on its receive CQ) | `sixteen_qps_share_an_srq_and_every_receive_comes_back_once` |
+//! | SRQ receives may complete out of posting order across the QPs that consume them | IB spec vol. 1, 10.2.9 (in-order completion holds per QP, not per SRQ) | `receives_consumed_out_of_order_across_qps_retire_their_own_slots` (and `qp::ring::srq` unit tests) |
+//! | A QP on an SRQ that enters ERR flushes only the receives it had consumed; the others stay in the SRQ for the other QPs | IB spec vol. 1, 10.2.9.5; Linux rxe `flush_recv_queue` returns early for QPs on an SRQ | `a_qp_on_the_srq_in_err_leaves_the_srq_receives_to_the_others` |
+//! | No completion for an SRQ's receives after `ibv_destroy_srq` returns (it is called after every QP on it is destroyed) | `ibv_destroy_srq(3)` (refused while QPs use the SRQ) | `dropping_the_srq_and_its_qps_with_receives_posted_frees_everything` |
 //! | A CQ of depth `d` holds `d` completions | `ibv_create_cq(3)` (`cqe` is the minimum; the actual depth is read back) | `queues_that_would_overrun_the_cq_are_refused` |
 //! | A UD receive's first 40 bytes take the GRH: with a 40-byte first SGE the GRH fills it and the payload starts at the second; `byte_len` counts the 40 | IB spec vol. 1, 11.4.1.2 (`ibv_post_recv(3)`: "the first 40 bytes of the buffer"); Linux rxe `send_data_in` of the GRH before the payload (drivers/infiniband/sw/rxe/rxe_resp.c) | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` |
 //! | A UD receive's GRH bytes are the IPv6 GRH, or on RoCE v2/IPv4 an IPv4 header in bytes 20..40 | rdma-core `ibv_init_ah_from_wc` (libibverbs/verbs.c) reads them so | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` (`sgid`, `from_completion`) |
@@ -139,7 +168,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod attr;
-mod post;
+pub(crate) mod post;
 mod queue;
 pub(crate) mod ring;
 mod sges;
@@ -163,6 +192,7 @@ use crate::cq::{Cq, CqInner};
 use crate::error::{Error, Result, errno, last_errno};
 use crate::ffi;
 use crate::pd::Pd;
+use crate::srq::{Srq, SrqInner};
 
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
@@ -200,6 +230,9 @@ struct QpCore {
     pd: Pd,
     /// UD only: the address handles of posted sends and the largest payload.
     ud: Option<Box<ud::UdState>>,
+    /// The shared receive queue the QP takes its receives from (its own
+    /// receive ring then has depth 0); released after the QP is destroyed.
+    srq: Option<Arc<SrqInner>>,
     /// Dropped after the QP is destroyed (e.g. the rdma_cm id that created it).
     _keepalive: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -397,10 +430,52 @@ impl Qp<Rc, Reset> {
     pub fn new(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Rc, Reset>> {
         Qp::create(pd, send_cq, recv_cq, caps)
     }
+
+    /// Creates an RC QP whose receives come from the shared receive queue
+    /// `srq` (see [`crate::srq`]): its own receive queue is not used
+    /// (`caps.max_recv_wr` and `max_recv_sge` are ignored, and
+    /// [`post_recv`](Qp::post_recv) is refused with [`Error::QpUsesSrq`]),
+    /// and it reserves no receive entries on `recv_cq`, which must be the CQ
+    /// the SRQ was created with ([`Error::SrqCqMismatch`] otherwise). The QP
+    /// keeps the SRQ alive.
+    pub fn new_with_srq(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        caps: QpCaps,
+    ) -> Result<Qp<Rc, Reset>> {
+        let srq = srq.inner();
+        if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
+            return Err(Error::SrqCqMismatch);
+        }
+        let caps = QpCaps {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..caps
+        };
+        let raw_srq = srq.raw.as_ptr();
+        Qp::create_with(pd, send_cq, recv_cq, caps, Some(srq.clone()), |init| {
+            init.srq = raw_srq;
+        })
+    }
 }
 
 impl<T: QpType> Qp<T, Reset> {
     fn create(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<T, Reset>> {
+        Qp::create_with(pd, send_cq, recv_cq, caps, None, |_| {})
+    }
+
+    /// [`create`](Qp::create), on `srq` if given, with `adjust` applied to the
+    /// init attributes last.
+    fn create_with(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: Option<Arc<SrqInner>>,
+        adjust: impl FnOnce(&mut ffi::ibv_qp_init_attr),
+    ) -> Result<Qp<T, Reset>> {
         // The kernel resolves CQ handles in the PD's context: a CQ of another
         // context would silently name some other CQ there.
         let ctx = pd.context().as_raw();
@@ -415,12 +490,24 @@ impl<T: QpType> Qp<T, Reset> {
         }
         // SAFETY: ibv_create_qp creates a QP of type T from exactly `init`.
         unsafe {
-            Qp::build(pd, send_cq, recv_cq, caps, random_psn(), 1, None, |init| {
-                // SAFETY: valid PD and CQs (kept alive by the Arcs the Qp stores);
-                // init is fully initialised; the provider writes the granted caps back.
-                let raw = ffi::ibv_create_qp(pd.as_raw(), init);
-                NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
-            })
+            Qp::build(
+                pd,
+                send_cq,
+                recv_cq,
+                caps,
+                random_psn(),
+                1,
+                None,
+                srq,
+                |init| {
+                    adjust(init);
+                    // SAFETY: valid PD, CQs and SRQ (kept alive by the Arcs the Qp
+                    // stores); init is fully initialised; the provider writes the
+                    // granted caps back.
+                    let raw = ffi::ibv_create_qp(pd.as_raw(), init);
+                    NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
+                },
+            )
         }
     }
 }
@@ -435,6 +522,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// with nothing posted, writes the granted caps back into it, and hands
     /// over ownership: the returned `Qp` destroys it with `ibv_destroy_qp` and
     /// then drops `keepalive`. `psn` and `port` are what the QP is set up with.
+    /// With `srq`, `create` must create the QP on that SRQ (`init.srq`): its
+    /// receive ring then has depth 0 and reserves nothing on `recv_cq` (the
+    /// SRQ reserved its depth there), and the QP keeps the SRQ alive.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn build(
         pd: &Pd,
@@ -444,10 +534,15 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         psn: u32,
         port: u8,
         keepalive: Option<Box<dyn Any + Send + Sync>>,
+        srq: Option<Arc<SrqInner>>,
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
     ) -> Result<Qp<T, S>> {
         let sq_want = caps.max_send_wr.max(1);
-        let rq_want = caps.max_recv_wr.max(1);
+        let rq_want = if srq.is_some() {
+            0
+        } else {
+            caps.max_recv_wr.max(1)
+        };
         let sq_res = send_cq.inner.rings.reserve(sq_want.into(), "send")?;
         let rq_res = recv_cq.inner.rings.reserve(rq_want.into(), "receive")?;
         let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
@@ -476,6 +571,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 recv_cq: recv_cq.inner.clone(),
                 pd: pd.clone(),
                 ud: None,
+                srq,
                 _keepalive: keepalive,
             },
             _marker: PhantomData,

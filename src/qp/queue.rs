@@ -162,6 +162,7 @@ impl WorkQueue for RecvQueue {
     #[inline(always)]
     fn validate(core: &QpCore, wr: &RecvWr) -> Result<(), Error> {
         wr.validate(core.caps.max_recv_sge)
+            .map_err(|e| recv_refused(core, e))
     }
 
     #[inline(always)]
@@ -221,10 +222,7 @@ unsafe fn stage<Q: WorkQueue>(
     let (ring, head) = Q::ring_and_head(core);
     let (in_flight, depth) = (ring.in_flight(*head), ring.depth());
     if in_flight >= depth {
-        return Err(Error::QueueFull {
-            queue: Q::NAME,
-            depth: depth as u32,
-        });
+        return Err(full::<Q>(core, depth));
     }
     let (c, meta) = Q::write_c(core, wr, c, sges, in_flight + 1 == depth);
     let (wr_id, bufs) = Q::id_and_bufs(wr);
@@ -238,6 +236,33 @@ unsafe fn stage<Q: WorkQueue>(
     // SAFETY: the caller forgets `*wr` (this function's contract).
     unsafe { Q::staged(core, seq, wr) };
     Ok(())
+}
+
+/// A receive was refused: on a QP on a shared receive queue (no receive
+/// queue of its own, no scatter entries), say so first.
+#[cold]
+#[inline(never)]
+fn recv_refused(core: &QpCore, e: Error) -> Error {
+    if core.srq.is_some() {
+        return full::<RecvQueue>(core, 0);
+    }
+    e
+}
+
+/// The queue has no free slot; a QP on a shared receive queue has no
+/// receive queue at all (depth 0).
+#[cold]
+#[inline(never)]
+fn full<Q: WorkQueue>(core: &QpCore, depth: u64) -> Error {
+    if depth == 0 && core.srq.is_some() {
+        // SAFETY: raw is a live QP; qp_num is a plain field.
+        let qp_num = unsafe { (*core.raw.as_ptr()).qp_num };
+        return Error::QpUsesSrq { qp_num };
+    }
+    Error::QueueFull {
+        queue: Q::NAME,
+        depth: depth as u32,
+    }
 }
 
 /// Posts the `n` staged requests (sequence numbers from `first_seq`) with one

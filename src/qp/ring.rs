@@ -29,6 +29,9 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::qp::sges::Sges;
 
+mod srq;
+pub(crate) use srq::SrqProducer;
+
 const EMPTY: u8 = 0;
 const POSTED: u8 = 1;
 
@@ -106,8 +109,11 @@ pub(crate) struct Ring {
     tail: AtomicU64,
     /// High half of every token: index in the CQ's table and generation.
     tag: u32,
-    /// The QP whose queue this is (completions of other QPs never match).
+    /// The QP whose queue this is (completions of other QPs never match), or
+    /// `SRQ_QPN` for a shared receive queue's ring.
     qp_num: u32,
+    /// A shared receive queue's free slots (`None` for a QP's own queues).
+    srq: Option<srq::FreeList>,
 }
 
 // SAFETY: slot data is only touched by whoever won the slot's POSTED → EMPTY
@@ -118,9 +124,11 @@ unsafe impl Send for Ring {}
 unsafe impl Sync for Ring {}
 
 impl Ring {
+    /// A ring for `depth` requests. Depth 0 (a QP whose receives come from a
+    /// shared receive queue) refuses every post.
     pub(crate) fn new(depth: u32, tag: u32, qp_num: u32) -> Ring {
-        let cap = depth.clamp(1, 1 << 30);
-        let n = cap.next_power_of_two();
+        let cap = depth.min(1 << 30);
+        let n = cap.next_power_of_two().max(1);
         let slots = (0..n)
             .map(|_| Slot {
                 seq: AtomicU32::new(0),
@@ -135,6 +143,7 @@ impl Ring {
             tail: AtomicU64::new(0),
             tag,
             qp_num,
+            srq: None,
         }
     }
 

@@ -1,0 +1,676 @@
+//! `srq_pingpong`: a Rust port of rdma-core's `ibv_srq_pingpong`,
+//! wire-compatible with it (either side can be the C program).
+//!
+//! ```text
+//! srq_pingpong [options]          start a server and wait for connection
+//! srq_pingpong [options] <host>   connect to server at <host>
+//! ```
+//!
+//! `num_qp` RC QPs share one shared receive queue ([`Srq`]) and one CQ; each
+//! QP ping-pongs messages with its peer QP, and the receives every QP needs
+//! come from the SRQ, which is refilled to `rx_depth` whenever no more than
+//! `num_qp` receives are left in it (as the C program does).
+//!
+//! Same options, defaults and output as the C program: `-p` TCP port (18515),
+//! `-d` device (first found), `-i` device port (1), `-s` message size (4096),
+//! `-m` path MTU (1024), `-q` QPs (16), `-r` receives posted at a time (500),
+//! `-n` exchanges in all, over every QP (1000), `-l` service level (0), `-e`
+//! sleep on CQ events instead of busy-polling, `-g` GID index (none; RoCE needs
+//! one, usually 1 on soft-RoCE). Long forms (`--num-qp=4`) work too. The C
+//! program has no `-o`/`-c`. Its TCP exchange sends 256 address lines each way
+//! (its `MAX_QP`; the lines past `num_qp` are zero) and so does this one.
+//!
+//! Differences from the C program, all invisible on the wire:
+//! * The data path is this crate's safe one: each receive owns its buffer
+//!   (one registration cut into `rx_depth + num_qp` pieces of `size` bytes:
+//!   the receives and one send buffer per QP), and the buffers come back with
+//!   the completion of whichever QP consumed them.
+//! * `-q` must be 1 to 256 (the C program does not check; more than 256
+//!   overruns its arrays).
+//! * The client retries connecting for up to 10 seconds (the C client gives
+//!   up at once when the server is not listening yet).
+//!
+//! Run it inside the soft-RoCE guest, e.g. against the C program:
+//! `cargo xtask run -- sh -c 'ibv_srq_pingpong -g 1 -n 64 & sleep 1; target/debug/examples/srq_pingpong -g 1 -n 64 10.99.0.1'`
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream};
+use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::{
+    AccessFlags, CompletionChannel, Context, Cq, Endpoint, Gid, InitAttr, LinkLayer, Mr, Mtu, Pd,
+    Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr, Srq, SrqAttr,
+};
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// The C program's `MAX_QP`: how many address lines each side sends.
+const MAX_QP: usize = 256;
+
+/// How long the client keeps trying to reach the server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Opts {
+    port: u16,
+    ib_devname: Option<String>,
+    ib_port: u8,
+    size: usize,
+    mtu: Mtu,
+    num_qp: u32,
+    rx_depth: u32,
+    iters: u32,
+    sl: u8,
+    use_event: bool,
+    gidx: Option<u8>,
+    servername: Option<String>,
+}
+
+impl Default for Opts {
+    fn default() -> Opts {
+        Opts {
+            port: exchange::DEFAULT_PORT,
+            ib_devname: None,
+            ib_port: 1,
+            size: 4096,
+            mtu: Mtu::Mtu1024,
+            num_qp: 16,
+            rx_depth: 500,
+            iters: 1000,
+            sl: 0,
+            use_event: false,
+            gidx: None,
+            servername: None,
+        }
+    }
+}
+
+fn usage(argv0: &str) {
+    println!("Usage:");
+    println!("  {argv0}            start a server and wait for connection");
+    println!("  {argv0} <host>     connect to server at <host>");
+    println!();
+    println!("Options:");
+    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
+    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
+    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
+    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
+    println!("  -m, --mtu=<size>       path MTU (default 1024)");
+    println!("  -q, --num-qp=<num>     number of QPs to use (default 16)");
+    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
+    println!("  -n, --iters=<iters>    number of exchanges per QP(default 1000)");
+    println!("  -l, --sl=<sl>          service level value");
+    println!("  -e, --events           sleep on CQ events (default poll)");
+    println!("  -g, --gid-idx=<gid index> local port gid index");
+    println!("  -h, --help             print this help");
+}
+
+/// `strtol(s, NULL, 0)`: decimal, `0x` hex or `0` octal, optional sign.
+fn c_long(s: &str) -> Option<i64> {
+    let s = s.trim_start();
+    let (neg, s) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let v = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        i64::from_str_radix(h, 16).ok()?
+    } else if s.len() > 1 && s.starts_with('0') {
+        i64::from_str_radix(&s[1..], 8).ok()?
+    } else {
+        s.parse::<i64>().ok()?
+    };
+    Some(if neg { -v } else { v })
+}
+
+fn num<T: TryFrom<i64>>(opt: char, v: &str) -> Result<T, String> {
+    c_long(v)
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| format!("invalid value `{v}` for -{opt}"))
+}
+
+/// getopt_long("p:d:i:s:m:q:r:n:l:eg:") with GNU permutation.
+fn parse_args(args: &[String]) -> Result<Opts, String> {
+    const LONG: &[(&str, char, bool)] = &[
+        ("port", 'p', true),
+        ("ib-dev", 'd', true),
+        ("ib-port", 'i', true),
+        ("size", 's', true),
+        ("mtu", 'm', true),
+        ("num-qp", 'q', true),
+        ("rx-depth", 'r', true),
+        ("iters", 'n', true),
+        ("sl", 'l', true),
+        ("events", 'e', false),
+        ("gid-idx", 'g', true),
+    ];
+    let takes_arg = |c: char| LONG.iter().find(|l| l.1 == c).map(|l| l.2);
+    let mut o = Opts::default();
+    let mut positional = Vec::new();
+    let mut it = args.iter().skip(1);
+    let mut only_positional = false;
+    while let Some(arg) = it.next() {
+        let mut opts: Vec<(char, Option<String>)> = Vec::new();
+        if only_positional || arg == "-" || !arg.starts_with('-') {
+            positional.push(arg.clone());
+            continue;
+        } else if arg == "--" {
+            only_positional = true;
+            continue;
+        } else if let Some(long) = arg.strip_prefix("--") {
+            let (name, val) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (long, None),
+            };
+            let Some(&(_, c, has_arg)) = LONG.iter().find(|l| l.0 == name) else {
+                return Err(format!("unrecognized option '--{name}'"));
+            };
+            let val = match (has_arg, val) {
+                (true, Some(v)) => Some(v),
+                (true, None) => Some(
+                    it.next()
+                        .cloned()
+                        .ok_or_else(|| format!("option '--{name}' requires an argument"))?,
+                ),
+                (false, Some(_)) => {
+                    return Err(format!("option '--{name}' doesn't allow an argument"));
+                }
+                (false, None) => None,
+            };
+            opts.push((c, val));
+        } else {
+            let body = &arg[1..];
+            for (i, c) in body.char_indices() {
+                match takes_arg(c) {
+                    None => return Err(format!("invalid option -- '{c}'")),
+                    Some(false) => opts.push((c, None)),
+                    Some(true) => {
+                        let rest = &body[i + c.len_utf8()..];
+                        let v = if rest.is_empty() {
+                            it.next()
+                                .cloned()
+                                .ok_or_else(|| format!("option requires an argument -- '{c}'"))?
+                        } else {
+                            rest.to_owned()
+                        };
+                        opts.push((c, Some(v)));
+                        break;
+                    }
+                }
+            }
+        }
+        for (c, v) in opts {
+            let v = v.unwrap_or_default();
+            match c {
+                'p' => o.port = num('p', &v)?,
+                'd' => o.ib_devname = Some(v),
+                'i' => {
+                    o.ib_port = num('i', &v)?;
+                    if o.ib_port < 1 {
+                        return Err("-i must be at least 1".into());
+                    }
+                }
+                's' => {
+                    o.size = num('s', &v)?;
+                    if o.size < 1 {
+                        return Err("-s must be at least 1".into());
+                    }
+                }
+                'm' => {
+                    let bytes: u32 = num('m', &v)?;
+                    o.mtu = Mtu::from_bytes(bytes)
+                        .ok_or_else(|| format!("invalid MTU {v} (256, 512, 1024, 2048 or 4096)"))?;
+                }
+                'q' => o.num_qp = num('q', &v)?,
+                'r' => o.rx_depth = num('r', &v)?,
+                'n' => o.iters = num('n', &v)?,
+                'l' => o.sl = num('l', &v)?,
+                'e' => o.use_event = true,
+                'g' => {
+                    let g: i64 = num('g', &v)?;
+                    o.gidx = u8::try_from(g).ok();
+                }
+                other => return Err(format!("option -{other} is not supported by this port")),
+            }
+        }
+    }
+    match positional.len() {
+        0 => {}
+        1 => o.servername = positional.pop(),
+        _ => return Err("too many arguments".into()),
+    }
+    if o.num_qp == 0 || o.num_qp as usize > MAX_QP {
+        return Err(format!("-q must be 1 to {MAX_QP}"));
+    }
+    Ok(o)
+}
+
+unsafe extern "C" {
+    /// glibc's `inet_ntop` (not bound by the libc crate).
+    fn inet_ntop(
+        af: libc::c_int,
+        src: *const libc::c_void,
+        dst: *mut libc::c_char,
+        size: libc::socklen_t,
+    ) -> *const libc::c_char;
+}
+
+/// The GID as `inet_ntop(AF_INET6)` prints it, exactly like the C program.
+fn ntop(gid: &Gid) -> String {
+    let mut buf = [0 as libc::c_char; 64];
+    let raw = gid.raw();
+    // SAFETY: raw is 16 bytes (an in6_addr); buf has room for INET6_ADDRSTRLEN.
+    let p = unsafe {
+        inet_ntop(
+            libc::AF_INET6,
+            raw.as_ptr().cast(),
+            buf.as_mut_ptr(),
+            buf.len() as libc::socklen_t,
+        )
+    };
+    if p.is_null() {
+        return gid.to_string();
+    }
+    // SAFETY: inet_ntop wrote a NUL-terminated string into buf.
+    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn print_dest(which: &str, d: &Endpoint) {
+    println!(
+        "  {which} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        d.lid,
+        d.qpn,
+        d.psn,
+        ntop(&d.gid)
+    );
+}
+
+/// INIT → RTR → RTS as `pp_connect_ctx` does it. Like the C program, the
+/// first remote line decides whether there is a GRH, and names its GID.
+fn connect(
+    qp: Qp<Rc, Init>,
+    o: &Opts,
+    my_psn: u32,
+    dest: &Endpoint,
+    first: &Endpoint,
+) -> Result<Qp<Rc, Rts>, String> {
+    let grh = (first.gid.interface_id() != 0).then(|| o.gidx.unwrap_or(0));
+    let dest = Endpoint {
+        gid: first.gid,
+        ..*dest
+    };
+    let attr = RtrAttr::new(&dest, o.ib_port, o.mtu, grh).sl(o.sl);
+    let qp = qp
+        .rtr(attr)
+        .map_err(|e| format!("Failed to modify QP to RTR: {}", e.error))?;
+    qp.rts(RtsAttr::new(my_psn))
+        .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))
+}
+
+/// Connects every QP to its line of `rem`.
+fn connect_all(
+    qps: Vec<Qp<Rc, Init>>,
+    o: &Opts,
+    my: &[Endpoint],
+    rem: &[Endpoint],
+) -> Result<Vec<Qp<Rc, Rts>>, String> {
+    qps.into_iter()
+        .enumerate()
+        .map(|(i, qp)| {
+            connect(qp, o, my[i].psn, &rem[i], &rem[0])
+                .map_err(|e| e.replace("QP to", &format!("QP[{i}] to")))
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let argv0 = args
+        .first()
+        .map_or("srq_pingpong", String::as_str)
+        .to_owned();
+    if args.iter().skip(1).any(|a| a == "-h" || a == "--help") {
+        usage(&argv0);
+        return ExitCode::SUCCESS;
+    }
+    let o = match parse_args(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{argv0}: {e}");
+            usage(&argv0);
+            return ExitCode::from(1);
+        }
+    };
+    if o.num_qp > o.rx_depth {
+        eprintln!(
+            "rx_depth {} is too small for {} QPs -- must have at least one receive per QP.",
+            o.rx_depth, o.num_qp
+        );
+        return ExitCode::from(1);
+    }
+    match run(&o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Sends `buf` on `qp` (inline when it fits: the buffer stays here).
+fn post_send(qp: &mut Qp<Rc, Rts>, buf: Mr, inline: bool) -> Result<Option<Mr>, String> {
+    let err = |e: rdma_verbs::PostError| format!("Couldn't post send: {}", e.error);
+    if inline {
+        let data = buf.as_slice().map_err(|e| e.to_string())?;
+        qp.post_send(SendWr::send_inline(SEND_WRID, data))
+            .map_err(err)?;
+        Ok(Some(buf))
+    } else {
+        qp.post_send(SendWr::send(SEND_WRID).sge(buf))
+            .map_err(err)?;
+        Ok(None)
+    }
+}
+
+fn run(o: &Opts) -> Result<(), String> {
+    let num_qp = o.num_qp as usize;
+    let ctx = Context::open(o.ib_devname.as_deref()).map_err(|e| match (&o.ib_devname, e) {
+        (Some(name), rdma_verbs::Error::DeviceNotFound { .. }) => {
+            format!("IB device {name} not found")
+        }
+        (_, rdma_verbs::Error::NoDevices) => "No IB devices found".to_owned(),
+        (_, e) => format!("Couldn't get context: {e}"),
+    })?;
+    let channel = if o.use_event {
+        Some(
+            CompletionChannel::new(&ctx)
+                .map_err(|e| format!("Couldn't create completion channel: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let pd = Pd::new(&ctx).map_err(|e| format!("Couldn't allocate PD: {e}"))?;
+
+    // Buffers: rx_depth receives plus one send buffer per QP, from one registration.
+    let nbufs = o.rx_depth as usize + num_qp;
+    let total = o
+        .size
+        .checked_mul(nbufs)
+        .ok_or("message size times rx depth overflows")?;
+    let mut all = Mr::new(&pd, total, AccessFlags::LOCAL_WRITE)
+        .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    let mut bufs: Vec<Mr> = Vec::with_capacity(nbufs);
+    for _ in 0..nbufs - 1 {
+        bufs.push(all.split_to(o.size).map_err(|e| e.to_string())?);
+    }
+    bufs.push(all);
+    // One send buffer per QP; the rest are the receives.
+    let mut send_bufs: Vec<Option<Mr>> = bufs.drain(..num_qp).map(Some).collect();
+    let mut spare = bufs;
+
+    // The SRQ's rx_depth entries plus one send per QP: the C program's CQ size.
+    let depth = o.rx_depth + o.num_qp;
+    let mut cq = match &channel {
+        Some(ch) => Cq::with_channel(&ctx, depth, ch),
+        None => Cq::new(&ctx, depth),
+    }
+    .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+    let mut srq = Srq::new(&pd, &cq, SrqAttr::new(o.rx_depth, 1))
+        .map_err(|e| format!("Couldn't create SRQ: {e}"))?;
+
+    let caps = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+        sq_sig_all: false,
+    };
+    let mut use_inline = true;
+    let mut qps = Vec::with_capacity(num_qp);
+    for i in 0..num_qp {
+        let qp = Qp::new_with_srq(&pd, &cq, &cq, &srq, caps)
+            .map_err(|e| format!("Couldn't create QP[{i}]: {e}"))?;
+        use_inline &= qp.caps().max_inline_data as usize >= o.size;
+        qps.push(qp);
+    }
+    let qps = qps
+        .into_iter()
+        .enumerate()
+        .map(|(i, qp)| {
+            qp.init(InitAttr::new(o.ib_port, AccessFlags::empty()))
+                .map_err(|e| format!("Failed to modify QP[{i}] to INIT: {}", e.error))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+
+    let refill = |srq: &mut Srq, spare: &mut Vec<Mr>| -> Result<(), String> {
+        srq.refill(|| spare.pop().map(|mr| RecvWr::new(RECV_WRID, mr)))
+            .map_err(|e| format!("Couldn't post receive ({}): {}", srq.posted(), e.error))?;
+        if srq.posted() < u64::from(o.rx_depth) {
+            return Err(format!("Couldn't post receive ({})", srq.posted()));
+        }
+        Ok(())
+    };
+    refill(&mut srq, &mut spare)?;
+
+    if o.use_event {
+        cq.req_notify(false)
+            .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
+    }
+
+    let portinfo = ctx
+        .query_port(o.ib_port)
+        .map_err(|e| format!("Couldn't get port info: {e}"))?;
+    let gid = match o.gidx {
+        Some(g) => ctx
+            .query_gid(o.ib_port, g)
+            .map_err(|_| format!("Could not get local gid for gid index {g}"))?,
+        None => Gid::ZERO,
+    };
+    // MAX_QP lines; those past num_qp stay zero, as in the C program.
+    let mut my_dest = vec![
+        Endpoint {
+            lid: 0,
+            qpn: 0,
+            psn: 0,
+            gid: Gid::ZERO,
+        };
+        MAX_QP
+    ];
+    for (d, qp) in my_dest.iter_mut().zip(&qps) {
+        *d = Endpoint {
+            lid: portinfo.lid,
+            qpn: qp.qp_num(),
+            psn: qp.psn(),
+            gid,
+        };
+        if portinfo.link_layer != LinkLayer::Ethernet && d.lid == 0 {
+            return Err("Couldn't get local LID".into());
+        }
+        print_dest("local address: ", d);
+    }
+
+    let exchange_err = |e: rdma_verbs::Error| format!("Couldn't exchange addresses: {e}");
+    let (rem_dest, mut qps) = match &o.servername {
+        Some(host) => {
+            let mut s = ExchangeStream::connect(host, o.port, CONNECT_TIMEOUT)
+                .map_err(|e| format!("Couldn't connect to {host}:{}: {e}", o.port))?;
+            for d in &my_dest {
+                s.send(d).map_err(exchange_err)?;
+            }
+            let rem = (0..MAX_QP)
+                .map(|_| s.recv::<Endpoint>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(exchange_err)?;
+            s.send_done().map_err(exchange_err)?;
+            drop(s);
+            let qps = connect_all(qps, o, &my_dest, &rem)?;
+            (rem, qps)
+        }
+        None => {
+            let listener = ExchangeListener::bind(o.port)
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", o.port))?;
+            let mut s = listener.accept(None).map_err(exchange_err)?;
+            drop(listener);
+            let rem = (0..MAX_QP)
+                .map(|_| s.recv::<Endpoint>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(exchange_err)?;
+            // Connected before answering, so the client's first message finds them ready.
+            let qps = connect_all(qps, o, &my_dest, &rem)
+                .map_err(|e| format!("{e}\nCouldn't connect to remote QP"))?;
+            for d in &my_dest {
+                s.send(d).map_err(exchange_err)?;
+            }
+            s.recv_done().map_err(exchange_err)?;
+            (rem, qps)
+        }
+    };
+    for d in &rem_dest[..num_qp] {
+        print_dest("remote address:", d);
+    }
+
+    // pending[i]: what QP i still waits for before its next send.
+    let mut pending = vec![RECV_WRID; num_qp];
+    if o.servername.is_some() {
+        for (i, qp) in qps.iter_mut().enumerate() {
+            let buf = send_bufs[i].take().ok_or("Couldn't post send: no buffer")?;
+            send_bufs[i] = post_send(qp, buf, use_inline)?;
+            pending[i] = SEND_WRID | RECV_WRID;
+        }
+    }
+
+    let start = Instant::now();
+    let (mut rcnt, mut scnt) = (0u32, 0u32);
+    let mut wcs = Vec::with_capacity(depth as usize);
+    while rcnt < o.iters || scnt < o.iters {
+        wcs.clear();
+        if o.use_event {
+            cq.wait_poll(&mut wcs, None)
+                .map_err(|e| format!("Failed to get cq_event: {e}"))?;
+        } else {
+            while cq
+                .poll(&mut wcs)
+                .map_err(|e| format!("poll CQ failed {e}"))?
+                == 0
+            {}
+        }
+        for mut wc in wcs.drain(..) {
+            if !wc.status.is_success() {
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    wc.status.description(),
+                    wc.status.as_raw(),
+                    wc.wr_id
+                ));
+            }
+            let Some(i) = qps.iter().position(|q| q.qp_num() == wc.qp_num) else {
+                return Err(format!("Couldn't find QPN {:06x}", wc.qp_num));
+            };
+            match wc.wr_id {
+                SEND_WRID => {
+                    scnt += 1;
+                    // A sent buffer (not inline) comes back to its QP.
+                    if let Some(mr) = wc.take_mr() {
+                        send_bufs[i] = Some(mr);
+                    }
+                }
+                RECV_WRID => {
+                    // The buffer of the receive, from whichever QP took it.
+                    let mr = wc.take_mr().ok_or("receive came back without its buffer")?;
+                    spare.push(mr);
+                    if srq.posted() <= u64::from(o.num_qp) {
+                        refill(&mut srq, &mut spare)?;
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}")),
+            }
+            pending[i] &= !wc.wr_id;
+            if scnt < o.iters && pending[i] == 0 {
+                let buf = send_bufs[i].take().ok_or("Couldn't post send: no buffer")?;
+                send_bufs[i] = post_send(&mut qps[i], buf, use_inline)?;
+                pending[i] = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = o.size as i64 * i64::from(o.iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        usec / 1e6,
+        usec / f64::from(o.iters)
+    );
+    // Destroy in the C program's order: QPs, SRQ (its receives' buffers are
+    // released then), CQ (its Drop acknowledges the CQ events), MRs, PD,
+    // channel, context.
+    drop(qps);
+    drop(srq);
+    drop(cq);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        std::iter::once("srq_pingpong")
+            .chain(s.split_whitespace())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_c_program() {
+        let o = parse_args(&args("")).unwrap();
+        assert_eq!(
+            (
+                o.port, o.ib_port, o.size, o.mtu, o.num_qp, o.rx_depth, o.iters, o.sl
+            ),
+            (18515, 1, 4096, Mtu::Mtu1024, 16, 500, 1000, 0)
+        );
+        assert!(!o.use_event);
+        assert!(o.gidx.is_none() && o.servername.is_none() && o.ib_devname.is_none());
+    }
+
+    #[test]
+    fn getopt_forms() {
+        let o = parse_args(&args(
+            "-p 1234 -d rxe0 -s1 -m 4096 -q4 -r 0x10 -n 010 -l 2 -eg 1 10.99.0.1",
+        ))
+        .unwrap();
+        assert_eq!(o.port, 1234);
+        assert_eq!(o.ib_devname.as_deref(), Some("rxe0"));
+        assert_eq!((o.size, o.mtu, o.num_qp), (1, Mtu::Mtu4096, 4));
+        assert_eq!((o.rx_depth, o.iters, o.sl), (16, 8, 2));
+        assert!(o.use_event);
+        assert_eq!(o.gidx, Some(1));
+        assert_eq!(o.servername.as_deref(), Some("10.99.0.1"));
+        let o = parse_args(&args("--num-qp=2 --size 65536 --events --gid-idx=-1 host")).unwrap();
+        assert_eq!(
+            (o.num_qp, o.size, o.use_event, o.gidx),
+            (2, 65536, true, None)
+        );
+        for bad in [
+            "-x", "-m 1000", "-p 70000", "a b", "-i 0", "-p", "-c", "-o", "-s 0", "-q 0", "-q 257",
+        ] {
+            assert!(parse_args(&args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ntop_matches_inet_ntop() {
+        let g: Gid = "::ffff:10.99.0.1".parse().unwrap();
+        assert_eq!(ntop(&g), "::ffff:10.99.0.1");
+        assert_eq!(ntop(&Gid::ZERO), "::");
+    }
+}

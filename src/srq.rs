@@ -1,0 +1,477 @@
+//! `Srq`: shared receive queues, with the same ownership model as a QP's own
+//! receive queue.
+//!
+//! Many QPs can take their receives from one shared receive queue (SRQ)
+//! instead of each keeping its own posted: a server with hundreds of
+//! connections keeps one pool of receive buffers deep enough for the traffic
+//! of all of them (the usual advice: keep ~256 posted and refill in batches,
+//! so that no sender meets an RNR NAK).
+//!
+//! * [`Srq::post_recv`] / [`Srq::post_recv_list`] **move** the buffers in;
+//!   they come back in the [`Completion`](crate::Completion) of whichever QP
+//!   consumed the receive (its `qp_num` says which), polled from the one CQ
+//!   the SRQ is bound to.
+//! * The SRQ is bound to one CQ at creation ([`Srq::new`]): it reserves its
+//!   depth there, and every QP created on it with
+//!   [`Qp::new_with_srq`](crate::Qp::new_with_srq) (or, for rdma_cm,
+//!   [`CmId::create_qp_with_srq`](crate::cm::CmId::create_qp_with_srq)) must
+//!   use that CQ as its receive CQ ([`Error::SrqCqMismatch`] otherwise). Such a QP reserves no
+//!   receive entries and has no receive queue of its own
+//!   ([`Qp::post_recv`](crate::Qp::post_recv) on it is refused with
+//!   [`Error::QpUsesSrq`]).
+//! * Receives of an SRQ complete out of posting order across the QPs that
+//!   consume them; each one completes exactly once and retires exactly its
+//!   own slot (the design and what it relies on are in [`crate::qp`]).
+//! * QPs keep the SRQ alive: `ibv_destroy_srq` runs only after the last QP on
+//!   it was destroyed and the `Srq` handle dropped, and the buffers still
+//!   posted are released after it returns.
+//! * [`Srq::arm_limit`] arms `IBV_EVENT_SRQ_LIMIT_REACHED`
+//!   ([`AsyncEvent::SrqLimitReached`](crate::AsyncEvent::SrqLimitReached),
+//!   matched with [`Srq::id`]); the event disarms the limit, arm it again to
+//!   hear about the next time.
+//! * [`Srq::refill`] tops the SRQ up to its depth from a buffer source.
+//!
+//! ```no_run
+//! use rdma_verbs::srq::{Srq, SrqAttr};
+//! use rdma_verbs::{AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, RecvWr};
+//!
+//! # fn main() -> rdma_verbs::Result<()> {
+//! let ctx = Context::open(None)?;
+//! let pd = Pd::new(&ctx)?;
+//! let mut cq = Cq::new(&ctx, 512 + 16 * 8)?;
+//! let mut srq = Srq::new(&pd, &cq, SrqAttr::new(512, 1))?;
+//! // Sixteen QPs share the SRQ's receives; their sends use the same CQ.
+//! let caps = QpCaps { max_send_wr: 8, ..QpCaps::default() };
+//! let qps = (0..16)
+//!     .map(|_| Qp::new_with_srq(&pd, &cq, &cq, &srq, caps))
+//!     .collect::<rdma_verbs::Result<Vec<_>>>()?;
+//! // Keep it full: 512 receives of 4 KiB each.
+//! let mut next_id = 0;
+//! srq.refill(|| {
+//!     next_id += 1;
+//!     Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).ok().map(|mr| RecvWr::new(next_id, mr))
+//! })?;
+//! srq.arm_limit(64)?; // IBV_EVENT_SRQ_LIMIT_REACHED below 64 posted
+//! // ... connect the QPs; then each receive comes back on `cq` with its buffer:
+//! let mut wcs = Vec::with_capacity(32);
+//! cq.poll(&mut wcs)?;
+//! for mut wc in wcs.drain(..) {
+//!     let buf = wc.take_mr(); // the buffer, from whichever QP (wc.qp_num) consumed it
+//!     if let Some(mr) = buf {
+//!         srq.post_recv(RecvWr::new(wc.wr_id, mr))?; // and back into the pool
+//!     }
+//! }
+//! # drop(qps);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::cq::{Cq, CqInner};
+use crate::error::{Error, Result, errno, last_errno};
+use crate::event::SrqId;
+use crate::ffi;
+use crate::pd::Pd;
+use crate::qp::post;
+use crate::qp::ring::{Ring, SrqProducer};
+use crate::qp::{MAX_SAFE_SGES, PostError, RecvWr, Sges};
+
+/// Requests per `ibv_post_srq_recv` call in [`Srq::post_recv_list`].
+const CHUNK: usize = 32;
+
+/// Sizes of a shared receive queue (`ibv_srq_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Most receives posted at once.
+    pub max_wr: u32,
+    /// Most scatter entries per receive.
+    pub max_sge: u32,
+    /// The armed limit (0: not armed). At creation a non-zero limit is armed
+    /// right away (see [`Srq::arm_limit`]).
+    pub limit: u32,
+}
+
+impl SrqAttr {
+    /// `max_wr` receives of up to `max_sge` buffers each, no limit armed.
+    pub fn new(max_wr: u32, max_sge: u32) -> SrqAttr {
+        SrqAttr {
+            max_wr,
+            max_sge,
+            limit: 0,
+        }
+    }
+}
+
+/// A shared receive queue; see the [module docs](self).
+pub struct Srq {
+    inner: Arc<SrqInner>,
+    producer: SrqProducer,
+}
+
+/// What the QPs on an SRQ keep alive.
+pub(crate) struct SrqInner {
+    pub(crate) raw: NonNull<ffi::ibv_srq>,
+    /// The slots holding posted receives, registered on `cq`.
+    ring: Arc<Ring>,
+    /// The CQ every completion of this SRQ's receives goes to.
+    pub(crate) cq: Arc<CqInner>,
+    attr: SrqAttr,
+    _pd: Pd,
+}
+
+// SAFETY: ibv_srq may be used from any thread; posting needs &mut Srq (one
+// producer), the ring is Send + Sync (see qp/ring.rs).
+unsafe impl Send for SrqInner {}
+// SAFETY: &SrqInner reaches only thread-safe verbs (modify/query) and the ring.
+unsafe impl Sync for SrqInner {}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // Reached after every QP on the SRQ was destroyed (they hold this Arc).
+        // SAFETY: raw is a live SRQ owned by this value; after
+        // ibv_destroy_srq returns the NIC no longer touches its receives.
+        let rc = unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) };
+        if rc != 0 {
+            // A QP created outside this crate may still use it: the buffers
+            // must outlive it, so leak them.
+            std::mem::forget(self.ring.clone());
+            return;
+        }
+        self.ring.release_all();
+        // Completions of its receives may still be in the CQ: the ring stays
+        // registered (empty) until a poll finds the CQ empty.
+        self.cq.rings.bury(&self.ring);
+    }
+}
+
+impl Srq {
+    /// Creates a shared receive queue in `pd` whose receives complete on `cq`
+    /// (the receive CQ of every QP created on it), reserving `attr.max_wr`
+    /// entries there ([`Error::CqTooSmall`] when they do not fit). A non-zero
+    /// `attr.limit` is armed (see [`arm_limit`](Srq::arm_limit)).
+    pub fn new(pd: &Pd, cq: &Cq, attr: SrqAttr) -> Result<Srq> {
+        if attr.max_wr == 0 {
+            return Err(Error::InvalidArgument {
+                what: "SRQ max_wr",
+                reason: "a shared receive queue needs room for at least one receive".into(),
+            });
+        }
+        // SAFETY: the CQ is live; `context` is a plain field set at creation.
+        if unsafe { (*cq.as_raw()).context } != pd.context().as_raw() {
+            return Err(Error::InvalidArgument {
+                what: "completion queue",
+                reason: "the PD and the CQ must come from the same Context (device open)".into(),
+            });
+        }
+        let reservation = cq
+            .inner
+            .rings
+            .reserve(attr.max_wr.into(), "shared receive")?;
+        let mut init = ffi::ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: ffi::ibv_srq_attr {
+                max_wr: attr.max_wr,
+                max_sge: attr.max_sge,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: valid PD; init is fully initialised; the provider writes the
+        // granted sizes back.
+        let raw = unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut init) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_srq", last_errno()))?;
+        let granted = SrqAttr {
+            // Never more posted than asked for (and reserved), even if the
+            // device rounded up.
+            max_wr: attr.max_wr.min(init.attr.max_wr),
+            max_sge: attr.max_sge.min(init.attr.max_sge),
+            limit: 0,
+        };
+        let ring = reservation.publish(|tag| Ring::new_srq(granted.max_wr, tag));
+        let inner = Arc::new(SrqInner {
+            raw,
+            ring,
+            cq: cq.inner.clone(),
+            attr: granted,
+            _pd: pd.clone(),
+        });
+        let srq = Srq {
+            inner,
+            producer: SrqProducer::new(),
+        };
+        if attr.limit > 0 {
+            srq.arm_limit(attr.limit)?;
+        }
+        Ok(srq)
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<SrqInner> {
+        &self.inner
+    }
+
+    /// The raw `ibv_srq`, valid while this `Srq` (or a QP on it) lives.
+    ///
+    /// A QP attached to it outside this crate must use the SRQ's CQ as its
+    /// receive CQ: completions are validated by their token, and a token
+    /// polled from another CQ could name a ring there.
+    pub fn as_raw(&self) -> *mut ffi::ibv_srq {
+        self.inner.raw.as_ptr()
+    }
+
+    /// The id async events name this SRQ by
+    /// ([`AsyncEvent::SrqLimitReached`](crate::AsyncEvent::SrqLimitReached),
+    /// [`AsyncEvent::SrqErr`](crate::AsyncEvent::SrqErr)).
+    pub fn id(&self) -> SrqId {
+        SrqId::from_raw(self.as_raw())
+    }
+
+    /// Most receives posted at once: the `max_wr` asked for (or less if the
+    /// device granted less).
+    pub fn depth(&self) -> u32 {
+        self.inner.attr.max_wr
+    }
+
+    /// Most scatter entries per receive (as granted).
+    pub fn max_sge(&self) -> u32 {
+        self.inner.attr.max_sge
+    }
+
+    /// Receives posted and not yet retired by a polled completion. Keep it
+    /// near [`depth`](Srq::depth) with [`refill`](Srq::refill).
+    ///
+    /// A receive whose completion was consumed by
+    /// [`Cq::poll_raw`](crate::Cq::poll_raw), or that a QP had taken when it
+    /// was destroyed mid-message (if the provider neither completes nor
+    /// flushes it), stays counted here and keeps its slot; its buffer is
+    /// released when the SRQ is destroyed.
+    pub fn posted(&self) -> u64 {
+        self.producer.in_flight(&self.inner.ring)
+    }
+
+    /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): when fewer
+    /// than `limit` receives are left posted, the device raises
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` once
+    /// ([`AsyncEvent::SrqLimitReached`](crate::AsyncEvent::SrqLimitReached)
+    /// with this SRQ's [`id`](Srq::id)) and disarms it; call again to re-arm.
+    /// `limit` must be below the device's SRQ depth (the kernel refuses more).
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let mut attr = ffi::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        // SAFETY: valid SRQ; attr is initialised; only srq_limit is read.
+        let rc =
+            unsafe { ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::IBV_SRQ_LIMIT as i32) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb("ibv_modify_srq", errno(rc)))
+        }
+    }
+
+    /// The SRQ's attributes as the device reports them (`ibv_query_srq`):
+    /// its real depth (may exceed [`depth`](Srq::depth)), scatter entries,
+    /// and the armed limit (0 once the limit event fired, or never armed).
+    pub fn query(&self) -> Result<SrqAttr> {
+        let mut attr = MaybeUninit::<ffi::ibv_srq_attr>::zeroed();
+        // SAFETY: valid SRQ and out-struct.
+        let rc = unsafe { ffi::ibv_query_srq(self.as_raw(), attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_query_srq", errno(rc)));
+        }
+        // SAFETY: zeroed, then filled by the call; plain integers.
+        let a = unsafe { attr.assume_init() };
+        Ok(SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            limit: a.srq_limit,
+        })
+    }
+
+    /// Posts one receive; its buffers come back with the completion of the QP
+    /// that consumes it. Refused with [`Error::QueueFull`] when
+    /// [`depth`](Srq::depth) receives are posted.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        self.post_recv_list(std::iter::once(wr))
+    }
+
+    /// Posts receives as chained lists (one `ibv_post_srq_recv` per 32). On
+    /// failure, the requests taken from `wrs` that did not reach the NIC come
+    /// back in the error with their buffers; `wrs` is not pulled any further.
+    /// If `wrs` panics, the requests it yielded since the last verb call are
+    /// taken back (their buffers drop with the unwind).
+    pub fn post_recv_list(
+        &mut self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), PostError> {
+        let mut wrs = wrs.into_iter();
+        let mut c_wrs = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; CHUNK];
+        let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; CHUNK * MAX_SAFE_SGES];
+        loop {
+            let mut guard = Unstage {
+                srq: self,
+                tokens: [0; CHUNK],
+                n: 0,
+            };
+            let mut exhausted = false;
+            while guard.n < CHUNK {
+                // (`next` may panic: the guard takes the staged requests back.)
+                // Staged through a reference: by value it would be copied again.
+                let next = wrs.next();
+                let Some(wr) = &next else {
+                    exhausted = true;
+                    break;
+                };
+                let n = guard.n;
+                let sges = &mut c_sges[n * MAX_SAFE_SGES..];
+                // SAFETY: `next` is forgotten once staged, handed back when refused.
+                match unsafe { guard.srq.stage(wr, &mut c_wrs[n], sges) } {
+                    Ok(token) => {
+                        std::mem::forget(next);
+                        guard.tokens[n] = token;
+                        guard.n += 1;
+                    }
+                    Err(error) => {
+                        // Post what was staged before it, then report.
+                        let earlier = guard.submit(&mut c_wrs, &mut c_sges);
+                        let refused = next.map(|wr| (wr.wr_id, wr.into_buffers()));
+                        return Err(match earlier {
+                            Err(mut e) => {
+                                e.unposted.extend(refused);
+                                e
+                            }
+                            Ok(()) => PostError {
+                                error,
+                                unposted: refused.into_iter().collect(),
+                            },
+                        });
+                    }
+                }
+            }
+            guard.submit(&mut c_wrs, &mut c_sges)?;
+            if exhausted {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Tops the SRQ up to its [`depth`](Srq::depth) with receives from
+    /// `make` (called until the SRQ is full or it returns `None`) and returns
+    /// how many were posted. Typical use: call it after each poll, with
+    /// `make` taking buffers back from a pool, to keep the SRQ deep enough
+    /// that no sender meets an RNR NAK.
+    pub fn refill(&mut self, make: impl FnMut() -> Option<RecvWr>) -> Result<usize, PostError> {
+        let room = u64::from(self.depth()).saturating_sub(self.posted());
+        let before = self.posted();
+        let result = self.post_recv_list(std::iter::from_fn(make).take(room as usize));
+        result.map(|()| (self.posted() - before) as usize)
+    }
+
+    /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
+    /// moves its buffers into a free slot; returns the token (its `wr_id`).
+    /// On refusal nothing changed.
+    ///
+    /// # Safety
+    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget
+    /// `*wr` (neither drop nor use it again).
+    unsafe fn stage(
+        &mut self,
+        wr: &RecvWr,
+        c: &mut MaybeUninit<ffi::ibv_recv_wr>,
+        sges: &mut [MaybeUninit<ffi::ibv_sge>],
+    ) -> Result<u64, Error> {
+        wr.validate(self.inner.attr.max_sge)?;
+        let c = c.write(ffi::ibv_recv_wr {
+            num_sge: post::fill_sges(&wr.bufs, sges),
+            ..Default::default()
+        });
+        // SAFETY: producer side (&mut self holds the ring's only producer);
+        // on Some the buffers moved into the slot and the caller forgets `wr`.
+        let token = unsafe {
+            self.inner
+                .ring
+                .fill_srq(&mut self.producer, wr.wr_id, &raw const wr.bufs)
+        };
+        let Some(token) = token else {
+            return Err(Error::QueueFull {
+                queue: "shared receive",
+                depth: self.depth(),
+            });
+        };
+        c.wr_id = token;
+        Ok(token)
+    }
+}
+
+/// The requests staged for one verb call; while not submitted, dropping it
+/// (an unwind from the caller's iterator) takes them back out of the ring.
+struct Unstage<'s> {
+    srq: &'s mut Srq,
+    tokens: [u64; CHUNK],
+    n: usize,
+}
+
+impl Unstage<'_> {
+    /// Posts the staged requests with one `ibv_post_srq_recv`; on refusal
+    /// takes back those the device did not accept.
+    fn submit(
+        &mut self,
+        c_wrs: &mut [MaybeUninit<ffi::ibv_recv_wr>],
+        c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
+    ) -> Result<(), PostError> {
+        let n = std::mem::take(&mut self.n);
+        if n == 0 {
+            return Ok(());
+        }
+        let head = post::link(c_wrs, c_sges, n);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid SRQ; the chain and its SGEs live on the caller's stack
+        // frame; every SGE points into a buffer owned by a ring slot.
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.srq.as_raw(), head, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        // Requests from `bad` on were refused; if the provider did not say
+        // which, keep them all in the ring (the NIC may own some).
+        let from = post::bad_index(bad, head, n).unwrap_or(n);
+        let srq = &mut *self.srq;
+        let unposted = self.tokens[from..n]
+            .iter()
+            // SAFETY: producer side; the device refused these requests.
+            .filter_map(|&t| unsafe { srq.inner.ring.unfill_srq(&mut srq.producer, t) })
+            .collect();
+        Err(PostError {
+            error: Error::verb("ibv_post_srq_recv", errno(rc)),
+            unposted,
+        })
+    }
+}
+
+impl Drop for Unstage<'_> {
+    fn drop(&mut self) {
+        let n = std::mem::take(&mut self.n);
+        let srq = &mut *self.srq;
+        let unstaged: Vec<(u64, Sges)> = self.tokens[..n]
+            .iter()
+            // SAFETY: producer side; the staged requests were never submitted.
+            .filter_map(|&t| unsafe { srq.inner.ring.unfill_srq(&mut srq.producer, t) })
+            .collect();
+        // Their buffers drop here, during the unwind; a second panic from a
+        // buffer's Drop would abort the process, so it is contained.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unstaged)));
+    }
+}
+
+impl fmt::Debug for Srq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Srq")
+            .field("depth", &self.depth())
+            .field("max_sge", &self.max_sge())
+            .field("posted", &self.posted())
+            .finish()
+    }
+}

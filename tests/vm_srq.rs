@@ -1,0 +1,702 @@
+//! Shared receive queues on soft-RoCE: every receive accounted across the QPs
+//! that share an SRQ, out-of-order consumption, a QP on the SRQ moved to ERR,
+//! destruction with receives posted, the CQ rule, the limit event, and
+//! `examples/srq_pingpong.rs` against rdma-core's `ibv_srq_pingpong` in both
+//! roles (run inside the guest by `cargo xtask test`).
+//!
+//! The SRQ side: QPs created with `Qp::new_with_srq`, all on one CQ. Each
+//! has a peer (an ordinary QP on its own CQ) that sends to it.
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::procs::{Proc, example, finish};
+use common::{WAIT, all_remote, ctx, gid_index, pattern, res_counts, wait};
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{
+    AccessFlags, AsyncEvent, Completion, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps, Rc,
+    RecvWr, SendWr, Srq, SrqAttr, WcOpcode, WcStatus,
+};
+
+/// Tests count kernel objects (`rdma resource show`): one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn dev(ctx: &Context) -> String {
+    ctx.name().to_owned()
+}
+
+const SEND_CAPS: QpCaps = QpCaps {
+    max_send_wr: 16,
+    max_recv_wr: 0,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+    max_inline_data: 0,
+    sq_sig_all: false,
+};
+
+/// `n` QPs on one SRQ (their receives and sends on `cq`), each connected to
+/// a peer QP whose sends complete on `peer_cq`.
+struct Setup {
+    ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    peer_cq: Cq,
+    srq: Srq,
+    qps: Vec<Qp<Rc, Rts>>,
+    peers: Vec<Qp<Rc, Rts>>,
+}
+
+fn setup(n: usize, srq_depth: u32) -> Setup {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).expect("pd");
+    let cq = Cq::new(&ctx, srq_depth + n as u32 * SEND_CAPS.max_send_wr).expect("cq");
+    let peer_caps = QpCaps {
+        max_recv_wr: 1,
+        ..SEND_CAPS
+    };
+    let peer_cq = Cq::new(&ctx, n as u32 * 17).expect("peer cq");
+    let srq = Srq::new(&pd, &cq, SrqAttr::new(srq_depth, 1)).expect("srq");
+    let gid = gid_index(&ctx);
+    let (mut qps, mut peers) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let qp = Qp::new_with_srq(&pd, &cq, &cq, &srq, SEND_CAPS)
+            .expect("qp on srq")
+            .init(InitAttr::new(1, all_remote()))
+            .expect("init");
+        let peer = Qp::new(&pd, &peer_cq, &peer_cq, peer_caps)
+            .expect("peer")
+            .init(InitAttr::new(1, all_remote()))
+            .expect("init");
+        let (e, pe) = (
+            qp.endpoint(Some(gid)).expect("endpoint"),
+            peer.endpoint(Some(gid)).expect("endpoint"),
+        );
+        qps.push(qp.connect(&pe, Some(gid)).expect("connect"));
+        peers.push(peer.connect(&e, Some(gid)).expect("connect peer"));
+    }
+    Setup {
+        ctx,
+        pd,
+        cq,
+        peer_cq,
+        srq,
+        qps,
+        peers,
+    }
+}
+
+/// A registered receive buffer of `len` bytes, zeroed.
+fn buffer(pd: &Pd, len: usize) -> Mr {
+    let mut mr = Mr::new(pd, len, AccessFlags::LOCAL_WRITE).expect("mr");
+    mr.fill(0).expect("fill");
+    mr
+}
+
+/// Posts `n` receives of `len` bytes with wr_ids `first..`; returns wr_id → buffer address.
+fn post_receives(s: &mut Setup, first: u64, n: u64, len: usize) -> HashMap<u64, u64> {
+    let mut addrs = HashMap::new();
+    let wrs: Vec<RecvWr> = (first..first + n)
+        .map(|id| {
+            let mr = buffer(&s.pd, len);
+            addrs.insert(id, mr.addr());
+            RecvWr::new(id, mr)
+        })
+        .collect();
+    s.srq.post_recv_list(wrs).expect("post to srq");
+    addrs
+}
+
+/// A message from peer `j`, its `k`th.
+fn message(j: usize, k: usize, len: usize) -> Vec<u8> {
+    pattern(len, (j * 16 + k) as u8)
+}
+
+/// Peer `j` sends `data` (signaled), from its own registered buffer.
+fn send(s: &mut Setup, j: usize, data: &[u8], wr_id: u64) {
+    let mut mr = Mr::new(&s.pd, data.len().max(1), AccessFlags::LOCAL_WRITE).expect("mr");
+    mr.write_at(0, data).expect("write");
+    let wr = if data.is_empty() {
+        SendWr::send(wr_id)
+    } else {
+        SendWr::send(wr_id).sge(mr)
+    };
+    s.peers[j].post_send(wr).expect("peer send");
+}
+
+/// Checks a receive completion's buffer: its wr_id was posted, it comes back
+/// once, in the buffer posted with it, holding `expect` byte for byte.
+fn check_receive(
+    wc: &mut Completion,
+    posted: &HashMap<u64, u64>,
+    seen: &mut HashSet<u64>,
+    expect: &[u8],
+) {
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    assert_eq!(wc.opcode, WcOpcode::Recv);
+    assert_eq!(wc.byte_len as usize, expect.len());
+    assert!(seen.insert(wc.wr_id), "wr_id {} came back twice", wc.wr_id);
+    let mr = wc.take_mr().expect("the receive's buffer");
+    assert_eq!(
+        Some(&mr.addr()),
+        posted.get(&wc.wr_id),
+        "not the buffer posted with it"
+    );
+    assert_eq!(&mr.as_slice().expect("read")[..expect.len()], expect);
+}
+
+#[test]
+fn sixteen_qps_share_an_srq_and_every_receive_comes_back_once() {
+    let _g = serial();
+    const N: usize = 16;
+    const PER_QP: usize = 4;
+    const LEN: usize = 300;
+    let mut s = setup(N, (N * PER_QP) as u32);
+    // The SRQ's CQ holds its receives and the QPs' sends; the QPs reserved
+    // no receive entries of their own.
+    assert_eq!(s.cq.reserved(), (N * PER_QP + N * 16) as u64);
+    let posted = post_receives(&mut s, 1000, (N * PER_QP) as u64, LEN);
+    assert_eq!(s.srq.posted(), (N * PER_QP) as u64);
+    // Each peer sends PER_QP messages of different lengths (in order on its QP).
+    for k in 0..PER_QP {
+        for j in 0..N {
+            let len = LEN - 7 * k - j;
+            let data = message(j, k, len);
+            send(&mut s, j, &data, (j * PER_QP + k) as u64);
+        }
+    }
+    let sends = wait(&mut s.peer_cq, N * PER_QP);
+    assert!(sends.iter().all(|c| c.status == WcStatus::Success));
+    let mut wcs = wait(&mut s.cq, N * PER_QP);
+    let index: HashMap<u32, usize> = s
+        .qps
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (q.qp_num(), i))
+        .collect();
+    let mut next = [0usize; N];
+    let mut seen = HashSet::new();
+    for wc in &mut wcs {
+        // The completion names the QP that consumed the receive.
+        let j = *index
+            .get(&wc.qp_num)
+            .unwrap_or_else(|| panic!("qp_num {:#x}", wc.qp_num));
+        let k = next[j];
+        next[j] += 1;
+        check_receive(wc, &posted, &mut seen, &message(j, k, LEN - 7 * k - j));
+    }
+    assert_eq!(
+        next, [PER_QP; N],
+        "every QP consumed its messages' receives"
+    );
+    assert_eq!(seen.len(), N * PER_QP);
+    assert_eq!(s.srq.posted(), 0);
+    // The SRQ refills to its depth; nothing else is in the CQ.
+    let mut pool: Vec<Mr> = wcs.iter_mut().filter_map(Completion::take_mr).collect();
+    assert!(pool.is_empty(), "buffers were taken already");
+    pool.extend((0..N * PER_QP + 5).map(|_| buffer(&s.pd, LEN)));
+    let n = s
+        .srq
+        .refill(|| pool.pop().map(|mr| RecvWr::new(1, mr)))
+        .expect("refill");
+    assert_eq!(
+        (n, s.srq.posted(), pool.len()),
+        (N * PER_QP, (N * PER_QP) as u64, 5)
+    );
+    let mut out = Vec::with_capacity(4);
+    assert_eq!(s.cq.poll(&mut out).expect("poll"), 0);
+}
+
+#[test]
+fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
+    let _g = serial();
+    // The SRQ hands out its receives in posting order, as messages begin to
+    // arrive; each completes when its message has arrived whole. QP 0's peer
+    // sends a long message while QP 1's peer sends short ones from another
+    // thread at the same time: QP 0 takes a receive with its first packet,
+    // and QP 1's messages take later receives and complete first. Repeat
+    // until that order was seen (each round checks every byte either way).
+    const BIG: usize = 1 << 20;
+    const SMALL: usize = 4;
+    let mut s = setup(2, 8);
+    let mut out_of_order = false;
+    for round in 0..5u64 {
+        let first = round * 100;
+        let posted = post_receives(&mut s, first, 1 + SMALL as u64, BIG);
+        let big = message(0, round as usize, BIG);
+        let small: Vec<Vec<u8>> = (0..SMALL).map(|k| message(1, k, 64 + k)).collect();
+        let bufs: Vec<Mr> = std::iter::once(&big)
+            .chain(&small)
+            .map(|d| {
+                let mut mr = Mr::new(&s.pd, d.len(), AccessFlags::LOCAL_WRITE).expect("mr");
+                mr.write_at(0, d).expect("write");
+                mr
+            })
+            .collect();
+        let mut bufs = bufs.into_iter();
+        let big_buf = bufs.next().expect("big");
+        let barrier = std::sync::Barrier::new(2);
+        let (p0, p1) = s.peers.split_at_mut(1);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                barrier.wait();
+                p0[0]
+                    .post_send(SendWr::send(0).sge(big_buf))
+                    .expect("big send");
+            });
+            barrier.wait();
+            for (k, mr) in bufs.enumerate() {
+                p1[0]
+                    .post_send(SendWr::send(1 + k as u64).sge(mr))
+                    .expect("small send");
+            }
+        });
+        wait(&mut s.peer_cq, 1 + SMALL);
+        let mut wcs = wait(&mut s.cq, 1 + SMALL);
+        let mut seen = HashSet::new();
+        let order: Vec<u64> = wcs.iter().map(|c| c.wr_id - first).collect();
+        let mut k = 0;
+        for wc in &mut wcs {
+            let expect = if wc.qp_num == s.qps[0].qp_num() {
+                &big
+            } else {
+                k += 1;
+                &small[k - 1]
+            };
+            check_receive(wc, &posted, &mut seen, expect);
+        }
+        assert_eq!(s.srq.posted(), 0);
+        eprintln!("round {round}: completion order {order:?}");
+        if order.windows(2).any(|w| w[0] > w[1]) {
+            out_of_order = true;
+            break;
+        }
+    }
+    assert!(
+        out_of_order,
+        "the receives always completed in posting order"
+    );
+}
+
+#[test]
+fn a_qp_on_the_srq_in_err_leaves_the_srq_receives_to_the_others() {
+    let _g = serial();
+    let mut s = setup(2, 8);
+    let posted = post_receives(&mut s, 0, 8, 64);
+    // QP 0 goes to ERR with no message in progress: it holds none of the
+    // SRQ's receives, so nothing is flushed and all 8 stay posted.
+    let qp0 = s.qps.remove(0);
+    let qp0 = qp0.to_error().expect("to ERR");
+    assert_eq!(qp0.outstanding(), (0, 0));
+    let mut out = Vec::with_capacity(8);
+    assert_eq!(
+        s.cq.poll(&mut out).expect("poll"),
+        0,
+        "a receive was flushed: {out:?}"
+    );
+    assert_eq!(s.srq.posted(), 8);
+    // The other QP gets all of them, each once, with its data.
+    for k in 0..8 {
+        send(&mut s, 1, &message(1, k, 64 - k), k as u64);
+    }
+    wait(&mut s.peer_cq, 8);
+    let mut seen = HashSet::new();
+    for (k, mut wc) in wait(&mut s.cq, 8).into_iter().enumerate() {
+        assert_eq!(wc.qp_num, s.qps[0].qp_num());
+        check_receive(&mut wc, &posted, &mut seen, &message(1, k, 64 - k));
+    }
+    assert_eq!(s.srq.posted(), 0);
+    // The QP in ERR can be reset (nothing of its own outstanding) and dropped.
+    let qp0 = qp0.reset().expect("reset");
+    drop(qp0);
+}
+
+/// Drops everything in `order` with receives posted: kernel objects and
+/// registrations return to the baseline.
+fn drop_with_receives_posted(srq_first: bool) {
+    let ctx0 = ctx();
+    let dev = dev(&ctx0);
+    let base = res_counts(&dev);
+    let mut s = setup(4, 32);
+    post_receives(&mut s, 0, 32, 128);
+    let during = res_counts(&dev);
+    assert_eq!(during["srq"], base["srq"] + 1);
+    assert_eq!(during["qp"], base["qp"] + 8);
+    assert!(during["mr"] >= base["mr"] + 32);
+    let Setup {
+        ctx,
+        pd,
+        cq,
+        peer_cq,
+        srq,
+        qps,
+        peers,
+    } = s;
+    if srq_first {
+        // The QPs keep the SRQ (and its 32 buffers) alive.
+        drop(srq);
+        let now = res_counts(&dev);
+        assert_eq!((now["srq"], now["mr"]), (during["srq"], during["mr"]));
+        drop(qps);
+    } else {
+        drop(qps);
+        let now = res_counts(&dev);
+        assert_eq!((now["srq"], now["mr"]), (during["srq"], during["mr"]));
+        drop(srq);
+    }
+    // ibv_destroy_srq ran and released every posted buffer.
+    let now = res_counts(&dev);
+    assert_eq!(now["srq"], base["srq"]);
+    assert_eq!(now["mr"], base["mr"]);
+    drop((peers, cq, peer_cq, pd, ctx));
+    let end = res_counts(&dev);
+    for k in ["pd", "cq", "qp", "mr", "srq"] {
+        assert_eq!(end[k], base[k], "{k}: {base:?} -> {end:?}");
+    }
+}
+
+#[test]
+fn dropping_the_srq_and_its_qps_with_receives_posted_frees_everything() {
+    let _g = serial();
+    drop_with_receives_posted(false);
+    drop_with_receives_posted(true);
+}
+
+#[test]
+fn qps_on_an_srq_need_its_cq_and_have_no_receive_queue() {
+    let _g = serial();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).expect("pd");
+    let cq = Cq::new(&ctx, 64).expect("cq");
+    let other = Cq::new(&ctx, 64).expect("cq");
+    let srq = Srq::new(&pd, &cq, SrqAttr::new(32, 1)).expect("srq");
+    assert_eq!(cq.reserved(), 32);
+    let e = Qp::new_with_srq(&pd, &cq, &other, &srq, SEND_CAPS).unwrap_err();
+    assert!(matches!(e, Error::SrqCqMismatch), "{e:?}");
+    // Sends may go elsewhere; the receive CQ reserves nothing more.
+    let mut qp = Qp::new_with_srq(&pd, &other, &cq, &srq, SEND_CAPS)
+        .expect("qp")
+        .init(InitAttr::new(1, all_remote()))
+        .expect("init");
+    assert_eq!((cq.reserved(), other.reserved()), (32, 16));
+    let e = qp.post_recv(RecvWr::new(1, buffer(&pd, 8))).unwrap_err();
+    assert!(
+        matches!(e.error, Error::QpUsesSrq { qp_num } if qp_num == qp.qp_num()),
+        "{e:?}"
+    );
+    assert_eq!(e.unposted.len(), 1, "the buffer comes back");
+    // The SRQ's depth is its limit: one more is refused with its buffer.
+    let mut srq = srq;
+    for i in 0..32 {
+        srq.post_recv(RecvWr::new(i, buffer(&pd, 8))).expect("post");
+    }
+    let e = srq.post_recv(RecvWr::new(99, buffer(&pd, 8))).unwrap_err();
+    assert!(
+        matches!(e.error, Error::QueueFull { depth: 32, .. }),
+        "{e:?}"
+    );
+    assert_eq!(e.unposted[0].0, 99);
+    // A panic in the iterator takes the requests staged for that call back
+    // out of the SRQ (their buffers drop with the unwind).
+    drop(e);
+    let mrs_before = res_counts(&dev(&ctx))["mr"];
+    let mut srq2 = Srq::new(&pd, &other, SrqAttr::new(8, 1)).expect("srq 2");
+    let pd2 = pd.clone();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        srq2.post_recv_list((0..4).map(|i| {
+            assert!(i < 3, "iterator panics");
+            RecvWr::new(i, buffer(&pd2, 8))
+        }))
+    }));
+    assert!(r.is_err());
+    assert_eq!(srq2.posted(), 0);
+    assert_eq!(
+        res_counts(&dev(&ctx))["mr"],
+        mrs_before,
+        "the staged buffers were dropped"
+    );
+    srq2.post_recv(RecvWr::new(7, buffer(&pd, 8)))
+        .expect("still usable");
+    assert_eq!(srq2.posted(), 1);
+    // An SRQ that does not fit its CQ is refused.
+    let free = u64::from(cq.depth()) - 32;
+    let e = Srq::new(&pd, &cq, SrqAttr::new(free as u32 + 1, 1)).unwrap_err();
+    assert!(
+        matches!(e, Error::CqTooSmall { needed, free: f, .. } if needed == free + 1 && f == free),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn the_srq_limit_event_arrives_and_can_be_rearmed() {
+    let _g = serial();
+    let mut s = setup(1, 8);
+    let mut evs = s.ctx.async_events().expect("async events");
+    let posted = post_receives(&mut s, 0, 8, 32);
+    let mut seen = HashSet::new();
+    let mut next_id = 100;
+    for round in 0..2 {
+        s.srq.arm_limit(4).expect("arm");
+        assert_eq!(s.srq.query().expect("query").limit, 4);
+        // 5 receives consumed: 3 left, below the limit of 4.
+        for k in 0..5 {
+            send(&mut s, 0, &message(0, k, 32), k as u64);
+        }
+        wait(&mut s.peer_cq, 5);
+        let mut wcs = wait(&mut s.cq, 5);
+        let ev = evs
+            .next(Some(WAIT))
+            .expect("event")
+            .expect("SRQ_LIMIT_REACHED in time");
+        assert_eq!(
+            ev,
+            AsyncEvent::SrqLimitReached { srq: s.srq.id() },
+            "round {round}"
+        );
+        // The event disarmed the limit.
+        assert_eq!(s.srq.query().expect("query").limit, 0);
+        // Refill what came back (their buffers, under new wr_ids).
+        let mut back = Vec::new();
+        for (k, wc) in wcs.iter_mut().enumerate() {
+            if round == 0 {
+                check_receive(wc, &posted, &mut seen, &message(0, k, 32));
+            }
+            back.push(wc.take_mr().unwrap_or_else(|| buffer(&s.pd, 32)));
+        }
+        s.srq
+            .post_recv_list(back.into_iter().map(|mr| {
+                next_id += 1;
+                RecvWr::new(next_id, mr)
+            }))
+            .expect("refill");
+        assert_eq!(s.srq.posted(), 8);
+    }
+}
+
+// --- interop with rdma-core's ibv_srq_pingpong -----------------------------
+
+const C_PROGRAM: &str = "ibv_srq_pingpong";
+/// -n: exchanges in all (over every QP); small, TCG is slow.
+const ITERS: u32 = 64;
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn c_program() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(C_PROGRAM))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{C_PROGRAM} not found on PATH: install ibverbs-utils (rdma-core's examples)")
+        })
+}
+
+/// The `  {which} address: ...` lines' fields, in order.
+fn addresses(out: &str, which: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.starts_with(&format!("  {which} address:")))
+        .map(|l| l.split_once("LID ").map(|x| x.1).unwrap_or("").to_owned())
+        .collect()
+}
+
+fn check_closing(out: &str, size: usize, who: &str) {
+    let bytes = size as u64 * u64::from(ITERS) * 2;
+    for start in [format!("{bytes} bytes in "), format!("{ITERS} iters in ")] {
+        assert!(
+            out.lines().any(|l| l.starts_with(&start)),
+            "{who}: no `{start}` line:\n{out}"
+        );
+    }
+}
+
+fn interop(
+    server: (&str, PathBuf),
+    client: (&str, PathBuf),
+    num_qp: Option<u32>,
+    events: bool,
+    port: u16,
+) {
+    let gid = gid_index(&ctx());
+    let size = 1024;
+    let mut args = vec![
+        "-g".to_owned(),
+        gid.to_string(),
+        "-n".to_owned(),
+        ITERS.to_string(),
+        "-s".to_owned(),
+        size.to_string(),
+        "-p".to_owned(),
+        port.to_string(),
+    ];
+    if let Some(q) = num_qp {
+        args.extend(["-q".to_owned(), q.to_string()]);
+    }
+    if events {
+        args.push("-e".to_owned());
+    }
+    let t = Instant::now();
+    let s = Proc::server(server.0, &server.1, &args, port, t + LIMIT);
+    let host = std::env::var("RDMA_VERBS_ADDR").unwrap_or_else(|_| "10.99.0.1".into());
+    let mut cargs = args.clone();
+    cargs.push(host);
+    let c = Proc::spawn(client.0, &client.1, &cargs, &format!("{port}-client"));
+    let (sout, cout) = finish(s, c, Instant::now() + LIMIT);
+    let report = format!("server:\n{sout}\nclient:\n{cout}");
+    check_closing(&sout, size, "server");
+    check_closing(&cout, size, "client");
+    let n = num_qp.unwrap_or(16) as usize;
+    let (sl, sr, cl, cr) = (
+        addresses(&sout, "local"),
+        addresses(&sout, "remote"),
+        addresses(&cout, "local"),
+        addresses(&cout, "remote"),
+    );
+    assert_eq!(sl.len(), n, "{report}");
+    assert_eq!(sr, cl, "{report}");
+    assert_eq!(cr, sl, "{report}");
+    eprintln!(
+        "{} server, {} client, -q {n}, -e {events}: ok in {:?}",
+        server.0,
+        client.0,
+        t.elapsed()
+    );
+}
+
+fn interop_both_ways(num_qp: Option<u32>, events: bool, port: u16) {
+    let ours = ("srq_pingpong (ours)", example("srq_pingpong"));
+    let c = (C_PROGRAM, c_program());
+    interop(ours.clone(), c.clone(), num_qp, events, port);
+    interop(c, ours, num_qp, events, port + 1);
+}
+
+#[test]
+fn srq_pingpong_interop_default_qps_polling() {
+    let _g = serial();
+    interop_both_ways(None, false, 18800);
+}
+
+#[test]
+fn srq_pingpong_interop_four_qps_with_events() {
+    let _g = serial();
+    interop_both_ways(Some(4), true, 18810);
+}
+
+#[test]
+fn srq_pingpong_interop_four_qps_polling_and_default_qps_with_events() {
+    let _g = serial();
+    interop_both_ways(Some(4), false, 18820);
+    interop_both_ways(None, true, 18830);
+}
+
+// --- rdma_cm -------------------------------------------------------------
+
+#[test]
+fn rdma_cm_connections_share_one_srq() {
+    use rdma_verbs::cm::{CmId, ConnParam};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let _g = serial();
+    const T: Duration = Duration::from_secs(20);
+    let ip = std::env::var("RDMA_VERBS_ADDR")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)));
+    let addr = SocketAddr::new(ip, 20901);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let listener = CmId::listener(addr, 4).expect("listen");
+        ready_tx.send(()).expect("signal");
+        let mut conns = Vec::new();
+        let mut shared: Option<(Pd, Cq, Srq, HashMap<u64, u64>)> = None;
+        for _ in 0..2 {
+            let req = listener.get_request(T).expect("connect request");
+            let (pd, cq, srq, _) = shared.get_or_insert_with(|| {
+                // PD, CQ and SRQ in the context librdmacm opened for the device.
+                let ctx = req.id().context().expect("context");
+                let pd = Pd::new(&ctx).expect("pd");
+                let cq = Cq::new(&ctx, 8 + 2 * 4).expect("cq");
+                let mut srq = Srq::new(&pd, &cq, SrqAttr::new(8, 1)).expect("srq");
+                let mut posted = HashMap::new();
+                for id in 0..4 {
+                    let mr = buffer(&pd, 64);
+                    posted.insert(id, mr.addr());
+                    srq.post_recv(RecvWr::new(id, mr)).expect("post");
+                }
+                (pd, cq, srq, posted)
+            });
+            let caps = QpCaps {
+                max_send_wr: 4,
+                ..QpCaps::default()
+            };
+            let qp = req
+                .id()
+                .create_qp_with_srq(pd, cq, cq, srq, caps)
+                .expect("rdma_create_qp on the srq");
+            conns.push(req.accept(qp, &ConnParam::new(), T).expect("accept"));
+        }
+        let (_pd, mut cq, srq, posted) = shared.expect("two connections");
+        let mut seen = HashSet::new();
+        let mut by_qp: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
+        for mut wc in wait(&mut cq, 4) {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            assert!(seen.insert(wc.wr_id));
+            let mr = wc.take_mr().expect("buffer");
+            assert_eq!(Some(&mr.addr()), posted.get(&wc.wr_id));
+            let data = mr.as_slice().expect("read")[..wc.byte_len as usize].to_vec();
+            by_qp.entry(wc.qp_num).or_default().push(data);
+        }
+        assert_eq!(srq.posted(), 0);
+        // Each connection's QP got its client's two messages, in order.
+        let mut got: Vec<Vec<Vec<u8>>> = conns
+            .iter()
+            .map(|(qp, _)| by_qp.remove(&qp.qp_num()).unwrap_or_default())
+            .collect();
+        got.sort();
+        got
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+    let mut clients = Vec::new();
+    for i in 0..2u8 {
+        let id = CmId::new().expect("rdma_cm id");
+        id.resolve(addr, Duration::from_secs(2)).expect("resolve");
+        let ctx = id.context().expect("context");
+        let pd = Pd::new(&ctx).expect("pd");
+        let mut cq = Cq::new(&ctx, 8).expect("cq");
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        };
+        let qp = id.create_qp(&pd, &cq, &cq, caps).expect("qp");
+        let (mut qp, _) = id.connect(qp, &ConnParam::new(), T).expect("connect");
+        for k in 0..2u8 {
+            let mut mr = Mr::new(&pd, 16, AccessFlags::LOCAL_WRITE).expect("mr");
+            mr.write_at(0, &[i; 16]).expect("write");
+            mr.write_at(0, &[k]).expect("write");
+            qp.post_send(SendWr::send(u64::from(k)).sge(mr))
+                .expect("send");
+        }
+        for c in wait(&mut cq, 2) {
+            assert_eq!(c.status, WcStatus::Success);
+        }
+        clients.push((qp, id, cq, pd));
+    }
+    let got = server.join().expect("server");
+    let expect: Vec<Vec<Vec<u8>>> = (0..2u8)
+        .map(|i| {
+            (0..2u8)
+                .map(|k| {
+                    let mut m = vec![i; 16];
+                    m[0] = k;
+                    m
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(got, expect);
+    drop(clients);
+}
