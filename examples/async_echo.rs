@@ -6,11 +6,13 @@
 //! async_echo --client HOST [--port 7472] [--conns 1] [--msgs 1000] [--size 4096]
 //! ```
 //!
-//! The server accepts every connection on one `AsyncCq`: all connections'
-//! completions arrive on that one CQ and one task echoes every message back
-//! on the connection it came from, reusing the receive buffer (registered
-//! once) for the echo and then for the next receive. `--sync` runs the
-//! baseline instead: a thread per connection with the blocking API.
+//! The server accepts every connection on one `AsyncCq` and one shared
+//! receive queue (`Srq`): all connections' receives come from that queue,
+//! all their completions arrive on that one CQ, and one task echoes every
+//! message back on the connection it came from, reusing the receive buffer
+//! (registered once) for the echo and then for the next receive. `--sync`
+//! runs the baseline instead: a thread per connection with the blocking API
+//! (and 16 receives of its own per connection).
 //!
 //! The client opens `--conns` connections concurrently; each sends `--msgs`
 //! messages of `--size` bytes, one at a time, and checks every echoed byte.
@@ -29,12 +31,20 @@ use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::tokio::{AsyncCmId, AsyncCq, AsyncQp, Listener};
 use rdma_verbs::{
     AccessFlags, CmId, Completion, CompletionChannel, CompletionSource, Context, Cq, Error, Mr, Pd,
-    Qp, QpCaps, Rc, RecvWr, Result, SendWr, WcOpcode,
+    Qp, QpCaps, Rc, RecvWr, Result, SendWr, Srq, SrqAttr, WcOpcode,
 };
 
-/// Entries of the server's one CQ: every connection reserves its send and
-/// receive depth on it (2 x 16 by default: room for 512 connections).
+/// Entries of the server's one CQ: the shared receive queue reserves its
+/// depth on it and every connection its send depth ([`SEND_DEPTH`]): room for
+/// 960 connections with the default `--recv-depth`.
 const CQ_DEPTH: u32 = 16384;
+
+/// Send queue depth of each server connection (one echo in flight per
+/// message received).
+const SEND_DEPTH: u32 = 16;
+
+/// Receives each connection of the `--sync` baseline posts for itself.
+const SYNC_RECV_DEPTH: u32 = 16;
 
 /// Bound on every wait: connection setup, each round trip.
 const WAIT: Duration = Duration::from_secs(60);
@@ -51,7 +61,8 @@ const USAGE: &str = "usage:
   --msgs M          messages per connection (default 1000)
   --size S          message size in bytes, 1..=1048576 (default 4096); the server's
                     --size is the largest message it accepts
-  --recv-depth R    server: receives posted per connection (default 16)";
+  --recv-depth R    server: receives posted on the shared receive queue, shared by
+                    every connection (default 1024)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -74,7 +85,7 @@ fn parse() -> std::result::Result<Args, String> {
         conns: 1,
         msgs: 1000,
         size: 4096,
-        recv_depth: 16,
+        recv_depth: 1024,
     };
     let mut it = std::env::args().skip(1);
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> std::result::Result<T, String> {
@@ -188,10 +199,17 @@ enum Conn {
     Ready(Arc<AsyncQp<Rc, Rts>>),
 }
 
+/// The server's one PD, CQ and shared receive queue.
+struct Device {
+    pd: Pd,
+    cq: AsyncCq,
+    srq: std::sync::Mutex<Srq>,
+}
+
 /// What the server shares between its accept task and its echo task.
 struct Server {
     /// Created with the first connection (the device is known only then).
-    device: tokio::sync::OnceCell<(Pd, AsyncCq)>,
+    device: tokio::sync::OnceCell<Device>,
     conns: std::sync::Mutex<HashMap<u32, Conn>>,
     /// Parked completions handed back to the echo task.
     requeue: tokio::sync::mpsc::UnboundedSender<Completion>,
@@ -258,9 +276,30 @@ async fn setup(
     requeued: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Completion>>,
 ) -> Result<()> {
     let ctx = req.id().context()?;
+    let (size, depth) = (srv.size, srv.recv_depth);
     srv.device
         .get_or_try_init(|| async {
-            Ok::<_, Error>((Pd::new(&ctx)?, AsyncCq::new(&ctx, CQ_DEPTH)?))
+            let pd = Pd::new(&ctx)?;
+            let cq = AsyncCq::new(&ctx, CQ_DEPTH)?;
+            let mut srq = Srq::new(&pd, &cq.cq(), SrqAttr::new(depth, 1))?;
+            // Every receive buffer is registered once, here, and reused.
+            let mut bufs = (0..depth).map(|_| pd.alloc_mr(size, AccessFlags::LOCAL_WRITE));
+            let mut failed = None;
+            srq.refill(|| match bufs.next()? {
+                Ok(mr) => Some(RecvWr::new(0, mr)),
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            Ok::<_, Error>(Device {
+                pd,
+                cq,
+                srq: std::sync::Mutex::new(srq),
+            })
         })
         .await?;
     if let Some(requeued) = requeued.take() {
@@ -275,22 +314,19 @@ async fn setup(
     Ok(())
 }
 
-/// Accepts one connection on the shared CQ, its receives posted first.
+/// Accepts one connection on the shared CQ and SRQ.
 async fn accept(
     srv: &Arc<Server>,
     req: ConnectRequest,
 ) -> Result<(Arc<AsyncQp<Rc, Rts>>, AsyncCmId)> {
-    let (pd, cq) = srv.device.get().expect("set up before the first accept");
+    let dev = srv.device.get().expect("set up before the first accept");
     let qp: Qp<Rc, Init> = {
-        let c = cq.cq();
+        let c = dev.cq.cq();
+        let srq = dev.srq.lock().unwrap_or_else(|e| e.into_inner());
         req.id()
-            .create_qp(pd, &c, &c, caps(srv.recv_depth, srv.recv_depth))?
+            .create_qp_with_srq(&dev.pd, &c, &c, &srq, caps(SEND_DEPTH, 0))?
     };
-    let qp = AsyncQp::new(qp, cq, cq).map_err(|(e, _)| e)?;
-    for _ in 0..srv.recv_depth {
-        let buf = pd.alloc_mr(srv.size, AccessFlags::LOCAL_WRITE)?;
-        qp.post_recv(RecvWr::new(0, buf))?;
-    }
+    let qp = AsyncQp::new(qp, &dev.cq, &dev.cq).map_err(|(e, _)| e)?;
     let qp_num = qp.qp_num();
     let conns = || srv.conns.lock().unwrap_or_else(|e| e.into_inner());
     conns().insert(qp_num, Conn::Accepting(Vec::new()));
@@ -303,22 +339,44 @@ async fn accept(
     }
 }
 
-/// Every completion of every connection: a message is echoed from the buffer
-/// it arrived in; when the echo has gone out, the buffer is posted again.
+/// Every completion of every connection: a message (a receive of the shared
+/// queue, consumed by whichever connection it arrived on) is echoed from the
+/// buffer it arrived in; when the echo has gone out, the buffer goes back to
+/// the shared receive queue.
 async fn echo(
     srv: Arc<Server>,
     mut requeued: tokio::sync::mpsc::UnboundedReceiver<Completion>,
 ) -> Result<()> {
-    let (_, cq) = srv.device.get().expect("set before the task starts");
+    let dev = srv.device.get().expect("set before the task starts");
+    let repost = |buf: Mr| {
+        let mut srq = dev.srq.lock().unwrap_or_else(|e| e.into_inner());
+        srq.post_recv(RecvWr::new(0, buf))
+    };
     // The tail split off a buffer to echo only the bytes received.
     let mut tails: HashMap<(u32, u64), Mr> = HashMap::new();
     loop {
         let mut c: Completion = tokio::select! {
-            c = cq.next() => c?,
+            c = dev.cq.next() => c?,
             Some(c) = requeued.recv() => c,
         };
         if c.source != CompletionSource::Posted {
-            continue; // a connection that is gone
+            continue; // a connection that is gone (its buffers were released)
+        }
+        if c.opcode != WcOpcode::Recv {
+            // An echo went out (or was flushed): the buffer is free again.
+            let Some(mut buf) = c.take_mr() else { continue };
+            if let Some(tail) = tails.remove(&(c.qp_num, c.wr_id)) {
+                buf.unsplit(tail)
+                    .map_err(|_| Error::Other("echo buffer halves do not join".into()))?;
+            }
+            repost(buf)?;
+            continue;
+        }
+        if c.result().is_err() {
+            if let Some(buf) = c.take_mr() {
+                repost(buf)?;
+            }
+            continue;
         }
         let conn = {
             let mut conns = srv.conns.lock().unwrap_or_else(|e| e.into_inner());
@@ -331,31 +389,35 @@ async fn echo(
                 None => None,
             }
         };
-        let (Some(conn), Some(mut buf)) = (conn, c.take_mr()) else {
+        let Some(mut buf) = c.take_mr() else { continue };
+        let Some(conn) = conn else {
+            repost(buf)?; // the connection is gone
             continue;
         };
-        if c.result().is_err() {
-            continue; // flushed: the connection is going away
-        }
-        match c.opcode {
-            WcOpcode::Recv => {
-                let len = c.byte_len as usize;
-                let tail = if len < buf.len() {
-                    Some(buf.split_off(len.max(1))?)
-                } else {
-                    None
-                };
-                let id = conn.post_send(SendWr::send_from(0, buf))?;
+        let len = c.byte_len as usize;
+        let tail = if len < buf.len() {
+            Some(buf.split_off(len.max(1))?)
+        } else {
+            None
+        };
+        match conn.post_send(SendWr::send_from(0, buf)) {
+            Ok(id) => {
                 if let Some(tail) = tail {
                     tails.insert((c.qp_num, id), tail);
                 }
             }
-            _ => {
-                if let Some(tail) = tails.remove(&(c.qp_num, c.wr_id)) {
-                    buf.unsplit(tail)
-                        .map_err(|_| Error::Other("echo buffer halves do not join".into()))?;
+            Err(mut e) => {
+                // Not posted (e.g. the connection went to ERR): keep the buffer.
+                let mut buf = e
+                    .unposted
+                    .pop()
+                    .and_then(|(_, b)| b.into_iter().next()?.into_mr());
+                if let (Some(b), Some(t)) = (buf.as_mut(), tail) {
+                    let _ = b.unsplit(t);
                 }
-                conn.post_recv(RecvWr::new(0, buf))?;
+                if let Some(b) = buf {
+                    repost(b)?;
+                }
             }
         }
     }
@@ -373,7 +435,7 @@ fn sync_server(args: &Args) -> Result<()> {
     loop {
         let req = listener.get_request(Duration::from_secs(24 * 3600))?;
         let ctx = req.id().context()?;
-        let (size, depth) = (args.size, args.recv_depth);
+        let (size, depth) = (args.size, SYNC_RECV_DEPTH);
         let live2 = live.clone();
         let n = live.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         std::thread::spawn(move || {
