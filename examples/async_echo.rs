@@ -137,6 +137,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    raise_fd_limit();
     let outcome = if args.server && args.sync {
         sync_server(&args)
     } else {
@@ -162,6 +163,24 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("async_echo: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit: each connection
+/// takes several descriptors (rdma_cm channel, completion channel, their
+/// readiness handles), and the usual soft limit of 1024 runs out at about 250
+/// connections (librdmacm then reports ENODEV from `rdma_get_devices`).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
 }
