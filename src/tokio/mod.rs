@@ -4,7 +4,7 @@
 //! ```no_run
 //! # async fn f() -> rdma_verbs::Result<()> {
 //! use rdma_verbs::tokio::{AsyncCq, AsyncQp};
-//! use rdma_verbs::{AccessFlags, Context, Pd, Qp, QpCaps};
+//! use rdma_verbs::{AccessFlags, Context, InitAttr, Pd, Qp, QpCaps};
 //! let ctx = Context::open(None)?;
 //! let pd = Pd::new(&ctx)?;
 //! let cq = AsyncCq::new(&ctx, 256)?;
@@ -13,7 +13,8 @@
 //!     Qp::new(&pd, &c, &c, QpCaps::default())?
 //! };
 //! # let remote: rdma_verbs::Endpoint = todo!();
-//! let qp = qp.connect(&remote, None)?; // or rdma_cm: AsyncCmId::connect / accept
+//! let qp = qp.init(InitAttr::new(1, AccessFlags::LOCAL_WRITE))?.connect(&remote, None)?;
+//! // (or with rdma_cm: AsyncCmId::connect / accept)
 //! let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _qp)| e)?;
 //! let mut buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
 //! buf.write_at(0, b"hello")?;
