@@ -258,7 +258,7 @@ async fn server(args: &Args) -> Result<()> {
         }
         let (srv, max_conns) = (srv.clone(), max_conns.clone());
         tokio::spawn(async move {
-            let (qp, id) = match accept(&srv, req).await {
+            let (qp, mut id) = match accept(&srv, req).await {
                 Ok(x) => x,
                 Err(e) => return eprintln!("async_echo: a connection failed to set up: {e}"),
             };
@@ -573,7 +573,7 @@ fn message(conn: usize, i: usize, len: usize) -> Vec<u8> {
 
 /// One connection: `msgs` round trips, every echoed byte checked.
 async fn one_connection(server: SocketAddr, args: &Args, conn: usize) -> Result<Vec<Duration>> {
-    let id = AsyncCmId::resolve(server, WAIT).await?;
+    let mut id = AsyncCmId::resolve(server, WAIT).await?;
     let ctx = id.id().context()?;
     let pd = Pd::new(&ctx)?;
     let cq = AsyncCq::new(&ctx, 8)?;

@@ -779,25 +779,22 @@ impl DeviceListPin {
     /// device's reference count, so librdmacm does not close its context even
     /// if the device goes away) and checks that `verbs` is among them.
     fn new(verbs: *mut ffi::ibv_context) -> Result<DeviceListPin> {
-        // Serialised, and retried: under concurrent first use (256 tasks
-        // connecting at once on soft-RoCE, librdmacm 44) a few calls failed
-        // with ENODEV while librdmacm synchronised its device list.
-        static GET_DEVICES: Mutex<()> = Mutex::new(());
-        let _g = GET_DEVICES.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
-        let mut tries = 0;
-        let list = loop {
-            // SAFETY: out-pointer for the count.
-            let list = unsafe { ffi::rdma_get_devices(&mut n) };
-            match NonNull::new(list) {
-                Some(list) => break list,
-                None if tries < 3 => {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                None => return Err(Error::verb("rdma_get_devices", last_errno())),
+        // SAFETY: out-pointer for the count.
+        let list = unsafe { ffi::rdma_get_devices(&mut n) };
+        let list = NonNull::new(list).ok_or_else(|| {
+            let e = last_errno();
+            let hint = (e.raw_os_error() == Some(libc::ENODEV)).then(|| {
+                "librdmacm reports ENODEV also when the process is out of file \
+                 descriptors (each connection holds several): check `ulimit -n`"
+                    .to_owned()
+            });
+            Error::Verb {
+                verb: "rdma_get_devices",
+                source: e,
+                hint,
             }
-        };
+        })?;
         let pin = DeviceListPin { list };
         let count = usize::try_from(n).unwrap_or(0);
         // SAFETY: the list holds `count` contexts followed by NULL.
@@ -1315,8 +1312,13 @@ impl CmId {
         let _g = self.inner.lock();
         let id = self.inner.id();
         // SAFETY: valid id under its lock; plain fields.
-        let (verbs, port) = unsafe { ((*id).verbs, (*id).port_num) };
+        let (verbs, port, cur) = unsafe { ((*id).verbs, (*id).port_num, (*id).qp) };
         check_same_device(verbs, pd, &[send_cq, recv_cq])?;
+        if !cur.is_null() {
+            // A handshake in progress has its QP attached: rdma_create_qp
+            // would replace it and the handshake would fail half-open.
+            return Err(busy_id());
+        }
         let keepalive: Box<dyn std::any::Any + Send + Sync> = Box::new(self.inner.clone());
         // SAFETY: rdma_create_qp creates an RC QP in `pd` from `init` (its CQs
         // unchanged), moves it to INIT with nothing posted and writes the granted

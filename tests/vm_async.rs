@@ -314,7 +314,7 @@ const T: Duration = Duration::from_secs(10);
 
 /// Connects to `server`, exchanges one message each way, disconnects.
 async fn client_cycle(server: SocketAddr, seq: u32) {
-    let id = AsyncCmId::resolve(server, T).await.unwrap();
+    let mut id = AsyncCmId::resolve(server, T).await.unwrap();
     let ctx = id.id().context().unwrap();
     let pd = Pd::new(&ctx).unwrap();
     let cq = AsyncCq::new(&ctx, 16).unwrap();
@@ -363,7 +363,7 @@ async fn server_loop(listener: Listener, cycles: u32) -> Listener {
             pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap(),
         ))
         .unwrap();
-        let (qp, id) = AsyncCmId::accept(req, qp, &ConnParam::new(), T)
+        let (qp, mut id) = AsyncCmId::accept(req, qp, &ConnParam::new(), T)
             .await
             .unwrap();
         let mut got = tokio::time::timeout(T, cq.next()).await.unwrap().unwrap();
@@ -426,7 +426,7 @@ fn cm_connect_to_a_dead_port_is_an_error_not_a_hang() {
     let rt = runtime();
     rt.block_on(async {
         let t = Instant::now();
-        let id = AsyncCmId::resolve(addr(7499), T).await.unwrap();
+        let mut id = AsyncCmId::resolve(addr(7499), T).await.unwrap();
         let ctx = id.id().context().unwrap();
         let pd = Pd::new(&ctx).unwrap();
         let cq = AsyncCq::new(&ctx, 8).unwrap();
@@ -552,4 +552,95 @@ fn async_echo_verifies_every_byte_and_reports_a_dead_server() {
         "client noticed its server's death after {:?}",
         killed.elapsed()
     );
+}
+
+/// Review regressions: a receive awaited on a QP that takes its receives
+/// from an SRQ is refused at once (it used to wait for room forever); a
+/// request waiting for room when its AsyncCq goes away gets its buffer back
+/// (it used to hang); CQs whose runtime shut down fail their waiters from
+/// another runtime instead of hanging.
+#[test]
+fn misuse_and_shutdown_end_in_errors_not_hangs() {
+    let _g = serial();
+    let rt = runtime();
+    rt.block_on(async {
+        // An AsyncQp on an SRQ: recv is refused with QpUsesSrq.
+        let ctx = common::ctx();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = AsyncCq::new(&ctx, 64).unwrap();
+        let srq = rdma_verbs::Srq::new(&pd, &cq.cq(), rdma_verbs::SrqAttr::new(8, 1)).unwrap();
+        let qp = {
+            let c = cq.cq();
+            Qp::new_with_srq(&pd, &c, &c, &srq, caps(4)).unwrap()
+        };
+        let qp = qp.init(InitAttr::new(1, common::all_remote())).unwrap();
+        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(5), qp.recv_into(mr))
+            .await
+            .expect("refused at once, not waiting for room")
+            .unwrap_err();
+        assert!(
+            matches!(e.error, rdma_verbs::Error::QpUsesSrq { .. }),
+            "{:?}",
+            e.error
+        );
+        assert_eq!(e.unposted.len(), 1, "the buffer comes back");
+    });
+
+    rt.block_on(async {
+        // A receive queue of depth 1: the second receive waits for room;
+        // dropping the AsyncCq ends both waits, the second with its buffer.
+        let AsyncPair {
+            pd,
+            cq_a,
+            cq_b,
+            a,
+            b,
+        } = async_pair(QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        });
+        let b = Arc::new(b);
+        let first = {
+            let (b, mr) = (b.clone(), pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap());
+            tokio::spawn(async move { b.recv_into(mr).await.map(drop) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = {
+            let (b, mr) = (b.clone(), pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap());
+            tokio::spawn(async move { b.recv_into(mr).await.map(drop) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "the queue is full: the second waits");
+        drop(cq_b);
+        let bound = Duration::from_secs(5);
+        let r1 = tokio::time::timeout(bound, first)
+            .await
+            .expect("first ends")
+            .unwrap();
+        assert!(r1.is_err(), "no completion can come any more");
+        let r2 = tokio::time::timeout(bound, second)
+            .await
+            .expect("second ends")
+            .unwrap();
+        let e = r2.expect_err("refused: the driver stopped");
+        assert_eq!(e.unposted.len(), 1, "its buffer comes back unposted");
+        drop((a, cq_a));
+    });
+    drop(rt);
+
+    // CQs of a runtime that shut down: waiters on another runtime fail.
+    let rt_a = runtime();
+    let p = rt_a.block_on(async { async_pair(caps(4)) });
+    drop(rt_a);
+    let rt_b = runtime();
+    rt_b.block_on(async {
+        let mr = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(5), p.b.recv_into(mr))
+            .await
+            .expect("must not hang once the driver's runtime is gone");
+        assert!(r.is_err());
+    });
 }

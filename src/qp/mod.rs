@@ -726,7 +726,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         } else {
             (&self.core.rq, self.core.rq_head)
         };
-        ring.in_flight(head) < ring.depth()
+        // A queue of depth 0 (receives of a QP on an SRQ): let the post
+        // itself refuse, with its error.
+        ring.depth() == 0 || ring.in_flight(head) < ring.depth()
     }
 
     /// The `ibv_cq`s of the send and receive queue.

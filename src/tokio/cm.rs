@@ -164,7 +164,7 @@ impl AsyncCmId {
     /// an error; the QP is dropped then. Cancel safe: dropping the future
     /// abandons the handshake and drops the QP.
     pub async fn connect(
-        &self,
+        &mut self,
         qp: AsyncQp<Rc, Init>,
         param: &ConnParam,
         timeout: Duration,
@@ -218,13 +218,13 @@ impl AsyncCmId {
 
     /// The next event of this connection (e.g. DISCONNECTED when the peer
     /// goes away). Cancel safe.
-    pub async fn event(&self) -> Result<CmEvent> {
+    pub async fn event(&mut self) -> Result<CmEvent> {
         self.inner.event().await
     }
 
     /// Sends a disconnect (`rdma_disconnect`) and waits up to `timeout` for
     /// this side's DISCONNECTED. Flush the QP with `to_error` afterwards.
-    pub async fn disconnect(&self, timeout: Duration) -> Result<()> {
+    pub async fn disconnect(&mut self, timeout: Duration) -> Result<()> {
         self.inner.id.disconnect()?;
         self.inner
             .expect(

@@ -75,6 +75,12 @@ impl Shared {
         self.cq.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether the driver stopped serving this CQ (waiters fail, nothing
+    /// more will be delivered).
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.state().stopped
+    }
+
     pub(crate) fn room(&self) -> &Notify {
         &self.room
     }
@@ -112,7 +118,7 @@ impl Shared {
             }
         }
         // Wake outside the lock: a woken task may run at once on another thread.
-        wake.into_iter().for_each(Waker::wake);
+        wake_all(wake);
         self.room.notify_waiters();
     }
 
@@ -133,7 +139,7 @@ impl Shared {
             wake.extend(st.next_waker.take());
             wake
         };
-        wake.into_iter().for_each(Waker::wake);
+        wake_all(wake);
         self.room.notify_waiters();
     }
 
@@ -172,7 +178,7 @@ impl Shared {
             st.unclaimed.push_back(c);
             if let Some(w) = st.next_waker.take() {
                 drop(st);
-                w.wake();
+                wake_all([w]);
             }
         }
     }
@@ -230,13 +236,15 @@ impl AsyncCq {
         &self.channel
     }
 
-    /// The CQ, to create QPs on: `let c = cq.cq(); Qp::new(&pd, &c, &c, caps)`.
+    /// The CQ, read-only, to create QPs on: `let c = cq.cq(); Qp::new(&pd,
+    /// &c, &c, caps)`. Polling is the driver's (a completion polled elsewhere
+    /// would never reach its future).
     ///
     /// A lock guard (the driver polls the CQ under the same lock): take it
     /// once per statement (twice in one expression deadlocks), keep it
     /// briefly, and never hold it across an `.await`.
-    pub fn cq(&self) -> MutexGuard<'_, Cq> {
-        self.shared.cq()
+    pub fn cq(&self) -> CqRef<'_> {
+        CqRef(self.shared.cq())
     }
 
     /// This CQ's id, as async events name it.
@@ -288,6 +296,25 @@ impl std::fmt::Debug for AsyncCq {
             .field("id", &self.shared.id)
             .field("unclaimed", &self.unclaimed())
             .finish()
+    }
+}
+
+/// The CQ of an [`AsyncCq`], read-only: see [`AsyncCq::cq`].
+pub struct CqRef<'a>(MutexGuard<'a, Cq>);
+
+impl std::ops::Deref for CqRef<'_> {
+    type Target = Cq;
+
+    fn deref(&self) -> &Cq {
+        &self.0
+    }
+}
+
+/// Wakes `wakers`, outside any lock. A waker that panics is contained, so
+/// the driver task (which calls this) keeps serving the others.
+pub(crate) fn wake_all(wakers: impl IntoIterator<Item = Waker>) {
+    for w in wakers {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
     }
 }
 

@@ -76,7 +76,7 @@ impl AsyncChannel {
         let watched = unsafe { watch(fd, "registering a completion channel with tokio")? };
         let registry = Arc::new(Registry::default());
         let driver = ::tokio::spawn(drive(
-            registry.clone(),
+            StopOnDrop(registry.clone()),
             Watch {
                 watched,
                 channel: channel.clone(),
@@ -131,8 +131,25 @@ struct Watch {
     channel: CompletionChannel,
 }
 
+/// Stops every CQ on the channel when the driver ends for any reason: an
+/// error, its runtime shutting down, a panic, or never being polled (it is
+/// an argument of the task's future, so dropping the future drops it).
+struct StopOnDrop(Arc<Registry>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        stop_all(&self.0, "its driver task ended (runtime shut down?)");
+    }
+}
+
+/// How often the driver looks at every CQ even without an event, so that an
+/// event consumed behind its back (`CompletionChannel::try_next` on the
+/// channel) costs at most this much latency instead of a hang.
+const SAFETY_NET: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The driver: serve the CQs with work, then sleep until an event or a new CQ.
-async fn drive(registry: Arc<Registry>, watch: Watch) {
+async fn drive(guard: StopOnDrop, watch: Watch) {
+    let registry = &*guard.0;
     let mut done: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
     let mut pending: Vec<Arc<Shared>> = Vec::new();
     loop {
@@ -148,8 +165,8 @@ async fn drive(registry: Arc<Registry>, watch: Watch) {
         pending = busy;
         // Events of the other CQs are read between turns, so a busy CQ
         // cannot starve them.
-        if let Err(e) = read_events(&registry, &watch.channel, &mut pending) {
-            return stop_all(&registry, &e);
+        if let Err(e) = read_events(registry, &watch.channel, &mut pending) {
+            return stop_all(registry, &e);
         }
         if !pending.is_empty() {
             ::tokio::task::yield_now().await;
@@ -159,10 +176,10 @@ async fn drive(registry: Arc<Registry>, watch: Watch) {
             ready = watch.watched.readable() => {
                 let mut ready = match ready {
                     Ok(r) => r,
-                    Err(e) => return stop_all(&registry, &e.to_string()),
+                    Err(e) => return stop_all(registry, &e.to_string()),
                 };
-                if let Err(e) = read_events(&registry, &watch.channel, &mut pending) {
-                    return stop_all(&registry, &e);
+                if let Err(e) = read_events(registry, &watch.channel, &mut pending) {
+                    return stop_all(registry, &e);
                 }
                 if pending.is_empty() {
                     // Read until empty: the next event is a new edge.
@@ -170,6 +187,9 @@ async fn drive(registry: Arc<Registry>, watch: Watch) {
                 }
             }
             () = registry.kick.notified() => {}
+            () = ::tokio::time::sleep(SAFETY_NET) => {
+                pending = registry.cqs().values().filter_map(Weak::upgrade).collect();
+            }
         }
     }
 }

@@ -66,10 +66,10 @@ mod events;
 mod qp;
 
 pub use cm::{AsyncCmId, Listener};
-pub use cq::{AsyncCq, Next};
+pub use cq::{AsyncCq, CqRef, Next};
 pub use driver::AsyncChannel;
 pub use events::AsyncEventStream;
-pub use qp::AsyncQp;
+pub use qp::{AsyncQp, QpRef};
 
 use std::os::fd::{AsRawFd, RawFd};
 

@@ -12,7 +12,7 @@ use crate::cq::Completion;
 use crate::error::Error;
 use crate::mr::{Mr, RemoteMr};
 use crate::qp::state::{CanPostRecv, CanPostSend, Connected};
-use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr};
+use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr, Sges};
 
 /// A QP whose operations are futures that resolve to their [`Completion`]
 /// (with the buffers back).
@@ -86,30 +86,23 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         self.qp_num
     }
 
-    /// The QP, for queries and state changes that keep the state
-    /// (`query`, `endpoint`, `caps`). Do not post through it.
-    pub fn qp(&self) -> MutexGuard<'_, Qp<T, S>> {
+    /// The QP, read-only (`query`, `endpoint`, `caps`, `outstanding`): every
+    /// post goes through the wrapper, which numbers its requests, so that no
+    /// completion can be taken for another request's.
+    pub fn qp(&self) -> QpRef<'_, T, S> {
+        QpRef(self.lock())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Qp<T, S>> {
         self.qp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Moves the QP to another state with `f` (e.g. `|qp| qp.to_error()`, or
-    /// an rdma_cm handshake), keeping the wrapper's books: requests posted
-    /// before stay awaited where their futures live and the rest go to
-    /// [`AsyncCq::next`]. On failure `f`'s error is returned and the wrapper is gone
-    /// (the QP is wherever `f` left it).
-    pub fn transition<S2: QpState, E>(
-        self,
-        f: impl FnOnce(Qp<T, S>) -> std::result::Result<Qp<T, S2>, E>,
-    ) -> std::result::Result<AsyncQp<T, S2>, E> {
-        let qp = self.qp.into_inner().unwrap_or_else(|e| e.into_inner());
-        let qp = f(qp)?;
-        Ok(AsyncQp {
-            qp: Mutex::new(qp),
-            send: self.send,
-            recv: self.recv,
-            qp_num: self.qp_num,
-            next_id: self.next_id,
-        })
+    /// Moves the QP to ERR ([`Qp::to_error`]): every outstanding request is
+    /// flushed; awaited ones resolve with `WR_FLUSH_ERR` and their buffers.
+    pub fn to_error(self) -> Result<AsyncQp<T, crate::qp::state::Error>, Error> {
+        let (qp, parts) = self.into_parts();
+        let qp = qp.to_error().map_err(|e| e.error)?;
+        Ok(AsyncQp::from_parts(qp, parts))
     }
 
     /// Unwraps the QP. Requests still outstanding complete through
@@ -154,8 +147,7 @@ impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
     pub async fn recv(&self, mut wr: RecvWr) -> std::result::Result<Completion, PostError> {
         let key = (self.qp_num, Queue::Recv, self.id());
         wr.wr_id = key.2;
-        self.post_when_room(&self.recv, key, false, |qp| qp.post_recv(wr))
-            .await?;
+        self.post_when_room(&self.recv, key, wr).await?;
         Op::new(&self.recv, key).await
     }
 
@@ -170,7 +162,7 @@ impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
     pub fn post_recv(&self, mut wr: RecvWr) -> std::result::Result<u64, PostError> {
         let id = self.id();
         wr.wr_id = id;
-        self.qp().post_recv(wr).map(|()| id)
+        self.lock().post_recv(wr).map(|()| id)
     }
 }
 
@@ -181,8 +173,7 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
         let key = (self.qp_num, Queue::Send, self.id());
         wr.wr_id = key.2;
         wr.flags |= crate::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        self.post_when_room(&self.send, key, true, |qp| qp.post_send(wr))
-            .await?;
+        self.post_when_room(&self.send, key, wr).await?;
         Op::new(&self.send, key).await
     }
 
@@ -220,31 +211,66 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
     pub fn post_send(&self, mut wr: SendWr<'_>) -> std::result::Result<u64, PostError> {
         let id = self.id();
         wr.wr_id = id;
-        self.qp().post_send(wr).map(|()| id)
+        self.lock().post_send(wr).map(|()| id)
+    }
+}
+
+/// A request the wrapper can post on a `Qp<T, S>`: sends only on RC,
+/// receives on connected transports.
+trait PostOn<T: QpType, S: QpState> {
+    /// Whether it goes to the send queue.
+    const SEND: bool;
+    fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError>;
+    fn into_buffers(self) -> Sges;
+}
+
+impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
+    const SEND: bool = true;
+    fn post_on(self, qp: &mut Qp<Rc, S>) -> std::result::Result<(), PostError> {
+        qp.post_send(self)
+    }
+    fn into_buffers(self) -> Sges {
+        SendWr::into_buffers(self)
+    }
+}
+
+impl<T: Connected, S: CanPostRecv> PostOn<T, S> for RecvWr {
+    const SEND: bool = false;
+    fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError> {
+        qp.post_recv(self)
+    }
+    fn into_buffers(self) -> Sges {
+        RecvWr::into_buffers(self)
     }
 }
 
 impl<T: QpType, S: QpState> AsyncQp<T, S> {
     /// Registers `key` on `cq`, waits until the queue has a free slot, and
-    /// posts with `post` (which must give the request `key`'s `wr_id`).
-    async fn post_when_room(
+    /// posts `req` (which carries `key`'s `wr_id`). Refused, with the buffers
+    /// back, once the CQ's driver has stopped.
+    async fn post_when_room<R: PostOn<T, S>>(
         &self,
         cq: &Shared,
         key: Key,
-        send: bool,
-        post: impl FnOnce(&mut Qp<T, S>) -> std::result::Result<(), PostError>,
+        req: R,
     ) -> std::result::Result<(), PostError> {
         loop {
             let room = cq.room().notified();
             let mut room = std::pin::pin!(room);
             room.as_mut().enable();
+            if cq.is_stopped() {
+                return Err(PostError {
+                    error: stopped(),
+                    unposted: vec![(key.2, req.into_buffers())],
+                });
+            }
             {
-                let mut qp = self.qp();
-                if qp.has_room(send) {
+                let mut qp = self.lock();
+                if qp.has_room(R::SEND) {
                     // Registered before posting: the driver may poll the
-                    // completion before `post` returns.
+                    // completion before the post returns.
                     cq.expect(key);
-                    let posted = post(&mut qp);
+                    let posted = req.post_on(&mut qp);
                     if posted.is_err() {
                         cq.forget(key);
                     }
@@ -253,6 +279,24 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
             }
             room.await;
         }
+    }
+}
+
+fn stopped() -> Error {
+    Error::Other(
+        "the CQ's completion driver stopped (its AsyncCq was dropped or its runtime shut down)"
+            .into(),
+    )
+}
+
+/// The QP of an [`AsyncQp`], read-only: see [`AsyncQp::qp`].
+pub struct QpRef<'a, T: QpType, S: QpState>(MutexGuard<'a, Qp<T, S>>);
+
+impl<T: QpType, S: QpState> std::ops::Deref for QpRef<'_, T, S> {
+    type Target = Qp<T, S>;
+
+    fn deref(&self) -> &Qp<T, S> {
+        &self.0
     }
 }
 
