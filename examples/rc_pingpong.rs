@@ -307,6 +307,11 @@ fn connect(
         .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))
 }
 
+/// How long the ping-pong may go without a completion before it gives up. ibv_rc_pingpong
+/// waits forever, and with its retry_cnt of 7 rxe never reports a dead peer either, so a
+/// peer that died would leave this side spinning for good.
+const STALL_LIMIT: Duration = Duration::from_secs(20);
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let argv0 = args
@@ -543,17 +548,33 @@ fn run(o: &Opts) -> Result<(), String> {
     let start = Instant::now();
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = Vec::with_capacity(2);
+    let stalled = || {
+        format!(
+            "error: no completion for {} s: the peer stopped answering (its process died or \
+             its QP failed)",
+            STALL_LIMIT.as_secs()
+        )
+    };
     while rcnt < o.iters || scnt < o.iters {
         wcs.clear();
         if o.use_event {
-            cq.wait_poll(&mut wcs, None)
-                .map_err(|e| format!("Failed to get cq_event: {e}"))?;
+            match cq.wait_poll(&mut wcs, Some(STALL_LIMIT)) {
+                Err(rdma_verbs::Error::Timeout { .. }) => return Err(stalled()),
+                r => r.map_err(|e| format!("Failed to get cq_event: {e}"))?,
+            };
         } else {
+            let idle_since = Instant::now();
+            let mut spins = 0u32;
             while cq
                 .poll(&mut wcs)
                 .map_err(|e| format!("poll CQ failed {e}"))?
                 == 0
-            {}
+            {
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 && idle_since.elapsed() > STALL_LIMIT {
+                    return Err(stalled());
+                }
+            }
         }
         for mut wc in wcs.drain(..) {
             if !wc.status.is_success() {
