@@ -20,10 +20,12 @@ macro_rules! say {
 
 mod compare;
 mod demo;
+mod faults;
 mod gpu;
 mod insn;
 mod matrix;
 mod test;
+mod wire;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -61,6 +63,13 @@ commands:
   vm-exec CMD [ARGS...]          the same as `run`, without options; meant as a cargo target
                                  runner (CARGO_TARGET_<TRIPLE>_RUNNER=\"<xtask> vm-exec\")
   test [CARGO TEST ARGS...]      host tests, examples build, then tests/vm_*.rs in guests
+  faults [--short]               the fault matrix on two guests on a virtual wire: SIGKILLed
+                                 peers, netem loss/reorder/duplication/corruption; prints a
+                                 table, writes target/faults/faults.json
+  soak [--minutes N] [--loss PCT] [--qps N]
+                                 verified soak across two guests (examples/soak.rs): mixed
+                                 SEND/WRITE/READ 1 B-1 MiB on N QPs under PCT% loss (default
+                                 1 minute, 1%, 4 QPs); counts, RSS, rdma res before/after
   demo                           build the examples and run them in one guest
   insn [--tests ..] [--check R]  user-space instructions per message under callgrind in the
                                  guest (perftest, perf --safe, perf --raw), target/compare/insn.json
@@ -130,6 +139,10 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         Some("compare") => compare::compare_command(rest),
         Some("insn") => insn::insn_command(rest),
         Some("vm-exec") => run::vm_exec_command(rest),
+        Some("faults") => faults::faults_command(rest),
+        Some("soak") => faults::soak_command(rest),
+        Some("wire-agent") => wire::agent_command(rest),
+        Some("fake-peer") => wire::fake_peer_command(rest),
         Some("test") => test::test_command(rest),
         Some("matrix") => matrix::matrix_command(rest),
         Some("gpu-check") => gpu::gpu_check_command(rest),
