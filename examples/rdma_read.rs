@@ -37,6 +37,8 @@ fn run(args: &app::Args) -> Result<()> {
         let (_qp, _) = app::connect(args, &mut side, qp, &[source.remote()])?;
         // The client's SEND saying it is done: the only completion here.
         side.poll("the client's end-of-reads SEND")?.result()?;
+        // Both sides have all their completions before either QP goes away.
+        side.finish()?;
         println!("server: client finished reading {} bytes", args.size);
         return Ok(());
     }
@@ -64,6 +66,8 @@ fn run(args: &app::Args) -> Result<()> {
     let secs = start.elapsed().as_secs_f64();
     qp.post_send(SendWr::send(u64::MAX))?;
     side.poll("the end-of-reads SEND's completion")?.result()?;
+    // Both sides have all their completions before either QP goes away.
+    side.finish()?;
     println!(
         "client: {} RDMA READs of {} bytes verified in {:.3} s ({:.2} MB/s)",
         args.iters,

@@ -72,6 +72,8 @@ fn run(args: &app::Args) -> Result<()> {
         if c.opcode != WcOpcode::Send {
             return Err(Error::Protocol(format!("unexpected completion {c:?}")));
         }
+        // Both sides have all their completions before either QP goes away.
+        side.finish()?;
         println!(
             "server: {} RDMA WRITEs of {} bytes received and verified",
             args.iters, args.size
@@ -107,6 +109,8 @@ fn run(args: &app::Args) -> Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    // Both sides have all their completions before either QP goes away.
+    side.finish()?;
     println!(
         "client: {} RDMA WRITEs of {} bytes acknowledged in {:.3} s ({:.2} MB/s)",
         args.iters,

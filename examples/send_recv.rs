@@ -113,6 +113,8 @@ fn run(args: &app::Args) -> Result<()> {
     while bufs.send.is_none() {
         bufs.poll(&mut side)?;
     }
+    // Both sides have all their completions before either QP goes away.
+    side.finish()?;
     let secs = start.elapsed().as_secs_f64();
     println!(
         "{}: {} messages of {} bytes sent and verified in {:.3} s ({:.1} us per round trip)",

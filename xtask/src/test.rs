@@ -22,6 +22,9 @@
 //!    the short fault matrix (SIGKILLed peers, 1% loss, a link cut with a short ACK timeout,
 //!    rdma_cm to a closed port, a garbage exchange peer); each case counts as one test.
 //!
+//!    Then `cargo xtask soak --seconds 60`: 4 QPs of verified SEND/WRITE/READ of 1 B to
+//!    1 MiB across the wire under 1% loss (one test).
+//!
 //! 6. the instruction-count guard: `cargo xtask insn` for write_bw, send_bw and read_bw at
 //!    2 B, safe and raw paths only, fails when safe/raw exceeds [`INSN_GUARD`] (counted as
 //!    one test). Instruction counts are deterministic, so this catches regressions of the
@@ -144,6 +147,18 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         success: true,
     });
     summary.add("two-node interop and faults", outcome);
+
+    // A 60 s verified soak under 1% loss across the wire (counted as one test).
+    eprintln!("xtask test: cargo xtask soak --seconds 60");
+    let outcome =
+        crate::faults::soak_command(["--seconds", "60"].map(OsString::from).into()).map(|code| {
+            Counts {
+                passed: u64::from(code == 0),
+                failed: u64::from(code != 0),
+                success: true,
+            }
+        });
+    summary.add("soak (60 s, 1% loss)", outcome);
 
     summary.add("instruction guard", insn_guard());
 
