@@ -117,13 +117,14 @@ fn pattern(id: u32, n: usize, out: &mut Vec<u8>) {
     out.truncate(n);
 }
 
-/// Resident set size of this process, KiB.
+/// Anonymous resident memory of this process (heap, stacks, registered buffers), KiB:
+/// `RssAnon`, which unlike `VmRSS` leaves out code pages read in lazily from the binary.
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix("RssAnon:"))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
@@ -452,7 +453,7 @@ fn run(o: &Opts) -> Result<()> {
     );
     println!(
         "soak {role}: {} messages (SEND {s}, WRITE {w}, READ {r}), {} bytes verified in {:.1} s on {} QPs; \
-         {}; RSS {rss_start} KiB after {} s warm-up, {rss_end} KiB at the end ({:+} KiB)",
+         {}; RssAnon {rss_start} KiB after {} s warm-up, {rss_end} KiB at the end ({:+} KiB)",
         s + w + r,
         counts.bytes.load(Ordering::Relaxed),
         start.elapsed().as_secs_f64(),

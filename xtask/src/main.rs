@@ -66,10 +66,10 @@ commands:
   faults [--short]               the fault matrix on two guests on a virtual wire: SIGKILLed
                                  peers, netem loss/reorder/duplication/corruption; prints a
                                  table, writes target/faults/faults.json
-  soak [--minutes N] [--loss PCT] [--qps N]
+  soak [--minutes N] [--loss PCT] [--qps N] [--max-size BYTES]
                                  verified soak across two guests (examples/soak.rs): mixed
                                  SEND/WRITE/READ 1 B-1 MiB on N QPs under PCT% loss (default
-                                 1 minute, 1%, 4 QPs); counts, RSS, rdma res before/after
+                                 1 minute, 1%, 4 QPs); counts, RssAnon, rdma res before/after
   demo                           build the examples and run them in one guest
   insn [--tests ..] [--check R]  user-space instructions per message under callgrind in the
                                  guest (perftest, perf --safe, perf --raw), target/compare/insn.json
