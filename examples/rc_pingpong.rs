@@ -558,10 +558,13 @@ fn run(o: &Opts) -> Result<(), String> {
     while rcnt < o.iters || scnt < o.iters {
         wcs.clear();
         if o.use_event {
-            match cq.wait_poll(&mut wcs, Some(STALL_LIMIT)) {
-                Err(rdma_verbs::Error::Timeout { .. }) => return Err(stalled()),
-                r => r.map_err(|e| format!("Failed to get cq_event: {e}"))?,
-            };
+            // 0 completions: the limit passed.
+            let n = cq
+                .wait_poll(&mut wcs, Some(STALL_LIMIT))
+                .map_err(|e| format!("Failed to get cq_event: {e}"))?;
+            if n == 0 {
+                return Err(stalled());
+            }
         } else {
             let idle_since = Instant::now();
             let mut spins = 0u32;
