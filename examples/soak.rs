@@ -28,6 +28,10 @@ use rdma_verbs::{
 };
 
 const MIB: usize = 1 << 20;
+/// Send queue depth: the server's verdicts (empty SENDs) whose completions have not been
+/// polled yet. Under loss, the ACK of a verdict can come after the client has already
+/// received it and sent the next message, so several may be outstanding.
+const ACKS_IN_FLIGHT: u32 = 16;
 /// Longest wait for one completion of a live peer.
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -176,6 +180,7 @@ struct Counts {
 /// Runs until the client closes the connection; returns the RSS then (buffers still held).
 fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<u64> {
     let mut expected: u32 = 0;
+    let mut acks_out: u32 = 0;
     let mut data = vec![0u8; MIB];
     let mut want = Vec::with_capacity(MIB + 8);
     l.qp.post_recv(RecvWr::new(0, l.buf.take().expect("receive buffer")))?;
@@ -188,7 +193,10 @@ fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<u6
         let (n, id) = (c.byte_len as usize, c.imm_data.unwrap_or(u32::MAX));
         let buf = c.take_mr();
         let ok = match c.opcode {
-            WcOpcode::Send => continue,
+            WcOpcode::Send => {
+                acks_out -= 1;
+                continue;
+            }
             WcOpcode::Recv => {
                 let buf = buf
                     .as_ref()
@@ -214,7 +222,17 @@ fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<u6
         }
         expected = expected.wrapping_add(1);
         l.qp.post_recv(RecvWr::new(u64::from(id), buf.expect("buffer back")))?;
+        // A full send queue: only verdict completions can come now (the client waits
+        // for this verdict before sending more).
+        while acks_out == ACKS_IN_FLIGHT {
+            let c = poll(&mut l.cq, peer, "a verdict's completion")?;
+            if c.opcode != WcOpcode::Send {
+                return Err(Error::Other(format!("unexpected completion {c:?}")));
+            }
+            acks_out -= 1;
+        }
         l.qp.post_send(SendWr::send(u64::from(id)).imm(u32::from(ok)))?;
+        acks_out += 1;
         if !ok {
             return Err(Error::Protocol(format!(
                 "message {id} ({n} bytes): corrupted"
@@ -337,9 +355,9 @@ fn run(o: &Opts) -> Result<()> {
     let mtu = ctx.query_port(1)?.active_mtu;
     let mut pending = Vec::new();
     for _ in 0..o.qps {
-        let cq = Cq::new(&ctx, 8)?;
+        let cq = Cq::new(&ctx, 2 * ACKS_IN_FLIGHT)?;
         let caps = QpCaps {
-            max_send_wr: 2,
+            max_send_wr: ACKS_IN_FLIGHT,
             max_recv_wr: 2,
             ..QpCaps::default()
         };
@@ -422,11 +440,20 @@ fn run(o: &Opts) -> Result<()> {
             ..*o
         };
         handles.push(thread::spawn(move || {
-            if client {
+            let r = if client {
                 client_lane(lane, &peer, &counts, &o, k, until)
             } else {
                 server_lane(lane, &peer, &counts)
+            };
+            if let Err(e) = &r {
+                // The other lanes would wait for their peer lanes for a minute: end now.
+                eprintln!(
+                    "soak {}: QP {k}: error: {e}",
+                    if client { "client" } else { "server" }
+                );
+                std::process::exit(1);
             }
+            r
         }));
     }
     thread::sleep(warm);
