@@ -11,11 +11,9 @@
 mod app;
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_verbs::{AccessFlags, Error, RecvWr, Result, SendWr, WcOpcode};
-
-const WAIT: Duration = Duration::from_secs(30);
 
 fn main() -> ExitCode {
     let args = app::Args::parse("rdma_read", 18517);
@@ -23,6 +21,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &app::Args) -> Result<()> {
+    // The registered buffers and the expected-message pattern: refused up front when
+    // they cannot fit, rather than OOM-killed while pinning.
+    app::check_memory(args.size.saturating_mul(2))?;
     let mut side = app::open(args, 1)?;
     let mut qp = app::qp(&side)?;
     let expected = app::Pattern::new(args.size);
@@ -33,13 +34,15 @@ fn run(args: &app::Args) -> Result<()> {
         // Read-only for peers, so local reads as a slice stay allowed.
         let source = source.freeze();
         qp.post_recv(RecvWr::empty(0))?;
-        let (_qp, _) = app::connect(args, &side, qp, &[source.remote()])?;
+        let (_qp, _) = app::connect(args, &mut side, qp, &[source.remote()])?;
         // The client's SEND saying it is done: the only completion here.
-        side.cq.poll_one(WAIT)?.result()?;
+        side.poll("the client's end-of-reads SEND")?.result()?;
+        // Both sides have all their completions before either QP goes away.
+        side.finish()?;
         println!("server: client finished reading {} bytes", args.size);
         return Ok(());
     }
-    let (mut qp, remote) = app::connect(args, &side, qp, &[])?;
+    let (mut qp, remote) = app::connect(args, &mut side, qp, &[])?;
     let source = *remote
         .mrs
         .first()
@@ -50,7 +53,7 @@ fn run(args: &app::Args) -> Result<()> {
         dest.fill(0)?;
         qp.post_send(SendWr::read(i as u64, dest, source, 0))?;
         // One request in flight, no receives posted: this is the READ's.
-        let mut c = side.cq.poll_one(WAIT)?;
+        let mut c = side.poll("the READ's completion")?;
         c.result()?;
         dest = match (c.opcode, c.take_mr()) {
             (WcOpcode::RdmaRead, Some(buf)) => buf,
@@ -62,7 +65,9 @@ fn run(args: &app::Args) -> Result<()> {
     }
     let secs = start.elapsed().as_secs_f64();
     qp.post_send(SendWr::send(u64::MAX))?;
-    side.cq.poll_one(WAIT)?.result()?;
+    side.poll("the end-of-reads SEND's completion")?.result()?;
+    // Both sides have all their completions before either QP goes away.
+    side.finish()?;
     println!(
         "client: {} RDMA READs of {} bytes verified in {:.3} s ({:.2} MB/s)",
         args.iters,

@@ -12,11 +12,9 @@
 mod app;
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_verbs::{AccessFlags, Error, RecvWr, Result, SendWr, WcOpcode};
-
-const WAIT: Duration = Duration::from_secs(30);
 
 fn main() -> ExitCode {
     let args = app::Args::parse("rdma_write", 18516);
@@ -24,6 +22,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &app::Args) -> Result<()> {
+    // The registered buffers and the expected-message pattern: refused up front when
+    // they cannot fit, rather than OOM-killed while pinning.
+    app::check_memory(args.size.saturating_mul(3))?;
     let mut side = app::open(args, 1)?;
     let mut qp = app::qp(&side)?;
     let pattern = app::Pattern::new(args.size);
@@ -35,7 +36,7 @@ fn run(args: &app::Args) -> Result<()> {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )?;
         qp.post_recv(RecvWr::empty(0))?;
-        let (mut qp, _) = app::connect(args, &side, qp, &[target.remote()])?;
+        let (mut qp, _) = app::connect(args, &mut side, qp, &[target.remote()])?;
         let mut data = vec![0u8; args.size];
         // The acknowledgements are empty SENDs; one is in flight at most.
         let mut ack_in_flight = false;
@@ -44,7 +45,7 @@ fn run(args: &app::Args) -> Result<()> {
             // in either order.
             let mut write = None;
             while write.is_none() || ack_in_flight {
-                let c = side.cq.poll_one(WAIT)?;
+                let c = side.poll("the client's next WRITE")?;
                 c.result()?;
                 match c.opcode {
                     WcOpcode::Send if ack_in_flight => ack_in_flight = false,
@@ -66,11 +67,13 @@ fn run(args: &app::Args) -> Result<()> {
             ack_in_flight = true;
         }
         // The last ack completes too before the QP goes away.
-        let c = side.cq.poll_one(WAIT)?;
+        let c = side.poll("the last acknowledgement's completion")?;
         c.result()?;
         if c.opcode != WcOpcode::Send {
             return Err(Error::Protocol(format!("unexpected completion {c:?}")));
         }
+        // Both sides have all their completions before either QP goes away.
+        side.finish()?;
         println!(
             "server: {} RDMA WRITEs of {} bytes received and verified",
             args.iters, args.size
@@ -78,7 +81,7 @@ fn run(args: &app::Args) -> Result<()> {
         return Ok(());
     }
     qp.post_recv(RecvWr::empty(0))?;
-    let (mut qp, remote) = app::connect(args, &side, qp, &[])?;
+    let (mut qp, remote) = app::connect(args, &mut side, qp, &[])?;
     let target = *remote
         .mrs
         .first()
@@ -93,7 +96,7 @@ fn run(args: &app::Args) -> Result<()> {
         // in either order.
         let mut acked = false;
         while !acked || src.is_none() {
-            let mut c = side.cq.poll_one(WAIT)?;
+            let mut c = side.poll("the WRITE's completion and the server's acknowledgement")?;
             c.result()?;
             match c.opcode {
                 WcOpcode::RdmaWrite if src.is_none() => src = c.take_mr(),
@@ -106,6 +109,8 @@ fn run(args: &app::Args) -> Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    // Both sides have all their completions before either QP goes away.
+    side.finish()?;
     println!(
         "client: {} RDMA WRITEs of {} bytes acknowledged in {:.3} s ({:.2} MB/s)",
         args.iters,

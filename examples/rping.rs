@@ -547,6 +547,15 @@ fn run_client(o: &Opts) -> Res<()> {
     }
     if disconnected {
         eprintln!("client DISCONNECT EVENT...");
+        if o.count != 0 {
+            // A server that leaves before the pings asked for is a failure (the C rping
+            // exits 0 here too; a caller could not tell a dead server from success).
+            return Err(format!(
+                "the server disconnected after {ping} of {} pings (it exited or was killed)",
+                o.count
+            )
+            .into());
+        }
     } else {
         conn.id.disconnect()?;
         // Our side sees DISCONNECTED too once the server answers (bounded).

@@ -11,12 +11,10 @@
 mod app;
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_verbs::qp::Rts;
-use rdma_verbs::{AccessFlags, Cq, Error, Mr, Qp, Rc, RecvWr, Result, SendWr, WcOpcode};
-
-const WAIT: Duration = Duration::from_secs(30);
+use rdma_verbs::{AccessFlags, Error, Mr, Qp, Rc, RecvWr, Result, SendWr, WcOpcode};
 
 fn main() -> ExitCode {
     let args = app::Args::parse("send_recv", 18515);
@@ -34,8 +32,8 @@ struct Bufs {
 impl Bufs {
     /// Polls one completion and files the buffer it hands back. One SEND and
     /// one receive are in flight at most, so each slot is empty when it fills.
-    fn poll(&mut self, cq: &mut Cq) -> Result<()> {
-        let mut c = cq.poll_one(WAIT)?;
+    fn poll(&mut self, side: &mut app::Side) -> Result<()> {
+        let mut c = side.poll("the peer's next message or our SEND's completion")?;
         c.result()?;
         match (c.opcode, c.take_mr()) {
             (WcOpcode::Send, Some(buf)) if self.send.is_none() => self.send = Some(buf),
@@ -48,9 +46,15 @@ impl Bufs {
     }
 
     /// Sends `msg` once the previous SEND has completed.
-    fn send(&mut self, cq: &mut Cq, qp: &mut Qp<Rc, Rts>, id: usize, msg: &[u8]) -> Result<()> {
+    fn send(
+        &mut self,
+        side: &mut app::Side,
+        qp: &mut Qp<Rc, Rts>,
+        id: usize,
+        msg: &[u8],
+    ) -> Result<()> {
         while self.send.is_none() {
-            self.poll(cq)?;
+            self.poll(side)?;
         }
         let mut buf = self.send.take().expect("send buffer is back");
         buf.write_at(0, msg)?;
@@ -58,17 +62,20 @@ impl Bufs {
     }
 
     /// Waits for the next message.
-    fn recv(&mut self, cq: &mut Cq) -> Result<(usize, Mr)> {
+    fn recv(&mut self, side: &mut app::Side) -> Result<(usize, Mr)> {
         loop {
             if let Some(got) = self.received.take() {
                 return Ok(got);
             }
-            self.poll(cq)?;
+            self.poll(side)?;
         }
     }
 }
 
 fn run(args: &app::Args) -> Result<()> {
+    // The registered buffers and the expected-message pattern: refused up front when
+    // they cannot fit, rather than OOM-killed while pinning.
+    app::check_memory(args.size.saturating_mul(3))?;
     let mut side = app::open(args, 1)?;
     let mut qp = app::qp(&side)?;
     // Receive buffer posted before connecting, so the first message finds it.
@@ -76,7 +83,7 @@ fn run(args: &app::Args) -> Result<()> {
         0,
         side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?,
     ))?;
-    let (mut qp, _) = app::connect(args, &side, qp, &[])?;
+    let (mut qp, _) = app::connect(args, &mut side, qp, &[])?;
     let pattern = app::Pattern::new(args.size);
     let mut bufs = Bufs {
         send: Some(side.pd.alloc_mr(args.size, AccessFlags::empty())?),
@@ -87,10 +94,10 @@ fn run(args: &app::Args) -> Result<()> {
     for i in 0..args.iters {
         let expected = pattern.message(i);
         if client {
-            bufs.send(&mut side.cq, &mut qp, i, expected)?;
+            bufs.send(&mut side, &mut qp, i, expected)?;
         }
         // The peer's message (the client's, or the server's echo of it).
-        let (len, buf) = bufs.recv(&mut side.cq)?;
+        let (len, buf) = bufs.recv(&mut side)?;
         if len != args.size || buf.as_slice()? != expected {
             return Err(Error::Protocol(format!(
                 "message {i}: {len} bytes, content mismatch"
@@ -99,13 +106,15 @@ fn run(args: &app::Args) -> Result<()> {
         // Re-arm the receive for the next message before answering.
         qp.post_recv(RecvWr::new(i as u64 + 1, buf))?;
         if !client {
-            bufs.send(&mut side.cq, &mut qp, i, expected)?;
+            bufs.send(&mut side, &mut qp, i, expected)?;
         }
     }
     // The last SEND completes too before the QP goes away.
     while bufs.send.is_none() {
-        bufs.poll(&mut side.cq)?;
+        bufs.poll(&mut side)?;
     }
+    // Both sides have all their completions before either QP goes away.
+    side.finish()?;
     let secs = start.elapsed().as_secs_f64();
     println!(
         "{}: {} messages of {} bytes sent and verified in {:.3} s ({:.1} us per round trip)",

@@ -268,6 +268,18 @@ pub enum Error {
     )]
     PeerGaveUp,
 
+    /// The peer closed the exchange connection kept open for the life of the RDMA
+    /// connection ([`ExchangeStream::peer_closed`](crate::exchange::ExchangeStream::peer_closed))
+    /// while this side was still waiting: its process exited or was killed.
+    #[error(
+        "the peer closed its exchange connection while this side was waiting for {waiting_for}: \
+         its process exited or was killed (look at the peer's output)"
+    )]
+    PeerClosed {
+        /// What this side was waiting for.
+        waiting_for: &'static str,
+    },
+
     /// An application's own failure, for programs that use this crate's
     /// `Error` as theirs (so that they need not borrow another variant).
     #[error("{0}")]

@@ -602,6 +602,36 @@ impl ExchangeStream {
         })
     }
 
+    /// Whether the peer has closed its end of the connection, checked without waiting and
+    /// without consuming anything: true once it shut down or its process exited (the
+    /// kernel closes a dead process's sockets, so SIGKILL counts), false while it is open
+    /// (unread data from the peer counts as open).
+    ///
+    /// Keeping the exchange connection open for the life of an RDMA connection
+    /// ([`connect_client_kept`], [`serve_kept`]) turns it into a liveness signal: a side
+    /// waiting for completions that never come can tell a dead peer from a slow one.
+    pub fn peer_closed(&self) -> Result<bool> {
+        let io_err = |source| Error::Io {
+            what: "checking the exchange connection",
+            source,
+        };
+        self.stream.set_nonblocking(true).map_err(io_err)?;
+        let mut byte = [0u8; 1];
+        let peeked = self.stream.peek(&mut byte);
+        self.stream.set_nonblocking(false).map_err(io_err)?;
+        match peeked {
+            Ok(0) => Ok(true),
+            Ok(_) => Ok(false),
+            Err(e) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(false),
+                io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe => Ok(true),
+                _ => Err(io_err(e)),
+            },
+        }
+    }
+
     /// The TCP stream.
     pub fn into_inner(self) -> TcpStream {
         self.stream
@@ -764,11 +794,30 @@ pub fn connect_client(
     mrs: &[RemoteMr],
     timeout: Duration,
 ) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
+    let (qp, remote, _) = connect_client_kept(host, port, qp, gid_index, mrs, timeout)?;
+    Ok((qp, remote))
+}
+
+/// [`connect_client`], also returning the exchange connection, still open: keep it for
+/// as long as the QP is connected and check [`ExchangeStream::peer_closed`] while waiting
+/// for completions, to report a dead peer at once instead of after a timeout (the server
+/// side must keep its end too: [`serve_kept`]).
+pub fn connect_client_kept(
+    host: &str,
+    port: u16,
+    qp: Qp<Rc, Init>,
+    gid_index: Option<u8>,
+    mrs: &[RemoteMr],
+    timeout: Duration,
+) -> Result<(Qp<Rc, Rts>, PeerInfo, ExchangeStream)> {
     let mut local = PeerInfo::new(qp.endpoint(gid_index)?);
     local.mrs.extend_from_slice(mrs);
-    let remote: PeerInfo = client_exchange(host, port, &local, timeout)?;
+    let mut s = ExchangeStream::connect(host, port, timeout)?;
+    s.send(&local)?;
+    let remote: PeerInfo = s.recv()?;
+    s.send_done()?;
     let qp = qp.connect(&remote.endpoint, gid_index)?;
-    Ok((qp, remote))
+    Ok((qp, remote, s))
 }
 
 /// The server side of [`connect_client`]: waits for one client on `listener`
@@ -784,18 +833,27 @@ pub fn serve(
     mrs: &[RemoteMr],
     timeout: Option<Duration>,
 ) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
+    let (qp, remote, _) = serve_kept(listener, qp, gid_index, mrs, timeout)?;
+    Ok((qp, remote))
+}
+
+/// [`serve`], also returning the exchange connection, still open (see
+/// [`connect_client_kept`]).
+pub fn serve_kept(
+    listener: &ExchangeListener,
+    qp: Qp<Rc, Init>,
+    gid_index: Option<u8>,
+    mrs: &[RemoteMr],
+    timeout: Option<Duration>,
+) -> Result<(Qp<Rc, Rts>, PeerInfo, ExchangeStream)> {
     let mut local = PeerInfo::new(qp.endpoint(gid_index)?);
     local.mrs.extend_from_slice(mrs);
-    let mut qp = Some(qp);
-    let (remote, qp) = server_exchange(listener, &local, timeout, |remote: &PeerInfo| {
-        match qp.take() {
-            Some(qp) => qp.connect(&remote.endpoint, gid_index),
-            None => Err(Error::Other(
-                "server_exchange ran its callback twice".into(),
-            )),
-        }
-    })?;
-    Ok((qp, remote))
+    let mut s = listener.accept(timeout)?;
+    let remote: PeerInfo = s.recv()?;
+    let qp = qp.connect(&remote.endpoint, gid_index)?;
+    s.send(&local)?;
+    s.recv_done()?;
+    Ok((qp, remote, s))
 }
 
 #[cfg(test)]

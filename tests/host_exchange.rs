@@ -274,3 +274,28 @@ fn bind_default_all_addresses() {
     let a = l.local_addr().unwrap();
     assert!(a.ip().is_unspecified(), "{a}");
 }
+
+#[test]
+fn peer_closed_tells_a_closed_or_dead_peer_from_a_live_one() {
+    let (l, port) = listener();
+    let t = thread::spawn(move || {
+        let s = ExchangeStream::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+        // Unread data from a live peer: still open.
+        let mut raw = s.into_inner();
+        raw.write_all(b"x").unwrap();
+        thread::sleep(Duration::from_millis(300));
+        // Then the peer goes away (as a killed process's socket does).
+        drop(raw);
+    });
+    let s = l.accept(Some(Duration::from_secs(5))).unwrap();
+    assert!(!s.peer_closed().unwrap(), "a connected peer is not closed");
+    t.join().unwrap();
+    // The unread byte does not hide the close forever: once it is consumed, EOF shows.
+    let mut raw = s.into_inner();
+    let mut b = [0u8; 1];
+    raw.read_exact(&mut b).unwrap();
+    let s = ExchangeStream::from_tcp(raw).unwrap();
+    assert!(s.peer_closed().unwrap(), "the peer's close is seen at once");
+    // Checking does not block and can be repeated.
+    assert!(s.peer_closed().unwrap());
+}

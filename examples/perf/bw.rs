@@ -63,7 +63,7 @@ pub fn run(
             None
         };
         ctrl.barrier(client)?;
-        let mine = run_size(o, rate, q, tx.as_mut(), rx.as_mut())?;
+        let mine = run_size(o, rate, q, tx.as_mut(), rx.as_mut(), ctrl)?;
         let theirs = ctrl.swap(client, &WireRow(mine))?.0;
         let row = match (mine, theirs) {
             (Some(a), Some(b)) => Some(a.plus(b)),
@@ -88,6 +88,7 @@ fn run_size(
     q: &mut Queues,
     mut tx: Option<&mut Tx>,
     mut rx: Option<&mut Rx>,
+    ctrl: &Ctrl,
 ) -> Result<Option<BwRow>> {
     if tx.is_none() && rx.is_none() {
         // Nothing to do on this side (the server of a one-way WRITE/READ test):
@@ -126,7 +127,7 @@ fn run_size(
         }
         let progress =
             tx.as_deref().map_or(0, |t| t.c.totccnt) + rx.as_deref().map_or(0, |r| r.rcnt);
-        stall.check(progress)?;
+        stall.check(progress, ctrl)?;
         if o.run_infinitely {
             let t = clock::now();
             if t >= next_report {
@@ -213,8 +214,11 @@ impl Stall {
         }
     }
 
+    /// While nothing completes, also checks every 65,536 idle rounds whether the peer's
+    /// process is gone (its end of the TCP connection closed): that is reported at once,
+    /// a peer that is merely silent after [`STALL_LIMIT`].
     #[inline]
-    fn check(&mut self, progress: u64) -> Result<()> {
+    fn check(&mut self, progress: u64, ctrl: &Ctrl) -> Result<()> {
         if progress != self.last {
             self.last = progress;
             self.idle = 0;
@@ -224,6 +228,11 @@ impl Stall {
         self.idle = self.idle.wrapping_add(1);
         if self.idle % 65_536 != 0 {
             return Ok(());
+        }
+        if ctrl.peer_closed()? {
+            return Err(Error::PeerClosed {
+                waiting_for: "completions",
+            });
         }
         let now = clock::now();
         match self.since {

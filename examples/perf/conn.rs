@@ -86,7 +86,8 @@ impl Device {
         let pd = Pd::new(&ctx)?;
         // Like perftest's -x: the RoCE v2 IPv4-mapped GID by default.
         let gid_index = match o.gid_index {
-            Some(i) => i,
+            // Checked now, before waiting for a peer (an empty slot is an error).
+            Some(i) => ctx.query_gid(o.ib_port, i).map(|_| i)?,
             None => ctx.default_gid_index(o.ib_port)?.unwrap_or(0),
         };
         let mtu = ctx.query_port(o.ib_port)?.active_mtu.bytes();
@@ -189,28 +190,56 @@ pub struct Ctrl {
     stream: ExchangeStream,
 }
 
+/// A read or write on the control connection that failed because the peer's end is gone
+/// (EOF in the middle of a message, a reset, a broken pipe) becomes
+/// [`Error::PeerClosed`], instead of the socket's own "failed to fill whole buffer".
+fn peer_died(waiting_for: &'static str) -> impl Fn(Error) -> Error {
+    move |e| match e {
+        Error::Io { ref source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            Error::PeerClosed { waiting_for }
+        }
+        Error::PeerGaveUp => Error::PeerClosed { waiting_for },
+        e => e,
+    }
+}
+
 impl Ctrl {
     /// Both sides wait here until the other arrives (client first, then server).
     pub fn barrier(&mut self, client: bool) -> Result<()> {
+        let map = peer_died("the peer at the start of a size");
         if client {
-            self.stream.send_done()?;
-            self.stream.recv_done()
+            self.stream.send_done().map_err(&map)?;
+            self.stream.recv_done().map_err(&map)
         } else {
-            self.stream.recv_done()?;
-            self.stream.send_done()
+            self.stream.recv_done().map_err(&map)?;
+            self.stream.send_done().map_err(&map)
         }
     }
 
     /// Sends one message and receives the peer's (client sends first).
     pub fn swap<M: WireMessage>(&mut self, client: bool, msg: &M) -> Result<M> {
+        let map = peer_died("the peer's results");
         if client {
-            self.stream.send(msg)?;
-            self.stream.recv()
+            self.stream.send(msg).map_err(&map)?;
+            self.stream.recv().map_err(&map)
         } else {
-            let got = self.stream.recv()?;
-            self.stream.send(msg)?;
+            let got = self.stream.recv().map_err(&map)?;
+            self.stream.send(msg).map_err(&map)?;
             Ok(got)
         }
+    }
+
+    /// Whether the peer's process is gone (see `ExchangeStream::peer_closed`).
+    pub fn peer_closed(&self) -> Result<bool> {
+        self.stream.peer_closed()
     }
 }
 

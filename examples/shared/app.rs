@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
-use rdma_verbs::exchange::{self, ExchangeListener, PeerInfo};
+use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream, PeerInfo};
 use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{AccessFlags, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result};
+use rdma_verbs::{
+    AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result, RtrAttr,
+    RtsAttr,
+};
 
 /// Options every example takes.
 pub struct Args {
@@ -16,14 +19,19 @@ pub struct Args {
     pub device: Option<String>,
     pub gid_index: Option<u8>,
     pub port: u16,
+    /// `--qp-timeout`: the ACK timeout code (4.096 us x 2^N); `None`: the crate's default.
+    pub qp_timeout: Option<u8>,
+    /// `--retry-cnt`: transport retries before RETRY_EXC_ERR; `None`: the crate's default.
+    pub retry_cnt: Option<u8>,
 }
 
 impl Args {
     /// Parses `--server | --client HOST`, `--size N`, `--iters N`, `--device D`,
-    /// `--gid-index I`, `--port P`; exits with usage on anything else.
+    /// `--gid-index I`, `--port P`, `--qp-timeout T`, `--retry-cnt R`; exits with usage on
+    /// anything else.
     pub fn parse(name: &str, default_port: u16) -> Args {
         let usage = format!(
-            "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT]"
+            "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7]"
         );
         let mut a = Args {
             client: None,
@@ -32,6 +40,8 @@ impl Args {
             device: std::env::var("RDMA_VERBS_DEVICE").ok(),
             gid_index: None,
             port: default_port,
+            qp_timeout: None,
+            retry_cnt: None,
         };
         let mut server = false;
         let mut it = std::env::args().skip(1);
@@ -59,6 +69,24 @@ impl Args {
                         val("--gid-index")
                             .parse()
                             .unwrap_or_else(|_| fail("bad --gid-index")),
+                    )
+                }
+                "--qp-timeout" => {
+                    a.qp_timeout = Some(
+                        val("--qp-timeout")
+                            .parse()
+                            .ok()
+                            .filter(|t: &u8| *t <= 31)
+                            .unwrap_or_else(|| fail("bad --qp-timeout (0 to 31)")),
+                    )
+                }
+                "--retry-cnt" => {
+                    a.retry_cnt = Some(
+                        val("--retry-cnt")
+                            .parse()
+                            .ok()
+                            .filter(|r: &u8| *r <= 7)
+                            .unwrap_or_else(|| fail("bad --retry-cnt (0 to 7)")),
                     )
                 }
                 "--port" | "-p" => {
@@ -90,6 +118,30 @@ impl Args {
     }
 }
 
+/// Refuses to register `bytes` in all when that is more than the memory available
+/// (`MemAvailable` in /proc/meminfo): registration pins every page, and pinning more than
+/// there is gets the process killed by the kernel's OOM killer instead of an error.
+pub fn check_memory(bytes: usize) -> Result<()> {
+    let available_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    match available_kib {
+        Some(kib) if bytes as u64 > kib.saturating_mul(1024) => {
+            Err(rdma_verbs::Error::InvalidArgument {
+                what: "--size",
+                reason: format!(
+                    "the buffers need {bytes} bytes of pinned memory, more than the {} bytes \
+                     available (MemAvailable); use a smaller --size",
+                    kib * 1024
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The verbs objects of one side.
 pub struct Side {
     pub pd: Pd,
@@ -97,6 +149,51 @@ pub struct Side {
     pub gid_index: u8,
     /// Work requests each queue of the QP may hold.
     pub depth: u32,
+    /// The exchange connection, kept open while connected: it closes when the peer's
+    /// process dies, which [`Side::poll`] reports at once.
+    pub peer: Option<ExchangeStream>,
+}
+
+/// How long [`Side::poll`] waits for a completion of a live peer.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The slices [`Side::poll`] waits in, checking the peer between them.
+const SLICE: Duration = Duration::from_millis(100);
+
+impl Side {
+    /// The closing handshake on the kept exchange connection: tells the peer this side
+    /// has all its completions and waits until the peer says the same. Without it, a side
+    /// that finished first would destroy its QP while the peer's last request still waits
+    /// for an ACK that was lost: the retransmission would then find no QP and end in
+    /// RETRY_EXC_ERR (seen under 5% loss).
+    pub fn finish(&mut self) -> Result<()> {
+        if let Some(peer) = &mut self.peer {
+            peer.send_done()?;
+            peer.recv_done()?;
+        }
+        Ok(())
+    }
+
+    /// The next completion, waiting at most [`WAIT`]; fails with
+    /// [`Error::PeerClosed`](rdma_verbs::Error::PeerClosed) as soon as the peer's
+    /// exchange connection is closed while nothing comes (its process died).
+    pub fn poll(&mut self, what: &'static str) -> Result<Completion> {
+        let start = std::time::Instant::now();
+        loop {
+            match self.cq.poll_one(SLICE) {
+                Err(rdma_verbs::Error::Timeout { .. }) => {}
+                other => return other,
+            }
+            if let Some(peer) = &self.peer {
+                if peer.peer_closed()? {
+                    return Err(rdma_verbs::Error::PeerClosed { waiting_for: what });
+                }
+            }
+            if start.elapsed() >= WAIT {
+                return Err(rdma_verbs::Error::Timeout { what, after: WAIT });
+            }
+        }
+    }
 }
 
 /// Opens the device, a PD, and one CQ for both queues of a QP whose queues
@@ -109,7 +206,9 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
     let cq = Cq::new(&ctx, 2 * depth)?;
     // Like `-g`/`-x` on soft-RoCE: the RoCE v2 IPv4-mapped GID by default.
     let gid_index = match args.gid_index {
-        Some(i) => i,
+        // Checked now, before waiting for a peer: an empty or missing slot is an error
+        // naming the valid indices.
+        Some(i) => ctx.query_gid(1, i).map(|_| i)?,
         None => ctx.default_gid_index(1)?.unwrap_or(0),
     };
     Ok(Side {
@@ -117,6 +216,7 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
         cq,
         gid_index,
         depth,
+        peer: None,
     })
 }
 
@@ -134,22 +234,60 @@ pub fn qp(side: &Side) -> Result<Qp<Rc, Init>> {
 
 /// Exchanges endpoints (and `mrs`) with the peer and brings the QP to RTS.
 /// The server connects its QP before answering, so the client's first
-/// message finds it ready.
+/// message finds it ready. The exchange connection stays open in `side.peer`
+/// (see [`Side::poll`]).
 pub fn connect(
     args: &Args,
-    side: &Side,
+    side: &mut Side,
     qp: Qp<Rc, Init>,
     mrs: &[RemoteMr],
 ) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
     let gid = Some(side.gid_index);
     let timeout = Duration::from_secs(30);
-    let (qp, remote) = match &args.client {
-        Some(host) => exchange::connect_client(host, args.port, qp, gid, mrs, timeout)?,
-        None => {
-            let listener = ExchangeListener::bind(args.port)?;
-            exchange::serve(&listener, qp, gid, mrs, Some(timeout))?
+    let (qp, remote, peer) = if args.qp_timeout.is_none() && args.retry_cnt.is_none() {
+        match &args.client {
+            Some(host) => exchange::connect_client_kept(host, args.port, qp, gid, mrs, timeout)?,
+            None => {
+                let listener = ExchangeListener::bind(args.port)?;
+                exchange::serve_kept(&listener, qp, gid, mrs, Some(timeout))?
+            }
+        }
+    } else {
+        // The same exchange, with this side's ACK timeout and retry count.
+        let mut local = PeerInfo::new(qp.endpoint(gid)?);
+        local.mrs.extend_from_slice(mrs);
+        let mut rts = RtsAttr::new(local.endpoint.psn);
+        if let Some(t) = args.qp_timeout {
+            rts = rts.timeout(t);
+        }
+        if let Some(r) = args.retry_cnt {
+            rts = rts.retry_cnt(r);
+        }
+        let mtu = side.pd.context().query_port(1)?.active_mtu;
+        let to_rts = |qp: Qp<Rc, Init>, remote: &PeerInfo| -> Result<Qp<Rc, Rts>> {
+            Ok(qp
+                .rtr(RtrAttr::new(&remote.endpoint, 1, mtu, gid))?
+                .rts(rts)?)
+        };
+        match &args.client {
+            Some(host) => {
+                let mut s = ExchangeStream::connect(host, args.port, timeout)?;
+                s.send(&local)?;
+                let remote: PeerInfo = s.recv()?;
+                s.send_done()?;
+                (to_rts(qp, &remote)?, remote, s)
+            }
+            None => {
+                let mut s = ExchangeListener::bind(args.port)?.accept(Some(timeout))?;
+                let remote: PeerInfo = s.recv()?;
+                let qp = to_rts(qp, &remote)?;
+                s.send(&local)?;
+                s.recv_done()?;
+                (qp, remote, s)
+            }
         }
     };
+    side.peer = Some(peer);
     println!("{}: remote {}", args.role(), remote.endpoint);
     Ok((qp, remote))
 }

@@ -541,6 +541,12 @@ connected_ping_qp!(Uc, UcSendWr);
 /// (and every buffer the loop receives into is one it sent from before, as
 /// in the C programs, where one buffer serves both directions). Returns the
 /// buffer it holds at the end.
+/// How long the ping-pong may go without a completion before it gives up. The C
+/// programs wait forever, and with their retry_cnt of 7 rxe never reports a dead peer
+/// either (and a UD peer that died is never reported at all), so a peer that died
+/// would leave this side spinning for good.
+pub const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 pub fn run_loop<Q: PingQp>(
     qp: &mut Q,
     cq: &mut Cq,
@@ -598,17 +604,36 @@ pub fn run_loop<Q: PingQp>(
     let start = Instant::now();
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = Vec::with_capacity(2);
+    let stalled = || {
+        format!(
+            "error: no completion for {} s: the peer stopped answering (its process died or \
+             its QP failed)",
+            STALL_LIMIT.as_secs()
+        )
+    };
     while rcnt < p.iters || scnt < p.iters {
         wcs.clear();
         if p.use_event {
-            cq.wait_poll(&mut wcs, None)
+            // 0 completions: the limit passed.
+            let n = cq
+                .wait_poll(&mut wcs, Some(STALL_LIMIT))
                 .map_err(|e| format!("Failed to get cq_event: {e}"))?;
+            if n == 0 {
+                return Err(stalled());
+            }
         } else {
+            let idle_since = Instant::now();
+            let mut spins = 0u32;
             while cq
                 .poll(&mut wcs)
                 .map_err(|e| format!("poll CQ failed {e}"))?
                 == 0
-            {}
+            {
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 && idle_since.elapsed() > STALL_LIMIT {
+                    return Err(stalled());
+                }
+            }
         }
         for mut wc in wcs.drain(..) {
             if !wc.status.is_success() {

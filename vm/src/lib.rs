@@ -18,6 +18,11 @@
 //! `RDMA_VERBS_ADDR=10.99.0.1` set. When the host already has an RDMA device, the command
 //! runs directly on the host instead.
 //!
+//! `rdma-verbs-vm run --nodes 2 -- CMD` boots two guests joined by a virtual wire (QEMU's
+//! UDP socket netdev on 127.0.0.1), rxe0 on eth0 of each (10.99.1.1 and 10.99.1.2), and runs
+//! CMD on both with `RDMA_VERBS_NODE`, `RDMA_VERBS_ADDR` and `RDMA_VERBS_PEER` set
+//! ([`run::execute_pair`], [`vm::run_pair`]).
+//!
 //! The guest image is cached in [`setup::vm_dir`]: `$RDMA_VERBS_VM_DIR`, else
 //! `$XDG_CACHE_HOME/rdma-verbs-vm`, else `~/.cache/rdma-verbs-vm`. The guest layout is
 //! described in [`vm`], the commands in [`run`].

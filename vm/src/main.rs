@@ -17,6 +17,12 @@ commands:
   run [--timeout SECS] [--] CMD [ARGS...]
                                  run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
+  run --nodes 2 [--timeout SECS] [--node1 SH] [--node2 SH] [--] [CMD [ARGS...]]
+                                 two guests joined by a virtual wire (UDP on 127.0.0.1), rxe0
+                                 on eth0 of each (10.99.1.1, 10.99.1.2); CMD runs on both with
+                                 RDMA_VERBS_NODE=1|2, RDMA_VERBS_ADDR (own), RDMA_VERBS_PEER;
+                                 --nodeN SH runs `sh -c SH` on that node instead; output lines
+                                 prefixed [node1]/[node2]; exits non-zero if either fails
   help                           print this help
   version                        print the version
 

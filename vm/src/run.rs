@@ -84,28 +84,56 @@ impl Invocation {
     }
 }
 
-/// `run [--timeout SECS] [--] CMD [ARGS...]`.
+/// `run [--timeout SECS] [--nodes 1|2] [--node1 SHELL] [--node2 SHELL] [--] [CMD [ARGS...]]`.
+///
+/// With `--nodes 2`, two guests on a virtual wire each run the command (see [`execute_pair`]);
+/// `--node1 SHELL` / `--node2 SHELL` give a node its own command, run as `sh -c SHELL`.
 pub fn run_command(args: Vec<OsString>) -> Result<u8> {
     let mut timeout = None;
+    let mut nodes = 1u8;
+    let mut per_node: [Option<OsString>; 2] = [None, None];
     let mut rest = args.into_iter().peekable();
     while let Some(arg) = rest.peek() {
         let Some(flag) = arg.to_str() else { break };
         if flag == "--" {
             rest.next();
             break;
-        } else if flag == "--timeout" {
-            rest.next();
-            let value = rest
-                .next()
-                .ok_or_else(|| Error::usage("--timeout needs a number of seconds"))?;
-            timeout = Some(parse_timeout(&value.to_string_lossy())?);
-        } else if let Some(value) = flag.strip_prefix("--timeout=") {
-            timeout = Some(parse_timeout(value)?);
-            rest.next();
-        } else if flag.starts_with('-') {
-            return Err(Error::usage(format!("unknown option {flag:?} for run")));
-        } else {
+        }
+        if !flag.starts_with('-') {
             break;
+        }
+        let flag = flag.to_string();
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n.to_string(), Some(OsString::from(v))),
+            None => (flag.clone(), None),
+        };
+        rest.next();
+        let mut value = |what: &str| {
+            inline
+                .clone()
+                .or_else(|| rest.next())
+                .ok_or_else(|| Error::usage(format!("{name} needs {what}")))
+        };
+        match name.as_str() {
+            "--timeout" => {
+                timeout = Some(parse_timeout(
+                    &value("a number of seconds")?.to_string_lossy(),
+                )?)
+            }
+            "--nodes" => {
+                nodes = match value("1 or 2")?.to_str() {
+                    Some("1") => 1,
+                    Some("2") => 2,
+                    other => {
+                        return Err(Error::usage(format!(
+                            "--nodes: expected 1 or 2, got {other:?}"
+                        )));
+                    }
+                }
+            }
+            "--node1" => per_node[0] = Some(value("a shell command")?),
+            "--node2" => per_node[1] = Some(value("a shell command")?),
+            _ => return Err(Error::usage(format!("unknown option {flag:?} for run"))),
         }
     }
     let timeout = match timeout {
@@ -113,10 +141,30 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
         None => crate::timeout_from_env()?,
     };
     let mut command = rest;
-    let Some(program) = command.next() else {
-        return Err(Error::usage("run: missing the command to run"));
-    };
-    execute(Invocation::new(program, command.collect())?, timeout)
+    let program = command.next();
+    let args: Vec<OsString> = command.collect();
+    if nodes == 1 {
+        if per_node.iter().any(Option::is_some) {
+            return Err(Error::usage("--node1 / --node2 need --nodes 2"));
+        }
+        let Some(program) = program else {
+            return Err(Error::usage("run: missing the command to run"));
+        };
+        return execute(Invocation::new(program, args)?, timeout);
+    }
+    let mut invs = Vec::new();
+    for own in per_node {
+        invs.push(match (own, &program) {
+            (Some(shell), _) => Invocation::new("sh".into(), vec!["-c".into(), shell])?,
+            (None, Some(program)) => Invocation::new(program.clone(), args.clone())?,
+            (None, None) => {
+                return Err(Error::usage(
+                    "run --nodes 2: missing the command (CMD, or --node1 and --node2)",
+                ));
+            }
+        });
+    }
+    execute_pair([&invs[0], &invs[1]], timeout)
 }
 
 /// `vm-exec CMD [ARGS...]`: like `run` without options, for use as a cargo target runner
@@ -148,6 +196,36 @@ pub fn execute(inv: Invocation, timeout: Duration) -> Result<u8> {
         report_failure(failure);
         error
     })
+}
+
+/// Runs `invs[0]` on node 1 and `invs[1]` on node 2 of two guests on a virtual wire
+/// ([`vm::run_pair`]); always in guests, even when the host has an RDMA device. Each command
+/// sees `RDMA_VERBS_NODE` (1 or 2), `RDMA_VERBS_ADDR` (its own address, 10.99.1.N),
+/// `RDMA_VERBS_PEER` (the other node's) and `RDMA_VERBS_DEVICE=rxe0`. Reports both outcomes
+/// on stderr; returns 0 when both exited with 0, else the first failure's status (124 for
+/// a timeout, 125 for a guest that failed, else the command's).
+pub fn execute_pair(invs: [&Invocation; 2], timeout: Duration) -> Result<u8> {
+    let assets = setup::setup(Verbosity::Quiet, &[])?;
+    let outcomes = vm::run_pair(&assets, invs, timeout);
+    let mut worst: Option<u8> = None;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let node = i + 1;
+        let code = match outcome {
+            Ok(code) => {
+                eprintln!("rdma-verbs-vm: node{node} exited with status {code}");
+                code
+            }
+            Err((failure, e)) => {
+                report_failure(failure);
+                eprintln!("rdma-verbs-vm: node{node}: {e}");
+                e.code
+            }
+        };
+        if code != 0 && worst.is_none() {
+            worst = Some(code);
+        }
+    }
+    Ok(worst.unwrap_or(0))
 }
 
 /// Names of the host's RDMA devices, sorted.
@@ -201,5 +279,28 @@ fn report_failure(failure: Failure) {
     };
     if let Ok(mut file) = fs::OpenOptions::new().create(true).append(true).open(path) {
         let _ = file.write_all(line.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage_error(args: &[&str]) -> Option<String> {
+        match run_command(args.iter().map(OsString::from).collect()) {
+            Err(e) if e.code == crate::EXIT_USAGE => Some(e.message),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn two_node_options_are_checked_before_anything_runs() {
+        assert!(usage_error(&["--nodes", "3", "--", "true"]).is_some_and(|m| m.contains("1 or 2")));
+        assert!(usage_error(&["--node1", "true"]).is_some_and(|m| m.contains("--nodes 2")));
+        assert!(
+            usage_error(&["--nodes=2", "--node1", "true"]).is_some_and(|m| m.contains("missing"))
+        );
+        assert!(usage_error(&["--nodes"]).is_some_and(|m| m.contains("needs")));
+        assert!(usage_error(&["--bogus"]).is_some_and(|m| m.contains("unknown option")));
     }
 }

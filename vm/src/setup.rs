@@ -55,8 +55,11 @@ pub const GUEST_MODULES: &[&str] = &[
     "9pnet_virtio",
     "9p",
     "virtio_console",
-    // the link rxe runs on
+    // the link rxe runs on: veth (one guest), virtio-net (two guests on a wire)
     "veth",
+    "virtio_net",
+    // fault injection on the wire (tc qdisc ... netem)
+    "sch_netem",
     "udp_tunnel",
     "ip6_udp_tunnel",
     // verbs

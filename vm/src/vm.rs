@@ -26,12 +26,13 @@
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
+use std::net::UdpSocket;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cmd::{self, Waited, push_quoted};
 use crate::run::Invocation;
@@ -74,37 +75,74 @@ fi
 poweroff -f
 "#;
 
-/// How the guest (or, later, guests) are wired. The network setup, the QEMU network devices
-/// and the address the command is told about all come from here.
-///
-/// Only one topology exists. A two-guest mode (real traffic between two kernels, see
-/// "Two guests on a virtual wire" in RXE-VM.md) would add a variant here whose
-/// `qemu_net_args` adds a `virtio-net-pci` joined to the peer by a
-/// `-netdev socket,udp=127.0.0.1:...` pair, whose `setup_script` puts rxe
-/// on eth0, and a caller that boots both guests and waits for both.
+/// How a guest is wired. The network setup, the QEMU network devices and the addresses the
+/// command is told about all come from here.
 #[derive(Clone, Copy, Debug)]
 pub enum Topology {
     /// One guest, one veth pair (veth0 = 10.99.0.1/24), rxe0 on veth0; client and server run
     /// in the same guest and share rxe0, which loops packets back to itself.
     Loopback,
+    /// One of two guests on a virtual wire (see [`run_pair`]): a virtio-net NIC (eth0 =
+    /// 10.99.1.`node`/24) joined to the other guest's by QEMU's UDP socket netdev on
+    /// 127.0.0.1, rxe0 on eth0. RoCE v2 packets cross both guests' network stacks, so
+    /// `tc qdisc ... netem` and `ip link set eth0 down` on either side act on them.
+    Wire {
+        /// 1 or 2.
+        node: u8,
+        /// The UDP port on 127.0.0.1 this guest's NIC receives on.
+        local_port: u16,
+        /// The UDP port on 127.0.0.1 the other guest's NIC receives on.
+        peer_port: u16,
+    },
+}
+
+/// The address of node `node` (1 or 2) of a two-guest wire.
+pub fn wire_addr(node: u8) -> String {
+    format!("10.99.1.{node}")
 }
 
 impl Topology {
-    /// Extra QEMU arguments for the guest's network devices (none: `-nic none` stays).
+    /// Extra QEMU arguments for the guest's network devices: none for [`Topology::Loopback`]
+    /// (`-nic none` stays), one virtio-net NIC on the UDP socket wire for [`Topology::Wire`]
+    /// (only ever to 127.0.0.1, never to the outside).
     fn qemu_net_args(self) -> Vec<String> {
         match self {
             Topology::Loopback => Vec::new(),
+            Topology::Wire {
+                node,
+                local_port,
+                peer_port,
+            } => vec![
+                "-netdev".into(),
+                format!("socket,id=n0,udp=127.0.0.1:{peer_port},localaddr=127.0.0.1:{local_port}"),
+                "-device".into(),
+                format!("virtio-net-pci,netdev=n0,romfile=,mac=52:54:00:99:01:{node:02x}"),
+            ],
+        }
+    }
+
+    /// CPUs of the guest: two for the lone guest, one each for two guests on a wire (the
+    /// 2-core hosts this runs on would otherwise be oversubscribed).
+    fn cpus(self) -> &'static str {
+        match self {
+            Topology::Loopback => "2",
+            Topology::Wire { .. } => "1",
         }
     }
 
     /// `network.sh`: run by busybox sh in the initramfs before the command; brings the RDMA
     /// device up. Busybox does what it can (its static binary starts much faster under
     /// emulation than the host's dynamic ones); creating the veth pair (busybox's `ip` cannot)
-    /// and the rxe link (rxe turns ACTIVE when veth0 goes up later) use the host's iproute2
-    /// through one chroot. Output goes to the console log.
-    fn setup_script(self) -> &'static str {
+    /// and the rxe link (rxe turns ACTIVE when its netdev goes up later) use the host's
+    /// iproute2 through one chroot. Output goes to the console log.
+    fn setup_script(self) -> String {
+        let wait_active = "i=0\n\
+             until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do\n\
+             \x20 i=$((i + 1)); [ $i -lt 50 ] || { echo 'rxe0 port 1 is not ACTIVE'; exit 1; }\n\
+             \x20 sleep 0.1\n\
+             done\n";
         match self {
-            Topology::Loopback => {
+            Topology::Loopback => format!(
                 "set -e\n\
                  ip link set lo up\n\
                  chroot /host /bin/sh -ec 'PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
@@ -113,21 +151,39 @@ impl Topology {
                  ip addr add 10.99.0.1/24 dev veth0\n\
                  ip link set veth0 up\n\
                  ip link set veth1 up\n\
+                 {wait_active}"
+            ),
+            Topology::Wire { node, .. } => format!(
+                "set -e\n\
+                 ip link set lo up\n\
                  i=0\n\
-                 until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do\n\
-                 \x20 i=$((i + 1)); [ $i -lt 50 ] || { echo 'rxe0 port 1 is not ACTIVE'; exit 1; }\n\
+                 until [ -e /sys/class/net/eth0 ]; do\n\
+                 \x20 i=$((i + 1)); [ $i -lt 50 ] || {{ echo 'no eth0'; exit 1; }}\n\
                  \x20 sleep 0.1\n\
-                 done\n"
-            }
+                 done\n\
+                 chroot /host /bin/sh -ec 'PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
+                 \x20 rdma link add rxe0 type rxe netdev eth0'\n\
+                 ip addr add {}/24 dev eth0\n\
+                 ip link set eth0 up\n\
+                 {wait_active}",
+                wire_addr(node)
+            ),
         }
     }
 
-    /// Environment the command gets to find the device: name and local address.
-    pub fn guest_env(self) -> [(&'static str, &'static str); 2] {
+    /// Environment the command gets to find the device: name and local address, and on a
+    /// wire the node number and the peer's address.
+    pub fn guest_env(self) -> Vec<(&'static str, String)> {
         match self {
-            Topology::Loopback => [
-                ("RDMA_VERBS_DEVICE", "rxe0"),
-                ("RDMA_VERBS_ADDR", "10.99.0.1"),
+            Topology::Loopback => vec![
+                ("RDMA_VERBS_DEVICE", "rxe0".into()),
+                ("RDMA_VERBS_ADDR", "10.99.0.1".into()),
+            ],
+            Topology::Wire { node, .. } => vec![
+                ("RDMA_VERBS_DEVICE", "rxe0".into()),
+                ("RDMA_VERBS_NODE", node.to_string()),
+                ("RDMA_VERBS_ADDR", wire_addr(node)),
+                ("RDMA_VERBS_PEER", wire_addr(3 - node)),
             ],
         }
     }
@@ -142,14 +198,31 @@ pub enum Failure {
     Boot,
 }
 
-/// Boots one guest, runs `inv` in it with the [`Topology::guest_env`] variables added, and
-/// returns its exit status. Its stdout and stderr stream to ours as they come.
-pub fn run(
+/// Where a guest's output goes.
+#[derive(Clone, Debug)]
+enum Output {
+    /// Straight to our stdout and stderr.
+    Inherit,
+    /// To our stdout and stderr, each line prefixed (`[node1] `).
+    Prefixed(String),
+}
+
+/// A started guest: QEMU and the threads that forward its output.
+struct Guest {
+    child: Child,
+    run_dir: RunDir,
+    /// Kept open while the guest runs: at EOF QEMU would mark the stdio chardev closed.
+    stdin: Option<ChildStdin>,
+    forwarders: Vec<thread::JoinHandle<()>>,
+}
+
+/// Writes the per-run scripts and starts QEMU for `inv` on `topology`.
+fn start(
     assets: &VmAssets,
     inv: &Invocation,
     topology: Topology,
-    timeout: Duration,
-) -> std::result::Result<u8, (Failure, Error)> {
+    output: Output,
+) -> std::result::Result<Guest, (Failure, Error)> {
     let boot = |e: Error| (Failure::Boot, e);
     let run_dir = RunDir::create(&assets.dir).map_err(boot)?;
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
@@ -186,58 +259,223 @@ pub fn run(
         topology,
     ))
     .stdin(Stdio::piped())
-    .stdout(Stdio::inherit())
     .stderr(Stdio::piped());
+    match output {
+        Output::Inherit => qemu.stdout(Stdio::inherit()),
+        Output::Prefixed(_) => qemu.stdout(Stdio::piped()),
+    };
     let mut child = qemu.spawn().map_err(|e| {
         boot(Error::new(format!(
             "cannot start qemu-system-x86_64 (package qemu-system-x86): {e}"
         )))
     })?;
+    let mut forwarders = Vec::new();
     // QEMU's stderr carries the command's stderr port and QEMU's own messages.
-    let forward = child.stderr.take().map(|mut from| {
-        thread::spawn(move || {
-            let _ = io::copy(&mut from, &mut io::stderr());
-        })
-    });
+    if let Some(from) = child.stderr.take() {
+        forwarders.push(forward(from, output.clone(), false));
+    }
+    if let Some(from) = child.stdout.take() {
+        forwarders.push(forward(from, output, true));
+    }
     let stdin = child.stdin.take();
-    let waited = cmd::wait_with_deadline(&mut child, timeout).map_err(boot)?;
-    drop(stdin);
-    if let Some(forward) = forward {
-        let _ = forward.join();
-    }
+    Ok(Guest {
+        child,
+        run_dir,
+        stdin,
+        forwarders,
+    })
+}
 
-    let status = match waited {
-        Waited::TimedOut => {
-            return Err((
-                Failure::Timeout,
-                Error {
-                    message: format!(
-                        "timed out after {} s (the guest was killed)",
-                        timeout.as_secs()
-                    ),
-                    code: EXIT_TIMEOUT,
-                },
-            ));
+/// A thread copying `from` to our stdout (`to_stdout`) or stderr, prefixing each line for
+/// [`Output::Prefixed`]. A line is written with one call, so lines of two guests never mix.
+fn forward(
+    mut from: impl io::Read + Send + 'static,
+    output: Output,
+    to_stdout: bool,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let prefix = match output {
+            Output::Inherit => {
+                let _ = if to_stdout {
+                    io::copy(&mut from, &mut io::stdout())
+                } else {
+                    io::copy(&mut from, &mut io::stderr())
+                };
+                return;
+            }
+            Output::Prefixed(prefix) => prefix,
+        };
+        let mut reader = io::BufReader::new(from);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match io::BufRead::read_until(&mut reader, b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let mut out = prefix.as_bytes().to_vec();
+            out.extend_from_slice(&line);
+            if !out.ends_with(b"\n") {
+                out.push(b'\n');
+            }
+            let _ = if to_stdout {
+                io::Write::write_all(&mut io::stdout().lock(), &out)
+            } else {
+                io::Write::write_all(&mut io::stderr().lock(), &out)
+            };
         }
-        Waited::Exited(status) => status,
-    };
-    match fs::read_to_string(run_dir.path.join(EXIT_STATUS_FILE)) {
-        Ok(s) => s
-            .trim()
-            .parse::<u8>()
-            .map_err(|_| boot(Error::new(format!("bad exit status from the guest: {s:?}")))),
-        Err(_) => {
-            let console = run_dir.path.join("console.log");
-            let tail = console_tail(&console, 40);
-            run_dir.keep();
-            Err(boot(Error::new(format!(
-                "the guest did not report an exit status (QEMU: {}), so the command did not \
-                 run to completion; last console lines ({}):\n{tail}",
-                cmd::describe(status),
-                console.display()
-            ))))
+    })
+}
+
+impl Guest {
+    /// The command's exit status once QEMU has exited (`status`), or why there is none.
+    fn finish(
+        mut self,
+        waited: Waited,
+        timeout: Duration,
+    ) -> std::result::Result<u8, (Failure, Error)> {
+        let boot = |e: Error| (Failure::Boot, e);
+        drop(self.stdin.take());
+        for forwarder in self.forwarders.drain(..) {
+            let _ = forwarder.join();
+        }
+        let status = match waited {
+            Waited::TimedOut => {
+                return Err((
+                    Failure::Timeout,
+                    Error {
+                        message: format!(
+                            "timed out after {} s (the guest was killed)",
+                            timeout.as_secs()
+                        ),
+                        code: EXIT_TIMEOUT,
+                    },
+                ));
+            }
+            Waited::Exited(status) => status,
+        };
+        match fs::read_to_string(self.run_dir.path.join(EXIT_STATUS_FILE)) {
+            Ok(s) => s
+                .trim()
+                .parse::<u8>()
+                .map_err(|_| boot(Error::new(format!("bad exit status from the guest: {s:?}")))),
+            Err(_) => {
+                let console = self.run_dir.path.join("console.log");
+                let tail = console_tail(&console, 40);
+                self.run_dir.keep();
+                Err(boot(Error::new(format!(
+                    "the guest did not report an exit status (QEMU: {}), so the command did not \
+                     run to completion; last console lines ({}):\n{tail}",
+                    cmd::describe(status),
+                    console.display()
+                ))))
+            }
         }
     }
+}
+
+/// Boots one guest, runs `inv` in it with the [`Topology::guest_env`] variables added, and
+/// returns its exit status. Its stdout and stderr stream to ours as they come.
+pub fn run(
+    assets: &VmAssets,
+    inv: &Invocation,
+    topology: Topology,
+    timeout: Duration,
+) -> std::result::Result<u8, (Failure, Error)> {
+    let mut guest = start(assets, inv, topology, Output::Inherit)?;
+    let waited =
+        cmd::wait_with_deadline(&mut guest.child, timeout).map_err(|e| (Failure::Boot, e))?;
+    guest.finish(waited, timeout)
+}
+
+/// Two free UDP ports on 127.0.0.1 (bound and released: another process could take one in
+/// between, which makes QEMU fail to start and the run report a boot failure).
+fn free_udp_ports() -> Result<[u16; 2]> {
+    let a = UdpSocket::bind("127.0.0.1:0").context(|| "cannot bind a UDP port".into())?;
+    let b = UdpSocket::bind("127.0.0.1:0").context(|| "cannot bind a UDP port".into())?;
+    let port = |s: &UdpSocket| {
+        s.local_addr()
+            .map(|a| a.port())
+            .context(|| "cannot read a bound UDP port".into())
+    };
+    Ok([port(&a)?, port(&b)?])
+}
+
+/// Boots two guests joined by a virtual wire ([`Topology::Wire`], node 1 runs `invs[0]`,
+/// node 2 `invs[1]`), streams their output with `[node1] ` / `[node2] ` prefixes, and returns
+/// each node's outcome. Both guests are killed when `timeout` passes.
+pub fn run_pair(
+    assets: &VmAssets,
+    invs: [&Invocation; 2],
+    timeout: Duration,
+) -> [std::result::Result<u8, (Failure, Error)>; 2] {
+    let ports = match free_udp_ports() {
+        Ok(p) => p,
+        Err(e) => {
+            let again = Error::new(e.message.clone());
+            return [Err((Failure::Boot, e)), Err((Failure::Boot, again))];
+        }
+    };
+    let topology = |node: u8| Topology::Wire {
+        node,
+        local_port: ports[usize::from(node - 1)],
+        peer_port: ports[usize::from(2 - node)],
+    };
+    let deadline = Instant::now() + timeout;
+    let mut guests = [1u8, 2].map(|node| {
+        start(
+            assets,
+            invs[usize::from(node - 1)],
+            topology(node),
+            Output::Prefixed(format!("[node{node}] ")),
+        )
+        .map(Some)
+    });
+    let mut waited: [Option<Waited>; 2] = [None, None];
+    loop {
+        let mut running = false;
+        for (guest, w) in guests.iter_mut().zip(waited.iter_mut()) {
+            let Ok(Some(g)) = guest else { continue };
+            if w.is_some() {
+                continue;
+            }
+            match g.child.try_wait() {
+                Ok(Some(status)) => *w = Some(Waited::Exited(status)),
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = g.child.kill();
+                    let _ = g.child.wait();
+                    *w = Some(Waited::TimedOut);
+                }
+                Ok(None) => running = true,
+                Err(_) => {
+                    let _ = g.child.kill();
+                    *w = g.child.wait().ok().map(Waited::Exited);
+                    if w.is_none() {
+                        *w = Some(Waited::TimedOut);
+                    }
+                }
+            }
+        }
+        if !running {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let mut outcomes = guests
+        .into_iter()
+        .zip(waited)
+        .map(|(guest, w)| match guest {
+            Err(e) => Err(e),
+            Ok(None) => Err((Failure::Boot, Error::new("guest not started"))),
+            Ok(Some(g)) => g.finish(w.unwrap_or(Waited::TimedOut), timeout),
+        });
+    let first = outcomes
+        .next()
+        .unwrap_or_else(|| Err((Failure::Boot, Error::new("node 1 missing"))));
+    let second = outcomes
+        .next()
+        .unwrap_or_else(|| Err((Failure::Boot, Error::new("node 2 missing"))));
+    [first, second]
 }
 
 /// Guest memory in MiB: `RDMA_VERBS_VM_MEM_MB` (at least 1024), else 2048.
@@ -267,7 +505,7 @@ fn qemu_args(
         "-m",
         &memory_mb(),
         "-smp",
-        "2",
+        topology.cpus(),
         "-nodefaults",
         "-no-user-config",
         "-display",
@@ -677,6 +915,16 @@ mod tests {
         };
         assert!(sh_n(INIT_SCRIPT.as_bytes()));
         assert!(sh_n(Topology::Loopback.setup_script().as_bytes()));
+        let wire = Topology::Wire {
+            node: 2,
+            local_port: 1,
+            peer_port: 2,
+        };
+        assert!(sh_n(wire.setup_script().as_bytes()));
+        assert!(
+            wire.setup_script()
+                .contains("ip addr add 10.99.1.2/24 dev eth0")
+        );
         let writable = [PathBuf::from("/w/it's"), PathBuf::from("/tmp/x")];
         for shared in [&[][..], &["/tmp"], &["/tmp", "/run"]] {
             let script = stage2_script(Path::new("/a b/it's"), shared, &writable);

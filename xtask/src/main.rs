@@ -20,10 +20,12 @@ macro_rules! say {
 
 mod compare;
 mod demo;
+mod faults;
 mod gpu;
 mod insn;
 mod matrix;
 mod test;
+mod wire;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -52,9 +54,22 @@ commands:
   run [--timeout SECS] -- CMD [ARGS...]
                                  run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
+  run --nodes 2 [--timeout SECS] [--node1 SH] [--node2 SH] [--] [CMD [ARGS...]]
+                                 two guests joined by a virtual wire (UDP on 127.0.0.1), rxe0
+                                 on eth0 of each (10.99.1.1, 10.99.1.2); CMD runs on both with
+                                 RDMA_VERBS_NODE=1|2, RDMA_VERBS_ADDR (own), RDMA_VERBS_PEER;
+                                 --nodeN SH runs `sh -c SH` on that node instead; output lines
+                                 prefixed [node1]/[node2]; exits non-zero if either fails
   vm-exec CMD [ARGS...]          the same as `run`, without options; meant as a cargo target
                                  runner (CARGO_TARGET_<TRIPLE>_RUNNER=\"<xtask> vm-exec\")
   test [CARGO TEST ARGS...]      host tests, examples build, then tests/vm_*.rs in guests
+  faults [--short]               the fault matrix on two guests on a virtual wire: SIGKILLed
+                                 peers, netem loss/reorder/duplication/corruption; prints a
+                                 table, writes target/faults/faults.json
+  soak [--minutes N] [--loss PCT] [--qps N] [--max-size BYTES]
+                                 verified soak across two guests (examples/soak.rs): mixed
+                                 SEND/WRITE/READ 1 B-1 MiB on N QPs under PCT% loss (default
+                                 1 minute, 1%, 4 QPs); counts, RssAnon, rdma res before/after
   demo                           build the examples and run them in one guest
   insn [--tests ..] [--check R]  user-space instructions per message under callgrind in the
                                  guest (perftest, perf --safe, perf --raw), target/compare/insn.json
@@ -124,6 +139,10 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         Some("compare") => compare::compare_command(rest),
         Some("insn") => insn::insn_command(rest),
         Some("vm-exec") => run::vm_exec_command(rest),
+        Some("faults") => faults::faults_command(rest),
+        Some("soak") => faults::soak_command(rest),
+        Some("wire-agent") => wire::agent_command(rest),
+        Some("fake-peer") => wire::fake_peer_command(rest),
         Some("test") => test::test_command(rest),
         Some("matrix") => matrix::matrix_command(rest),
         Some("gpu-check") => gpu::gpu_check_command(rest),

@@ -1,0 +1,514 @@
+//! A verified soak: several RC QPs (one thread each) carry a random mix of SEND, RDMA WRITE
+//! and RDMA READ of 1 B to 1 MiB for a given time. Every byte is checked against a
+//! generator keyed by the message number, and every SEND / WRITE carries its number
+//! (immediate data), so a message lost, duplicated, reordered or corrupted fails the run.
+//! Both sides print their counts and their resident memory after warm-up and at the end.
+//!
+//! ```text
+//! soak --server [--port 18530] [--qps 4]
+//! soak --client HOST [--port 18530] [--qps 4] [--seconds 60] [--max-size 1048576]
+//! ```
+//!
+//! The server answers each SEND / WRITE with an empty SEND whose immediate data says
+//! whether the bytes matched; a READ reads back what the last WRITE of that QP left.
+//! The QPs use `retry_cnt` 7, which rxe treats as "retry forever", so heavy loss slows the
+//! stream down instead of ending it (what is tested here is that nothing is ever lost,
+//! duplicated or corrupted); the exchange connection stays open as a liveness signal.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo};
+use rdma_verbs::{
+    AccessFlags, Completion, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps, RecvWr, RemoteMr,
+    Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
+};
+
+const MIB: usize = 1 << 20;
+/// Send queue depth: the server's verdicts (empty SENDs) whose completions have not been
+/// polled yet. Under loss, the ACK of a verdict can come after the client has already
+/// received it and sent the next message, so several may be outstanding.
+const ACKS_IN_FLIGHT: u32 = 16;
+/// Longest wait for one completion of a live peer.
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Opts {
+    client: Option<String>,
+    port: u16,
+    qps: usize,
+    seconds: u64,
+    max_size: usize,
+    /// Which operations to mix: bit 0 SEND, bit 1 WRITE, bit 2 READ.
+    ops: u8,
+}
+
+fn parse() -> std::result::Result<Opts, String> {
+    let mut o = Opts {
+        client: None,
+        port: 18530,
+        qps: 4,
+        seconds: 60,
+        max_size: MIB,
+        ops: 7,
+    };
+    let mut server = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut num = |what: &str| -> std::result::Result<u64, String> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .ok_or(format!("{what} needs a number"))
+        };
+        match a.as_str() {
+            "--server" => server = true,
+            "--client" => o.client = Some(it.next().ok_or("--client needs a host")?),
+            "--port" => o.port = u16::try_from(num("--port")?).map_err(|_| "bad --port")?,
+            "--qps" => o.qps = num("--qps")? as usize,
+            "--seconds" => o.seconds = num("--seconds")?,
+            "--max-size" => o.max_size = num("--max-size")? as usize,
+            "--ops" => {
+                let v = it.next().ok_or("--ops needs a list")?;
+                o.ops = 0;
+                for op in v.split(',') {
+                    o.ops |= match op {
+                        "send" => 1,
+                        "write" => 2,
+                        "read" => 4,
+                        _ => return Err(format!("--ops: unknown operation `{op}`")),
+                    };
+                }
+            }
+            "--help" | "-h" => {
+                println!(
+                    "usage: soak --server [--port P] [--qps N]\n       \
+                     soak --client HOST [--port P] [--qps N] [--seconds S] [--max-size BYTES]\n            \
+                     [--ops send,write,read]"
+                );
+                std::process::exit(0)
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    if server == o.client.is_some() {
+        return Err("say exactly one of --server or --client HOST".into());
+    }
+    if !(1..=64).contains(&o.qps)
+        || o.seconds == 0
+        || !(1..=MIB).contains(&o.max_size)
+        || o.ops & 3 == 0
+    {
+        return Err(
+            "--qps 1..64, --seconds >= 1, --max-size 1..1048576, --ops with send or write".into(),
+        );
+    }
+    Ok(o)
+}
+
+/// Writes message `id`'s `n` bytes (xorshift64 keyed by the id) into `out`, reusing its
+/// allocation (so the soak's own heap use stays flat and RSS shows the crate's).
+fn pattern(id: u32, n: usize, out: &mut Vec<u8>) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (u64::from(id) << 17) ^ u64::from(id);
+    out.clear();
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(n);
+}
+
+/// Anonymous resident memory of this process (heap, stacks, registered buffers), KiB:
+/// `RssAnon`, which unlike `VmRSS` leaves out code pages read in lazily from the binary.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("RssAnon:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// One QP with its own CQ and buffers.
+struct Lane {
+    qp: Qp<rdma_verbs::Rc, rdma_verbs::qp::Rts>,
+    cq: Cq,
+    /// The peer's region (client) / unused (server).
+    remote: RemoteMr,
+    /// Remotely accessible region (server) / the source and sink (client).
+    region: Mr,
+    /// Receive buffer (server) / unused (client).
+    buf: Option<Mr>,
+}
+
+/// Waits for one completion, checking the peer's liveness between slices.
+fn poll(cq: &mut Cq, peer: &ExchangeStream, what: &'static str) -> Result<Completion> {
+    let start = Instant::now();
+    loop {
+        match cq.poll_one(Duration::from_millis(200)) {
+            Err(Error::Timeout { .. }) => {}
+            Ok(c) => {
+                if !c.status.is_success() {
+                    c.result()?;
+                }
+                return Ok(c);
+            }
+            Err(e) => return Err(e),
+        }
+        if peer.peer_closed()? {
+            return Err(Error::PeerClosed { waiting_for: what });
+        }
+        if start.elapsed() > WAIT {
+            return Err(Error::Timeout { what, after: WAIT });
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    send: AtomicU64,
+    write: AtomicU64,
+    read: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// Runs until the client closes the connection; returns the RSS then (buffers still held).
+fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<u64> {
+    let mut expected: u32 = 0;
+    let mut acks_out: u32 = 0;
+    let mut data = vec![0u8; MIB];
+    let mut want = Vec::with_capacity(MIB + 8);
+    l.qp.post_recv(RecvWr::new(0, l.buf.take().expect("receive buffer")))?;
+    loop {
+        let mut c = match poll(&mut l.cq, peer, "the client's next message") {
+            // The client finished and closed the connection: the normal end.
+            Err(Error::PeerClosed { .. }) => return Ok(rss_kib()),
+            other => other?,
+        };
+        let (n, id) = (c.byte_len as usize, c.imm_data.unwrap_or(u32::MAX));
+        let buf = c.take_mr();
+        let ok = match c.opcode {
+            WcOpcode::Send => {
+                acks_out -= 1;
+                continue;
+            }
+            WcOpcode::Recv => {
+                let buf = buf
+                    .as_ref()
+                    .ok_or(Error::Other("receive without buffer".into()))?;
+                counts.send.fetch_add(1, Ordering::Relaxed);
+                pattern(id, n, &mut want);
+                buf.as_slice()?[..n] == want[..]
+            }
+            WcOpcode::RecvRdmaWithImm => {
+                counts.write.fetch_add(1, Ordering::Relaxed);
+                l.region.read_at(0, &mut data[..n])?;
+                pattern(id, n, &mut want);
+                data[..n] == want[..]
+            }
+            other => return Err(Error::Other(format!("unexpected completion {other:?}"))),
+        };
+        counts.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        if id != expected {
+            return Err(Error::Protocol(format!(
+                "message {id} arrived where {expected} was due: {}",
+                if id < expected { "duplicated" } else { "lost" }
+            )));
+        }
+        expected = expected.wrapping_add(1);
+        l.qp.post_recv(RecvWr::new(u64::from(id), buf.expect("buffer back")))?;
+        // A full send queue: only verdict completions can come now (the client waits
+        // for this verdict before sending more).
+        while acks_out == ACKS_IN_FLIGHT {
+            let c = poll(&mut l.cq, peer, "a verdict's completion")?;
+            if c.opcode != WcOpcode::Send {
+                return Err(Error::Other(format!("unexpected completion {c:?}")));
+            }
+            acks_out -= 1;
+        }
+        l.qp.post_send(SendWr::send(u64::from(id)).imm(u32::from(ok)))?;
+        acks_out += 1;
+        if !ok {
+            return Err(Error::Protocol(format!(
+                "message {id} ({n} bytes): corrupted"
+            )));
+        }
+    }
+}
+
+fn client_lane(
+    mut l: Lane,
+    peer: &ExchangeStream,
+    counts: &Counts,
+    o: &Opts,
+    lane: usize,
+    until: Instant,
+) -> Result<u64> {
+    let mut rng = 0x2545_f491_4f6c_dd1du64 ^ (lane as u64 + 1);
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut id: u32 = 0;
+    let mut want = Vec::with_capacity(MIB + 8);
+    let mut data = vec![0u8; MIB];
+    let enabled: Vec<u64> = (0..3).filter(|b| o.ops & (1 << b) != 0).collect();
+    let mut last_write: Option<(u32, usize)> = None;
+    let mut region = Some(l.region);
+    while Instant::now() < until {
+        let r = next();
+        // Sizes log-uniform in 1..=max_size.
+        let bits = (usize::BITS - o.max_size.leading_zeros()) as u64;
+        let n = (1usize << (r % bits)).min(o.max_size);
+        let n = (n + (r >> 32) as usize % n).clamp(1, o.max_size);
+        // 0 SEND, 1 WRITE, 2 READ, drawn among the enabled ones (a READ needs a WRITE
+        // before it).
+        let mut op = enabled[((r >> 8) % enabled.len() as u64) as usize];
+        if op == 2 && last_write.is_none() {
+            op = if o.ops & 2 != 0 { 1 } else { 0 };
+        }
+        let mut buf = region.take().expect("buffer is back");
+        if op == 2 {
+            if let Some((wid, wn)) = last_write {
+                let rest = buf.split_off(wn)?;
+                l.qp.post_send(SendWr::read(u64::from(id), buf, l.remote, 0))?;
+                let mut c = poll(&mut l.cq, peer, "a READ's completion").inspect_err(|_| {
+                    eprintln!("soak: QP {lane}: READ of message {wid} ({wn} bytes) failed")
+                })?;
+                let mut got = c
+                    .take_mr()
+                    .ok_or(Error::Other("READ without buffer".into()))?;
+                // The region is remotely accessible: compare a copy.
+                got.read_at(0, &mut data[..wn])?;
+                pattern(wid, wn, &mut want);
+                if data[..wn] != want[..] {
+                    return Err(Error::Protocol(format!("READ of message {wid}: corrupted")));
+                }
+                got.unsplit(rest)
+                    .map_err(|_| Error::Other("buffer pieces".into()))?;
+                region = Some(got);
+                counts.read.fetch_add(1, Ordering::Relaxed);
+                counts.bytes.fetch_add(wn as u64, Ordering::Relaxed);
+                continue;
+            }
+        }
+        l.qp.post_recv(RecvWr::empty(u64::from(id)))?;
+        pattern(id, n, &mut want);
+        buf.write_at(0, &want)?;
+        let rest = buf.split_off(n)?;
+        if op == 0 {
+            l.qp.post_send(SendWr::send(u64::from(id)).sge(buf).imm(id))?;
+        } else {
+            l.qp.post_send(SendWr::write(u64::from(id), l.remote, 0).sge(buf).imm(id))?;
+            last_write = Some((id, n));
+        }
+        let mut acked = false;
+        let mut back = None;
+        while !acked || back.is_none() {
+            let mut c = poll(&mut l.cq, peer, "a completion or the server's verdict").inspect_err(
+                |_| {
+                    eprintln!(
+                        "soak: QP {lane}: {} of message {id} ({n} bytes) failed",
+                        if op == 0 { "SEND" } else { "WRITE" }
+                    )
+                },
+            )?;
+            match c.opcode {
+                WcOpcode::Recv => {
+                    if c.imm_data != Some(1) {
+                        return Err(Error::Protocol(format!(
+                            "the server found message {id} ({n} bytes) corrupted"
+                        )));
+                    }
+                    acked = true;
+                }
+                _ => back = c.take_mr(),
+            }
+        }
+        let mut got = back.expect("buffer");
+        got.unsplit(rest)
+            .map_err(|_| Error::Other("buffer pieces".into()))?;
+        region = Some(got);
+        if op == 0 {
+            counts.send.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counts.write.fetch_add(1, Ordering::Relaxed);
+        }
+        counts.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        id = id.wrapping_add(1);
+    }
+    // Measured while this lane's buffers and QP still exist.
+    Ok(rss_kib())
+}
+
+fn run(o: &Opts) -> Result<()> {
+    let ctx = Context::open(std::env::var("RDMA_VERBS_DEVICE").ok().as_deref())?;
+    let pd = Pd::new(&ctx)?;
+    let gid = ctx.default_gid_index(1)?;
+    let mtu = ctx.query_port(1)?.active_mtu;
+    let mut pending = Vec::new();
+    for _ in 0..o.qps {
+        let cq = Cq::new(&ctx, 2 * ACKS_IN_FLIGHT)?;
+        let caps = QpCaps {
+            max_send_wr: ACKS_IN_FLIGHT,
+            max_recv_wr: 2,
+            ..QpCaps::default()
+        };
+        let access =
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let qp = Qp::new(&pd, &cq, &cq, caps)?.init(InitAttr::new(1, access))?;
+        let region = pd.alloc_mr(MIB, access)?;
+        pending.push((qp, cq, region));
+    }
+    let local: Vec<PeerInfo> = pending
+        .iter()
+        .map(|(qp, _, region)| Ok(PeerInfo::new(qp.endpoint(gid)?).with_mr(region.remote())))
+        .collect::<Result<_>>()?;
+    let timeout = Duration::from_secs(60);
+    let mut stream = match &o.client {
+        Some(host) => ExchangeStream::connect(host, o.port, timeout)?,
+        None => ExchangeListener::bind(o.port)?.accept(Some(timeout))?,
+    };
+    let mut remote: Vec<PeerInfo> = Vec::new();
+    if o.client.is_some() {
+        for l in &local {
+            stream.send(l)?;
+        }
+        for _ in 0..o.qps {
+            remote.push(stream.recv()?);
+        }
+    } else {
+        for _ in 0..o.qps {
+            remote.push(stream.recv()?);
+        }
+        for l in &local {
+            stream.send(l)?;
+        }
+    }
+    let mut lanes = Vec::new();
+    for ((qp, cq, region), (r, l)) in pending.into_iter().zip(remote.iter().zip(&local)) {
+        let qp = qp
+            .rtr(RtrAttr::new(&r.endpoint, 1, mtu, gid).min_rnr_timer(12))?
+            .rts(RtsAttr::new(l.endpoint.psn).retry_cnt(7))?;
+        let buf = if o.client.is_none() {
+            Some(pd.alloc_mr(MIB, AccessFlags::LOCAL_WRITE)?)
+        } else {
+            None
+        };
+        let remote = *r
+            .mrs
+            .first()
+            .ok_or_else(|| Error::Protocol("the peer sent no region".into()))?;
+        lanes.push(Lane {
+            qp,
+            cq,
+            remote,
+            region,
+            buf,
+        });
+    }
+    // Both sides are connected before the client starts.
+    if o.client.is_some() {
+        stream.send_done()?;
+    } else {
+        stream.recv_done()?;
+    }
+    stream.set_timeout(None)?;
+    let peer = Arc::new(stream);
+    let counts = Arc::new(Counts::default());
+    let start = Instant::now();
+    let warm = Duration::from_secs(o.seconds.min(50) / 5 + 1);
+    let until = start + Duration::from_secs(o.seconds);
+    let role = if o.client.is_some() {
+        "client"
+    } else {
+        "server"
+    };
+    let mut handles = Vec::new();
+    for (k, lane) in lanes.into_iter().enumerate() {
+        let (peer, counts) = (Arc::clone(&peer), Arc::clone(&counts));
+        let client = o.client.is_some();
+        let o = Opts {
+            client: o.client.clone(),
+            ..*o
+        };
+        handles.push(thread::spawn(move || {
+            let r = if client {
+                client_lane(lane, &peer, &counts, &o, k, until)
+            } else {
+                server_lane(lane, &peer, &counts)
+            };
+            if let Err(e) = &r {
+                // The other lanes would wait for their peer lanes for a minute: end now.
+                eprintln!(
+                    "soak {}: QP {k}: error: {e}",
+                    if client { "client" } else { "server" }
+                );
+                std::process::exit(1);
+            }
+            r
+        }));
+    }
+    thread::sleep(warm);
+    let rss_start = rss_kib();
+    let mut result = Ok(());
+    let mut rss_end = 0;
+    for h in handles {
+        match h
+            .join()
+            .unwrap_or_else(|_| Err(Error::Other("a lane panicked".into())))
+        {
+            Ok(rss) => rss_end = rss_end.max(rss),
+            Err(e) => {
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+        }
+    }
+    let (s, w, r) = (
+        counts.send.load(Ordering::Relaxed),
+        counts.write.load(Ordering::Relaxed),
+        counts.read.load(Ordering::Relaxed),
+    );
+    println!(
+        "soak {role}: {} messages (SEND {s}, WRITE {w}, READ {r}), {} bytes verified in {:.1} s on {} QPs; \
+         {}; RssAnon {rss_start} KiB after {} s warm-up, {rss_end} KiB at the end ({:+} KiB)",
+        s + w + r,
+        counts.bytes.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64(),
+        o.qps,
+        if result.is_ok() {
+            "0 lost, 0 duplicated, 0 corrupted"
+        } else {
+            "stopped by the error below"
+        },
+        warm.as_secs(),
+        rss_end as i64 - rss_start as i64
+    );
+    result
+}
+
+fn main() -> ExitCode {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("soak: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("soak: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
