@@ -647,7 +647,6 @@ impl Agent {
         loop {
             let start = Instant::now();
             let mut child = self.spawn(&c.client, out)?;
-            self.touch(i, "cstart");
             if c.listen.is_none() {
                 // Retry a client that fails fast (the rdma_cm server is not bound yet).
                 let quick = poll_until(RETRY_FAST, || matches!(child.try_wait(), Ok(Some(_))));
@@ -658,6 +657,11 @@ impl Agent {
                     continue;
                 }
             }
+            // Only now: a fault timed from the client's start must not hit a
+            // client attempt that is about to be retried (seen under load: the
+            // server was killed while the client retried, which then saw
+            // REJECTED instead of the peer's death).
+            self.touch(i, "cstart");
             self.supervise(i, c, &mut child, start, r);
             return Ok(());
         }
