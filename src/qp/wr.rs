@@ -245,14 +245,28 @@ impl<'a> SendWr<'a> {
         if self.bufs.overflow() != 0 || bufs.len() > max_sge as usize {
             return false;
         }
-        let mut len = 0u64;
-        for b in bufs {
-            let l = b.len() as u64;
-            if l > u64::from(u32::MAX) {
-                return false;
+        // One buffer is the common case: no loop for it.
+        let mut len = match bufs {
+            [] => 0,
+            [b] => {
+                let l = b.len() as u64;
+                if l > u64::from(u32::MAX) {
+                    return false;
+                }
+                l
             }
-            len += l;
-        }
+            _ => {
+                let mut len = 0u64;
+                for b in bufs {
+                    let l = b.len() as u64;
+                    if l > u64::from(u32::MAX) {
+                        return false;
+                    }
+                    len += l;
+                }
+                len
+            }
+        };
         if let Some(data) = self.inline_data {
             if !bufs.is_empty() || data.len() > max_inline as usize {
                 return false;
