@@ -64,6 +64,14 @@ impl ChainedWr for ffi::ibv_recv_wr {
 /// reads a zero length as 2 GiB), and returns how many were written.
 #[inline]
 pub(crate) fn fill_sges(bufs: &Sges, out: &mut [MaybeUninit<ffi::ibv_sge>]) -> i32 {
+    // One buffer is the common case: no iterator for it.
+    if let [b] = bufs.as_slice() {
+        if b.is_empty() {
+            return 0;
+        }
+        out[0].write(b.sge());
+        return 1;
+    }
     let mut n = 0;
     for b in bufs.iter().filter(|b| !b.is_empty()) {
         out[n].write(b.sge());

@@ -359,9 +359,7 @@ unsafe fn drop_in_place_catching(bufs: *mut Sges, caught: &mut Caught) {
         return;
     }
     // SAFETY: per the contract; dropped exactly once even if it unwinds.
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-        std::ptr::drop_in_place(bufs)
-    }));
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe { Sges::drop_in_place(bufs) }));
     if let Err(p) = r {
         caught.get_or_insert(p);
     }

@@ -232,6 +232,26 @@ impl Sges {
         b.into_mr()
     }
 
+    /// Drops the buffers of `*p` in place: one buffer (the common case)
+    /// without the slice loop of `drop_in_place::<Sges>`. If a buffer's
+    /// `Drop` panics, none is dropped twice.
+    ///
+    /// # Safety
+    /// `p` is a live `Sges` that is not used (nor dropped) afterwards.
+    #[inline(always)]
+    pub(crate) unsafe fn drop_in_place(p: *mut Sges) {
+        // SAFETY: per the contract; with one entry, `len` is cleared before
+        // the entry (initialised) is dropped, so it is dropped exactly once.
+        unsafe {
+            if (*p).len == 1 {
+                (*p).len = 0;
+                std::ptr::drop_in_place((&raw mut (*p).items).cast::<Buffer>());
+            } else {
+                std::ptr::drop_in_place(p);
+            }
+        }
+    }
+
     /// Moves the buffers of `*src` to `dst`, copying only the initialised
     /// entries (fixed-size copies, so no `memcpy` call on the hot path).
     ///

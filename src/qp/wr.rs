@@ -245,14 +245,28 @@ impl<'a> SendWr<'a> {
         if self.bufs.overflow() != 0 || bufs.len() > max_sge as usize {
             return false;
         }
-        let mut len = 0u64;
-        for b in bufs {
-            let l = b.len() as u64;
-            if l > u64::from(u32::MAX) {
-                return false;
+        // One buffer is the common case: no loop for it.
+        let mut len = match bufs {
+            [] => 0,
+            [b] => {
+                let l = b.len() as u64;
+                if l > u64::from(u32::MAX) {
+                    return false;
+                }
+                l
             }
-            len += l;
-        }
+            _ => {
+                let mut len = 0u64;
+                for b in bufs {
+                    let l = b.len() as u64;
+                    if l > u64::from(u32::MAX) {
+                        return false;
+                    }
+                    len += l;
+                }
+                len
+            }
+        };
         if let Some(data) = self.inline_data {
             if !bufs.is_empty() || data.len() > max_inline as usize {
                 return false;
@@ -384,42 +398,38 @@ impl<'a> SendWr<'a> {
     pub(crate) fn fill_ffi(&self, wr: &mut ffi::ibv_send_wr) {
         use SendOp::*;
         wr.send_flags = self.flags;
-        let (opcode, rdma) = match (self.op, self.imm) {
-            (Send, None) => (ffi::IBV_WR_SEND, None),
-            (Send, Some(_)) => (ffi::IBV_WR_SEND_WITH_IMM, None),
-            (Write { remote, offset }, None) => (ffi::IBV_WR_RDMA_WRITE, Some((remote, offset))),
-            (Write { remote, offset }, Some(_)) => {
-                (ffi::IBV_WR_RDMA_WRITE_WITH_IMM, Some((remote, offset)))
+        // Matched in place (a tuple of `op` and `imm` would copy `op`).
+        let imm = self.imm.is_some();
+        let (opcode, rdma) = match &self.op {
+            Send if imm => (ffi::IBV_WR_SEND_WITH_IMM, None),
+            Send => (ffi::IBV_WR_SEND, None),
+            Write { remote, offset } if imm => {
+                (ffi::IBV_WR_RDMA_WRITE_WITH_IMM, Some((remote, *offset)))
             }
-            (Read { remote, offset }, _) => (ffi::IBV_WR_RDMA_READ, Some((remote, offset))),
-            (
-                CompareSwap {
-                    remote,
-                    offset,
-                    compare,
-                    swap,
-                },
-                _,
-            ) => {
+            Write { remote, offset } => (ffi::IBV_WR_RDMA_WRITE, Some((remote, *offset))),
+            Read { remote, offset } => (ffi::IBV_WR_RDMA_READ, Some((remote, *offset))),
+            CompareSwap {
+                remote,
+                offset,
+                compare,
+                swap,
+            } => {
                 wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr.wrapping_add(offset),
-                    compare_add: compare,
-                    swap,
+                    remote_addr: remote.addr.wrapping_add(*offset),
+                    compare_add: *compare,
+                    swap: *swap,
                     rkey: remote.rkey,
                 };
                 (ffi::IBV_WR_ATOMIC_CMP_AND_SWP, None)
             }
-            (
-                FetchAdd {
-                    remote,
-                    offset,
-                    add,
-                },
-                _,
-            ) => {
+            FetchAdd {
+                remote,
+                offset,
+                add,
+            } => {
                 wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr.wrapping_add(offset),
-                    compare_add: add,
+                    remote_addr: remote.addr.wrapping_add(*offset),
+                    compare_add: *add,
                     swap: 0,
                     rkey: remote.rkey,
                 };
