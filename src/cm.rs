@@ -909,21 +909,10 @@ impl CmId {
         param.validate()?;
         let _g = self.inner.lock();
         let id = self.inner.id();
-        // SAFETY: valid id under its lock; plain fields.
-        let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
-        check_qp_device(verbs, qp)?;
-        if !cur.is_null() {
-            return Err(busy_id());
-        }
-        // SAFETY: id valid and locked while `attach` is a QpAttach; qp outlives
-        // the Handshake it becomes (caller).
-        let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
-        let mut cp = param.to_ffi();
-        // SAFETY: valid id with our QP attached; cp and its private data live across the call.
-        let rc = unsafe { ffi::rdma_connect(id, &mut cp) };
-        if rc != 0 {
-            return Err(conn_call_error("rdma_connect", last_errno()));
-        }
+        // SAFETY: the lock is held while `attach` is a QpAttach: it becomes a
+        // Handshake (which re-locks to detach) before the lock is released;
+        // the QP outlives the Handshake (caller).
+        let attach = unsafe { attach_and_call(id, qp, param, ffi::rdma_connect, "rdma_connect")? };
         Ok(Handshake::keep(&self.inner, attach))
     }
 }
@@ -947,24 +936,45 @@ impl ConnectRequest {
         let handshake = {
             let _g = cm.inner.lock();
             let id = cm.inner.id();
-            // SAFETY: valid id under its lock; plain fields.
-            let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
-            check_qp_device(verbs, qp)?;
-            if !cur.is_null() {
-                return Err(busy_id());
-            }
-            // SAFETY: as in start_connect.
-            let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
-            let mut cp = param.to_ffi();
-            // SAFETY: valid id with our QP attached; cp and its data live across the call.
-            let rc = unsafe { ffi::rdma_accept(id, &mut cp) };
-            if rc != 0 {
-                return Err(conn_call_error("rdma_accept", last_errno()));
-            }
+            // SAFETY: as in start_connect: the lock is held until `attach`
+            // has become a Handshake, and the QP outlives that (caller).
+            let attach =
+                unsafe { attach_and_call(id, qp, param, ffi::rdma_accept, "rdma_accept")? };
             Handshake::keep(&cm.inner, attach)
         };
         Ok((cm, handshake))
     }
+}
+
+/// Checks that `qp` is on the id's device and that no QP is attached, attaches
+/// it and makes the handshake call `verb` (`rdma_connect` or `rdma_accept`).
+///
+/// # Safety
+/// `id` is valid and its lock is held for the returned guard's whole life;
+/// `qp` outlives the guard.
+unsafe fn attach_and_call(
+    id: *mut ffi::rdma_cm_id,
+    qp: &Qp<Rc, Init>,
+    param: &ConnParam,
+    call: unsafe extern "C" fn(*mut ffi::rdma_cm_id, *mut ffi::rdma_conn_param) -> libc::c_int,
+    verb: &'static str,
+) -> Result<QpAttach> {
+    // SAFETY: valid id under its lock (caller); plain fields.
+    let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
+    check_qp_device(verbs, qp)?;
+    if !cur.is_null() {
+        return Err(busy_id());
+    }
+    // SAFETY: valid id, locked for the guard's life; qp outlives it (caller).
+    let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
+    let mut cp = param.to_ffi();
+    // SAFETY: valid id with our QP attached; cp and its private data live
+    // across the call.
+    let rc = unsafe { call(id, &mut cp) };
+    if rc != 0 {
+        return Err(conn_call_error(verb, last_errno()));
+    }
+    Ok(attach)
 }
 
 /// An rdma_cm identifier (`rdma_cm_id`): one end of a connection, or a listener.
@@ -1389,22 +1399,9 @@ impl CmId {
         param.validate()?;
         let _g = self.inner.lock();
         let id = self.inner.id();
-        // SAFETY: valid id under its lock; plain fields.
-        let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
-        check_qp_device(verbs, &qp)?;
-        if !cur.is_null() {
-            return Err(busy_id());
-        }
-        // SAFETY: id valid, lock held until after `attach` is dropped, and qp
-        // outlives it (declared before).
-        let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
-        let mut cp = param.to_ffi();
-        // SAFETY: valid id with our QP attached; cp and its private data live
-        // across the call.
-        let rc = unsafe { ffi::rdma_connect(id, &mut cp) };
-        if rc != 0 {
-            return Err(conn_call_error("rdma_connect", last_errno()));
-        }
+        // SAFETY: the id's lock is held until after `attach` is dropped, and
+        // the QP outlives it.
+        let attach = unsafe { attach_and_call(id, &qp, param, ffi::rdma_connect, "rdma_connect")? };
         let ev = self.inner.expect_locked(
             CmEventKind::Established,
             "rdma_connect",
@@ -1607,21 +1604,10 @@ impl ConnectRequest {
         let qp = {
             let _g = cm.inner.lock();
             let id = cm.inner.id();
-            // SAFETY: valid id under its lock; plain fields.
-            let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
-            check_qp_device(verbs, &qp)?;
-            if !cur.is_null() {
-                return Err(busy_id());
-            }
-            // SAFETY: id valid, lock held until after `attach` is dropped, and
-            // qp outlives it (declared before).
-            let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
-            let mut cp = param.to_ffi();
-            // SAFETY: valid id with our QP attached; cp and its data live across the call.
-            let rc = unsafe { ffi::rdma_accept(id, &mut cp) };
-            if rc != 0 {
-                return Err(conn_call_error("rdma_accept", last_errno()));
-            }
+            // SAFETY: the id's lock is held until after `attach` is dropped, and
+            // the QP outlives it.
+            let attach =
+                unsafe { attach_and_call(id, &qp, param, ffi::rdma_accept, "rdma_accept")? };
             cm.inner.expect_locked(
                 CmEventKind::Established,
                 "rdma_accept",
