@@ -987,7 +987,11 @@ pub fn faults_command(args: Vec<OsString>) -> Result<u8> {
                 set = it
                     .next()
                     .and_then(|v| v.to_str())
-                    .ok_or_else(|| Error::usage("--set needs interop, faults-short or faults"))?
+                    .ok_or_else(|| {
+                        Error::usage(
+                            "--set needs interop, faults-short, ci, faults or faults:WORD|WORD",
+                        )
+                    })?
                     .into()
             }
             _ => return Err(Error::usage(format!("faults: unexpected {a:?}"))),
@@ -999,7 +1003,17 @@ pub fn faults_command(args: Vec<OsString>) -> Result<u8> {
     let file = if set == "faults" {
         "faults.json".to_string()
     } else {
-        format!("{set}.json")
+        let name: String = set
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{name}.json")
     };
     let (passed, failed) = run_and_report(set, &file)?;
     say!(

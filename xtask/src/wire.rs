@@ -705,7 +705,6 @@ impl Agent {
         loop {
             let start = Instant::now();
             let mut child = self.spawn(&c.client, out)?;
-            self.touch(i, "cstart");
             if c.listen.is_none() {
                 // Retry a client that fails fast (the rdma_cm server is not bound yet).
                 let quick = poll_until(RETRY_FAST, || matches!(child.try_wait(), Ok(Some(_))));
@@ -716,6 +715,10 @@ impl Agent {
                     continue;
                 }
             }
+            // The client's start, from which faults are timed: for a retried client, the
+            // attempt that did not fail fast (a server killed while its slow start still
+            // rejected the first attempts never met a client).
+            self.touch(i, "cstart");
             self.supervise(i, c, &mut child, start, r);
             return Ok(());
         }
