@@ -6,6 +6,12 @@
 //! send_recv --server [--port 18515]
 //! send_recv --client 10.99.0.1 [--size 4096] [--iters 10]
 //! ```
+//!
+//! `--stall-recv-at N --stall-ms M` (server): after echoing message N the server posts its
+//! next receive only M ms later, so the client's next SEND meets an empty receive queue and
+//! is answered with RNR NAKs; with `--rnr-retry 0` the client's SEND fails with
+//! RNR_RETRY_EXC_ERR, with `--rnr-retry 7` it is retried until the receive is there (the
+//! fault matrix's RNR rows).
 
 #[path = "shared/app.rs"]
 mod app;
@@ -103,10 +109,25 @@ fn run(args: &app::Args) -> Result<()> {
                 "message {i}: {len} bytes, content mismatch"
             )));
         }
-        // Re-arm the receive for the next message before answering.
-        qp.post_recv(RecvWr::new(i as u64 + 1, buf))?;
-        if !client {
-            bufs.send(&mut side, &mut qp, i, expected)?;
+        match args.stall {
+            Some((at, pause)) if at == i => {
+                // Answer first, then leave the receive queue empty for `pause`.
+                bufs.send(&mut side, &mut qp, i, expected)?;
+                println!(
+                    "server: receives paused after message {i} for {} ms",
+                    pause.as_millis()
+                );
+                std::thread::sleep(pause);
+                qp.post_recv(RecvWr::new(i as u64 + 1, buf))?;
+                println!("server: receives posted again");
+            }
+            _ => {
+                // Re-arm the receive for the next message before answering.
+                qp.post_recv(RecvWr::new(i as u64 + 1, buf))?;
+                if !client {
+                    bufs.send(&mut side, &mut qp, i, expected)?;
+                }
+            }
         }
     }
     // The last SEND completes too before the QP goes away.

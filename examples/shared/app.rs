@@ -23,15 +23,35 @@ pub struct Args {
     pub qp_timeout: Option<u8>,
     /// `--retry-cnt`: transport retries before RETRY_EXC_ERR; `None`: the crate's default.
     pub retry_cnt: Option<u8>,
+    /// `--rnr-retry`: RNR NAK retries before RNR_RETRY_EXC_ERR (7: forever); `None`: the
+    /// crate's default.
+    pub rnr_retry: Option<u8>,
+    /// `--min-rnr-timer`: the RNR NAK timer code this side asks its senders to wait (IB spec
+    /// table; 12 = 0.64 ms); `None`: the crate's default.
+    pub min_rnr_timer: Option<u8>,
+    /// `--cq-entries`: the CQ's size instead of what the QP's queues need (to show the
+    /// refusal of a CQ too small for them).
+    pub cq_entries: Option<u32>,
+    /// `--stall-recv-at N --stall-ms M` (send_recv's server): after answering message N,
+    /// post the next receive only M ms later, so the peer's next SEND meets no receive.
+    /// Parsed for send_recv only (the other examples refuse the option and never read it).
+    #[allow(dead_code)]
+    pub stall: Option<(usize, Duration)>,
 }
 
 impl Args {
     /// Parses `--server | --client HOST`, `--size N`, `--iters N`, `--device D`,
-    /// `--gid-index I`, `--port P`, `--qp-timeout T`, `--retry-cnt R`; exits with usage on
-    /// anything else.
+    /// `--gid-index I`, `--port P`, `--qp-timeout T`, `--retry-cnt R`, `--rnr-retry R`,
+    /// `--min-rnr-timer C`, `--cq-entries N` and (send_recv only) `--stall-recv-at N
+    /// --stall-ms M`; exits with usage on anything else.
     pub fn parse(name: &str, default_port: u16) -> Args {
         let usage = format!(
-            "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7]"
+            "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7] [--rnr-retry 0-7] [--min-rnr-timer 0-31] [--cq-entries N]{}",
+            if name == "send_recv" {
+                " [--stall-recv-at N --stall-ms MS]"
+            } else {
+                ""
+            }
         );
         let mut a = Args {
             client: None,
@@ -42,8 +62,13 @@ impl Args {
             port: default_port,
             qp_timeout: None,
             retry_cnt: None,
+            rnr_retry: None,
+            min_rnr_timer: None,
+            cq_entries: None,
+            stall: None,
         };
         let mut server = false;
+        let (mut stall_at, mut stall_ms) = (None, None);
         let mut it = std::env::args().skip(1);
         let fail = |msg: &str| -> ! {
             eprintln!("{name}: {msg}\n{usage}");
@@ -89,6 +114,47 @@ impl Args {
                             .unwrap_or_else(|| fail("bad --retry-cnt (0 to 7)")),
                     )
                 }
+                "--rnr-retry" => {
+                    a.rnr_retry = Some(
+                        val("--rnr-retry")
+                            .parse()
+                            .ok()
+                            .filter(|r: &u8| *r <= 7)
+                            .unwrap_or_else(|| fail("bad --rnr-retry (0 to 7)")),
+                    )
+                }
+                "--min-rnr-timer" => {
+                    a.min_rnr_timer = Some(
+                        val("--min-rnr-timer")
+                            .parse()
+                            .ok()
+                            .filter(|t: &u8| *t <= 31)
+                            .unwrap_or_else(|| fail("bad --min-rnr-timer (0 to 31)")),
+                    )
+                }
+                "--cq-entries" => {
+                    a.cq_entries = Some(
+                        val("--cq-entries")
+                            .parse()
+                            .ok()
+                            .filter(|n: &u32| *n >= 1)
+                            .unwrap_or_else(|| fail("bad --cq-entries (at least 1)")),
+                    )
+                }
+                "--stall-recv-at" if name == "send_recv" => {
+                    stall_at = Some(
+                        val("--stall-recv-at")
+                            .parse::<usize>()
+                            .unwrap_or_else(|_| fail("bad --stall-recv-at")),
+                    )
+                }
+                "--stall-ms" if name == "send_recv" => {
+                    stall_ms = Some(
+                        val("--stall-ms")
+                            .parse::<u64>()
+                            .unwrap_or_else(|_| fail("bad --stall-ms")),
+                    )
+                }
                 "--port" | "-p" => {
                     a.port = val("--port").parse().unwrap_or_else(|_| fail("bad --port"))
                 }
@@ -104,6 +170,12 @@ impl Args {
         }
         if a.size == 0 || a.iters == 0 {
             fail("--size and --iters must be at least 1");
+        }
+        match (stall_at, stall_ms) {
+            (None, None) => {}
+            (Some(at), Some(ms)) if server => a.stall = Some((at, Duration::from_millis(ms))),
+            (Some(_), Some(_)) => fail("--stall-recv-at is the server's option"),
+            _ => fail("--stall-recv-at and --stall-ms go together"),
         }
         a
     }
@@ -203,7 +275,8 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
     let pd = Pd::new(&ctx)?;
     // Every completion the QP's queues may produce must fit: `depth` for the
     // send queue plus `depth` for the receive queue.
-    let cq = Cq::new(&ctx, 2 * depth)?;
+    // (`--cq-entries` overrides it: the QP is then refused with `Error::CqTooSmall`.)
+    let cq = Cq::new(&ctx, args.cq_entries.unwrap_or(2 * depth))?;
     // Like `-g`/`-x` on soft-RoCE: the RoCE v2 IPv4-mapped GID by default.
     let gid_index = match args.gid_index {
         // Checked now, before waiting for a peer: an empty or missing slot is an error
@@ -244,7 +317,11 @@ pub fn connect(
 ) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
     let gid = Some(side.gid_index);
     let timeout = Duration::from_secs(30);
-    let (qp, remote, peer) = if args.qp_timeout.is_none() && args.retry_cnt.is_none() {
+    let defaults = args.qp_timeout.is_none()
+        && args.retry_cnt.is_none()
+        && args.rnr_retry.is_none()
+        && args.min_rnr_timer.is_none();
+    let (qp, remote, peer) = if defaults {
         match &args.client {
             Some(host) => exchange::connect_client_kept(host, args.port, qp, gid, mrs, timeout)?,
             None => {
@@ -253,7 +330,7 @@ pub fn connect(
             }
         }
     } else {
-        // The same exchange, with this side's ACK timeout and retry count.
+        // The same exchange, with this side's ACK timeout, retry counts and RNR timer.
         let mut local = PeerInfo::new(qp.endpoint(gid)?);
         local.mrs.extend_from_slice(mrs);
         let mut rts = RtsAttr::new(local.endpoint.psn);
@@ -263,11 +340,17 @@ pub fn connect(
         if let Some(r) = args.retry_cnt {
             rts = rts.retry_cnt(r);
         }
+        if let Some(r) = args.rnr_retry {
+            rts = rts.rnr_retry(r);
+        }
+        let rnr_timer = args.min_rnr_timer;
         let mtu = side.pd.context().query_port(1)?.active_mtu;
         let to_rts = |qp: Qp<Rc, Init>, remote: &PeerInfo| -> Result<Qp<Rc, Rts>> {
-            Ok(qp
-                .rtr(RtrAttr::new(&remote.endpoint, 1, mtu, gid))?
-                .rts(rts)?)
+            let mut rtr = RtrAttr::new(&remote.endpoint, 1, mtu, gid);
+            if let Some(t) = rnr_timer {
+                rtr = rtr.min_rnr_timer(t);
+            }
+            Ok(qp.rtr(rtr)?.rts(rts)?)
         };
         match &args.client {
             Some(host) => {

@@ -195,13 +195,17 @@ pub fn matrix(short: bool) -> Vec<Case> {
         ]
     };
     let links = link_cases();
+    let rnr = rnr_cases();
     if short {
         // The restored-wire row: its verdict does not hang on a timing bound
         // (the short-timeout row's 1.5 x bound is the full matrix's: on a host
         // loaded by other work it was missed by 0.13 s).
         cases.push(links[0].clone());
+        cases.push(rnr[0].clone());
     } else {
         cases.extend(links);
+        cases.extend(rnr);
+        cases.push(cq_case());
     }
     cases.extend(client_cases(short));
     for (k, (program, server, client, port)) in streams.into_iter().enumerate() {
@@ -247,8 +251,224 @@ pub fn matrix(short: bool) -> Vec<Case> {
             c.expect = Expect::OkOrReports { says: "RETRY_EXC" };
             cases.push(c);
         }
+        cases.extend(long_run_cases());
     }
     cases
+}
+
+/// The RNR NAK timer of `code` (IB spec vol. 1, 9.7.5.2.8, table "Encoding for RNR NAK
+/// Timer"; rxe's `rnrnak_usec` holds the same table and waits at least one jiffy).
+pub fn rnr_timer(code: u8) -> Duration {
+    const USEC: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    Duration::from_micros(USEC[usize::from(code & 31)])
+}
+
+/// Slack added to the RNR bound: a round trip, the agents' two 50 ms polls of the fault
+/// marker and the failing process's exit, under emulation.
+const RNR_SLACK: Duration = Duration::from_secs(1);
+
+/// The RNR bound: a SEND that keeps meeting an empty receive queue fails with
+/// RNR_RETRY_EXC_ERR after the first RNR NAK plus `rnr_retry` waits of the receiver's
+/// `min_rnr_timer` each (rnr_retry 7 retries forever), plus [`RNR_SLACK`].
+pub fn rnr_bound(rnr_retry: u8, min_rnr_timer: u8) -> Duration {
+    rnr_timer(min_rnr_timer) * u32::from(rnr_retry) + RNR_SLACK
+}
+
+/// RNR: send_recv's server echoes message 20 and then leaves its receive queue empty for
+/// a while (`--stall-recv-at`), so the client's next SEND is answered with RNR NAKs.
+fn rnr_cases() -> Vec<Case> {
+    let w = |s: String| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    let case = |port: u16, knobs: &str, stall_ms: u64, expect: Expect, program: String| Case {
+        scenario: "RNR: receiver stops posting".into(),
+        program,
+        server: w(format!(
+            "ex:send_recv --server --port {port} --iters 100 --size 4096 {knobs} \
+             --stall-recv-at 20 --stall-ms {stall_ms}"
+        )),
+        client: w(format!(
+            "ex:send_recv --client {{peer}} --port {port} --iters 100 --size 4096 {knobs}"
+        )),
+        listen: Some(port),
+        fault: Fault::Printed {
+            by: Side::Server,
+            text: "receives paused",
+        },
+        expect,
+        limit: Duration::from_secs(60),
+    };
+    let zero = rnr_bound(0, 12);
+    let six = rnr_bound(6, 31);
+    vec![
+        case(
+            18730,
+            "--rnr-retry 0",
+            2000,
+            Expect::OneReports {
+                within: zero,
+                says: "RNR_RETRY_EXC",
+            },
+            format!(
+                "send_recv, rnr_retry 0, min_rnr_timer 12 (bound {:.2} s)",
+                zero.as_secs_f64()
+            ),
+        ),
+        case(
+            18731,
+            "--rnr-retry 6 --min-rnr-timer 31",
+            10_000,
+            Expect::OneReports {
+                within: six,
+                says: "RNR_RETRY_EXC",
+            },
+            format!(
+                "send_recv, rnr_retry 6, min_rnr_timer 31 (bound {:.2} s)",
+                six.as_secs_f64()
+            ),
+        ),
+        case(
+            18732,
+            "--rnr-retry 7",
+            2000,
+            Expect::BothOk,
+            "send_recv, rnr_retry 7 (forever), receives back after 2 s".into(),
+        ),
+    ]
+}
+
+/// A CQ smaller than the QP's queues need: both sides must refuse it at setup
+/// (`Error::CqTooSmall`), before waiting for the peer.
+fn cq_case() -> Case {
+    let w = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    Case {
+        scenario: "CQ too small for the queues".into(),
+        program: "send_recv --cq-entries 1 (queues need 2)".into(),
+        server: w("ex:send_recv --server --port 18735 --cq-entries 1"),
+        client: w("ex:send_recv --client {peer} --port 18735 --cq-entries 1"),
+        listen: Some(18735),
+        fault: Fault::None,
+        expect: Expect::BothFail {
+            within: Duration::from_secs(10),
+            says: "the CQ cannot hold",
+        },
+        limit: Duration::from_secs(60),
+    }
+}
+
+/// Samples per long run (1 s each, 2 s apart: about 8 s of traffic).
+const LONG_SAMPLES: u32 = 4;
+
+/// Long-running loops: every streaming example and perf test with 1,000,000 iterations,
+/// sampled while it runs and then killed.
+fn long_run_cases() -> Vec<Case> {
+    let p = |n: u16| 18770 + n;
+    let programs: Vec<(&str, String, String, Option<u16>)> = vec![
+        (
+            "send_recv",
+            format!("ex:send_recv --server --port {}", p(0)),
+            format!("ex:send_recv --client {{peer}} --port {}", p(0)),
+            Some(p(0)),
+        ),
+        (
+            "rdma_write",
+            format!("ex:rdma_write --server --port {}", p(1)),
+            format!("ex:rdma_write --client {{peer}} --port {}", p(1)),
+            Some(p(1)),
+        ),
+        (
+            "rdma_read",
+            format!("ex:rdma_read --server --port {}", p(2)),
+            format!("ex:rdma_read --client {{peer}} --port {}", p(2)),
+            Some(p(2)),
+        ),
+        (
+            "rc_pingpong",
+            format!("ex:rc_pingpong -g 1 -p {}", p(3)),
+            format!("ex:rc_pingpong -g 1 -p {} {{peer}}", p(3)),
+            Some(p(3)),
+        ),
+        (
+            "uc_pingpong",
+            format!("ex:uc_pingpong -g 1 -p {}", p(4)),
+            format!("ex:uc_pingpong -g 1 -p {} {{peer}}", p(4)),
+            Some(p(4)),
+        ),
+        (
+            "ud_pingpong",
+            format!("ex:ud_pingpong -g 1 -s 512 -p {}", p(5)),
+            format!("ex:ud_pingpong -g 1 -s 512 -p {} {{peer}}", p(5)),
+            Some(p(5)),
+        ),
+        (
+            "srq_pingpong",
+            format!("ex:srq_pingpong -g 1 -p {}", p(6)),
+            format!("ex:srq_pingpong -g 1 -p {} {{peer}}", p(6)),
+            Some(p(6)),
+        ),
+        (
+            "rping",
+            format!("ex:rping -s -a {{addr}} -p {}", p(7)),
+            format!("ex:rping -c -a {{peer}} -p {}", p(7)),
+            None,
+        ),
+    ];
+    let mut cases: Vec<Case> = programs
+        .into_iter()
+        .map(|(program, server, client, listen)| {
+            let iters = if program == "rping" {
+                " -C 1000000"
+            } else if program.contains("pingpong") {
+                " -n 1000000"
+            } else {
+                " --iters 1000000"
+            };
+            long_case(
+                program,
+                &format!("{server}{iters}"),
+                &format!("{client}{iters}"),
+                listen,
+            )
+        })
+        .collect();
+    for (k, test) in [
+        "write_bw",
+        "send_bw",
+        "read_bw",
+        "write_lat",
+        "send_lat",
+        "read_lat",
+        "atomic_bw",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = p(10 + k as u16);
+        cases.push(long_case(
+            &format!("perf {test}"),
+            &format!("ex:perf {test} -n 1000000 -p {port}"),
+            &format!("ex:perf {test} -n 1000000 -p {port} {{peer}}"),
+            Some(port),
+        ));
+    }
+    cases
+}
+
+fn long_case(program: &str, server: &str, client: &str, listen: Option<u16>) -> Case {
+    Case {
+        scenario: "long run (1,000,000 iters)".into(),
+        program: program.into(),
+        server: server.split_whitespace().map(str::to_owned).collect(),
+        client: client.split_whitespace().map(str::to_owned).collect(),
+        listen,
+        fault: Fault::Sample {
+            count: LONG_SAMPLES,
+        },
+        expect: Expect::KeepsMoving,
+        limit: Duration::from_secs(60),
+    }
 }
 
 /// The ACK-timeout bound of RC: a request that gets no ACK fails with RETRY_EXC_ERR after
@@ -580,6 +800,53 @@ fn judge(
             row.verified_zero = ok;
             row.pass = !r1.hung && !r2.hung && (ok || reported.is_some());
         }
+        Expect::BothFail { within, says } => {
+            row.expected = format!(
+                "both refuse at setup: exit non-zero with \"{says}\" within {:.1} s, no hang",
+                within.as_secs_f64()
+            );
+            row.observed = format!("server {}, client {}", describe(r1), describe(r2));
+            row.time_to_error_s = Some(r1.elapsed_s.max(r2.elapsed_s));
+            row.messages = tail(dir, i, 2, 1);
+            let refused = |r: &NodeResult, node: u8| {
+                !r.hung
+                    && r.status.is_some_and(|s| s != 0)
+                    && r.elapsed_s <= within.as_secs_f64()
+                    && tail(dir, i, node, 3).contains(says)
+            };
+            row.pass = refused(r1, 1) && refused(r2, 2);
+        }
+        Expect::KeepsMoving => {
+            let count = match c.fault {
+                Fault::Sample { count } => count as usize,
+                _ => 0,
+            };
+            row.expected = format!(
+                "both nodes receive packets in each of {count} 1-s samples; no error until killed"
+            );
+            let show = |r: &NodeResult| {
+                let v: Vec<String> = r.samples.iter().map(u64::to_string).collect();
+                format!("[{}] pkt/s, {}", v.join(", "), describe(r))
+            };
+            row.observed = format!("server {}; client {}", show(r1), show(r2));
+            let moving = |r: &NodeResult| {
+                count > 0
+                    && r.samples.len() == count
+                    && r.samples.iter().all(|n| *n > 0)
+                    && !r.hung
+                    && (r.killed || r.status == Some(0))
+                    && r.problem.is_none()
+                    && !r.printed_error
+            };
+            row.pass = moving(r1) && moving(r2);
+            if !row.pass {
+                row.messages = format!(
+                    "server: {} || client: {}",
+                    tail(dir, i, 1, 2),
+                    tail(dir, i, 2, 2)
+                );
+            }
+        }
         Expect::ClientFails { within, says } => {
             row.expected = format!(
                 "client exits non-zero with a typed error within {:.1} s",
@@ -723,7 +990,11 @@ pub fn faults_command(args: Vec<OsString>) -> Result<u8> {
                 set = it
                     .next()
                     .and_then(|v| v.to_str())
-                    .ok_or_else(|| Error::usage("--set needs interop, faults-short or faults"))?
+                    .ok_or_else(|| {
+                        Error::usage(
+                            "--set needs interop, faults-short, ci, faults or faults:WORD|WORD",
+                        )
+                    })?
                     .into()
             }
             _ => return Err(Error::usage(format!("faults: unexpected {a:?}"))),
@@ -735,7 +1006,17 @@ pub fn faults_command(args: Vec<OsString>) -> Result<u8> {
     let file = if set == "faults" {
         "faults.json".to_string()
     } else {
-        format!("{set}.json")
+        let name: String = set
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{name}.json")
     };
     let (passed, failed) = run_and_report(set, &file)?;
     say!(
@@ -826,6 +1107,20 @@ mod tests {
         assert!((retry_bound(14, 6).as_secs_f64() - 0.4697).abs() < 1e-3);
         assert!((retry_bound(16, 3).as_secs_f64() - 1.0737).abs() < 1e-3);
         assert!((retry_bound(18, 6).as_secs_f64() - 7.5162).abs() < 1e-3);
+    }
+
+    #[test]
+    fn rnr_timer_is_the_spec_table() {
+        assert_eq!(rnr_timer(0), Duration::from_micros(655_360));
+        assert_eq!(rnr_timer(1), Duration::from_micros(10));
+        assert_eq!(rnr_timer(12), Duration::from_micros(640));
+        assert_eq!(rnr_timer(31), Duration::from_micros(491_520));
+        // rnr_retry x timer + slack
+        assert_eq!(rnr_bound(0, 12), RNR_SLACK);
+        assert_eq!(
+            rnr_bound(6, 31),
+            Duration::from_micros(6 * 491_520) + RNR_SLACK
+        );
     }
 
     #[test]

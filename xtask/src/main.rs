@@ -63,9 +63,11 @@ commands:
   vm-exec CMD [ARGS...]          the same as `run`, without options; meant as a cargo target
                                  runner (CARGO_TARGET_<TRIPLE>_RUNNER=\"<xtask> vm-exec\")
   test [CARGO TEST ARGS...]      host tests, examples build, then tests/vm_*.rs in guests
-  faults [--short]               the fault matrix on two guests on a virtual wire: SIGKILLed
-                                 peers, netem loss/reorder/duplication/corruption; prints a
-                                 table, writes target/faults/faults.json
+  faults [--short | --set SET]   the fault matrix on two guests on a virtual wire: SIGKILLed
+                                 peers, netem loss/reorder/duplication/corruption, RNR, long
+                                 runs; prints a table, writes target/faults/faults.json
+                                 (SET: interop, faults-short, ci, faults, or 'faults:W1|W2':
+                                 the rows whose scenario or program names one of the words)
   soak [--minutes N] [--loss PCT] [--qps N] [--max-size BYTES]
                                  verified soak across two guests (examples/soak.rs): mixed
                                  SEND/WRITE/READ 1 B-1 MiB on N QPs under PCT% loss (default

@@ -96,6 +96,22 @@ pub enum Fault {
         /// `ip link set down` rather than a 100% loss.
         local: bool,
     },
+    /// The fault is the program's own (e.g. a receiver that stops posting receives): it
+    /// happens when `by`'s program prints a line containing `text`; the other side's time
+    /// to error runs from there.
+    Printed {
+        /// Whose program prints it.
+        by: Side,
+        /// The text that marks the fault.
+        text: &'static str,
+    },
+    /// Both nodes sample their eth0 `rx_packets` `count` times (over 1 s each, 2 s apart,
+    /// the first 1 s after the client started) while the programs run, then SIGKILL their
+    /// program: a long run must keep moving packets the whole time.
+    Sample {
+        /// Number of 1 s samples.
+        count: u32,
+    },
 }
 
 /// How a case is judged.
@@ -128,6 +144,17 @@ pub enum Expect {
         /// Text the reporting side's output must contain.
         says: &'static str,
     },
+    /// Both programs exit non-zero within `within` of their start, each printing `says` (a
+    /// setup both sides must refuse).
+    BothFail {
+        /// The bound on each program's run time.
+        within: Duration,
+        /// Text both outputs must contain.
+        says: &'static str,
+    },
+    /// [`Fault::Sample`]: every sample of both nodes is above zero, neither program exited
+    /// with an error or printed one before it was killed (or finished).
+    KeepsMoving,
     /// The client exits non-zero within `within` of its start, printing `says` (a client
     /// facing a dead address, a closed port or a misbehaving exchange peer).
     ClientFails {
@@ -263,6 +290,25 @@ pub fn cases(set: &str) -> Result<Vec<Case>> {
             .collect()),
         "faults-short" => Ok(crate::faults::matrix(true)),
         "faults" => Ok(crate::faults::matrix(false)),
+        // `faults:WORD|WORD...`: the rows of the full matrix whose scenario or program
+        // contains one of the words (a quick rerun of some rows).
+        _ if set.starts_with("faults:") => {
+            let word = &set["faults:".len()..];
+            let rows: Vec<Case> = crate::faults::matrix(false)
+                .into_iter()
+                .filter(|c| {
+                    word.split('|')
+                        .any(|w| c.scenario.contains(w) || c.program.contains(w))
+                })
+                .collect();
+            if rows.is_empty() {
+                Err(Error::usage(format!(
+                    "no row of the matrix matches {word:?}"
+                )))
+            } else {
+                Ok(rows)
+            }
+        }
         _ => Err(Error::usage(format!(
             "unknown case set {set:?} (interop, faults-short, ci, faults)"
         ))),
@@ -287,6 +333,11 @@ pub struct NodeResult {
     /// Kernel RDMA objects (`rdma res`: pd, cq, qp, mr, cm_id, ...) this node held after
     /// the case beyond those it held before it; `None` when `rdma res` could not be read.
     pub leaked: Option<u64>,
+    /// [`Fault::Sample`]: eth0 packets received in each 1 s sample.
+    pub samples: Vec<u64>,
+    /// [`Fault::Sample`]: the program's output had an error in it when sampling ended
+    /// (before either node killed its program).
+    pub printed_error: bool,
     /// Problems of the agent itself (barrier timeouts, a program that did not start).
     pub problem: Option<String>,
 }
@@ -301,6 +352,7 @@ impl NodeResult {
             ("hung", self.hung),
             ("killed", self.killed),
             ("early", self.early),
+            ("printed_error", self.printed_error),
         ] {
             if v {
                 s.push_str(&format!("{k}=1\n"));
@@ -312,6 +364,10 @@ impl NodeResult {
         }
         if let Some(n) = self.leaked {
             s.push_str(&format!("leaked={n}\n"));
+        }
+        if !self.samples.is_empty() {
+            let v: Vec<String> = self.samples.iter().map(u64::to_string).collect();
+            s.push_str(&format!("samples={}\n", v.join(",")));
         }
         if let Some(p) = &self.problem {
             s.push_str(&format!("problem={}\n", p.replace('\n', " ")));
@@ -331,9 +387,11 @@ impl NodeResult {
                 "hung" => r.hung = true,
                 "killed" => r.killed = true,
                 "early" => r.early = true,
+                "printed_error" => r.printed_error = true,
                 "elapsed_s" => r.elapsed_s = v.parse().unwrap_or(0.0),
                 "tte_s" => r.tte_s = v.parse().ok(),
                 "leaked" => r.leaked = v.parse().ok(),
+                "samples" => r.samples = v.split(',').filter_map(|n| n.parse().ok()).collect(),
                 "problem" => r.problem = Some(v.to_owned()),
                 _ => {}
             }
@@ -657,10 +715,9 @@ impl Agent {
                     continue;
                 }
             }
-            // Only now: a fault timed from the client's start must not hit a
-            // client attempt that is about to be retried (seen under load: the
-            // server was killed while the client retried, which then saw
-            // REJECTED instead of the peer's death).
+            // The client's start, from which faults are timed: for a retried client, the
+            // attempt that did not fail fast (a server killed while its slow start still
+            // rejected the first attempts never met a client).
             self.touch(i, "cstart");
             self.supervise(i, c, &mut child, start, r);
             return Ok(());
@@ -685,8 +742,14 @@ impl Agent {
             Fault::DeviceDelete { after } if self.side == Side::Server && cstart() => {
                 act = Some((Instant::now() + *after, 3));
             }
+            Fault::Sample { count } if self.side == Side::Client || cstart() => {
+                self.sample_and_kill(i, child, *count, start + c.limit, r);
+                r.elapsed_s = start.elapsed().as_secs_f64();
+                return;
+            }
             _ => {}
         }
+        let out = self.mark(i, &format!("{}.out", self.side.node()));
         let deadline = start + c.limit;
         let status = loop {
             if let Ok(Some(st)) = child.try_wait() {
@@ -738,6 +801,14 @@ impl Agent {
                 restore(&c.fault);
                 link_up_at = None;
             }
+            if let Fault::Printed { by, text } = c.fault
+                && by == self.side
+                && fault_at.is_none()
+                && fs::read_to_string(&out).is_ok_and(|o| o.contains(text))
+            {
+                self.touch(i, "fault");
+                fault_at = Some(now);
+            }
             if fault_at.is_none() && self.seen(i, "fault") {
                 fault_at = Some(now);
             }
@@ -749,9 +820,14 @@ impl Agent {
             }
             thread::sleep(POLL);
         };
-        if fault_at.is_none() && self.seen(i, "fault") {
-            // The program exited within one poll of the fault: the time to error is at
-            // most one poll interval (recorded as that bound).
+        if fault_at.is_none()
+            && (self.seen(i, "fault")
+                || matches!(c.fault, Fault::Printed { by, .. } if by != self.side)
+                    && poll_until(Duration::from_secs(2), || self.seen(i, "fault")))
+        {
+            // The program exited within one poll of the fault, or (a printed fault) before
+            // the marker of the other node's print reached this node, which takes up to two
+            // polls: the time to error is at most that (recorded as one poll).
             fault_at = Some(Instant::now() - POLL);
         }
         if link_up_at.is_some() {
@@ -788,6 +864,67 @@ impl Agent {
             }
         } else if !matches!(c.fault, Fault::None | Fault::Netem(_)) && !r.killed {
             r.early = true;
+        }
+    }
+}
+
+impl Agent {
+    /// [`Fault::Sample`]: `count` samples of this node's eth0 `rx_packets` over 1 s each,
+    /// 2 s apart, the first 1 s from now, into `r.samples`. Then, before either node kills
+    /// anything (a barrier: the first kill makes the other side report its dead peer),
+    /// whether the output has an error in it; then SIGKILL of `child` (recorded in
+    /// `r.killed`) unless it exited by itself (its status in `r.status`).
+    fn sample_and_kill(
+        &self,
+        i: usize,
+        child: &mut Child,
+        count: u32,
+        deadline: Instant,
+        r: &mut NodeResult,
+    ) {
+        let rx = || {
+            fs::read_to_string("/sys/class/net/eth0/statistics/rx_packets")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        };
+        let exited = |child: &mut Child, wait: Duration| {
+            poll_until(wait, || matches!(child.try_wait(), Ok(Some(_))))
+        };
+        let second = Duration::from_secs(1);
+        let mut done = exited(child, second);
+        for k in 0..count {
+            if k > 0 && !done {
+                done = exited(child, second);
+            }
+            if done || Instant::now() >= deadline {
+                break;
+            }
+            let Some(before) = rx() else {
+                r.problem = Some("cannot read eth0's rx_packets".into());
+                break;
+            };
+            done = exited(child, second);
+            match rx() {
+                Some(after) => r.samples.push(after.saturating_sub(before)),
+                None => r.problem = Some("cannot read eth0's rx_packets".into()),
+            }
+        }
+        let exited = matches!(child.try_wait(), Ok(Some(_)));
+        let out = self.mark(i, &format!("{}.out", self.side.node()));
+        r.printed_error = fs::read_to_string(&out)
+            .unwrap_or_default()
+            .to_lowercase()
+            .contains("error");
+        if !self.barrier(i, "sampled") {
+            r.problem = Some("the other node never finished sampling".into());
+        }
+        match child.try_wait() {
+            Ok(Some(st)) if exited => r.status = st.code(),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                r.killed = true;
+            }
         }
     }
 }
@@ -871,6 +1008,7 @@ mod tests {
             elapsed_s: 2.5,
             tte_s: Some(0.25),
             leaked: Some(0),
+            samples: vec![12, 0, 7],
             problem: Some("a\nb".into()),
             ..NodeResult::default()
         };
@@ -879,6 +1017,7 @@ mod tests {
         assert!(back.early && !back.hung && !back.killed);
         assert_eq!(back.tte_s, Some(0.25));
         assert_eq!(back.leaked, Some(0));
+        assert_eq!(back.samples, vec![12, 0, 7]);
         assert_eq!(back.problem.as_deref(), Some("a b"));
     }
 
@@ -895,7 +1034,7 @@ mod tests {
 
     #[test]
     fn every_set_has_cases_with_clients() {
-        for set in ["interop", "faults-short", "ci", "faults"] {
+        for set in ["interop", "faults-short", "ci", "faults", "faults:RNR"] {
             let cases = cases(set).unwrap_or_default();
             assert!(!cases.is_empty(), "{set}");
             for c in &cases {
@@ -903,5 +1042,6 @@ mod tests {
             }
         }
         assert!(cases("nope").is_err());
+        assert!(cases("faults:no such row").is_err());
     }
 }
