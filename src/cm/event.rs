@@ -1,0 +1,321 @@
+//! rdma_cm events: their kinds, what is copied out of them, and the channel they arrive on.
+
+use super::*;
+
+c_enum! {
+    /// The kind of an rdma_cm event (`rdma_cm_event_type`).
+    pub enum CmEventKind: u32 {
+        /// `rdma_resolve_addr` succeeded.
+        AddrResolved = ffi::RDMA_CM_EVENT_ADDR_RESOLVED => "RDMA_CM_EVENT_ADDR_RESOLVED",
+        /// `rdma_resolve_addr` failed (status: negative errno).
+        AddrError = ffi::RDMA_CM_EVENT_ADDR_ERROR => "RDMA_CM_EVENT_ADDR_ERROR",
+        /// `rdma_resolve_route` succeeded.
+        RouteResolved = ffi::RDMA_CM_EVENT_ROUTE_RESOLVED => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        /// `rdma_resolve_route` failed.
+        RouteError = ffi::RDMA_CM_EVENT_ROUTE_ERROR => "RDMA_CM_EVENT_ROUTE_ERROR",
+        /// A peer asks to connect (listener side).
+        ConnectRequest = ffi::RDMA_CM_EVENT_CONNECT_REQUEST => "RDMA_CM_EVENT_CONNECT_REQUEST",
+        /// The peer answered a connect of an id without a QP.
+        ConnectResponse = ffi::RDMA_CM_EVENT_CONNECT_RESPONSE => "RDMA_CM_EVENT_CONNECT_RESPONSE",
+        /// Establishing the connection failed.
+        ConnectError = ffi::RDMA_CM_EVENT_CONNECT_ERROR => "RDMA_CM_EVENT_CONNECT_ERROR",
+        /// The peer did not answer.
+        Unreachable = ffi::RDMA_CM_EVENT_UNREACHABLE => "RDMA_CM_EVENT_UNREACHABLE",
+        /// The peer (or its CM) refused the connection.
+        Rejected = ffi::RDMA_CM_EVENT_REJECTED => "RDMA_CM_EVENT_REJECTED",
+        /// The connection is up.
+        Established = ffi::RDMA_CM_EVENT_ESTABLISHED => "RDMA_CM_EVENT_ESTABLISHED",
+        /// The connection is down (either side disconnected).
+        Disconnected = ffi::RDMA_CM_EVENT_DISCONNECTED => "RDMA_CM_EVENT_DISCONNECTED",
+        /// The RDMA device went away.
+        DeviceRemoval = ffi::RDMA_CM_EVENT_DEVICE_REMOVAL => "RDMA_CM_EVENT_DEVICE_REMOVAL",
+        /// A multicast join completed.
+        MulticastJoin = ffi::RDMA_CM_EVENT_MULTICAST_JOIN => "RDMA_CM_EVENT_MULTICAST_JOIN",
+        /// A multicast group failed.
+        MulticastError = ffi::RDMA_CM_EVENT_MULTICAST_ERROR => "RDMA_CM_EVENT_MULTICAST_ERROR",
+        /// The id's local address changed.
+        AddrChange = ffi::RDMA_CM_EVENT_ADDR_CHANGE => "RDMA_CM_EVENT_ADDR_CHANGE",
+        /// The QP left the time-wait state and may be reused.
+        TimewaitExit = ffi::RDMA_CM_EVENT_TIMEWAIT_EXIT => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    }
+}
+
+/// An rdma_cm event channel (`rdma_event_channel`): the file descriptor the
+/// kernel reports an id's events on.
+///
+/// Each [`CmId`] owns one (see the [module docs](crate::cm)); its descriptor is
+/// non-blocking and private. An application's own `poll`/`epoll` set watches
+/// [`readiness`](Self::readiness) (readable = an event is waiting for
+/// [`CmId::get_event`] / [`CmId::try_event`]).
+pub struct EventChannel {
+    raw: NonNull<ffi::rdma_event_channel>,
+    readiness: ReadinessCell,
+}
+
+// SAFETY: an event channel is a file descriptor; librdmacm keeps no other
+// state in it, and reading events from several threads is serialised by the kernel.
+unsafe impl Send for EventChannel {}
+// SAFETY: as above; through &EventChannel only the fd is read.
+unsafe impl Sync for EventChannel {}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: raw came from rdma_create_event_channel; the id using it (if
+        // any) was destroyed before (IdInner drops its channel last).
+        unsafe { ffi::rdma_destroy_event_channel(self.raw.as_ptr()) };
+    }
+}
+
+impl EventChannel {
+    /// Opens a channel (`rdma_create_event_channel`) and makes it non-blocking.
+    ///
+    /// On a kernel without RDMA support this is [`Error::NoRdmaSupport`];
+    /// with support but no device, [`Error::NoDevices`].
+    pub fn new() -> Result<EventChannel> {
+        // SAFETY: plain constructor call.
+        let raw = unsafe { ffi::rdma_create_event_channel() };
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(channel_error(last_errno()));
+        };
+        let ch = EventChannel {
+            raw,
+            readiness: ReadinessCell::default(),
+        };
+        let fd = ch.fd();
+        // SAFETY: fd is the channel's open descriptor; F_GETFL/F_SETFL only
+        // change its status flags.
+        let rc = unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            if fl < 0 {
+                fl
+            } else {
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)
+            }
+        };
+        if rc < 0 {
+            return Err(Error::Io {
+                what: "making the rdma_cm event channel non-blocking",
+                source: last_errno(),
+            });
+        }
+        Ok(ch)
+    }
+
+    /// The raw channel. An event read through it (`rdma_get_cm_event`) must
+    /// be acknowledged by whoever read it, or destroying its id blocks forever.
+    pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
+        self.raw.as_ptr()
+    }
+
+    /// A handle that is readable when an event is waiting, for an
+    /// application's own `poll`/`epoll`/`AsyncFd` (then read the event with
+    /// [`CmId::try_event`]). It cannot consume events itself: see
+    /// [`Readiness`]. Created on first use.
+    pub fn readiness(&self) -> Result<&Readiness> {
+        self.readiness.get_or_watch(
+            self.fd(),
+            "creating the rdma_cm event channel's readiness epoll",
+        )
+    }
+
+    pub(super) fn fd(&self) -> RawFd {
+        // SAFETY: raw is valid while self lives; fd is a plain field.
+        unsafe { (*self.raw.as_ptr()).fd }
+    }
+}
+
+impl fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+/// Why `rdma_create_event_channel` failed, in the crate's terms.
+fn channel_error(e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ENODEV) | Some(libc::ENOSYS) => match crate::device::devices() {
+            Err(Error::NoRdmaSupport { .. }) => Error::NoRdmaSupport {
+                verb: "rdma_create_event_channel",
+            },
+            Ok(list) if list.is_empty() => Error::NoDevices,
+            // Devices exist: librdmacm itself is what failed.
+            _ => Error::Verb {
+                verb: "rdma_create_event_channel",
+                source: e,
+                hint: Some("RDMA devices exist but the RDMA CM is unavailable; load rdma_ucm (`modprobe rdma_ucm`)".into()),
+            },
+        },
+        Some(libc::ENOENT) => Error::Verb {
+            verb: "rdma_create_event_channel",
+            source: e,
+            hint: Some("/dev/infiniband/rdma_cm is missing; load rdma_ucm (`modprobe rdma_ucm`)".into()),
+        },
+        Some(libc::EACCES) | Some(libc::EPERM) => Error::Verb {
+            verb: "rdma_create_event_channel",
+            source: e,
+            hint: Some("no permission on /dev/infiniband/rdma_cm (or an unsupported rdma_ucm ABI)".into()),
+        },
+        _ => Error::verb("rdma_create_event_channel", e),
+    }
+}
+
+/// What a peer asked for or granted, from a connection event (`rdma_conn_param`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ConnInfo {
+    /// Outstanding RDMA READ/atomic requests the sender accepts as target.
+    pub responder_resources: u8,
+    /// Outstanding RDMA READ/atomic requests the sender issues.
+    pub initiator_depth: u8,
+    /// Hardware flow control.
+    pub flow_control: u8,
+    /// Transport retries.
+    pub retry_count: u8,
+    /// RNR retries.
+    pub rnr_retry_count: u8,
+    /// Whether the sender's QP uses an SRQ.
+    pub srq: u8,
+    /// The sender's QP number.
+    pub qp_num: u32,
+}
+
+/// One rdma_cm event, copied out of librdmacm's buffer and already
+/// acknowledged.
+pub struct CmEvent {
+    /// What happened.
+    pub kind: CmEventKind,
+    /// 0, a negative errno, or (REJECTED on InfiniBand/RoCE) the IB CM reject reason.
+    pub status: i32,
+    /// Private data that came with the event (padded; see the [module docs](crate::cm)).
+    pub private_data: Vec<u8>,
+    /// The connection parameters that came with it (connection events).
+    pub conn: ConnInfo,
+    pub(super) request: Option<ConnectRequest>,
+}
+
+impl CmEvent {
+    /// For a CONNECT_REQUEST on a listener: the request, to accept or reject.
+    /// Dropping it unanswered rejects the peer.
+    pub fn take_request(&mut self) -> Option<ConnectRequest> {
+        self.request.take()
+    }
+
+    /// This event as the error of `op` when something else was expected,
+    /// with a hint of what it usually means.
+    pub fn into_error(self, op: &'static str) -> Error {
+        Error::CmEvent {
+            op,
+            event: self.kind,
+            status: self.status,
+            hint: event_hint(self.kind, self.status),
+            private_data: self.private_data,
+        }
+    }
+}
+
+impl fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmEvent")
+            .field("kind", &self.kind)
+            .field("status", &self.status)
+            .field("private_data", &self.private_data.len())
+            .field("conn", &self.conn)
+            .field("request", &self.request.is_some())
+            .finish()
+    }
+}
+
+fn event_hint(kind: CmEventKind, status: i32) -> Option<String> {
+    let errno_text = || io::Error::from_raw_os_error(status.saturating_abs()).to_string();
+    let h = match kind {
+        CmEventKind::AddrError => match -status {
+            libc::ETIMEDOUT => {
+                "nothing answered ARP/neighbour discovery for that address: is it up, on the network of an RDMA device?"
+                    .to_owned()
+            }
+            libc::ENETUNREACH | libc::EHOSTUNREACH => "there is no route to that address".to_owned(),
+            libc::ENODEV | libc::EADDRNOTAVAIL => {
+                "the route to that address does not go through an RDMA device (is rxe/RoCE set up on that interface?)"
+                    .to_owned()
+            }
+            _ => format!("address resolution failed: {}", errno_text()),
+        },
+        CmEventKind::RouteError => {
+            format!("route resolution failed ({}); on InfiniBand, is a subnet manager running?", errno_text())
+        }
+        CmEventKind::Rejected => match status {
+            8 => "nobody listens on that address and port (IB CM reject reason 8: invalid service ID)".to_owned(),
+            28 => "the peer application rejected the connection (IB CM reject reason 28: consumer defined; see private_data)"
+                .to_owned(),
+            s => format!("the connection was refused (IB CM reject reason {s})"),
+        },
+        CmEventKind::Unreachable => format!(
+            "the peer did not answer the connection request ({}); is the peer up and its port reachable?",
+            errno_text()
+        ),
+        CmEventKind::ConnectError => {
+            format!("the connection could not be established ({})", errno_text())
+        }
+        CmEventKind::Disconnected => "the peer disconnected".to_owned(),
+        CmEventKind::DeviceRemoval => "the RDMA device was removed".to_owned(),
+        _ => return None,
+    };
+    Some(h)
+}
+
+/// Copies what the crate needs out of a librdmacm event.
+///
+/// # Safety
+/// `ev` is a valid, not yet acknowledged event of an id with a connected
+/// port space (RDMA_PS_TCP), so `param.conn` is the valid union member except
+/// for multicast events.
+pub(super) unsafe fn copy_event(
+    ev: *const ffi::rdma_cm_event,
+) -> (
+    CmEventKind,
+    i32,
+    Vec<u8>,
+    ConnInfo,
+    Option<NonNull<ffi::rdma_cm_id>>,
+) {
+    // SAFETY: ev is valid (caller).
+    let e = unsafe { &*ev };
+    let kind = CmEventKind::from_raw(e.event);
+    let mut private_data = Vec::new();
+    let mut conn = ConnInfo::default();
+    if !matches!(
+        kind,
+        CmEventKind::MulticastJoin | CmEventKind::MulticastError
+    ) {
+        // SAFETY: for connected ids librdmacm fills param.conn (caller).
+        let c = unsafe { e.param.conn };
+        if !c.private_data.is_null() && c.private_data_len > 0 {
+            // SAFETY: librdmacm points private_data at private_data_len bytes
+            // inside the event, valid until the ack.
+            private_data = unsafe {
+                std::slice::from_raw_parts(
+                    c.private_data.cast::<u8>(),
+                    usize::from(c.private_data_len),
+                )
+            }
+            .to_vec();
+        }
+        conn = ConnInfo {
+            responder_resources: c.responder_resources,
+            initiator_depth: c.initiator_depth,
+            flow_control: c.flow_control,
+            retry_count: c.retry_count,
+            rnr_retry_count: c.rnr_retry_count,
+            srq: c.srq,
+            qp_num: c.qp_num,
+        };
+    }
+    let child = if kind == CmEventKind::ConnectRequest {
+        NonNull::new(e.id)
+    } else {
+        None
+    };
+    (kind, e.status, private_data, conn, child)
+}

@@ -1,0 +1,170 @@
+//! Attaching a QP to an id for the length of a handshake (sync and async).
+
+use super::*;
+
+/// Sets `id->qp` for the duration of a handshake and clears it again on drop
+/// (restoring `id->pd`), so librdmacm never keeps a pointer to a QP this
+/// crate may destroy. Create it while holding the id's lock, after the QP.
+pub(super) struct QpAttach {
+    id: *mut ffi::rdma_cm_id,
+    pd: *mut ffi::ibv_pd,
+}
+
+impl QpAttach {
+    /// # Safety
+    /// `id` is valid, its lock is held for the guard's whole life, and `qp`
+    /// stays alive until the guard is dropped.
+    unsafe fn new(id: *mut ffi::rdma_cm_id, qp: *mut ffi::ibv_qp) -> QpAttach {
+        // SAFETY: valid id, exclusive access under the lock (caller).
+        unsafe {
+            let pd = (*id).pd;
+            (*id).qp = qp;
+            QpAttach { id, pd }
+        }
+    }
+}
+
+impl Drop for QpAttach {
+    fn drop(&mut self) {
+        // SAFETY: the id is valid and its lock still held (see new).
+        unsafe {
+            (*self.id).qp = std::ptr::null_mut();
+            (*self.id).pd = self.pd;
+        }
+    }
+}
+
+/// `id->qp` set for a handshake the async layer awaits without holding the
+/// id's lock; dropping it clears `id->qp` (and restores `id->pd`) under the lock.
+#[cfg(feature = "tokio")]
+pub(crate) struct Handshake {
+    inner: Arc<IdInner>,
+    pd: *mut ffi::ibv_pd,
+}
+
+// SAFETY: the pointers are only dereferenced under the id's lock (in Drop).
+#[cfg(feature = "tokio")]
+unsafe impl Send for Handshake {}
+// SAFETY: &Handshake gives access to nothing.
+#[cfg(feature = "tokio")]
+unsafe impl Sync for Handshake {}
+
+#[cfg(feature = "tokio")]
+impl Handshake {
+    /// Turns an attach made under the lock into one that outlives the lock.
+    fn keep(inner: &Arc<IdInner>, attach: QpAttach) -> Handshake {
+        let h = Handshake {
+            inner: inner.clone(),
+            pd: attach.pd,
+        };
+        std::mem::forget(attach);
+        h
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        let _g = self.inner.lock();
+        // SAFETY: valid id (the Arc), under its lock: the same writes as QpAttach's Drop.
+        unsafe {
+            (*self.inner.id()).qp = std::ptr::null_mut();
+            (*self.inner.id()).pd = self.pd;
+        }
+    }
+}
+
+/// Starting halves of the handshakes, for the async layer (which awaits the
+/// events through the channel's readiness handle instead of blocking).
+#[cfg(feature = "tokio")]
+impl CmId {
+    pub(crate) fn start_resolve_addr(&self, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        let _g = self.inner.lock();
+        self.start_resolve_addr_locked(None, dst, timeout)
+    }
+
+    pub(crate) fn start_resolve_route(&self, timeout: Duration) -> Result<()> {
+        let _g = self.inner.lock();
+        self.start_resolve_route_locked(timeout)
+    }
+
+    /// `rdma_connect` with `qp` attached; ESTABLISHED (or an error event) follows.
+    ///
+    /// # Safety
+    /// `qp` stays alive (not dropped, not moved out of its `Qp`) until the
+    /// returned [`Handshake`] is dropped.
+    pub(crate) unsafe fn start_connect(
+        &self,
+        qp: &Qp<Rc, Init>,
+        param: &ConnParam,
+    ) -> Result<Handshake> {
+        param.validate()?;
+        let _g = self.inner.lock();
+        let id = self.inner.id();
+        // SAFETY: the lock is held while `attach` is a QpAttach: it becomes a
+        // Handshake (which re-locks to detach) before the lock is released;
+        // the QP outlives the Handshake (caller).
+        let attach = unsafe { attach_and_call(id, qp, param, ffi::rdma_connect, "rdma_connect")? };
+        Ok(Handshake::keep(&self.inner, attach))
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl ConnectRequest {
+    /// `rdma_accept` with `qp` attached; ESTABLISHED (or an error event)
+    /// follows on the returned id.
+    ///
+    /// # Safety
+    /// As [`CmId::start_connect`].
+    pub(crate) unsafe fn start_accept(
+        mut self,
+        qp: &Qp<Rc, Init>,
+        param: &ConnParam,
+    ) -> Result<(CmId, Handshake)> {
+        param.validate()?;
+        let Some(cm) = self.id.take() else {
+            return Err(busy_id());
+        };
+        let handshake = {
+            let _g = cm.inner.lock();
+            let id = cm.inner.id();
+            // SAFETY: as in start_connect: the lock is held until `attach`
+            // has become a Handshake, and the QP outlives that (caller).
+            let attach =
+                unsafe { attach_and_call(id, qp, param, ffi::rdma_accept, "rdma_accept")? };
+            Handshake::keep(&cm.inner, attach)
+        };
+        Ok((cm, handshake))
+    }
+}
+
+/// Checks that `qp` is on the id's device and that no QP is attached, attaches
+/// it and makes the handshake call `verb` (`rdma_connect` or `rdma_accept`).
+///
+/// # Safety
+/// `id` is valid and its lock is held for the returned guard's whole life;
+/// `qp` outlives the guard.
+pub(super) unsafe fn attach_and_call(
+    id: *mut ffi::rdma_cm_id,
+    qp: &Qp<Rc, Init>,
+    param: &ConnParam,
+    call: unsafe extern "C" fn(*mut ffi::rdma_cm_id, *mut ffi::rdma_conn_param) -> libc::c_int,
+    verb: &'static str,
+) -> Result<QpAttach> {
+    // SAFETY: valid id under its lock (caller); plain fields.
+    let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
+    check_qp_device(verbs, qp)?;
+    if !cur.is_null() {
+        return Err(busy_id());
+    }
+    // SAFETY: valid id, locked for the guard's life; qp outlives it (caller).
+    let attach = unsafe { QpAttach::new(id, qp.as_raw()) };
+    let mut cp = param.to_ffi();
+    // SAFETY: valid id with our QP attached; cp and its private data live
+    // across the call.
+    let rc = unsafe { call(id, &mut cp) };
+    if rc != 0 {
+        return Err(conn_call_error(verb, last_errno()));
+    }
+    Ok(attach)
+}

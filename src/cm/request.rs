@@ -1,0 +1,123 @@
+//! [`ConnectRequest`]: a connection request taken on a listener.
+
+use super::*;
+
+/// A connection request taken on a listener: accept or reject it.
+/// Dropping it unanswered rejects it.
+pub struct ConnectRequest {
+    pub(super) id: Option<CmId>,
+    pub(super) private_data: Vec<u8>,
+    pub(super) conn: ConnInfo,
+}
+
+impl ConnectRequest {
+    /// The id of the new connection (moved to its own channel); use its
+    /// [`context`](CmId::context) for the PD and CQs and
+    /// [`create_qp`](CmId::create_qp) for the QP to accept with.
+    pub fn id(&self) -> &CmId {
+        // The id is only taken by accept/reject, which consume self.
+        self.id
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("ConnectRequest without an id"))
+    }
+
+    /// The private data the peer sent with its connect (padded; see the module docs).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// What the peer asked for (responder resources, initiator depth, QPN...).
+    pub fn conn(&self) -> &ConnInfo {
+        &self.conn
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.id().peer_addr()
+    }
+
+    /// Accepts with `qp` (from [`CmId::create_qp`] on [`id`](ConnectRequest::id))
+    /// and waits up to `timeout` for ESTABLISHED. librdmacm moves the QP to
+    /// RTR and RTS; receives posted in INIT stay posted. Returns the QP and
+    /// the connection's id (QP first, as [`CmId::connect`] does).
+    pub fn accept(
+        mut self,
+        qp: Qp<Rc, Init>,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(Qp<Rc, Rts>, CmId)> {
+        param.validate()?;
+        let Some(cm) = self.id.take() else {
+            return Err(busy_id());
+        };
+        let qp = {
+            let _g = cm.inner.lock();
+            let id = cm.inner.id();
+            // SAFETY: the id's lock is held until after `attach` is dropped, and
+            // the QP outlives it.
+            let attach =
+                unsafe { attach_and_call(id, &qp, param, ffi::rdma_accept, "rdma_accept")? };
+            cm.inner.expect_locked(
+                CmEventKind::Established,
+                "rdma_accept",
+                "rdma_accept: waiting for ESTABLISHED",
+                timeout,
+            )?;
+            drop(attach);
+            // SAFETY: rdma_accept returned 0 only after moving the attached QP
+            // to RTR and RTS, and the peer confirmed (ESTABLISHED).
+            unsafe { qp.assume_state::<Rts>() }
+        };
+        Ok((qp, cm))
+    }
+
+    /// Rejects the request (`rdma_reject`) with `private_data` for the peer
+    /// (at most 148 bytes on InfiniBand/RoCE), which sees REJECTED with
+    /// status 28 (consumer defined).
+    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        let len = u8::try_from(private_data.len()).map_err(|_| Error::InvalidArgument {
+            what: "private data",
+            reason: format!(
+                "{} bytes; a reject carries at most 148 on InfiniBand/RoCE",
+                private_data.len()
+            ),
+        })?;
+        let Some(cm) = self.id.take() else {
+            return Err(busy_id());
+        };
+        let _g = cm.inner.lock();
+        let data = if private_data.is_empty() {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
+        // SAFETY: valid id under its lock; data points to len bytes.
+        let rc = unsafe { ffi::rdma_reject(cm.inner.id(), data, len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb("rdma_reject", last_errno()))
+        }
+    }
+}
+
+impl Drop for ConnectRequest {
+    fn drop(&mut self) {
+        if let Some(cm) = self.id.take() {
+            let _g = cm.inner.lock();
+            // SAFETY: valid id under its lock; no private data. Errors are
+            // ignored (the id's destruction rejects the peer anyway).
+            unsafe { ffi::rdma_reject(cm.inner.id(), std::ptr::null(), 0) };
+        }
+    }
+}
+
+impl fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("peer", &self.id.as_ref().and_then(CmId::peer_addr))
+            .field("private_data", &self.private_data.len())
+            .field("conn", &self.conn)
+            .finish()
+    }
+}
