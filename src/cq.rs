@@ -368,6 +368,9 @@ pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
     /// The poller's copy of the ring table (see [`crate::qp`]).
     cache: RingCache,
+    /// Completions a [`scope`](Cq::scope) polled that were not its own,
+    /// handed out first by the next poll.
+    pending: Vec<Completion>,
 }
 
 pub(crate) struct CqInner {
@@ -480,6 +483,7 @@ impl Cq {
                 _ctx: ctx.clone(),
             }),
             cache: RingCache::default(),
+            pending: Vec::new(),
         })
     }
 
@@ -547,6 +551,10 @@ impl Cq {
     ) -> Result<usize> {
         let start = out.len();
         let want = want.min(out.capacity() - start);
+        if !self.pending.is_empty() {
+            // Completions a scope polled for others come first.
+            return Ok(self.take_pending(out, want));
+        }
         let buried = self.inner.rings.buried();
         let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
         let mut total = 0;
@@ -563,63 +571,20 @@ impl Cq {
             let got = (rc as usize).min(n);
             for wc in &wcs[..got] {
                 let len = out.len();
-                // SAFETY: ibv_poll_cq wrote this entry's always-valid fields
-                // (wr_id, status, qp_num); write_from_wc reads the rest only as
-                // the status and opcode allow. The completion is built in place
-                // in `out`'s spare capacity (total < want <= spare, so there is
-                // room) and every field is written before set_len; `retire`
-                // writes the buffers iff it returns Some, else they are set empty.
+                // SAFETY: ibv_poll_cq wrote this entry; the completion is built
+                // in place in `out`'s spare capacity (total < want <= spare, so
+                // there is room) and every field is written before set_len.
                 unsafe {
-                    let wc = wc.as_ptr();
                     let dst = out.as_mut_ptr().add(len);
-                    let bufs = &raw mut (*dst).bufs;
-                    let token = (*wc).wr_id;
-                    let tag = (token >> TOKEN_SHIFT) as u32;
-                    let ring = if tag & TAG_FLAG == 0 {
-                        None // not a token: raw posts keep bit 63 clear
-                    } else {
-                        self.cache.get(&self.inner.rings, tag)
-                    };
-                    let (source, posted, recv) = match ring {
-                        Some(ring) if ring.qp_num() == (*wc).qp_num => {
-                            let r = ring.retire(
-                                token as u32,
-                                retired.as_deref_mut(),
-                                bufs,
-                                &mut caught,
-                                &mut lost,
-                            );
-                            match r {
-                                // The library's own drain marker (see
-                                // Qp::to_error): it has retired the requests
-                                // before it; nothing to hand out (its empty
-                                // buffer list needs no drop).
-                                Some(r) if r.meta.drain => continue,
-                                Some(r) => (
-                                    CompletionSource::Posted,
-                                    Some((r.wr_id, r.meta.completion_opcode())),
-                                    r.meta.is_recv(),
-                                ),
-                                None => (CompletionSource::Stale, None, false),
-                            }
-                        }
-                        // A shared receive queue's receive, consumed by any QP
-                        // on it: it retires exactly its own slot.
-                        Some(ring) if ring.is_srq() => match ring.retire_srq(token as u32, bufs) {
-                            Some(r) => (
-                                CompletionSource::Posted,
-                                Some((r.wr_id, ffi::IBV_WC_RECV)),
-                                true,
-                            ),
-                            None => (CompletionSource::Stale, None, false),
-                        },
-                        _ => (CompletionSource::Foreign, None, false),
-                    };
-                    if posted.is_none() {
-                        bufs.write(Sges::default());
+                    if self.complete_into(
+                        wc.as_ptr(),
+                        dst,
+                        retired.as_deref_mut(),
+                        &mut caught,
+                        &mut lost,
+                    ) {
+                        out.set_len(len + 1);
                     }
-                    Completion::write_from_wc(dst, wc, posted, recv, source);
-                    out.set_len(len + 1);
                 }
             }
             total += got;
@@ -640,6 +605,104 @@ impl Cq {
             return Err(Error::CompletionsLost { count: lost });
         }
         Ok(out.len() - start)
+    }
+
+    /// Interprets one polled work completion: validates its token, retires
+    /// its request (and the unsignaled ones before it) and writes the
+    /// [`Completion`] with the buffers to `dst`. Returns false, having written
+    /// nothing, for the library's own drain marker.
+    ///
+    /// # Safety
+    /// `wc` was returned by `ibv_poll_cq` on this CQ (so `wr_id`, `status`,
+    /// `qp_num` are written, the rest as ibv_poll_cq(3) says for the status
+    /// and opcode); `dst` is valid for writes and holds nothing to drop.
+    #[inline(always)]
+    pub(crate) unsafe fn complete_into(
+        &mut self,
+        wc: *const ffi::ibv_wc,
+        dst: *mut Completion,
+        retired: Option<&mut Vec<(u64, Sges)>>,
+        caught: &mut Caught,
+        lost: &mut u64,
+    ) -> bool {
+        // SAFETY: per the contract; `retire` writes the buffers iff it
+        // returns Some, else they are set empty below; write_from_wc reads
+        // the entry only as its status and opcode allow.
+        unsafe {
+            let bufs = &raw mut (*dst).bufs;
+            let token = (*wc).wr_id;
+            let tag = (token >> TOKEN_SHIFT) as u32;
+            let ring = if tag & TAG_FLAG == 0 {
+                None // not a token: raw posts keep bit 63 clear
+            } else {
+                self.cache.get(&self.inner.rings, tag)
+            };
+            let (source, posted, recv) = match ring {
+                Some(ring) if ring.qp_num() == (*wc).qp_num => {
+                    match ring.retire(token as u32, retired, bufs, caught, lost) {
+                        // The library's own drain marker (see Qp::to_error):
+                        // it has retired the requests before it; nothing to
+                        // hand out (its empty buffer list needs no drop).
+                        Some(r) if r.meta.drain => return false,
+                        Some(r) => (
+                            CompletionSource::Posted,
+                            Some((r.wr_id, r.meta.completion_opcode())),
+                            r.meta.is_recv(),
+                        ),
+                        None => (CompletionSource::Stale, None, false),
+                    }
+                }
+                // A shared receive queue's receive, consumed by any QP on
+                // it: it retires exactly its own slot.
+                Some(ring) if ring.is_srq() => match ring.retire_srq(token as u32, bufs) {
+                    Some(r) => (
+                        CompletionSource::Posted,
+                        Some((r.wr_id, ffi::IBV_WC_RECV)),
+                        true,
+                    ),
+                    None => (CompletionSource::Stale, None, false),
+                },
+                _ => (CompletionSource::Foreign, None, false),
+            };
+            if posted.is_none() {
+                bufs.write(Sges::default());
+            }
+            Completion::write_from_wc(dst, wc, posted, recv, source);
+            true
+        }
+    }
+
+    /// Keeps a completion that a [`scope`](Cq::scope) polled but that was
+    /// not its own, for the next [`poll`](Cq::poll).
+    ///
+    /// # Safety
+    /// As [`complete_into`](Cq::complete_into) for `wc`.
+    pub(crate) unsafe fn stash(
+        &mut self,
+        wc: *const ffi::ibv_wc,
+        caught: &mut Caught,
+        lost: &mut u64,
+    ) {
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.reserve(1);
+        let len = pending.len();
+        // SAFETY: room for one more was reserved; complete_into writes every
+        // field when it returns true, and nothing otherwise.
+        unsafe {
+            if self.complete_into(wc, pending.as_mut_ptr().add(len), None, caught, lost) {
+                pending.set_len(len + 1);
+            }
+        }
+        self.pending = pending;
+    }
+
+    /// Moves up to `want` stashed completions into `out` (oldest first).
+    #[cold]
+    #[inline(never)]
+    fn take_pending(&mut self, out: &mut Vec<Completion>, want: usize) -> usize {
+        let n = want.min(self.pending.len());
+        out.extend(self.pending.drain(..n));
+        n
     }
 
     /// The CQ was found empty: completions of QPs destroyed before the poll

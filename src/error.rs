@@ -139,6 +139,25 @@ pub enum Error {
         depth: u32,
     },
 
+    /// A [`Cq::scope`](crate::Cq::scope) ended with requests still
+    /// outstanding after its drain timeout: their QP was moved to the error
+    /// state, which flushed them, before the scope returned.
+    #[error(
+        "a scope ended with {outstanding} requests of QP {qp_num} outstanding after {after:?}; the QP \
+         was moved to the error state to flush them (end each scope's sends with a signaled request \
+         and poll its completions: unsignaled sends at the end never produce one; a peer that stopped \
+         answering shows as RETRY_EXC_ERR/RNR_RETRY_EXC_ERR completions polled in the scope). \
+         Reconnect the QP (to_error, reset) to use it again"
+    )]
+    ScopeDrained {
+        /// The first QP that had to be flushed.
+        qp_num: u32,
+        /// Its scoped requests outstanding at the timeout.
+        outstanding: u64,
+        /// The drain timeout.
+        after: std::time::Duration,
+    },
+
     /// A QP's queue would not fit in its CQ: with every queue on the CQ full,
     /// completions would be lost.
     #[error(

@@ -23,6 +23,8 @@ use crate::conn::{self, Ctrl, Device, EvCq, Queues};
 use crate::opts::{AtomicOp, DataPath, Opts, Verb};
 use crate::report::{self, BwRow, BwSamples, Table, WireRow};
 
+mod scoped;
+
 /// perftest's `CTX_POLL_BATCH`.
 pub const POLL_BATCH: usize = 16;
 /// The QP index sits in the top 16 bits of a safe-path `wr_id`; the rest
@@ -52,6 +54,13 @@ pub fn run(
     let mut table = Table::default();
     println!("{}", report::header(o));
     for &size in &o.sizes {
+        if o.path == DataPath::Scoped && o.receives() {
+            // The receiver of a scoped send_bw posts its receives in the
+            // scope, before the barrier (one way: it sends nothing).
+            scoped::receive(o, rate, dev, size, q, ctrl)?;
+            ctrl.swap(client, &WireRow(None))?;
+            continue;
+        }
         let mut tx = if o.sends() {
             Some(Tx::new(o, dev, size, remote, bufs)?)
         } else {
@@ -90,6 +99,9 @@ fn run_size(
     mut rx: Option<&mut Rx>,
     ctrl: &Ctrl,
 ) -> Result<Option<BwRow>> {
+    if let (Some(tx), DataPath::Scoped) = (tx.as_deref_mut(), o.path) {
+        return scoped::run_size(o, rate, q, tx, ctrl).map(Some);
+    }
     if tx.is_none() && rx.is_none() {
         // Nothing to do on this side (the server of a one-way WRITE/READ test):
         // wait for the peer's results on the TCP connection instead of spinning.
@@ -158,7 +170,12 @@ fn run_size(
         }
     }
     let Some(tx) = tx else { return Ok(None) };
-    let row = match timer {
+    Ok(Some(tx_row(o, rate, timer, tx)))
+}
+
+/// The sender's result row.
+fn tx_row(o: &Opts, rate: &Rate, timer: Option<Timer>, tx: &mut Tx) -> BwRow {
+    match timer {
         Some(t) => {
             let s = BwSamples {
                 size: tx.size,
@@ -186,8 +203,7 @@ fn run_size(
             };
             report::bw_row(&s, rate, o.report_gbits)
         }
-    };
-    Ok(Some(row))
+    }
 }
 
 /// How long the loop may go without a completion before it gives up: a peer
@@ -338,6 +354,8 @@ struct Shape {
 enum PathState {
     Safe(SafeTx),
     Raw(RawTx),
+    /// `--scoped`: run by `crate::scoped`.
+    Scoped(SafeTx),
 }
 
 /// Safe-path state: shared sources per (QP, slot), READ/atomic destinations,
@@ -355,6 +373,8 @@ struct SafeTx {
 /// Raw-path state: one chained C list per QP, reused for every post (like
 /// perftest's `ctx->wr`), and the completion array.
 struct RawTx {
+    /// The signaled entries are the same in every post (set at creation).
+    fixed_flags: bool,
     wrs: Vec<Box<[ffi::ibv_send_wr]>>,
     sges: Vec<Box<[ffi::ibv_sge]>>,
     local_base: Vec<u64>,
@@ -375,6 +395,10 @@ impl Tx {
         let inline = size <= o.inline_size as usize && !o.test.verb().writes_local();
         let path = match o.path {
             DataPath::Safe => PathState::Safe(SafeTx::new(o, dev, size, nslots, stride, inline)?),
+            // The same buffers, borrowed by the requests instead of moved.
+            DataPath::Scoped => {
+                PathState::Scoped(SafeTx::new(o, dev, size, nslots, stride, false)?)
+            }
             DataPath::Raw => PathState::Raw(RawTx::new(o, size, remote, bufs, inline)),
         };
         Ok(Tx {
@@ -439,6 +463,7 @@ impl Tx {
                 match &mut self.path {
                     PathState::Safe(s) => s.post(shape, qp, qi, first, remote)?,
                     PathState::Raw(r) => r.post(shape, qp, qi, first, remote)?,
+                    PathState::Scoped(_) => return Err(scoped::not_here()),
                 }
                 self.c.scnt[qi] += pl;
                 self.c.totscnt += pl;
@@ -497,6 +522,7 @@ impl Tx {
                 s.out.clear();
                 ne
             }
+            PathState::Scoped(_) => return Err(scoped::not_here()),
             PathState::Raw(r) => {
                 let ne = cq.cq.poll_raw(&mut r.wcs)?;
                 for wc in &r.wcs[..ne] {
@@ -680,11 +706,13 @@ impl RawTx {
     ) -> Result<()> {
         let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         let wrs = &mut self.wrs[qi];
-        for (j, wr) in wrs.iter_mut().enumerate() {
-            if shape.sig.at(first + j as u64) {
-                wr.send_flags |= signaled;
-            } else {
-                wr.send_flags &= !signaled;
+        if !self.fixed_flags {
+            for (j, wr) in wrs.iter_mut().enumerate() {
+                if shape.sig.at(first + j as u64) {
+                    wr.send_flags |= signaled;
+                } else {
+                    wr.send_flags &= !signaled;
+                }
             }
         }
         if shape.nslots > 1 {
@@ -721,6 +749,13 @@ impl RawTx {
         if inline {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }
+        // Posts start at multiples of the list length; when the moderation
+        // divides it (and, in iterations mode, the last request falls on a
+        // moderation boundary, as the options ensure) every post signals the
+        // same entries: set them once, as perftest does.
+        let cq_mod = u64::from(o.cq_mod);
+        let fixed_flags =
+            pl as u64 % cq_mod == 0 && (o.duration.is_some() || o.iters % cq_mod == 0);
         let mut wrs = Vec::with_capacity(nq);
         let mut sges = Vec::with_capacity(nq);
         let mut local_base = Vec::with_capacity(nq);
@@ -743,6 +778,9 @@ impl RawTx {
                 wr.wr_id = qi as u64;
                 wr.opcode = opcode;
                 wr.send_flags = flags;
+                if fixed_flags && (j as u64 % cq_mod == cq_mod - 1) {
+                    wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
                 wr.num_sge = 1;
                 wr.sg_list = &mut sge[j];
                 // With a post list every request targets the same addresses, as in perftest.
@@ -774,6 +812,7 @@ impl RawTx {
             sges.push(sge);
         }
         RawTx {
+            fixed_flags,
             wrs,
             sges,
             local_base,
@@ -835,7 +874,7 @@ impl Rx {
             wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
         };
         match o.path {
-            DataPath::Safe => {
+            DataPath::Safe | DataPath::Scoped => {
                 let count = rx_depth * nq;
                 if count.saturating_mul(size) > SAFE_POOL_CAP {
                     return Err(Error::InvalidArgument {
@@ -913,7 +952,7 @@ impl Rx {
             cq.wait_event()?;
         }
         let ne = match self.path {
-            DataPath::Safe => {
+            DataPath::Safe | DataPath::Scoped => {
                 self.out.clear();
                 let ne = cq.cq.poll(&mut self.out)?;
                 for i in 0..ne {

@@ -140,7 +140,7 @@ pub struct Pending {
 pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
     let nq = o.num_qps;
     let max_send_wr = match o.path {
-        DataPath::Safe => o.tx_depth + 1,
+        DataPath::Safe | DataPath::Scoped => o.tx_depth + 1,
         DataPath::Raw => o.tx_depth,
     };
     let caps = QpCaps {

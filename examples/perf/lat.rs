@@ -216,7 +216,7 @@ impl Lat {
         if o.test == Test::SendLat {
             let qp = &mut q.qps[0];
             match o.path {
-                DataPath::Safe => {
+                DataPath::Safe | DataPath::Scoped => {
                     for (i, mr) in split_pool(dev, size, o.rx_depth as usize)?
                         .into_iter()
                         .enumerate()
@@ -268,7 +268,7 @@ impl Lat {
     fn wait_one(&mut self, cq: &mut EvCq) -> Result<bool> {
         loop {
             let n = match self.path {
-                DataPath::Safe => {
+                DataPath::Safe | DataPath::Scoped => {
                     self.out.clear();
                     cq.cq.poll(&mut self.out)?
                 }
@@ -276,7 +276,7 @@ impl Lat {
             };
             if n > 0 {
                 match self.path {
-                    DataPath::Safe => self.out[0].result()?,
+                    DataPath::Safe | DataPath::Scoped => self.out[0].result()?,
                     DataPath::Raw => {
                         if self.wcs[0].status != ffi::IBV_WC_SUCCESS {
                             return Err(wc_error(&self.wcs[0]));
@@ -298,7 +298,7 @@ impl Lat {
     #[inline]
     fn post(&mut self, qp: &mut Qp<Rc, Rts>, id: u64, signaled: bool) -> Result<()> {
         match self.path {
-            DataPath::Safe => {
+            DataPath::Safe | DataPath::Scoped => {
                 let off = 0;
                 // Each request built in its post_send call: a request picked by
                 // an `if` and then passed on would be copied (232 bytes).
@@ -370,7 +370,7 @@ impl Lat {
                 let want = rcnt as u8;
                 loop {
                     let got = match self.path {
-                        DataPath::Safe => {
+                        DataPath::Safe | DataPath::Scoped => {
                             let mut b = [0u8];
                             bufs.target.read_at(poll_at, &mut b)?;
                             // Keeps the compiler from assuming the byte cannot change.
@@ -427,7 +427,7 @@ impl Lat {
                 rcnt += 1;
                 if !self.iterations || rcnt + self.rx_depth <= self.iters {
                     repost = Some(match self.path {
-                        DataPath::Safe => {
+                        DataPath::Safe | DataPath::Scoped => {
                             let c = &mut self.out[0];
                             let mr = c.take_mr().ok_or_else(|| {
                                 Error::Protocol("receive completion without its buffer".into())

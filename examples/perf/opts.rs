@@ -131,6 +131,8 @@ pub enum DataPath {
     Safe,
     /// `unsafe post_send_raw` with C `ibv_send_wr` lists and `Cq::poll_raw`.
     Raw,
+    /// `Cq::scope`: requests borrow their buffers, light completions.
+    Scoped,
 }
 
 impl DataPath {
@@ -139,6 +141,7 @@ impl DataPath {
         match self {
             DataPath::Safe => "safe",
             DataPath::Raw => "raw",
+            DataPath::Scoped => "scoped",
         }
     }
 }
@@ -246,6 +249,8 @@ pub fn usage() -> String {
          \x20     --safe                safe data path: post_send_list + SharedMr/Mr + Cq::poll\n\
          \x20                           (default)\n\
          \x20     --raw                 raw data path: unsafe post_send_raw + Cq::poll_raw\n\
+         \x20     --scoped              scoped safe path (bw tests): Cq::scope, borrowed buffers,\n\
+         \x20                           light completions; not with -b, -D, -e, -I, --run_infinitely\n\
          \x20 -h, --help                this text",
         tests.join("|")
     )
@@ -338,6 +343,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "--run_infinitely" if !attached => raw.run_infinitely = true,
             "--safe" if !attached => raw.path = Some(DataPath::Safe),
             "--raw" if !attached => raw.path = Some(DataPath::Raw),
+            "--scoped" if !attached => raw.path = Some(DataPath::Scoped),
             "-h" | "--help" => {
                 println!("{}", usage());
                 return Ok(None);
@@ -507,6 +513,15 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         no_peak = true;
     }
     let path = a.path.unwrap_or(DataPath::Safe);
+    if path == DataPath::Scoped
+        && (!bw || a.bidir || a.events || duration.is_some() || inline_size > 0)
+    {
+        return Err(
+            "--scoped runs the bandwidth tests one way, for -n iterations, polling, without \
+             inline data (not with -b, -D, -e, -I or --run_infinitely)"
+                .into(),
+        );
+    }
     let margin = match duration {
         Some(d) => (d as f64 / 4.0).min(2.0),
         None => 0.0,

@@ -107,6 +107,21 @@
 //!   connection (ERR, destroyed) and that the provider neither completes nor
 //!   flushes stays in its slot: its buffer is released with the SRQ, and
 //!   [`Srq::posted`](crate::Srq::posted) keeps counting it.
+//! * **Scoped borrowing** ([`scope`], [`Cq::scope`](crate::Cq::scope)).
+//!   Requests posted in a scope borrow their buffers for the scope's
+//!   lifetime instead of moving them; the slots keep only the `wr_id`
+//!   (in a per-QP side table), and the scope's tokens are ordinary tokens
+//!   of the QP's ring. The scope holds `&mut` to the CQ and to each
+//!   attached QP, so it alone polls and posts; its completions retire the
+//!   ring as above (in order). `Cq::scope` returns, normally or by
+//!   unwinding, only once every request posted in the scope was retired;
+//!   requests that do not finish within the drain timeout are flushed by
+//!   moving their QP to ERR (plus the drain marker behind unsignaled
+//!   sends). Both rely on the rows "complete in posting order" and "ERR
+//!   flushes every posted request" below; a provider that broke the second
+//!   would make the scope abort the process rather than return.
+//!   Completions that are not the scope's are kept in the CQ and returned,
+//!   with their buffers, by the next [`Cq::poll`](crate::Cq::poll).
 //! * **Memory a peer can write** (REMOTE_WRITE/REMOTE_ATOMIC) is never exposed
 //!   as a Rust slice; copies in and out use atomic accesses (see
 //!   [`crate::mr`]).
@@ -162,6 +177,11 @@
 //! is a copy. [`SendWr::send_from`], [`SendWr::write_from`] and
 //! [`SendWr::read`] build one-buffer requests in place. The `perf` example's
 //! `--safe` path and `benches/` measure the difference against `--raw`.
+//!
+//! Inside [`Cq::scope`](crate::Cq::scope) a request costs about what the C
+//! verb costs: no buffer moves, a 16-byte side entry, a C request written in
+//! place and light completions (`cargo xtask insn`: `perf --scoped` against
+//! `--raw`, README "Performance").
 
 // A refused transition hands the whole QP back by value (that is the point);
 // the error path is cold, so its size does not matter.
@@ -171,6 +191,7 @@ pub mod attr;
 pub(crate) mod post;
 mod queue;
 pub(crate) mod ring;
+pub mod scope;
 mod sges;
 pub mod state;
 pub(crate) mod table;
@@ -235,6 +256,8 @@ struct QpCore {
     srq: Option<Arc<SrqInner>>,
     /// Dropped after the QP is destroyed (e.g. the rdma_cm id that created it).
     _keepalive: Option<Box<dyn Any + Send + Sync>>,
+    /// What scoped requests need (see [`scope`]), made by the first scope.
+    scoped: Option<Box<scope::ScopedTables>>,
 }
 
 // SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
@@ -573,6 +596,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 ud: None,
                 srq,
                 _keepalive: keepalive,
+                scoped: None,
             },
             _marker: PhantomData,
         })

@@ -61,8 +61,15 @@ impl SlotMeta {
     /// The `ibv_wc_opcode` the request completes with.
     #[inline]
     pub(crate) fn completion_opcode(self) -> u32 {
+        SlotMeta::completion_opcode_of(self.opcode)
+    }
+
+    /// The `ibv_wc_opcode` a request posted with `opcode` (an
+    /// `ibv_wr_opcode`, or `IBV_WC_RECV` for a receive) completes with.
+    #[inline]
+    pub(crate) fn completion_opcode_of(opcode: u32) -> u32 {
         use crate::ffi;
-        match self.opcode {
+        match opcode {
             ffi::IBV_WC_RECV => ffi::IBV_WC_RECV,
             ffi::IBV_WR_RDMA_WRITE | ffi::IBV_WR_RDMA_WRITE_WITH_IMM => ffi::IBV_WC_RDMA_WRITE,
             ffi::IBV_WR_RDMA_READ => ffi::IBV_WC_RDMA_READ,
@@ -183,8 +190,76 @@ impl Ring {
 
     /// The token the NIC carries for sequence number `seq`.
     #[inline(always)]
-    fn token(&self, seq: u64) -> u64 {
+    pub(crate) fn token(&self, seq: u64) -> u64 {
         (u64::from(self.tag) << 32) | (seq & 0xffff_ffff)
+    }
+
+    /// Number of slots (a power of two): the size of a side table indexed
+    /// by [`index`](Ring::index).
+    #[inline]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The slot index of sequence number `seq`.
+    #[inline(always)]
+    pub(crate) fn index(&self, seq: u64) -> usize {
+        (seq & u64::from(self.mask)) as usize
+    }
+
+    /// The consumer's tail: every request before it is retired.
+    #[inline(always)]
+    pub(crate) fn tail(&self) -> u64 {
+        self.tail.load(Ordering::Acquire)
+    }
+
+    /// Retires every request up to and including `seq` for a completion the
+    /// slots did not carry (a scoped request, see `qp::scope`): posted slots
+    /// in `tail..owned_end` (requests of the ordinary path, or a drain
+    /// marker) are claimed and their buffers dropped on the way, and `lost`
+    /// counts the signaled ones among them. Returns true when the slot of
+    /// `seq` itself held such a request (then it is not the scope's).
+    ///
+    /// # Safety
+    /// The caller is this ring's only consumer; `seq` lies in `tail..head`.
+    #[inline(always)]
+    pub(crate) unsafe fn retire_through(
+        &self,
+        seq: u64,
+        owned_end: u64,
+        caught: &mut Caught,
+        lost: &mut u64,
+    ) -> bool {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let mut own = false;
+        if tail < owned_end {
+            own = self.sweep_owned(tail, (seq + 1).min(owned_end), seq, caught, lost);
+        }
+        self.tail.store(seq + 1, Ordering::Release);
+        own
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_owned(
+        &self,
+        from: u64,
+        to: u64,
+        target: u64,
+        caught: &mut Caught,
+        lost: &mut u64,
+    ) -> bool {
+        let mut own = false;
+        for s in from..to {
+            let Some(d) = self.claim_ptr(s) else { continue };
+            own |= s == target;
+            // SAFETY: claimed, so initialised and ours; dropped once.
+            unsafe {
+                *lost += u64::from((*d).meta.signaled && s != target);
+                drop_in_place_catching(&raw mut (*d).bufs, caught);
+            }
+        }
+        own
     }
 
     /// Moves `*bufs` into the slot for sequence number `seq` and returns the

@@ -2,16 +2,18 @@
 //!
 //! Under QEMU/TCG a small message costs ~18 µs of kernel (rxe) work, so timing
 //! hides what the user-space data path costs. This runs each client (perftest's
-//! `ib_<test>`, this crate's `perf --safe` and `perf --raw`) under callgrind in
+//! `ib_<test>`, this crate's `perf --safe`, `--raw` and `--scoped`) under callgrind in
 //! one soft-RoCE guest at two iteration counts N1 < N2, with peak search off
 //! (`-N`) on both tools, and reports (I(N2) − I(N1)) / (N2 − N1): the
 //! program's total instructions per message, start-up and teardown cancelled.
 //! Servers run natively next to it with the same flags.
 //!
-//! Writes `target/compare/insn.json`: rows `{test, path, size, post_list,
-//! insn_per_msg}` with path `perftest`, `safe` or `raw`, and prints a table
-//! with safe/raw and raw/perftest. `--check RATIO` exits 1 when any safe/raw
-//! exceeds RATIO (the regression guard `cargo xtask test` runs).
+//! Writes `target/compare/insn.json` (`insn-server.json` with `--side
+//! server`, the receiver of send_bw under callgrind): rows `{test, path, size,
+//! post_list, side, insn_per_msg}` with path `perftest`, `safe`, `raw` or
+//! `scoped`, and prints a table with safe/raw, scoped/raw and raw/perftest.
+//! `--check RATIO` (`--check-scoped RATIO`) exits 1 when any safe/raw
+//! (scoped/raw) exceeds RATIO (the regression guard `cargo xtask test` runs).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -27,18 +29,22 @@ use crate::{Context, Error, Result};
 
 const USAGE: &str = "\
 usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
-                        [--iters N1,N2] [--check RATIO] [--timeout SECS]
+                        [--iters N1,N2] [--side client|server] [--check RATIO]
+                        [--check-scoped RATIO] [--timeout SECS]
 
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
   --post-list  WRs per post call, perftest's -l (default 1,8)
-  --paths      perftest,safe,raw (default all three)
+  --paths      perftest,safe,raw,scoped (default all four; scoped: perf --scoped, Cq::scope)
   --iters      the two iteration counts (default 2000,8000)
+  --side       which side runs under callgrind (default client; server: the receiver
+               of send_bw, the only test whose server works per message)
   --check      exit 1 if safe/raw instructions per message exceed RATIO anywhere
+  --check-scoped  the same for scoped/raw
   --timeout    limit for the whole guest run (default 1800)";
 
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
-const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw"];
+const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped"];
 /// Per client or server process.
 const SIDE_TIMEOUT_SECS: u32 = 300;
 
@@ -49,6 +55,9 @@ struct Plan {
     paths: Vec<String>,
     iters: (u64, u64),
     check: Option<f64>,
+    check_scoped: Option<f64>,
+    /// The side under callgrind: "client" or "server".
+    side: String,
     timeout: Duration,
 }
 
@@ -69,6 +78,8 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         paths: KNOWN_PATHS.iter().map(|s| s.to_string()).collect(),
         iters: (2000, 8000),
         check: None,
+        check_scoped: None,
+        side: "client".into(),
         timeout: Duration::from_secs(1800),
     };
     let mut it = args.into_iter().map(|a| a.to_string_lossy().into_owned());
@@ -84,19 +95,23 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
             "--tests" => plan.tests = list(&value, "--tests")?,
             "--sizes" => plan.sizes = list(&value, "--sizes")?,
             "--post-list" => plan.post_lists = list(&value, "--post-list")?,
+            "--side" if value == "client" || value == "server" => plan.side = value,
             "--paths" => plan.paths = list(&value, "--paths")?,
             "--iters" => match list::<u64>(&value, "--iters")?[..] {
                 [a, b] if 0 < a && a < b => plan.iters = (a, b),
                 _ => return Err(Error::usage("--iters needs N1,N2 with 0 < N1 < N2")),
             },
-            "--check" => {
-                plan.check = Some(
-                    value
-                        .parse()
-                        .ok()
-                        .filter(|r: &f64| *r > 0.0)
-                        .ok_or_else(|| Error::usage("--check needs a positive ratio"))?,
-                )
+            "--check" | "--check-scoped" => {
+                let ratio = value
+                    .parse()
+                    .ok()
+                    .filter(|r: &f64| *r > 0.0)
+                    .ok_or_else(|| Error::usage(format!("{flag} needs a positive ratio")))?;
+                if flag == "--check" {
+                    plan.check = Some(ratio);
+                } else {
+                    plan.check_scoped = Some(ratio);
+                }
             }
             "--timeout" => {
                 plan.timeout = crate::parse_secs(&value)
@@ -166,9 +181,10 @@ fn job_name(k: &Key, n: u64) -> String {
 /// client's total instructions to `OUTDIR/NAME.insn`.
 fn script(plan: &Plan) -> String {
     let t = SIDE_TIMEOUT_SECS;
+    let side = &plan.side;
     let mut s = format!(
         "set -u\n\
-         OUT=$1; PERF=$2\n\
+         OUT=$1; PERF=$2; SIDE={side}\n\
          DEV=${{RDMA_VERBS_DEVICE:-rxe0}}; ADDR=${{RDMA_VERBS_ADDR:-10.99.0.1}}\n\
          listening() {{\n\
          \x20 i=0\n\
@@ -182,17 +198,18 @@ fn script(plan: &Plan) -> String {
          \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l\"\n\
          \x20 if [ \"$t\" = atomic_bw ]; then common=\"$common -A FETCH_AND_ADD\"; fi\n\
          \x20 if [ \"$path\" = perftest ]; then prog=\"ib_$t\"; else prog=\"$PERF $t --$path\"; fi\n\
-         \x20 timeout {t} $prog $common > \"$OUT/$name.server.txt\" 2>&1 &\n\
+         \x20 cg=\"valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.cg\"\n\
+         \x20 if [ $SIDE = client ]; then scg=; ccg=$cg; else scg=$cg; ccg=; fi\n\
+         \x20 timeout {t} $scg $prog $common > \"$OUT/$name.server.txt\" 2>&1 &\n\
          \x20 spid=$!\n\
          \x20 if listening; then\n\
-         \x20   timeout {t} valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.cg \\\n\
-         \x20     $prog $common $ADDR > \"$OUT/$name.client.txt\" 2>&1; crc=$?\n\
-         \x20   sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg | head -1 > \"$OUT/$name.insn\"\n\
-         \x20   rm -f /tmp/$name.cg\n\
+         \x20   timeout {t} $ccg $prog $common $ADDR > \"$OUT/$name.client.txt\" 2>&1; crc=$?\n\
          \x20 else\n\
          \x20   crc=98; kill $spid 2>/dev/null\n\
          \x20 fi\n\
          \x20 wait $spid; src=$?\n\
+         \x20 sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg 2>/dev/null | head -1 > \"$OUT/$name.insn\"\n\
+         \x20 rm -f /tmp/$name.cg\n\
          \x20 echo \"[insn] $name: client $crc, server $src\"\n\
          }}\n"
     );
@@ -281,10 +298,15 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
         }
     }
     let _ = fs::remove_dir_all(&work);
-    let json = out_dir.join("insn.json");
-    fs::write(&json, to_json(&per_msg)).context(|| format!("cannot write {}", json.display()))?;
+    let json = out_dir.join(if plan.side == "client" {
+        "insn.json"
+    } else {
+        "insn-server.json"
+    });
+    fs::write(&json, to_json(&per_msg, &plan.side))
+        .context(|| format!("cannot write {}", json.display()))?;
 
-    let worst = print_table(&plan, &per_msg);
+    let (worst, worst_scoped) = print_table(&plan, &per_msg);
     say!("wrote {}", json.display());
     if !missing.is_empty() || code != 0 {
         eprintln!(
@@ -298,33 +320,49 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
         );
         return Ok(1);
     }
-    if let (Some(limit), Some(worst)) = (plan.check, worst) {
-        if worst > limit {
-            eprintln!("xtask insn: FAILED: safe/raw {worst:.3} exceeds the guard {limit}");
-            return Ok(1);
+    let mut failed = false;
+    for (what, limit, worst) in [
+        ("safe/raw", plan.check, worst),
+        ("scoped/raw", plan.check_scoped, worst_scoped),
+    ] {
+        match (limit, worst) {
+            (Some(limit), Some(worst)) if worst > limit => {
+                eprintln!("xtask insn: FAILED: {what} {worst:.3} exceeds the guard {limit}");
+                failed = true;
+            }
+            (Some(limit), Some(worst)) => {
+                say!("xtask insn: {what} at most {worst:.3} (guard {limit}): ok")
+            }
+            (Some(_), None) => {
+                eprintln!("xtask insn: FAILED: no {what} figure for its guard");
+                failed = true;
+            }
+            _ => {}
         }
-        say!("xtask insn: safe/raw at most {worst:.3} (guard {limit}): ok");
     }
-    Ok(0)
+    Ok(u8::from(failed))
 }
 
-/// Prints the table; returns the largest safe/raw ratio, if any.
-fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> Option<f64> {
+/// Prints the table; returns the largest safe/raw and scoped/raw ratios.
+fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> (Option<f64>, Option<f64>) {
     say!(
-        "instructions per message (client, callgrind, (I({n2}) - I({n1})) / {d}):",
+        "instructions per message ({side}, callgrind, (I({n2}) - I({n1})) / {d}):",
+        side = plan.side,
         n1 = plan.iters.0,
         n2 = plan.iters.1,
         d = plan.iters.1 - plan.iters.0
     );
     say!(
-        "{:<10} {:>8} {:>3} {:>10} {:>10} {:>10} {:>9} {:>12}",
+        "{:<10} {:>8} {:>3} {:>10} {:>10} {:>10} {:>10} {:>9} {:>11} {:>12}",
         "test",
         "size",
         "-l",
         "perftest",
         "raw",
         "safe",
+        "scoped",
         "safe/raw",
+        "scoped/raw",
         "raw/perftest"
     );
     let get = |k: &Key, path: &str| {
@@ -340,35 +378,41 @@ fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> Option<f64> {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
-    let mut worst: Option<f64> = None;
+    let (mut worst, mut worst_scoped): (Option<f64>, Option<f64>) = (None, None);
+    let max = |w: Option<f64>, x: Option<f64>| match (w, x) {
+        (Some(w), Some(x)) => Some(w.max(x)),
+        (w, x) => w.or(x),
+    };
     for k in keys(plan).iter().filter(|k| k.path == plan.paths[0]) {
         let (p, r, s) = (get(k, "perftest"), get(k, "raw"), get(k, "safe"));
-        let sr = ratio(s, r);
-        if let Some(x) = sr {
-            worst = Some(worst.map_or(x, |w: f64| w.max(x)));
-        }
+        let sc = get(k, "scoped");
+        let (sr, scr) = (ratio(s, r), ratio(sc, r));
+        worst = max(worst, sr);
+        worst_scoped = max(worst_scoped, scr);
         let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
         say!(
-            "{:<10} {:>8} {:>3} {:>10} {:>10} {:>10} {:>9} {:>12}",
+            "{:<10} {:>8} {:>3} {:>10} {:>10} {:>10} {:>10} {:>9} {:>11} {:>12}",
             k.test,
             k.size,
             k.post_list,
             num(p),
             num(r),
             num(s),
+            num(sc),
             fmt(sr),
+            fmt(scr),
             fmt(ratio(r, p))
         );
     }
-    worst
+    (worst, worst_scoped)
 }
 
-fn to_json(per_msg: &BTreeMap<Key, f64>) -> String {
+fn to_json(per_msg: &BTreeMap<Key, f64>, side: &str) -> String {
     let rows: Vec<String> = per_msg
         .iter()
         .map(|(k, v)| {
             format!(
-                "  {{\"test\": \"{}\", \"path\": \"{}\", \"size\": {}, \"post_list\": {}, \"insn_per_msg\": {v:.1}}}",
+                "  {{\"test\": \"{}\", \"path\": \"{}\", \"size\": {}, \"post_list\": {}, \"side\": \"{side}\", \"insn_per_msg\": {v:.1}}}",
                 k.test, k.path, k.size, k.post_list
             )
         })

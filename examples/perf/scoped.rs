@@ -1,0 +1,267 @@
+//! `--scoped`: the sender's and the receiver's loops inside `Cq::scope`. The
+//! requests borrow the same buffers the ownership-passing path moves (shared
+//! source slices, READ and atomic destinations; receives cycle over slots of
+//! one region like the raw path's), wr_ids and signaling are the same, and
+//! the completions are the scope's light ones.
+
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{
+    AccessFlags, Dst, Error, Result, Scope, ScopedCompletion, ScopedQp, ScopedSend, Src,
+};
+
+use super::{ATOMIC_ADD_VALUE, ATOMIC_CMP_VALUE, ATOMIC_SWAP_VALUE, POLL_BATCH, QP_SHIFT};
+use super::{Counts, PathState, SEQ_MASK, Shape, Stall, Tx};
+use crate::clock::{Phase, Rate, Timer};
+use crate::conn::{self, Ctrl, Device, Queues};
+use crate::opts::{AtomicOp, Opts, Verb};
+use crate::report::BwRow;
+
+/// What the ownership-passing loop returns if it is handed a scoped sender.
+pub fn not_here() -> Error {
+    Error::Other("a scoped sender reached the ownership-passing loop".into())
+}
+
+/// Runs one size on the scoped path; returns the sender's row.
+pub fn run_size(o: &Opts, rate: &Rate, q: &mut Queues, tx: &mut Tx, ctrl: &Ctrl) -> Result<BwRow> {
+    let mut timer = o.duration.map(|d| Timer::start(rate, d, o.margin));
+    let mut stall = Stall::new(rate);
+    if tx.c.no_peak {
+        tx.c.tposted[0] = crate::clock::now();
+    }
+    let Tx {
+        shape,
+        c,
+        remote,
+        path,
+        tx_depth,
+        ..
+    } = &mut *tx;
+    let (shape, tx_depth) = (*shape, *tx_depth);
+    let PathState::Scoped(bufs) = path else {
+        return Err(not_here());
+    };
+    // Borrowed for the whole scope: sources per (QP, slot), destinations
+    // (READ, atomics) cycled over.
+    let srcs = bufs
+        .src
+        .iter()
+        .map(|slots| slots.iter().map(Src::shared).collect::<Result<Vec<_>>>())
+        .collect::<Result<Vec<_>>>()?;
+    let dsts = bufs
+        .pool
+        .iter_mut()
+        .map(Dst::new)
+        .collect::<Result<Vec<_>>>()?;
+    let Queues { qps, send_cq, .. } = q;
+    send_cq.cq.scope(|s| -> Result<()> {
+        let mut sq = qps
+            .iter_mut()
+            .map(|qp| s.attach(qp))
+            .collect::<Result<Vec<_>>>()?;
+        let mut run = Loop {
+            s,
+            sq: &mut sq,
+            c,
+            timer: &mut timer,
+            stall: &mut stall,
+            ctrl,
+            shape,
+            tx_depth,
+        };
+        let wr_id = |qi: usize, k: u64| ((qi as u64) << QP_SHIFT) | k;
+        let dst = |qi: usize, slot: usize| dsts[(qi * shape.nslots + slot) % dsts.len()];
+        // One loop per operation, so that each is compiled with its request
+        // shape known (the raw path keeps one prepared request per QP).
+        match (shape.verb, shape.atomic) {
+            (Verb::Write, _) => run.drive(|qi, k, slot, off| {
+                ScopedSend::write(wr_id(qi, k), srcs[qi][slot], remote[qi], off)
+            }),
+            (Verb::Send, _) => {
+                run.drive(|qi, k, slot, _| ScopedSend::send(wr_id(qi, k), srcs[qi][slot]))
+            }
+            (Verb::Read, _) => run.drive(|qi, k, slot, off| {
+                ScopedSend::read(wr_id(qi, k), dst(qi, slot), remote[qi], off)
+            }),
+            (Verb::Atomic, AtomicOp::FetchAdd) => run.drive(|qi, k, slot, off| {
+                ScopedSend::fetch_add(
+                    wr_id(qi, k),
+                    dst(qi, slot),
+                    remote[qi],
+                    off,
+                    ATOMIC_ADD_VALUE,
+                )
+            }),
+            (Verb::Atomic, AtomicOp::CmpSwap) => run.drive(|qi, k, slot, off| {
+                ScopedSend::compare_swap(
+                    wr_id(qi, k),
+                    dst(qi, slot),
+                    remote[qi],
+                    off,
+                    ATOMIC_CMP_VALUE,
+                    ATOMIC_SWAP_VALUE,
+                )
+            }),
+        }
+    })?;
+    Ok(super::tx_row(o, rate, timer, tx))
+}
+
+/// The sender's loop in a scope (perftest's `run_iter_bw`).
+struct Loop<'a, 'scope, 'env> {
+    s: &'scope Scope<'scope, 'env>,
+    sq: &'a mut [ScopedQp<'scope, Rts>],
+    c: &'a mut Counts,
+    timer: &'a mut Option<Timer>,
+    stall: &'a mut Stall,
+    ctrl: &'a Ctrl,
+    shape: Shape,
+    tx_depth: u64,
+}
+
+impl<'scope> Loop<'_, 'scope, '_> {
+    /// Runs until every request completed; `request(qi, k, slot, offset)`
+    /// is request `k` of QP `qi`.
+    fn drive(
+        &mut self,
+        request: impl Fn(usize, u64, usize, u64) -> ScopedSend<'scope>,
+    ) -> Result<()> {
+        let (shape, c) = (self.shape, &mut *self.c);
+        let pl = shape.post_list;
+        let mut out: Vec<ScopedCompletion> = Vec::with_capacity(POLL_BATCH);
+        let request = |qi: usize, k: u64| {
+            let slot = if shape.nslots > 1 {
+                (k % shape.nslots as u64) as usize
+            } else {
+                0
+            };
+            request(qi, k, slot, (slot * shape.stride) as u64)
+        };
+        // Lists start at multiples of their length: when the moderation
+        // divides it (and the run's last request falls on its boundary) every
+        // list signals the same entries, as in the raw path and perftest.
+        let sig = shape.sig;
+        let fixed = pl % sig.cq_mod == 0 && (!sig.iterations || sig.iters % sig.cq_mod == 0);
+        let pattern: Vec<bool> = (0..pl).map(|j| (j + 1) % sig.cq_mod == 0).collect();
+        loop {
+            let phase = self.timer.as_mut().map_or(Phase::Sample, Timer::tick);
+            if phase != Phase::End {
+                for (qi, qp) in self.sq.iter_mut().enumerate() {
+                    while (!c.iterations || c.scnt[qi] < c.iters)
+                        && c.scnt[qi] + pl <= self.tx_depth + c.ccnt[qi]
+                    {
+                        if !c.no_peak {
+                            c.tposted[c.totscnt as usize] = crate::clock::now();
+                        }
+                        let first = c.scnt[qi];
+                        if pl == 1 {
+                            qp.post_send(&request(qi, first).signaled(sig.at(first)))?;
+                        } else if fixed {
+                            qp.post_send_list(
+                                (first..)
+                                    .zip(&pattern)
+                                    .map(|(k, &s)| request(qi, k).signaled(s)),
+                            )?;
+                        } else {
+                            qp.post_send_list(
+                                (first..first + pl).map(|k| request(qi, k).signaled(sig.at(k))),
+                            )?;
+                        }
+                        c.scnt[qi] += pl;
+                        c.totscnt += pl;
+                    }
+                }
+            }
+            let due = if c.iterations {
+                c.totccnt < c.tot_iters
+            } else {
+                c.totccnt < c.totscnt
+            };
+            if due {
+                out.clear();
+                self.s.poll(&mut out)?;
+                for comp in &out {
+                    comp.result()?;
+                    let qi = (comp.wr_id >> QP_SHIFT) as usize;
+                    let seq = comp.wr_id & SEQ_MASK;
+                    // The completion retires every request up to `seq` on its QP.
+                    let fill = (seq + 1).saturating_sub(c.ccnt[qi]);
+                    c.ccnt[qi] = seq + 1;
+                    c.complete(fill, phase);
+                }
+            }
+            self.stall.check(c.totccnt, self.ctrl)?;
+            let done = if c.iterations {
+                c.totscnt >= c.tot_iters && c.totccnt >= c.tot_iters
+            } else {
+                phase == Phase::End
+            };
+            if done || self.sq.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The receiver of a scoped send_bw for one size: posts `-r` receives per QP
+/// into slots of one region, meets the sender at the barrier, and re-posts
+/// each receive as it completes until `-n` per QP have been posted.
+pub fn receive(
+    o: &Opts,
+    rate: &Rate,
+    dev: &Device,
+    size: usize,
+    q: &mut Queues,
+    ctrl: &mut Ctrl,
+) -> Result<()> {
+    let nq = q.qps.len();
+    let (stride, nslots) = conn::cycle(size, 1);
+    let buff = conn::buff_size(size);
+    let mut region = dev.pd.alloc_mr(buff * nq, AccessFlags::LOCAL_WRITE)?;
+    let all = Dst::new(&mut region)?;
+    let slots = (0..nq)
+        .map(|qi| {
+            (0..nslots)
+                .map(|s| all.slice(qi * buff + s * stride, size))
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut stall = Stall::new(rate);
+    let Queues { qps, recv_cq, .. } = q;
+    let recv_cq = recv_cq
+        .as_mut()
+        .ok_or_else(|| Error::Other("send_bw has a receive CQ".into()))?;
+    let (iters, rx_depth) = (o.iters, u64::from(o.rx_depth));
+    recv_cq.cq.scope(|s| -> Result<()> {
+        let mut rq = qps
+            .iter_mut()
+            .map(|qp| s.attach(qp))
+            .collect::<Result<Vec<_>>>()?;
+        let dst = |qi: usize, n: u64| slots[qi][(n % nslots as u64) as usize];
+        let mut posted = vec![0u64; nq];
+        for (qi, qp) in rq.iter_mut().enumerate() {
+            for n in 0..rx_depth {
+                qp.post_recv(((qi as u64) << QP_SHIFT) | n, dst(qi, n))?;
+            }
+            posted[qi] = rx_depth;
+        }
+        ctrl.barrier(false)?;
+        let mut out: Vec<ScopedCompletion> = Vec::with_capacity(POLL_BATCH);
+        let (mut rcnt, total) = (0u64, iters * nq as u64);
+        while rcnt < total {
+            out.clear();
+            s.poll(&mut out)?;
+            for c in &out {
+                c.result()?;
+                let qi = (c.wr_id >> QP_SHIFT) as usize;
+                rcnt += 1;
+                let n = posted[qi];
+                if n < iters {
+                    rq[qi].post_recv(((qi as u64) << QP_SHIFT) | n, dst(qi, n))?;
+                    posted[qi] = n + 1;
+                }
+            }
+            stall.check(rcnt, ctrl)?;
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,532 @@
+//! Scoped borrowing: posting borrowed buffers inside a scope that cannot end
+//! before the NIC is done with them.
+//!
+//! The ownership-passing path ([`Qp::post_send`]) moves each request's
+//! buffers into the QP and back out of its completion. That is what makes it
+//! safe anywhere, and it is also what it costs: a ~230-byte request built
+//! and moved, buffers moved into a slot and out again, a ~190-byte
+//! [`Completion`](crate::Completion) per polled entry. Inside
+//! [`Cq::scope`] requests *borrow* their buffers instead ([`Src`] from
+//! `&Mr`, [`Dst`] from `&mut Mr`), the QP keeps only the request's `wr_id`,
+//! and [`Scope::poll`] hands back a small [`ScopedCompletion`]. Posting a
+//! request costs little more than the C verb.
+//!
+//! # Why it is sound
+//! The argument is `std::thread::scope`'s. [`Cq::scope`] lends the closure
+//! a `&'scope Scope`; `'scope` is chosen by `Cq::scope`, so a buffer lent
+//! to a request (`Src<'scope>`, `Dst<'scope>`) must be borrowed from outside
+//! the closure and stays borrowed until `Cq::scope` returns. Before it
+//! returns, normally or by unwinding from a panic in the closure,
+//! `Cq::scope` waits until every request posted in the scope has completed
+//! (the QP's queues complete in order, so a polled completion retires every
+//! request before it). `mem::forget` cannot skip that wait: it runs in
+//! `Cq::scope` itself, after the closure, not in a destructor. A `Dst`
+//! comes from `&'scope mut Mr`, so no Rust code reads or writes memory the
+//! NIC may be writing (the NIC writing the same `Dst` from several requests
+//! races only with itself); a `Src` comes from a shared borrow, which the
+//! NIC only reads.
+//!
+//! Requests that do not complete in time (a peer that stopped answering
+//! with `rnr_retry` 7, a scope that ends with unsignaled sends whose
+//! successful completion produces no entry, a forgotten poll) do not hang
+//! the program: after [`Scope::set_drain_timeout`] (5 s by default) the
+//! scope moves each QP with requests outstanding to the error state, which
+//! flushes every posted request with a completion (the `qp` module's
+//! assumption table), posts the library's zero-length drain marker behind
+//! unsignaled sends, waits for those flushes (at most 5 s) and returns
+//! [`Error::ScopeDrained`]. A provider that flushed nothing within that time
+//! would break the verbs contract; the process is then aborted, since
+//! returning would let the NIC write memory Rust has handed back.
+//!
+//! The attached QP and the CQ are borrowed for the whole scope, so nothing
+//! else can post on that QP, poll that CQ or destroy either meanwhile.
+//! Requests posted before the scope with the ownership-passing path keep
+//! working: their completions, and those of other QPs on the CQ, are kept
+//! by [`Scope::poll`] and handed out (with their buffers) by the next
+//! [`Cq::poll`] after the scope.
+//!
+//! A buffer of another protection domain or device fails its request with a
+//! protection error status (the NIC checks the lkey); it never lets the NIC
+//! reach memory outside the buffer.
+//!
+//! ```no_run
+//! # use rdma_verbs::*;
+//! # fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, src: &Mr, remote: RemoteMr) -> Result<()> {
+//! let src = Src::new(src)?;
+//! cq.scope(|s| -> Result<()> {
+//!     let mut q = s.attach(qp)?;
+//!     for i in 0..100u64 {
+//!         // Every 10th request asks for a completion; the last one must.
+//!         let signaled = i % 10 == 9;
+//!         q.post_send(&ScopedSend::write(i, src, remote, 0).signaled(signaled))?;
+//!         let mut done = Vec::with_capacity(16);
+//!         s.poll(&mut done)?;
+//!         for c in &done {
+//!             c.result()?;
+//!         }
+//!     }
+//!     Ok(())
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod buf;
+mod post;
+mod request;
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use crate::cq::{Cq, WcOpcode, WcStatus};
+use crate::error::{Error, Result, errno};
+use crate::ffi;
+use crate::qp::queue::POST_CHUNK;
+use crate::qp::ring::{Caught, SlotMeta};
+use crate::qp::state::{QpState, Rc};
+use crate::qp::{Qp, QpCore};
+
+pub use buf::{Dst, Src};
+pub use post::{ScopedListError, ScopedQp};
+pub use request::{ScopedCompletion, ScopedSend};
+
+/// How long [`Cq::scope`] waits for the scope's requests by default before
+/// moving their QPs to the error state.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long flushes may take after the move to the error state.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Completions fetched per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 32;
+
+const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+/// What the QP keeps of each scoped request: its `wr_id` and opcode
+/// (completions in error do not report the opcode).
+#[derive(Clone, Copy, Default)]
+struct Posted {
+    wr_id: u64,
+    opcode: u32,
+}
+
+/// A QP's tables for scoped requests, allocated by its first scope and
+/// reused by the next ones: no allocation per scope or per request.
+pub(crate) struct ScopedTables {
+    sq: Box<[Posted]>,
+    rq: Box<[Posted]>,
+    /// C requests of one post call, zeroed once (see [`ScopedSend::fill`]).
+    send_wrs: Box<[ffi::ibv_send_wr; POST_CHUNK]>,
+    sges: Box<[ffi::ibv_sge; POST_CHUNK]>,
+}
+
+// SAFETY: plain data; the raw pointers inside the C requests are only
+// written and read during a post call on the QP's owner thread.
+unsafe impl Send for ScopedTables {}
+// SAFETY: as above; `&ScopedTables` gives no access to anything.
+unsafe impl Sync for ScopedTables {}
+
+impl ScopedTables {
+    fn new(core: &QpCore) -> ScopedTables {
+        ScopedTables {
+            sq: vec![Posted::default(); core.sq.slot_count()].into_boxed_slice(),
+            rq: vec![Posted::default(); core.rq.slot_count()].into_boxed_slice(),
+            send_wrs: Box::new([ffi::ibv_send_wr::default(); POST_CHUNK]),
+            sges: Box::new([ffi::ibv_sge::default(); POST_CHUNK]),
+        }
+    }
+}
+
+/// One queue of an attached QP that completes on the scope's CQ.
+struct Watch {
+    /// The ring's tag (high half of its tokens).
+    tag: u32,
+    /// The QP number its completions carry.
+    qp_num: u32,
+    /// The first sequence number of the scope: requests before it were
+    /// posted by the ownership-passing path.
+    start: u64,
+    /// Slots below this may hold ownership-passing requests (or a drain
+    /// marker) that a scoped completion sweeps.
+    owned_end: u64,
+}
+
+struct Attached {
+    core: NonNull<QpCore>,
+    sq: Option<Watch>,
+    rq: Option<Watch>,
+}
+
+/// The scope of [`Cq::scope`]: attach QPs, post borrowed buffers, poll.
+///
+/// Neither `Send` nor `Sync`: everything happens on the thread that called
+/// `Cq::scope`.
+pub struct Scope<'scope, 'env: 'scope> {
+    cq: NonNull<Cq>,
+    attached: RefCell<Vec<Attached>>,
+    drain_timeout: std::cell::Cell<Duration>,
+    /// Invariant in both lifetimes, like `std::thread::Scope`.
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl Cq {
+    /// Runs `f` in a scope where requests posted on QPs of this CQ borrow
+    /// their buffers ([`Src`], [`Dst`]) instead of moving them, and returns
+    /// what `f` returned once every request posted in the scope has
+    /// completed. See the [module docs](crate::qp::scope) for the design.
+    ///
+    /// If `f` panics, the scope still waits for its requests, then the panic
+    /// resumes.
+    ///
+    /// # Errors
+    /// `f`'s error if it returned one; else [`Error::ScopeDrained`] when
+    /// requests were still outstanding after the drain timeout and their QPs
+    /// were moved to the error state to flush them (`f`'s value is dropped
+    /// then: the QP needs attention).
+    pub fn scope<'env, F, R>(&'env mut self, f: F) -> Result<R>
+    where
+        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R>,
+    {
+        let scope = Scope {
+            cq: NonNull::from(&mut *self),
+            attached: RefCell::new(Vec::new()),
+            drain_timeout: std::cell::Cell::new(DEFAULT_DRAIN_TIMEOUT),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
+        let (drained, caught) = scope.drain();
+        let result = match result {
+            Err(panic) => resume_unwind(panic),
+            Ok(result) => result,
+        };
+        if let Some(p) = caught {
+            resume_unwind(p);
+        }
+        match (result, drained) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(e),
+            (Ok(value), Ok(())) => Ok(value),
+        }
+    }
+}
+
+impl<'scope, 'env> Scope<'scope, 'env> {
+    /// Attaches `qp` for the rest of the scope. Its queues whose
+    /// completions go to this scope's CQ take scoped requests.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when neither of its queues completes on
+    /// this CQ.
+    pub fn attach<S: QpState>(
+        &'scope self,
+        qp: &'scope mut Qp<Rc, S>,
+    ) -> Result<ScopedQp<'scope, S>> {
+        // SAFETY: `cq` is valid for the whole scope (Cq::scope holds the
+        // borrow); only its address is compared.
+        let cq_inner = unsafe { std::sync::Arc::as_ptr(&(*self.cq.as_ptr()).inner) };
+        let core = &mut qp.core;
+        let sq_ok = std::ptr::eq(std::sync::Arc::as_ptr(&core.send_cq), cq_inner);
+        let rq_ok =
+            std::ptr::eq(std::sync::Arc::as_ptr(&core.recv_cq), cq_inner) && core.srq.is_none();
+        if !sq_ok && !rq_ok {
+            return Err(Error::InvalidArgument {
+                what: "scoped QP",
+                reason: "neither of its queues completes on the scope's CQ".into(),
+            });
+        }
+        if core.scoped.is_none() {
+            core.scoped = Some(Box::new(ScopedTables::new(core)));
+        }
+        let watch = |ok: bool, ring: &crate::qp::ring::Ring, head: u64| {
+            ok.then(|| Watch {
+                tag: ring.tag(),
+                qp_num: ring.qp_num(),
+                start: head,
+                owned_end: head,
+            })
+        };
+        let attached = Attached {
+            sq: watch(sq_ok, &core.sq, core.sq_head),
+            rq: watch(rq_ok, &core.rq, core.rq_head),
+            core: NonNull::from(&mut *core),
+        };
+        let ptr = attached.core;
+        self.attached.borrow_mut().push(attached);
+        Ok(ScopedQp::new(ptr, sq_ok, rq_ok))
+    }
+
+    /// How long the end of the scope waits for outstanding requests before
+    /// flushing their QPs ([`DEFAULT_DRAIN_TIMEOUT`] unless set).
+    pub fn set_drain_timeout(&self, timeout: Duration) {
+        self.drain_timeout.set(timeout);
+    }
+
+    /// Polls up to `out.capacity() - out.len()` completions of the scope's
+    /// requests into `out` (its spare capacity: reserve it once) and returns
+    /// how many were added. Never allocates for them. Completions that are
+    /// not the scope's (other QPs on the CQ, requests posted before the
+    /// scope) are kept for the next [`Cq::poll`].
+    ///
+    /// # Errors
+    /// As [`Cq::poll`].
+    pub fn poll(&self, out: &mut Vec<ScopedCompletion>) -> Result<usize> {
+        let attached = self.attached.borrow();
+        let mut caught = None;
+        let r = self.poll_into(&attached, out, &mut caught);
+        drop(attached);
+        if let Some(p) = caught {
+            resume_unwind(p);
+        }
+        r
+    }
+
+    fn poll_into(
+        &self,
+        attached: &[Attached],
+        out: &mut Vec<ScopedCompletion>,
+        caught: &mut Caught,
+    ) -> Result<usize> {
+        // SAFETY: Cq::scope holds `&mut Cq` for the whole scope and this is
+        // the only place that dereferences it mutably; no user code runs
+        // while the reference lives, so it cannot be re-entered.
+        let cq = unsafe { &mut *self.cq.as_ptr() };
+        let start = out.len();
+        let want = out.capacity() - start;
+        let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
+        let mut lost = 0;
+        let mut total = 0;
+        while total < want {
+            let n = (want - total).min(POLL_BATCH);
+            // SAFETY: valid CQ; `wcs` has room for n entries.
+            let rc = unsafe { ffi::ibv_poll_cq(cq.as_raw(), n as i32, wcs[0].as_mut_ptr()) };
+            if rc < 0 {
+                return Err(Error::verb("ibv_poll_cq", errno(rc)));
+            }
+            let got = (rc as usize).min(n);
+            for wc in &wcs[..got] {
+                // SAFETY: ibv_poll_cq wrote this entry; the scope is the
+                // CQ's only consumer.
+                if let Some(c) = unsafe { interpret(cq, attached, wc.as_ptr(), caught, &mut lost) }
+                {
+                    let len = out.len();
+                    // SAFETY: at most `want` entries are added: room in
+                    // the spare capacity; written before set_len.
+                    unsafe {
+                        out.as_mut_ptr().add(len).write(c);
+                        out.set_len(len + 1);
+                    }
+                }
+            }
+            total += got;
+            if got < n {
+                break;
+            }
+        }
+        if lost > 0 {
+            return Err(Error::CompletionsLost { count: lost });
+        }
+        Ok(out.len() - start)
+    }
+
+    /// Waits for every scoped request, flushing QPs that do not finish in
+    /// time. Returns the outcome and a panic caught while releasing
+    /// buffers of the ownership-passing path on the way.
+    fn drain(&self) -> (Result<()>, Caught) {
+        let mut attached = self.attached.borrow_mut();
+        let mut caught = None;
+        let mut scratch = Vec::with_capacity(POLL_BATCH);
+        let deadline = Instant::now() + self.drain_timeout.get();
+        if self.wait(&attached, &mut scratch, &mut caught, deadline) {
+            return (Ok(()), caught);
+        }
+        let mut first = None;
+        for a in attached.iter_mut() {
+            // SAFETY: the QP is borrowed for the scope and no `ScopedQp`
+            // call is running (the closure has returned).
+            let core = unsafe { a.core.as_mut() };
+            let sq_left = pending(a.sq.as_ref(), &core.sq, core.sq_head);
+            let rq_left = pending(a.rq.as_ref(), &core.rq, core.rq_head);
+            if sq_left + rq_left == 0 {
+                continue;
+            }
+            let qp_num = core.sq.qp_num();
+            first.get_or_insert(Error::ScopeDrained {
+                qp_num,
+                outstanding: sq_left + rq_left,
+                after: self.drain_timeout.get(),
+            });
+            let attr = ffi::ibv_qp_attr {
+                qp_state: ffi::IBV_QPS_ERR,
+                ..Default::default()
+            };
+            // An error here (already in ERR, say) changes nothing below:
+            // the flushes are waited for in any case.
+            let _ = core.modify(
+                (attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0),
+                "a scope",
+                "ERR",
+            );
+            if sq_left > 0 {
+                core.post_drain_marker();
+                if let Some(w) = a.sq.as_mut() {
+                    w.owned_end = core.sq_head;
+                }
+            }
+        }
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        if !self.wait(&attached, &mut scratch, &mut caught, deadline) {
+            // The provider neither completed nor flushed the requests: the
+            // NIC may still write memory this scope would hand back.
+            eprintln!(
+                "rdma-verbs: requests of a scope were neither completed nor flushed {:?} after \
+                 their QP entered the error state (a provider bug); aborting, since returning \
+                 would hand their buffers back while the NIC may still use them",
+                FLUSH_TIMEOUT
+            );
+            std::process::abort();
+        }
+        (first.map_or(Ok(()), Err), caught)
+    }
+
+    /// Polls (discarding the scope's completions) until no attached queue
+    /// has scoped requests outstanding, or `deadline`. True when drained.
+    fn wait(
+        &self,
+        attached: &[Attached],
+        scratch: &mut Vec<ScopedCompletion>,
+        caught: &mut Caught,
+        deadline: Instant,
+    ) -> bool {
+        loop {
+            let left: u64 = attached
+                .iter()
+                .map(|a| {
+                    // SAFETY: as in `drain`; read-only.
+                    let core = unsafe { a.core.as_ref() };
+                    pending(a.sq.as_ref(), &core.sq, core.sq_head)
+                        + pending(a.rq.as_ref(), &core.rq, core.rq_head)
+                })
+                .sum();
+            if left == 0 {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            scratch.clear();
+            // Lost completions cannot hide a scoped request (the sweep
+            // retires it all the same), so the error needs no action here.
+            if let Ok(0) | Err(_) = self.poll_into(attached, scratch, caught) {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Scoped requests of a watched queue still outstanding: none if nothing
+/// was posted in the scope, else everything up to its head (earlier
+/// requests complete before the scope's, in order).
+fn pending(w: Option<&Watch>, ring: &crate::qp::ring::Ring, head: u64) -> u64 {
+    match w {
+        Some(w) if head > w.start => head - ring.tail().max(w.start).min(head),
+        _ => 0,
+    }
+}
+
+/// Interprets one completion polled by a scope: a scoped request's comes
+/// back light; anything else is kept in the CQ for its next poll.
+///
+/// # Safety
+/// `wc` was returned by `ibv_poll_cq` on `cq`, whose only consumer the
+/// caller is; the attached QPs are live and not being posted to.
+#[inline(always)]
+unsafe fn interpret(
+    cq: &mut Cq,
+    attached: &[Attached],
+    wc: *const ffi::ibv_wc,
+    caught: &mut Caught,
+    lost: &mut u64,
+) -> Option<ScopedCompletion> {
+    // SAFETY: per the contract.
+    unsafe {
+        let token = (*wc).wr_id;
+        let tag = (token >> 32) as u32;
+        let qp_num = (*wc).qp_num;
+        for a in attached {
+            let core = a.core.as_ref();
+            let (w, ring, head, table, recv) = match (&a.sq, &a.rq) {
+                (Some(w), _) if w.tag == tag => (w, &core.sq, core.sq_head, true, false),
+                (_, Some(w)) if w.tag == tag => (w, &core.rq, core.rq_head, false, true),
+                _ => continue,
+            };
+            let tail = ring.tail();
+            let dist = u64::from((token as u32).wrapping_sub(tail as u32));
+            let seq = tail + dist;
+            if w.qp_num != qp_num || dist >= head - tail || seq < w.start {
+                // Not a scoped request: an earlier request of the
+                // ownership-passing path, or a stale or forged token.
+                break;
+            }
+            if ring.retire_through(seq, w.owned_end, caught, lost) {
+                return None; // the drain marker
+            }
+            let tables = core.scoped.as_deref()?;
+            let p = if table {
+                tables.sq[ring.index(seq)]
+            } else {
+                tables.rq[ring.index(seq)]
+            };
+            return Some(light(wc, p, recv));
+        }
+        cq.stash(wc, caught, lost);
+        None
+    }
+}
+
+/// The light completion of a scoped request.
+///
+/// # Safety
+/// As `Completion::write_from_wc`: only fields valid for the status and
+/// opcode are read.
+#[inline(always)]
+unsafe fn light(wc: *const ffi::ibv_wc, p: Posted, recv: bool) -> ScopedCompletion {
+    // SAFETY: per the contract.
+    unsafe {
+        let raw_status = (*wc).status;
+        let mut c = ScopedCompletion {
+            wr_id: p.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::from_raw(SlotMeta::completion_opcode_of(p.opcode)),
+            byte_len: 0,
+            imm_data: None,
+            qp_num: (*wc).qp_num,
+            vendor_err: 0,
+        };
+        if raw_status != ffi::IBV_WC_SUCCESS {
+            c.status = WcStatus::from_raw(raw_status);
+            c.vendor_err = (*wc).vendor_err;
+            return c;
+        }
+        if recv {
+            c.opcode = WcOpcode::from_raw((*wc).opcode);
+            c.byte_len = (*wc).byte_len;
+            if (*wc).wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+                c.imm_data = Some(u32::from_be((*wc).__bindgen_anon_1.imm_data));
+            }
+        } else if !matches!(
+            p.opcode,
+            ffi::IBV_WR_SEND
+                | ffi::IBV_WR_SEND_WITH_IMM
+                | ffi::IBV_WR_RDMA_WRITE
+                | ffi::IBV_WR_RDMA_WRITE_WITH_IMM
+        ) {
+            c.byte_len = (*wc).byte_len;
+        }
+        c
+    }
+}

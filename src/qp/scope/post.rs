@@ -1,0 +1,332 @@
+//! Posting in a scope: [`ScopedQp`].
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use super::Dst;
+use super::{Posted, SIGNALED, ScopedSend};
+use crate::error::{Error, Result, errno};
+use crate::ffi;
+use crate::qp::post;
+use crate::qp::queue::POST_CHUNK;
+use crate::qp::state::{CanPostRecv, CanPostSend, QpState, Rc};
+use crate::qp::{Qp, QpCore};
+
+/// A QP attached to a [`Scope`]: posts requests that borrow their buffers
+/// for `'scope`.
+pub struct ScopedQp<'scope, S: QpState> {
+    core: NonNull<QpCore>,
+    sq_ok: bool,
+    rq_ok: bool,
+    _qp: PhantomData<&'scope mut Qp<Rc, S>>,
+    /// Invariant in `'scope`: were it covariant, the handle could be
+    /// shortened to a lifetime inside the closure and post buffers borrowed
+    /// only there (`tests/ui/scope_touch_lent_destination.rs`).
+    _invariant: PhantomData<fn(&'scope ()) -> &'scope ()>,
+    /// Not `Send`: the scope reads the QP's counters on its own thread.
+    _not_send: PhantomData<*mut ()>,
+}
+
+/// A [`ScopedQp::post_send_list`] stopped at a refused request.
+#[derive(Debug, thiserror::Error)]
+#[error("{error} (after {posted} requests of the list were posted)")]
+pub struct ScopedListError {
+    /// Requests from the start of the list that were posted (they complete
+    /// as usual).
+    pub posted: usize,
+    /// Why the next one was not.
+    pub error: Error,
+}
+
+impl From<ScopedListError> for Error {
+    fn from(e: ScopedListError) -> Error {
+        e.error
+    }
+}
+
+impl<'scope, S: QpState> ScopedQp<'scope, S> {
+    /// The handle of a QP the scope attached; `sq_ok` / `rq_ok`: its send /
+    /// receive queue completes on the scope's CQ.
+    pub(super) fn new(core: NonNull<QpCore>, sq_ok: bool, rq_ok: bool) -> ScopedQp<'scope, S> {
+        ScopedQp {
+            core,
+            sq_ok,
+            rq_ok,
+            _qp: PhantomData,
+            _invariant: PhantomData,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Posts one send-queue request.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when the send queue has no free slot (poll
+    /// first); [`Error::RemoteOutOfBounds`] / [`Error::InvalidArgument`] for
+    /// a request that does not fit its remote region or operation;
+    /// [`Error::InvalidArgument`] when the QP's send queue does not complete
+    /// on the scope's CQ; [`Error::Verb`] when the provider refuses it.
+    #[inline(always)]
+    pub fn post_send(&mut self, req: &ScopedSend<'scope>) -> Result<()>
+    where
+        S: CanPostSend,
+    {
+        // SAFETY: the QP is borrowed for 'scope by this handle; the scope
+        // reads it only between calls on this same thread (neither is Send
+        // or Sync), so this is the only live reference.
+        let core = unsafe { self.core.as_mut() };
+        let head = core.sq_head;
+        let ring = &*core.sq;
+        let (in_flight, depth) = (ring.in_flight(head), ring.depth());
+        let tables = match core.scoped.as_deref_mut() {
+            Some(t) if self.sq_ok && in_flight < depth && req.plainly_valid() => t,
+            _ => return Err(self.send_refused(req)),
+        };
+        let mut flags = req.flags;
+        if in_flight + 1 == depth && !core.caps.sq_sig_all {
+            // The last free slot: ask for a completion so the queue drains.
+            flags |= SIGNALED;
+        }
+        let i = ring.index(head);
+        // SAFETY: `index` masks with the ring's slot count, the table's length.
+        unsafe {
+            *tables.sq.get_unchecked_mut(i) = Posted {
+                wr_id: req.wr_id,
+                opcode: req.opcode,
+            }
+        };
+        let wr = &mut tables.send_wrs[0];
+        let mut sge = req.sge;
+        req.fill(wr, ring.token(head), flags, &mut sge);
+        wr.next = std::ptr::null_mut();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid QP; one well-formed request whose SGE (on this
+        // stack frame during the call) names memory borrowed for 'scope,
+        // which outlives every request posted in the scope.
+        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wr, &mut bad) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_post_send", errno(rc)));
+        }
+        core.sq_head = head + 1;
+        Ok(())
+    }
+
+    /// Why [`post_send`](ScopedQp::post_send) refused `req`.
+    #[cold]
+    #[inline(never)]
+    fn send_refused(&self, req: &ScopedSend<'scope>) -> Error {
+        // SAFETY: as in `post_send`; read-only.
+        let core = unsafe { self.core.as_ref() };
+        if !self.sq_ok || core.scoped.is_none() {
+            return not_on_scope_cq("send", 0).error;
+        }
+        let depth = core.sq.depth();
+        if core.sq.in_flight(core.sq_head) >= depth {
+            return Error::QueueFull {
+                queue: "send",
+                depth: depth as u32,
+            };
+        }
+        req.refusal()
+    }
+
+    /// Posts requests as chained lists, one `ibv_post_send` per 32 (build
+    /// them in the iterator: nothing is copied on the way). On a refused
+    /// request the ones before it are posted (and complete as usual) and
+    /// the iterator is not pulled further. Nothing is committed before the
+    /// verb accepts a chain, so a panicking iterator leaves the queue as it
+    /// was.
+    ///
+    /// # Errors
+    /// As [`post_send`](ScopedQp::post_send), with how many were posted.
+    #[inline(always)]
+    pub fn post_send_list(
+        &mut self,
+        reqs: impl IntoIterator<Item = ScopedSend<'scope>>,
+    ) -> std::result::Result<(), ScopedListError>
+    where
+        S: CanPostSend,
+    {
+        if !self.sq_ok {
+            return Err(not_on_scope_cq("send", 0));
+        }
+        // SAFETY: as in `post_send`.
+        let core = unsafe { self.core.as_mut() };
+        let mut reqs = reqs.into_iter();
+        let mut posted = 0;
+        loop {
+            match post_send_chunk(core, &mut reqs) {
+                Ok((n, more)) => {
+                    posted += n;
+                    if !more {
+                        return Ok(());
+                    }
+                }
+                Err(e) => {
+                    return Err(ScopedListError {
+                        posted: posted + e.posted,
+                        error: e.error,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Posts a receive into `dst`.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when the receive queue is full;
+    /// [`Error::InvalidArgument`] when the QP's receives do not complete on
+    /// the scope's CQ (or come from a shared receive queue);
+    /// [`Error::Verb`] when the provider refuses it.
+    #[inline]
+    pub fn post_recv(&mut self, wr_id: u64, dst: Dst<'scope>) -> Result<()>
+    where
+        S: CanPostRecv,
+    {
+        // SAFETY: as in `post_send_list`.
+        let core = unsafe { self.core.as_mut() };
+        if !self.rq_ok {
+            return Err(not_on_scope_cq("receive", 0).error);
+        }
+        let head = core.rq_head;
+        let (in_flight, depth) = (core.rq.in_flight(head), core.rq.depth());
+        if in_flight >= depth {
+            return Err(Error::QueueFull {
+                queue: "receive",
+                depth: depth as u32,
+            });
+        }
+        let Some(tables) = core.scoped.as_deref_mut() else {
+            return Err(not_on_scope_cq("receive", 0).error);
+        };
+        tables.rq[core.rq.index(head)] = Posted {
+            wr_id,
+            opcode: ffi::IBV_WC_RECV,
+        };
+        let mut sge = dst.sge;
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: core.rq.token(head),
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(sge.length != 0),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid QP; the SGE names memory borrowed exclusively for
+        // 'scope, which outlives every request posted in the scope.
+        let rc = unsafe { ffi::ibv_post_recv(core.raw.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_post_recv", errno(rc)));
+        }
+        core.rq_head = head + 1;
+        Ok(())
+    }
+
+    /// Requests posted on the send and receive queue that have not been
+    /// retired by a polled completion yet, as `(send, receive)`.
+    pub fn outstanding(&self) -> (u64, u64) {
+        // SAFETY: as in `post_send_list`; read-only.
+        let core = unsafe { self.core.as_ref() };
+        (
+            core.sq.in_flight(core.sq_head),
+            core.rq.in_flight(core.rq_head),
+        )
+    }
+}
+
+/// Posts up to [`POST_CHUNK`] requests of `reqs` with one verb call;
+/// returns how many were posted and whether `reqs` may have more, or why the
+/// next was not posted.
+#[inline(always)]
+fn post_send_chunk<'s>(
+    core: &mut QpCore,
+    reqs: &mut impl Iterator<Item = ScopedSend<'s>>,
+) -> std::result::Result<(usize, bool), ScopedListError> {
+    let head = core.sq_head;
+    let ring = &*core.sq;
+    let (in_flight, depth) = (ring.in_flight(head), ring.depth());
+    let sig_all = core.caps.sq_sig_all;
+    let Some(tables) = core.scoped.as_deref_mut() else {
+        return Err(not_on_scope_cq("send", 0));
+    };
+    let wrs = tables.send_wrs.as_mut_ptr();
+    let sges = tables.sges.as_mut_ptr();
+    let mut n = 0;
+    let mut refused = None;
+    let mut more = true;
+    while n < POST_CHUNK {
+        let Some(req) = reqs.next() else {
+            more = false;
+            break;
+        };
+        let seq = head + n as u64;
+        if in_flight + n as u64 >= depth {
+            refused = Some(Error::QueueFull {
+                queue: "send",
+                depth: depth as u32,
+            });
+            break;
+        }
+        if !req.plainly_valid() {
+            refused = Some(req.refusal());
+            break;
+        }
+        let mut flags = req.flags;
+        if in_flight + n as u64 + 1 == depth && !sig_all {
+            // The last free slot: ask for a completion so the queue drains.
+            flags |= SIGNALED;
+        }
+        // SAFETY: `index` masks with the ring's slot count, the table's
+        // length; n < POST_CHUNK: inside both arrays, which live in the
+        // QP's tables and nothing else references now.
+        unsafe {
+            *tables.sq.get_unchecked_mut(ring.index(seq)) = Posted {
+                wr_id: req.wr_id,
+                opcode: req.opcode,
+            };
+            sges.add(n).write(req.sge);
+            req.fill(&mut *wrs.add(n), ring.token(seq), flags, sges.add(n));
+            (*wrs.add(n)).next = wrs.add(n + 1);
+        }
+        n += 1;
+    }
+    if n > 0 {
+        // SAFETY: entry n - 1 was written above.
+        unsafe { (*wrs.add(n - 1)).next = std::ptr::null_mut() };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid QP; a chain of n well-formed requests whose SGEs
+        // name memory borrowed for 'scope (outliving every request posted
+        // in the scope) and live in the QP's tables during the call.
+        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wrs, &mut bad) };
+        if rc != 0 {
+            // Requests from `bad` on were refused. A provider that did not
+            // say which may own some of them: count them all as posted, so
+            // that the scope waits for (or flushes) them.
+            let ok = post::bad_index(bad, wrs, n);
+            core.sq_head = head + ok.unwrap_or(n) as u64;
+            return Err(ScopedListError {
+                posted: ok.unwrap_or(0),
+                error: Error::verb("ibv_post_send", errno(rc)),
+            });
+        }
+        core.sq_head = head + n as u64;
+    }
+    match refused {
+        None => Ok((n, more)),
+        Some(error) => Err(ScopedListError { posted: n, error }),
+    }
+}
+
+#[cold]
+fn not_on_scope_cq(queue: &str, posted: usize) -> ScopedListError {
+    ScopedListError {
+        posted,
+        error: Error::InvalidArgument {
+            what: "scoped post",
+            reason: format!(
+                "this QP's {queue} queue does not complete on the scope's CQ (or takes its \
+                 receives from a shared receive queue)"
+            ),
+        },
+    }
+}

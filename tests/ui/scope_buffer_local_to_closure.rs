@@ -1,0 +1,15 @@
+//~ ERROR E0597 does not live long enough
+#![allow(unused_imports, unused_variables, unused_mut)]
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{AccessFlags, Cq, Mr, Pd, Qp, Rc, RemoteMr, Result, ScopedSend, Src};
+
+// A buffer created inside the scope could be dropped while the NIC reads it.
+fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, pd: &Pd, remote: RemoteMr) -> Result<()> {
+    cq.scope(|s| {
+        let mut q = s.attach(qp)?;
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+        q.post_send(&ScopedSend::write(1, Src::new(&mr)?, remote, 0))?;
+        Ok(())
+    })
+}
+fn main() {}

@@ -1,0 +1,17 @@
+//~ ERROR E0521 borrowed data escapes outside of closure
+#![allow(unused_imports, unused_variables, unused_mut)]
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{Cq, Qp, Rc, Result, ScopedQp};
+
+// A scoped QP used after its scope could post buffers nobody waits for.
+fn f<'a>(
+    cq: &'a mut Cq,
+    qp: &'a mut Qp<Rc, Rts>,
+    keep: &mut Option<ScopedQp<'a, Rts>>,
+) -> Result<()> {
+    cq.scope(|s| {
+        *keep = Some(s.attach(qp)?);
+        Ok(())
+    })
+}
+fn main() {}

@@ -1,0 +1,16 @@
+//~ ERROR E0277 cannot be sent between threads safely
+#![allow(unused_imports, unused_variables, unused_mut)]
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{Cq, Qp, Rc, Result};
+
+// The scope reads the QP's counters on its own thread while it polls.
+fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>) -> Result<()> {
+    cq.scope(|s| {
+        let q = s.attach(qp)?;
+        std::thread::scope(|t| {
+            t.spawn(move || drop(q));
+        });
+        Ok(())
+    })
+}
+fn main() {}
