@@ -12,7 +12,7 @@ use crate::qp::queue::POST_CHUNK;
 use crate::qp::state::{CanPostRecv, CanPostSend, QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
-/// A QP attached to a [`Scope`]: posts requests that borrow their buffers
+/// A QP attached to a [`Scope`](super::Scope): posts requests that borrow their buffers
 /// for `'scope`.
 pub struct ScopedQp<'scope, S: QpState> {
     core: NonNull<QpCore>,
