@@ -2,7 +2,8 @@
 //! and RDMA READ of 1 B to 1 MiB for a given time. Every byte is checked against a
 //! generator keyed by the message number, and every SEND / WRITE carries its number
 //! (immediate data), so a message lost, duplicated, reordered or corrupted fails the run.
-//! Both sides print their counts and their resident memory after warm-up and at the end.
+//! Both sides print their counts and their anonymous memory after warm-up and at the end,
+//! and fail (exit 1) when it grew by more than 1 MiB in between.
 //!
 //! ```text
 //! soak --server [--port 18530] [--qps 4]
@@ -23,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo};
 use rdma_verbs::{
-    AccessFlags, Completion, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps, RecvWr, RemoteMr,
-    Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
+    AccessFlags, Completion, CompletionChannel, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps,
+    RecvWr, RemoteMr, Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
 };
 
 const MIB: usize = 1 << 20;
@@ -121,52 +122,108 @@ fn pattern(id: u32, n: usize, out: &mut Vec<u8>) {
     out.truncate(n);
 }
 
-/// Anonymous resident memory of this process (heap, stacks, registered buffers), KiB:
-/// `RssAnon`, which unlike `VmRSS` leaves out code pages read in lazily from the binary.
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Anonymous memory of this process (heap, stacks, registered buffers), KiB: the
+/// `Anonymous` total of `/proc/self/smaps_rollup`, counted by walking the page tables.
+/// (`RssAnon` of `/proc/self/status` is not exact: Linux 6.1 folds each thread's count
+/// into it only every 64 page faults, so it can lag by 256 KiB per thread.)
+fn anon_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("RssAnon:"))
+                .find_map(|l| l.strip_prefix("Anonymous:"))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
 }
 
+/// Anonymous KiB of each mapping (`/proc/self/smaps`), by its address range and name: what
+/// the soak prints for the mappings that grew when it fails the memory check.
+fn anon_by_mapping() -> Vec<(String, u64)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut out = Vec::new();
+    let mut mapping = None;
+    for l in smaps.lines() {
+        if let Some(v) = l.strip_prefix("Anonymous:") {
+            if let Some(m) = mapping.take() {
+                out.push((
+                    m,
+                    v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0),
+                ));
+            }
+        } else if !l.split_whitespace().next().unwrap_or(":").ends_with(':') {
+            // A mapping's header: range, perms, offset, device, inode, [name].
+            let f: Vec<&str> = l.split_whitespace().collect();
+            mapping = Some(format!("{} {}", f[0], f.get(5).unwrap_or(&"[anon]")));
+        }
+    }
+    out
+}
+
+/// Most growth of anonymous memory allowed between the end of warm-up and the end (KiB).
+const GROWTH_LIMIT_KIB: u64 = 1024;
+
+/// A scratch buffer of `n` bytes whose pages are all resident now. A zeroed allocation of
+/// this size is mapped lazily: its pages would come in as larger messages are drawn,
+/// after warm-up for the largest sizes.
+fn resident(n: usize) -> Vec<u8> {
+    vec![0x5a; n]
+}
+
 /// One QP with its own CQ and buffers.
 struct Lane {
     qp: Qp<rdma_verbs::Rc, rdma_verbs::qp::Rts>,
-    cq: Cq,
+    cq: Waiter,
     /// The peer's region (client) / unused (server).
     remote: RemoteMr,
     /// Remotely accessible region (server) / the source and sink (client).
     region: Mr,
     /// Receive buffer (server) / unused (client).
     buf: Option<Mr>,
+    /// Scratch: a copy of received bytes, and the expected ones.
+    data: Vec<u8>,
+    want: Vec<u8>,
 }
 
-/// Waits for one completion, checking the peer's liveness between slices.
-fn poll(cq: &mut Cq, peer: &ExchangeStream, what: &'static str) -> Result<Completion> {
-    let start = Instant::now();
-    loop {
-        match cq.poll_one(Duration::from_millis(200)) {
-            Err(Error::Timeout { .. }) => {}
-            Ok(c) => {
-                if !c.status.is_success() {
-                    c.result()?;
-                }
-                return Ok(c);
+/// A CQ with a completion channel of its own, and the completions already polled from it
+/// but not yet handed out.
+struct Waiter {
+    cq: Cq,
+    ready: Vec<Completion>,
+}
+
+impl Waiter {
+    /// Waits for one completion, sleeping on the channel (a lane that spins would take the
+    /// CPU from the other lanes and from rxe on a one-CPU guest), checking the peer's
+    /// liveness between slices.
+    fn next(&mut self, peer: &ExchangeStream, what: &'static str) -> Result<Completion> {
+        let start = Instant::now();
+        while self.ready.is_empty() {
+            if self
+                .cq
+                .wait_poll(&mut self.ready, Some(Duration::from_millis(200)))?
+                > 0
+            {
+                break;
             }
-            Err(e) => return Err(e),
+            if peer.peer_closed()? {
+                return Err(Error::PeerClosed { waiting_for: what });
+            }
+            if start.elapsed() > WAIT {
+                return Err(Error::Timeout { what, after: WAIT });
+            }
         }
-        if peer.peer_closed()? {
-            return Err(Error::PeerClosed { waiting_for: what });
-        }
-        if start.elapsed() > WAIT {
-            return Err(Error::Timeout { what, after: WAIT });
-        }
+        let c = self.ready.remove(0);
+        c.result()?;
+        Ok(c)
     }
+}
+
+/// The lanes count themselves done and wait for the end's measurement.
+#[derive(Default)]
+struct Gate {
+    done: std::sync::atomic::AtomicUsize,
+    measured: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -177,17 +234,16 @@ struct Counts {
     bytes: AtomicU64,
 }
 
-/// Runs until the client closes the connection; returns the RSS then (buffers still held).
-fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<u64> {
+/// Runs until the client closes the connection; returns the lane (its memory is measured
+/// before it is freed).
+fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<Lane> {
     let mut expected: u32 = 0;
     let mut acks_out: u32 = 0;
-    let mut data = vec![0u8; MIB];
-    let mut want = Vec::with_capacity(MIB + 8);
     l.qp.post_recv(RecvWr::new(0, l.buf.take().expect("receive buffer")))?;
     loop {
-        let mut c = match poll(&mut l.cq, peer, "the client's next message") {
+        let mut c = match l.cq.next(peer, "the client's next message") {
             // The client finished and closed the connection: the normal end.
-            Err(Error::PeerClosed { .. }) => return Ok(rss_kib()),
+            Err(Error::PeerClosed { .. }) => return Ok(l),
             other => other?,
         };
         let (n, id) = (c.byte_len as usize, c.imm_data.unwrap_or(u32::MAX));
@@ -202,14 +258,14 @@ fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<u6
                     .as_ref()
                     .ok_or(Error::Other("receive without buffer".into()))?;
                 counts.send.fetch_add(1, Ordering::Relaxed);
-                pattern(id, n, &mut want);
-                buf.as_slice()?[..n] == want[..]
+                pattern(id, n, &mut l.want);
+                buf.as_slice()?[..n] == l.want[..]
             }
             WcOpcode::RecvRdmaWithImm => {
                 counts.write.fetch_add(1, Ordering::Relaxed);
-                l.region.read_at(0, &mut data[..n])?;
-                pattern(id, n, &mut want);
-                data[..n] == want[..]
+                l.region.read_at(0, &mut l.data[..n])?;
+                pattern(id, n, &mut l.want);
+                l.data[..n] == l.want[..]
             }
             other => return Err(Error::Other(format!("unexpected completion {other:?}"))),
         };
@@ -225,7 +281,7 @@ fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<u6
         // A full send queue: only verdict completions can come now (the client waits
         // for this verdict before sending more).
         while acks_out == ACKS_IN_FLIGHT {
-            let c = poll(&mut l.cq, peer, "a verdict's completion")?;
+            let c = l.cq.next(peer, "a verdict's completion")?;
             if c.opcode != WcOpcode::Send {
                 return Err(Error::Other(format!("unexpected completion {c:?}")));
             }
@@ -248,7 +304,7 @@ fn client_lane(
     o: &Opts,
     lane: usize,
     until: Instant,
-) -> Result<u64> {
+) -> Result<Lane> {
     let mut rng = 0x2545_f491_4f6c_dd1du64 ^ (lane as u64 + 1);
     let mut next = || {
         rng ^= rng << 13;
@@ -257,8 +313,6 @@ fn client_lane(
         rng
     };
     let mut id: u32 = 0;
-    let mut want = Vec::with_capacity(MIB + 8);
-    let mut data = vec![0u8; MIB];
     let enabled: Vec<u64> = (0..3).filter(|b| o.ops & (1 << b) != 0).collect();
     let mut last_write: Option<(u32, usize)> = None;
     let mut region = Some(l.region);
@@ -279,16 +333,16 @@ fn client_lane(
             if let Some((wid, wn)) = last_write {
                 let rest = buf.split_off(wn)?;
                 l.qp.post_send(SendWr::read(u64::from(id), buf, l.remote, 0))?;
-                let mut c = poll(&mut l.cq, peer, "a READ's completion").inspect_err(|_| {
+                let mut c = l.cq.next(peer, "a READ's completion").inspect_err(|_| {
                     eprintln!("soak: QP {lane}: READ of message {wid} ({wn} bytes) failed")
                 })?;
                 let mut got = c
                     .take_mr()
                     .ok_or(Error::Other("READ without buffer".into()))?;
                 // The region is remotely accessible: compare a copy.
-                got.read_at(0, &mut data[..wn])?;
-                pattern(wid, wn, &mut want);
-                if data[..wn] != want[..] {
+                got.read_at(0, &mut l.data[..wn])?;
+                pattern(wid, wn, &mut l.want);
+                if l.data[..wn] != l.want[..] {
                     return Err(Error::Protocol(format!("READ of message {wid}: corrupted")));
                 }
                 got.unsplit(rest)
@@ -300,8 +354,8 @@ fn client_lane(
             }
         }
         l.qp.post_recv(RecvWr::empty(u64::from(id)))?;
-        pattern(id, n, &mut want);
-        buf.write_at(0, &want)?;
+        pattern(id, n, &mut l.want);
+        buf.write_at(0, &l.want)?;
         let rest = buf.split_off(n)?;
         if op == 0 {
             l.qp.post_send(SendWr::send(u64::from(id)).sge(buf).imm(id))?;
@@ -312,14 +366,14 @@ fn client_lane(
         let mut acked = false;
         let mut back = None;
         while !acked || back.is_none() {
-            let mut c = poll(&mut l.cq, peer, "a completion or the server's verdict").inspect_err(
-                |_| {
-                    eprintln!(
-                        "soak: QP {lane}: {} of message {id} ({n} bytes) failed",
-                        if op == 0 { "SEND" } else { "WRITE" }
-                    )
-                },
-            )?;
+            let mut c =
+                l.cq.next(peer, "a completion or the server's verdict")
+                    .inspect_err(|_| {
+                        eprintln!(
+                            "soak: QP {lane}: {} of message {id} ({n} bytes) failed",
+                            if op == 0 { "SEND" } else { "WRITE" }
+                        )
+                    })?;
             match c.opcode {
                 WcOpcode::Recv => {
                     if c.imm_data != Some(1) {
@@ -344,18 +398,34 @@ fn client_lane(
         counts.bytes.fetch_add(n as u64, Ordering::Relaxed);
         id = id.wrapping_add(1);
     }
-    // Measured while this lane's buffers and QP still exist.
-    Ok(rss_kib())
+    Ok(Lane {
+        region: region.expect("buffer is back"),
+        ..l
+    })
 }
 
 fn run(o: &Opts) -> Result<()> {
+    // No transparent huge pages for this process: khugepaged (every 10 s, and with the
+    // default max_ptes_none 511) turns any 2 MiB-aligned range of an anonymous mapping that
+    // has one page in it into a huge page, all of it resident. In the guests that collapsed
+    // the mostly unused 2 MiB thread stacks and scratch buffers at a random moment of the run
+    // (+2 to +6 MiB, seen 10-20 s in), which is the kernel's choice of page size, not memory
+    // the soak or the crate allocated: with it off, growth means allocation.
+    // SAFETY: prctl(PR_SET_THP_DISABLE) takes integers only and changes no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
+        return Err(Error::Other(format!(
+            "prctl(PR_SET_THP_DISABLE): {}",
+            std::io::Error::last_os_error()
+        )));
+    }
     let ctx = Context::open(std::env::var("RDMA_VERBS_DEVICE").ok().as_deref())?;
     let pd = Pd::new(&ctx)?;
     let gid = ctx.default_gid_index(1)?;
     let mtu = ctx.query_port(1)?.active_mtu;
     let mut pending = Vec::new();
     for _ in 0..o.qps {
-        let cq = Cq::new(&ctx, 2 * ACKS_IN_FLIGHT)?;
+        let channel = CompletionChannel::new(&ctx)?;
+        let cq = Cq::with_channel(&ctx, 2 * ACKS_IN_FLIGHT, &channel)?;
         let caps = QpCaps {
             max_send_wr: ACKS_IN_FLIGHT,
             max_recv_wr: 2,
@@ -408,10 +478,15 @@ fn run(o: &Opts) -> Result<()> {
             .ok_or_else(|| Error::Protocol("the peer sent no region".into()))?;
         lanes.push(Lane {
             qp,
-            cq,
+            cq: Waiter {
+                cq,
+                ready: Vec::with_capacity(2 * ACKS_IN_FLIGHT as usize),
+            },
             remote,
             region,
             buf,
+            data: resident(MIB),
+            want: resident(MIB + 8),
         });
     }
     // Both sides are connected before the client starts.
@@ -423,6 +498,7 @@ fn run(o: &Opts) -> Result<()> {
     stream.set_timeout(None)?;
     let peer = Arc::new(stream);
     let counts = Arc::new(Counts::default());
+    let gate = Arc::new(Gate::default());
     let start = Instant::now();
     let warm = Duration::from_secs(o.seconds.min(50) / 5 + 1);
     let until = start + Duration::from_secs(o.seconds);
@@ -433,7 +509,7 @@ fn run(o: &Opts) -> Result<()> {
     };
     let mut handles = Vec::new();
     for (k, lane) in lanes.into_iter().enumerate() {
-        let (peer, counts) = (Arc::clone(&peer), Arc::clone(&counts));
+        let (peer, counts, gate) = (Arc::clone(&peer), Arc::clone(&counts), Arc::clone(&gate));
         let client = o.client.is_some();
         let o = Opts {
             client: o.client.clone(),
@@ -453,19 +529,44 @@ fn run(o: &Opts) -> Result<()> {
                 );
                 std::process::exit(1);
             }
+            // Hold the thread (its stack and malloc arena) and the lane until the memory
+            // at the end is measured.
+            gate.done.fetch_add(1, Ordering::SeqCst);
+            while !gate.measured.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(10));
+            }
             r
         }));
     }
     thread::sleep(warm);
-    let rss_start = rss_kib();
+    // The per-mapping list first: reading it grows the main thread's heap, which is then
+    // counted both here and at the end.
+    let mappings_start = anon_by_mapping();
+    let anon_start = anon_kib();
+    // Sampled every 5 s until the lanes are done, then once more while every lane's
+    // thread, QP and buffers still exist.
+    let mut anon_peak = anon_start;
+    let mut sample = Instant::now();
+    while gate.done.load(Ordering::SeqCst) < handles.len()
+        && !handles.iter().any(|h| h.is_finished())
+    {
+        thread::sleep(Duration::from_millis(100));
+        if sample.elapsed() >= Duration::from_secs(5) {
+            anon_peak = anon_peak.max(anon_kib());
+            sample = Instant::now();
+        }
+    }
+    let (anon_end, mappings_end) = (anon_kib(), anon_by_mapping());
+    anon_peak = anon_peak.max(anon_end);
+    gate.measured.store(true, Ordering::SeqCst);
     let mut result = Ok(());
-    let mut rss_end = 0;
+    let mut lanes = Vec::new();
     for h in handles {
         match h
             .join()
             .unwrap_or_else(|_| Err(Error::Other("a lane panicked".into())))
         {
-            Ok(rss) => rss_end = rss_end.max(rss),
+            Ok(lane) => lanes.push(lane),
             Err(e) => {
                 if result.is_ok() {
                     result = Err(e);
@@ -473,6 +574,21 @@ fn run(o: &Opts) -> Result<()> {
             }
         }
     }
+    let traffic_ok = result.is_ok();
+    let growth = anon_end as i64 - anon_start as i64;
+    if traffic_ok && growth > GROWTH_LIMIT_KIB as i64 {
+        let before: std::collections::HashMap<String, u64> = mappings_start.into_iter().collect();
+        for (mapping, kib) in mappings_end {
+            let was = before.get(&mapping).copied().unwrap_or(0);
+            if kib > was {
+                eprintln!("soak {role}: grew: {mapping}: {was} -> {kib} KiB");
+            }
+        }
+        result = Err(Error::Other(format!(
+            "anonymous memory grew by {growth} KiB after warm-up (the limit is {GROWTH_LIMIT_KIB} KiB)"
+        )));
+    }
+    drop(lanes);
     let (s, w, r) = (
         counts.send.load(Ordering::Relaxed),
         counts.write.load(Ordering::Relaxed),
@@ -480,18 +596,18 @@ fn run(o: &Opts) -> Result<()> {
     );
     println!(
         "soak {role}: {} messages (SEND {s}, WRITE {w}, READ {r}), {} bytes verified in {:.1} s on {} QPs; \
-         {}; RssAnon {rss_start} KiB after {} s warm-up, {rss_end} KiB at the end ({:+} KiB)",
+         {}; anonymous memory {anon_start} KiB after {} s warm-up, {anon_end} KiB at the end \
+         ({growth:+} KiB; peak {anon_peak} KiB)",
         s + w + r,
         counts.bytes.load(Ordering::Relaxed),
         start.elapsed().as_secs_f64(),
         o.qps,
-        if result.is_ok() {
+        if traffic_ok {
             "0 lost, 0 duplicated, 0 corrupted"
         } else {
             "stopped by the error below"
         },
         warm.as_secs(),
-        rss_end as i64 - rss_start as i64
     );
     result
 }

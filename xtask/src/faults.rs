@@ -1030,7 +1030,8 @@ pub fn faults_command(args: Vec<OsString>) -> Result<u8> {
 /// verified soak (`examples/soak.rs`) across two guests with `netem loss PCT%` (default 1) on
 /// both nodes' eth0, `--qps` QPs (default 4), mixed SEND/WRITE/READ of 1 B to `--max-size`
 /// (default 1 MiB); each node
-/// prints `rdma res` before and after, and the soak prints its counts and RSS.
+/// prints `rdma res` before and after, and the soak prints its counts and anonymous memory
+/// (and fails when that grew by more than 1 MiB after warm-up).
 pub fn soak_command(args: Vec<OsString>) -> Result<u8> {
     let mut seconds: u64 = 60;
     let mut loss = "1".to_string();

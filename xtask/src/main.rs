@@ -71,7 +71,8 @@ commands:
   soak [--minutes N] [--loss PCT] [--qps N] [--max-size BYTES]
                                  verified soak across two guests (examples/soak.rs): mixed
                                  SEND/WRITE/READ 1 B-1 MiB on N QPs under PCT% loss (default
-                                 1 minute, 1%, 4 QPs); counts, RssAnon, rdma res before/after
+                                 1 minute, 1%, 4 QPs); counts, anonymous memory (fails if it
+                                 grew > 1 MiB after warm-up), rdma res before/after
   demo                           build the examples and run them in one guest
   insn [--tests ..] [--check R]  user-space instructions per message under callgrind in the
                                  guest (perftest, perf --safe, perf --raw), target/compare/insn.json

@@ -23,7 +23,9 @@
 //!    rdma_cm to a closed port, a garbage exchange peer); each case counts as one test.
 //!
 //!    Then `cargo xtask soak --seconds 60 --max-size 65536`: 4 QPs of verified
-//!    SEND/WRITE/READ of 1 B to 64 KiB across the wire under 1% loss (one test).
+//!    SEND/WRITE/READ of 1 B to 64 KiB across the wire under 1% loss (one test); it fails
+//!    on any lost, duplicated or corrupted message and when either process's anonymous
+//!    memory grew by more than 1 MiB after warm-up.
 //!
 //! 6. the instruction-count guard: `cargo xtask insn` for write_bw, send_bw and read_bw at
 //!    2 B, safe, raw and scoped paths, fails when safe/raw exceeds [`INSN_GUARD`] or
