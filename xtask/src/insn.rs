@@ -262,8 +262,9 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
     )?;
     inv.cwd = root.to_path_buf();
     eprintln!(
-        "xtask insn: {} client runs under callgrind in one guest",
-        keys(&plan).len() * 2
+        "xtask insn: {} {} runs under callgrind in one guest",
+        keys(&plan).len() * 2,
+        plan.side
     );
     let code = run::execute(inv, plan.timeout)?;
 
