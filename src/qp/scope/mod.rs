@@ -51,6 +51,7 @@
 //!
 //! ```no_run
 //! # use rdma_verbs::*;
+//! # use rdma_verbs::qp::Rts;
 //! # fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, src: &Mr, remote: RemoteMr) -> Result<()> {
 //! let src = Src::new(src)?;
 //! cq.scope(|s| -> Result<()> {
