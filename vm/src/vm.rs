@@ -16,9 +16,16 @@
 //!
 //! Boot sequence: the cached, generic [`INIT_SCRIPT`] loads the modules, mounts the per-run
 //! share and runs `stage2.sh` from it. `stage2.sh`, written here for each run, mounts the host,
-//! sets up the network of the [`Topology`], runs `command.sh` chrooted into the host with its
-//! output on the two virtio ports, writes the exit status to `exit-status` in the share and
-//! powers off. The host then reads that file: no file means the guest never got that far.
+//! sets up the network of the [`Topology`], creates `started` in the share, runs `command.sh`
+//! chrooted into the host with its output on the two virtio ports, writes the exit status to
+//! `exit-status` in the share and powers off. The host then reads that file: no file means
+//! the guest never got that far.
+//!
+//! A guest that has not created `started` within the boot timeout ([`BOOT_TIMEOUT_ENV`]) is
+//! killed and booted once more (a boot takes seconds; a rare one hangs), so a stuck boot
+//! costs minutes, not the command's whole time limit. The command's time limit counts from
+//! `started`. Whenever a run fails, its directory (with `console.log`) is kept and the
+//! console's last lines are shown.
 //!
 //! The command's output never mixes with kernel messages (those go to console.log), and the
 //! virtio ports are byte-clean (no tty layer adding `\r`).
@@ -26,7 +33,6 @@
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
-use std::net::UdpSocket;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -34,10 +40,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::cmd::{self, Waited, push_quoted};
+use crate::cmd::{self, Waited};
 use crate::run::Invocation;
 use crate::setup::VmAssets;
 use crate::{Context, EXIT_TIMEOUT, Error, Result};
+
+mod pair;
+mod scripts;
+pub use pair::run_pair;
+use scripts::{command_script, stage2_script};
 
 /// Where the initramfs mounts the per-run share (9p tag `xrun`).
 pub const RUN_SHARE_DIR: &str = "/xrun";
@@ -45,6 +56,16 @@ pub const RUN_SHARE_DIR: &str = "/xrun";
 const RUN_SHARE_TAG: &str = "xrun";
 /// File in the per-run share that holds the command's exit status when it has finished.
 const EXIT_STATUS_FILE: &str = "exit-status";
+/// File in the per-run share that `stage2.sh` creates right before it runs the command.
+const STARTED_FILE: &str = "started";
+/// How long a guest may take to boot and start the command before it counts as stuck
+/// (`RDMA_VERBS_VM_BOOT_TIMEOUT`, seconds). A boot takes about 3 s under TCG on a 2-core
+/// host; the default leaves room for a heavily loaded one.
+pub const BOOT_TIMEOUT_ENV: &str = "RDMA_VERBS_VM_BOOT_TIMEOUT";
+/// Default of [`BOOT_TIMEOUT_ENV`].
+const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Boots tried before a guest that never starts the command is reported as a boot failure.
+const BOOT_ATTEMPTS: u32 = 2;
 /// virtio-serial port name of the command's stdout.
 const OUT_PORT: &str = "vm-out";
 /// virtio-serial port name of the command's stderr.
@@ -327,7 +348,81 @@ fn forward(
     })
 }
 
+/// How far a guest got within the boot timeout.
+enum Boot {
+    /// `stage2.sh` started the command.
+    Started,
+    /// QEMU exited first.
+    Exited(std::process::ExitStatus),
+    /// Neither: the guest is stuck before the command.
+    Stuck,
+}
+
+/// The boot timeout: [`BOOT_TIMEOUT_ENV`] seconds, else [`DEFAULT_BOOT_TIMEOUT`].
+fn boot_timeout() -> Result<Duration> {
+    match std::env::var_os(BOOT_TIMEOUT_ENV) {
+        Some(v) => crate::parse_secs(&v.to_string_lossy())
+            .map_err(|e| Error::usage(format!("{BOOT_TIMEOUT_ENV}: {e}"))),
+        None => Ok(DEFAULT_BOOT_TIMEOUT),
+    }
+}
+
 impl Guest {
+    /// Whether `stage2.sh` has started the command.
+    fn started(&self) -> bool {
+        self.run_dir.path.join(STARTED_FILE).exists()
+    }
+
+    /// Waits until the command has started, QEMU has exited, or `boot` has passed.
+    fn wait_for_start(&mut self, boot: Duration) -> Result<Boot> {
+        let deadline = Instant::now() + boot;
+        loop {
+            if let Some(status) = self
+                .child
+                .try_wait()
+                .context(|| "cannot wait for QEMU".into())?
+            {
+                return Ok(Boot::Exited(status));
+            }
+            if self.started() {
+                return Ok(Boot::Started);
+            }
+            if Instant::now() >= deadline {
+                return Ok(Boot::Stuck);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills QEMU (if it still runs) and waits for the output to drain.
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        drop(self.stdin.take());
+        for forwarder in self.forwarders.drain(..) {
+            let _ = forwarder.join();
+        }
+    }
+
+    /// Keeps the run directory and describes the console's last lines.
+    fn keep_console(self) -> String {
+        let console = self.run_dir.path.join("console.log");
+        let tail = console_tail(&console, 40);
+        self.run_dir.keep();
+        format!("last console lines ({}):\n{tail}", console.display())
+    }
+
+    /// Kills a guest stuck before its command; the error shows its console.
+    fn abandon(mut self, boot: Duration) -> Error {
+        self.stop();
+        Error::new(format!(
+            "the guest did not start the command within {} s (set {BOOT_TIMEOUT_ENV} to wait \
+             longer); {}",
+            boot.as_secs(),
+            self.keep_console()
+        ))
+    }
+
     /// The command's exit status once QEMU has exited (`status`), or why there is none.
     fn finish(
         mut self,
@@ -335,18 +430,21 @@ impl Guest {
         timeout: Duration,
     ) -> std::result::Result<u8, (Failure, Error)> {
         let boot = |e: Error| (Failure::Boot, e);
-        drop(self.stdin.take());
-        for forwarder in self.forwarders.drain(..) {
-            let _ = forwarder.join();
-        }
+        self.stop();
         let status = match waited {
             Waited::TimedOut => {
+                let started = if self.started() {
+                    "the command had started"
+                } else {
+                    "the command had not started"
+                };
                 return Err((
                     Failure::Timeout,
                     Error {
                         message: format!(
-                            "timed out after {} s (the guest was killed)",
-                            timeout.as_secs()
+                            "timed out after {} s (the guest was killed; {started}); {}",
+                            timeout.as_secs(),
+                            self.keep_console()
                         ),
                         code: EXIT_TIMEOUT,
                     },
@@ -359,123 +457,47 @@ impl Guest {
                 .trim()
                 .parse::<u8>()
                 .map_err(|_| boot(Error::new(format!("bad exit status from the guest: {s:?}")))),
-            Err(_) => {
-                let console = self.run_dir.path.join("console.log");
-                let tail = console_tail(&console, 40);
-                self.run_dir.keep();
-                Err(boot(Error::new(format!(
-                    "the guest did not report an exit status (QEMU: {}), so the command did not \
-                     run to completion; last console lines ({}):\n{tail}",
-                    cmd::describe(status),
-                    console.display()
-                ))))
-            }
+            Err(_) => Err(boot(Error::new(format!(
+                "the guest did not report an exit status (QEMU: {}), so the command did not \
+                 run to completion; {}",
+                cmd::describe(status),
+                self.keep_console()
+            )))),
         }
     }
 }
 
 /// Boots one guest, runs `inv` in it with the [`Topology::guest_env`] variables added, and
-/// returns its exit status. Its stdout and stderr stream to ours as they come.
+/// returns its exit status. Its stdout and stderr stream to ours as they come. `timeout`
+/// counts from the command's start; a guest stuck before it is booted again (see the
+/// module documentation).
 pub fn run(
     assets: &VmAssets,
     inv: &Invocation,
     topology: Topology,
     timeout: Duration,
 ) -> std::result::Result<u8, (Failure, Error)> {
-    let mut guest = start(assets, inv, topology, Output::Inherit)?;
-    let waited =
-        cmd::wait_with_deadline(&mut guest.child, timeout).map_err(|e| (Failure::Boot, e))?;
-    guest.finish(waited, timeout)
-}
-
-/// Two free UDP ports on 127.0.0.1 (bound and released: another process could take one in
-/// between, which makes QEMU fail to start and the run report a boot failure).
-fn free_udp_ports() -> Result<[u16; 2]> {
-    let a = UdpSocket::bind("127.0.0.1:0").context(|| "cannot bind a UDP port".into())?;
-    let b = UdpSocket::bind("127.0.0.1:0").context(|| "cannot bind a UDP port".into())?;
-    let port = |s: &UdpSocket| {
-        s.local_addr()
-            .map(|a| a.port())
-            .context(|| "cannot read a bound UDP port".into())
-    };
-    Ok([port(&a)?, port(&b)?])
-}
-
-/// Boots two guests joined by a virtual wire ([`Topology::Wire`], node 1 runs `invs[0]`,
-/// node 2 `invs[1]`), streams their output with `[node1] ` / `[node2] ` prefixes, and returns
-/// each node's outcome. Both guests are killed when `timeout` passes.
-pub fn run_pair(
-    assets: &VmAssets,
-    invs: [&Invocation; 2],
-    timeout: Duration,
-) -> [std::result::Result<u8, (Failure, Error)>; 2] {
-    let ports = match free_udp_ports() {
-        Ok(p) => p,
-        Err(e) => {
-            let again = Error::new(e.message.clone());
-            return [Err((Failure::Boot, e)), Err((Failure::Boot, again))];
-        }
-    };
-    let topology = |node: u8| Topology::Wire {
-        node,
-        local_port: ports[usize::from(node - 1)],
-        peer_port: ports[usize::from(2 - node)],
-    };
-    let deadline = Instant::now() + timeout;
-    let mut guests = [1u8, 2].map(|node| {
-        start(
-            assets,
-            invs[usize::from(node - 1)],
-            topology(node),
-            Output::Prefixed(format!("[node{node}] ")),
-        )
-        .map(Some)
-    });
-    let mut waited: [Option<Waited>; 2] = [None, None];
+    let boot = boot_timeout().map_err(|e| (Failure::Boot, e))?;
+    let mut attempt = 1;
     loop {
-        let mut running = false;
-        for (guest, w) in guests.iter_mut().zip(waited.iter_mut()) {
-            let Ok(Some(g)) = guest else { continue };
-            if w.is_some() {
-                continue;
+        let mut guest = start(assets, inv, topology, Output::Inherit)?;
+        match guest.wait_for_start(boot).map_err(|e| (Failure::Boot, e))? {
+            Boot::Exited(status) => return guest.finish(Waited::Exited(status), timeout),
+            Boot::Started => {
+                let waited = cmd::wait_with_deadline(&mut guest.child, timeout)
+                    .map_err(|e| (Failure::Boot, e))?;
+                return guest.finish(waited, timeout);
             }
-            match g.child.try_wait() {
-                Ok(Some(status)) => *w = Some(Waited::Exited(status)),
-                Ok(None) if Instant::now() >= deadline => {
-                    let _ = g.child.kill();
-                    let _ = g.child.wait();
-                    *w = Some(Waited::TimedOut);
+            Boot::Stuck => {
+                let e = guest.abandon(boot);
+                if attempt == BOOT_ATTEMPTS {
+                    return Err((Failure::Boot, e));
                 }
-                Ok(None) => running = true,
-                Err(_) => {
-                    let _ = g.child.kill();
-                    *w = g.child.wait().ok().map(Waited::Exited);
-                    if w.is_none() {
-                        *w = Some(Waited::TimedOut);
-                    }
-                }
+                eprintln!("rdma-verbs-vm: {}\nrdma-verbs-vm: booting again", e.message);
+                attempt += 1;
             }
         }
-        if !running {
-            break;
-        }
-        thread::sleep(Duration::from_millis(20));
     }
-    let mut outcomes = guests
-        .into_iter()
-        .zip(waited)
-        .map(|(guest, w)| match guest {
-            Err(e) => Err(e),
-            Ok(None) => Err((Failure::Boot, Error::new("guest not started"))),
-            Ok(Some(g)) => g.finish(w.unwrap_or(Waited::TimedOut), timeout),
-        });
-    let first = outcomes
-        .next()
-        .unwrap_or_else(|| Err((Failure::Boot, Error::new("node 1 missing"))));
-    let second = outcomes
-        .next()
-        .unwrap_or_else(|| Err((Failure::Boot, Error::new("node 2 missing"))));
-    [first, second]
 }
 
 /// Guest memory in MiB: `RDMA_VERBS_VM_MEM_MB` (at least 1024), else 2048.
@@ -687,120 +709,6 @@ fn host_dirs_to_share(inv: &Invocation, target_dir: &Path) -> Vec<&'static str> 
         .collect()
 }
 
-/// `command.sh`: run by the host's /bin/sh inside the chroot. Goes to the working directory,
-/// lifts the memlock limit and executes the command with exactly `env`.
-fn command_script(inv: &Invocation, env: &[(OsString, OsString)]) -> Vec<u8> {
-    let mut s = b"# generated by rdma-verbs-vm: the command of one guest run\ncd ".to_vec();
-    push_quoted(&mut s, inv.cwd.as_os_str());
-    s.extend_from_slice(b" || exit 125\nulimit -l unlimited\nexec /usr/bin/env -i");
-    for (name, value) in env {
-        s.extend_from_slice(b" \\\n  ");
-        push_quoted(&mut s, &concat(&[name, "=".as_ref(), value]));
-    }
-    s.extend_from_slice(b" \\\n  ");
-    push_quoted(&mut s, &inv.program);
-    for arg in &inv.args {
-        s.push(b' ');
-        push_quoted(&mut s, arg);
-    }
-    s.push(b'\n');
-    s
-}
-
-/// `stage2.sh`: run by busybox sh in the initramfs; see the module documentation.
-fn stage2_script(run_dir: &Path, shared: &[&str], writable: &[PathBuf]) -> Vec<u8> {
-    let mut s = Vec::new();
-    let mut line = |parts: &[&[u8]]| {
-        for p in parts {
-            s.extend_from_slice(p);
-        }
-        s.push(b'\n');
-    };
-    let opts = NINEP_OPTS.as_bytes();
-    let mut host_run_dir = b"/host".to_vec();
-    host_run_dir.extend_from_slice(run_dir.as_os_str().as_bytes());
-    let mut q_host_run_dir = Vec::new();
-    push_quoted(&mut q_host_run_dir, OsStr::from_bytes(&host_run_dir));
-    let mut q_run_dir = Vec::new();
-    push_quoted(&mut q_run_dir, run_dir.as_os_str());
-
-    line(&[b"# generated by rdma-verbs-vm for one guest run"]);
-    line(&[b"export PATH=/bin"]);
-    line(&[b"fail() { echo \"vm-stage2: $*\"; exit 1; }"]);
-    line(&[
-        b"mount -t 9p -o ro,cache=loose,",
-        opts,
-        b" hostroot /host || fail 'cannot mount the host root'",
-    ]);
-    line(&[b"mount -t proc proc /host/proc"]);
-    line(&[b"mount -t sysfs sys /host/sys"]);
-    line(&[b"mount -t devtmpfs dev /host/dev"]);
-    line(&[b"mkdir -p /host/dev/pts /host/dev/shm"]);
-    line(&[b"mount -t devpts devpts /host/dev/pts"]);
-    line(&[b"mount -t tmpfs tmpfs /host/dev/shm"]);
-    for dir in ["/tmp", "/run"] {
-        if shared.contains(&dir) {
-            line(&[
-                b"mount -t 9p -o ",
-                opts,
-                b" ",
-                share_tag(dir).as_bytes(),
-                b" /host",
-                dir.as_bytes(),
-                b" || fail 'cannot mount the host directory ",
-                dir.as_bytes(),
-                b"'",
-            ]);
-        } else {
-            line(&[b"mount -t tmpfs tmpfs /host", dir.as_bytes()]);
-            line(&[b"chmod 1777 /host", dir.as_bytes()]);
-        }
-    }
-    for (i, dir) in writable.iter().enumerate() {
-        let mut host_dir = b"/host".to_vec();
-        host_dir.extend_from_slice(dir.as_os_str().as_bytes());
-        let mut q_host_dir = Vec::new();
-        push_quoted(&mut q_host_dir, OsStr::from_bytes(&host_dir));
-        // mkdir only matters below a tmpfs (/tmp, /run); elsewhere the directory exists.
-        line(&[b"mkdir -p ", &q_host_dir, b" 2>/dev/null"]);
-        line(&[
-            b"mount -t 9p -o ",
-            opts,
-            b" ",
-            writable_tag(i).as_bytes(),
-            b" ",
-            &q_host_dir,
-            b" || fail 'cannot mount a writable directory'",
-        ]);
-    }
-    line(&[b"mkdir -p ", &q_host_run_dir]);
-    line(&[
-        b"mount -o bind /xrun ",
-        &q_host_run_dir,
-        b" || fail 'cannot bind the run directory'",
-    ]);
-    line(&[b"sh /xrun/network.sh || fail 'network setup failed'"]);
-    // The ports appear shortly after virtio_console probes; find them by name.
-    line(&[b"out=; err=; i=0"]);
-    line(&[b"while [ -z \"$out\" ] || [ -z \"$err\" ]; do"]);
-    line(&[b"  for p in /sys/class/virtio-ports/*; do"]);
-    line(&[b"    case \"$(cat $p/name 2>/dev/null)\" in"]);
-    line(&[b"      ", OUT_PORT.as_bytes(), b") out=/dev/${p##*/} ;;"]);
-    line(&[b"      ", ERR_PORT.as_bytes(), b") err=/dev/${p##*/} ;;"]);
-    line(&[b"    esac"]);
-    line(&[b"  done"]);
-    line(&[b"  i=$((i + 1)); [ $i -lt 50 ] || fail 'virtio output ports missing'"]);
-    line(&[b"  [ -n \"$out\" ] && [ -n \"$err\" ] || sleep 0.1"]);
-    line(&[b"done"]);
-    line(&[
-        b"chroot /host /bin/sh ",
-        &q_run_dir,
-        b"/command.sh </dev/null >\"$out\" 2>\"$err\"",
-    ]);
-    line(&[b"echo $? > /xrun/", EXIT_STATUS_FILE.as_bytes()]);
-    s
-}
-
 /// The last `n` lines of the console log, or a note that there is none.
 fn console_tail(path: &Path, n: usize) -> String {
     match fs::read(path) {
@@ -930,6 +838,19 @@ mod tests {
             let script = stage2_script(Path::new("/a b/it's"), shared, &writable);
             assert!(sh_n(&script), "{}", String::from_utf8_lossy(&script));
         }
+    }
+
+    #[test]
+    fn stage2_marks_the_start_right_before_the_command() {
+        let script = stage2_script(Path::new("/r"), &[], &[]);
+        let script = String::from_utf8_lossy(&script);
+        let lines: Vec<&str> = script.lines().collect();
+        let marker = format!(": > {RUN_SHARE_DIR}/{STARTED_FILE}");
+        let at = lines
+            .iter()
+            .position(|l| *l == marker)
+            .expect("marker line");
+        assert!(lines[at + 1].starts_with("chroot /host "), "{script}");
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //!    `tests/vm_runner_crate` (a crate outside the workspace that depends on rdma-verbs by
 //!    path and names `rdma-verbs-vm` as its runner in its `.cargo/config.toml`), with
 //!    target/debug first on PATH, its own target directory `<target>/vm-runner-crate`, and the
-//!    guest image of `target/rxe-vm`.
+//!    guest image of `target/rxe-vm`; then the runner's boot watchdog: with
+//!    `RDMA_VERBS_VM_BOOT_TIMEOUT=1` a run must give up on the boot, retry it once and exit
+//!    with the boot failure status (one test).
 //!
 //! 5. the two-node set `ci` (`crate::faults`): two guests on a virtual wire run the interop set
 //!    (our examples against rdma-core's C tools in both roles, and against themselves) and
@@ -42,10 +44,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::EXIT_INFRA;
 use crate::cmd::{self, output_checked};
 use crate::run::REPORT_ENV;
 use crate::setup::{self, Verbosity};
 use crate::{Context, Error, Result};
+use rdma_verbs_vm::vm::BOOT_TIMEOUT_ENV;
 
 /// Prefix of the integration tests (`tests/vm_*.rs`) that need an RDMA device.
 pub const DEVICE_TEST_PREFIX: &str = "vm_";
@@ -141,6 +145,7 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
 
     let outcome = runner_crate_step(root, &mut summary.problems);
     summary.add("runner crate (tests/vm_runner_crate)", outcome);
+    summary.add("stuck boot retried", stuck_boot_check());
 
     // One boot of two guests: the interop set, then the short fault matrix.
     eprintln!("xtask test: two-node interop and short fault set (two guests on a wire)");
@@ -319,6 +324,38 @@ fn runner_crate_step(root: &Path, problems: &mut Vec<String>) -> Result<Counts> 
         // The crate's own config must choose the runner, not an inherited override.
         .env_remove(runner_env_var()?);
     cargo_test_in_guests(&mut test, problems)
+}
+
+/// The runner's boot watchdog: with a 1 s boot timeout (a boot takes ~3 s) `rdma-verbs-vm
+/// run` must give up on the first boot, boot once more, give up again and exit with the boot
+/// failure status, showing both consoles. Counted as one test.
+fn stuck_boot_check() -> Result<Counts> {
+    let bin = crate::target_dir().join("debug").join("rdma-verbs-vm");
+    eprintln!("xtask test: a stuck boot is retried once ({BOOT_TIMEOUT_ENV}=1)");
+    let out = Command::new(&bin)
+        .args(["run", "--", "/bin/true"])
+        .env(BOOT_TIMEOUT_ENV, "1")
+        .env(setup::DIR_ENV, setup::vm_dir())
+        .output()
+        .context(|| format!("cannot run {}", bin.display()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let gave_up = stderr
+        .matches("did not start the command within 1 s")
+        .count();
+    let rebooted = stderr.matches("booting again").count();
+    let ok = out.status.code() == Some(i32::from(EXIT_INFRA)) && gave_up == 2 && rebooted == 1;
+    if !ok {
+        eprintln!(
+            "xtask test: FAILED: expected exit status {EXIT_INFRA}, two boots given up and one \
+             retry; got {}, {gave_up}, {rebooted}:\n{stderr}",
+            cmd::describe(out.status)
+        );
+    }
+    Ok(Counts {
+        passed: u64::from(ok),
+        failed: u64::from(!ok),
+        success: true,
+    })
 }
 
 /// [`cargo_test`] of a command whose test binaries run in guests: guests that did not boot
