@@ -62,7 +62,9 @@ pub use event::{AsyncEvent, AsyncEvents};
 pub use gdr::{GdrMode, GdrPath, GpuBuffer};
 pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
 pub use pd::Pd;
-pub use qp::scope::{Dst, Scope, ScopedCompletion, ScopedListError, ScopedQp, ScopedSend, Src};
+pub use qp::scope::{
+    Dst, PreparedSends, Scope, ScopedCompletion, ScopedListError, ScopedQp, ScopedSend, Src,
+};
 pub use qp::{
     AddressVector, Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
     TransitionError, Uc, UcInitAttr, UcRtrAttr, UcSendWr, Ud, UdInitAttr, UdMessage, UdRecvWr,

@@ -6,7 +6,8 @@
 
 use rdma_verbs::qp::Rts;
 use rdma_verbs::{
-    AccessFlags, Dst, Error, Result, Scope, ScopedCompletion, ScopedQp, ScopedSend, Src,
+    AccessFlags, Dst, Error, PreparedSends, Result, Scope, ScopedCompletion, ScopedQp, ScopedSend,
+    Src,
 };
 
 use super::{ATOMIC_ADD_VALUE, ATOMIC_CMP_VALUE, ATOMIC_SWAP_VALUE, POLL_BATCH, QP_SHIFT};
@@ -142,6 +143,19 @@ impl<'scope> Loop<'_, 'scope, '_> {
         let sig = shape.sig;
         let fixed = pl % sig.cq_mod == 0 && (!sig.iterations || sig.iters % sig.cq_mod == 0);
         let pattern: Vec<bool> = (0..pl).map(|j| (j + 1) % sig.cq_mod == 0).collect();
+        // With a fixed pattern each QP re-posts one prepared list (like the
+        // raw path and perftest, every post of it targets the same slots).
+        let prepared = if pl > 1 && fixed {
+            (0..self.sq.len())
+                .map(|qi| {
+                    PreparedSends::new(
+                        (0..pl).map(|j| request(qi, j).signaled(pattern[j as usize])),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         loop {
             let phase = self.timer.as_mut().map_or(Phase::Sample, Timer::tick);
             if phase != Phase::End {
@@ -156,11 +170,7 @@ impl<'scope> Loop<'_, 'scope, '_> {
                         if pl == 1 {
                             qp.post_send(&request(qi, first).signaled(sig.at(first)))?;
                         } else if fixed {
-                            qp.post_send_list(
-                                (first..)
-                                    .zip(&pattern)
-                                    .map(|(k, &s)| request(qi, k).signaled(s)),
-                            )?;
+                            qp.post_prepared(&prepared[qi], ((qi as u64) << QP_SHIFT) | first)?;
                         } else {
                             qp.post_send_list(
                                 (first..first + pl).map(|k| request(qi, k).signaled(sig.at(k))),

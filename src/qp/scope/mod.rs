@@ -72,8 +72,21 @@
 //! # }
 //! ```
 
+//!
+//! # Post lists
+//! [`ScopedQp::post_send_list`] posts requests built by an iterator, 32 per
+//! `ibv_post_send`. A list posted again and again (perftest's `-l`) is
+//! cheaper as a [`PreparedSends`]: its requests are checked and written in
+//! C form once, and [`ScopedQp::post_prepared`] writes only each request's
+//! token and `wr_id` side entry before one `ibv_post_send` for the whole
+//! list, however long. Those two writes (about 15 instructions per request)
+//! are what the raw path, which re-posts an identical C list, does not pay:
+//! without the token the scope could not tell which request a completion
+//! (or a flush after an error) retires.
+
 mod buf;
 mod post;
+mod prepared;
 mod request;
 
 use std::cell::RefCell;
@@ -93,6 +106,7 @@ use crate::qp::{Qp, QpCore};
 
 pub use buf::{Dst, Src};
 pub use post::{ScopedListError, ScopedQp};
+pub use prepared::PreparedSends;
 pub use request::{ScopedCompletion, ScopedSend};
 
 /// How long [`Cq::scope`] waits for the scope's requests by default before

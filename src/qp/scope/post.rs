@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use super::Dst;
+use super::{Dst, PreparedSends};
 use super::{Posted, SIGNALED, ScopedSend};
 use crate::error::{Error, Result, errno};
 use crate::ffi;
@@ -169,6 +169,105 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                     });
                 }
             }
+        }
+    }
+
+    /// Posts a [`PreparedSends`] list with one `ibv_post_send`; request
+    /// `j` of the list gets the `wr_id` `first_wr_id + j` (wrapping). All or
+    /// nothing: a list that does not fit in the free slots is refused whole.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when fewer slots than the list's length are
+    /// free (poll first); [`Error::InvalidArgument`] when the QP's send
+    /// queue does not complete on the scope's CQ; [`Error::Verb`] when the
+    /// provider refuses it (requests before the refused one were posted, as
+    /// with `ibv_post_send`).
+    #[inline(always)]
+    pub fn post_prepared(&mut self, list: &PreparedSends<'scope>, first_wr_id: u64) -> Result<()>
+    where
+        S: CanPostSend,
+    {
+        // SAFETY: as in `post_send`.
+        let core = unsafe { self.core.as_mut() };
+        let head = core.sq_head;
+        let ring = &*core.sq;
+        let n = list.len() as u64;
+        let (in_flight, depth) = (ring.in_flight(head), ring.depth());
+        let tables = match core.scoped.as_deref_mut() {
+            Some(t) if self.sq_ok && in_flight + n <= depth => t,
+            _ => return Err(self.prepared_refused(n)),
+        };
+        // SAFETY: this call is the only user of the chain (the list is not
+        // Sync and no user code runs until it returns).
+        let wrs = unsafe { list.chain() };
+        let ops = list.ops();
+        // Tokens and slot indices of head + j, computed as Ring::token and
+        // Ring::index do, hoisted out of the loop.
+        let tag = u64::from(ring.tag()) << 32;
+        let low = head as u32;
+        let mask = ring.slot_count() - 1;
+        let (wp, side) = (wrs.as_mut_ptr(), tables.sq.as_mut_ptr());
+        for (j, &(opcode, _)) in ops.iter().enumerate() {
+            debug_assert_eq!(
+                tag | u64::from(low.wrapping_add(j as u32)),
+                ring.token(head + j as u64)
+            );
+            debug_assert_eq!((head as usize + j) & mask, ring.index(head + j as u64));
+            // SAFETY: j < the chain's length (`ops` has one entry per
+            // request); the masked index is below the side table's length,
+            // the ring's slot count.
+            unsafe {
+                (*wp.add(j)).wr_id = tag | u64::from(low.wrapping_add(j as u32));
+                *side.add((head as usize).wrapping_add(j) & mask) = Posted {
+                    wr_id: first_wr_id.wrapping_add(j as u64),
+                    opcode,
+                };
+            }
+        }
+        let last = wrs.len() - 1;
+        // The last free slot: ask for a completion so the queue drains.
+        let force = in_flight + n == depth && !core.caps.sq_sig_all;
+        if force {
+            wrs[last].send_flags |= SIGNALED;
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: valid QP; a chain of well-formed requests (checked when
+        // the list was built) whose SGEs name memory borrowed for at least
+        // 'scope, which outlives every request posted in the scope.
+        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+        if force {
+            wrs[last].send_flags = list.flags(last);
+        }
+        if rc != 0 {
+            // As in a list chunk: a provider that does not say which request
+            // it refused may own some of them; count them all as posted.
+            let ok = post::bad_index(bad, wrs.as_mut_ptr(), wrs.len());
+            core.sq_head = head + ok.unwrap_or(wrs.len()) as u64;
+            return Err(Error::verb("ibv_post_send", errno(rc)));
+        }
+        core.sq_head = head + n;
+        Ok(())
+    }
+
+    /// Why [`post_prepared`](ScopedQp::post_prepared) refused a list of `n`.
+    #[cold]
+    #[inline(never)]
+    fn prepared_refused(&self, n: u64) -> Error {
+        // SAFETY: as in `post_send`; read-only.
+        let core = unsafe { self.core.as_ref() };
+        if !self.sq_ok || core.scoped.is_none() {
+            return not_on_scope_cq("send", 0).error;
+        }
+        let depth = core.sq.depth();
+        if n > depth {
+            return Error::InvalidArgument {
+                what: "prepared list",
+                reason: format!("{n} requests do not fit a send queue of {depth}"),
+            };
+        }
+        Error::QueueFull {
+            queue: "send",
+            depth: depth as u32,
         }
     }
 

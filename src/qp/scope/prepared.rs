@@ -1,0 +1,125 @@
+//! Prepared lists of scoped requests: [`PreparedSends`], posted with
+//! [`ScopedQp::post_prepared`](super::ScopedQp::post_prepared).
+
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+
+use super::{SIGNALED, ScopedSend};
+use crate::error::{Error, Result};
+use crate::ffi;
+
+/// A chain of scoped send requests checked and written in C form once, to be
+/// posted many times, each time with one `ibv_post_send` (the chained post
+/// lists of perftest's `-l`). Posting writes only each request's token and
+/// `wr_id` side entry; the requests' buffers, remote ranges, operands and
+/// signaled flags stay as prepared.
+///
+/// The list may be longer than 32 (one doorbell for all of it) but not
+/// longer than the send queue. Its buffers stay borrowed while it exists, so
+/// it can be built before the scope and posted in it.
+pub struct PreparedSends<'scope> {
+    /// The C chain (`next` links it; each `sg_list` points into `sges`).
+    /// Written only during a post, on the thread that owns the list (it is
+    /// not `Sync`: it holds raw pointers).
+    wrs: UnsafeCell<Box<[ffi::ibv_send_wr]>>,
+    /// One SGE per request; never read by Rust after construction.
+    _sges: Box<[ffi::ibv_sge]>,
+    /// Each request's opcode (for its completion) and prepared flags.
+    ops: Box<[(u32, u32)]>,
+    _borrow: PhantomData<&'scope [u8]>,
+}
+
+impl<'scope> PreparedSends<'scope> {
+    /// Checks and lays out `reqs` (their `wr_id`s are ignored: see
+    /// [`ScopedQp::post_prepared`](super::ScopedQp::post_prepared)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty list, else the error the
+    /// first bad request would get when posted alone
+    /// ([`Error::RemoteOutOfBounds`], [`Error::InvalidArgument`]).
+    pub fn new(
+        reqs: impl IntoIterator<Item = ScopedSend<'scope>>,
+    ) -> Result<PreparedSends<'scope>> {
+        let reqs: Vec<ScopedSend<'scope>> = reqs.into_iter().collect();
+        if reqs.is_empty() {
+            return Err(Error::InvalidArgument {
+                what: "prepared list",
+                reason: "has no request".into(),
+            });
+        }
+        if let Some(bad) = reqs.iter().find(|r| !r.plainly_valid()) {
+            return Err(bad.refusal());
+        }
+        let mut sges: Box<[ffi::ibv_sge]> = reqs.iter().map(|r| r.sge).collect();
+        let mut wrs: Box<[ffi::ibv_send_wr]> =
+            vec![ffi::ibv_send_wr::default(); reqs.len()].into_boxed_slice();
+        let n = reqs.len();
+        let (wp, sp) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
+        for (j, r) in reqs.iter().enumerate() {
+            // SAFETY: j < n, the length of both boxed slices, whose heap
+            // storage never moves while the list exists.
+            unsafe {
+                r.fill(&mut *wp.add(j), 0, r.flags, sp.add(j));
+                (*wp.add(j)).next = if j + 1 < n {
+                    wp.add(j + 1)
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+        }
+        Ok(PreparedSends {
+            wrs: UnsafeCell::new(wrs),
+            _sges: sges,
+            ops: reqs.iter().map(|r| (r.opcode, r.flags)).collect(),
+            _borrow: PhantomData,
+        })
+    }
+
+    /// How many requests one post of the list makes.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Always false: a prepared list has at least one request.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Whether request `j` asks for a completion when it succeeds.
+    ///
+    /// # Panics
+    /// If `j` is not below [`len`](Self::len).
+    pub fn is_signaled(&self, j: usize) -> bool {
+        self.ops[j].1 & SIGNALED != 0
+    }
+
+    /// Each request's opcode (for its completion) and prepared flags, in
+    /// order: one entry per request of the chain.
+    pub(super) fn ops(&self) -> &[(u32, u32)] {
+        &self.ops
+    }
+
+    /// The C chain, for one post call.
+    ///
+    /// # Safety
+    /// No other reference to the chain may be live: the caller is the
+    /// post call on the list's thread, which does not re-enter.
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn chain(&self) -> &mut [ffi::ibv_send_wr] {
+        // SAFETY: the caller guarantees exclusivity (see above).
+        unsafe { &mut *self.wrs.get() }
+    }
+
+    /// The prepared flags of request `j`.
+    pub(super) fn flags(&self, j: usize) -> u32 {
+        self.ops[j].1
+    }
+}
+
+impl std::fmt::Debug for PreparedSends<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedSends")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
