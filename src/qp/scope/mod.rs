@@ -120,12 +120,33 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_BATCH: usize = 32;
 
 const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-/// What the QP keeps of each scoped request: its `wr_id` and opcode
-/// (completions in error do not report the opcode).
+/// What the QP keeps of each scoped request: its `wr_id` and the opcode its
+/// completion reports (`IBV_WC_*`, from what was posted: completions in
+/// error do not report one).
 #[derive(Clone, Copy, Default)]
 struct Posted {
     wr_id: u64,
-    opcode: u32,
+    wc_opcode: u32,
+}
+
+impl Posted {
+    /// The entry of a send-queue request posted with `wr_opcode`.
+    #[inline(always)]
+    fn send(wr_id: u64, wr_opcode: u32) -> Posted {
+        Posted {
+            wr_id,
+            wc_opcode: SlotMeta::completion_opcode_of(wr_opcode),
+        }
+    }
+
+    /// The entry of a receive.
+    #[inline(always)]
+    fn recv(wr_id: u64) -> Posted {
+        Posted {
+            wr_id,
+            wc_opcode: ffi::IBV_WC_RECV,
+        }
+    }
 }
 
 /// A QP's tables for scoped requests, allocated by its first scope and
@@ -324,15 +345,14 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             }
             let got = (rc as usize).min(n);
             for wc in &wcs[..got] {
+                let len = out.len();
                 // SAFETY: ibv_poll_cq wrote this entry; the scope is the
-                // CQ's only consumer.
-                if let Some(c) = unsafe { interpret(cq, attached, wc.as_ptr(), caught, &mut lost) }
-                {
-                    let len = out.len();
-                    // SAFETY: at most `want` entries are added: room in
-                    // the spare capacity; written before set_len.
-                    unsafe {
-                        out.as_mut_ptr().add(len).write(c);
+                // CQ's only consumer. At most `want` entries are added, so
+                // the next one has room in the spare capacity; it is
+                // written before set_len.
+                unsafe {
+                    let next = out.as_mut_ptr().add(len);
+                    if interpret(cq, attached, wc.as_ptr(), caught, &mut lost, next) {
                         out.set_len(len + 1);
                     }
                 }
@@ -453,12 +473,14 @@ fn pending(w: Option<&Watch>, ring: &crate::qp::ring::Ring, head: u64) -> u64 {
     }
 }
 
-/// Interprets one completion polled by a scope: a scoped request's comes
-/// back light; anything else is kept in the CQ for its next poll.
+/// Interprets one completion polled by a scope: a scoped request's is
+/// written light to `out` (and true returned); anything else is kept in the
+/// CQ for its next poll.
 ///
 /// # Safety
 /// `wc` was returned by `ibv_poll_cq` on `cq`, whose only consumer the
-/// caller is; the attached QPs are live and not being posted to.
+/// caller is; the attached QPs are live and not being posted to; `out` is
+/// valid for a write.
 #[inline(always)]
 unsafe fn interpret(
     cq: &mut Cq,
@@ -466,7 +488,8 @@ unsafe fn interpret(
     wc: *const ffi::ibv_wc,
     caught: &mut Caught,
     lost: &mut u64,
-) -> Option<ScopedCompletion> {
+    out: *mut ScopedCompletion,
+) -> bool {
     // SAFETY: per the contract.
     unsafe {
         let token = (*wc).wr_id;
@@ -488,60 +511,77 @@ unsafe fn interpret(
                 break;
             }
             if ring.retire_through(seq, w.owned_end, caught, lost) {
-                return None; // the drain marker
+                return false; // the drain marker
             }
-            let tables = core.scoped.as_deref()?;
-            let p = if table {
-                tables.sq[ring.index(seq)]
-            } else {
-                tables.rq[ring.index(seq)]
+            let Some(tables) = core.scoped.as_deref() else {
+                return false;
             };
-            return Some(light(wc, p, recv));
+            let side = if table { &tables.sq } else { &tables.rq };
+            // SAFETY: `index` masks with the ring's slot count, the table's length.
+            let p = *side.get_unchecked(ring.index(seq));
+            light(wc, p, recv, out);
+            return true;
         }
         cq.stash(wc, caught, lost);
-        None
+        false
     }
 }
 
-/// The light completion of a scoped request.
+/// Writes the light completion of a scoped request to `out`.
 ///
 /// # Safety
 /// As `Completion::write_from_wc`: only fields valid for the status and
-/// opcode are read.
+/// opcode are read; `out` is valid for a write.
 #[inline(always)]
-unsafe fn light(wc: *const ffi::ibv_wc, p: Posted, recv: bool) -> ScopedCompletion {
+unsafe fn light(wc: *const ffi::ibv_wc, p: Posted, recv: bool, out: *mut ScopedCompletion) {
     // SAFETY: per the contract.
     unsafe {
         let raw_status = (*wc).status;
-        let mut c = ScopedCompletion {
+        if raw_status != ffi::IBV_WC_SUCCESS {
+            return failed(wc, p, out);
+        }
+        let (opcode, byte_len, imm_data) = if recv {
+            let imm = ((*wc).wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+                .then(|| u32::from_be((*wc).__bindgen_anon_1.imm_data));
+            ((*wc).opcode, (*wc).byte_len, imm)
+        } else {
+            // READ and atomics report the bytes they brought back.
+            let reads = matches!(
+                p.wc_opcode,
+                ffi::IBV_WC_RDMA_READ | ffi::IBV_WC_COMP_SWAP | ffi::IBV_WC_FETCH_ADD
+            );
+            (p.wc_opcode, if reads { (*wc).byte_len } else { 0 }, None)
+        };
+        out.write(ScopedCompletion {
             wr_id: p.wr_id,
             status: WcStatus::Success,
-            opcode: WcOpcode::from_raw(SlotMeta::completion_opcode_of(p.opcode)),
+            opcode: WcOpcode::from_raw(opcode),
+            byte_len,
+            imm_data,
+            qp_num: (*wc).qp_num,
+            vendor_err: 0,
+        });
+    }
+}
+
+/// Writes the light completion of a failed (or flushed) scoped request.
+///
+/// # Safety
+/// As [`light`].
+#[cold]
+#[inline(never)]
+unsafe fn failed(wc: *const ffi::ibv_wc, p: Posted, out: *mut ScopedCompletion) {
+    // SAFETY: per the contract; status, vendor_err and qp_num are valid
+    // for every completion.
+    unsafe {
+        out.write(ScopedCompletion {
+            wr_id: p.wr_id,
+            status: WcStatus::from_raw((*wc).status),
+            opcode: WcOpcode::from_raw(p.wc_opcode),
             byte_len: 0,
             imm_data: None,
             qp_num: (*wc).qp_num,
-            vendor_err: 0,
-        };
-        if raw_status != ffi::IBV_WC_SUCCESS {
-            c.status = WcStatus::from_raw(raw_status);
-            c.vendor_err = (*wc).vendor_err;
-            return c;
-        }
-        if recv {
-            c.opcode = WcOpcode::from_raw((*wc).opcode);
-            c.byte_len = (*wc).byte_len;
-            if (*wc).wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-                c.imm_data = Some(u32::from_be((*wc).__bindgen_anon_1.imm_data));
-            }
-        } else if !matches!(
-            p.opcode,
-            ffi::IBV_WR_SEND
-                | ffi::IBV_WR_SEND_WITH_IMM
-                | ffi::IBV_WR_RDMA_WRITE
-                | ffi::IBV_WR_RDMA_WRITE_WITH_IMM
-        ) {
-            c.byte_len = (*wc).byte_len;
-        }
-        c
+            vendor_err: (*wc).vendor_err,
+        });
     }
 }

@@ -89,12 +89,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
         let i = ring.index(head);
         // SAFETY: `index` masks with the ring's slot count, the table's length.
-        unsafe {
-            *tables.sq.get_unchecked_mut(i) = Posted {
-                wr_id: req.wr_id,
-                opcode: req.opcode,
-            }
-        };
+        unsafe { *tables.sq.get_unchecked_mut(i) = Posted::send(req.wr_id, req.opcode) };
         let wr = &mut tables.send_wrs[0];
         let mut sge = req.sge;
         req.fill(wr, ring.token(head), flags, &mut sge);
@@ -207,7 +202,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let low = head as u32;
         let mask = ring.slot_count() - 1;
         let (wp, side) = (wrs.as_mut_ptr(), tables.sq.as_mut_ptr());
-        for (j, &(opcode, _)) in ops.iter().enumerate() {
+        for (j, &(wc_opcode, _)) in ops.iter().enumerate() {
             debug_assert_eq!(
                 tag | u64::from(low.wrapping_add(j as u32)),
                 ring.token(head + j as u64)
@@ -220,7 +215,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 (*wp.add(j)).wr_id = tag | u64::from(low.wrapping_add(j as u32));
                 *side.add((head as usize).wrapping_add(j) & mask) = Posted {
                     wr_id: first_wr_id.wrapping_add(j as u64),
-                    opcode,
+                    wc_opcode,
                 };
             }
         }
@@ -278,34 +273,24 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// [`Error::InvalidArgument`] when the QP's receives do not complete on
     /// the scope's CQ (or come from a shared receive queue);
     /// [`Error::Verb`] when the provider refuses it.
-    #[inline]
+    #[inline(always)]
     pub fn post_recv(&mut self, wr_id: u64, dst: Dst<'scope>) -> Result<()>
     where
         S: CanPostRecv,
     {
-        // SAFETY: as in `post_send_list`.
+        // SAFETY: as in `post_send`.
         let core = unsafe { self.core.as_mut() };
-        if !self.rq_ok {
-            return Err(not_on_scope_cq("receive", 0).error);
-        }
         let head = core.rq_head;
-        let (in_flight, depth) = (core.rq.in_flight(head), core.rq.depth());
-        if in_flight >= depth {
-            return Err(Error::QueueFull {
-                queue: "receive",
-                depth: depth as u32,
-            });
-        }
-        let Some(tables) = core.scoped.as_deref_mut() else {
-            return Err(not_on_scope_cq("receive", 0).error);
+        let ring = &*core.rq;
+        let tables = match core.scoped.as_deref_mut() {
+            Some(t) if self.rq_ok && ring.in_flight(head) < ring.depth() => t,
+            _ => return Err(self.recv_refused()),
         };
-        tables.rq[core.rq.index(head)] = Posted {
-            wr_id,
-            opcode: ffi::IBV_WC_RECV,
-        };
+        // SAFETY: `index` masks with the ring's slot count, the table's length.
+        unsafe { *tables.rq.get_unchecked_mut(ring.index(head)) = Posted::recv(wr_id) };
         let mut sge = dst.sge;
         let mut wr = ffi::ibv_recv_wr {
-            wr_id: core.rq.token(head),
+            wr_id: ring.token(head),
             next: std::ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: i32::from(sge.length != 0),
@@ -319,6 +304,21 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
         core.rq_head = head + 1;
         Ok(())
+    }
+
+    /// Why [`post_recv`](ScopedQp::post_recv) refused.
+    #[cold]
+    #[inline(never)]
+    fn recv_refused(&self) -> Error {
+        // SAFETY: as in `post_send`; read-only.
+        let core = unsafe { self.core.as_ref() };
+        if !self.rq_ok || core.scoped.is_none() {
+            return not_on_scope_cq("receive", 0).error;
+        }
+        Error::QueueFull {
+            queue: "receive",
+            depth: core.rq.depth() as u32,
+        }
     }
 
     /// Requests posted on the send and receive queue that have not been
@@ -379,10 +379,7 @@ fn post_send_chunk<'s>(
         // length; n < POST_CHUNK: inside both arrays, which live in the
         // QP's tables and nothing else references now.
         unsafe {
-            *tables.sq.get_unchecked_mut(ring.index(seq)) = Posted {
-                wr_id: req.wr_id,
-                opcode: req.opcode,
-            };
+            *tables.sq.get_unchecked_mut(ring.index(seq)) = Posted::send(req.wr_id, req.opcode);
             sges.add(n).write(req.sge);
             req.fill(&mut *wrs.add(n), ring.token(seq), flags, sges.add(n));
             (*wrs.add(n)).next = wrs.add(n + 1);

@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use super::{SIGNALED, ScopedSend};
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::qp::ring::SlotMeta;
 
 /// A chain of scoped send requests checked and written in C form once, to be
 /// posted many times, each time with one `ibv_post_send` (the chained post
@@ -24,7 +25,7 @@ pub struct PreparedSends<'scope> {
     wrs: UnsafeCell<Box<[ffi::ibv_send_wr]>>,
     /// One SGE per request; never read by Rust after construction.
     _sges: Box<[ffi::ibv_sge]>,
-    /// Each request's opcode (for its completion) and prepared flags.
+    /// Each request's completion opcode (`IBV_WC_*`) and prepared flags.
     ops: Box<[(u32, u32)]>,
     _borrow: PhantomData<&'scope [u8]>,
 }
@@ -70,7 +71,10 @@ impl<'scope> PreparedSends<'scope> {
         Ok(PreparedSends {
             wrs: UnsafeCell::new(wrs),
             _sges: sges,
-            ops: reqs.iter().map(|r| (r.opcode, r.flags)).collect(),
+            ops: reqs
+                .iter()
+                .map(|r| (SlotMeta::completion_opcode_of(r.opcode), r.flags))
+                .collect(),
             _borrow: PhantomData,
         })
     }
@@ -93,8 +97,8 @@ impl<'scope> PreparedSends<'scope> {
         self.ops[j].1 & SIGNALED != 0
     }
 
-    /// Each request's opcode (for its completion) and prepared flags, in
-    /// order: one entry per request of the chain.
+    /// Each request's completion opcode (`IBV_WC_*`) and prepared flags,
+    /// in order: one entry per request of the chain.
     pub(super) fn ops(&self) -> &[(u32, u32)] {
         &self.ops
     }
