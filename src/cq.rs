@@ -72,6 +72,21 @@ c_enum! {
 }
 
 impl WcStatus {
+    /// `Ok` on success, else [`Error::WorkCompletion`] for the completion
+    /// of `wr_id` (shared by every kind of completion).
+    #[inline]
+    pub(crate) fn result(self, wr_id: u64, vendor_err: u32) -> Result<()> {
+        if self.is_success() {
+            Ok(())
+        } else {
+            Err(Error::WorkCompletion {
+                wr_id,
+                status: self,
+                vendor_err,
+            })
+        }
+    }
+
     /// rdma-core's description (`ibv_wc_status_str`), e.g. "remote access error".
     pub fn description(self) -> String {
         // SAFETY: ibv_wc_status_str returns a static string for any value.
@@ -216,15 +231,7 @@ impl Completion {
     /// `Ok` on success, else [`Error::WorkCompletion`] naming the status.
     #[inline]
     pub fn result(&self) -> Result<()> {
-        if self.status.is_success() {
-            Ok(())
-        } else {
-            Err(Error::WorkCompletion {
-                wr_id: self.wr_id,
-                status: self.status,
-                vendor_err: self.vendor_err,
-            })
-        }
+        self.status.result(self.wr_id, self.vendor_err)
     }
 
     /// Source LID of a successful receive (UD on InfiniBand; 0 on RoCE).

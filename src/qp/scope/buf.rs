@@ -38,27 +38,6 @@ impl<'scope> Src<'scope> {
             _borrow: PhantomData,
         })
     }
-
-    /// Bytes `offset..offset + len` of this buffer.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when the range is not inside it.
-    pub fn slice(self, offset: usize, len: usize) -> Result<Src<'scope>> {
-        Ok(Src {
-            sge: sub_sge(self.sge, offset, len)?,
-            _borrow: PhantomData,
-        })
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.sge.length as usize
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.sge.length == 0
-    }
 }
 
 /// A registered buffer the NIC may write (a receive, READ or atomic
@@ -90,28 +69,38 @@ impl<'scope> Dst<'scope> {
             _borrow: PhantomData,
         })
     }
-
-    /// Bytes `offset..offset + len` of this buffer.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when the range is not inside it.
-    pub fn slice(self, offset: usize, len: usize) -> Result<Dst<'scope>> {
-        Ok(Dst {
-            sge: sub_sge(self.sge, offset, len)?,
-            _borrow: PhantomData,
-        })
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.sge.length as usize
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.sge.length == 0
-    }
 }
+
+/// `slice`, `len` and `is_empty`, the same for both kinds of lent buffer.
+macro_rules! lent_buffer {
+    ($kind:ident) => {
+        impl<'scope> $kind<'scope> {
+            /// Bytes `offset..offset + len` of this buffer.
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] when the range is not inside it.
+            pub fn slice(self, offset: usize, len: usize) -> Result<$kind<'scope>> {
+                Ok($kind {
+                    sge: sub_sge(self.sge, offset, len)?,
+                    _borrow: PhantomData,
+                })
+            }
+
+            /// Length in bytes.
+            pub fn len(&self) -> usize {
+                self.sge.length as usize
+            }
+
+            /// True when empty.
+            pub fn is_empty(&self) -> bool {
+                self.sge.length == 0
+            }
+        }
+    };
+}
+
+lent_buffer!(Src);
+lent_buffer!(Dst);
 
 fn checked_sge(addr: u64, len: usize, lkey: u32) -> Result<ffi::ibv_sge> {
     let length = u32::try_from(len).map_err(|_| Error::InvalidArgument {

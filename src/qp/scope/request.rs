@@ -311,14 +311,6 @@ impl ScopedCompletion {
     /// `Ok` on success, else [`Error::WorkCompletion`] naming the status.
     #[inline]
     pub fn result(&self) -> Result<()> {
-        if self.status.is_success() {
-            Ok(())
-        } else {
-            Err(Error::WorkCompletion {
-                wr_id: self.wr_id,
-                status: self.status,
-                vendor_err: self.vendor_err,
-            })
-        }
+        self.status.result(self.wr_id, self.vendor_err)
     }
 }
