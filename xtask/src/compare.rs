@@ -253,8 +253,13 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     fs::create_dir_all(&work).context(|| format!("cannot create {}", work.display()))?;
     let script = script(&plan);
     let runs = runs_per_rep(&plan) * plan.reps as usize;
+    let scoped_bw_only = if plan.paths.contains(&"scoped") && plan.tests.iter().any(|t| !is_bw(t)) {
+        " (scoped: bandwidth tests only)"
+    } else {
+        ""
+    };
     eprintln!(
-        "xtask compare: {runs} runs ({} (test, size) pairs x perftest and {} x {} repetitions) in one guest",
+        "xtask compare: {runs} runs ({} (test, size) pairs x perftest and {}{scoped_bw_only} x {} repetitions) in one guest",
         combinations(&plan),
         plan.paths.join(", "),
         plan.reps
