@@ -1,11 +1,20 @@
-//! Heap allocations per operation on the safe data path, in steady state.
+//! Heap allocations per operation on the safe data paths (ownership passing
+//! and scoped borrowing), in steady state.
 //!
 //! A counting `#[global_allocator]` counts every Rust allocation while each
 //! loop runs (after a warm-up that reaches steady state). The bench exits with
-//! status 1 if any case allocates at all. Cases: the bandwidth loops of
-//! `perf` (WRITE and SEND from shared sources with 1 in 100 signaled, READ
-//! into owned destinations handed back by their completions, SEND with the
-//! receive re-posted), post lists, inline WRITEs, and polling an empty CQ.
+//! status 1 if any case allocates at all. Ownership-passing cases: the
+//! bandwidth loops of `perf` (WRITE from a shared source with 1 in 100
+//! signaled, READ into owned destinations handed back by their completions,
+//! SEND with the receive re-posted), post lists, inline WRITEs, and polling an
+//! empty CQ. Scoped cases, each inside one `Cq::scope` (on a second QP pair,
+//! so that no ownership-passing request is outstanding), polled with
+//! `Scope::poll` into a `Vec` with reserved capacity: WRITE from a `Src` with
+//! 1 in 100 signaled, READ into a `Dst` (1 in 16 signaled), SEND with the
+//! receive re-posted by `ScopedQp::post_recv` in the peer's scope (nested on
+//! its CQ), a `PreparedSends` list of 8 WRITEs posted with `post_prepared`,
+//! and polling an empty CQ. What entering a scope allocates (not per
+//! operation) is printed for information and not checked.
 //! Run inside the soft-RoCE guest:
 //! `cargo bench --no-run`, then `cargo xtask run -- target/release/deps/alloc_count-<hash> --bench`.
 
@@ -13,7 +22,10 @@
 mod harness;
 
 use harness::{CountingAlloc, allocs, pair, require_bench_flag};
-use rdma_verbs::{AccessFlags, Completion, Cq, QpCaps, RecvWr, SendWr};
+use rdma_verbs::{
+    AccessFlags, Completion, Cq, Dst, PreparedSends, QpCaps, RecvWr, Result, Scope,
+    ScopedCompletion, ScopedSend, SendWr, Src,
+};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -34,6 +46,20 @@ fn retire(
         for c in out.iter_mut() {
             c.result().expect("completion");
             keep(c);
+        }
+        n -= got.min(n);
+    }
+    out.clear();
+}
+
+/// Polls the scope until `n` of its completions arrived, into `out` (never
+/// beyond its capacity); checks each.
+fn retire_scoped(s: &Scope<'_, '_>, out: &mut Vec<ScopedCompletion>, mut n: usize) {
+    while n > 0 {
+        out.clear();
+        let got = s.poll(out).expect("scope poll");
+        for c in out.iter() {
+            c.result().expect("scoped completion");
         }
         n -= got.min(n);
     }
@@ -161,12 +187,133 @@ fn main() {
         }
     }));
 
-    let worst = results.iter().copied().fold(0.0, f64::max);
     drop(p);
     drop(target);
+    scoped_cases(caps, &mut results).expect("scoped cases");
+
+    let worst = results.iter().copied().fold(0.0, f64::max);
     if worst > 0.0 {
         println!("FAILED: the safe data path allocates in steady state ({worst} allocs/op)");
         std::process::exit(1);
     }
     println!("ok: 0 allocations per operation in every case");
+}
+
+/// The scoped cases, on a pair of their own (see the module docs).
+fn scoped_cases(caps: QpCaps, results: &mut Vec<f64>) -> Result<()> {
+    const RECVS: u64 = 16;
+    let mut p = pair(caps, 512);
+    let pd = p.pd.clone();
+    let lw = AccessFlags::LOCAL_WRITE;
+    let src_mr = pd.alloc_mr(4096, lw)?;
+    let target = pd.alloc_mr(
+        4096,
+        lw | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+    )?;
+    let remote = target.remote();
+    let mut read_mr = pd.alloc_mr(64, lw)?;
+    let mut recv_mr = pd.alloc_mr(RECVS as usize * 64, lw)?;
+    // Borrowed for the scopes below (built outside them, as the scopes
+    // require); all of it is set up before anything is counted.
+    let src = Src::new(&src_mr)?.slice(0, 64)?;
+    let read_dst = Dst::new(&mut read_mr)?;
+    let recv_all = Dst::new(&mut recv_mr)?;
+    let recv_dst = (0..RECVS)
+        .map(|j| recv_all.slice(j as usize * 64, 64))
+        .collect::<Result<Vec<_>>>()?;
+    let list = PreparedSends::new(
+        (0..8u64).map(|j| ScopedSend::write(0, src, remote, j * 64).signaled(j == 7)),
+    )?;
+    let mut out: Vec<ScopedCompletion> = Vec::with_capacity(16);
+    let mut out_b: Vec<ScopedCompletion> = Vec::with_capacity(16);
+
+    p.cq_a.scope(|s| -> Result<()> {
+        let mut q = s.attach(&mut p.a)?;
+        results.push(count("scoped WRITE from a Src, 1 in 100 signaled", |n| {
+            for i in 0..n {
+                let last = i % 100 == 99 || i == n - 1;
+                let wr = ScopedSend::write(i, src, remote, (i % 64) * 64).signaled(last);
+                q.post_send(&wr).expect("post_send");
+                if last {
+                    retire_scoped(s, &mut out, 1);
+                }
+            }
+        }));
+        results.push(count("scoped READ into a Dst, 1 in 16 signaled", |n| {
+            for i in 0..n {
+                let last = i % 16 == 15 || i == n - 1;
+                let wr = ScopedSend::read(i, read_dst, remote, 0).signaled(last);
+                q.post_send(&wr).expect("post_send");
+                if last {
+                    retire_scoped(s, &mut out, 1);
+                }
+            }
+        }));
+        results.push(count(
+            "scoped PreparedSends of 8 WRITEs (1 signaled)",
+            |n| {
+                for i in (0..n).step_by(8) {
+                    q.post_prepared(&list, i).expect("post_prepared");
+                    retire_scoped(s, &mut out, 1);
+                }
+            },
+        ));
+        results.push(count("scoped poll of an empty CQ", |n| {
+            for _ in 0..n {
+                out.clear();
+                std::hint::black_box(s.poll(&mut out).expect("poll"));
+            }
+        }));
+        Ok(())
+    })?;
+
+    // SEND from a's scope; b's receives, posted and re-posted in its own
+    // scope on its CQ, nested in a's.
+    p.cq_a.scope(|sa| -> Result<()> {
+        let mut qa = sa.attach(&mut p.a)?;
+        p.cq_b.scope(|sb| -> Result<()> {
+            let mut qb = sb.attach(&mut p.b)?;
+            for j in 0..RECVS {
+                qb.post_recv(j, recv_dst[j as usize])?;
+            }
+            let mut send = |i: u64, repost: bool| {
+                qa.post_send(&ScopedSend::send(i, src)).expect("post_send");
+                retire_scoped(sa, &mut out, 1);
+                out_b.clear();
+                while out_b.is_empty() {
+                    sb.poll(&mut out_b).expect("poll");
+                }
+                let c = out_b[0];
+                c.result().expect("receive");
+                assert_eq!(c.byte_len, 64);
+                if repost {
+                    qb.post_recv(c.wr_id, recv_dst[c.wr_id as usize])
+                        .expect("post_recv");
+                }
+                out_b.clear();
+            };
+            results.push(count("scoped SEND + RECV re-posted by post_recv", |n| {
+                for i in 0..n {
+                    send(i, true);
+                }
+            }));
+            // Use up the posted receives so that the scope ends with nothing
+            // outstanding.
+            for i in 0..RECVS {
+                send(i, false);
+            }
+            Ok(())
+        })
+    })?;
+
+    // Information: what entering a scope and attaching a QP costs (once per
+    // scope, not per operation; the QP's tables already exist).
+    let a0 = harness::allocs();
+    p.cq_a.scope(|s| s.attach(&mut p.a).map(drop))?;
+    println!(
+        "{:<52} {:>8} allocs (per scope; information, not checked)",
+        "Cq::scope + attach",
+        harness::allocs() - a0
+    );
+    Ok(())
 }

@@ -1,11 +1,14 @@
 //! `cargo xtask compare`: perftest against this crate's `perf` example, safe and raw data
-//! paths, with identical parameters, in one soft-RoCE guest.
+//! paths (and, with `--paths`, the scoped one), with identical parameters, in one soft-RoCE
+//! guest.
 //!
 //! For every test (`write_bw`, `read_bw`, `send_bw`, `send_lat` by default) and size (2 B,
 //! 64 B, 1 KiB, 4 KiB, 64 KiB, 1 MiB by default), the guest runs perftest's `ib_<test>`, then
-//! `perf <test> --safe` and `perf <test> --raw` (the order rotates with each repetition, so
-//! drift in the guest's speed does not favour one of them), each as a server and a client
-//! on rxe0 with the same flags: `-d $RDMA_VERBS_DEVICE -x 1 -F -s SIZE -n ITERS` and
+//! `perf <test> --safe` and `perf <test> --raw` (`--paths` picks among `safe`, `raw` and
+//! `scoped`; `perf --scoped` runs the bandwidth tests only, so a latency test never gets a
+//! scoped run). The order rotates with each (test, size) and each repetition, so drift in
+//! the guest's speed does not favour one of them; each runs as a server and a client on
+//! rxe0 with the same flags: `-d $RDMA_VERBS_DEVICE -x 1 -F -s SIZE -n ITERS` and
 //! perftest's defaults for everything else (tx depth 128 / 1, CQ moderation 100 or 1 above
 //! 8 KiB, no inline data on soft-RoCE). Iterations scale with the size so that every run
 //! moves about the same number of bytes: bandwidth tests `clamp(64 MiB / size, 64, 5000)`,
@@ -19,8 +22,10 @@
 //! 2-decimal MiB/s and 6-decimal Mpps columns has more significant digits) and `perf`'s
 //! `--out_json`. Each number is the median over the repetitions. Written:
 //! `target/compare/compare.json` (rows `{test, path, size, unit, ours, perftest, ratio}`,
-//! ratio = ours / perftest), `target/compare/compare.svg` (ratio against size), and the raw
-//! logs under `target/compare/runs/`.
+//! path `safe`, `raw` or `scoped`, ratio = ours / perftest), `target/compare/compare.svg`
+//! (ratio against size, a line per path), and the raw logs under `target/compare/runs/`.
+//! The printed table has a value and a ratio to perftest per path, and the ratios between
+//! paths (safe/raw, scoped/safe, scoped/raw) of those `--paths` names.
 //!
 //! The guest writes its logs to a directory under the host's `/tmp`, which `cargo xtask
 //! run` shares read-write with the guest whenever a command argument lies there.
@@ -53,20 +58,25 @@ const KNOWN_TESTS: &[&str] = &[
 ];
 /// perftest's `DEF_SIZE_ATOMIC`: the one size of `atomic_bw`.
 const ATOMIC_SIZE: u64 = 8;
-/// The three implementations, in the order of the first repetition.
-const IMPLS: &[&str] = &["perftest", "safe", "raw"];
+/// Our data paths `--paths` can name, in table order (`perf --<path>`).
+const KNOWN_PATHS: &[&str] = &["safe", "raw", "scoped"];
+/// Default `--paths`.
+const DEFAULT_PATHS: &[&str] = &["safe", "raw"];
 /// Time limit of each side of one run inside the guest, in seconds.
 const SIDE_TIMEOUT_SECS: u32 = 180;
 
 const USAGE: &str = "\
-usage: cargo xtask compare [--reps N] [--sizes S1,S2,...] [--tests T1,T2,...] [--timeout SECS]
+usage: cargo xtask compare [--reps N] [--sizes S1,S2,...] [--tests T1,T2,...] [--paths P1,...]
+                           [--timeout SECS]
 
-Runs perftest (ib_<test>) and the `perf` example (--safe and --raw) with identical parameters
-in one soft-RoCE guest and writes target/compare/compare.{json,svg}.
+Runs perftest (ib_<test>) and the `perf` example (--safe and --raw by default) with identical
+parameters in one soft-RoCE guest and writes target/compare/compare.{json,svg}.
   --reps N        repetitions of every run; medians are reported (default 5)
   --sizes LIST    message sizes in bytes (default 2,64,1024,4096,65536,1048576)
   --tests LIST    of write_bw,read_bw,send_bw,write_lat,send_lat,read_lat,atomic_bw
                   (default write_bw,read_bw,send_bw,send_lat; atomic_bw runs at 8 B only)
+  --paths LIST    our data paths, of safe,raw,scoped (default safe,raw); scoped (perf
+                  --scoped, Cq::scope) runs the bandwidth tests only, *_lat tests skip it
   --timeout SECS  limit of the whole guest run (default 2400)";
 
 /// What the command line asked for.
@@ -74,6 +84,8 @@ struct Plan {
     reps: u32,
     sizes: Vec<u64>,
     tests: Vec<String>,
+    /// Our data paths, in `KNOWN_PATHS` order, no duplicates.
+    paths: Vec<&'static str>,
     timeout: Duration,
 }
 
@@ -82,6 +94,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         reps: 5,
         sizes: DEFAULT_SIZES.to_vec(),
         tests: DEFAULT_TESTS.iter().map(|s| s.to_string()).collect(),
+        paths: DEFAULT_PATHS.to_vec(),
         timeout: Duration::from_secs(2400),
     };
     let args: Vec<String> = args
@@ -130,6 +143,18 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
                     return Err(Error::usage(format!("unknown test {bad:?}\n\n{USAGE}")));
                 }
             }
+            "--paths" => {
+                let v = value()?;
+                let asked: Vec<&str> = v.split(',').map(str::trim).collect();
+                if let Some(bad) = asked.iter().find(|p| !KNOWN_PATHS.contains(p)) {
+                    return Err(Error::usage(format!("unknown path {bad:?}\n\n{USAGE}")));
+                }
+                plan.paths = KNOWN_PATHS
+                    .iter()
+                    .copied()
+                    .filter(|p| asked.contains(p))
+                    .collect();
+            }
             "--timeout" => {
                 plan.timeout = crate::parse_secs(&value()?)
                     .map_err(|e| Error::usage(format!("--timeout: {e}")))?
@@ -166,6 +191,40 @@ fn combinations(plan: &Plan) -> usize {
     plan.tests.iter().map(|t| sizes_for(plan, t).len()).sum()
 }
 
+/// Our data paths `test` runs on: `--paths`, less `scoped` for the latency tests
+/// (`perf --scoped` runs the bandwidth tests only).
+fn paths_for(plan: &Plan, test: &str) -> Vec<&'static str> {
+    plan.paths
+        .iter()
+        .copied()
+        .filter(|&p| p != "scoped" || is_bw(test))
+        .collect()
+}
+
+/// The implementations `test` runs, in the order of the first repetition: perftest, then
+/// `paths_for`.
+fn impls_for(plan: &Plan, test: &str) -> Vec<&'static str> {
+    let mut v = vec!["perftest"];
+    v.extend(paths_for(plan, test));
+    v
+}
+
+/// How many (test, size, path) combinations of ours the plan runs.
+fn path_combinations(plan: &Plan) -> usize {
+    plan.tests
+        .iter()
+        .map(|t| sizes_for(plan, t).len() * paths_for(plan, t).len())
+        .sum()
+}
+
+/// How many runs (each a server and a client) one repetition makes.
+fn runs_per_rep(plan: &Plan) -> usize {
+    plan.tests
+        .iter()
+        .map(|t| sizes_for(plan, t).len() * impls_for(plan, t).len())
+        .sum()
+}
+
 /// Iterations for `test` at `size`: about the same bytes per run at every size.
 fn iters(test: &str, size: u64) -> u64 {
     if is_bw(test) {
@@ -193,11 +252,16 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).context(|| format!("cannot create {}", work.display()))?;
     let script = script(&plan);
-    let runs = combinations(&plan) * IMPLS.len() * plan.reps as usize;
+    let runs = runs_per_rep(&plan) * plan.reps as usize;
+    let scoped_bw_only = if plan.paths.contains(&"scoped") && plan.tests.iter().any(|t| !is_bw(t)) {
+        " (scoped: bandwidth tests only)"
+    } else {
+        ""
+    };
     eprintln!(
-        "xtask compare: {runs} runs ({} (test, size) pairs x {} implementations x {} repetitions) in one guest",
+        "xtask compare: {runs} runs ({} (test, size) pairs x perftest and {}{scoped_bw_only} x {} repetitions) in one guest",
         combinations(&plan),
-        IMPLS.len(),
+        plan.paths.join(", "),
         plan.reps
     );
     let mut inv = Invocation::new(
@@ -238,7 +302,7 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     fs::write(&svg_path, svg(&plan, &rows))
         .context(|| format!("cannot write {}", svg_path.display()))?;
     say!("wrote {} and {}", json_path.display(), svg_path.display());
-    let missing = combinations(&plan) * 2 - rows.iter().filter(|r| r.primary).count();
+    let missing = path_combinations(&plan) - rows.iter().filter(|r| r.primary).count();
     if !failed.is_empty() {
         eprintln!(
             "xtask compare: {} run(s) produced no result (medians use the others): {}; logs in {}",
@@ -295,13 +359,17 @@ fn script(plan: &Plan) -> String {
          \x20 echo \"[compare] $name: client $crc, server $src\"\n\
          }}\n"
     );
-    let mut k = 0usize;
     for rep in 0..plan.reps {
+        // The first implementation moves on by one from each (test, size) to the next and
+        // from each repetition to the next, so that over the repetitions every one takes
+        // every place (whatever the number of combinations modulo the implementations).
+        let mut k = rep as usize;
         for test in &plan.tests {
             for &size in sizes_for(plan, test) {
                 let n = iters(test, size);
-                for j in 0..IMPLS.len() {
-                    let imp = IMPLS[(j + k) % IMPLS.len()];
+                let impls = impls_for(plan, test);
+                for j in 0..impls.len() {
+                    let imp = impls[(j + k) % impls.len()];
                     let name = format!("{test}_{size}_{imp}_{rep}");
                     let _ = writeln!(s, "job {name} {imp} {test} {size} {n}");
                 }
@@ -328,9 +396,9 @@ fn collect(plan: &Plan, dir: &Path) -> (Results, Vec<String>) {
     for rep in 0..plan.reps {
         for test in &plan.tests {
             for &size in sizes_for(plan, test) {
-                for imp in IMPLS {
+                for imp in impls_for(plan, test) {
                     let name = format!("{test}_{size}_{imp}_{rep}");
-                    let got = if *imp == "perftest" {
+                    let got = if imp == "perftest" {
                         fs::read_to_string(dir.join(format!("{name}.client.txt")))
                             .ok()
                             .and_then(|t| parse_perftest(&t, is_bw(test), size))
@@ -444,7 +512,7 @@ fn rows(plan: &Plan, results: &Results) -> Vec<Row> {
             let Some(pt) = results.get(&(test.clone(), size, "perftest".to_string())) else {
                 continue;
             };
-            for path in ["safe", "raw"] {
+            for path in paths_for(plan, test) {
                 let Some(ours) = results.get(&(test.clone(), size, path.to_string())) else {
                     continue;
                 };
@@ -473,24 +541,33 @@ fn find<'a>(rows: &'a [Row], test: &str, path: &str, size: u64, unit: &str) -> O
         .find(|r| r.test == test && r.path == path && r.size == size && r.unit == unit)
 }
 
+/// The ratio columns between two of our paths (`a/b`) the table shows, of those `--paths`
+/// names.
+fn path_pairs(plan: &Plan) -> Vec<(&'static str, &'static str)> {
+    [("safe", "raw"), ("scoped", "safe"), ("scoped", "raw")]
+        .into_iter()
+        .filter(|(a, b)| plan.paths.contains(a) && plan.paths.contains(b))
+        .collect()
+}
+
 fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
     say!("");
     say!(
         "perftest vs rdma-verbs `perf` (soft-RoCE rxe0 in a TCG guest; median of {} repetition(s))",
         plan.reps
     );
-    say!(
-        "{:<9} {:>8} {:<15} {:>12} {:>12} {:>7} {:>12} {:>7} {:>9}",
-        "test",
-        "size",
-        "unit",
-        "perftest",
-        "safe",
-        "ratio",
-        "raw",
-        "ratio",
-        "safe/raw"
+    let pairs = path_pairs(plan);
+    let mut header = format!(
+        "{:<9} {:>8} {:<15} {:>12} {:>8}",
+        "test", "size", "unit", "perftest", "spread"
     );
+    for path in &plan.paths {
+        let _ = write!(header, " {path:>12} {:>7}", "ratio");
+    }
+    for (a, b) in &pairs {
+        let _ = write!(header, " {:>11}", format!("{a}/{b}"));
+    }
+    say!("{header}");
     let mut misses = Vec::new();
     for test in &plan.tests {
         for &size in sizes_for(plan, test) {
@@ -500,30 +577,34 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
                 &["t_typical usec", "p99 usec"]
             };
             for unit in units {
-                let safe = find(rows, test, "safe", size, unit);
-                let raw = find(rows, test, "raw", size, unit);
-                let pt = safe.or(raw).map(|r| r.perftest);
-                let pt_spread = safe.or(raw).map_or("-".to_owned(), |r| {
+                let ours: Vec<Option<&Row>> = plan
+                    .paths
+                    .iter()
+                    .map(|p| find(rows, test, p, size, unit))
+                    .collect();
+                let any = ours.iter().flatten().next();
+                let pt = any.map_or("-".to_owned(), |r| format!("{:.4}", r.perftest));
+                let pt_spread = any.map_or("-".to_owned(), |r| {
                     format!("{:.0}%", r.perftest_spread * 100.0)
                 });
-                let cell = |r: Option<&Row>| r.map_or("-".to_owned(), |r| format!("{:.4}", r.ours));
-                let ratio =
-                    |r: Option<&Row>| r.map_or("-".to_owned(), |r| format!("{:.2}", r.ratio()));
-                let sr = match (safe, raw) {
-                    (Some(s), Some(r)) => format!("{:.3}", s.ours / r.ours),
-                    _ => "-".to_owned(),
-                };
-                say!(
-                    "{test:<9} {size:>8} {unit:<15} {:>12} {:>8} {:>12} {:>7} {:>12} {:>7} {:>9}",
-                    pt.map_or("-".to_owned(), |p| format!("{p:.4}")),
-                    pt_spread,
-                    cell(safe),
-                    ratio(safe),
-                    cell(raw),
-                    ratio(raw),
-                    sr
-                );
-                for r in [safe, raw].into_iter().flatten() {
+                let mut line = format!("{test:<9} {size:>8} {unit:<15} {pt:>12} {pt_spread:>8}");
+                for r in &ours {
+                    let cell = r.map_or("-".to_owned(), |r| format!("{:.4}", r.ours));
+                    let ratio = r.map_or("-".to_owned(), |r| format!("{:.2}", r.ratio()));
+                    let _ = write!(line, " {cell:>12} {ratio:>7}");
+                }
+                for (a, b) in &pairs {
+                    let cell = match (
+                        find(rows, test, a, size, unit),
+                        find(rows, test, b, size, unit),
+                    ) {
+                        (Some(a), Some(b)) => format!("{:.3}", a.ours / b.ours),
+                        _ => "-".to_owned(),
+                    };
+                    let _ = write!(line, " {cell:>11}");
+                }
+                say!("{line}");
+                for r in ours.into_iter().flatten() {
                     let ok = if is_bw(test) {
                         r.ratio() >= 1.0
                     } else {
@@ -543,7 +624,7 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
     }
     say!("");
     say!(
-        "targets: bandwidth/message rate ours/perftest >= 1.00, latency <= 1.00, safe vs raw within 3% at 2 B"
+        "targets: bandwidth/message rate ours/perftest >= 1.00, latency <= 1.00, safe (and scoped) vs raw within 3% at 2 B"
     );
     if misses.is_empty() {
         say!("  every ours/perftest target met");
@@ -555,20 +636,34 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
     }
     for test in plan.tests.iter().filter(|t| is_bw(t)) {
         let small = if test == "atomic_bw" { ATOMIC_SIZE } else { 2 };
-        if let (Some(s), Some(r)) = (
-            find(rows, test, "safe", small, "Mpps"),
-            find(rows, test, "raw", small, "Mpps"),
-        ) {
-            let d = (s.ours / r.ours - 1.0) * 100.0;
-            say!(
-                "  {test} {small} B safe vs raw message rate: {d:+.1}% ({})",
-                if d.abs() <= 3.0 {
-                    "within 3%"
-                } else {
-                    "outside 3%"
-                }
-            );
+        for path in ["safe", "scoped"] {
+            if let (Some(s), Some(r)) = (
+                find(rows, test, path, small, "Mpps"),
+                find(rows, test, "raw", small, "Mpps"),
+            ) {
+                let d = (s.ours / r.ours - 1.0) * 100.0;
+                say!(
+                    "  {test} {small} B {path} vs raw message rate: {d:+.1}% ({})",
+                    if d.abs() <= 3.0 {
+                        "within 3%"
+                    } else {
+                        "outside 3%"
+                    }
+                );
+            }
         }
+    }
+    let lat: Vec<&str> = plan
+        .tests
+        .iter()
+        .filter(|t| !is_bw(t))
+        .map(String::as_str)
+        .collect();
+    if plan.paths.contains(&"scoped") && !lat.is_empty() {
+        say!(
+            "  no scoped runs for {} (perf --scoped runs the bandwidth tests only)",
+            lat.join(", ")
+        );
     }
     say!("logs: {}", runs_dir.display());
 }
@@ -599,6 +694,18 @@ fn json_num(v: f64) -> String {
     } else {
         "null".to_owned()
     }
+}
+
+/// The plot's colour of each of `--paths`.
+fn path_colors(plan: &Plan) -> Vec<(&'static str, &'static str)> {
+    [
+        ("safe", "#1f77b4"),
+        ("raw", "#ff7f0e"),
+        ("scoped", "#2ca02c"),
+    ]
+    .into_iter()
+    .filter(|(p, _)| plan.paths.contains(p))
+    .collect()
 }
 
 /// A plot of ours/perftest against size: one panel per test, a line per data path
@@ -692,7 +799,7 @@ fn svg(plan: &Plan, rows: &[Row]) -> String {
                 y0 + PH + 14.0
             );
         }
-        for (path, color) in [("safe", "#1f77b4"), ("raw", "#ff7f0e")] {
+        for (path, color) in path_colors(plan) {
             let line: Vec<String> = pts
                 .iter()
                 .filter(|r| r.path == path && r.ratio().is_finite())
@@ -715,17 +822,19 @@ fn svg(plan: &Plan, rows: &[Row]) -> String {
         }
     }
     let ly = h - 14.0;
+    let mut lx = M;
+    for (path, color) in path_colors(plan) {
+        let _ = writeln!(
+            s,
+            "<rect x=\"{lx}\" y=\"{}\" width=\"12\" height=\"4\" fill=\"{color}\"/><text x=\"{}\" y=\"{ly}\">{path} path</text>",
+            ly - 4.0,
+            lx + 16.0
+        );
+        lx += 90.0;
+    }
     let _ = writeln!(
         s,
-        "<rect x=\"{M}\" y=\"{}\" width=\"12\" height=\"4\" fill=\"#1f77b4\"/><text x=\"{}\" y=\"{ly}\">safe path</text>\n\
-         <rect x=\"{}\" y=\"{}\" width=\"12\" height=\"4\" fill=\"#ff7f0e\"/><text x=\"{}\" y=\"{ly}\">raw path</text>\n\
-         <text x=\"{}\" y=\"{ly}\">x: message size (bytes, log scale); dashed: parity</text>",
-        ly - 4.0,
-        M + 16.0,
-        M + 90.0,
-        ly - 4.0,
-        M + 106.0,
-        M + 180.0
+        "<text x=\"{lx}\" y=\"{ly}\">x: message size (bytes, log scale); dashed: parity</text>"
     );
     s.push_str("</svg>\n");
     s
@@ -932,6 +1041,7 @@ mod tests {
             reps: 2,
             sizes: vec![2, 65536],
             tests: vec!["write_bw".into(), "send_lat".into()],
+            paths: DEFAULT_PATHS.to_vec(),
             timeout: Duration::from_secs(1),
         };
         let s = script(&plan);
@@ -941,6 +1051,136 @@ mod tests {
         assert!(s.contains("job write_bw_2_perftest_0 perftest write_bw 2 5000"));
         assert!(s.contains("job write_bw_65536_safe_0 safe write_bw 65536 1024"));
         assert!(s.contains("send_lat_65536_raw_1 raw send_lat 65536 256"));
+        assert!(!s.contains("scoped"));
+        assert_eq!(runs_per_rep(&plan), 2 * 2 * 3);
+    }
+
+    /// The implementations of one (test, size) in the script's order, per repetition.
+    fn order(s: &str, test: &str, size: u64, reps: u32) -> Vec<Vec<String>> {
+        (0..reps)
+            .map(|rep| {
+                s.lines()
+                    .filter_map(|l| l.strip_prefix("job "))
+                    .map(|l| l.split(' ').collect::<Vec<_>>())
+                    .filter(|w| {
+                        w[2] == test
+                            && w[3] == size.to_string()
+                            && w[0].ends_with(&format!("_{rep}"))
+                    })
+                    .map(|w| w[1].to_owned())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn script_rotates_with_scoped_and_lat_tests_never_get_it() {
+        let args = |s: &str| s.split_whitespace().map(OsString::from).collect();
+        // 4 (test, size) combinations per repetition and 4 implementations of write_bw: a
+        // rotation by combination alone would give write_bw the same order every time.
+        let plan = parse_args(args(
+            "--reps 4 --tests write_bw,send_lat --sizes 2,65536 --paths scoped,safe,raw",
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(plan.paths, ["safe", "raw", "scoped"]);
+        let s = script(&plan);
+        let ok = Command::new("sh").args(["-n", "-c", &s]).status();
+        assert!(ok.is_ok_and(|st| st.success()), "{s}");
+        // write_bw: 2 sizes x 4 impls; send_lat: 2 sizes x 3.
+        assert_eq!(runs_per_rep(&plan), 8 + 6);
+        assert_eq!(s.matches("\njob ").count(), 4 * (8 + 6));
+        assert_eq!(path_combinations(&plan), 2 * 3 + 2 * 2);
+        assert!(s.contains("job write_bw_65536_scoped_0 scoped write_bw 65536 1024"));
+        assert!(s.contains("--$impl"), "perf runs with --scoped");
+        for line in s.lines().filter(|l| l.starts_with("job send_lat")) {
+            assert!(!line.contains("scoped"), "{line}");
+        }
+        assert_eq!(paths_for(&plan, "send_lat"), ["safe", "raw"]);
+        assert_eq!(paths_for(&plan, "read_lat"), ["safe", "raw"]);
+        assert_eq!(paths_for(&plan, "read_bw"), ["safe", "raw", "scoped"]);
+        // Every repetition runs each implementation once, and each takes every place in
+        // turn (the rotation includes scoped).
+        for (test, size, n) in [
+            ("write_bw", 2, 4),
+            ("write_bw", 65536, 4),
+            ("send_lat", 2, 3),
+            ("send_lat", 65536, 3),
+        ] {
+            let reps = order(&s, test, size, plan.reps);
+            for r in &reps {
+                let mut sorted = r.clone();
+                sorted.sort();
+                sorted.dedup();
+                assert_eq!(sorted.len(), n, "{test} {size}: {r:?}");
+                assert_eq!(r.len(), n, "{test} {size}: {r:?}");
+            }
+            for place in 0..n {
+                let mut at: Vec<&String> = reps.iter().map(|r| &r[place]).collect();
+                at.sort();
+                at.dedup();
+                assert_eq!(
+                    at.len(),
+                    n.min(plan.reps as usize),
+                    "{test} {size}: {reps:?}"
+                );
+            }
+        }
+        let atomic = parse_args(args(
+            "--reps 1 --tests atomic_bw,read_lat --paths raw,scoped",
+        ))
+        .unwrap()
+        .unwrap();
+        let s = script(&atomic);
+        assert!(s.contains("job atomic_bw_8_scoped_0 scoped atomic_bw 8 5000"));
+        assert!(!s.contains("job atomic_bw_8_safe_0"));
+        assert!(!s.contains("job read_lat_2_scoped"));
+        assert!(s.contains("job read_lat_2_raw_0 raw read_lat 2 1000"));
+        assert!(parse_args(args("--paths safe,fast")).is_err());
+        let plan = parse_args(args("--paths scoped")).unwrap().unwrap();
+        assert_eq!(plan.paths, ["scoped"]);
+        assert_eq!(path_pairs(&plan), []);
+        let plan = parse_args(args("")).unwrap().unwrap();
+        assert_eq!(plan.paths, ["safe", "raw"]);
+        assert_eq!(path_pairs(&plan), [("safe", "raw")]);
+    }
+
+    #[test]
+    fn scoped_results_make_rows_and_json() {
+        let args = |s: &str| s.split_whitespace().map(OsString::from).collect();
+        let plan = parse_args(args(
+            "--reps 1 --tests write_bw,send_lat --sizes 2 --paths safe,raw,scoped",
+        ))
+        .unwrap()
+        .unwrap();
+        let mut results = Results::new();
+        for (test, imp, n) in [
+            ("write_bw", "perftest", [1.0, 0.5]),
+            ("write_bw", "safe", [0.9, 0.45]),
+            ("write_bw", "raw", [1.0, 0.5]),
+            ("write_bw", "scoped", [1.1, 0.55]),
+            ("send_lat", "perftest", [10.0, 20.0]),
+            ("send_lat", "safe", [11.0, 22.0]),
+            ("send_lat", "raw", [10.0, 20.0]),
+        ] {
+            results.insert((test.to_owned(), 2, imp.to_owned()), vec![n]);
+        }
+        let rows = rows(&plan, &results);
+        assert_eq!(
+            rows.iter().filter(|r| r.primary).count(),
+            path_combinations(&plan)
+        );
+        let r = find(&rows, "write_bw", "scoped", 2, "MB/sec").unwrap();
+        assert!((r.ratio() - 1.1).abs() < 1e-9);
+        assert!(find(&rows, "send_lat", "scoped", 2, "t_typical usec").is_none());
+        let json = to_json(&rows);
+        assert!(json.contains(
+            "{\"test\": \"write_bw\", \"path\": \"scoped\", \"size\": 2, \"unit\": \"MB/sec\""
+        ));
+        assert!(Json::parse(&json).is_some());
+        let svg = svg(&plan, &rows);
+        assert!(svg.contains("scoped path"));
+        assert_eq!(svg.matches("<polyline").count(), 3 + 2);
     }
 
     #[test]
