@@ -500,3 +500,78 @@ fn prepared_lists_repost_whole_and_are_refused_whole() {
     );
     assert_eq!(remote_mr.to_vec().unwrap(), data);
 }
+
+#[test]
+fn prepared_lists_report_each_requests_wr_id_and_opcode() {
+    let mut p = pair(caps(64, 1));
+    let remote_mr = p.pd.alloc_mr(512, all_remote()).unwrap();
+    let remote = remote_mr.remote();
+    let mut src = p.pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
+    let data = pattern(512, 7);
+    src.write_at(0, &data).unwrap();
+    let s_src = Src::new(&src).unwrap();
+    let mut back = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let d_back = Dst::new(&mut back).unwrap();
+    let piece = |i: u64| s_src.slice(i as usize * 64, 64).unwrap();
+    let write = |i: u64| ScopedSend::write(0, piece(i), remote, i * 64);
+    // One operation: one side entry per post; completions inside the list
+    // (entry 2) and at its end (entry 5).
+    let writes = PreparedSends::new((0..6).map(|i| write(i).signaled(i == 2 || i == 5))).unwrap();
+    // Mixed operations: an entry per request.
+    let mixed = PreparedSends::new([
+        write(6).signaled(false),
+        ScopedSend::read(0, d_back, remote, 64).signaled(true),
+    ])
+    .unwrap();
+    // Entry 1 has a wrong rkey: it fails at the peer and the QP flushes
+    // the rest of the list, each with its own wr_id.
+    let bad_rkey = rdma_verbs::RemoteMr {
+        rkey: remote.rkey ^ 0x5a5a,
+        ..remote
+    };
+    let failing = PreparedSends::new([
+        write(0).signaled(false),
+        ScopedSend::write(0, piece(1), bad_rkey, 64).signaled(false),
+        write(2).signaled(false),
+        write(3).signaled(false),
+    ])
+    .unwrap();
+    let qp = &mut p.a;
+    let (good, failed) = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            q.post_prepared(&writes, 100)?;
+            q.post_prepared(&writes, 200)?;
+            q.post_prepared(&mixed, 300)?;
+            q.post_send(&ScopedSend::write(400, piece(7), remote, 7 * 64))?;
+            let good: Vec<_> = poll_n(s, 6)?.iter().map(summary).collect();
+            q.post_prepared(&failing, 500)?;
+            let failed: Vec<_> = poll_n(s, 3)?.iter().map(summary).collect();
+            assert_eq!(q.outstanding(), (0, 0));
+            Ok((good, failed))
+        })
+        .unwrap();
+    let write_ok = |id| (id, WcStatus::Success, WcOpcode::RdmaWrite, 0);
+    assert_eq!(
+        good,
+        [
+            write_ok(102),
+            write_ok(105),
+            write_ok(202),
+            write_ok(205),
+            (301, WcStatus::Success, WcOpcode::RdmaRead, 64),
+            write_ok(400),
+        ]
+    );
+    assert_eq!(
+        failed,
+        [
+            (501, WcStatus::RemAccessErr, WcOpcode::RdmaWrite, 0),
+            (502, WcStatus::WrFlushErr, WcOpcode::RdmaWrite, 0),
+            (503, WcStatus::WrFlushErr, WcOpcode::RdmaWrite, 0),
+        ]
+    );
+    assert_eq!(remote_mr.to_vec().unwrap(), data);
+    assert_eq!(back.to_vec().unwrap(), data[64..128]);
+}

@@ -54,6 +54,16 @@ pub fn run_size(o: &Opts, rate: &Rate, q: &mut Queues, tx: &mut Tx, ctrl: &Ctrl)
         .map(Dst::new)
         .collect::<Result<Vec<_>>>()?;
     let Queues { qps, send_cq, .. } = q;
+    // Each QP's destinations per slot (READ, atomics), picked once: no
+    // division per request.
+    let qp_dsts: Vec<Vec<Dst<'_>>> = (0..qps.len())
+        .map(|qi| match dsts.len() {
+            0 => Vec::new(),
+            n => (0..shape.nslots)
+                .map(|slot| dsts[(qi * shape.nslots + slot) % n])
+                .collect(),
+        })
+        .collect();
     send_cq.cq.scope(|s| -> Result<()> {
         let mut sq = qps
             .iter_mut()
@@ -70,7 +80,7 @@ pub fn run_size(o: &Opts, rate: &Rate, q: &mut Queues, tx: &mut Tx, ctrl: &Ctrl)
             tx_depth,
         };
         let wr_id = |qi: usize, k: u64| ((qi as u64) << QP_SHIFT) | k;
-        let dst = |qi: usize, slot: usize| dsts[(qi * shape.nslots + slot) % dsts.len()];
+        let dst = |qi: usize, slot: usize| qp_dsts[qi][slot];
         // One loop per operation, so that each is compiled with its request
         // shape known (the raw path keeps one prepared request per QP).
         match (shape.verb, shape.atomic) {

@@ -77,12 +77,12 @@
 //! [`ScopedQp::post_send_list`] posts requests built by an iterator, 32 per
 //! `ibv_post_send`. A list posted again and again (perftest's `-l`) is
 //! cheaper as a [`PreparedSends`]: its requests are checked and written in
-//! C form once, and [`ScopedQp::post_prepared`] writes only each request's
-//! token and `wr_id` side entry before one `ibv_post_send` for the whole
-//! list, however long. Those two writes (about 15 instructions per request)
+//! C form once, and [`ScopedQp::post_prepared`] writes each request's token
+//! and one side entry for the list (when its requests share an operation)
+//! before one `ibv_post_send` for the whole list, however long. The tokens
 //! are what the raw path, which re-posts an identical C list, does not pay:
-//! without the token the scope could not tell which request a completion
-//! (or a flush after an error) retires.
+//! without them the scope could not tell which request a completion (or a
+//! flush after an error) retires, and so when the lent buffers are free.
 
 mod buf;
 mod post;
@@ -100,7 +100,7 @@ use crate::cq::{Cq, WcOpcode, WcStatus};
 use crate::error::{Error, Result, errno};
 use crate::ffi;
 use crate::qp::queue::POST_CHUNK;
-use crate::qp::ring::{Caught, SlotMeta};
+use crate::qp::ring::{Caught, Ring, SlotMeta};
 use crate::qp::state::{QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
@@ -120,31 +120,117 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_BATCH: usize = 32;
 
 const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-/// What the QP keeps of each scoped request: its `wr_id` and the opcode its
-/// completion reports (`IBV_WC_*`, from what was posted: completions in
-/// error do not report one).
-#[derive(Clone, Copy, Default)]
+/// What the QP keeps of scoped requests, in a side table indexed like the
+/// ring's slots: one entry per *range* of requests posted together with the
+/// same opcode (a [`PreparedSends`] post), at the slot of its first request;
+/// every other post is a range of one. Request `seq` of a range has the
+/// `wr_id` `wr_id + (seq - self.seq)`.
+///
+/// Only range starts are written when posting; the slots of a range's other
+/// requests keep stale entries, told apart by their `seq`. A completion
+/// inside a range finds its start from the ring's tail (see
+/// [`Posted::find`]) and, if the range goes on, writes the rest's start at
+/// the next slot, so that a range's start always lies at or after the tail,
+/// in a slot no post can reuse while the range is in flight.
+#[derive(Clone, Copy)]
 struct Posted {
+    /// The `wr_id` of the range's first request.
     wr_id: u64,
+    /// The sequence number of the range's first request (`u64::MAX`: never
+    /// written).
+    seq: u64,
+    /// The opcode the completions report (`IBV_WC_*`, from what was posted:
+    /// completions in error do not report one).
     wc_opcode: u32,
+    /// Requests in the range.
+    len: u32,
+}
+
+impl Default for Posted {
+    fn default() -> Posted {
+        Posted {
+            wr_id: 0,
+            seq: u64::MAX,
+            wc_opcode: 0,
+            len: 0,
+        }
+    }
 }
 
 impl Posted {
-    /// The entry of a send-queue request posted with `wr_opcode`.
+    /// The entry of send-queue request `seq` posted alone with `wr_opcode`.
     #[inline(always)]
-    fn send(wr_id: u64, wr_opcode: u32) -> Posted {
+    fn send(seq: u64, wr_id: u64, wr_opcode: u32) -> Posted {
         Posted {
             wr_id,
+            seq,
             wc_opcode: SlotMeta::completion_opcode_of(wr_opcode),
+            len: 1,
         }
     }
 
-    /// The entry of a receive.
+    /// The entry of receive `seq`.
     #[inline(always)]
-    fn recv(wr_id: u64) -> Posted {
+    fn recv(seq: u64, wr_id: u64) -> Posted {
         Posted {
             wr_id,
+            seq,
             wc_opcode: ffi::IBV_WC_RECV,
+            len: 1,
+        }
+    }
+
+    /// What was posted as request `seq` (as a range of one), for its
+    /// completion; `side` is the queue's side table, `low` the ring's tail
+    /// before this completion (or the scope's first request, if later).
+    ///
+    /// Ranges tile the scope's requests in posting order, and a range in
+    /// flight starts at or after the tail (see the type's docs), so a range
+    /// starts at `low` and the next ones follow it: walk them to the one
+    /// holding `seq`. Requests posted alone are found at once in their own
+    /// slot.
+    ///
+    /// # Safety
+    /// `side` has `ring.slot_count()` entries and no other reference to it
+    /// is live; `seq` is a scoped request in flight, `low <= seq`.
+    #[inline(always)]
+    unsafe fn find(side: *mut Posted, ring: &Ring, seq: u64, low: u64) -> Posted {
+        // SAFETY: per the contract; `index` masks with the slot count.
+        unsafe {
+            let mut start = *side.add(ring.index(seq));
+            if start.seq != seq {
+                let mut at = low;
+                loop {
+                    start = *side.add(ring.index(at));
+                    if start.seq != at || start.len == 0 {
+                        // Not reachable while the invariant holds; report
+                        // the request with the entry its own slot has.
+                        debug_assert!(false, "no range at {at} for request {seq}");
+                        return *side.add(ring.index(seq));
+                    }
+                    if seq - at < u64::from(start.len) {
+                        break;
+                    }
+                    at += u64::from(start.len);
+                }
+            }
+            let k = seq - start.seq;
+            if u64::from(start.len) > k + 1 {
+                // The range goes on after `seq`, which this completion
+                // retires: its rest starts at the next slot.
+                *side.add(ring.index(seq + 1)) = Posted {
+                    wr_id: start.wr_id.wrapping_add(k + 1),
+                    seq: seq + 1,
+                    wc_opcode: start.wc_opcode,
+                    len: start.len - (k as u32 + 1),
+                };
+            }
+            Posted {
+                wr_id: start.wr_id.wrapping_add(k),
+                seq,
+                wc_opcode: start.wc_opcode,
+                len: 1,
+            }
         }
     }
 }
@@ -496,11 +582,18 @@ unsafe fn interpret(
         let tag = (token >> 32) as u32;
         let qp_num = (*wc).qp_num;
         for a in attached {
-            let core = a.core.as_ref();
-            let (w, ring, head, table, recv) = match (&a.sq, &a.rq) {
-                (Some(w), _) if w.tag == tag => (w, &core.sq, core.sq_head, true, false),
-                (_, Some(w)) if w.tag == tag => (w, &core.rq, core.rq_head, false, true),
+            let (w, recv) = match (&a.sq, &a.rq) {
+                (Some(w), _) if w.tag == tag => (w, false),
+                (_, Some(w)) if w.tag == tag => (w, true),
                 _ => continue,
+            };
+            // The attached QP is not being posted to (contract): this is
+            // the only reference to it.
+            let core = &mut *a.core.as_ptr();
+            let (ring, head) = if recv {
+                (&*core.rq, core.rq_head)
+            } else {
+                (&*core.sq, core.sq_head)
             };
             let tail = ring.tail();
             let dist = u64::from((token as u32).wrapping_sub(tail as u32));
@@ -513,12 +606,13 @@ unsafe fn interpret(
             if ring.retire_through(seq, w.owned_end, caught, lost) {
                 return false; // the drain marker
             }
-            let Some(tables) = core.scoped.as_deref() else {
+            let Some(tables) = core.scoped.as_deref_mut() else {
                 return false;
             };
-            let side = if table { &tables.sq } else { &tables.rq };
-            // SAFETY: `index` masks with the ring's slot count, the table's length.
-            let p = *side.get_unchecked(ring.index(seq));
+            let side = if recv { &mut tables.rq } else { &mut tables.sq };
+            // The side table has the ring's slot count; `seq` is in flight
+            // and at or after both the old tail and the scope's start.
+            let p = Posted::find(side.as_mut_ptr(), ring, seq, tail.max(w.start));
             light(wc, p, recv, out);
             return true;
         }

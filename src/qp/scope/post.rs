@@ -89,7 +89,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
         let i = ring.index(head);
         // SAFETY: `index` masks with the ring's slot count, the table's length.
-        unsafe { *tables.sq.get_unchecked_mut(i) = Posted::send(req.wr_id, req.opcode) };
+        unsafe { *tables.sq.get_unchecked_mut(i) = Posted::send(head, req.wr_id, req.opcode) };
         let wr = &mut tables.send_wrs[0];
         let mut sge = req.sge;
         req.fill(wr, ring.token(head), flags, &mut sge);
@@ -195,28 +195,42 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // SAFETY: this call is the only user of the chain (the list is not
         // Sync and no user code runs until it returns).
         let wrs = unsafe { list.chain() };
-        let ops = list.ops();
-        // Tokens and slot indices of head + j, computed as Ring::token and
-        // Ring::index do, hoisted out of the loop.
+        // Tokens of head + j, computed as Ring::token does, hoisted out of
+        // the loop.
         let tag = u64::from(ring.tag()) << 32;
         let low = head as u32;
-        let mask = ring.slot_count() - 1;
-        let (wp, side) = (wrs.as_mut_ptr(), tables.sq.as_mut_ptr());
-        for (j, &(wc_opcode, _)) in ops.iter().enumerate() {
+        for (j, wr) in wrs.iter_mut().enumerate() {
             debug_assert_eq!(
                 tag | u64::from(low.wrapping_add(j as u32)),
                 ring.token(head + j as u64)
             );
-            debug_assert_eq!((head as usize + j) & mask, ring.index(head + j as u64));
-            // SAFETY: j < the chain's length (`ops` has one entry per
-            // request); the masked index is below the side table's length,
-            // the ring's slot count.
-            unsafe {
-                (*wp.add(j)).wr_id = tag | u64::from(low.wrapping_add(j as u32));
-                *side.add((head as usize).wrapping_add(j) & mask) = Posted {
-                    wr_id: first_wr_id.wrapping_add(j as u64),
+            wr.wr_id = tag | u64::from(low.wrapping_add(j as u32));
+        }
+        let side = tables.sq.as_mut_ptr();
+        match list.uniform_opcode() {
+            // One side entry for the whole list (see `Posted`).
+            // SAFETY: `index` masks with the ring's slot count, the table's length.
+            Some(wc_opcode) => unsafe {
+                *side.add(ring.index(head)) = Posted {
+                    wr_id: first_wr_id,
+                    seq: head,
                     wc_opcode,
+                    len: n as u32,
                 };
+            },
+            None => {
+                for (j, &(wc_opcode, _)) in list.ops().iter().enumerate() {
+                    let seq = head + j as u64;
+                    // SAFETY: as above.
+                    unsafe {
+                        *side.add(ring.index(seq)) = Posted {
+                            wr_id: first_wr_id.wrapping_add(j as u64),
+                            seq,
+                            wc_opcode,
+                            len: 1,
+                        };
+                    }
+                }
             }
         }
         let last = wrs.len() - 1;
@@ -237,6 +251,11 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             // As in a list chunk: a provider that does not say which request
             // it refused may own some of them; count them all as posted.
             let ok = post::bad_index(bad, wrs.as_mut_ptr(), wrs.len());
+            if let Some(ok) = ok.filter(|&ok| ok > 0 && list.uniform_opcode().is_some()) {
+                // The list's range covers the posted requests only.
+                // SAFETY: as above.
+                unsafe { (*side.add(ring.index(head))).len = ok as u32 };
+            }
             core.sq_head = head + ok.unwrap_or(wrs.len()) as u64;
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
@@ -287,7 +306,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             _ => return Err(self.recv_refused()),
         };
         // SAFETY: `index` masks with the ring's slot count, the table's length.
-        unsafe { *tables.rq.get_unchecked_mut(ring.index(head)) = Posted::recv(wr_id) };
+        unsafe { *tables.rq.get_unchecked_mut(ring.index(head)) = Posted::recv(head, wr_id) };
         let mut sge = dst.sge;
         let mut wr = ffi::ibv_recv_wr {
             wr_id: ring.token(head),
@@ -379,7 +398,8 @@ fn post_send_chunk<'s>(
         // length; n < POST_CHUNK: inside both arrays, which live in the
         // QP's tables and nothing else references now.
         unsafe {
-            *tables.sq.get_unchecked_mut(ring.index(seq)) = Posted::send(req.wr_id, req.opcode);
+            *tables.sq.get_unchecked_mut(ring.index(seq)) =
+                Posted::send(seq, req.wr_id, req.opcode);
             sges.add(n).write(req.sge);
             req.fill(&mut *wrs.add(n), ring.token(seq), flags, sges.add(n));
             (*wrs.add(n)).next = wrs.add(n + 1);

@@ -11,9 +11,10 @@ use crate::qp::ring::SlotMeta;
 
 /// A chain of scoped send requests checked and written in C form once, to be
 /// posted many times, each time with one `ibv_post_send` (the chained post
-/// lists of perftest's `-l`). Posting writes only each request's token and
-/// `wr_id` side entry; the requests' buffers, remote ranges, operands and
-/// signaled flags stay as prepared.
+/// lists of perftest's `-l`). Posting writes each request's token and, for
+/// a list whose requests share one operation, a single side entry for the
+/// whole list; the requests' buffers, remote ranges, operands and signaled
+/// flags stay as prepared.
 ///
 /// The list may be longer than 32 (one doorbell for all of it) but not
 /// longer than the send queue. Its buffers stay borrowed while it exists, so
@@ -27,6 +28,9 @@ pub struct PreparedSends<'scope> {
     _sges: Box<[ffi::ibv_sge]>,
     /// Each request's completion opcode (`IBV_WC_*`) and prepared flags.
     ops: Box<[(u32, u32)]>,
+    /// The completion opcode every request shares, if they do: then a post
+    /// keeps one side entry for the whole list.
+    uniform: Option<u32>,
     _borrow: PhantomData<&'scope [u8]>,
 }
 
@@ -51,6 +55,12 @@ impl<'scope> PreparedSends<'scope> {
         if let Some(bad) = reqs.iter().find(|r| !r.plainly_valid()) {
             return Err(bad.refusal());
         }
+        if u32::try_from(reqs.len()).is_err() {
+            return Err(Error::InvalidArgument {
+                what: "prepared list",
+                reason: format!("{} requests exceed any send queue", reqs.len()),
+            });
+        }
         let mut sges: Box<[ffi::ibv_sge]> = reqs.iter().map(|r| r.sge).collect();
         let mut wrs: Box<[ffi::ibv_send_wr]> =
             vec![ffi::ibv_send_wr::default(); reqs.len()].into_boxed_slice();
@@ -68,13 +78,16 @@ impl<'scope> PreparedSends<'scope> {
                 };
             }
         }
+        let ops: Box<[(u32, u32)]> = reqs
+            .iter()
+            .map(|r| (SlotMeta::completion_opcode_of(r.opcode), r.flags))
+            .collect();
+        let first = ops[0].0;
         Ok(PreparedSends {
             wrs: UnsafeCell::new(wrs),
             _sges: sges,
-            ops: reqs
-                .iter()
-                .map(|r| (SlotMeta::completion_opcode_of(r.opcode), r.flags))
-                .collect(),
+            uniform: ops.iter().all(|&(op, _)| op == first).then_some(first),
+            ops,
             _borrow: PhantomData,
         })
     }
@@ -101,6 +114,11 @@ impl<'scope> PreparedSends<'scope> {
     /// in order: one entry per request of the chain.
     pub(super) fn ops(&self) -> &[(u32, u32)] {
         &self.ops
+    }
+
+    /// The completion opcode every request shares, if they do.
+    pub(super) fn uniform_opcode(&self) -> Option<u32> {
+        self.uniform
     }
 
     /// The C chain, for one post call.
