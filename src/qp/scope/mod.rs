@@ -460,7 +460,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     fn drain(&self) -> (Result<()>, Caught) {
         let mut attached = self.attached.borrow_mut();
         let mut caught = None;
-        let mut scratch = Vec::with_capacity(POLL_BATCH);
+        // Allocated only if something is left to wait for.
+        let mut scratch = Vec::new();
         let deadline = Instant::now() + self.drain_timeout.get();
         if self.wait(&attached, &mut scratch, &mut caught, deadline) {
             return (Ok(()), caught);
@@ -540,6 +541,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 return false;
             }
             scratch.clear();
+            scratch.reserve(POLL_BATCH);
             // Lost completions cannot hide a scoped request (the sweep
             // retires it all the same), so the error needs no action here.
             if let Ok(0) | Err(_) = self.poll_into(attached, scratch, caught) {
