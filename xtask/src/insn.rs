@@ -30,7 +30,7 @@ use crate::{Context, Error, Result};
 const USAGE: &str = "\
 usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
                         [--iters N1,N2] [--side client|server] [--check RATIO]
-                        [--check-scoped RATIO] [--timeout SECS]
+                        [--check-scoped RATIO] [--reps N] [--timeout SECS]
 
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
@@ -41,6 +41,9 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
                of send_bw, the only test whose server works per message)
   --check      exit 1 if safe/raw instructions per message exceed RATIO anywhere
   --check-scoped  the same for scoped/raw
+  --reps       runs of each pair (default 1): the figure is the median of their
+               differences (busy-polling loops count their empty polls, so a
+               figure can move between runs; perftest's more than ours)
   --timeout    limit for the whole guest run (default 1800)";
 
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
@@ -54,6 +57,8 @@ struct Plan {
     post_lists: Vec<u64>,
     paths: Vec<String>,
     iters: (u64, u64),
+    /// Runs of each (N1, N2) pair; the figure is the median.
+    reps: u32,
     check: Option<f64>,
     check_scoped: Option<f64>,
     /// The side under callgrind: "client" or "server".
@@ -77,6 +82,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         post_lists: vec![1, 8],
         paths: KNOWN_PATHS.iter().map(|s| s.to_string()).collect(),
         iters: (2000, 8000),
+        reps: 1,
         check: None,
         check_scoped: None,
         side: "client".into(),
@@ -112,6 +118,13 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
                 } else {
                     plan.check_scoped = Some(ratio);
                 }
+            }
+            "--reps" => {
+                plan.reps = value
+                    .parse()
+                    .ok()
+                    .filter(|&r: &u32| r > 0)
+                    .ok_or_else(|| Error::usage("--reps needs a positive count"))?
             }
             "--timeout" => {
                 plan.timeout = crate::parse_secs(&value)
@@ -149,6 +162,17 @@ struct Key {
     path: String,
 }
 
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
 fn keys(plan: &Plan) -> Vec<Key> {
     let mut out = Vec::new();
     for test in &plan.tests {
@@ -173,8 +197,13 @@ fn keys(plan: &Plan) -> Vec<Key> {
     out
 }
 
-fn job_name(k: &Key, n: u64) -> String {
-    format!("{}_{}_l{}_{}_{n}", k.test, k.size, k.post_list, k.path)
+fn job_name(k: &Key, n: u64, rep: u32) -> String {
+    let base = format!("{}_{}_l{}_{}_{n}", k.test, k.size, k.post_list, k.path);
+    if rep == 0 {
+        base
+    } else {
+        format!("{base}_r{rep}")
+    }
 }
 
 /// The guest script: `sh -c SCRIPT insn OUTDIR PERF`. Each job writes the
@@ -213,14 +242,18 @@ fn script(plan: &Plan) -> String {
          \x20 echo \"[insn] $name: client $crc, server $src\"\n\
          }}\n"
     );
-    for k in keys(plan) {
-        for n in [plan.iters.0, plan.iters.1] {
-            let name = job_name(&k, n);
-            let _ = writeln!(
-                s,
-                "job {name} {} {} {} {} {n}",
-                k.path, k.test, k.size, k.post_list
-            );
+    // Repetitions run one after the other, so that a slow stretch of the
+    // host does not land on every run of one figure.
+    for rep in 0..plan.reps {
+        for k in keys(plan) {
+            for n in [plan.iters.0, plan.iters.1] {
+                let name = job_name(&k, n, rep);
+                let _ = writeln!(
+                    s,
+                    "job {name} {} {} {} {} {n}",
+                    k.path, k.test, k.size, k.post_list
+                );
+            }
         }
     }
     s.push_str("echo '[insn] done'\n");
@@ -263,13 +296,13 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
     inv.cwd = root.to_path_buf();
     eprintln!(
         "xtask insn: {} {} runs under callgrind in one guest",
-        keys(&plan).len() * 2,
+        keys(&plan).len() * 2 * plan.reps as usize,
         plan.side
     );
     let code = run::execute(inv, plan.timeout)?;
 
-    let total = |k: &Key, n: u64| -> Option<u64> {
-        let p = work.join(format!("{}.insn", job_name(k, n)));
+    let total = |k: &Key, n: u64, rep: u32| -> Option<u64> {
+        let p = work.join(format!("{}.insn", job_name(k, n, rep)));
         fs::read_to_string(p)
             .ok()?
             .trim()
@@ -281,11 +314,15 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
     let mut missing = Vec::new();
     for k in keys(&plan) {
         let (n1, n2) = plan.iters;
-        match (total(&k, n1), total(&k, n2)) {
-            (Some(a), Some(b)) => {
-                per_msg.insert(k, (b as f64 - a as f64) / (n2 - n1) as f64);
+        let mut figures = Vec::new();
+        for rep in 0..plan.reps {
+            match (total(&k, n1, rep), total(&k, n2, rep)) {
+                (Some(a), Some(b)) => figures.push((b as f64 - a as f64) / (n2 - n1) as f64),
+                _ => missing.push(job_name(&k, n1, rep)),
             }
-            _ => missing.push(job_name(&k, n1)),
+        }
+        if figures.len() == plan.reps as usize {
+            per_msg.insert(k, median(&mut figures));
         }
     }
     let out_dir = crate::target_dir().join("compare");
@@ -419,4 +456,37 @@ fn to_json(per_msg: &BTreeMap<Key, f64>, side: &str) -> String {
         })
         .collect();
     format!("[\n{}\n]\n", rows.join(",\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut [7.5]), 7.5);
+    }
+
+    #[test]
+    fn repetitions_get_their_own_jobs() {
+        let plan = parse_args(
+            ["--tests", "write_bw", "--post-list", "1", "--paths", "raw", "--reps", "3"]
+                .map(OsString::from)
+                .to_vec(),
+        )
+        .unwrap()
+        .unwrap();
+        let s = script(&plan);
+        for name in [
+            "write_bw_2_l1_raw_2000",
+            "write_bw_2_l1_raw_8000_r1",
+            "write_bw_2_l1_raw_2000_r2",
+        ] {
+            assert!(s.contains(&format!("job {name} ")), "{name} in:\n{s}");
+        }
+        assert_eq!(s.matches("\njob ").count(), 6);
+        assert!(parse_args(["--reps", "0"].map(OsString::from).to_vec()).is_err());
+    }
 }
