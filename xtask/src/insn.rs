@@ -472,9 +472,18 @@ mod tests {
     #[test]
     fn repetitions_get_their_own_jobs() {
         let plan = parse_args(
-            ["--tests", "write_bw", "--post-list", "1", "--paths", "raw", "--reps", "3"]
-                .map(OsString::from)
-                .to_vec(),
+            [
+                "--tests",
+                "write_bw",
+                "--post-list",
+                "1",
+                "--paths",
+                "raw",
+                "--reps",
+                "3",
+            ]
+            .map(OsString::from)
+            .to_vec(),
         )
         .unwrap()
         .unwrap();
