@@ -575,3 +575,44 @@ fn prepared_lists_report_each_requests_wr_id_and_opcode() {
     assert_eq!(remote_mr.to_vec().unwrap(), data);
     assert_eq!(back.to_vec().unwrap(), data[64..128]);
 }
+
+#[test]
+fn a_range_start_survives_its_slot_being_reused() {
+    // Depth 8 is a power of two, so the ring has exactly 8 slots and a post
+    // may reuse the slot of a request retired a moment ago, here the first
+    // slot of a list whose later requests are still in flight.
+    let mut p = pair(caps(8, 1));
+    let remote_mr = p.pd.alloc_mr(5 * 64, all_remote()).unwrap();
+    let remote = remote_mr.remote();
+    let mut src = p.pd.alloc_mr(5 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let data = pattern(5 * 64, 11);
+    src.write_at(0, &data).unwrap();
+    let s_src = Src::new(&src).unwrap();
+    let write =
+        |i: u64| ScopedSend::write(0, s_src.slice(i as usize * 64, 64).unwrap(), remote, i * 64);
+    let list = PreparedSends::new((0..4).map(|i| write(i).signaled(i == 0 || i == 3))).unwrap();
+    let qp = &mut p.a;
+    let got = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            q.post_prepared(&list, 100)?;
+            q.post_prepared(&list, 200)?;
+            assert_eq!(q.outstanding(), (8, 0));
+            let mut got: Vec<_> = poll_n(s, 1)?.iter().map(summary).collect();
+            // The first request retired: this post takes its slot.
+            q.post_send(&ScopedSend::write(
+                300,
+                s_src.slice(4 * 64, 64)?,
+                remote,
+                4 * 64,
+            ))?;
+            got.extend(poll_n(s, 4)?.iter().map(summary));
+            Ok(got)
+        })
+        .unwrap();
+    let ids: Vec<_> = got.iter().map(|g| (g.0, g.1, g.2)).collect();
+    let ok = |id| (id, WcStatus::Success, WcOpcode::RdmaWrite);
+    assert_eq!(ids, [ok(100), ok(103), ok(200), ok(203), ok(300)]);
+    assert_eq!(remote_mr.to_vec().unwrap(), data);
+}
