@@ -438,7 +438,53 @@ impl CqInner {
 }
 
 /// How many work completions one `ibv_poll_cq` call fetches at most.
-const POLL_BATCH: usize = 32;
+pub(crate) const POLL_BATCH: usize = 32;
+
+/// Polls `raw` in batches of up to [`POLL_BATCH`] until `want` entries were
+/// read or the CQ ran dry, handing each entry with the next free element of
+/// `out`'s spare capacity to `each`, which returns true when it wrote that
+/// element (then it counts as added). Returns whether the CQ ran dry. Shared
+/// by [`Cq::poll`] and the scope's poll.
+///
+/// # Safety
+/// `raw` is a live CQ whose only consumer the caller is; `want` is at most
+/// `out`'s spare capacity; `each` returns true only after writing every
+/// field of the element it was given.
+#[inline(always)]
+pub(crate) unsafe fn poll_in_batches<T>(
+    raw: *mut ffi::ibv_cq,
+    out: &mut Vec<T>,
+    want: usize,
+    mut each: impl FnMut(*const ffi::ibv_wc, *mut T) -> bool,
+) -> Result<bool> {
+    let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
+    let mut total = 0;
+    while total < want {
+        let n = (want - total).min(POLL_BATCH);
+        // SAFETY: valid CQ (contract); wcs has room for n entries.
+        let rc = unsafe { ffi::ibv_poll_cq(raw, n as i32, wcs[0].as_mut_ptr()) };
+        if rc < 0 {
+            return Err(Error::verb("ibv_poll_cq", errno(rc)));
+        }
+        let got = (rc as usize).min(n);
+        for wc in &wcs[..got] {
+            let len = out.len();
+            // SAFETY: ibv_poll_cq wrote this entry; total < want <= spare
+            // capacity, so element `len` has room; it is counted only once
+            // `each` wrote it (contract).
+            unsafe {
+                if each(wc.as_ptr(), out.as_mut_ptr().add(len)) {
+                    out.set_len(len + 1);
+                }
+            }
+        }
+        total += got;
+        if got < n {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
 
 impl Cq {
     /// Creates a CQ with room for at least `depth` completions (`ibv_create_cq`).
@@ -563,43 +609,17 @@ impl Cq {
             return Ok(self.take_pending(out, want));
         }
         let buried = self.inner.rings.buried();
-        let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
-        let mut total = 0;
-        let mut drained = false;
         let mut caught: Caught = None;
         let mut lost = 0;
-        while total < want {
-            let n = (want - total).min(POLL_BATCH);
-            // SAFETY: valid CQ; wcs has room for n entries.
-            let rc = unsafe { ffi::ibv_poll_cq(self.as_raw(), n as i32, wcs[0].as_mut_ptr()) };
-            if rc < 0 {
-                return Err(Error::verb("ibv_poll_cq", errno(rc)));
-            }
-            let got = (rc as usize).min(n);
-            for wc in &wcs[..got] {
-                let len = out.len();
-                // SAFETY: ibv_poll_cq wrote this entry; the completion is built
-                // in place in `out`'s spare capacity (total < want <= spare, so
-                // there is room) and every field is written before set_len.
-                unsafe {
-                    let dst = out.as_mut_ptr().add(len);
-                    if self.complete_into(
-                        wc.as_ptr(),
-                        dst,
-                        retired.as_deref_mut(),
-                        &mut caught,
-                        &mut lost,
-                    ) {
-                        out.set_len(len + 1);
-                    }
-                }
-            }
-            total += got;
-            if got < n {
-                drained = true;
-                break;
-            }
-        }
+        let raw = self.as_raw();
+        // SAFETY: `raw` is this CQ; the completion is built in place in
+        // `out`'s spare capacity and every field is written when
+        // complete_into returns true.
+        let drained = unsafe {
+            poll_in_batches(raw, out, want, |wc, dst| {
+                self.complete_into(wc, dst, retired.as_deref_mut(), &mut caught, &mut lost)
+            })
+        }?;
         if drained && buried > 0 {
             self.reap(buried);
         }

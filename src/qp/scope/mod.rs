@@ -91,13 +91,12 @@ mod request;
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use crate::cq::{Cq, WcOpcode, WcStatus};
-use crate::error::{Error, Result, errno};
+use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, poll_in_batches};
+use crate::error::{Error, Result};
 use crate::ffi;
 use crate::qp::queue::POST_CHUNK;
 use crate::qp::ring::{Caught, Ring, SlotMeta};
@@ -115,9 +114,6 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long flushes may take after the move to the error state.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Completions fetched per `ibv_poll_cq` call.
-const POLL_BATCH: usize = 32;
 
 const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
 /// What the QP keeps of scoped requests, in a side table indexed like the
@@ -419,35 +415,15 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let cq = unsafe { &mut *self.cq.as_ptr() };
         let start = out.len();
         let want = out.capacity() - start;
-        let mut wcs = [MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
         let mut lost = 0;
-        let mut total = 0;
-        while total < want {
-            let n = (want - total).min(POLL_BATCH);
-            // SAFETY: valid CQ; `wcs` has room for n entries.
-            let rc = unsafe { ffi::ibv_poll_cq(cq.as_raw(), n as i32, wcs[0].as_mut_ptr()) };
-            if rc < 0 {
-                return Err(Error::verb("ibv_poll_cq", errno(rc)));
-            }
-            let got = (rc as usize).min(n);
-            for wc in &wcs[..got] {
-                let len = out.len();
-                // SAFETY: ibv_poll_cq wrote this entry; the scope is the
-                // CQ's only consumer. At most `want` entries are added, so
-                // the next one has room in the spare capacity; it is
-                // written before set_len.
-                unsafe {
-                    let next = out.as_mut_ptr().add(len);
-                    if interpret(cq, attached, wc.as_ptr(), caught, &mut lost, next) {
-                        out.set_len(len + 1);
-                    }
-                }
-            }
-            total += got;
-            if got < n {
-                break;
-            }
-        }
+        let raw = cq.as_raw();
+        // SAFETY: the scope is the CQ's only consumer; `want` is the spare
+        // capacity; interpret writes the element whenever it returns true.
+        unsafe {
+            poll_in_batches(raw, out, want, |wc, next| {
+                interpret(cq, attached, wc, caught, &mut lost, next)
+            })
+        }?;
         if lost > 0 {
             return Err(Error::CompletionsLost { count: lost });
         }
