@@ -6,6 +6,9 @@
 //! one soft-RoCE guest at two iteration counts N1 < N2, with peak search off
 //! (`-N`) on both tools, and reports (I(N2) − I(N1)) / (N2 − N1): the
 //! program's total instructions per message, start-up and teardown cancelled.
+//! One thing that does not cancel is left out of every run: perftest's
+//! CPU-frequency calibration, a busy-wait on `gettimeofday` whose length
+//! depends on the host's speed at that moment (see [`clock_calibration`]).
 //! Servers run natively next to it with the same flags.
 //!
 //! Writes `target/compare/insn.json` (`insn-server.json` with `--side
@@ -238,6 +241,7 @@ fn script(plan: &Plan) -> String {
          \x20 fi\n\
          \x20 wait $spid; src=$?\n\
          \x20 sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg 2>/dev/null | head -1 > \"$OUT/$name.insn\"\n\
+         \x20 callgrind_annotate --tree=caller --inclusive=yes /tmp/$name.cg > \"$OUT/$name.callers\" 2>/dev/null\n\
          \x20 rm -f /tmp/$name.cg\n\
          \x20 echo \"[insn] $name: client $crc, server $src\"\n\
          }}\n"
@@ -301,14 +305,21 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
     );
     let code = run::execute(inv, plan.timeout)?;
 
-    let total = |k: &Key, n: u64, rep: u32| -> Option<u64> {
-        let p = work.join(format!("{}.insn", job_name(k, n, rep)));
-        fs::read_to_string(p)
+    let mut calibration = Vec::new();
+    let mut total = |k: &Key, n: u64, rep: u32| -> Option<u64> {
+        let name = job_name(k, n, rep);
+        let all: u64 = fs::read_to_string(work.join(format!("{name}.insn")))
             .ok()?
             .trim()
             .replace(',', "")
             .parse()
-            .ok()
+            .ok()?;
+        let callers = fs::read_to_string(work.join(format!("{name}.callers"))).ok()?;
+        let clock = clock_calibration(&callers);
+        if clock > 0 {
+            calibration.push(clock);
+        }
+        Some(all.saturating_sub(clock))
     };
     let mut per_msg: BTreeMap<Key, f64> = BTreeMap::new();
     let mut missing = Vec::new();
@@ -344,6 +355,13 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
     fs::write(&json, to_json(&per_msg, &plan.side))
         .context(|| format!("cannot write {}", json.display()))?;
 
+    if let (Some(lo), Some(hi)) = (calibration.iter().min(), calibration.iter().max()) {
+        say!(
+            "xtask insn: excluded a clock calibration loop (the callers of gettimeofday) \
+             from {} runs: {lo}..{hi} instructions each",
+            calibration.len()
+        );
+    }
     let (worst, worst_scoped) = print_table(&plan, &per_msg);
     say!("wrote {}", json.display());
     if !missing.is_empty() || code != 0 {
@@ -445,6 +463,55 @@ fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> (Option<f64>, Optio
     (worst, worst_scoped)
 }
 
+/// Instructions spent in functions that call `gettimeofday`, from
+/// `callgrind_annotate --tree=caller --inclusive=yes` output: their inclusive cost.
+///
+/// perftest measures the CPU frequency once, at report time, by busy-waiting
+/// on `gettimeofday` for a fixed stretch of wall time (`get_cpu_mhz`). Under
+/// callgrind that loop runs a number of times that depends on how fast the
+/// host is at that moment, not on the message count, so it does not cancel
+/// in I(N2) − I(N1) and swung perftest's figure by up to 2×. This crate's
+/// `perf` never calls `gettimeofday` (Rust's clock is `clock_gettime`), so the
+/// rule removes nothing from its runs; it applies to every path alike.
+fn clock_calibration(annotate: &str) -> u64 {
+    // Blocks are separated by blank lines: `COST (PCT)  < CALLER (Nx) [OBJ]`
+    // lines, then `COST (PCT)  *  FUNCTION [OBJ]` for the function itself.
+    let mut inclusive: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut callers_of_clock: Vec<&str> = Vec::new();
+    for block in annotate.split("\n\n") {
+        let mut callers = Vec::new();
+        for line in block.lines() {
+            let Some((cost, rest)) = line.trim_start().split_once(' ') else {
+                continue;
+            };
+            let Ok(cost) = cost.replace(',', "").parse::<u64>() else {
+                continue;
+            };
+            // Skip the percentage: `( 3.28%)`.
+            let rest = rest.split_once(')').map_or(rest, |(_, r)| r).trim_start();
+            if let Some(caller) = rest.strip_prefix('<') {
+                // `NAME (Nx) [OBJ]`: the name ends before the call count.
+                if let Some((name, _)) = caller.trim().rsplit_once(" (") {
+                    callers.push(name);
+                }
+            } else if let Some(me) = rest.strip_prefix('*') {
+                let me = me.trim();
+                let name = me.rsplit_once(" [").map_or(me, |(n, _)| n);
+                inclusive.insert(name, cost);
+                if name.ends_with("gettimeofday") || name.ends_with("__gettimeofday_syscall") {
+                    callers_of_clock.append(&mut callers);
+                }
+            }
+        }
+    }
+    callers_of_clock.sort_unstable();
+    callers_of_clock.dedup();
+    callers_of_clock
+        .iter()
+        .filter_map(|c| inclusive.get(c))
+        .sum()
+}
+
 fn to_json(per_msg: &BTreeMap<Key, f64>, side: &str) -> String {
     let rows: Vec<String> = per_msg
         .iter()
@@ -467,6 +534,33 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median(&mut [7.5]), 7.5);
+    }
+
+    #[test]
+    fn clock_calibration_is_the_inclusive_cost_of_gettimeofdays_callers() {
+        // Shaped like `callgrind_annotate --tree=caller --inclusive=yes` of ib_write_bw.
+        let annotate = "\
+--------------------------------------------------------------------------------
+Ir________________ file:function
+
+5,084,931 (100.0%)  *  ???:0x0000000000005360 [/usr/bin/ib_write_bw]
+
+  553,475 (10.88%)  < ???:0x0000000000028a30 (1x) [/usr/bin/ib_write_bw]
+  553,475 (10.88%)  *  ???:0x0000000000028690 [/usr/bin/ib_write_bw]
+
+  166,607 ( 3.28%)  < ???:0x0000000000028690 (23,801x) [/usr/bin/ib_write_bw]
+  166,607 ( 3.28%)  *  ./time/../sysdeps/unix/sysv/linux/gettimeofday.c:__gettimeofday_syscall [/usr/lib/x86_64-linux-gnu/libc.so.6]
+
+  120,000 ( 2.36%)  < ???:0x000000000001ea90 (3,000x) [/usr/bin/ib_write_bw]
+  120,000 ( 2.36%)  *  ???:0x0000000000003cc0 [/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so]
+";
+        assert_eq!(clock_calibration(annotate), 553_475);
+        // perf's runs: nothing calls gettimeofday.
+        let perf = "\
+  322,800 (50.0%)  < /work/main/examples/perf/bw.rs:perf::bw::run (1x) [/tmp/perf]
+  322,800 (50.0%)  *  /work/main/examples/perf/bw.rs:perf::bw::run_size [/tmp/perf]
+";
+        assert_eq!(clock_calibration(perf), 0);
     }
 
     #[test]
