@@ -920,20 +920,37 @@ unsafe fn check_raw_wr_ids<W>(
     head: *const W,
     parts: impl Fn(*const W) -> (u64, *mut W),
 ) -> Result<()> {
+    // One OR over the chain, and the walk again only to name the culprit:
+    // this runs on every raw post, so it costs a load and an OR per request.
+    let mut any = 0;
     let mut w = head;
     while !w.is_null() {
         let (wr_id, next) = parts(w);
+        any |= wr_id;
+        w = next;
+    }
+    if any & RAW_WR_ID_RESERVED == 0 {
+        return Ok(());
+    }
+    // Some request has the bit, so this stops before the chain's end.
+    let mut w = head;
+    loop {
+        let (wr_id, next) = parts(w);
         if wr_id & RAW_WR_ID_RESERVED != 0 {
-            return Err(Error::InvalidArgument {
-                what: "wr_id",
-                reason: format!(
-                    "{wr_id:#x} has bit 63 set, which marks the safe path's own wr_ids; raw posts must leave it clear"
-                ),
-            });
+            return Err(reserved_wr_id(wr_id));
         }
         w = next;
     }
-    Ok(())
+}
+
+#[cold]
+fn reserved_wr_id(wr_id: u64) -> Error {
+    Error::InvalidArgument {
+        what: "wr_id",
+        reason: format!(
+            "{wr_id:#x} has bit 63 set, which marks the safe path's own wr_ids; raw posts must leave it clear"
+        ),
+    }
 }
 
 /// Refuses a value that does not fit its `bits`-wide field (some providers
