@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo, WireMessage};
-use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::qp::{Init, Rts, SendApi};
 use rdma_verbs::{
     AccessFlags, CompletionChannel, Context, Cq, Error, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr,
     Result, RtrAttr, RtsAttr,
@@ -174,8 +174,12 @@ pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
     let mut qps = Vec::with_capacity(nq as usize);
     for _ in 0..nq {
         let rcq = recv_cq.as_ref().map_or(&send_cq.cq, |c| &c.cq);
-        let qp =
-            Qp::new(&dev.pd, &send_cq.cq, rcq, caps)?.init(InitAttr::new(o.ib_port, access))?;
+        let qp = if o.old_post_send {
+            Qp::new_with_send_api(&dev.pd, &send_cq.cq, rcq, caps, SendApi::Legacy)?
+        } else {
+            Qp::new(&dev.pd, &send_cq.cq, rcq, caps)?
+        };
+        let qp = qp.init(InitAttr::new(o.ib_port, access))?;
         qps.push(qp);
     }
     Ok(Pending {

@@ -204,6 +204,9 @@ pub struct Opts {
     pub run_infinitely: bool,
     /// `-N` or too many iterations: no peak bandwidth.
     pub no_peak: bool,
+    /// `--use_old_post_send`: post sends with `ibv_post_send` even where the
+    /// provider has the extended work request API.
+    pub old_post_send: bool,
     /// `-A`: the atomic operation (atomic_bw).
     pub atomic: AtomicOp,
     /// `-o`: outstanding READs/atomics per QP (`max_rd_atomic` and
@@ -243,6 +246,8 @@ pub fn usage() -> String {
          \x20 -b, --bidirectional       both sides send (bw tests)\n\
          \x20 -N, --noPeak              do not compute the peak bandwidth\n\
          \x20 -F, --CPU-freq            accepted for compatibility (no effect)\n\
+         \x20     --use_old_post_send   post sends with ibv_post_send (default: the extended\n\
+         \x20                           ibv_wr_* API where the provider has it, as perftest)\n\
          \x20     --report_gbits        bandwidth in Gb/s instead of MiB/s\n\
          \x20     --out_json FILE       also write the results as JSON to FILE\n\
          \x20     --run_infinitely      bw tests: report every -D seconds (default 5), forever\n\
@@ -340,6 +345,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "-N" | "--noPeak" if !attached => raw.no_peak = true,
             "-F" | "--CPU-freq" if !attached => {}
             "--report_gbits" if !attached => raw.report_gbits = true,
+            "--use_old_post_send" if !attached => raw.old_post_send = true,
             "--run_infinitely" if !attached => raw.run_infinitely = true,
             "--safe" if !attached => raw.path = Some(DataPath::Safe),
             "--raw" if !attached => raw.path = Some(DataPath::Raw),
@@ -386,6 +392,7 @@ struct RawArgs {
     no_peak: bool,
     report_gbits: bool,
     run_infinitely: bool,
+    old_post_send: bool,
     path: Option<DataPath>,
 }
 
@@ -551,6 +558,7 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         out_json: a.out_json,
         run_infinitely: a.run_infinitely,
         no_peak,
+        old_post_send: a.old_post_send,
         atomic: a.atomic.unwrap_or(AtomicOp::FetchAdd),
         outs: a.outs,
     })

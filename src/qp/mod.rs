@@ -192,6 +192,7 @@ pub(crate) mod post;
 mod queue;
 pub(crate) mod ring;
 pub mod scope;
+pub mod send_ex;
 mod sges;
 pub mod state;
 pub(crate) mod table;
@@ -219,6 +220,7 @@ pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
     UcInitAttr, UcRtrAttr, UdInitAttr,
 };
+pub use send_ex::SendApi;
 pub use sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
 pub use state::{
     CanPostRecv, CanPostSend, Connected, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
@@ -258,6 +260,8 @@ struct QpCore {
     _keepalive: Option<Box<dyn Any + Send + Sync>>,
     /// What scoped requests need (see [`scope`]), made by the first scope.
     scoped: Option<Box<scope::ScopedTables>>,
+    /// The extended send interface, when the QP was created with one.
+    send_ex: Option<send_ex::SendEx>,
 }
 
 // SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
@@ -290,6 +294,22 @@ impl Drop for QpCore {
 }
 
 impl QpCore {
+    /// Posts the send chain at `head` (see [`send_ex::post_chain`]).
+    ///
+    /// # Safety
+    /// As `ibv_post_send`'s: `head` heads a well-formed chain whose memory
+    /// the caller keeps valid as the verb requires; `bad` is writable.
+    #[inline(always)]
+    unsafe fn post_send_chain(
+        &self,
+        head: *mut ffi::ibv_send_wr,
+        bad: *mut *mut ffi::ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: raw is live and send_ex (if any) is its extended interface;
+        // the chain is the caller's promise.
+        unsafe { send_ex::post_chain(self.raw.as_ptr(), self.send_ex.as_ref(), head, bad) }
+    }
+
     /// After a move to ERR: when sends are outstanding (and a slot is free),
     /// posts a signaled zero-length SEND without buffers. In ERR it is flushed
     /// at once; queues complete in order, so its completion retires every
@@ -327,8 +347,10 @@ impl QpCore {
             ..Default::default()
         };
         let mut bad = std::ptr::null_mut();
-        // SAFETY: valid QP; no SGEs, so the NIC touches no memory.
-        let rc = unsafe { ffi::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
+        // SAFETY: a one-request chain; no SGEs, so the NIC touches no memory.
+        let rc = unsafe {
+            send_ex::post_chain(self.raw.as_ptr(), self.send_ex.as_ref(), &mut wr, &mut bad)
+        };
         if rc != 0 {
             // SAFETY: producer side; the device refused the marker.
             drop(unsafe { ring.unfill_from(*head - 1, head) });
@@ -450,8 +472,26 @@ impl Qp<Rc, Reset> {
     /// on `recv_cq` (they may be the same CQ).
     ///
     /// Make each CQ deep enough for the signaled work requests of every QP on it.
+    ///
+    /// The QP posts its sends with the extended work request API where the
+    /// provider supports it, with `ibv_post_send` otherwise; see
+    /// [`send_api`](Qp::send_api) and [`send_ex`].
     pub fn new(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Rc, Reset>> {
-        Qp::create(pd, send_cq, recv_cq, caps)
+        Qp::create_with(pd, send_cq, recv_cq, caps, None, None, |_| {})
+    }
+
+    /// [`new`](Qp::new) with the send API chosen by the caller: `Legacy`
+    /// always works; `Extended` fails with [`Error::Verb`] for
+    /// `ibv_create_qp_ex` (`EOPNOTSUPP`, or the provider's errno) where the
+    /// provider cannot create an extended RC QP, instead of falling back.
+    pub fn new_with_send_api(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        api: SendApi,
+    ) -> Result<Qp<Rc, Reset>> {
+        Qp::create_with(pd, send_cq, recv_cq, caps, None, Some(api), |_| {})
     }
 
     /// Creates an RC QP whose receives come from the shared receive queue
@@ -478,25 +518,43 @@ impl Qp<Rc, Reset> {
             ..caps
         };
         let raw_srq = srq.raw.as_ptr();
-        Qp::create_with(pd, send_cq, recv_cq, caps, Some(srq.clone()), |init| {
-            init.srq = raw_srq;
-        })
+        Qp::create_with(
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            Some(srq.clone()),
+            None,
+            |init| {
+                init.srq = raw_srq;
+            },
+        )
     }
 }
 
 impl<T: QpType> Qp<T, Reset> {
     fn create(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<T, Reset>> {
-        Qp::create_with(pd, send_cq, recv_cq, caps, None, |_| {})
+        Qp::create_with(
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            None,
+            Some(SendApi::Legacy),
+            |_| {},
+        )
     }
 
     /// [`create`](Qp::create), on `srq` if given, with `adjust` applied to the
-    /// init attributes last.
+    /// init attributes last. `api`: the send API (RC only; `None`: extended
+    /// where the provider has it, legacy otherwise).
     fn create_with(
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
         caps: QpCaps,
         srq: Option<Arc<SrqInner>>,
+        api: Option<SendApi>,
         adjust: impl FnOnce(&mut ffi::ibv_qp_init_attr),
     ) -> Result<Qp<T, Reset>> {
         // The kernel resolves CQ handles in the PD's context: a CQ of another
@@ -511,8 +569,12 @@ impl<T: QpType> Qp<T, Reset> {
                 reason: "the PD and both CQs must come from the same Context (device open)".into(),
             });
         }
-        // SAFETY: ibv_create_qp creates a QP of type T from exactly `init`.
-        unsafe {
+        let try_extended = T::RAW == ffi::IBV_QPT_RC && api != Some(SendApi::Legacy);
+        let mut extended = false;
+        // SAFETY: ibv_create_qp and create_rc create a QP of type T from
+        // exactly `init` (create_rc only when T is RC) and write the granted
+        // caps back.
+        let mut qp = unsafe {
             Qp::build(
                 pd,
                 send_cq,
@@ -524,14 +586,37 @@ impl<T: QpType> Qp<T, Reset> {
                 srq,
                 |init| {
                     adjust(init);
+                    if try_extended {
+                        // SAFETY: valid PD, CQs and SRQ of one context (checked
+                        // above; kept alive by the Arcs the Qp stores).
+                        match send_ex::create_rc(pd.as_raw(), init) {
+                            Ok(raw) => {
+                                extended = true;
+                                return Ok(raw);
+                            }
+                            Err(e) if api == Some(SendApi::Extended) => {
+                                return Err(Error::verb("ibv_create_qp_ex", e));
+                            }
+                            Err(_) => {}
+                        }
+                    }
                     // SAFETY: valid PD, CQs and SRQ (kept alive by the Arcs the Qp
                     // stores); init is fully initialised; the provider writes the
                     // granted caps back.
                     let raw = ffi::ibv_create_qp(pd.as_raw(), init);
                     NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
                 },
-            )
+            )?
+        };
+        if extended {
+            // SAFETY: created by create_rc with RC_SEND_OPS; the SendEx lives
+            // in the QP's core, which destroys the QP only when dropped.
+            qp.core.send_ex = unsafe { send_ex::SendEx::load(qp.core.raw) };
+            if qp.core.send_ex.is_none() && api == Some(SendApi::Extended) {
+                return Err(Error::verb("ibv_qp_to_qp_ex", errno(libc::EOPNOTSUPP)));
+            }
         }
+        Ok(qp)
     }
 }
 
@@ -597,6 +682,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 srq,
                 _keepalive: keepalive,
                 scoped: None,
+                send_ex: None,
             },
             _marker: PhantomData,
         })
@@ -647,6 +733,19 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         match self.core.modify(attr, S::NAME, S2::NAME) {
             Ok(()) => Ok(self.into_state()),
             Err(error) => Err(TransitionError { qp: self, error }),
+        }
+    }
+
+    /// How this QP posts its send requests: [`SendApi::Extended`] when it
+    /// was created as an extended QP (`ibv_create_qp_ex` with the RC send
+    /// operations; [`Qp::new`] does so where the provider supports it),
+    /// [`SendApi::Legacy`] (`ibv_post_send`) otherwise. The safe API is the
+    /// same over both.
+    pub fn send_api(&self) -> SendApi {
+        if self.core.send_ex.is_some() {
+            SendApi::Extended
+        } else {
+            SendApi::Legacy
         }
     }
 
@@ -1079,7 +1178,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         unsafe { check_raw_wr_ids(wr, |w| ((*w).wr_id, (*w).next))? };
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
-        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), wr, &mut bad) };
+        let rc = unsafe { self.core.post_send_chain(wr, &mut bad) };
         if rc == 0 {
             Ok(())
         } else {

@@ -53,11 +53,11 @@ pub(crate) trait WorkQueue {
     /// Takes `wr` apart (to hand back a request that was not posted).
     fn into_parts(wr: Self::Wr) -> (u64, Sges);
 
-    /// `ibv_post_send` / `ibv_post_recv`.
+    /// `ibv_post_send` (or its extended form) / `ibv_post_recv`.
     ///
     /// # Safety
-    /// As the verb's: a live QP and a well-formed chain.
-    unsafe fn post(qp: *mut ffi::ibv_qp, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32;
+    /// As the verb's: a well-formed chain.
+    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32;
 
     /// Called once `wr` holds sequence number `seq` in the ring, for what
     /// must live with the request besides its buffers (a UD send's address
@@ -136,12 +136,12 @@ impl<'a> WorkQueue for SendQueue<'a> {
 
     #[inline(always)]
     unsafe fn post(
-        qp: *mut ffi::ibv_qp,
+        core: &QpCore,
         head: *mut ffi::ibv_send_wr,
         bad: *mut *mut ffi::ibv_send_wr,
     ) -> i32 {
         // SAFETY: per this function's contract.
-        unsafe { ffi::ibv_post_send(qp, head, bad) }
+        unsafe { core.post_send_chain(head, bad) }
     }
 }
 
@@ -196,12 +196,12 @@ impl WorkQueue for RecvQueue {
 
     #[inline(always)]
     unsafe fn post(
-        qp: *mut ffi::ibv_qp,
+        core: &QpCore,
         head: *mut ffi::ibv_recv_wr,
         bad: *mut *mut ffi::ibv_recv_wr,
     ) -> i32 {
-        // SAFETY: per this function's contract.
-        unsafe { ffi::ibv_post_recv(qp, head, bad) }
+        // SAFETY: valid QP; the chain per this function's contract.
+        unsafe { ffi::ibv_post_recv(core.raw.as_ptr(), head, bad) }
     }
 }
 
@@ -280,7 +280,7 @@ fn submit<Q: WorkQueue>(
     // SAFETY: valid QP; the chain and its SGEs live on the caller's stack
     // frame; every SGE points into a buffer owned by a ring slot or into inline
     // data borrowed for the caller's call.
-    let rc = unsafe { Q::post(core.raw.as_ptr(), head, &mut bad) };
+    let rc = unsafe { Q::post(core, head, &mut bad) };
     if rc == 0 {
         Ok(())
     } else {

@@ -447,12 +447,12 @@ impl<'a> WorkQueue for UdSendQueue<'a> {
 
     #[inline(always)]
     unsafe fn post(
-        qp: *mut ffi::ibv_qp,
+        core: &QpCore,
         head: *mut ffi::ibv_send_wr,
         bad: *mut *mut ffi::ibv_send_wr,
     ) -> i32 {
         // SAFETY: per this function's contract.
-        unsafe { SendQueue::post(qp, head, bad) }
+        unsafe { SendQueue::post(core, head, bad) }
     }
 
     #[inline(always)]
@@ -518,11 +518,11 @@ impl WorkQueue for UdRecvQueue {
 
     #[inline(always)]
     unsafe fn post(
-        qp: *mut ffi::ibv_qp,
+        core: &QpCore,
         head: *mut ffi::ibv_recv_wr,
         bad: *mut *mut ffi::ibv_recv_wr,
     ) -> i32 {
         // SAFETY: per this function's contract.
-        unsafe { RecvQueue::post(qp, head, bad) }
+        unsafe { RecvQueue::post(core, head, bad) }
     }
 }

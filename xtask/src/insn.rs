@@ -34,6 +34,7 @@ const USAGE: &str = "\
 usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
                         [--iters N1,N2] [--side client|server] [--check RATIO]
                         [--check-scoped RATIO] [--reps N] [--timeout SECS]
+                        [--send-api extended|legacy]
 
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
@@ -47,7 +48,10 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --reps       runs of each pair (default 1): the figure is the median of their
                differences (busy-polling loops count their empty polls, so a
                figure can move between runs; perftest's more than ours)
-  --timeout    limit for the whole guest run (default 1800)";
+  --timeout    limit for the whole guest run (default 1800)
+  --send-api   extended (default): both tools post with the ibv_wr_* API where the
+               provider has it (perftest's default, our Qp::new); legacy: both with
+               ibv_post_send (--use_old_post_send on both)";
 
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
 const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped"];
@@ -67,6 +71,8 @@ struct Plan {
     /// The side under callgrind: "client" or "server".
     side: String,
     timeout: Duration,
+    /// `--use_old_post_send` on both tools.
+    legacy_send: bool,
 }
 
 fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
@@ -90,6 +96,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         check_scoped: None,
         side: "client".into(),
         timeout: Duration::from_secs(1800),
+        legacy_send: false,
     };
     let mut it = args.into_iter().map(|a| a.to_string_lossy().into_owned());
     while let Some(flag) = it.next() {
@@ -105,6 +112,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
             "--sizes" => plan.sizes = list(&value, "--sizes")?,
             "--post-list" => plan.post_lists = list(&value, "--post-list")?,
             "--side" if value == "client" || value == "server" => plan.side = value,
+            "--send-api" if value == "extended" || value == "legacy" => {
+                plan.legacy_send = value == "legacy"
+            }
             "--paths" => plan.paths = list(&value, "--paths")?,
             "--iters" => match list::<u64>(&value, "--iters")?[..] {
                 [a, b] if 0 < a && a < b => plan.iters = (a, b),
@@ -214,6 +224,11 @@ fn job_name(k: &Key, n: u64, rep: u32) -> String {
 fn script(plan: &Plan) -> String {
     let t = SIDE_TIMEOUT_SECS;
     let side = &plan.side;
+    let old = if plan.legacy_send {
+        " --use_old_post_send"
+    } else {
+        ""
+    };
     let mut s = format!(
         "set -u\n\
          OUT=$1; PERF=$2; SIDE={side}\n\
@@ -227,7 +242,7 @@ fn script(plan: &Plan) -> String {
          # job NAME PATH TEST SIZE POSTLIST ITERS\n\
          job() {{\n\
          \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6\n\
-         \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l\"\n\
+         \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l{old}\"\n\
          \x20 if [ \"$t\" = atomic_bw ]; then common=\"$common -A FETCH_AND_ADD\"; fi\n\
          \x20 if [ \"$path\" = perftest ]; then prog=\"ib_$t\"; else prog=\"$PERF $t --$path\"; fi\n\
          \x20 cg=\"valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.cg\"\n\
@@ -402,8 +417,13 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
 /// Prints the table; returns the largest safe/raw and scoped/raw ratios.
 fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> (Option<f64>, Option<f64>) {
     say!(
-        "instructions per message ({side}, callgrind, (I({n2}) - I({n1})) / {d}):",
+        "instructions per message ({side}, {api} send API, callgrind, (I({n2}) - I({n1})) / {d}):",
         side = plan.side,
+        api = if plan.legacy_send {
+            "legacy"
+        } else {
+            "extended"
+        },
         n1 = plan.iters.0,
         n2 = plan.iters.1,
         d = plan.iters.1 - plan.iters.0

@@ -9,6 +9,7 @@ use crate::error::{Error, Result, errno};
 use crate::ffi;
 use crate::qp::post;
 use crate::qp::queue::POST_CHUNK;
+use crate::qp::send_ex::post_chain;
 use crate::qp::state::{CanPostRecv, CanPostSend, QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
@@ -98,7 +99,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // SAFETY: valid QP; one well-formed request whose SGE (on this
         // stack frame during the call) names memory borrowed for 'scope,
         // which outlives every request posted in the scope.
-        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wr, &mut bad) };
+        let rc = unsafe { post_chain(core.raw.as_ptr(), core.send_ex.as_ref(), wr, &mut bad) };
         if rc != 0 {
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
@@ -243,7 +244,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // SAFETY: valid QP; a chain of well-formed requests (checked when
         // the list was built) whose SGEs name memory borrowed for at least
         // 'scope, which outlives every request posted in the scope.
-        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+        let rc = unsafe { core.post_send_chain(wrs.as_mut_ptr(), &mut bad) };
         if force {
             wrs[last].send_flags = list.flags(last);
         }
@@ -413,7 +414,7 @@ fn post_send_chunk<'s>(
         // SAFETY: valid QP; a chain of n well-formed requests whose SGEs
         // name memory borrowed for 'scope (outliving every request posted
         // in the scope) and live in the QP's tables during the call.
-        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wrs, &mut bad) };
+        let rc = unsafe { core.post_send_chain(wrs, &mut bad) };
         if rc != 0 {
             // Requests from `bad` on were refused. A provider that did not
             // say which may own some of them: count them all as posted, so

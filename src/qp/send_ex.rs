@@ -1,0 +1,265 @@
+//! Extended send verbs (`ibv_wr_*` on an `ibv_qp_ex`) with automatic fallback
+//! to the legacy `ibv_post_send`.
+//!
+//! An RC QP made by [`Qp::new`](super::Qp::new) or
+//! [`Qp::new_with_srq`](super::Qp::new_with_srq) is created with
+//! `ibv_create_qp_ex` and the RC send operations (SEND, SEND with immediate,
+//! RDMA WRITE, WRITE with immediate, READ, both atomics) when the provider
+//! supports that, and with `ibv_create_qp` otherwise;
+//! [`Qp::send_api`](super::Qp::send_api) tells which
+//! ([`Qp::new_with_send_api`](super::Qp::new_with_send_api) chooses). The safe
+//! API is the same over both: every send-queue post (safe, scoped, raw and
+//! the drain marker) goes through [`post_chain`], which replays the C chain as
+//! `ibv_wr_*` calls between one `ibv_wr_start` and one `ibv_wr_complete`.
+//!
+//! A chain with a request the builder calls cannot express exactly (another
+//! opcode, more than one SGE, more than one inline piece) is posted whole with
+//! `ibv_post_send` instead, after `ibv_wr_abort`: `ibv_wr_post(3)` allows the
+//! two APIs on one QP outside each other's critical region. More than one SGE
+//! is excluded because rdma-core 44's rxe `wr_set_sge_list` records a wrong
+//! message length for such lists (fixed in rdma-core 64).
+//!
+//! `ibv_wr_complete` posts all or nothing (`ibv_wr_post(3)`, RETURN VALUE):
+//! on failure the whole chain is reported refused (`bad` = the head).
+
+use std::ptr::NonNull;
+
+use crate::error::last_errno;
+use crate::ffi;
+
+/// How a QP posts its send requests; see [`Qp::send_api`](super::Qp::send_api).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SendApi {
+    /// The extended work request API (`ibv_wr_start`, `ibv_wr_rdma_write`,
+    /// `ibv_wr_set_sge`, ..., `ibv_wr_complete`) on an `ibv_qp_ex`: fewer
+    /// instructions per request on providers that implement it (rxe, mlx5).
+    Extended,
+    /// `ibv_post_send` with a chain of `ibv_send_wr`, which every provider
+    /// implements.
+    Legacy,
+}
+
+/// The RC send operations an extended QP is created with.
+pub(crate) const RC_SEND_OPS: u64 = (ffi::IBV_QP_EX_WITH_SEND
+    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
+    | ffi::IBV_QP_EX_WITH_RDMA_WRITE
+    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | ffi::IBV_QP_EX_WITH_RDMA_READ
+    | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) as u64;
+
+/// Creates an RC QP from `init` with `ibv_create_qp_ex` and [`RC_SEND_OPS`];
+/// on success writes the granted caps back into `init`. On failure returns
+/// the errno (`EOPNOTSUPP` where the provider has no extended QPs).
+///
+/// # Safety
+/// `pd` is live and `init` describes an RC QP whose CQs (and SRQ) are live
+/// and of `pd`'s context.
+pub(crate) unsafe fn create_rc(
+    pd: *mut ffi::ibv_pd,
+    init: &mut ffi::ibv_qp_init_attr,
+) -> Result<NonNull<ffi::ibv_qp>, std::io::Error> {
+    let mut ex = ffi::ibv_qp_init_attr_ex {
+        qp_context: init.qp_context,
+        send_cq: init.send_cq,
+        recv_cq: init.recv_cq,
+        srq: init.srq,
+        cap: init.cap,
+        qp_type: init.qp_type,
+        sq_sig_all: init.sq_sig_all,
+        comp_mask: ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        pd,
+        send_ops_flags: RC_SEND_OPS,
+        ..Default::default()
+    };
+    // SAFETY: pd is live (contract) and its context is the QP's; `ex` is
+    // fully initialised, with the comp_mask naming the fields set.
+    let raw = unsafe { ffi::ibv_create_qp_ex((*pd).context, &mut ex) };
+    match NonNull::new(raw) {
+        Some(raw) => {
+            init.cap = ex.cap;
+            Ok(raw)
+        }
+        None => Err(last_errno()),
+    }
+}
+
+type Op0 = unsafe extern "C" fn(*mut ffi::ibv_qp_ex);
+type OpRdma = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64);
+type OpRdmaImm = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, ffi::__be32);
+
+/// The builder and setter entry points of one `ibv_qp_ex`, read once at
+/// creation (the `ibv_wr_*` inline functions read them on every call).
+pub(crate) struct SendEx {
+    qpx: NonNull<ffi::ibv_qp_ex>,
+    start: Op0,
+    complete: unsafe extern "C" fn(*mut ffi::ibv_qp_ex) -> i32,
+    abort: Op0,
+    send: Op0,
+    send_imm: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, ffi::__be32),
+    rdma_write: OpRdma,
+    rdma_write_imm: OpRdmaImm,
+    rdma_read: OpRdma,
+    cmp_swp: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64, u64),
+    fetch_add: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64),
+    set_sge: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32),
+    set_sge_list: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_sge),
+    set_inline: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut std::ffi::c_void, usize),
+}
+
+impl SendEx {
+    /// The extended interface of `qp`, if its provider filled in every entry
+    /// point the RC operations need.
+    ///
+    /// # Safety
+    /// `qp` is live and was created by `ibv_create_qp_ex` with
+    /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` and [`RC_SEND_OPS`]; the result is
+    /// used only while it lives.
+    pub(crate) unsafe fn load(qp: NonNull<ffi::ibv_qp>) -> Option<SendEx> {
+        // SAFETY: per the contract, qp was created with send ops, so the
+        // provider embeds it in an ibv_qp_ex (ibv_qp_to_qp_ex(3)).
+        let qpx = NonNull::new(unsafe { ffi::ibv_qp_to_qp_ex(qp.as_ptr()) })?;
+        // SAFETY: qpx is live; the entry points are plain fields the provider
+        // set at creation and never changes.
+        let x = unsafe { qpx.as_ref() };
+        Some(SendEx {
+            qpx,
+            start: x.wr_start?,
+            complete: x.wr_complete?,
+            abort: x.wr_abort?,
+            send: x.wr_send?,
+            send_imm: x.wr_send_imm?,
+            rdma_write: x.wr_rdma_write?,
+            rdma_write_imm: x.wr_rdma_write_imm?,
+            rdma_read: x.wr_rdma_read?,
+            cmp_swp: x.wr_atomic_cmp_swp?,
+            fetch_add: x.wr_atomic_fetch_add?,
+            set_sge: x.wr_set_sge?,
+            set_sge_list: x.wr_set_sge_list?,
+            set_inline: x.wr_set_inline_data?,
+        })
+    }
+
+    /// Builds `w` after `ibv_wr_start`; false if the builders cannot express
+    /// it exactly (nothing about it then reaches the NIC: the caller aborts).
+    ///
+    /// # Safety
+    /// Inside this QP's critical region; `w` is well formed (its `sg_list`
+    /// holds `num_sge` entries).
+    #[inline(always)]
+    unsafe fn build(&self, w: &ffi::ibv_send_wr) -> bool {
+        let q = self.qpx.as_ptr();
+        if !(0..=1).contains(&w.num_sge) {
+            return false;
+        }
+        // SAFETY: inside the critical region (contract); wr_id and wr_flags
+        // are read by the next builder call; the unions are read as the
+        // opcode defines them (ibv_post_send(3)).
+        unsafe {
+            (*q).wr_id = w.wr_id;
+            (*q).wr_flags = w.send_flags;
+            match w.opcode {
+                ffi::IBV_WR_RDMA_WRITE => {
+                    (self.rdma_write)(q, w.wr.rdma.rkey, w.wr.rdma.remote_addr)
+                }
+                ffi::IBV_WR_SEND => (self.send)(q),
+                ffi::IBV_WR_RDMA_READ => (self.rdma_read)(q, w.wr.rdma.rkey, w.wr.rdma.remote_addr),
+                ffi::IBV_WR_SEND_WITH_IMM => (self.send_imm)(q, w.__bindgen_anon_1.imm_data),
+                ffi::IBV_WR_RDMA_WRITE_WITH_IMM => (self.rdma_write_imm)(
+                    q,
+                    w.wr.rdma.rkey,
+                    w.wr.rdma.remote_addr,
+                    w.__bindgen_anon_1.imm_data,
+                ),
+                ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => (self.fetch_add)(
+                    q,
+                    w.wr.atomic.rkey,
+                    w.wr.atomic.remote_addr,
+                    w.wr.atomic.compare_add,
+                ),
+                ffi::IBV_WR_ATOMIC_CMP_AND_SWP => (self.cmp_swp)(
+                    q,
+                    w.wr.atomic.rkey,
+                    w.wr.atomic.remote_addr,
+                    w.wr.atomic.compare_add,
+                    w.wr.atomic.swap,
+                ),
+                _ => return false,
+            }
+            let inline = w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+            match (w.num_sge, inline) {
+                (0, false) => (self.set_sge_list)(q, 0, std::ptr::null()),
+                (0, true) => (self.set_inline)(q, std::ptr::null_mut(), 0),
+                (_, false) => {
+                    let s = &*w.sg_list;
+                    (self.set_sge)(q, s.lkey, s.addr, s.length)
+                }
+                (_, true) => {
+                    let s = &*w.sg_list;
+                    (self.set_inline)(q, s.addr as *mut _, s.length as usize)
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Posts the send chain at `head` on `qp`, through `ex` when given (and the
+/// chain can be expressed with its builders), with `ibv_post_send` otherwise.
+/// Returns 0 or an errno; on failure `*bad` is the first request refused.
+///
+/// # Safety
+/// As `ibv_post_send`'s: `qp` is live (and `ex` is its extended interface),
+/// `head` heads a well-formed chain, `bad` is writable.
+#[inline(always)]
+pub(crate) unsafe fn post_chain(
+    qp: *mut ffi::ibv_qp,
+    ex: Option<&SendEx>,
+    head: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> i32 {
+    let Some(ex) = ex else {
+        // SAFETY: per this function's contract.
+        return unsafe { ffi::ibv_post_send(qp, head, bad) };
+    };
+    let q = ex.qpx.as_ptr();
+    // SAFETY: q is qp's extended interface (contract); the critical region
+    // opened here is closed on every path below; every request read is part
+    // of the well-formed chain.
+    unsafe {
+        (ex.start)(q);
+        let mut w = head;
+        while let Some(r) = w.as_ref() {
+            if !ex.build(r) {
+                return legacy(qp, ex, head, bad);
+            }
+            w = r.next;
+        }
+        let rc = (ex.complete)(q);
+        if rc != 0 {
+            *bad = head;
+        }
+        rc
+    }
+}
+
+/// The chain holds a request the builders cannot express: drop what was built
+/// and post the whole chain the legacy way.
+///
+/// # Safety
+/// As [`post_chain`]'s, inside `ex`'s critical region.
+#[cold]
+#[inline(never)]
+unsafe fn legacy(
+    qp: *mut ffi::ibv_qp,
+    ex: &SendEx,
+    head: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> i32 {
+    // SAFETY: inside the critical region (contract); after the abort nothing
+    // built reaches the queue, and ibv_post_send runs outside the region.
+    unsafe {
+        (ex.abort)(ex.qpx.as_ptr());
+        ffi::ibv_post_send(qp, head, bad)
+    }
+}
