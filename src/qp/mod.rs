@@ -143,6 +143,7 @@
 //! | No completion for an SRQ's receives after `ibv_destroy_srq` returns (it is called after every QP on it is destroyed) | `ibv_destroy_srq(3)` (refused while QPs use the SRQ) | `dropping_the_srq_and_its_qps_with_receives_posted_frees_everything` |
 //! | A CQ of depth `d` holds `d` completions | `ibv_create_cq(3)` (`cqe` is the minimum; the actual depth is read back) | `queues_that_would_overrun_the_cq_are_refused` |
 //! | A UD receive's first 40 bytes take the GRH: with a 40-byte first SGE the GRH fills it and the payload starts at the second; `byte_len` counts the 40 | IB spec vol. 1, 11.4.1.2 (`ibv_post_recv(3)`: "the first 40 bytes of the buffer"); Linux rxe `send_data_in` of the GRH before the payload (drivers/infiniband/sw/rxe/rxe_resp.c) | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` |
+//! | An extended post (`ibv_wr_start` .. `ibv_wr_complete`) that fails posts none of its requests, and legacy and extended posts may alternate on one QP | `ibv_wr_post(3)` (RETURN VALUE: "the entire posting will be aborted"; DESCRIPTION: batches of both APIs "can interleave" outside each other's critical region) | `a_refused_extended_chain_posts_nothing`, `every_operation_moves_the_same_bytes_on_both_apis` (`tests/vm_send_api.rs`) |
 //! | A UD receive's GRH bytes are the IPv6 GRH, or on RoCE v2/IPv4 an IPv4 header in bytes 20..40 | rdma-core `ibv_init_ah_from_wc` (libibverbs/verbs.c) reads them so | `ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload` (`sgid`, `from_completion`) |
 //!
 //! Not relied on: that RESET discards posted work (some rxe versions keep
@@ -177,6 +178,16 @@
 //! is a copy. [`SendWr::send_from`], [`SendWr::write_from`] and
 //! [`SendWr::read`] build one-buffer requests in place. The `perf` example's
 //! `--safe` path and `benches/` measure the difference against `--raw`.
+//!
+//! # Send API
+//! RC QPs from [`Qp::new`] and [`Qp::new_with_srq`] post their sends with the
+//! extended work request API (`ibv_wr_*`, [`SendApi::Extended`]) where the
+//! provider supports it and with `ibv_post_send` otherwise
+//! ([`Qp::send_api`] tells; [`Qp::new_with_send_api`] chooses). Every send
+//! post, safe, scoped or raw, is written as a C chain first and then either
+//! handed to `ibv_post_send` or replayed as builder calls; [`send_ex`] has
+//! the rules. Nothing else differs: the rings, tokens and checks are the
+//! same, and a refused extended post is refused whole.
 //!
 //! Inside [`Cq::scope`](crate::Cq::scope) a request costs about what the C
 //! verb costs: no buffer moves, a 16-byte side entry, a C request written in

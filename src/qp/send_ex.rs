@@ -9,8 +9,9 @@
 //! [`Qp::send_api`](super::Qp::send_api) tells which
 //! ([`Qp::new_with_send_api`](super::Qp::new_with_send_api) chooses). The safe
 //! API is the same over both: every send-queue post (safe, scoped, raw and
-//! the drain marker) goes through [`post_chain`], which replays the C chain as
-//! `ibv_wr_*` calls between one `ibv_wr_start` and one `ibv_wr_complete`.
+//! the drain marker) is written as a C chain first, which an extended QP
+//! replays as `ibv_wr_*` calls between one `ibv_wr_start` and one
+//! `ibv_wr_complete`.
 //!
 //! A chain with a request the builder calls cannot express exactly (another
 //! opcode, more than one SGE, more than one inline piece) is posted whole with

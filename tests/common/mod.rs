@@ -7,7 +7,7 @@ pub mod procs;
 
 use std::time::Duration;
 
-use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::qp::{Init, Rts, SendApi};
 use rdma_verbs::{AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc};
 
 /// How long a test waits for completions before failing.
@@ -60,16 +60,35 @@ pub fn pair_sized(
     cq_depth: u32,
     prep: impl FnOnce(&Pd, &mut Qp<Rc, Init>, &mut Qp<Rc, Init>),
 ) -> Pair {
+    pair_on(caps, cq_depth, None, prep)
+}
+
+/// A connected pair whose QPs both post with `api`.
+pub fn pair_api(caps: QpCaps, api: SendApi) -> Pair {
+    let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
+    pair_on(caps, depth, Some(api), |_, _, _| {})
+}
+
+/// [`pair_sized`] with the send API given (`None`: `Qp::new`'s choice).
+fn pair_on(
+    caps: QpCaps,
+    cq_depth: u32,
+    api: Option<SendApi>,
+    prep: impl FnOnce(&Pd, &mut Qp<Rc, Init>, &mut Qp<Rc, Init>),
+) -> Pair {
     let ctx = ctx();
     let pd = Pd::new(&ctx).expect("pd");
     let cq_a = Cq::new(&ctx, cq_depth).expect("cq a");
     let cq_b = Cq::new(&ctx, cq_depth).expect("cq b");
     let gid = gid_index(&ctx);
     let mk = |cq: &Cq| {
-        Qp::new(&pd, cq, cq, caps)
-            .expect("create qp")
-            .init(InitAttr::new(1, all_remote()))
-            .expect("init")
+        match api {
+            None => Qp::new(&pd, cq, cq, caps),
+            Some(api) => Qp::new_with_send_api(&pd, cq, cq, caps, api),
+        }
+        .expect("create qp")
+        .init(InitAttr::new(1, all_remote()))
+        .expect("init")
     };
     let mut a = mk(&cq_a);
     let mut b = mk(&cq_b);

@@ -101,6 +101,11 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // which outlives every request posted in the scope.
         let rc = unsafe { post_chain(core.raw.as_ptr(), core.send_ex.as_ref(), wr, &mut bad) };
         if rc != 0 {
+            // As in a list: a provider that does not say it refused the
+            // request may own it; count it as posted.
+            if post::bad_index(bad, wr as *mut ffi::ibv_send_wr, 1).is_none() {
+                core.sq_head = head + 1;
+            }
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
         core.sq_head = head + 1;
