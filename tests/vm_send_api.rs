@@ -181,35 +181,14 @@ fn every_operation_moves_the_same_bytes_on_both_apis() {
         // chain, the second one signaled.
         let src = filled(&p.pd, &d2);
         let mut sge = [
-            ffi::ibv_sge {
-                addr: src.addr(),
-                length: 32,
-                lkey: src.lkey(),
-            },
-            ffi::ibv_sge {
-                addr: src.addr() + 32,
-                length: 32,
-                lkey: src.lkey(),
-            },
+            sge(src.addr(), 32, src.lkey()),
+            sge(src.addr() + 32, 32, src.lkey()),
         ];
-        let mut second = ffi::ibv_send_wr {
-            wr_id: 21,
-            sg_list: &mut sge[1],
-            num_sge: 1,
-            opcode: ffi::IBV_WR_RDMA_WRITE,
-            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            ..Default::default()
-        };
+        let mut second = raw_wr(21, &mut sge[1], ffi::IBV_WR_RDMA_WRITE, SIGNALED);
         second.wr.rdma.remote_addr = remote.addr + 160;
         second.wr.rdma.rkey = remote.rkey;
-        let mut first = ffi::ibv_send_wr {
-            wr_id: 20,
-            next: &mut second,
-            sg_list: &mut sge[0],
-            num_sge: 1,
-            opcode: ffi::IBV_WR_RDMA_WRITE,
-            ..Default::default()
-        };
+        let mut first = raw_wr(20, &mut sge[0], ffi::IBV_WR_RDMA_WRITE, 0);
+        first.next = &mut second;
         first.wr.rdma.remote_addr = remote.addr + 128;
         first.wr.rdma.rkey = remote.rkey;
         // SAFETY: both SGEs lie in `src` and the remote range in `target`,
@@ -220,6 +199,24 @@ fn every_operation_moves_the_same_bytes_on_both_apis() {
         target.read_at(128, &mut t[..64]).unwrap();
         assert_eq!(&t[..64], &d2[..], "{api:?}");
         drop(src);
+    }
+}
+
+const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+
+fn sge(addr: u64, length: u32, lkey: u32) -> ffi::ibv_sge {
+    ffi::ibv_sge { addr, length, lkey }
+}
+
+/// A one-SGE C request (remote address and `next` left to the caller).
+fn raw_wr(wr_id: u64, sge: &mut ffi::ibv_sge, opcode: u32, flags: u32) -> ffi::ibv_send_wr {
+    ffi::ibv_send_wr {
+        wr_id,
+        sg_list: sge,
+        num_sge: 1,
+        opcode,
+        send_flags: flags,
+        ..Default::default()
     }
 }
 
@@ -242,35 +239,13 @@ fn a_refused_extended_chain_posts_nothing() {
     let src = filled(&p.pd, &pattern(32, 9));
     let big = pattern(caps().max_inline_data as usize * 4, 10);
     let mut sge = [
-        ffi::ibv_sge {
-            addr: src.addr(),
-            length: 32,
-            lkey: src.lkey(),
-        },
-        ffi::ibv_sge {
-            addr: big.as_ptr() as u64,
-            length: big.len() as u32,
-            lkey: 0,
-        },
+        sge(src.addr(), 32, src.lkey()),
+        sge(big.as_ptr() as u64, big.len() as u32, 0),
     ];
-    let mut second = ffi::ibv_send_wr {
-        wr_id: 2,
-        sg_list: &mut sge[1],
-        num_sge: 1,
-        opcode: ffi::IBV_WR_SEND,
-        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-            | ffi::ibv_send_flags::IBV_SEND_INLINE.0,
-        ..Default::default()
-    };
-    let mut first = ffi::ibv_send_wr {
-        wr_id: 1,
-        next: &mut second,
-        sg_list: &mut sge[0],
-        num_sge: 1,
-        opcode: ffi::IBV_WR_RDMA_WRITE,
-        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
-        ..Default::default()
-    };
+    let inline = ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+    let mut second = raw_wr(2, &mut sge[1], ffi::IBV_WR_SEND, SIGNALED | inline);
+    let mut first = raw_wr(1, &mut sge[0], ffi::IBV_WR_RDMA_WRITE, SIGNALED);
+    first.next = &mut second;
     first.wr.rdma.remote_addr = remote.addr;
     first.wr.rdma.rkey = remote.rkey;
     // SAFETY: the SGEs lie in `src` and `big`, which outlive the QP's use of
