@@ -85,27 +85,22 @@ pub(crate) unsafe fn create_rc(
     }
 }
 
-type Op0 = unsafe extern "C" fn(*mut ffi::ibv_qp_ex);
-type OpRdma = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64);
-type OpRdmaImm = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, ffi::__be32);
+/// Calls the entry point `$f` of the `ibv_qp_ex` at `$q` with `$args`, read
+/// at the call as the `ibv_wr_*` inline functions do (keeping copies would
+/// cost a spill of all of them per post).
+///
+/// Only for a `SendEx`'s `qpx`: [`SendEx::load`] checked every entry point
+/// used here is set, and providers set them once, at creation.
+macro_rules! op {
+    ($q:expr, $f:ident $(, $args:expr)*) => {
+        ((*$q).$f.unwrap_unchecked())($q $(, $args)*)
+    };
+}
 
-/// The builder and setter entry points of one `ibv_qp_ex`, read once at
-/// creation (the `ibv_wr_*` inline functions read them on every call).
+/// The extended interface of one QP: its `ibv_qp_ex`, whose builder and
+/// setter entry points were checked at creation.
 pub(crate) struct SendEx {
     qpx: NonNull<ffi::ibv_qp_ex>,
-    start: Op0,
-    complete: unsafe extern "C" fn(*mut ffi::ibv_qp_ex) -> i32,
-    abort: Op0,
-    send: Op0,
-    send_imm: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, ffi::__be32),
-    rdma_write: OpRdma,
-    rdma_write_imm: OpRdmaImm,
-    rdma_read: OpRdma,
-    cmp_swp: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64, u64),
-    fetch_add: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64),
-    set_sge: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32),
-    set_sge_list: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_sge),
-    set_inline: unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut std::ffi::c_void, usize),
 }
 
 impl SendEx {
@@ -121,24 +116,22 @@ impl SendEx {
         // provider embeds it in an ibv_qp_ex (ibv_qp_to_qp_ex(3)).
         let qpx = NonNull::new(unsafe { ffi::ibv_qp_to_qp_ex(qp.as_ptr()) })?;
         // SAFETY: qpx is live; the entry points are plain fields the provider
-        // set at creation and never changes.
+        // set at creation.
         let x = unsafe { qpx.as_ref() };
-        Some(SendEx {
-            qpx,
-            start: x.wr_start?,
-            complete: x.wr_complete?,
-            abort: x.wr_abort?,
-            send: x.wr_send?,
-            send_imm: x.wr_send_imm?,
-            rdma_write: x.wr_rdma_write?,
-            rdma_write_imm: x.wr_rdma_write_imm?,
-            rdma_read: x.wr_rdma_read?,
-            cmp_swp: x.wr_atomic_cmp_swp?,
-            fetch_add: x.wr_atomic_fetch_add?,
-            set_sge: x.wr_set_sge?,
-            set_sge_list: x.wr_set_sge_list?,
-            set_inline: x.wr_set_inline_data?,
-        })
+        let all = x.wr_start.is_some()
+            && x.wr_complete.is_some()
+            && x.wr_abort.is_some()
+            && x.wr_send.is_some()
+            && x.wr_send_imm.is_some()
+            && x.wr_rdma_write.is_some()
+            && x.wr_rdma_write_imm.is_some()
+            && x.wr_rdma_read.is_some()
+            && x.wr_atomic_cmp_swp.is_some()
+            && x.wr_atomic_fetch_add.is_some()
+            && x.wr_set_sge.is_some()
+            && x.wr_set_sge_list.is_some()
+            && x.wr_set_inline_data.is_some();
+        all.then_some(SendEx { qpx })
     }
 
     /// Builds `w` after `ibv_wr_start`; false if the builders cannot express
@@ -153,51 +146,54 @@ impl SendEx {
         if !(0..=1).contains(&w.num_sge) {
             return false;
         }
-        // SAFETY: inside the critical region (contract); wr_id and wr_flags
-        // are read by the next builder call; the unions are read as the
-        // opcode defines them (ibv_post_send(3)).
+        // SAFETY: inside the critical region (contract), through `op!`'s
+        // checked entry points; wr_id and wr_flags are read by the next
+        // builder call; the unions are read as the opcode defines them
+        // (ibv_post_send(3)).
         unsafe {
             (*q).wr_id = w.wr_id;
             (*q).wr_flags = w.send_flags;
+            let (rdma, atomic) = (w.wr.rdma, w.wr.atomic);
             match w.opcode {
-                ffi::IBV_WR_RDMA_WRITE => {
-                    (self.rdma_write)(q, w.wr.rdma.rkey, w.wr.rdma.remote_addr)
-                }
-                ffi::IBV_WR_SEND => (self.send)(q),
-                ffi::IBV_WR_RDMA_READ => (self.rdma_read)(q, w.wr.rdma.rkey, w.wr.rdma.remote_addr),
-                ffi::IBV_WR_SEND_WITH_IMM => (self.send_imm)(q, w.__bindgen_anon_1.imm_data),
-                ffi::IBV_WR_RDMA_WRITE_WITH_IMM => (self.rdma_write_imm)(
+                ffi::IBV_WR_RDMA_WRITE => op!(q, wr_rdma_write, rdma.rkey, rdma.remote_addr),
+                ffi::IBV_WR_SEND => op!(q, wr_send),
+                ffi::IBV_WR_RDMA_READ => op!(q, wr_rdma_read, rdma.rkey, rdma.remote_addr),
+                ffi::IBV_WR_SEND_WITH_IMM => op!(q, wr_send_imm, w.__bindgen_anon_1.imm_data),
+                ffi::IBV_WR_RDMA_WRITE_WITH_IMM => op!(
                     q,
-                    w.wr.rdma.rkey,
-                    w.wr.rdma.remote_addr,
-                    w.__bindgen_anon_1.imm_data,
+                    wr_rdma_write_imm,
+                    rdma.rkey,
+                    rdma.remote_addr,
+                    w.__bindgen_anon_1.imm_data
                 ),
-                ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => (self.fetch_add)(
+                ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => op!(
                     q,
-                    w.wr.atomic.rkey,
-                    w.wr.atomic.remote_addr,
-                    w.wr.atomic.compare_add,
+                    wr_atomic_fetch_add,
+                    atomic.rkey,
+                    atomic.remote_addr,
+                    atomic.compare_add
                 ),
-                ffi::IBV_WR_ATOMIC_CMP_AND_SWP => (self.cmp_swp)(
+                ffi::IBV_WR_ATOMIC_CMP_AND_SWP => op!(
                     q,
-                    w.wr.atomic.rkey,
-                    w.wr.atomic.remote_addr,
-                    w.wr.atomic.compare_add,
-                    w.wr.atomic.swap,
+                    wr_atomic_cmp_swp,
+                    atomic.rkey,
+                    atomic.remote_addr,
+                    atomic.compare_add,
+                    atomic.swap
                 ),
                 _ => return false,
             }
             let inline = w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
             match (w.num_sge, inline) {
-                (0, false) => (self.set_sge_list)(q, 0, std::ptr::null()),
-                (0, true) => (self.set_inline)(q, std::ptr::null_mut(), 0),
+                (0, false) => op!(q, wr_set_sge_list, 0, std::ptr::null()),
+                (0, true) => op!(q, wr_set_inline_data, std::ptr::null_mut(), 0),
                 (_, false) => {
                     let s = &*w.sg_list;
-                    (self.set_sge)(q, s.lkey, s.addr, s.length)
+                    op!(q, wr_set_sge, s.lkey, s.addr, s.length)
                 }
                 (_, true) => {
                     let s = &*w.sg_list;
-                    (self.set_inline)(q, s.addr as *mut _, s.length as usize)
+                    op!(q, wr_set_inline_data, s.addr as *mut _, s.length as usize)
                 }
             }
         }
@@ -228,7 +224,7 @@ pub(crate) unsafe fn post_chain(
     // opened here is closed on every path below; every request read is part
     // of the well-formed chain.
     unsafe {
-        (ex.start)(q);
+        op!(q, wr_start);
         let mut w = head;
         while let Some(r) = w.as_ref() {
             if !ex.build(r) {
@@ -236,7 +232,7 @@ pub(crate) unsafe fn post_chain(
             }
             w = r.next;
         }
-        let rc = (ex.complete)(q);
+        let rc = op!(q, wr_complete);
         if rc != 0 {
             *bad = head;
         }
@@ -260,7 +256,8 @@ unsafe fn legacy(
     // SAFETY: inside the critical region (contract); after the abort nothing
     // built reaches the queue, and ibv_post_send runs outside the region.
     unsafe {
-        (ex.abort)(ex.qpx.as_ptr());
+        let q = ex.qpx.as_ptr();
+        op!(q, wr_abort);
         ffi::ibv_post_send(qp, head, bad)
     }
 }
