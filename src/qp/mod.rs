@@ -1181,6 +1181,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// # Errors
     /// A `wr_id` with bit 63 set is refused ([`RAW_WR_ID_RESERVED`]), as for
     /// [`post_recv_raw`](Qp::post_recv_raw).
+    #[inline(always)]
     pub unsafe fn post_send_raw(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()>
     where
         S: CanPostSend,
