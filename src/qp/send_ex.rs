@@ -201,6 +201,73 @@ impl SendEx {
     }
 }
 
+/// One request in the form the builders take: what a scoped request holds,
+/// posted without writing a C request first.
+pub(crate) struct Request {
+    pub(crate) wr_id: u64,
+    pub(crate) flags: u32,
+    pub(crate) opcode: u32,
+    pub(crate) rkey: u32,
+    pub(crate) remote_addr: u64,
+    /// The atomic compare (or add) operand, or the immediate (big-endian,
+    /// low half).
+    pub(crate) operand: u64,
+    pub(crate) swap: u64,
+    /// Not inline; a zero length means no SGE.
+    pub(crate) sge: ffi::ibv_sge,
+}
+
+impl SendEx {
+    /// Posts `r` alone (`ibv_wr_start`, builder, setter, `ibv_wr_complete`):
+    /// `Some(0)` or `Some(errno)` (then nothing was posted), or `None`,
+    /// without touching the QP, for an opcode the builders here do not take.
+    ///
+    /// # Safety
+    /// As [`post_chain`]'s for a one-request chain of `r`.
+    #[inline(always)]
+    pub(crate) unsafe fn post_one(&self, r: &Request) -> Option<i32> {
+        let q = self.qpx.as_ptr();
+        let (rkey, addr) = (r.rkey, r.remote_addr);
+        // SAFETY: q is a live extended QP (contract); `op!`'s entry points
+        // were checked; the critical region opened here is closed below.
+        unsafe {
+            match r.opcode {
+                ffi::IBV_WR_RDMA_WRITE
+                | ffi::IBV_WR_SEND
+                | ffi::IBV_WR_RDMA_READ
+                | ffi::IBV_WR_SEND_WITH_IMM
+                | ffi::IBV_WR_RDMA_WRITE_WITH_IMM
+                | ffi::IBV_WR_ATOMIC_FETCH_AND_ADD
+                | ffi::IBV_WR_ATOMIC_CMP_AND_SWP => {}
+                _ => return None,
+            }
+            op!(q, wr_start);
+            (*q).wr_id = r.wr_id;
+            (*q).wr_flags = r.flags;
+            match r.opcode {
+                ffi::IBV_WR_RDMA_WRITE => op!(q, wr_rdma_write, rkey, addr),
+                ffi::IBV_WR_SEND => op!(q, wr_send),
+                ffi::IBV_WR_RDMA_READ => op!(q, wr_rdma_read, rkey, addr),
+                ffi::IBV_WR_SEND_WITH_IMM => op!(q, wr_send_imm, r.operand as u32),
+                ffi::IBV_WR_RDMA_WRITE_WITH_IMM => {
+                    op!(q, wr_rdma_write_imm, rkey, addr, r.operand as u32)
+                }
+                ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => {
+                    op!(q, wr_atomic_fetch_add, rkey, addr, r.operand)
+                }
+                _ => op!(q, wr_atomic_cmp_swp, rkey, addr, r.operand, r.swap),
+            }
+            let s = &r.sge;
+            if s.length != 0 {
+                op!(q, wr_set_sge, s.lkey, s.addr, s.length)
+            } else {
+                op!(q, wr_set_sge_list, 0, std::ptr::null())
+            }
+            Some(op!(q, wr_complete))
+        }
+    }
+}
+
 /// Posts the send chain at `head` on `qp`, through `ex` when given (and the
 /// chain can be expressed with its builders), with `ibv_post_send` otherwise.
 /// Returns 0 or an errno; on failure `*bad` is the first request refused.

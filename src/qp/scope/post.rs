@@ -91,6 +91,20 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let i = ring.index(head);
         // SAFETY: `index` masks with the ring's slot count, the table's length.
         unsafe { *tables.sq.get_unchecked_mut(i) = Posted::send(head, req.wr_id, req.opcode) };
+        if let Some(ex) = core.send_ex.as_ref() {
+            // SAFETY: one well-formed request whose SGE names memory
+            // borrowed for 'scope, which outlives every request posted in the
+            // scope.
+            match unsafe { ex.post_one(&req.ex_request(ring.token(head), flags)) } {
+                Some(0) => {
+                    core.sq_head = head + 1;
+                    return Ok(());
+                }
+                // All or nothing: refused, so not posted.
+                Some(rc) => return Err(Error::verb("ibv_post_send", errno(rc))),
+                None => {}
+            }
+        }
         let wr = &mut tables.send_wrs[0];
         let mut sge = req.sge;
         req.fill(wr, ring.token(head), flags, &mut sge);

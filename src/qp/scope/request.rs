@@ -7,6 +7,7 @@ use crate::cq::{WcOpcode, WcStatus};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::mr::RemoteMr;
+use crate::qp::send_ex;
 
 /// Why a [`ScopedSend`] will be refused when posted (checked when it is
 /// built, so that posting it checks one byte).
@@ -243,6 +244,21 @@ impl<'scope> ScopedSend<'scope> {
                 "atomic target",
                 format!("address {:#x} is not 8-byte aligned", self.remote_addr),
             ),
+        }
+    }
+
+    /// The request as the extended builders take it.
+    #[inline(always)]
+    pub(super) fn ex_request(&self, token: u64, flags: u32) -> send_ex::Request {
+        send_ex::Request {
+            wr_id: token,
+            flags,
+            opcode: self.opcode,
+            rkey: self.rkey,
+            remote_addr: self.remote_addr,
+            operand: self.operand,
+            swap: self.swap,
+            sge: self.sge,
         }
     }
 
