@@ -8,8 +8,8 @@ mod common;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use common::{WAIT, all_remote, pair, pair_with, pattern, wait};
-use rdma_verbs::qp::QpStateKind;
+use common::{WAIT, all_remote, pair, pair_api, pattern, wait};
+use rdma_verbs::qp::{QpStateKind, SendApi};
 use rdma_verbs::{
     AccessFlags, CompletionSource, Cq, Dst, Error, Mr, PreparedSends, QpCaps, RecvWr, Result,
     Scope, ScopedCompletion, ScopedSend, SendWr, Src, WcOpcode, WcStatus,
@@ -44,12 +44,20 @@ fn summary(c: &ScopedCompletion) -> (u64, WcStatus, WcOpcode, u32) {
     (c.wr_id, c.status, c.opcode, c.byte_len)
 }
 
+/// On both send APIs (an extended QP posts single scoped requests straight
+/// through the builders).
 #[test]
 fn scoped_write_read_and_send_move_the_bytes() {
-    let mut p = pair_with(caps(8, 4), |pd, _, b| {
-        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-        b.post_recv(RecvWr::new(7, mr)).unwrap();
-    });
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        write_read_and_send(api);
+    }
+}
+
+fn write_read_and_send(api: SendApi) {
+    let mut p = pair_api(caps(8, 4), api);
+    assert_eq!(p.a.send_api(), api);
+    let mr = p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.post_recv(RecvWr::new(7, mr)).unwrap();
     let remote_mr = p.pd.alloc_mr(4096, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let data = pattern(4096, 3);
@@ -283,7 +291,13 @@ fn completions_that_are_not_the_scopes_wait_for_cq_poll() {
 
 #[test]
 fn scoped_atomics_and_post_lists() {
-    let mut p = pair(caps(16, 1));
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        atomics_and_post_lists(api);
+    }
+}
+
+fn atomics_and_post_lists(api: SendApi) {
+    let mut p = pair_api(caps(16, 1), api);
     let counter = p.pd.alloc_mr(8, all_remote()).unwrap();
     let remote = counter.remote();
     let mut results = p.pd.alloc_mr(8 * 9, AccessFlags::LOCAL_WRITE).unwrap();
