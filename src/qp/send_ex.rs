@@ -220,7 +220,7 @@ pub(crate) struct Request {
 impl SendEx {
     /// Posts `r` alone (`ibv_wr_start`, builder, setter, `ibv_wr_complete`):
     /// `Some(0)` or `Some(errno)` (then nothing was posted), or `None`,
-    /// without touching the QP, for an opcode the builders here do not take.
+    /// with nothing posted, for an opcode the builders here do not take.
     ///
     /// # Safety
     /// As [`post_chain`]'s for a one-request chain of `r`.
@@ -231,16 +231,6 @@ impl SendEx {
         // SAFETY: q is a live extended QP (contract); `op!`'s entry points
         // were checked; the critical region opened here is closed below.
         unsafe {
-            match r.opcode {
-                ffi::IBV_WR_RDMA_WRITE
-                | ffi::IBV_WR_SEND
-                | ffi::IBV_WR_RDMA_READ
-                | ffi::IBV_WR_SEND_WITH_IMM
-                | ffi::IBV_WR_RDMA_WRITE_WITH_IMM
-                | ffi::IBV_WR_ATOMIC_FETCH_AND_ADD
-                | ffi::IBV_WR_ATOMIC_CMP_AND_SWP => {}
-                _ => return None,
-            }
             op!(q, wr_start);
             (*q).wr_id = r.wr_id;
             (*q).wr_flags = r.flags;
@@ -255,7 +245,14 @@ impl SendEx {
                 ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => {
                     op!(q, wr_atomic_fetch_add, rkey, addr, r.operand)
                 }
-                _ => op!(q, wr_atomic_cmp_swp, rkey, addr, r.operand, r.swap),
+                ffi::IBV_WR_ATOMIC_CMP_AND_SWP => {
+                    op!(q, wr_atomic_cmp_swp, rkey, addr, r.operand, r.swap)
+                }
+                _ => {
+                    // Nothing was built: close the region empty.
+                    op!(q, wr_abort);
+                    return None;
+                }
             }
             let s = &r.sge;
             if s.length != 0 {

@@ -9,7 +9,6 @@ use crate::error::{Error, Result, errno};
 use crate::ffi;
 use crate::qp::post;
 use crate::qp::queue::POST_CHUNK;
-use crate::qp::send_ex::post_chain;
 use crate::qp::state::{CanPostRecv, CanPostSend, QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
@@ -113,7 +112,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // SAFETY: valid QP; one well-formed request whose SGE (on this
         // stack frame during the call) names memory borrowed for 'scope,
         // which outlives every request posted in the scope.
-        let rc = unsafe { post_chain(core.raw.as_ptr(), core.send_ex.as_ref(), wr, &mut bad) };
+        // (An extended QP took the request above unless its opcode has no
+        // builder here: then this is the right verb for it too.)
+        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wr, &mut bad) };
         if rc != 0 {
             // As in a list: a provider that does not say it refused the
             // request may own it; count it as posted.
