@@ -435,9 +435,17 @@ fn an_empty_scope_returns_its_value() {
     assert_eq!(cq.scope(|_| Ok(42)).unwrap(), 42);
 }
 
+/// On both send APIs (an extended QP posts a prepared list through the
+/// builders, without its C chain).
 #[test]
 fn prepared_lists_repost_whole_and_are_refused_whole() {
-    let mut p = pair(caps(112, 1));
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        repost_whole_and_refused_whole(api);
+    }
+}
+
+fn repost_whole_and_refused_whole(api: SendApi) {
+    let mut p = pair_api(caps(112, 1), api);
     let remote_mr = p.pd.alloc_mr(48 * 64, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let mut src = p.pd.alloc_mr(48 * 64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -515,9 +523,17 @@ fn prepared_lists_repost_whole_and_are_refused_whole() {
     assert_eq!(remote_mr.to_vec().unwrap(), data);
 }
 
+/// On both send APIs (an extended QP posts a prepared list through the
+/// builders, without its C chain).
 #[test]
 fn prepared_lists_report_each_requests_wr_id_and_opcode() {
-    let mut p = pair(caps(64, 1));
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        report_each_requests_wr_id_and_opcode(api);
+    }
+}
+
+fn report_each_requests_wr_id_and_opcode(api: SendApi) {
+    let mut p = pair_api(caps(64, 1), api);
     let remote_mr = p.pd.alloc_mr(512, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let mut src = p.pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
@@ -590,12 +606,20 @@ fn prepared_lists_report_each_requests_wr_id_and_opcode() {
     assert_eq!(back.to_vec().unwrap(), data[64..128]);
 }
 
+/// On both send APIs (an extended QP posts a prepared list through the
+/// builders, without its C chain).
 #[test]
 fn a_range_start_survives_its_slot_being_reused() {
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        range_start_survives_slot_reuse(api);
+    }
+}
+
+fn range_start_survives_slot_reuse(api: SendApi) {
     // Depth 8 is a power of two, so the ring has exactly 8 slots and a post
     // may reuse the slot of a request retired a moment ago, here the first
     // slot of a list whose later requests are still in flight.
-    let mut p = pair(caps(8, 1));
+    let mut p = pair_api(caps(8, 1), api);
     let remote_mr = p.pd.alloc_mr(5 * 64, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let mut src = p.pd.alloc_mr(5 * 64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -629,4 +653,133 @@ fn a_range_start_survives_its_slot_being_reused() {
     let ok = |id| (id, WcStatus::Success, WcOpcode::RdmaWrite);
     assert_eq!(ids, [ok(100), ok(103), ok(200), ok(203), ok(300)]);
     assert_eq!(remote_mr.to_vec().unwrap(), data);
+}
+
+/// A prepared list of each operation (the extended path picks the builder
+/// once per list for WRITE, SEND, READ and fetch-and-add, per request for
+/// the others), on both send APIs.
+#[test]
+fn prepared_lists_of_each_operation_move_the_bytes() {
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        prepared_lists_of_each_operation(api);
+    }
+}
+
+fn prepared_lists_of_each_operation(api: SendApi) {
+    let mut p = pair_api(caps(32, 8), api);
+    assert_eq!(p.a.send_api(), api);
+    let remote_mr = p.pd.alloc_mr(512, all_remote()).unwrap();
+    let remote = remote_mr.remote();
+    let data = pattern(512, 13);
+    let mut src = p.pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, &data).unwrap();
+    let mut back = p.pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut olds = p.pd.alloc_mr(32, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..6 {
+        let mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        p.b.post_recv(RecvWr::new(20 + i, mr)).unwrap();
+    }
+    let s_src = Src::new(&src).unwrap();
+    let (d_back, d_olds) = (Dst::new(&mut back).unwrap(), Dst::new(&mut olds).unwrap());
+    let piece = |at: usize| s_src.slice(at, 64).unwrap();
+    let last = |i: u64, n: u64| i == n - 1;
+    fn list(reqs: Vec<ScopedSend<'_>>) -> PreparedSends<'_> {
+        PreparedSends::new(reqs).unwrap()
+    }
+    // WRITE 0..256 of the remote region, SEND 256..512 to the receives,
+    // READ the written bytes back, add 1 four times to the counter at 256,
+    // and WRITE with immediate twice (per-request builders).
+    let writes = list(
+        (0..4)
+            .map(|i| ScopedSend::write(0, piece(i * 64), remote, i as u64 * 64))
+            .collect(),
+    );
+    let sends = list(
+        (0..4)
+            .map(|i| ScopedSend::send(0, piece(256 + i * 64)).signaled(last(i as u64, 4)))
+            .collect(),
+    );
+    let reads = list(
+        (0..4u64)
+            .map(|i| {
+                let d = d_back.slice(i as usize * 64, 64).unwrap();
+                ScopedSend::read(0, d, remote, i * 64).signaled(last(i, 4))
+            })
+            .collect(),
+    );
+    let adds = list(
+        (0..4u64)
+            .map(|i| {
+                let d = d_olds.slice(i as usize * 8, 8).unwrap();
+                ScopedSend::fetch_add(0, d, remote, 256, 1).signaled(last(i, 4))
+            })
+            .collect(),
+    );
+    let imms = list(
+        (0..2u64)
+            .map(|i| {
+                let at = 320 + i as usize * 64;
+                ScopedSend::write(0, piece(at), remote, at as u64)
+                    .imm(0x100 + i as u32)
+                    .signaled(last(i, 2))
+            })
+            .collect(),
+    );
+    let qp = &mut p.a;
+    let got = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            q.post_prepared(&writes, 100)?;
+            q.post_prepared(&sends, 200)?;
+            // The WRITEs completed (all signaled) before the READs go out.
+            let mut got = poll_n(s, 5)?;
+            q.post_prepared(&reads, 300)?;
+            q.post_prepared(&adds, 400)?;
+            q.post_prepared(&imms, 500)?;
+            got.extend(poll_n(s, 3)?);
+            Ok(got)
+        })
+        .unwrap();
+    let got: Vec<_> = got.iter().map(summary).collect();
+    let ok = |id, op, len| (id, WcStatus::Success, op, len);
+    assert_eq!(
+        got,
+        [
+            ok(100, WcOpcode::RdmaWrite, 0),
+            ok(101, WcOpcode::RdmaWrite, 0),
+            ok(102, WcOpcode::RdmaWrite, 0),
+            ok(103, WcOpcode::RdmaWrite, 0),
+            ok(203, WcOpcode::Send, 0),
+            ok(303, WcOpcode::RdmaRead, 64),
+            ok(403, WcOpcode::FetchAdd, 8),
+            ok(501, WcOpcode::RdmaWrite, 0),
+        ],
+        "{api:?}"
+    );
+    let remote_now = remote_mr.to_vec().unwrap();
+    assert_eq!(remote_now[..256], data[..256], "WRITE");
+    assert_eq!(back.to_vec().unwrap(), data[..256], "READ back");
+    let counter = u64::from_ne_bytes(remote_now[256..264].try_into().unwrap());
+    assert_eq!(counter, 4, "fetch-and-add");
+    let olds: Vec<u64> = olds
+        .to_vec()
+        .unwrap()
+        .chunks(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(olds, [0, 1, 2, 3]);
+    assert_eq!(remote_now[320..448], data[320..448], "WRITE with immediate");
+    let mut r = wait(&mut p.cq_b, 6);
+    for (i, c) in r.iter_mut().enumerate() {
+        assert_eq!((c.wr_id, c.status), (20 + i as u64, WcStatus::Success));
+        if i < 4 {
+            let at = 256 + i * 64;
+            assert_eq!((c.opcode, c.byte_len), (WcOpcode::Recv, 64));
+            assert_eq!(c.take_mr().unwrap().to_vec().unwrap(), data[at..at + 64]);
+        } else {
+            assert_eq!(c.opcode, WcOpcode::RecvRdmaWithImm);
+            assert_eq!(c.imm_data, Some(0x100 + i as u32 - 4));
+        }
+    }
 }

@@ -218,21 +218,19 @@ pub(crate) struct Request {
 }
 
 impl SendEx {
-    /// Posts `r` alone (`ibv_wr_start`, builder, setter, `ibv_wr_complete`):
-    /// `Some(0)` or `Some(errno)` (then nothing was posted), or `None`,
-    /// with nothing posted, for an opcode the builders here do not take.
+    /// Builds `r` with `wr_id` after `ibv_wr_start`; false (nothing built)
+    /// for an opcode the builders here do not take.
     ///
     /// # Safety
-    /// As [`post_chain`]'s for a one-request chain of `r`.
+    /// Inside this QP's critical region.
     #[inline(always)]
-    pub(crate) unsafe fn post_one(&self, r: &Request) -> Option<i32> {
+    unsafe fn build_request(&self, r: &Request, wr_id: u64) -> bool {
         let q = self.qpx.as_ptr();
         let (rkey, addr) = (r.rkey, r.remote_addr);
-        // SAFETY: q is a live extended QP (contract); `op!`'s entry points
-        // were checked; the critical region opened here is closed below.
+        // SAFETY: inside the critical region (contract), through `op!`'s
+        // checked entry points; wr_id and wr_flags are read by the builder.
         unsafe {
-            op!(q, wr_start);
-            (*q).wr_id = r.wr_id;
+            (*q).wr_id = wr_id;
             (*q).wr_flags = r.flags;
             match r.opcode {
                 ffi::IBV_WR_RDMA_WRITE => op!(q, wr_rdma_write, rkey, addr),
@@ -248,17 +246,106 @@ impl SendEx {
                 ffi::IBV_WR_ATOMIC_CMP_AND_SWP => {
                     op!(q, wr_atomic_cmp_swp, rkey, addr, r.operand, r.swap)
                 }
-                _ => {
-                    // Nothing was built: close the region empty.
-                    op!(q, wr_abort);
-                    return None;
-                }
+                _ => return false,
             }
-            let s = &r.sge;
+            self.set_data(r);
+        }
+        true
+    }
+
+    /// Sets the built request's data: `r`'s SGE, or none.
+    ///
+    /// # Safety
+    /// Inside this QP's critical region, right after a builder.
+    #[inline(always)]
+    unsafe fn set_data(&self, r: &Request) {
+        let q = self.qpx.as_ptr();
+        let s = &r.sge;
+        // SAFETY: per the contract, through `op!`'s checked entry points.
+        unsafe {
             if s.length != 0 {
                 op!(q, wr_set_sge, s.lkey, s.addr, s.length)
             } else {
                 op!(q, wr_set_sge_list, 0, std::ptr::null())
+            }
+        }
+    }
+
+    /// Posts `r` alone (`ibv_wr_start`, builder, setter, `ibv_wr_complete`):
+    /// `Some(0)` or `Some(errno)` (then nothing was posted), or `None`,
+    /// with nothing posted, for an opcode the builders here do not take.
+    ///
+    /// # Safety
+    /// As [`post_chain`]'s for a one-request chain of `r`.
+    #[inline(always)]
+    pub(crate) unsafe fn post_one(&self, r: &Request) -> Option<i32> {
+        let q = self.qpx.as_ptr();
+        // SAFETY: q is a live extended QP (contract); the critical region
+        // opened here is closed on both paths.
+        unsafe {
+            op!(q, wr_start);
+            if !self.build_request(r, r.wr_id) {
+                // Nothing was built: close the region empty.
+                op!(q, wr_abort);
+                return None;
+            }
+            Some(op!(q, wr_complete))
+        }
+    }
+
+    /// Posts `reqs` in one critical region; request `j` gets the `wr_id`
+    /// `tag | (low + j)` (the low half wrapping, as ring tokens do) instead
+    /// of its own. `uniform` is the opcode every request has, if they share
+    /// one: the builder is then chosen once for the list. Returns as
+    /// [`post_one`](SendEx::post_one); on an error nothing was posted.
+    ///
+    /// # Safety
+    /// As [`post_chain`]'s for the chain of `reqs`.
+    #[inline(always)]
+    pub(crate) unsafe fn post_list(
+        &self,
+        reqs: &[Request],
+        uniform: Option<u32>,
+        tag: u64,
+        low: u32,
+    ) -> Option<i32> {
+        let q = self.qpx.as_ptr();
+        let token = |j: usize| tag | u64::from(low.wrapping_add(j as u32));
+        // SAFETY: q is a live extended QP (contract); the critical region
+        // opened here is closed on every path; `op!`'s entry points were
+        // checked.
+        unsafe {
+            op!(q, wr_start);
+            // One loop per shared operation, so that its builder is known.
+            macro_rules! each {
+                ($r:ident => $build:expr) => {
+                    for (j, $r) in reqs.iter().enumerate() {
+                        (*q).wr_id = token(j);
+                        (*q).wr_flags = $r.flags;
+                        $build;
+                        self.set_data($r);
+                    }
+                };
+            }
+            match uniform {
+                Some(ffi::IBV_WR_RDMA_WRITE) => {
+                    each!(r => op!(q, wr_rdma_write, r.rkey, r.remote_addr))
+                }
+                Some(ffi::IBV_WR_SEND) => each!(r => op!(q, wr_send)),
+                Some(ffi::IBV_WR_RDMA_READ) => {
+                    each!(r => op!(q, wr_rdma_read, r.rkey, r.remote_addr))
+                }
+                Some(ffi::IBV_WR_ATOMIC_FETCH_AND_ADD) => {
+                    each!(r => op!(q, wr_atomic_fetch_add, r.rkey, r.remote_addr, r.operand))
+                }
+                _ => {
+                    for (j, r) in reqs.iter().enumerate() {
+                        if !self.build_request(r, token(j)) {
+                            op!(q, wr_abort);
+                            return None;
+                        }
+                    }
+                }
             }
             Some(op!(q, wr_complete))
         }

@@ -76,11 +76,14 @@
 //! # Post lists
 //! [`ScopedQp::post_send_list`] posts requests built by an iterator, 32 per
 //! `ibv_post_send`. A list posted again and again (perftest's `-l`) is
-//! cheaper as a [`PreparedSends`]: its requests are checked and written in
-//! C form once, and [`ScopedQp::post_prepared`] writes each request's token
-//! and one side entry for the list (when its requests share an operation)
-//! before one `ibv_post_send` for the whole list, however long. The tokens
-//! are what the raw path, which re-posts an identical C list, does not pay:
+//! cheaper as a [`PreparedSends`]: its requests are checked and laid out
+//! once, and [`ScopedQp::post_prepared`] writes one side entry for the list
+//! (when its requests share an operation) and posts the whole list, however
+//! long, with one doorbell. On a QP with the extended send API each request
+//! goes straight to its builder (chosen once for a list of one operation)
+//! with its token as the `wr_id`; otherwise the tokens are written into the
+//! list's C chain before one `ibv_post_send`. The tokens are what the raw
+//! path, which re-posts an identical C list, does not pay:
 //! without them the scope could not tell which request a completion (or a
 //! flush after an error) retires, and so when the lent buffers are free.
 

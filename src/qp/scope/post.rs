@@ -188,16 +188,17 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
     }
 
-    /// Posts a [`PreparedSends`] list with one `ibv_post_send`; request
-    /// `j` of the list gets the `wr_id` `first_wr_id + j` (wrapping). All or
-    /// nothing: a list that does not fit in the free slots is refused whole.
+    /// Posts a [`PreparedSends`] list with one doorbell (one critical region
+    /// of the extended send API, or one `ibv_post_send`); request `j` of the
+    /// list gets the `wr_id` `first_wr_id + j` (wrapping). All or nothing: a
+    /// list that does not fit in the free slots is refused whole.
     ///
     /// # Errors
     /// [`Error::QueueFull`] when fewer slots than the list's length are
     /// free (poll first); [`Error::InvalidArgument`] when the QP's send
     /// queue does not complete on the scope's CQ; [`Error::Verb`] when the
-    /// provider refuses it (requests before the refused one were posted, as
-    /// with `ibv_post_send`).
+    /// provider refuses it (with the extended send API nothing was posted;
+    /// with `ibv_post_send` the requests before the refused one were).
     #[inline(always)]
     pub fn post_prepared(&mut self, list: &PreparedSends<'scope>, first_wr_id: u64) -> Result<()>
     where
@@ -213,20 +214,6 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             Some(t) if self.sq_ok && in_flight + n <= depth => t,
             _ => return Err(self.prepared_refused(n)),
         };
-        // SAFETY: this call is the only user of the chain (the list is not
-        // Sync and no user code runs until it returns).
-        let wrs = unsafe { list.chain() };
-        // Tokens of head + j, computed as Ring::token does, hoisted out of
-        // the loop.
-        let tag = u64::from(ring.tag()) << 32;
-        let low = head as u32;
-        for (j, wr) in wrs.iter_mut().enumerate() {
-            debug_assert_eq!(
-                tag | u64::from(low.wrapping_add(j as u32)),
-                ring.token(head + j as u64)
-            );
-            wr.wr_id = tag | u64::from(low.wrapping_add(j as u32));
-        }
         let side = tables.sq.as_mut_ptr();
         match list.uniform_opcode() {
             // One side entry for the whole list (see `Posted`).
@@ -254,9 +241,44 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 }
             }
         }
-        let last = wrs.len() - 1;
+        let last = list.len() - 1;
         // The last free slot: ask for a completion so the queue drains.
         let force = in_flight + n == depth && !core.caps.sq_sig_all;
+        // Tokens of head + j are `tag | (low + j)`, as Ring::token computes.
+        let tag = u64::from(ring.tag()) << 32;
+        let low = head as u32;
+        debug_assert_eq!(tag | u64::from(low), ring.token(head));
+        if let Some(ex) = core.send_ex.as_ref() {
+            // SAFETY: this call is the only user of the list's requests (the
+            // list is not Sync and no user code runs until it returns).
+            let reqs = unsafe { list.requests() };
+            if force {
+                reqs[last].flags |= SIGNALED;
+            }
+            // SAFETY: requests checked when the list was built, whose SGEs
+            // name memory borrowed for at least 'scope, which outlives every
+            // request posted in the scope; ex is the QP's extended interface.
+            let rc = unsafe { ex.post_list(reqs, list.uniform_wr_opcode(), tag, low) };
+            if force {
+                reqs[last].flags = list.flags(last);
+            }
+            match rc {
+                Some(0) => {
+                    core.sq_head = head + n;
+                    return Ok(());
+                }
+                // Nothing was posted (ibv_wr_complete is all or nothing).
+                Some(rc) => return Err(Error::verb("ibv_post_send", errno(rc))),
+                // Not reached with the operations a scoped request has; the
+                // C chain below still posts it.
+                None => {}
+            }
+        }
+        // SAFETY: as for the requests above.
+        let wrs = unsafe { list.chain() };
+        for (j, wr) in wrs.iter_mut().enumerate() {
+            wr.wr_id = tag | u64::from(low.wrapping_add(j as u32));
+        }
         if force {
             wrs[last].send_flags |= SIGNALED;
         }

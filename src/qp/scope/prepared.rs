@@ -8,10 +8,12 @@ use super::{SIGNALED, ScopedSend};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::qp::ring::SlotMeta;
+use crate::qp::send_ex::Request;
 
-/// A chain of scoped send requests checked and written in C form once, to be
-/// posted many times, each time with one `ibv_post_send` (the chained post
-/// lists of perftest's `-l`). Posting writes each request's token and, for
+/// A list of scoped send requests checked and laid out once (as a C chain
+/// and in the extended send API's form), to be posted many times, each time
+/// with one doorbell (the chained post lists of perftest's `-l`). Posting
+/// gives each request its token as the `wr_id` and, for
 /// a list whose requests share one operation, a single side entry for the
 /// whole list; the requests' buffers, remote ranges, operands and signaled
 /// flags stay as prepared.
@@ -31,6 +33,11 @@ pub struct PreparedSends<'scope> {
     /// The completion opcode every request shares, if they do: then a post
     /// keeps one side entry for the whole list.
     uniform: Option<u32>,
+    /// The requests in the builders' form, for QPs with the extended send
+    /// API (their `wr_id`s unused); written during a post like `wrs`.
+    requests: UnsafeCell<Box<[Request]>>,
+    /// The work request opcode every request shares, if they do.
+    uniform_wr: Option<u32>,
     _borrow: PhantomData<&'scope [u8]>,
 }
 
@@ -83,7 +90,14 @@ impl<'scope> PreparedSends<'scope> {
             .map(|r| (SlotMeta::completion_opcode_of(r.opcode), r.flags))
             .collect();
         let first = ops[0].0;
+        let requests: Box<[Request]> = reqs.iter().map(|r| r.ex_request(0, r.flags)).collect();
+        let first_wr = reqs[0].opcode;
         Ok(PreparedSends {
+            requests: UnsafeCell::new(requests),
+            uniform_wr: reqs
+                .iter()
+                .all(|r| r.opcode == first_wr)
+                .then_some(first_wr),
             wrs: UnsafeCell::new(wrs),
             _sges: sges,
             uniform: ops.iter().all(|&(op, _)| op == first).then_some(first),
@@ -130,6 +144,21 @@ impl<'scope> PreparedSends<'scope> {
     pub(super) unsafe fn chain(&self) -> &mut [ffi::ibv_send_wr] {
         // SAFETY: the caller guarantees exclusivity (see above).
         unsafe { &mut *self.wrs.get() }
+    }
+
+    /// The requests in the builders' form, for one post call.
+    ///
+    /// # Safety
+    /// As [`chain`](PreparedSends::chain).
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn requests(&self) -> &mut [Request] {
+        // SAFETY: the caller guarantees exclusivity (see above).
+        unsafe { &mut *self.requests.get() }
+    }
+
+    /// The work request opcode every request shares, if they do.
+    pub(super) fn uniform_wr_opcode(&self) -> Option<u32> {
+        self.uniform_wr
     }
 
     /// The prepared flags of request `j`.
