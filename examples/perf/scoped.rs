@@ -256,7 +256,15 @@ pub fn receive(
             .iter_mut()
             .map(|qp| s.attach(qp))
             .collect::<Result<Vec<_>>>()?;
-        let dst = |qi: usize, n: u64| slots[qi][(n % nslots as u64) as usize];
+        // As the raw path: no division when every receive uses one slot.
+        let dst = |qi: usize, n: u64| {
+            let qp_slots = &slots[qi];
+            if nslots > 1 {
+                qp_slots[(n % nslots as u64) as usize]
+            } else {
+                qp_slots[0]
+            }
+        };
         let mut posted = vec![0u64; nq];
         for (qi, qp) in rq.iter_mut().enumerate() {
             for n in 0..rx_depth {

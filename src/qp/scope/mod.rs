@@ -119,8 +119,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-/// What the QP keeps of scoped requests, in a side table indexed like the
-/// ring's slots: one entry per *range* of requests posted together with the
+/// What the QP keeps of scoped send requests, in a side table indexed like
+/// the ring's slots: one entry per *range* of requests posted together with the
 /// same opcode (a [`PreparedSends`] post), at the slot of its first request;
 /// every other post is a range of one. Request `seq` of a range has the
 /// `wr_id` `wr_id + (seq - self.seq)`.
@@ -164,17 +164,6 @@ impl Posted {
             wr_id,
             seq,
             wc_opcode: SlotMeta::completion_opcode_of(wr_opcode),
-            len: 1,
-        }
-    }
-
-    /// The entry of receive `seq`.
-    #[inline(always)]
-    fn recv(seq: u64, wr_id: u64) -> Posted {
-        Posted {
-            wr_id,
-            seq,
-            wc_opcode: ffi::IBV_WC_RECV,
             len: 1,
         }
     }
@@ -238,7 +227,9 @@ impl Posted {
 /// reused by the next ones: no allocation per scope or per request.
 pub(crate) struct ScopedTables {
     sq: Box<[Posted]>,
-    rq: Box<[Posted]>,
+    /// The `wr_id` of each scoped receive, at its slot (receives are posted
+    /// one at a time, so they need no ranges).
+    rq: Box<[u64]>,
     /// C requests of one post call, zeroed once (see [`ScopedSend::fill`]).
     send_wrs: Box<[ffi::ibv_send_wr; POST_CHUNK]>,
     sges: Box<[ffi::ibv_sge; POST_CHUNK]>,
@@ -254,7 +245,7 @@ impl ScopedTables {
     fn new(core: &QpCore) -> ScopedTables {
         ScopedTables {
             sq: vec![Posted::default(); core.sq.slot_count()].into_boxed_slice(),
-            rq: vec![Posted::default(); core.rq.slot_count()].into_boxed_slice(),
+            rq: vec![0; core.rq.slot_count()].into_boxed_slice(),
             send_wrs: Box::new([ffi::ibv_send_wr::default(); POST_CHUNK]),
             sges: Box::new([ffi::ibv_sge::default(); POST_CHUNK]),
         }
@@ -590,10 +581,18 @@ unsafe fn interpret(
             let Some(tables) = core.scoped.as_deref_mut() else {
                 return false;
             };
-            let side = if recv { &mut tables.rq } else { &mut tables.sq };
-            // The side table has the ring's slot count; `seq` is in flight
+            // The side tables have the ring's slot count; `seq` is in flight
             // and at or after both the old tail and the scope's start.
-            let p = Posted::find(side.as_mut_ptr(), ring, seq, tail.max(w.start));
+            let p = if recv {
+                Posted {
+                    wr_id: *tables.rq.get_unchecked(ring.index(seq)),
+                    seq,
+                    wc_opcode: ffi::IBV_WC_RECV,
+                    len: 1,
+                }
+            } else {
+                Posted::find(tables.sq.as_mut_ptr(), ring, seq, tail.max(w.start))
+            };
             light(wc, p, recv, out);
             return true;
         }

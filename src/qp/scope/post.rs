@@ -349,7 +349,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             _ => return Err(self.recv_refused()),
         };
         // SAFETY: `index` masks with the ring's slot count, the table's length.
-        unsafe { *tables.rq.get_unchecked_mut(ring.index(head)) = Posted::recv(head, wr_id) };
+        unsafe { *tables.rq.get_unchecked_mut(ring.index(head)) = wr_id };
         let mut sge = dst.sge;
         let mut wr = ffi::ibv_recv_wr {
             wr_id: ring.token(head),
