@@ -271,3 +271,59 @@ fn a_refused_extended_chain_posts_nothing() {
     assert_eq!(&t[..], &pattern(32, 9)[..]);
     drop((src, big));
 }
+
+/// A raw chain with a reserved `wr_id` anywhere in it is refused whole,
+/// before anything reaches the NIC, on both APIs and on the extended API's
+/// fallback to `ibv_post_send` (a request with two SGEs): the extended path
+/// checks the `wr_id`s while it replays the chain instead of walking it
+/// first.
+#[test]
+fn a_raw_chain_with_a_reserved_wr_id_is_refused_whole() {
+    let reserved = rdma_verbs::qp::RAW_WR_ID_RESERVED;
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        for two_sges in [false, true] {
+            let mut p = pair_api(caps(), api);
+            let target =
+                p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+                    .unwrap();
+            let remote = target.remote();
+            let src = filled(&p.pd, &pattern(32, 21));
+            let mut sges = [
+                sge(src.addr(), 16, src.lkey()),
+                sge(src.addr() + 16, 16, src.lkey()),
+                sge(src.addr(), 8, src.lkey()),
+            ];
+            let (head, tail) = sges.split_at_mut(2);
+            let mut second = raw_wr(reserved | 2, &mut tail[0], ffi::IBV_WR_RDMA_WRITE, SIGNALED);
+            second.wr.rdma.remote_addr = remote.addr + 32;
+            second.wr.rdma.rkey = remote.rkey;
+            let mut first = raw_wr(1, &mut head[0], ffi::IBV_WR_RDMA_WRITE, SIGNALED);
+            first.num_sge = if two_sges { 2 } else { 1 };
+            first.wr.rdma.remote_addr = remote.addr;
+            first.wr.rdma.rkey = remote.rkey;
+            first.next = &mut second;
+            let case = format!("{api:?}, two SGEs: {two_sges}");
+            // SAFETY: the SGEs lie in `src`, which outlives every request
+            // (they are refused; the one posted after is awaited).
+            match unsafe { p.a.post_send_raw(&mut first) } {
+                Err(rdma_verbs::Error::InvalidArgument { what: "wr_id", .. }) => {}
+                other => panic!("{case}: expected the reserved wr_id refused, got {other:?}"),
+            }
+            // Nothing of the chain ran: the next request's completion is the
+            // first one, and the target is untouched by the refused WRITE.
+            first.next = std::ptr::null_mut();
+            first.wr_id = 3;
+            // SAFETY: as above; one request, awaited below.
+            unsafe { p.a.post_send_raw(&mut first) }.unwrap();
+            let c = wait(&mut p.cq_a, 1);
+            assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::Success), "{case}");
+            let mut out = Vec::new();
+            p.cq_a.poll(&mut out).unwrap();
+            assert!(out.is_empty(), "{case}: {out:?}");
+            let got = target.to_vec().unwrap();
+            let len = if two_sges { 32 } else { 16 };
+            assert_eq!(got[..len], pattern(32, 21)[..len], "{case}");
+            assert!(got[len..].iter().all(|&b| b == 0), "{case}: {got:?}");
+        }
+    }
+}

@@ -287,9 +287,59 @@ struct Signal {
 }
 
 impl Signal {
-    #[inline(always)]
+    /// The rule itself ([`SigClock`] applies it without dividing).
+    #[cfg(test)]
     fn at(self, k: u64) -> bool {
         k % self.cq_mod == self.cq_mod - 1 || (self.iterations && k == self.iters - 1)
+    }
+
+    /// The first request that signals.
+    fn first(self) -> u64 {
+        let boundary = self.cq_mod - 1;
+        if self.iterations {
+            boundary.min(self.iters.saturating_sub(1))
+        } else {
+            boundary
+        }
+    }
+
+    /// The request that signals after `k`, which did.
+    #[inline(always)]
+    fn after(self, k: u64) -> u64 {
+        // `k` is a moderation boundary or the run's last request.
+        let next = k + self.cq_mod;
+        match self.iterations {
+            true if k + 1 >= self.iters => u64::MAX,
+            true if next >= self.iters => self.iters - 1,
+            _ => next,
+        }
+    }
+}
+
+/// [`Signal::at`] for one QP's requests taken in order, without a division
+/// per request: it keeps the next request that signals.
+#[derive(Debug, Clone, Copy)]
+pub struct SigClock {
+    sig: Signal,
+    next: u64,
+}
+
+impl SigClock {
+    fn new(sig: Signal) -> SigClock {
+        SigClock {
+            sig,
+            next: sig.first(),
+        }
+    }
+
+    /// Whether request `k` signals; `k` follows the previous call's by one.
+    #[inline(always)]
+    fn at(&mut self, k: u64) -> bool {
+        if k != self.next {
+            return false;
+        }
+        self.next = self.sig.after(k);
+        true
     }
 }
 
@@ -307,6 +357,8 @@ struct Counts {
     sampled: u64,
     tposted: Vec<u64>,
     tcompleted: Vec<u64>,
+    /// Each QP's signaling clock.
+    sig: Vec<SigClock>,
 }
 
 impl Counts {
@@ -375,10 +427,16 @@ struct SafeTx {
 struct RawTx {
     /// The signaled entries are the same in every post (set at creation).
     fixed_flags: bool,
-    wrs: Vec<Box<[ffi::ibv_send_wr]>>,
-    sges: Vec<Box<[ffi::ibv_sge]>>,
-    local_base: Vec<u64>,
+    /// Each QP's prepared list.
+    lists: Vec<RawList>,
     wcs: Box<[ffi::ibv_wc]>,
+}
+
+/// One QP's prepared C list, its SGEs and where its local slots start.
+struct RawList {
+    wrs: Box<[ffi::ibv_send_wr]>,
+    sges: Box<[ffi::ibv_sge]>,
+    local_base: u64,
 }
 
 impl Tx {
@@ -401,6 +459,11 @@ impl Tx {
             }
             DataPath::Raw => PathState::Raw(RawTx::new(o, size, remote, bufs, inline)),
         };
+        let sig = Signal {
+            cq_mod: u64::from(o.cq_mod),
+            iters: o.iters,
+            iterations,
+        };
         Ok(Tx {
             size,
             tx_depth: u64::from(o.tx_depth),
@@ -409,11 +472,7 @@ impl Tx {
                 verb: o.test.verb(),
                 atomic: o.atomic,
                 post_list: u64::from(o.post_list),
-                sig: Signal {
-                    cq_mod: u64::from(o.cq_mod),
-                    iters: o.iters,
-                    iterations,
-                },
+                sig,
                 stride,
                 nslots,
             },
@@ -429,6 +488,7 @@ impl Tx {
                 sampled: 0,
                 tposted: vec![0; peak_len],
                 tcompleted: vec![0; peak_len],
+                sig: vec![SigClock::new(sig); nq],
             },
             last_ne: 1,
             remote: remote.to_vec(),
@@ -451,22 +511,25 @@ impl Tx {
         }
         let shape = self.shape;
         let pl = shape.post_list;
-        for (qi, qp) in qps.iter_mut().enumerate() {
-            while (!self.c.iterations || self.c.scnt[qi] < self.c.iters)
-                && self.c.scnt[qi] + pl <= self.tx_depth + self.c.ccnt[qi]
-            {
-                if !self.c.no_peak {
-                    self.c.tposted[self.c.totscnt as usize] = clock::now();
+        let Tx {
+            c, path, remote, ..
+        } = self;
+        // Each QP's counters, looked up once per QP rather than per post.
+        let per_qp = qps.iter_mut().zip(&mut c.scnt).zip(&c.ccnt).zip(&mut c.sig);
+        for (qi, (((qp, scnt), &ccnt), clock)) in per_qp.enumerate() {
+            let remote = remote[qi];
+            while (!c.iterations || *scnt < c.iters) && *scnt + pl <= self.tx_depth + ccnt {
+                if !c.no_peak {
+                    c.tposted[c.totscnt as usize] = clock::now();
                 }
-                let first = self.c.scnt[qi];
-                let remote = self.remote[qi];
-                match &mut self.path {
-                    PathState::Safe(s) => s.post(shape, qp, qi, first, remote)?,
-                    PathState::Raw(r) => r.post(shape, qp, qi, first, remote)?,
+                let first = *scnt;
+                match &mut *path {
+                    PathState::Safe(s) => s.post(shape, qp, qi, first, remote, clock)?,
+                    PathState::Raw(r) => r.post(shape, qp, qi, first, remote, clock)?,
                     PathState::Scoped(_) => return Err(scoped::not_here()),
                 }
-                self.c.scnt[qi] += pl;
-                self.c.totscnt += pl;
+                *scnt += pl;
+                c.totscnt += pl;
             }
         }
         Ok(())
@@ -556,6 +619,7 @@ impl SafeTx {
         qi: usize,
         first: u64,
         remote: RemoteMr,
+        clock: &mut SigClock,
     ) -> Result<()> {
         let SafeTx {
             src, pool, inline, ..
@@ -571,7 +635,7 @@ impl SafeTx {
                 let wr_id = ((qi as u64) << QP_SHIFT) | k;
                 let slot = (k % shape.nslots as u64) as usize;
                 let off = (slot * shape.stride) as u64;
-                let signaled = shape.sig.at(k);
+                let signaled = clock.at(k);
                 // `.signaled` in every arm: on the match's value it would copy it.
                 match (shape.verb, inline) {
                     (Verb::Write, Some(data)) => {
@@ -703,12 +767,17 @@ impl RawTx {
         qi: usize,
         first: u64,
         remote: RemoteMr,
+        clock: &mut SigClock,
     ) -> Result<()> {
         let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let wrs = &mut self.wrs[qi];
+        let RawList {
+            wrs,
+            sges,
+            local_base,
+        } = &mut self.lists[qi];
         if !self.fixed_flags {
             for (j, wr) in wrs.iter_mut().enumerate() {
-                if shape.sig.at(first + j as u64) {
+                if clock.at(first + j as u64) {
                     wr.send_flags |= signaled;
                 } else {
                     wr.send_flags &= !signaled;
@@ -717,7 +786,7 @@ impl RawTx {
         }
         if shape.nslots > 1 {
             let off = ((first % shape.nslots as u64) as usize * shape.stride) as u64;
-            self.sges[qi][0].addr = self.local_base[qi] + off;
+            sges[0].addr = *local_base + off;
             if shape.verb == Verb::Atomic {
                 // A multiple of the 64-byte slot stride: 8-byte aligned.
                 wrs[0].wr.atomic.remote_addr = remote.addr + off;
@@ -756,12 +825,9 @@ impl RawTx {
         let cq_mod = u64::from(o.cq_mod);
         let fixed_flags =
             pl as u64 % cq_mod == 0 && (o.duration.is_some() || o.iters % cq_mod == 0);
-        let mut wrs = Vec::with_capacity(nq);
-        let mut sges = Vec::with_capacity(nq);
-        let mut local_base = Vec::with_capacity(nq);
+        let mut lists = Vec::with_capacity(nq);
         for (qi, r) in remote.iter().enumerate().take(nq) {
             let base = bufs.local.addr() + (2 * qi * buff) as u64;
-            local_base.push(base);
             let mut sge: Box<[ffi::ibv_sge]> = vec![
                 ffi::ibv_sge {
                     addr: base,
@@ -808,14 +874,15 @@ impl RawTx {
                     std::ptr::null_mut()
                 };
             }
-            wrs.push(list);
-            sges.push(sge);
+            lists.push(RawList {
+                wrs: list,
+                sges: sge,
+                local_base: base,
+            });
         }
         RawTx {
             fixed_flags,
-            wrs,
-            sges,
-            local_base,
+            lists,
             wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
         }
     }
@@ -994,5 +1061,30 @@ impl Rx {
         let _ = self.size;
         self.last_ne = ne;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SigClock, Signal};
+
+    #[test]
+    fn the_clock_signals_what_the_rule_says() {
+        for cq_mod in [1, 2, 3, 7, 8, 100] {
+            for iters in [1, 2, 5, 7, 8, 99, 100, 101, 250] {
+                for iterations in [true, false] {
+                    let sig = Signal {
+                        cq_mod,
+                        iters,
+                        iterations,
+                    };
+                    let mut clock = SigClock::new(sig);
+                    let end = if iterations { iters } else { 3 * iters + 5 };
+                    for k in 0..end {
+                        assert_eq!(clock.at(k), sig.at(k), "{sig:?} k {k}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -169,24 +169,29 @@ impl<'scope> Loop<'_, 'scope, '_> {
         loop {
             let phase = self.timer.as_mut().map_or(Phase::Sample, Timer::tick);
             if phase != Phase::End {
-                for (qi, qp) in self.sq.iter_mut().enumerate() {
-                    while (!c.iterations || c.scnt[qi] < c.iters)
-                        && c.scnt[qi] + pl <= self.tx_depth + c.ccnt[qi]
-                    {
+                // Each QP's counters, looked up once per QP (as the raw loop).
+                let per_qp = self
+                    .sq
+                    .iter_mut()
+                    .zip(&mut c.scnt)
+                    .zip(&c.ccnt)
+                    .zip(&mut c.sig);
+                for (qi, (((qp, scnt), &ccnt), clock)) in per_qp.enumerate() {
+                    while (!c.iterations || *scnt < c.iters) && *scnt + pl <= self.tx_depth + ccnt {
                         if !c.no_peak {
                             c.tposted[c.totscnt as usize] = crate::clock::now();
                         }
-                        let first = c.scnt[qi];
+                        let first = *scnt;
                         if pl == 1 {
-                            qp.post_send(&request(qi, first).signaled(sig.at(first)))?;
+                            qp.post_send(&request(qi, first).signaled(clock.at(first)))?;
                         } else if fixed {
                             qp.post_prepared(&prepared[qi], ((qi as u64) << QP_SHIFT) | first)?;
                         } else {
                             qp.post_send_list(
-                                (first..first + pl).map(|k| request(qi, k).signaled(sig.at(k))),
+                                (first..first + pl).map(|k| request(qi, k).signaled(clock.at(k))),
                             )?;
                         }
-                        c.scnt[qi] += pl;
+                        *scnt += pl;
                         c.totscnt += pl;
                     }
                 }

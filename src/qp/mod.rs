@@ -318,7 +318,7 @@ impl QpCore {
     ) -> i32 {
         // SAFETY: raw is live and send_ex (if any) is its extended interface;
         // the chain is the caller's promise.
-        unsafe { send_ex::post_chain(self.raw.as_ptr(), self.send_ex.as_ref(), head, bad) }
+        unsafe { send_ex::post_chain::<false>(self.raw.as_ptr(), self.send_ex.as_ref(), head, bad) }
     }
 
     /// After a move to ERR: when sends are outstanding (and a slot is free),
@@ -360,7 +360,12 @@ impl QpCore {
         let mut bad = std::ptr::null_mut();
         // SAFETY: a one-request chain; no SGEs, so the NIC touches no memory.
         let rc = unsafe {
-            send_ex::post_chain(self.raw.as_ptr(), self.send_ex.as_ref(), &mut wr, &mut bad)
+            send_ex::post_chain::<false>(
+                self.raw.as_ptr(),
+                self.send_ex.as_ref(),
+                &mut wr,
+                &mut bad,
+            )
         };
         if rc != 0 {
             // SAFETY: producer side; the device refused the marker.
@@ -1031,7 +1036,8 @@ unsafe fn check_raw_wr_ids<W>(
     parts: impl Fn(*const W) -> (u64, *mut W),
 ) -> Result<()> {
     // One OR over the chain, and the walk again only to name the culprit:
-    // this runs on every raw post, so it costs a load and an OR per request.
+    // this runs on every raw receive post, so it costs a load and an OR per
+    // request (raw sends check while posting: see send_ex::post_chain).
     let mut any = 0;
     let mut w = head;
     while !w.is_null() {
@@ -1186,15 +1192,23 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     where
         S: CanPostSend,
     {
-        // SAFETY: the caller promises a well-formed chain.
-        unsafe { check_raw_wr_ids(wr, |w| ((*w).wr_id, (*w).next))? };
         let mut bad = std::ptr::null_mut();
-        // SAFETY: valid QP; the caller upholds the buffer contract.
-        let rc = unsafe { self.core.post_send_chain(wr, &mut bad) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb("ibv_post_send", errno(rc)))
+        let core = &self.core;
+        // SAFETY: valid QP, send_ex its extended interface; the caller
+        // upholds the buffer contract and promises a well-formed chain.
+        // Reserved wr_ids are refused before anything is posted.
+        let rc = unsafe {
+            send_ex::post_chain::<true>(core.raw.as_ptr(), core.send_ex.as_ref(), wr, &mut bad)
+        };
+        match rc {
+            0 => Ok(()),
+            send_ex::RESERVED_WR_ID => Err(
+                // SAFETY: as above; this walk only names the culprit.
+                unsafe { check_raw_wr_ids(wr, |w| ((*w).wr_id, (*w).next)) }
+                    .err()
+                    .unwrap_or_else(|| reserved_wr_id(RAW_WR_ID_RESERVED)),
+            ),
+            rc => Err(Error::verb("ibv_post_send", errno(rc))),
         }
     }
 }

@@ -352,15 +352,23 @@ impl SendEx {
     }
 }
 
+/// What [`post_chain`] returns when `REFUSE_RESERVED` is set and a request
+/// of the chain has a `wr_id` with [`RAW_WR_ID_RESERVED`](super::RAW_WR_ID_RESERVED)
+/// set: nothing was posted. Never an errno (those are positive).
+pub(crate) const RESERVED_WR_ID: i32 = -1;
+
 /// Posts the send chain at `head` on `qp`, through `ex` when given (and the
 /// chain can be expressed with its builders), with `ibv_post_send` otherwise.
 /// Returns 0 or an errno; on failure `*bad` is the first request refused.
+/// With `REFUSE_RESERVED` (raw posts), a chain with a reserved `wr_id` is
+/// refused whole with [`RESERVED_WR_ID`]; the builders' replay checks it on
+/// the way instead of walking the chain once more.
 ///
 /// # Safety
 /// As `ibv_post_send`'s: `qp` is live (and `ex` is its extended interface),
 /// `head` heads a well-formed chain, `bad` is writable.
 #[inline(always)]
-pub(crate) unsafe fn post_chain(
+pub(crate) unsafe fn post_chain<const REFUSE_RESERVED: bool>(
     qp: *mut ffi::ibv_qp,
     ex: Option<&SendEx>,
     head: *mut ffi::ibv_send_wr,
@@ -368,7 +376,12 @@ pub(crate) unsafe fn post_chain(
 ) -> i32 {
     let Some(ex) = ex else {
         // SAFETY: per this function's contract.
-        return unsafe { ffi::ibv_post_send(qp, head, bad) };
+        unsafe {
+            if REFUSE_RESERVED && any_reserved(head) {
+                return RESERVED_WR_ID;
+            }
+            return ffi::ibv_post_send(qp, head, bad);
+        }
     };
     let q = ex.qpx.as_ptr();
     // SAFETY: q is qp's extended interface (contract); the critical region
@@ -377,11 +390,17 @@ pub(crate) unsafe fn post_chain(
     unsafe {
         op!(q, wr_start);
         let mut w = head;
+        let mut ids = 0;
         while let Some(r) = w.as_ref() {
             if !ex.build(r) {
-                return legacy(qp, ex, head, bad);
+                return legacy::<REFUSE_RESERVED>(qp, ex, head, bad);
             }
+            ids |= r.wr_id;
             w = r.next;
+        }
+        if REFUSE_RESERVED && ids & super::RAW_WR_ID_RESERVED != 0 {
+            op!(q, wr_abort);
+            return RESERVED_WR_ID;
         }
         let rc = op!(q, wr_complete);
         if rc != 0 {
@@ -391,6 +410,22 @@ pub(crate) unsafe fn post_chain(
     }
 }
 
+/// Whether a request of the chain at `head` has a reserved `wr_id`.
+///
+/// # Safety
+/// `head` heads a well-formed chain.
+#[inline(always)]
+unsafe fn any_reserved(head: *const ffi::ibv_send_wr) -> bool {
+    let mut ids = 0;
+    let mut w = head;
+    // SAFETY: every request read is part of the well-formed chain.
+    while let Some(r) = unsafe { w.as_ref() } {
+        ids |= r.wr_id;
+        w = r.next;
+    }
+    ids & super::RAW_WR_ID_RESERVED != 0
+}
+
 /// The chain holds a request the builders cannot express: drop what was built
 /// and post the whole chain the legacy way.
 ///
@@ -398,7 +433,7 @@ pub(crate) unsafe fn post_chain(
 /// As [`post_chain`]'s, inside `ex`'s critical region.
 #[cold]
 #[inline(never)]
-unsafe fn legacy(
+unsafe fn legacy<const REFUSE_RESERVED: bool>(
     qp: *mut ffi::ibv_qp,
     ex: &SendEx,
     head: *mut ffi::ibv_send_wr,
@@ -409,6 +444,9 @@ unsafe fn legacy(
     unsafe {
         let q = ex.qpx.as_ptr();
         op!(q, wr_abort);
+        if REFUSE_RESERVED && any_reserved(head) {
+            return RESERVED_WR_ID;
+        }
         ffi::ibv_post_send(qp, head, bad)
     }
 }
