@@ -153,7 +153,8 @@ impl SendEx {
         unsafe {
             (*q).wr_id = w.wr_id;
             (*q).wr_flags = w.send_flags;
-            let (rdma, atomic) = (w.wr.rdma, w.wr.atomic);
+            // Each arm reads only the union fields its opcode defines.
+            let (rdma, atomic) = (&w.wr.rdma, &w.wr.atomic);
             match w.opcode {
                 ffi::IBV_WR_RDMA_WRITE => op!(q, wr_rdma_write, rdma.rkey, rdma.remote_addr),
                 ffi::IBV_WR_SEND => op!(q, wr_send),
