@@ -550,54 +550,79 @@ unsafe fn interpret(
 ) -> bool {
     // SAFETY: per the contract.
     unsafe {
-        let token = (*wc).wr_id;
-        let tag = (token >> 32) as u32;
-        let qp_num = (*wc).qp_num;
+        let tag = ((*wc).wr_id >> 32) as u32;
         for a in attached {
-            let (w, recv) = match (&a.sq, &a.rq) {
-                (Some(w), _) if w.tag == tag => (w, false),
-                (_, Some(w)) if w.tag == tag => (w, true),
-                _ => continue,
-            };
-            // The attached QP is not being posted to (contract): this is
-            // the only reference to it.
-            let core = &mut *a.core.as_ptr();
-            let (ring, head) = if recv {
-                (&*core.rq, core.rq_head)
-            } else {
-                (&*core.sq, core.sq_head)
-            };
-            let tail = ring.tail();
-            let dist = u64::from((token as u32).wrapping_sub(tail as u32));
-            let seq = tail + dist;
-            if w.qp_num != qp_num || dist >= head - tail || seq < w.start {
-                // Not a scoped request: an earlier request of the
-                // ownership-passing path, or a stale or forged token.
-                break;
-            }
-            if ring.retire_through(seq, w.owned_end, caught, lost) {
-                return false; // the drain marker
-            }
-            let Some(tables) = core.scoped.as_deref_mut() else {
-                return false;
-            };
-            // The side tables have the ring's slot count; `seq` is in flight
-            // and at or after both the old tail and the scope's start.
-            let p = if recv {
-                Posted {
-                    wr_id: *tables.rq.get_unchecked(ring.index(seq)),
-                    seq,
-                    wc_opcode: ffi::IBV_WC_RECV,
-                    len: 1,
+            // Each queue's interpretation is compiled for it (`RECV`).
+            match (&a.sq, &a.rq) {
+                (Some(w), _) if w.tag == tag => {
+                    return interpret_on::<false>(cq, a, w, wc, caught, lost, out);
                 }
-            } else {
-                Posted::find(tables.sq.as_mut_ptr(), ring, seq, tail.max(w.start))
-            };
-            light(wc, p, recv, out);
-            return true;
+                (_, Some(w)) if w.tag == tag => {
+                    return interpret_on::<true>(cq, a, w, wc, caught, lost, out);
+                }
+                _ => {}
+            }
         }
         cq.stash(wc, caught, lost);
         false
+    }
+}
+
+/// [`interpret`] for a completion whose token carries the tag of `w`, the
+/// receive queue (`RECV`) or the send queue of `a`.
+///
+/// # Safety
+/// As [`interpret`]'s.
+#[inline(always)]
+unsafe fn interpret_on<const RECV: bool>(
+    cq: &mut Cq,
+    a: &Attached,
+    w: &Watch,
+    wc: *const ffi::ibv_wc,
+    caught: &mut Caught,
+    lost: &mut u64,
+    out: *mut ScopedCompletion,
+) -> bool {
+    // SAFETY: per the contract.
+    unsafe {
+        let token = (*wc).wr_id;
+        // The attached QP is not being posted to (contract): this is the
+        // only reference to it.
+        let core = &mut *a.core.as_ptr();
+        let (ring, head) = if RECV {
+            (&*core.rq, core.rq_head)
+        } else {
+            (&*core.sq, core.sq_head)
+        };
+        let tail = ring.tail();
+        let dist = u64::from((token as u32).wrapping_sub(tail as u32));
+        let seq = tail + dist;
+        if w.qp_num != (*wc).qp_num || dist >= head - tail || seq < w.start {
+            // Not a scoped request: an earlier request of the
+            // ownership-passing path, or a stale or forged token.
+            cq.stash(wc, caught, lost);
+            return false;
+        }
+        if ring.retire_through(seq, w.owned_end, caught, lost) {
+            return false; // the drain marker
+        }
+        let Some(tables) = core.scoped.as_deref_mut() else {
+            return false;
+        };
+        // The side tables have the ring's slot count; `seq` is in flight and
+        // at or after both the old tail and the scope's start.
+        let p = if RECV {
+            Posted {
+                wr_id: *tables.rq.get_unchecked(ring.index(seq)),
+                seq,
+                wc_opcode: ffi::IBV_WC_RECV,
+                len: 1,
+            }
+        } else {
+            Posted::find(tables.sq.as_mut_ptr(), ring, seq, tail.max(w.start))
+        };
+        light(wc, p, RECV, out);
+        true
     }
 }
 
