@@ -80,7 +80,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
         let tables = match core.scoped.as_deref_mut() {
             Some(t) if self.sq_ok && in_flight < depth && req.plainly_valid() => t,
-            _ => return Err(self.send_refused(req)),
+            // By value: a reference escaping into the cold call would keep
+            // the request in memory on the hot path too.
+            _ => return Err(self.send_refused(*req)),
         };
         let mut flags = req.flags;
         if in_flight + 1 == depth && !core.caps.sq_sig_all {
@@ -130,7 +132,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// Why [`post_send`](ScopedQp::post_send) refused `req`.
     #[cold]
     #[inline(never)]
-    fn send_refused(&self, req: &ScopedSend<'scope>) -> Error {
+    fn send_refused(&self, req: ScopedSend<'scope>) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
         if !self.sq_ok || core.scoped.is_none() {
