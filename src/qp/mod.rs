@@ -183,16 +183,19 @@
 //! RC QPs from [`Qp::new`] and [`Qp::new_with_srq`] post their sends with the
 //! extended work request API (`ibv_wr_*`, [`SendApi::Extended`]) where the
 //! provider supports it and with `ibv_post_send` otherwise
-//! ([`Qp::send_api`] tells; [`Qp::new_with_send_api`] chooses). Every send
-//! post, safe, scoped or raw, is written as a C chain first and then either
-//! handed to `ibv_post_send` or replayed as builder calls; [`send_ex`] has
-//! the rules. Nothing else differs: the rings, tokens and checks are the
-//! same, and a refused extended post is refused whole.
+//! ([`Qp::send_api`] tells; [`Qp::new_with_send_api`] chooses). Safe and
+//! raw sends are written as a C chain and then either handed to
+//! `ibv_post_send` or replayed as builder calls (a raw chain's reserved
+//! `wr_id`s are checked during the replay); scoped requests on an extended
+//! QP go straight to the builders, single posts and prepared lists alike.
+//! [`send_ex`] has the rules. Nothing else differs: the rings, tokens and
+//! checks are the same, and a refused extended post is refused whole.
 //!
 //! Inside [`Cq::scope`](crate::Cq::scope) a request costs about what the C
-//! verb costs: no buffer moves, a 16-byte side entry, a C request written in
-//! place and light completions (`cargo xtask insn`: `perf --scoped` against
-//! `--raw`, README "Performance").
+//! verb costs: no buffer moves, a 24-byte side entry per send post (8 bytes
+//! per receive), the builders called directly (a C request written in place
+//! on a legacy QP) and light completions (`cargo xtask insn`: `perf
+//! --scoped` against `--raw`, README "Performance").
 
 // A refused transition hands the whole QP back by value (that is the point);
 // the error path is cold, so its size does not matter.
