@@ -267,9 +267,12 @@ pub const INSN_GUARD_SCOPED: &str = "1.10";
 
 /// The same with prepared lists of 8 (one doorbell per list; on the
 /// extended API each request goes straight to its builder): measured
-/// 2026-12-01 at 1.05-1.06. What is left is mostly the scope's
-/// interpretation of each list's completion (~60 instructions per list).
-pub const INSN_GUARD_SCOPED_LISTS: &str = "1.10";
+/// 2026-12-01 at 1.05-1.06, and send_bw at 1.077 in a CI run where the raw
+/// count came out 1% low (142.0 against 143.4-147.0 in three other runs):
+/// the target is 1.10, the guard leaves room for that spread. What is left
+/// is mostly the scope's interpretation of each list's completion (~50
+/// instructions per list).
+pub const INSN_GUARD_SCOPED_LISTS: &str = "1.12";
 
 /// Step 5: the instruction-count regression guards: safe, raw and scoped
 /// with one request per post, then raw and scoped with post lists of 8 (the
