@@ -1039,8 +1039,9 @@ unsafe fn check_raw_wr_ids<W>(
     parts: impl Fn(*const W) -> (u64, *mut W),
 ) -> Result<()> {
     // One OR over the chain, and the walk again only to name the culprit:
-    // this runs on every raw receive post, so it costs a load and an OR per
-    // request (raw sends check while posting: see send_ex::post_chain).
+    // this runs on every raw receive post and raw send on a legacy QP, so it
+    // costs a load and an OR per request (an extended QP's replay checks raw
+    // sends while posting: see send_ex::post_chain).
     let mut any = 0;
     let mut w = head;
     while !w.is_null() {

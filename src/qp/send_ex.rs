@@ -420,14 +420,8 @@ pub(crate) unsafe fn post_chain<const REFUSE_RESERVED: bool>(
 /// `head` heads a well-formed chain.
 #[inline(always)]
 unsafe fn any_reserved(head: *const ffi::ibv_send_wr) -> bool {
-    let mut ids = 0;
-    let mut w = head;
     // SAFETY: every request read is part of the well-formed chain.
-    while let Some(r) = unsafe { w.as_ref() } {
-        ids |= r.wr_id;
-        w = r.next;
-    }
-    ids & super::RAW_WR_ID_RESERVED != 0
+    unsafe { super::check_raw_wr_ids(head, |w| ((*w).wr_id, (*w).next)).is_err() }
 }
 
 /// The chain holds a request the builders cannot express: drop what was built
