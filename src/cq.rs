@@ -467,23 +467,45 @@ pub(crate) unsafe fn poll_in_batches<T>(
             return Err(Error::verb("ibv_poll_cq", errno(rc)));
         }
         let got = (rc as usize).min(n);
+        // The length is counted in a local for the batch (not re-read from
+        // `out` per entry) and reaches `out` when the guard drops, after the
+        // batch or during an unwind from `each`: written elements are kept.
+        let mut added = SetLenOnDrop {
+            len: out.len(),
+            out: &mut *out,
+        };
+        let next = added.out.as_mut_ptr();
         for wc in &wcs[..got] {
-            let len = out.len();
             // SAFETY: ibv_poll_cq wrote this entry; total < want <= spare
-            // capacity, so element `len` has room; it is counted only once
-            // `each` wrote it (contract).
+            // capacity, so element `added.len` has room; it is counted only
+            // once `each` wrote it (contract).
             unsafe {
-                if each(wc.as_ptr(), out.as_mut_ptr().add(len)) {
-                    out.set_len(len + 1);
+                if each(wc.as_ptr(), next.add(added.len)) {
+                    added.len += 1;
                 }
             }
         }
+        drop(added);
         total += got;
         if got < n {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// Sets the length of `out` to `len` when dropped (see [`poll_in_batches`]).
+struct SetLenOnDrop<'a, T> {
+    out: &'a mut Vec<T>,
+    len: usize,
+}
+
+impl<T> Drop for SetLenOnDrop<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: `len` counts the elements `each` wrote, all within the
+        // spare capacity `poll_in_batches` was given.
+        unsafe { self.out.set_len(self.len) }
+    }
 }
 
 impl Cq {
