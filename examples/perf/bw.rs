@@ -1,5 +1,6 @@
 //! The bandwidth tests: perftest's `run_iter_bw` (sender) and
-//! `run_iter_bw_server` (receiver of SENDs), on the safe or the raw data path.
+//! `run_iter_bw_server` (receiver of SENDs, in `rx`), on the safe, raw or scoped
+//! data path (the scoped loops in `scoped`).
 //!
 //! Work per message is the same as perftest's: at most `-t` requests in flight
 //! per QP, one signaled every `-Q` (and the last), `-l` requests per post call,
@@ -13,8 +14,7 @@
 
 use rdma_verbs::qp::{Rts, Sges};
 use rdma_verbs::{
-    AccessFlags, Completion, Error, Mr, Qp, Rc, RecvWr, RemoteMr, Result, SendWr, SharedMr,
-    WcStatus, ffi,
+    AccessFlags, Completion, Error, Mr, Qp, Rc, RemoteMr, Result, SendWr, SharedMr, WcStatus, ffi,
 };
 
 use crate::Bufs;
@@ -23,7 +23,10 @@ use crate::conn::{self, Ctrl, Device, EvCq, Queues};
 use crate::opts::{AtomicOp, DataPath, Opts, Verb};
 use crate::report::{self, BwRow, BwSamples, Table, WireRow};
 
+mod rx;
 mod scoped;
+
+use rx::Rx;
 
 /// perftest's `CTX_POLL_BATCH`.
 pub const POLL_BATCH: usize = 16;
@@ -885,182 +888,6 @@ impl RawTx {
             lists,
             wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
         }
-    }
-}
-
-/// The receiving side of SEND tests (perftest's `run_iter_bw_server`).
-pub struct Rx {
-    path: DataPath,
-    iters: u64,
-    tot_iters: u64,
-    iterations: bool,
-    events: bool,
-    size: usize,
-    stride: usize,
-    nslots: usize,
-    rcnt: u64,
-    posted: Vec<u64>,
-    last_ne: usize,
-    /// Safe: the completion array.
-    out: Vec<Completion>,
-    /// Raw: one C receive per QP, re-posted (copied by the provider) each time.
-    /// Boxed: the request points at the SGE beside it, so it must not move.
-    #[allow(clippy::vec_box)]
-    rwr: Vec<Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>>,
-    recv_base: Vec<u64>,
-    wcs: Box<[ffi::ibv_wc]>,
-}
-
-impl Rx {
-    /// Prepares the receive side and posts `-r` receives per QP.
-    fn new(
-        o: &Opts,
-        dev: &Device,
-        size: usize,
-        qps: &mut [Qp<Rc, Rts>],
-        bufs: &Bufs,
-    ) -> Result<Rx> {
-        let nq = qps.len();
-        let rx_depth = o.rx_depth as usize;
-        let (stride, nslots) = conn::cycle(size, 1);
-        let mut rx = Rx {
-            path: o.path,
-            iters: o.iters,
-            tot_iters: o.iters * nq as u64,
-            iterations: o.duration.is_none(),
-            events: o.events,
-            size,
-            stride,
-            nslots,
-            rcnt: 0,
-            posted: vec![0; nq],
-            last_ne: 1,
-            out: Vec::with_capacity(POLL_BATCH),
-            rwr: Vec::new(),
-            recv_base: Vec::new(),
-            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
-        };
-        match o.path {
-            DataPath::Safe | DataPath::Scoped => {
-                let count = rx_depth * nq;
-                if count.saturating_mul(size) > SAFE_POOL_CAP {
-                    return Err(Error::InvalidArgument {
-                        what: "safe receive buffers",
-                        reason: format!(
-                            "{count} receives of {size} bytes need {} MiB (every posted receive \
-                             owns its buffer); lower -r or use --raw",
-                            (count * size) >> 20
-                        ),
-                    });
-                }
-                let mut pool = split_pool(dev, size, count)?;
-                for (qi, qp) in qps.iter_mut().enumerate() {
-                    for i in 0..rx_depth {
-                        let mr = pool.pop().expect("pool sized for every receive");
-                        qp.post_recv(RecvWr::new(((qi as u64) << QP_SHIFT) | i as u64, mr))?;
-                    }
-                    rx.posted[qi] = rx_depth as u64;
-                }
-            }
-            DataPath::Raw => {
-                let buff = conn::buff_size(o.max_size());
-                for (qi, qp) in qps.iter_mut().enumerate() {
-                    // The second half of this QP's stretch of `Bufs::local`.
-                    let base = bufs.local.addr() + ((2 * qi + 1) * buff) as u64;
-                    rx.recv_base.push(base);
-                    let mut b = Box::new((
-                        ffi::ibv_recv_wr::default(),
-                        ffi::ibv_sge {
-                            addr: base,
-                            length: size as u32,
-                            lkey: bufs.local.lkey(),
-                        },
-                    ));
-                    b.0.wr_id = qi as u64;
-                    b.0.num_sge = 1;
-                    b.0.sg_list = &mut b.1;
-                    rx.rwr.push(b);
-                    for i in 0..rx_depth {
-                        rx.set_recv_addr(qi, i as u64);
-                        let wr = &mut rx.rwr[qi].0;
-                        // SAFETY: the SGE points into `Bufs::local` (LOCAL_WRITE, alive
-                        // until after the QPs are destroyed), which nothing on this side
-                        // reads or writes; completions are polled with poll_raw.
-                        unsafe { qp.post_recv_raw(wr)? };
-                    }
-                    rx.posted[qi] = rx_depth as u64;
-                }
-            }
-        }
-        Ok(rx)
-    }
-
-    fn set_recv_addr(&mut self, qi: usize, n: u64) {
-        if self.nslots > 1 {
-            let off = ((n % self.nslots as u64) as usize * self.stride) as u64;
-            self.rwr[qi].1.addr = self.recv_base[qi] + off;
-        }
-    }
-
-    fn done(&self, phase: Phase) -> bool {
-        if self.iterations {
-            self.rcnt >= self.tot_iters
-        } else {
-            phase == Phase::End
-        }
-    }
-
-    /// Polls up to 16 receive completions and re-posts their receives.
-    fn poll_round(&mut self, qps: &mut [Qp<Rc, Rts>], cq: &mut EvCq, phase: Phase) -> Result<()> {
-        if self.done(phase) {
-            return Ok(());
-        }
-        if self.events && self.last_ne == 0 {
-            cq.wait_event()?;
-        }
-        let ne = match self.path {
-            DataPath::Safe | DataPath::Scoped => {
-                self.out.clear();
-                let ne = cq.cq.poll(&mut self.out)?;
-                for i in 0..ne {
-                    let c = &mut self.out[i];
-                    c.result()?;
-                    let qi = (c.wr_id >> QP_SHIFT) as usize;
-                    self.rcnt += 1;
-                    if !self.iterations || self.posted[qi] < self.iters {
-                        let mr = c.take_mr().ok_or_else(|| {
-                            Error::Protocol("receive completion without its buffer".into())
-                        })?;
-                        qps[qi].post_recv(RecvWr::new(c.wr_id, mr))?;
-                        self.posted[qi] += 1;
-                    }
-                }
-                ne
-            }
-            DataPath::Raw => {
-                let ne = cq.cq.poll_raw(&mut self.wcs)?;
-                for i in 0..ne {
-                    let wc = self.wcs[i];
-                    if wc.status != ffi::IBV_WC_SUCCESS {
-                        return Err(wc_error(&wc));
-                    }
-                    let qi = wc.wr_id as usize;
-                    self.rcnt += 1;
-                    if !self.iterations || self.posted[qi] < self.iters {
-                        let n = self.posted[qi];
-                        self.set_recv_addr(qi, n);
-                        let wr = &mut self.rwr[qi].0;
-                        // SAFETY: as in `Rx::new`.
-                        unsafe { qps[qi].post_recv_raw(wr)? };
-                        self.posted[qi] += 1;
-                    }
-                }
-                ne
-            }
-        };
-        let _ = self.size;
-        self.last_ne = ne;
-        Ok(())
     }
 }
 
