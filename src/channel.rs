@@ -472,8 +472,6 @@ pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits until `fd` is readable or `deadline` passes (`None`: no deadline).
-/// `Ok(true)`: readable (or interrupted: the caller retries), `Ok(false)`: timed out.
 /// `now + timeout`, saturating far in the future instead of overflowing
 /// (a huge timeout means "practically forever", not a panic).
 pub(crate) fn deadline_after(timeout: Duration) -> Instant {
@@ -483,6 +481,8 @@ pub(crate) fn deadline_after(timeout: Duration) -> Instant {
         .unwrap_or(now)
 }
 
+/// Waits until `fd` is readable or `deadline` passes (`None`: no deadline).
+/// `Ok(true)`: readable (or interrupted: the caller retries), `Ok(false)`: timed out.
 pub(crate) fn poll_readable(fd: RawFd, deadline: Option<Instant>) -> io::Result<bool> {
     let ms = match deadline {
         None => -1,

@@ -365,7 +365,7 @@ pub(crate) fn last_errno() -> io::Error {
 
 /// An errno value returned directly (ibv_* functions that return the errno).
 pub(crate) fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code.abs())
+    io::Error::from_raw_os_error(code.saturating_abs())
 }
 
 impl Error {

@@ -358,8 +358,9 @@ impl SendEx {
 
 /// What [`post_chain`] returns when `REFUSE_RESERVED` is set and a request
 /// of the chain has a `wr_id` with [`RAW_WR_ID_RESERVED`](super::RAW_WR_ID_RESERVED)
-/// set: nothing was posted. Never an errno (those are positive).
-pub(crate) const RESERVED_WR_ID: i32 = -1;
+/// set: nothing was posted. Not an errno, nor a negated one (some
+/// providers return `-errno`).
+pub(crate) const RESERVED_WR_ID: i32 = i32::MIN;
 
 /// Posts the send chain at `head` on `qp`, through `ex` when given (and the
 /// chain can be expressed with its builders), with `ibv_post_send` otherwise.

@@ -131,6 +131,13 @@ const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
 /// [`Posted::find`]) and, if the range goes on, writes the rest's start at
 /// the next slot, so that a range's start always lies at or after the tail,
 /// in a slot no post can reuse while the range is in flight.
+///
+/// Between posts no entry names a request at or after the queue's head: a
+/// post that wrote entries for requests it then did not post (the provider
+/// refused them, or the caller's iterator panicked) takes them back
+/// ([`Posted::unstage`]). Otherwise a later range posted over the same
+/// sequence numbers would meet them in its other slots and take them for
+/// range starts.
 #[derive(Clone, Copy)]
 struct Posted {
     /// The `wr_id` of the range's first request.
@@ -157,6 +164,21 @@ impl Default for Posted {
 }
 
 impl Posted {
+    /// Takes back the entries written for requests `from..to`, which were
+    /// not posted (see the type's docs).
+    ///
+    /// # Safety
+    /// `side` has `ring.slot_count()` entries and no other reference to it
+    /// is live; `from..to` are at or after the queue's head and fewer than
+    /// its depth, so their slots hold no entry of a request in flight.
+    #[cold]
+    unsafe fn unstage(side: *mut Posted, ring: &Ring, from: u64, to: u64) {
+        for seq in from..to {
+            // SAFETY: per the contract; `index` masks with the slot count.
+            unsafe { *side.add(ring.index(seq)) = Posted::default() };
+        }
+    }
+
     /// The entry of send-queue request `seq` posted alone with `wr_opcode`.
     #[inline(always)]
     fn send(seq: u64, wr_id: u64, wr_opcode: u32) -> Posted {
@@ -192,8 +214,9 @@ impl Posted {
                     start = *side.add(ring.index(at));
                     if start.seq != at || start.len == 0 {
                         // Not reachable while the invariant holds; report
-                        // the request with the entry its own slot has.
-                        debug_assert!(false, "no range at {at} for request {seq}");
+                        // the request with the entry its own slot has (no
+                        // assertion: a panic while polling could end a
+                        // scope before its requests).
                         return *side.add(ring.index(seq));
                     }
                     if seq - at < u64::from(start.len) {
@@ -311,7 +334,11 @@ impl Cq {
             _env: PhantomData,
         };
         let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
+        // Were the drain to unwind (a bug), returning would end the borrows
+        // of buffers still in use by the NIC: abort instead.
+        let abort = AbortOnUnwind;
         let (drained, caught) = scope.drain();
+        std::mem::forget(abort);
         let result = match result {
             Err(panic) => resume_unwind(panic),
             Ok(result) => result,
@@ -373,7 +400,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     }
 
     /// How long the end of the scope waits for outstanding requests before
-    /// flushing their QPs ([`DEFAULT_DRAIN_TIMEOUT`] unless set).
+    /// flushing their QPs ([`DEFAULT_DRAIN_TIMEOUT`] unless set). A timeout
+    /// past what `Instant` can hold (`Duration::MAX`) waits without limit.
     pub fn set_drain_timeout(&self, timeout: Duration) {
         self.drain_timeout.set(timeout);
     }
@@ -432,7 +460,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let mut caught = None;
         // Allocated only if something is left to wait for.
         let mut scratch = Vec::new();
-        let deadline = Instant::now() + self.drain_timeout.get();
+        // No deadline when the timeout is too long to add (Duration::MAX).
+        let deadline = Instant::now().checked_add(self.drain_timeout.get());
         if self.wait(&attached, &mut scratch, &mut caught, deadline) {
             return (Ok(()), caught);
         }
@@ -470,29 +499,28 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 }
             }
         }
-        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        let deadline = Instant::now().checked_add(FLUSH_TIMEOUT);
         if !self.wait(&attached, &mut scratch, &mut caught, deadline) {
             // The provider neither completed nor flushed the requests: the
             // NIC may still write memory this scope would hand back.
-            eprintln!(
-                "rdma-verbs: requests of a scope were neither completed nor flushed {:?} after \
+            abort_with(format_args!(
+                "requests of a scope were neither completed nor flushed {FLUSH_TIMEOUT:?} after \
                  their QP entered the error state (a provider bug); aborting, since returning \
-                 would hand their buffers back while the NIC may still use them",
-                FLUSH_TIMEOUT
-            );
-            std::process::abort();
+                 would hand their buffers back while the NIC may still use them"
+            ));
         }
         (first.map_or(Ok(()), Err), caught)
     }
 
     /// Polls (discarding the scope's completions) until no attached queue
-    /// has scoped requests outstanding, or `deadline`. True when drained.
+    /// has scoped requests outstanding, or `deadline` (if any). True when
+    /// drained.
     fn wait(
         &self,
         attached: &[Attached],
         scratch: &mut Vec<ScopedCompletion>,
         caught: &mut Caught,
-        deadline: Instant,
+        deadline: Option<Instant>,
     ) -> bool {
         loop {
             let left: u64 = attached
@@ -507,7 +535,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             if left == 0 {
                 return true;
             }
-            if Instant::now() > deadline {
+            if deadline.is_some_and(|d| Instant::now() > d) {
                 return false;
             }
             scratch.clear();
@@ -519,6 +547,28 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             }
         }
     }
+}
+
+/// Aborts the process when dropped: armed around the scope's drain, and
+/// forgotten once it returned.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        abort_with(format_args!(
+            "a scope's drain unwound (a bug); aborting, since returning would hand back \
+             buffers that requests of the scope may still use"
+        ));
+    }
+}
+
+/// Writes `why` to stderr (ignoring a failed write, which `eprintln!` would
+/// turn into a panic) and aborts.
+#[cold]
+fn abort_with(why: std::fmt::Arguments<'_>) -> ! {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "rdma-verbs: {why}");
+    std::process::abort()
 }
 
 /// Scoped requests of a watched queue still outstanding: none if nothing

@@ -32,7 +32,9 @@ pub struct ScopedQp<'scope, S: QpState> {
 #[error("{error} (after {posted} requests of the list were posted)")]
 pub struct ScopedListError {
     /// Requests from the start of the list that were posted (they complete
-    /// as usual).
+    /// as usual). When the provider refuses a chain without saying which
+    /// request it stopped at, the whole chain counts as posted: the scope
+    /// waits for it, or flushes it.
     pub posted: usize,
     /// Why the next one was not.
     pub error: Error,
@@ -102,7 +104,11 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                     return Ok(());
                 }
                 // All or nothing: refused, so not posted.
-                Some(rc) => return Err(Error::verb("ibv_post_send", errno(rc))),
+                Some(rc) => {
+                    // SAFETY: the entry written above, for the head.
+                    unsafe { Posted::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
+                    return Err(Error::verb("ibv_post_send", errno(rc)));
+                }
                 None => {}
             }
         }
@@ -122,6 +128,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             // request may own it; count it as posted.
             if post::bad_index(bad, wr as *mut ffi::ibv_send_wr, 1).is_none() {
                 core.sq_head = head + 1;
+            } else {
+                // SAFETY: the entry written above, for the head.
+                unsafe { Posted::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
             }
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
@@ -168,12 +177,13 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         if !self.sq_ok {
             return Err(not_on_scope_cq("send", 0));
         }
-        // SAFETY: as in `post_send`.
-        let core = unsafe { self.core.as_mut() };
         let mut reqs = reqs.into_iter();
         let mut posted = 0;
         loop {
-            match post_send_chunk(core, &mut reqs) {
+            // The QP is passed by pointer: the caller's iterator may poll the
+            // scope, which reads and writes the QP's core, so no reference
+            // to it may live while the iterator runs.
+            match post_send_chunk(self.core, &mut reqs) {
                 Ok((n, more)) => {
                     posted += n;
                     if !more {
@@ -270,7 +280,11 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                     return Ok(());
                 }
                 // Nothing was posted (ibv_wr_complete is all or nothing).
-                Some(rc) => return Err(Error::verb("ibv_post_send", errno(rc))),
+                Some(rc) => {
+                    // SAFETY: the entries written above, from the head.
+                    unsafe { Posted::unstage(side, ring, head, head + n) };
+                    return Err(Error::verb("ibv_post_send", errno(rc)));
+                }
                 // Not reached with the operations a scoped request has; the
                 // C chain below still posts it.
                 None => {}
@@ -296,10 +310,15 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             // As in a list chunk: a provider that does not say which request
             // it refused may own some of them; count them all as posted.
             let ok = post::bad_index(bad, wrs.as_mut_ptr(), wrs.len());
-            if let Some(ok) = ok.filter(|&ok| ok > 0 && list.uniform_opcode().is_some()) {
+            match ok {
                 // The list's range covers the posted requests only.
                 // SAFETY: as above.
-                unsafe { (*side.add(ring.index(head))).len = ok as u32 };
+                Some(ok) if ok > 0 && list.uniform_opcode().is_some() => unsafe {
+                    (*side.add(ring.index(head))).len = ok as u32;
+                },
+                // SAFETY: the entries written above for the refused ones.
+                Some(ok) => unsafe { Posted::unstage(side, ring, head + ok as u64, head + n) },
+                None => {}
             }
             core.sq_head = head + ok.unwrap_or(wrs.len()) as u64;
             return Err(Error::verb("ibv_post_send", errno(rc)));
@@ -400,20 +419,36 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
 /// Posts up to [`POST_CHUNK`] requests of `reqs` with one verb call;
 /// returns how many were posted and whether `reqs` may have more, or why the
 /// next was not posted.
+///
+/// References into the QP's core live only between calls of `reqs.next()`,
+/// which may poll the scope (and so use the core itself): `core` is the
+/// QP's core, borrowed for the scope by the `ScopedQp` that calls.
 #[inline(always)]
 fn post_send_chunk<'s>(
-    core: &mut QpCore,
+    core: NonNull<QpCore>,
     reqs: &mut impl Iterator<Item = ScopedSend<'s>>,
 ) -> std::result::Result<(usize, bool), ScopedListError> {
-    let head = core.sq_head;
-    let ring = &*core.sq;
-    let (in_flight, depth) = (ring.in_flight(head), ring.depth());
-    let sig_all = core.caps.sq_sig_all;
-    let Some(tables) = core.scoped.as_deref_mut() else {
-        return Err(not_on_scope_cq("send", 0));
+    // SAFETY: see above; no reference into the core is live, and a poll
+    // from the iterator changes neither the head nor the depth.
+    let (head, depth, sig_all, tables_ok) = unsafe {
+        let c = core.as_ref();
+        (
+            c.sq_head,
+            c.sq.depth(),
+            c.caps.sq_sig_all,
+            c.scoped.is_some(),
+        )
     };
-    let wrs = tables.send_wrs.as_mut_ptr();
-    let sges = tables.sges.as_mut_ptr();
+    if !tables_ok {
+        return Err(not_on_scope_cq("send", 0));
+    }
+    // Takes back the side entries of staged requests that are not posted,
+    // also when the iterator panics (see `Posted`).
+    let mut staged = Staged {
+        core,
+        from: head,
+        to: head,
+    };
     let mut n = 0;
     let mut refused = None;
     let mut more = true;
@@ -422,7 +457,16 @@ fn post_send_chunk<'s>(
             more = false;
             break;
         };
+        // SAFETY: as above; the iterator has returned, so this is the only
+        // reference until the next call of it.
+        let c = unsafe { &mut *core.as_ptr() };
+        let ring = &*c.sq;
+        let Some(tables) = c.scoped.as_deref_mut() else {
+            break; // not reached: attached QPs keep their tables
+        };
         let seq = head + n as u64;
+        // Polls from the iterator may have retired requests since.
+        let in_flight = ring.in_flight(head);
         if in_flight + n as u64 >= depth {
             refused = Some(Error::QueueFull {
                 queue: "send",
@@ -439,6 +483,8 @@ fn post_send_chunk<'s>(
             // The last free slot: ask for a completion so the queue drains.
             flags |= SIGNALED;
         }
+        let wrs = tables.send_wrs.as_mut_ptr();
+        let sges = tables.sges.as_mut_ptr();
         // SAFETY: `index` masks with the ring's slot count, the table's
         // length; n < POST_CHUNK: inside both arrays, which live in the
         // QP's tables and nothing else references now.
@@ -450,31 +496,64 @@ fn post_send_chunk<'s>(
             (*wrs.add(n)).next = wrs.add(n + 1);
         }
         n += 1;
+        staged.to = seq + 1;
     }
     if n > 0 {
+        // SAFETY: as above; the iterator is not called again in this chunk.
+        let c = unsafe { &mut *core.as_ptr() };
+        let Some(tables) = c.scoped.as_deref_mut() else {
+            unreachable!("checked above");
+        };
+        let wrs = tables.send_wrs.as_mut_ptr();
         // SAFETY: entry n - 1 was written above.
         unsafe { (*wrs.add(n - 1)).next = std::ptr::null_mut() };
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; a chain of n well-formed requests whose SGEs
         // name memory borrowed for 'scope (outliving every request posted
         // in the scope) and live in the QP's tables during the call.
-        let rc = unsafe { core.post_send_chain(wrs, &mut bad) };
+        let rc = unsafe { c.post_send_chain(wrs, &mut bad) };
         if rc != 0 {
             // Requests from `bad` on were refused. A provider that did not
             // say which may own some of them: count them all as posted, so
             // that the scope waits for (or flushes) them.
-            let ok = post::bad_index(bad, wrs, n);
-            core.sq_head = head + ok.unwrap_or(n) as u64;
+            let ok = post::bad_index(bad, wrs, n).unwrap_or(n);
+            c.sq_head = head + ok as u64;
+            staged.from = head + ok as u64;
             return Err(ScopedListError {
-                posted: ok.unwrap_or(0),
+                posted: ok,
                 error: Error::verb("ibv_post_send", errno(rc)),
             });
         }
-        core.sq_head = head + n as u64;
+        c.sq_head = head + n as u64;
+        staged.from = staged.to;
     }
     match refused {
         None => Ok((n, more)),
         Some(error) => Err(ScopedListError { posted: n, error }),
+    }
+}
+
+/// Side entries written for requests `from..to` of a chunk that are not
+/// (yet) posted: taken back when dropped.
+struct Staged {
+    core: NonNull<QpCore>,
+    from: u64,
+    to: u64,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if self.from == self.to {
+            return;
+        }
+        // SAFETY: as in `post_send_chunk`; no other reference into the core
+        // is live when the guard drops (after the chunk, or in an unwind
+        // from the iterator).
+        let c = unsafe { &mut *self.core.as_ptr() };
+        if let Some(tables) = c.scoped.as_deref_mut() {
+            // SAFETY: the entries of staged requests, at or after the head.
+            unsafe { Posted::unstage(tables.sq.as_mut_ptr(), &c.sq, self.from, self.to) };
+        }
     }
 }
 

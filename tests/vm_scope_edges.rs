@@ -1,0 +1,173 @@
+//! Scoped borrowing at its edges, from an adversarial review: a drain timeout
+//! too long to add to the clock, side entries of requests that were staged
+//! but never posted (an iterator that panics half-way through a list), and an
+//! iterator that polls the scope while its list is being posted. Runs in the
+//! soft-RoCE guest.
+
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::time::{Duration, Instant};
+
+use common::{WAIT, all_remote, pair_api};
+use rdma_verbs::qp::SendApi;
+use rdma_verbs::{
+    AccessFlags, Dst, PreparedSends, QpCaps, Result, Scope, ScopedCompletion, ScopedSend, SendWr,
+    Src, WcOpcode, WcStatus,
+};
+
+fn caps(send: u32, recv: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: send,
+        max_recv_wr: recv,
+        ..QpCaps::default()
+    }
+}
+
+/// Polls the scope until `n` completions came (fails after [`WAIT`]).
+fn poll_n(s: &Scope<'_, '_>, n: usize) -> Result<Vec<ScopedCompletion>> {
+    let mut out = Vec::with_capacity(n);
+    let end = Instant::now() + WAIT;
+    while out.len() < n {
+        if s.poll(&mut out)? == 0 {
+            assert!(Instant::now() < end, "{} of {n} completions", out.len());
+            std::thread::yield_now();
+        }
+    }
+    Ok(out)
+}
+
+/// `Duration::MAX` means no limit: the scope waits for its receive (which a
+/// peer fills 300 ms later) instead of panicking on `Instant + Duration`,
+/// which once ended the scope with the receive still posted.
+#[test]
+fn a_drain_timeout_of_duration_max_waits_for_the_receive() {
+    let p = pair_api(caps(4, 4), SendApi::Extended);
+    let (pd, mut cq_a, mut cq_b, mut a, mut b) = (p.pd, p.cq_a, p.cq_b, p.a, p.b);
+    let mut msg = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    msg.fill(0xab).unwrap();
+    let peer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        b.post_send(SendWr::send_from(5, msg)).unwrap();
+        let mut out = Vec::with_capacity(1);
+        cq_b.poll_n(&mut out, 1, WAIT).unwrap();
+        assert_eq!(out[0].status, WcStatus::Success);
+        (b, cq_b)
+    });
+    let mut rbuf = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let d = Dst::new(&mut rbuf).unwrap();
+    let start = Instant::now();
+    let qp = &mut a;
+    cq_a.scope(|s| {
+        s.set_drain_timeout(Duration::MAX);
+        s.attach(qp)?.post_recv(1, d)
+    })
+    .expect("the scope waits for its receive");
+    assert!(
+        start.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(a.outstanding(), (0, 0));
+    assert_eq!(rbuf.as_slice().unwrap(), &[0xab; 64][..]);
+    peer.join().unwrap();
+}
+
+/// An iterator that panics after two requests: nothing of the list is
+/// posted, and its side entries are taken back, so that a prepared list
+/// posted over the same sequence numbers later reports its own `wr_id`s
+/// and opcode (a stale entry once made a WRITE completion come back as the
+/// panicked list's READ with its `wr_id`).
+#[test]
+fn a_panicking_list_leaves_no_side_entries_behind() {
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        panicking_list_leaves_nothing(api);
+    }
+}
+
+fn panicking_list_leaves_nothing(api: SendApi) {
+    let mut p = pair_api(caps(16, 4), api);
+    let remote_mr = p.pd.alloc_mr(4096, all_remote()).unwrap();
+    let remote = remote_mr.remote();
+    let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut dst = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let (s_src, d_dst) = (Src::new(&src).unwrap(), Dst::new(&mut dst).unwrap());
+    // Signaled at 1 and 3: the second completion lies inside the range.
+    let list = PreparedSends::new(
+        (0..4u64).map(|j| ScopedSend::write(0, s_src, remote, 64 * j).signaled(j % 2 == 1)),
+    )
+    .unwrap();
+    let qp = &mut p.a;
+    let got = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            let panicked = catch_unwind(AssertUnwindSafe(|| {
+                let _ = q.post_send_list((0..3u64).map(|i| {
+                    if i == 2 {
+                        resume_unwind(Box::new("the iterator panics"));
+                    }
+                    ScopedSend::read(100 + i, d_dst, remote, 0)
+                }));
+            }));
+            assert!(panicked.is_err(), "{api:?}");
+            assert_eq!(q.outstanding(), (0, 0), "{api:?}: nothing posted");
+            q.post_prepared(&list, 7)?;
+            poll_n(s, 2)
+        })
+        .unwrap();
+    let got: Vec<_> = got
+        .iter()
+        .map(|c| (c.wr_id, c.status, c.opcode, c.byte_len))
+        .collect();
+    let write = |wr_id| (wr_id, WcStatus::Success, WcOpcode::RdmaWrite, 0);
+    assert_eq!(got, [write(8), write(10)], "{api:?}");
+}
+
+/// The list's iterator may poll the scope between requests: here it waits,
+/// polling, until the queue of 8 has room for its next request (the
+/// completions retire requests of the previous list). Every request is
+/// posted once, each completion names its own, and the room the polls made
+/// is seen by the list's capacity check.
+#[test]
+fn an_iterator_that_polls_the_scope_posts_every_request() {
+    let mut p = pair_api(caps(8, 4), SendApi::Extended);
+    let remote_mr = p.pd.alloc_mr(4096, all_remote()).unwrap();
+    let remote = remote_mr.remote();
+    let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let s_src = Src::new(&src).unwrap();
+    let qp = &mut p.a;
+    let mut ids = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            let mut seen: Vec<u64> = Vec::new();
+            let mut polled = Vec::with_capacity(8);
+            for round in 0..3u64 {
+                q.post_send_list((0..8u64).map(|i| {
+                    let k = round * 8 + i;
+                    let end = Instant::now() + WAIT;
+                    // Room for request k: requests up to k - 8 completed.
+                    while seen.len() as u64 + 8 <= k {
+                        assert!(Instant::now() < end, "{} completions", seen.len());
+                        polled.clear();
+                        s.poll(&mut polled).expect("poll inside the iterator");
+                        seen.extend(polled.iter().map(|c| c.wr_id));
+                    }
+                    ScopedSend::write(k, s_src, remote, 64 * i)
+                }))?;
+            }
+            let left = 24 - seen.len();
+            seen.extend(poll_n(s, left)?.iter().map(|c| {
+                assert_eq!(
+                    (c.status, c.opcode),
+                    (WcStatus::Success, WcOpcode::RdmaWrite)
+                );
+                c.wr_id
+            }));
+            Ok(seen)
+        })
+        .unwrap();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..24).collect::<Vec<_>>());
+}
