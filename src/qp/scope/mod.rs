@@ -38,12 +38,31 @@
 //! would break the verbs contract; the process is then aborted, since
 //! returning would let the NIC write memory Rust has handed back.
 //!
+//! Nothing ends that wait early. A drain timeout too long to add to the
+//! clock (`Duration::MAX`) means no limit; no assertion and no user code
+//! runs while polling (a destructor of an ownership-passing request's buffer
+//! that panics is caught, and the panic resumed after the wait); and were
+//! the wait to unwind all the same, the process aborts
+//! (`tests/vm_scope_edges.rs`).
+//!
+//! Which request a completion retires is read from the QP's side table,
+//! whose entries for requests that were staged but not posted (the provider
+//! refused them, or the iterator of a list panicked) are taken back at
+//! once: a later post over the same sequence numbers never meets them. A
+//! list's iterator may poll the scope: no reference into the QP lives while
+//! it runs.
+//!
 //! The attached QP and the CQ are borrowed for the whole scope, so nothing
 //! else can post on that QP, poll that CQ or destroy either meanwhile.
 //! Requests posted before the scope with the ownership-passing path keep
 //! working: their completions, and those of other QPs on the CQ, are kept
 //! by [`Scope::poll`] and handed out (with their buffers) by the next
-//! [`Cq::poll`] after the scope.
+//! [`Cq::poll`] after the scope. Unsignaled ones that a scoped completion
+//! retires (they have no entry of their own) have their buffers dropped,
+//! as [`Cq::poll`] does: [`Cq::poll_with_retired`] cannot hand those back
+//! from inside a scope. The kept completions stay in memory until that
+//! poll: a long scope beside a busy QP of another thread on the same CQ
+//! keeps all of that QP's completions (give such a QP its own CQ).
 //!
 //! A buffer of another protection domain or device fails its request with a
 //! protection error status (the NIC checks the lkey); it never lets the NIC
