@@ -8,37 +8,16 @@ mod common;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use common::{WAIT, all_remote, pair, pair_api, pattern, wait};
+use common::{all_remote, caps_sr, pair, pair_api, pattern, scope_poll_n, wait};
 use rdma_verbs::qp::{QpStateKind, SendApi};
 use rdma_verbs::{
-    AccessFlags, CompletionSource, Cq, Dst, Error, Mr, PreparedSends, QpCaps, RecvWr, Result,
-    Scope, ScopedCompletion, ScopedSend, SendWr, Src, WcOpcode, WcStatus,
+    AccessFlags, CompletionSource, Cq, Dst, Error, Mr, PreparedSends, RecvWr, Result,
+    ScopedCompletion, ScopedSend, SendWr, Src, WcOpcode, WcStatus,
 };
 
 /// How long a scope may take to flush after its drain timeout (the module
 /// docs' bound).
 const FLUSH_BOUND: Duration = Duration::from_secs(5);
-
-fn caps(send: u32, recv: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: send,
-        max_recv_wr: recv,
-        ..QpCaps::default()
-    }
-}
-
-/// Polls the scope until `n` completions came (fails after [`WAIT`]).
-fn poll_n(s: &Scope<'_, '_>, n: usize) -> Result<Vec<ScopedCompletion>> {
-    let mut out = Vec::with_capacity(n);
-    let end = Instant::now() + WAIT;
-    while out.len() < n {
-        if s.poll(&mut out)? == 0 {
-            assert!(Instant::now() < end, "{} of {n} completions", out.len());
-            std::thread::yield_now();
-        }
-    }
-    Ok(out)
-}
 
 fn summary(c: &ScopedCompletion) -> (u64, WcStatus, WcOpcode, u32) {
     (c.wr_id, c.status, c.opcode, c.byte_len)
@@ -54,7 +33,7 @@ fn scoped_write_read_and_send_move_the_bytes() {
 }
 
 fn write_read_and_send(api: SendApi) {
-    let mut p = pair_api(caps(8, 4), api);
+    let mut p = pair_api(caps_sr(8, 4), api);
     assert_eq!(p.a.send_api(), api);
     let mr = p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     p.b.post_recv(RecvWr::new(7, mr)).unwrap();
@@ -74,7 +53,7 @@ fn write_read_and_send(api: SendApi) {
             // RC executes a READ after the WRITE before it.
             q.post_send(&ScopedSend::read(2, d_dst, remote, 0))?;
             q.post_send(&ScopedSend::send(3, s_src.slice(100, 300)?).imm(0xabcd))?;
-            poll_n(s, 3)
+            scope_poll_n(s, 3)
         })
         .unwrap();
     let got: Vec<_> = got.iter().map(summary).collect();
@@ -97,7 +76,7 @@ fn write_read_and_send(api: SendApi) {
 
 #[test]
 fn scoped_receives_fill_borrowed_buffers() {
-    let mut p = pair(caps(8, 8));
+    let mut p = pair(caps_sr(8, 8));
     let mut bufs: Vec<Mr> = (0..4)
         .map(|_| p.pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap())
         .collect();
@@ -116,7 +95,7 @@ fn scoped_receives_fill_borrowed_buffers() {
                 m.write_at(0, &pattern(100 + usize::from(i), i))?;
                 a.post_send(SendWr::send_from(u64::from(i), m).imm(u32::from(i)))?;
             }
-            poll_n(s, 4)
+            scope_poll_n(s, 4)
         })
         .unwrap();
     for (i, c) in got.iter().enumerate() {
@@ -143,7 +122,7 @@ fn scoped_receives_fill_borrowed_buffers() {
 
 #[test]
 fn a_scope_returns_only_after_its_requests_completed() {
-    let mut p = pair(caps(64, 1));
+    let mut p = pair(caps_sr(64, 1));
     let remote_mr = p.pd.alloc_mr(64 * 64, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let mut src = p.pd.alloc_mr(64 * 64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -173,7 +152,7 @@ fn a_scope_returns_only_after_its_requests_completed() {
 
 #[test]
 fn an_unsignaled_tail_is_flushed_within_the_bound_and_reported() {
-    let mut p = pair(caps(8, 1));
+    let mut p = pair(caps_sr(8, 1));
     // Kept registered: a WRITE to a deregistered region fails (and always completes).
     let remote_mr = p.pd.alloc_mr(64, all_remote()).unwrap();
     let remote = remote_mr.remote();
@@ -209,7 +188,7 @@ fn an_unsignaled_tail_is_flushed_within_the_bound_and_reported() {
 
 #[test]
 fn a_panic_in_the_scope_waits_for_the_flush_then_resumes() {
-    let mut p = pair(caps(4, 4));
+    let mut p = pair(caps_sr(4, 4));
     let mut bufs: Vec<Mr> = (0..2)
         .map(|_| p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())
         .collect();
@@ -245,7 +224,7 @@ fn a_panic_in_the_scope_waits_for_the_flush_then_resumes() {
 
 #[test]
 fn completions_that_are_not_the_scopes_wait_for_cq_poll() {
-    let mut p = pair(caps(8, 1));
+    let mut p = pair(caps_sr(8, 1));
     // Kept registered: a WRITE to a deregistered region fails (and always completes).
     let remote_mr = p.pd.alloc_mr(256, all_remote()).unwrap();
     let remote = remote_mr.remote();
@@ -268,7 +247,7 @@ fn completions_that_are_not_the_scopes_wait_for_cq_poll() {
         .scope(|s| {
             let mut q = s.attach(qp)?;
             q.post_send(&ScopedSend::write(1, s_src, remote, 128))?;
-            poll_n(s, 1)
+            scope_poll_n(s, 1)
         })
         .unwrap();
     assert_eq!(
@@ -297,7 +276,7 @@ fn scoped_atomics_and_post_lists() {
 }
 
 fn atomics_and_post_lists(api: SendApi) {
-    let mut p = pair_api(caps(16, 1), api);
+    let mut p = pair_api(caps_sr(16, 1), api);
     let counter = p.pd.alloc_mr(8, all_remote()).unwrap();
     let remote = counter.remote();
     let mut results = p.pd.alloc_mr(8 * 9, AccessFlags::LOCAL_WRITE).unwrap();
@@ -322,7 +301,7 @@ fn atomics_and_post_lists(api: SendApi) {
             // 8 == 8: swapped to 100, and the old value (8) comes back.
             let cas = ScopedSend::compare_swap(8, all.slice(64, 8)?, remote, 0, 8, 100);
             q.post_send(&cas)?;
-            poll_n(s, 9)
+            scope_poll_n(s, 9)
         })
         .unwrap();
     for (i, c) in got.iter().enumerate() {
@@ -345,7 +324,7 @@ fn atomics_and_post_lists(api: SendApi) {
 
 #[test]
 fn bad_scoped_requests_get_typed_errors() {
-    let mut p = pair(caps(4, 1));
+    let mut p = pair(caps_sr(4, 1));
     // Kept registered: a WRITE to a deregistered region fails (and always completes).
     let remote_mr = p.pd.alloc_mr(64, all_remote()).unwrap();
     let remote = remote_mr.remote();
@@ -405,7 +384,7 @@ fn bad_scoped_requests_get_typed_errors() {
                 Error::QueueFull { depth: 4, .. }
             ));
             assert_eq!(q.outstanding(), (4, 0));
-            let first = poll_n(s, 1)?;
+            let first = scope_poll_n(s, 1)?;
             assert_eq!(
                 summary(&first[0]),
                 (3, WcStatus::Success, WcOpcode::RdmaWrite, 0)
@@ -414,7 +393,7 @@ fn bad_scoped_requests_get_typed_errors() {
             // A wrong rkey fails at the peer: an error completion naming the
             // operation.
             q.post_send(&ScopedSend::write(9, s_src, bad_rkey, 0))?;
-            poll_n(s, 1)
+            scope_poll_n(s, 1)
         })
         .unwrap();
     assert_eq!(
@@ -445,7 +424,7 @@ fn prepared_lists_repost_whole_and_are_refused_whole() {
 }
 
 fn repost_whole_and_refused_whole(api: SendApi) {
-    let mut p = pair_api(caps(112, 1), api);
+    let mut p = pair_api(caps_sr(112, 1), api);
     let remote_mr = p.pd.alloc_mr(48 * 64, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let mut src = p.pd.alloc_mr(48 * 64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -488,7 +467,7 @@ fn repost_whole_and_refused_whole(api: SendApi) {
             Err(Error::InvalidArgument { .. })
         ));
         assert_eq!(q.outstanding(), (96, 0));
-        let got: Vec<_> = poll_n(s, 2)?.iter().map(summary).collect();
+        let got: Vec<_> = scope_poll_n(s, 2)?.iter().map(summary).collect();
         assert_eq!(
             got,
             [
@@ -502,7 +481,7 @@ fn repost_whole_and_refused_whole(api: SendApi) {
         for k in 1..=7 {
             q.post_prepared(&short, k * 100)?;
         }
-        let got: Vec<_> = poll_n(s, 1)?.iter().map(summary).collect();
+        let got: Vec<_> = scope_poll_n(s, 1)?.iter().map(summary).collect();
         assert_eq!(got, [(715, WcStatus::Success, WcOpcode::RdmaWrite, 0)]);
         assert_eq!(q.outstanding(), (0, 0));
         // That flag was the post's, not the list's: posted again, the list
@@ -533,7 +512,7 @@ fn prepared_lists_report_each_requests_wr_id_and_opcode() {
 }
 
 fn report_each_requests_wr_id_and_opcode(api: SendApi) {
-    let mut p = pair_api(caps(64, 1), api);
+    let mut p = pair_api(caps_sr(64, 1), api);
     let remote_mr = p.pd.alloc_mr(512, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let mut src = p.pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
@@ -575,9 +554,9 @@ fn report_each_requests_wr_id_and_opcode(api: SendApi) {
             q.post_prepared(&writes, 200)?;
             q.post_prepared(&mixed, 300)?;
             q.post_send(&ScopedSend::write(400, piece(7), remote, 7 * 64))?;
-            let good: Vec<_> = poll_n(s, 6)?.iter().map(summary).collect();
+            let good: Vec<_> = scope_poll_n(s, 6)?.iter().map(summary).collect();
             q.post_prepared(&failing, 500)?;
-            let failed: Vec<_> = poll_n(s, 3)?.iter().map(summary).collect();
+            let failed: Vec<_> = scope_poll_n(s, 3)?.iter().map(summary).collect();
             assert_eq!(q.outstanding(), (0, 0));
             Ok((good, failed))
         })
@@ -619,7 +598,7 @@ fn range_start_survives_slot_reuse(api: SendApi) {
     // Depth 8 is a power of two, so the ring has exactly 8 slots and a post
     // may reuse the slot of a request retired a moment ago, here the first
     // slot of a list whose later requests are still in flight.
-    let mut p = pair_api(caps(8, 1), api);
+    let mut p = pair_api(caps_sr(8, 1), api);
     let remote_mr = p.pd.alloc_mr(5 * 64, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let mut src = p.pd.alloc_mr(5 * 64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -637,7 +616,7 @@ fn range_start_survives_slot_reuse(api: SendApi) {
             q.post_prepared(&list, 100)?;
             q.post_prepared(&list, 200)?;
             assert_eq!(q.outstanding(), (8, 0));
-            let mut got: Vec<_> = poll_n(s, 1)?.iter().map(summary).collect();
+            let mut got: Vec<_> = scope_poll_n(s, 1)?.iter().map(summary).collect();
             // The first request retired: this post takes its slot.
             q.post_send(&ScopedSend::write(
                 300,
@@ -645,7 +624,7 @@ fn range_start_survives_slot_reuse(api: SendApi) {
                 remote,
                 4 * 64,
             ))?;
-            got.extend(poll_n(s, 4)?.iter().map(summary));
+            got.extend(scope_poll_n(s, 4)?.iter().map(summary));
             Ok(got)
         })
         .unwrap();
@@ -666,7 +645,7 @@ fn prepared_lists_of_each_operation_move_the_bytes() {
 }
 
 fn prepared_lists_of_each_operation(api: SendApi) {
-    let mut p = pair_api(caps(32, 8), api);
+    let mut p = pair_api(caps_sr(32, 8), api);
     assert_eq!(p.a.send_api(), api);
     let remote_mr = p.pd.alloc_mr(512, all_remote()).unwrap();
     let remote = remote_mr.remote();
@@ -733,11 +712,11 @@ fn prepared_lists_of_each_operation(api: SendApi) {
             q.post_prepared(&writes, 100)?;
             q.post_prepared(&sends, 200)?;
             // The WRITEs completed (all signaled) before the READs go out.
-            let mut got = poll_n(s, 5)?;
+            let mut got = scope_poll_n(s, 5)?;
             q.post_prepared(&reads, 300)?;
             q.post_prepared(&adds, 400)?;
             q.post_prepared(&imms, 500)?;
-            got.extend(poll_n(s, 3)?);
+            got.extend(scope_poll_n(s, 3)?);
             Ok(got)
         })
         .unwrap();

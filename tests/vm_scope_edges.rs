@@ -9,40 +9,16 @@ mod common;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::time::{Duration, Instant};
 
-use common::{WAIT, all_remote, pair_api};
+use common::{WAIT, all_remote, caps_sr, pair_api, scope_poll_n};
 use rdma_verbs::qp::SendApi;
-use rdma_verbs::{
-    AccessFlags, Dst, PreparedSends, QpCaps, Result, Scope, ScopedCompletion, ScopedSend, SendWr,
-    Src, WcOpcode, WcStatus,
-};
-
-fn caps(send: u32, recv: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: send,
-        max_recv_wr: recv,
-        ..QpCaps::default()
-    }
-}
-
-/// Polls the scope until `n` completions came (fails after [`WAIT`]).
-fn poll_n(s: &Scope<'_, '_>, n: usize) -> Result<Vec<ScopedCompletion>> {
-    let mut out = Vec::with_capacity(n);
-    let end = Instant::now() + WAIT;
-    while out.len() < n {
-        if s.poll(&mut out)? == 0 {
-            assert!(Instant::now() < end, "{} of {n} completions", out.len());
-            std::thread::yield_now();
-        }
-    }
-    Ok(out)
-}
+use rdma_verbs::{AccessFlags, Dst, PreparedSends, ScopedSend, SendWr, Src, WcOpcode, WcStatus};
 
 /// `Duration::MAX` means no limit: the scope waits for its receive (which a
 /// peer fills 300 ms later) instead of panicking on `Instant + Duration`,
 /// which once ended the scope with the receive still posted.
 #[test]
 fn a_drain_timeout_of_duration_max_waits_for_the_receive() {
-    let p = pair_api(caps(4, 4), SendApi::Extended);
+    let p = pair_api(caps_sr(4, 4), SendApi::Extended);
     let (pd, mut cq_a, mut cq_b, mut a, mut b) = (p.pd, p.cq_a, p.cq_b, p.a, p.b);
     let mut msg = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     msg.fill(0xab).unwrap();
@@ -86,7 +62,7 @@ fn a_panicking_list_leaves_no_side_entries_behind() {
 }
 
 fn panicking_list_leaves_nothing(api: SendApi) {
-    let mut p = pair_api(caps(16, 4), api);
+    let mut p = pair_api(caps_sr(16, 4), api);
     let remote_mr = p.pd.alloc_mr(4096, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -113,7 +89,7 @@ fn panicking_list_leaves_nothing(api: SendApi) {
             assert!(panicked.is_err(), "{api:?}");
             assert_eq!(q.outstanding(), (0, 0), "{api:?}: nothing posted");
             q.post_prepared(&list, 7)?;
-            poll_n(s, 2)
+            scope_poll_n(s, 2)
         })
         .unwrap();
     let got: Vec<_> = got
@@ -131,7 +107,7 @@ fn panicking_list_leaves_nothing(api: SendApi) {
 /// is seen by the list's capacity check.
 #[test]
 fn an_iterator_that_polls_the_scope_posts_every_request() {
-    let mut p = pair_api(caps(8, 4), SendApi::Extended);
+    let mut p = pair_api(caps_sr(8, 4), SendApi::Extended);
     let remote_mr = p.pd.alloc_mr(4096, all_remote()).unwrap();
     let remote = remote_mr.remote();
     let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -158,7 +134,7 @@ fn an_iterator_that_polls_the_scope_posts_every_request() {
                 }))?;
             }
             let left = 24 - seen.len();
-            seen.extend(poll_n(s, left)?.iter().map(|c| {
+            seen.extend(scope_poll_n(s, left)?.iter().map(|c| {
                 assert_eq!(
                     (c.status, c.opcode),
                     (WcStatus::Success, WcOpcode::RdmaWrite)

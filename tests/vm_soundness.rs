@@ -10,10 +10,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{WAIT, all_remote, ctx, pair, pair_with, res_counts, wait};
+use common::{WAIT, all_remote, caps_sr, ctx, pair, pair_with, res_counts, wait};
 use rdma_verbs::ffi;
 use rdma_verbs::{
-    AccessFlags, Completion, CompletionSource, Cq, Error, InitAttr, Pd, Qp, QpCaps, RecvWr, SendWr,
+    AccessFlags, Completion, CompletionSource, Cq, Error, InitAttr, Pd, Qp, RecvWr, SendWr,
     WcOpcode, WcStatus,
 };
 
@@ -21,14 +21,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn caps(send: u32, recv: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: send,
-        max_recv_wr: recv,
-        ..QpCaps::default()
-    }
 }
 
 /// Polls whatever is in `cq` within `window` (no count expected).
@@ -49,7 +41,7 @@ fn a_panicking_post_list_iterator_leaves_the_queue_usable() {
     // Two send slots: one unsignaled send in flight, then a list whose
     // iterator yields one request (taking the last slot, so forced signaled)
     // and panics before the verb is called.
-    let mut p = pair_with(caps(2, 4), |pd, _, b| {
+    let mut p = pair_with(caps_sr(2, 4), |pd, _, b| {
         let mr = |_| pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         b.post_recv_list((0..4).map(|i| RecvWr::new(i, mr(i))))
             .unwrap();
@@ -89,7 +81,7 @@ fn a_panicking_post_list_iterator_leaves_the_queue_usable() {
 #[test]
 fn poll_n_returns_exactly_the_count_asked_for() {
     let _g = serial();
-    let mut p = pair_with(caps(8, 8), |_, _, b| {
+    let mut p = pair_with(caps_sr(8, 8), |_, _, b| {
         b.post_recv_list((0..4).map(RecvWr::empty)).unwrap();
     });
     for i in 0..4 {
@@ -124,12 +116,12 @@ fn queues_that_would_overrun_the_cq_are_refused() {
     let pd = Pd::new(&ctx).unwrap();
     let mut cq = Cq::new(&ctx, 64).unwrap();
     let depth = u64::from(cq.depth());
-    let first = Qp::new(&pd, &cq, &cq, caps(16, 16)).unwrap();
+    let first = Qp::new(&pd, &cq, &cq, caps_sr(16, 16)).unwrap();
     assert_eq!(cq.reserved(), 32);
     // Every QP on the CQ counts: the second one gets what is left, not more.
     let left = depth - 32;
     let too_deep = u32::try_from(left).unwrap() + 1;
-    match Qp::new(&pd, &cq, &cq, caps(too_deep, 1)) {
+    match Qp::new(&pd, &cq, &cq, caps_sr(too_deep, 1)) {
         Err(Error::CqTooSmall {
             queue: "send",
             needed,
@@ -138,7 +130,7 @@ fn queues_that_would_overrun_the_cq_are_refused() {
         }) => assert_eq!((needed, free), (left + 1, left)),
         other => panic!("expected CqTooSmall, got {other:?}"),
     }
-    match Qp::new(&pd, &cq, &cq, caps(1, too_deep)) {
+    match Qp::new(&pd, &cq, &cq, caps_sr(1, too_deep)) {
         Err(
             e @ Error::CqTooSmall {
                 queue: "receive", ..
@@ -147,7 +139,7 @@ fn queues_that_would_overrun_the_cq_are_refused() {
         other => panic!("expected CqTooSmall, got {other:?}"),
     }
     assert_eq!(cq.reserved(), 32, "refused QPs reserve nothing");
-    let second = Qp::new(&pd, &cq, &cq, caps(1, too_deep - 2)).unwrap();
+    let second = Qp::new(&pd, &cq, &cq, caps_sr(1, too_deep - 2)).unwrap();
     assert_eq!(cq.reserved(), depth);
     drop(second);
     // A destroyed QP's completions may still be in the CQ: its entries come
@@ -162,7 +154,7 @@ fn queues_that_would_overrun_the_cq_are_refused() {
 #[test]
 fn completions_consumed_by_poll_raw_are_reported_lost() {
     let _g = serial();
-    let mut p = pair_with(caps(8, 8), |_, _, b| {
+    let mut p = pair_with(caps_sr(8, 8), |_, _, b| {
         b.post_recv_list((0..2).map(RecvWr::empty)).unwrap();
     });
     p.a.post_send(SendWr::send(1)).unwrap();
@@ -188,7 +180,7 @@ fn destroying_a_qp_releases_its_buffers_without_a_poll() {
     let dev = ctx.name().to_owned();
     let pd = Pd::new(&ctx).unwrap();
     let cq = Cq::new(&ctx, 64).unwrap();
-    let mut qp = Qp::new(&pd, &cq, &cq, caps(8, 8))
+    let mut qp = Qp::new(&pd, &cq, &cq, caps_sr(8, 8))
         .unwrap()
         .init(InitAttr::new(1, all_remote()))
         .unwrap();
@@ -207,7 +199,7 @@ fn destroying_a_qp_releases_its_buffers_without_a_poll() {
 #[test]
 fn completions_of_a_destroyed_qp_come_back_stale() {
     let _g = serial();
-    let mut p = pair_with(caps(8, 8), |_, _, b| {
+    let mut p = pair_with(caps_sr(8, 8), |_, _, b| {
         b.post_recv_list((0..4).map(RecvWr::empty)).unwrap();
     });
     let src = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap().freeze();
@@ -236,7 +228,7 @@ fn completions_of_a_destroyed_qp_come_back_stale() {
 #[test]
 fn foreign_wr_ids_are_never_dereferenced() {
     let _g = serial();
-    let mut p = pair_with(caps(8, 8), |_, _, b| {
+    let mut p = pair_with(caps_sr(8, 8), |_, _, b| {
         b.post_recv_list((0..8).map(RecvWr::empty)).unwrap();
     });
     // A safe completion first, so that its token's tag is known.
@@ -291,7 +283,7 @@ fn foreign_wr_ids_are_never_dereferenced() {
 #[test]
 fn failed_completions_report_what_was_posted() {
     let _g = serial();
-    let mut p = pair_with(caps(8, 8), |pd, _, b| {
+    let mut p = pair_with(caps_sr(8, 8), |pd, _, b| {
         let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         b.post_recv(RecvWr::new(9, mr)).unwrap();
     });
@@ -327,7 +319,7 @@ fn failed_completions_report_what_was_posted() {
 #[test]
 fn each_queue_completes_in_posting_order() {
     let _g = serial();
-    let mut p = pair_with(caps(64, 64), |_, _, b| {
+    let mut p = pair_with(caps_sr(64, 64), |_, _, b| {
         b.post_recv_list((0..64).map(RecvWr::empty)).unwrap();
     });
     p.a.post_send_list((0..64).map(SendWr::send)).unwrap();
@@ -344,7 +336,7 @@ fn the_error_state_flushes_every_posted_request() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let mut cq = Cq::new(&ctx, 64).unwrap();
-    let mut qp = Qp::new(&pd, &cq, &cq, caps(8, 16))
+    let mut qp = Qp::new(&pd, &cq, &cq, caps_sr(8, 16))
         .unwrap()
         .init(InitAttr::new(1, all_remote()))
         .unwrap();
@@ -366,7 +358,7 @@ fn the_error_state_flushes_every_posted_request() {
 #[test]
 fn no_completion_arrives_after_destroy_returns() {
     let _g = serial();
-    let mut p = pair_with(caps(64, 64), |_, _, b| {
+    let mut p = pair_with(caps_sr(64, 64), |_, _, b| {
         b.post_recv_list((0..64).map(RecvWr::empty)).unwrap();
     });
     let a_qpn = p.a.qp_num();
@@ -388,7 +380,7 @@ fn reset_needs_a_drained_qp() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let mut cq = Cq::new(&ctx, 64).unwrap();
-    let mut qp = Qp::new(&pd, &cq, &cq, caps(8, 8))
+    let mut qp = Qp::new(&pd, &cq, &cq, caps_sr(8, 8))
         .unwrap()
         .init(InitAttr::new(1, all_remote()))
         .unwrap();
@@ -431,7 +423,7 @@ fn reset_needs_a_drained_qp() {
 #[test]
 fn a_pair_still_talks_after_all_of_this() {
     let _g = serial();
-    let mut p = pair(caps(4, 4));
+    let mut p = pair(caps_sr(4, 4));
     let mr = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
     p.b.post_recv(RecvWr::new(1, mr)).unwrap();
     p.a.post_send(SendWr::send(2)).unwrap();
@@ -446,7 +438,7 @@ fn a_pair_still_talks_after_all_of_this() {
 #[test]
 fn a_raw_wr_id_never_retires_a_safe_request_in_flight() {
     let _g = serial();
-    let mut p = pair_with(caps(4, 4), |pd, _, b| {
+    let mut p = pair_with(caps_sr(4, 4), |pd, _, b| {
         // One receive only: consumed by the raw SEND.
         let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         b.post_recv(RecvWr::new(100, mr)).unwrap();
@@ -495,7 +487,7 @@ fn a_raw_wr_id_never_retires_a_safe_request_in_flight() {
 #[test]
 fn to_error_again_recovers_from_poll_raw_eating_the_marker() {
     let _g = serial();
-    let mut p = pair_with(caps(4, 4), |_, _, b| {
+    let mut p = pair_with(caps_sr(4, 4), |_, _, b| {
         b.post_recv_list((0..4).map(RecvWr::empty)).unwrap();
     });
     p.a.post_send(SendWr::send(1).signaled(false)).unwrap();

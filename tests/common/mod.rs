@@ -5,10 +5,13 @@
 
 pub mod procs;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdma_verbs::qp::{Init, Rts, SendApi};
-use rdma_verbs::{AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc};
+use rdma_verbs::{
+    AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc, Result, Scope,
+    ScopedCompletion,
+};
 
 /// How long a test waits for completions before failing.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -34,6 +37,28 @@ pub fn all_remote() -> AccessFlags {
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC
+}
+
+/// Default capabilities with `send` / `recv` requests per queue.
+pub fn caps_sr(send: u32, recv: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: send,
+        max_recv_wr: recv,
+        ..QpCaps::default()
+    }
+}
+
+/// Polls the scope until `n` completions came (fails after [`WAIT`]).
+pub fn scope_poll_n(s: &Scope<'_, '_>, n: usize) -> Result<Vec<ScopedCompletion>> {
+    let mut out = Vec::with_capacity(n);
+    let end = Instant::now() + WAIT;
+    while out.len() < n {
+        if s.poll(&mut out)? == 0 {
+            assert!(Instant::now() < end, "{} of {n} completions", out.len());
+            std::thread::yield_now();
+        }
+    }
+    Ok(out)
 }
 
 /// Two RC QPs on one device connected to each other (soft-RoCE loops back).
