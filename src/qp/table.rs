@@ -40,6 +40,8 @@ pub(crate) struct RingTable {
     version: AtomicU64,
     /// How many buried rings wait to be reaped.
     buried: AtomicUsize,
+    /// [`MAX_RINGS`] (smaller in tests).
+    max_rings: usize,
 }
 
 struct TableState {
@@ -51,6 +53,8 @@ struct TableState {
     free: Vec<u32>,
     /// Indices of rings whose QP was destroyed, oldest first.
     buried: Vec<u32>,
+    /// Indices promised to reservations not published (or dropped) yet.
+    promised: usize,
 }
 
 #[derive(Default)]
@@ -75,9 +79,11 @@ impl RingTable {
                 entries: Vec::new(),
                 free: Vec::new(),
                 buried: Vec::new(),
+                promised: 0,
             }),
             version: AtomicU64::new(0),
             buried: AtomicUsize::new(0),
+            max_rings: MAX_RINGS,
         }
     }
 
@@ -90,6 +96,19 @@ impl RingTable {
     /// queue, or explains why the CQ cannot take them.
     pub(crate) fn reserve(&self, n: u64, queue: &'static str) -> Result<Reservation<'_>> {
         let mut st = self.lock();
+        // Every ring takes an index, including those that reserve no entry
+        // (the receive queue of a QP on an SRQ): the index must fit the
+        // token, or a ring's tag would alias another's.
+        if st.entries.len() - st.free.len() + st.promised >= self.max_rings {
+            return Err(Error::InvalidArgument {
+                what: "CQ",
+                reason: format!(
+                    "it already carries the completions of {} queues, counting those of \
+                     destroyed QPs until a poll finds the CQ empty; poll it empty or use another CQ",
+                    self.max_rings
+                ),
+            });
+        }
         let free = st.depth.saturating_sub(st.reserved);
         if n > free {
             return Err(Error::CqTooSmall {
@@ -100,6 +119,7 @@ impl RingTable {
             });
         }
         st.reserved += n;
+        st.promised += 1;
         Ok(Reservation { table: self, n })
     }
 
@@ -162,6 +182,7 @@ impl Reservation<'_> {
         let reserved = self.n;
         std::mem::forget(self);
         let mut st = table.lock();
+        st.promised -= 1;
         let index = match st.free.pop() {
             Some(i) => i as usize,
             None => {
@@ -169,9 +190,8 @@ impl Reservation<'_> {
                 st.entries.len() - 1
             }
         };
-        // Each ring reserves at least one CQ entry, so a table never holds
-        // more rings than its CQ has entries (< MAX_RINGS for every device).
-        debug_assert!(index < MAX_RINGS);
+        // `reserve` promised an index below `max_rings`.
+        debug_assert!(index < table.max_rings);
         let tag = TAG_FLAG | ((index as u32) << 8) | u32::from(st.entries[index].generation);
         let ring = Arc::new(make(tag));
         st.reserved -= reserved - ring.depth().min(reserved);
@@ -184,7 +204,9 @@ impl Reservation<'_> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        self.table.lock().reserved -= self.n;
+        let mut st = self.table.lock();
+        st.reserved -= self.n;
+        st.promised -= 1;
     }
 }
 
@@ -235,5 +257,51 @@ impl RingCache {
             self.version = version;
         }
         self.rings.get(index).copied().filter(|p| !p.is_null())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rings that reserve no CQ entry (a QP on an SRQ) still take an index:
+    /// past the limit the table refuses them instead of handing out a tag
+    /// that aliases another ring's, and a reaped index is used again.
+    #[test]
+    fn the_table_refuses_rings_past_its_index_limit() {
+        let mut table = RingTable::new(8);
+        table.max_rings = 3;
+        let mut cache = RingCache::default();
+        // A reservation dropped unpublished gives its index back.
+        drop(table.reserve(0, "receive").unwrap());
+        let rings: Vec<Arc<Ring>> = (0..3)
+            .map(|_| {
+                table
+                    .reserve(0, "receive")
+                    .unwrap()
+                    .publish(|tag| Ring::new(0, tag, 7))
+            })
+            .collect();
+        let mut tags: Vec<u32> = rings.iter().map(|r| r.tag()).collect();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), 3);
+        let err = table.reserve(0, "receive").err().expect("past the limit");
+        assert!(
+            matches!(err, Error::InvalidArgument { what: "CQ", .. }),
+            "{err}"
+        );
+        table.bury(&rings[1]);
+        assert!(
+            table.reserve(0, "receive").is_err(),
+            "buried rings keep their index"
+        );
+        assert_eq!(table.reap(1, &mut cache).len(), 1);
+        let again = table
+            .reserve(0, "receive")
+            .unwrap()
+            .publish(|tag| Ring::new(0, tag, 7));
+        assert_eq!(index_of(again.tag()), index_of(rings[1].tag()));
+        assert_ne!(again.tag(), rings[1].tag(), "a new generation");
     }
 }
