@@ -192,7 +192,8 @@ pub enum Error {
     /// A QP cannot be reset while work requests are outstanding.
     #[error(
         "{count} {queue} work request(s) are still outstanding; move the QP to ERR (to_error), poll the \
-         flushed completions, then reset"
+         flushed completions, then reset (requests whose completions Cq::poll_raw consumed may stay \
+         outstanding for good: then destroy the QP)"
     )]
     WorkOutstanding {
         /// `send` or `receive`.

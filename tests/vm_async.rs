@@ -18,7 +18,7 @@ use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::tokio::{AsyncChannel, AsyncCmId, AsyncCq, AsyncEventStream, AsyncQp, Listener};
 use rdma_verbs::{
     AccessFlags, AsyncEvent, Completion, CompletionSource, InitAttr, Mr, Pd, Qp, QpCaps, Rc,
-    RecvWr, WcOpcode, WcStatus,
+    RecvWr, SendWr, WcOpcode, WcStatus,
 };
 
 static SERIAL: StdMutex<()> = StdMutex::new(());
@@ -297,6 +297,65 @@ fn dropping_the_async_cq_fails_its_waiters() {
         assert!(e.to_string().contains("driver stopped"), "{e}");
         drop((a, cq_a));
     });
+}
+
+/// A QP unwrapped and wrapped again goes on numbering its requests where
+/// the first wrapper stopped: a completion of the first wrapper's request
+/// that the driver has retired but not dispatched yet can never carry the
+/// `wr_id` of the second wrapper's (a reviewer's race saw a new write's
+/// future resolve with the old write's buffer when both were numbered 1).
+#[test]
+fn a_rewrapped_qp_continues_its_request_numbers() {
+    let _g = serial();
+    let rt = runtime();
+    rt.block_on(async {
+        let p = async_pair(caps(4));
+        let target = p.pd.alloc_mr(64, common::all_remote()).unwrap();
+        let remote = target.remote();
+        let w =
+            p.a.write(mr_with(&p.pd, b"first"), remote, 0)
+                .await
+                .unwrap();
+        w.result().unwrap();
+        let first = w.wr_id;
+        let a = AsyncQp::new(p.a.into_inner(), &p.cq_a, &p.cq_a)
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let w = a.write(mr_with(&p.pd, b"second"), remote, 8).await.unwrap();
+        w.result().unwrap();
+        assert!(w.wr_id > first, "{} after {first}", w.wr_id);
+        let posted = a.post_send(SendWr::write_from(0, mr_with(&p.pd, b"third"), remote, 16));
+        assert!(posted.unwrap() > w.wr_id);
+        let mut c = p.cq_a.next().await.unwrap();
+        c.result().unwrap();
+        assert!(c.take_mr().is_some());
+        assert_eq!(
+            &target.to_vec().unwrap()[..21],
+            b"first\0\0\0second\0\0third"
+        );
+    });
+}
+
+/// A runtime built without its IO driver gets a typed error from the
+/// constructors (tokio itself would panic on registering the descriptor).
+#[test]
+fn a_runtime_without_io_gets_an_error_not_a_panic() {
+    let _g = serial();
+    let ctx = common::ctx();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    for err in [
+        rt.block_on(async { AsyncCq::new(&ctx, 16).map(drop) }),
+        rt.block_on(async { AsyncChannel::new(&ctx).map(drop) }),
+    ] {
+        let err = err.expect_err("no IO driver");
+        assert!(
+            matches!(err, rdma_verbs::Error::InvalidArgument { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("enable_all"), "{err}");
+    }
 }
 
 /// Kernel object counts of the guest's device.

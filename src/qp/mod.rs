@@ -276,6 +276,12 @@ struct QpCore {
     scoped: Option<Box<scope::ScopedTables>>,
     /// The extended send interface, when the QP was created with one.
     send_ex: Option<send_ex::SendEx>,
+    /// The next `wr_id` an `AsyncQp` wrapping this QP gives a request: kept
+    /// across wrappers, so that no completion of an earlier wrapper's
+    /// request (retired, but perhaps not dispatched yet) carries the `wr_id`
+    /// of a later one's.
+    #[cfg(feature = "tokio")]
+    async_next_id: u64,
 }
 
 // SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
@@ -702,6 +708,8 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 _keepalive: keepalive,
                 scoped: None,
                 send_ex: None,
+                #[cfg(feature = "tokio")]
+                async_next_id: 1,
             },
             _marker: PhantomData,
         })
@@ -847,9 +855,10 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// wire, like the kernel's `ib_drain_sq`); its completion retires the sends
     /// before it and is not handed out by [`Cq::poll`](crate::Cq::poll). Once
     /// the flushes are polled, [`outstanding`](Qp::outstanding) is `(0, 0)`
-    /// and [`reset`](Qp::reset) succeeds. (Receives always flush; only ones
-    /// whose completions `poll_raw` consumed stay outstanding: destroy such a
-    /// QP.)
+    /// and [`reset`](Qp::reset) succeeds. Not when `poll_raw` consumed
+    /// completions of this QP: receives whose completions it took stay
+    /// outstanding, and so do sends when every slot of the send queue is in
+    /// use (no slot is left for the marker); destroy such a QP.
     pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,
@@ -877,6 +886,18 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     #[cfg(feature = "tokio")]
     pub(crate) fn cq_raws(&self) -> (*mut ffi::ibv_cq, *mut ffi::ibv_cq) {
         (self.core.send_cq.as_raw(), self.core.recv_cq.as_raw())
+    }
+
+    /// The next `wr_id` of the `AsyncQp` numbering (see `QpCore`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn async_next_id(&self) -> u64 {
+        self.core.async_next_id
+    }
+
+    /// Keeps where an `AsyncQp` left its numbering, for the next wrapper.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_async_next_id(&mut self, id: u64) {
+        self.core.async_next_id = id;
     }
 
     /// Work requests posted and not yet retired by a polled completion, as

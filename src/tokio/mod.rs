@@ -38,6 +38,12 @@
 //! before posting it, so a completion finds its future by (QP number, queue,
 //! `wr_id`) whatever order things happen in.
 //!
+//! The runtime needs its IO and time drivers (`Builder::enable_all`, as
+//! `#[tokio::main]` has): a constructor called in a runtime without IO
+//! returns [`Error::InvalidArgument`](crate::Error::InvalidArgument), and
+//! the driver task and the rdma_cm waits sleep and time out with tokio's
+//! timers.
+//!
 //! # Cancel safety
 //! The ownership-passing data path is what makes cancellation sound: a posted
 //! buffer belongs to the QP, not to the future. Dropping an operation's future
@@ -104,12 +110,24 @@ unsafe fn watch(fd: RawFd, what: &'static str) -> Result<AsyncFd<ReadinessFd>> {
                     .into(),
         });
     }
-    // SAFETY: the caller keeps `fd` open and unchanged for the AsyncFd's life;
-    // a runtime is current (checked above), so registration does not panic.
-    unsafe { AsyncFd::register_with_interest(ReadinessFd(fd), Interest::READABLE) }.map_err(|e| {
-        Error::Io {
+    // A runtime is current (checked above), but tokio panics when it was
+    // built without IO; nothing is registered then, so the panic is turned
+    // into an error (tokio offers no way to ask first).
+    let registered = std::panic::catch_unwind(|| {
+        // SAFETY: the caller keeps `fd` open and unchanged for the AsyncFd's
+        // life.
+        unsafe { AsyncFd::register_with_interest(ReadinessFd(fd), Interest::READABLE) }
+    });
+    match registered {
+        Ok(r) => r.map_err(|e| Error::Io {
             what,
             source: e.into_parts().1,
-        }
-    })
+        }),
+        Err(_) => Err(Error::InvalidArgument {
+            what,
+            reason: "the tokio runtime has no IO driver; build it with enable_all() or \
+                     enable_io() (as #[tokio::main] does)"
+                .into(),
+        }),
+    }
 }

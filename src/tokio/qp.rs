@@ -74,10 +74,12 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         }
         Ok(AsyncQp {
             qp_num: qp.qp_num(),
+            // Where the QP's previous wrapper (if any) stopped: its requests'
+            // completions may not all be dispatched yet.
+            next_id: AtomicU64::new(qp.async_next_id()),
             qp: Mutex::new(qp),
             send: send_cq.shared().clone(),
             recv: recv_cq.shared().clone(),
-            next_id: AtomicU64::new(1),
         })
     }
 
@@ -108,12 +110,13 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     /// Unwraps the QP. Requests still outstanding complete through
     /// [`AsyncCq::next`].
     pub fn into_inner(self) -> Qp<T, S> {
-        self.qp.into_inner().unwrap_or_else(|e| e.into_inner())
+        self.into_parts().0
     }
 
     /// The QP and the wrapper's books, for a state change that awaits.
     pub(crate) fn into_parts(self) -> (Qp<T, S>, Parts) {
-        let qp = self.qp.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut qp = self.qp.into_inner().unwrap_or_else(|e| e.into_inner());
+        qp.set_async_next_id(self.next_id.load(Ordering::Relaxed));
         (
             qp,
             Parts {
