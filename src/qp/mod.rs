@@ -36,7 +36,10 @@
 //!   else can reach them until they come back.
 //! * The `wr_id` the NIC sees is a **token**, not a pointer: the ring's index
 //!   and generation in its CQ's ring table, and the request's sequence
-//!   number. [`Cq::poll`](crate::Cq::poll) (single consumer: `&mut Cq`)
+//!   number. No two rings on a CQ share a tag: an index is reused only after
+//!   its ring was reaped (with a new generation), and a table that would
+//!   need an index past the token's 23 bits refuses the QP (`qp::table`).
+//!   [`Cq::poll`](crate::Cq::poll) (single consumer: `&mut Cq`)
 //!   validates every completion before touching anything: the ring must be
 //!   registered on that CQ under that tag, belong to the completion's QP
 //!   number, and hold a posted request with that sequence number inside its
