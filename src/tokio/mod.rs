@@ -40,7 +40,7 @@
 //!
 //! The runtime needs its IO and time drivers (`Builder::enable_all`, as
 //! `#[tokio::main]` has): a constructor called in a runtime without IO
-//! returns [`Error::InvalidArgument`](crate::Error::InvalidArgument), and
+//! returns [`Error::InvalidArgument`], and
 //! the driver task and the rdma_cm waits sleep and time out with tokio's
 //! timers.
 //!
