@@ -48,6 +48,8 @@ const SYNC_RECV_DEPTH: u32 = 16;
 
 /// Bound on every wait: connection setup, each round trip.
 const WAIT: Duration = Duration::from_secs(60);
+/// Most round trips a client run times (each one's time is kept).
+const MAX_ROUND_TRIPS: usize = 10_000_000;
 
 const USAGE: &str = "usage:
   async_echo --server [--port P] [--size S] [--recv-depth R] [--sync]
@@ -58,7 +60,8 @@ const USAGE: &str = "usage:
   --client HOST     connect --conns connections to HOST and check every echo
   --port P          rdma_cm port (default 7472)
   --conns N         concurrent connections, 1..=4096 (default 1)
-  --msgs M          messages per connection (default 1000)
+  --msgs M          messages per connection (default 1000; at most 10,000,000 over all
+                    connections)
   --size S          message size in bytes, 1..=1048576 (default 4096); the server's
                     --size is the largest message it accepts
   --recv-depth R    server: receives posted on the shared receive queue, shared by
@@ -115,6 +118,13 @@ fn parse() -> std::result::Result<Args, String> {
     }
     if !(1..=1 << 20).contains(&a.size) {
         return Err(format!("--size {} is out of range 1..=1048576", a.size));
+    }
+    // Every round trip's time is kept for the percentiles.
+    if a.msgs == 0 || a.msgs.saturating_mul(a.conns) > MAX_ROUND_TRIPS {
+        return Err(format!(
+            "--msgs {} is out of range: 1 to {MAX_ROUND_TRIPS} round trips over all connections",
+            a.msgs
+        ));
     }
     if !(1..=4096).contains(&a.recv_depth) {
         return Err(format!(

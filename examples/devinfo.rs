@@ -26,7 +26,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         match a.as_str() {
             "-d" | "--ib-dev" => dev = Some(args.next().ok_or("-d needs a device name")?),
             "-i" | "--ib-port" => {
-                only_port = Some(args.next().ok_or("-i needs a port")?.parse::<u8>()?)
+                let v = args.next().ok_or("-i needs a port")?;
+                let port = v
+                    .parse::<u8>()
+                    .map_err(|e| format!("-i: `{v}` is not a port number (1 to 255): {e}"))?;
+                only_port = Some(port)
             }
             "-l" | "--list" => {
                 let list = devices()?;
@@ -51,6 +55,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let d = list.find(dev.as_deref())?;
     let ctx: Context = d.open()?;
     let a = ctx.query_device()?;
+    if let Some(p) = only_port.filter(|&p| p == 0 || p > a.phys_port_cnt) {
+        return Err(format!(
+            "-i {p}: {} has port(s) 1 to {}",
+            ctx.name(),
+            a.phys_port_cnt
+        )
+        .into());
+    }
     println!("hca_id:\t{}", ctx.name());
     println!(
         "\ttransport:\t\t\t{} ({})",

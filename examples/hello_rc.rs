@@ -2,7 +2,7 @@
 // the client SENDs "ping", the server receives it and RDMA WRITEs "hello" into
 // the region the client advertised, then SENDs "done".
 use rdma_verbs::exchange::{self, DEFAULT_PORT, ExchangeListener};
-use rdma_verbs::{AccessFlags, Context, Cq, InitAttr, Pd, Qp, QpCaps, RecvWr, SendWr};
+use rdma_verbs::{AccessFlags, Context, Cq, Error, InitAttr, Pd, Qp, QpCaps, RecvWr, SendWr};
 use std::time::Duration;
 
 fn main() -> rdma_verbs::Result<()> {
@@ -43,7 +43,10 @@ fn main() -> rdma_verbs::Result<()> {
         // WRITE the reply into the region the client advertised.
         let mut reply = pd.alloc_mr(5, AccessFlags::empty())?;
         reply.write_at(0, b"hello")?;
-        qp.post_send(SendWr::write_from(2, reply, client.mrs[0], 0))?;
+        let target = client.mrs.first().copied().ok_or_else(|| {
+            Error::Protocol("the client advertised no memory region to WRITE into".into())
+        })?;
+        qp.post_send(SendWr::write_from(2, reply, target, 0))?;
         cq.poll_one(t)?.result()?;
         // Tell the client the WRITE is done: a SEND it has a receive for.
         qp.post_send(SendWr::send(3))?;

@@ -547,15 +547,18 @@ fn run_client(o: &Opts) -> Res<()> {
     }
     if disconnected {
         eprintln!("client DISCONNECT EVENT...");
-        if o.count != 0 {
-            // A server that leaves before the pings asked for is a failure (the C rping
-            // exits 0 here too; a caller could not tell a dead server from success).
-            return Err(format!(
-                "the server disconnected after {ping} of {} pings (it exited or was killed)",
-                o.count
-            )
-            .into());
-        }
+        // A server that leaves before the pings asked for (or, with -C 0, at all: only
+        // the client ends an endless run) is a failure. The C rping exits 0 here too; a
+        // caller could not tell a dead server from success.
+        let asked = if o.count == 0 {
+            "endless".to_string()
+        } else {
+            o.count.to_string()
+        };
+        return Err(format!(
+            "the server disconnected after {ping} of {asked} pings (it exited or was killed)"
+        )
+        .into());
     } else {
         conn.id.disconnect()?;
         // Our side sees DISCONNECTED too once the server answers (bounded).

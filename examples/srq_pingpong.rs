@@ -36,6 +36,10 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+/// How long the ping-pong loop waits for a completion before it calls the
+/// peer gone (rc_pingpong's limit).
+const STALL_LIMIT: Duration = Duration::from_secs(20);
+
 use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream};
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{
@@ -548,17 +552,37 @@ fn run(o: &Opts) -> Result<(), String> {
     let start = Instant::now();
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = Vec::with_capacity(depth as usize);
+    // As rc_pingpong: a peer that stops answering ends the run with an error
+    // after STALL_LIMIT without a completion, instead of waiting forever.
+    let stalled = || {
+        format!(
+            "error: no completion for {} s: the peer stopped answering (its process died or \
+             its QP failed)",
+            STALL_LIMIT.as_secs()
+        )
+    };
     while rcnt < o.iters || scnt < o.iters {
         wcs.clear();
         if o.use_event {
-            cq.wait_poll(&mut wcs, None)
+            let n = cq
+                .wait_poll(&mut wcs, Some(STALL_LIMIT))
                 .map_err(|e| format!("Failed to get cq_event: {e}"))?;
+            if n == 0 {
+                return Err(stalled());
+            }
         } else {
+            let idle_since = Instant::now();
+            let mut spins = 0u32;
             while cq
                 .poll(&mut wcs)
                 .map_err(|e| format!("poll CQ failed {e}"))?
                 == 0
-            {}
+            {
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 && idle_since.elapsed() > STALL_LIMIT {
+                    return Err(stalled());
+                }
+            }
         }
         for mut wc in wcs.drain(..) {
             if !wc.status.is_success() {

@@ -87,6 +87,10 @@ pub const MAX_REMOTE_MRS: usize = 1024;
 /// Magic at the start of the extended form's header.
 const MR_MAGIC: &[u8; 5] = b"xmr1:";
 
+/// How long a connected peer may take to send each exchange message when
+/// [`ExchangeListener::accept`] was given no timeout.
+pub const PEER_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How long [`ExchangeStream::connect`] waits between attempts.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -682,14 +686,16 @@ impl ExchangeListener {
     }
 
     /// Waits for a client for at most `timeout` (`None`: forever) and returns
-    /// the connection, whose reads and writes then get the same limit.
+    /// the connection, whose reads and writes then get the same limit (with
+    /// `None`, [`PEER_MESSAGE_TIMEOUT`]: a client that connects and then says
+    /// nothing must not hold the server forever).
     pub fn accept(&self, timeout: Option<Duration>) -> Result<ExchangeStream> {
         let start = Instant::now();
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     let mut s = ExchangeStream::from_tcp(stream)?;
-                    s.set_timeout(timeout)?;
+                    s.set_timeout(Some(timeout.unwrap_or(PEER_MESSAGE_TIMEOUT)))?;
                     return Ok(s);
                 }
                 Err(e)
@@ -758,7 +764,8 @@ pub fn client_exchange<M: WireMessage>(
 }
 
 /// The server side of an exchange, in `ibv_rc_pingpong`'s order: accept one
-/// client (waiting at most `timeout`, `None`: forever), receive its message,
+/// client (waiting at most `timeout`, `None`: forever; each message then at
+/// most as long, or [`PEER_MESSAGE_TIMEOUT`]), receive its message,
 /// run `before_reply` on it (connect the QP here, so it is ready when the
 /// client's first message arrives), send `local`, receive `"done"`.
 ///
@@ -821,7 +828,8 @@ pub fn connect_client_kept(
 }
 
 /// The server side of [`connect_client`]: waits for one client on `listener`
-/// (at most `timeout`, `None`: forever), connects `qp` to it *before*
+/// (at most `timeout`, `None`: forever; see [`ExchangeListener::accept`] for
+/// the messages), connects `qp` to it *before*
 /// answering (so the client's first message finds it ready), sends this
 /// side's endpoint and `mrs`, and returns the QP in RTS with what the client
 /// advertised. If connecting fails, the client sees the connection closed

@@ -212,11 +212,11 @@ fn tx_row(o: &Opts, rate: &Rate, timer: Option<Timer>, tx: &mut Tx) -> BwRow {
 /// How long the loop may go without a completion before it gives up: a peer
 /// that died leaves the receiver (and a sender whose requests never fail)
 /// spinning forever otherwise (perftest does).
-const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+pub const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Notices a run that stopped completing anything. The clock is read only
 /// after many idle rounds, never while completions arrive.
-struct Stall {
+pub struct Stall {
     last: u64,
     idle: u32,
     since: Option<u64>,
@@ -224,7 +224,7 @@ struct Stall {
 }
 
 impl Stall {
-    fn new(rate: &Rate) -> Stall {
+    pub fn new(rate: &Rate) -> Stall {
         Stall {
             last: 0,
             idle: 0,
@@ -237,7 +237,7 @@ impl Stall {
     /// process is gone (its end of the TCP connection closed): that is reported at once,
     /// a peer that is merely silent after [`STALL_LIMIT`].
     #[inline]
-    fn check(&mut self, progress: u64, ctrl: &Ctrl) -> Result<()> {
+    pub fn check(&mut self, progress: u64, ctrl: &Ctrl) -> Result<()> {
         if progress != self.last {
             self.last = progress;
             self.idle = 0;

@@ -52,9 +52,16 @@ impl EvCq {
 
     /// Events mode: sleeps until the CQ reports a completion, then re-arms it
     /// (perftest's `ctx_notify_events`). Without a channel: returns at once.
+    /// No event for [`STALL_LIMIT`](crate::bw::STALL_LIMIT) is an error: the
+    /// peer is gone (a receive would otherwise wait forever).
     pub fn wait_event(&mut self) -> Result<()> {
         if let Some(chan) = &self.chan {
-            chan.wait(None)?;
+            if chan.wait(Some(crate::bw::STALL_LIMIT))?.is_none() {
+                return Err(Error::Timeout {
+                    what: "a completion event: none arrived (the peer is gone or stopped)",
+                    after: crate::bw::STALL_LIMIT,
+                });
+            }
             if self.cq.unacked_events() >= rdma_verbs::channel::ACK_BATCH {
                 self.cq.ack_events();
             }

@@ -10,7 +10,7 @@ use rdma_verbs::qp::Rts;
 use rdma_verbs::{Completion, Error, Mr, Qp, Rc, RecvWr, RemoteMr, Result, SendWr, SharedMr, ffi};
 
 use crate::Bufs;
-use crate::bw::{split_pool, wc_error};
+use crate::bw::{Stall, split_pool, wc_error};
 use crate::clock::{self, Phase, Rate, Timer};
 use crate::conn::{Ctrl, Device, EvCq, Queues};
 use crate::opts::{DataPath, Opts, Test};
@@ -42,9 +42,9 @@ pub fn run(
         let mut run = Lat::new(o, rate, dev, q, remote[0], bufs, size)?;
         ctrl.barrier(client)?;
         match o.test {
-            Test::WriteLat => run.write_lat(q, bufs)?,
-            Test::SendLat => run.send_lat(q)?,
-            Test::ReadLat if client => run.read_lat(q)?,
+            Test::WriteLat => run.write_lat(q, bufs, ctrl)?,
+            Test::SendLat => run.send_lat(q, ctrl)?,
+            Test::ReadLat if client => run.read_lat(q, ctrl)?,
             _ => {}
         }
         // Both sides finish before either tears anything down.
@@ -108,6 +108,10 @@ struct Lat {
     wr: Box<(ffi::ibv_send_wr, ffi::ibv_sge)>,
     rwr: Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>,
     wcs: [ffi::ibv_wc; 1],
+    /// Notices a peer that died or stopped: no progress for `STALL_LIMIT`.
+    stall: Stall,
+    /// Completions and bytes seen so far (what `stall` watches).
+    progress: u64,
 }
 
 impl Lat {
@@ -167,6 +171,20 @@ impl Lat {
         ));
         rwr.0.num_sge = 1;
         rwr.0.sg_list = &mut rwr.1;
+        // One timestamp per iteration (as perftest keeps): refused, not
+        // aborted on, when `-n` asks for more than can be allocated.
+        let samples = usize::try_from(o.iters).unwrap_or(usize::MAX);
+        let mut tposted = Vec::new();
+        if tposted.try_reserve_exact(samples).is_err() {
+            return Err(Error::InvalidArgument {
+                what: "-n",
+                reason: format!(
+                    "{} iterations need a timestamp each, more memory than can be allocated",
+                    o.iters
+                ),
+            });
+        }
+        tposted.resize(samples, 0);
         let mut lat = Lat {
             path: o.path,
             server: o.is_server(),
@@ -179,7 +197,7 @@ impl Lat {
             remote,
             timer: None,
             sampled: 0,
-            tposted: vec![0; o.iters as usize],
+            tposted,
             src: None,
             shared_src: None,
             inline: inline.then(|| vec![0u8; size]),
@@ -188,6 +206,8 @@ impl Lat {
             wr,
             rwr,
             wcs: [ffi::ibv_wc::default()],
+            stall: Stall::new(rate),
+            progress: 0,
         };
         if o.path == DataPath::Safe && !inline {
             match o.test {
@@ -265,7 +285,7 @@ impl Lat {
     /// Busy-polls (or sleeps, with `-e`) until one completion arrives on `cq`.
     /// Safe path: the completion is left in `self.out[0]`. `Ok(false)`: the
     /// duration ran out first.
-    fn wait_one(&mut self, cq: &mut EvCq) -> Result<bool> {
+    fn wait_one(&mut self, cq: &mut EvCq, ctrl: &Ctrl) -> Result<bool> {
         loop {
             let n = match self.path {
                 DataPath::Safe | DataPath::Scoped => {
@@ -283,11 +303,14 @@ impl Lat {
                         }
                     }
                 }
+                self.progress += 1;
                 return Ok(true);
             }
             if self.ended() {
                 return Ok(false);
             }
+            // A peer that died (or stopped) ends the run with an error.
+            self.stall.check(self.progress, ctrl)?;
             if self.events {
                 cq.wait_event()?;
             }
@@ -360,7 +383,7 @@ impl Lat {
     }
 
     /// perftest's `run_iter_lat_write`.
-    fn write_lat(&mut self, q: &mut Queues, bufs: &Bufs) -> Result<()> {
+    fn write_lat(&mut self, q: &mut Queues, bufs: &Bufs, ctrl: &Ctrl) -> Result<()> {
         let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
         let poll_at = self.size - 1;
         let poll_ptr = (bufs.target.addr() + poll_at as u64) as *const u8;
@@ -384,9 +407,11 @@ impl Lat {
                     if got == want || self.ended() {
                         break;
                     }
+                    self.stall.check(self.progress, ctrl)?;
                     std::hint::spin_loop();
                 }
             }
+            self.progress += 1;
             if self.ended() {
                 break;
             }
@@ -397,7 +422,7 @@ impl Lat {
                 self.post(&mut q.qps[0], scnt, true)?;
             }
             if self.more(ccnt) {
-                if !self.wait_one(&mut q.send_cq)? {
+                if !self.wait_one(&mut q.send_cq, ctrl)? {
                     break;
                 }
                 ccnt += 1;
@@ -411,7 +436,7 @@ impl Lat {
     }
 
     /// perftest's `run_iter_lat_send`.
-    fn send_lat(&mut self, q: &mut Queues) -> Result<()> {
+    fn send_lat(&mut self, q: &mut Queues, ctrl: &Ctrl) -> Result<()> {
         let (mut scnt, mut rcnt) = (0u64, 0u64);
         let client = !self.server;
         // The receive consumed by the last message, re-posted once the reply is
@@ -421,7 +446,7 @@ impl Lat {
         while self.more(scnt) || self.more(rcnt) {
             if self.more(rcnt) && !(scnt < 1 && client) {
                 let rcq = q.recv_cq.as_mut().expect("send tests have a receive CQ");
-                if !self.wait_one(rcq)? {
+                if !self.wait_one(rcq, ctrl)? {
                     break;
                 }
                 rcnt += 1;
@@ -458,7 +483,7 @@ impl Lat {
                 }
             }
             if signaled {
-                if !self.wait_one(&mut q.send_cq)? {
+                if !self.wait_one(&mut q.send_cq, ctrl)? {
                     break;
                 }
                 self.out.clear();
@@ -468,7 +493,7 @@ impl Lat {
     }
 
     /// perftest's `run_iter_lat` (READ): post, wait for the completion, repeat.
-    fn read_lat(&mut self, q: &mut Queues) -> Result<()> {
+    fn read_lat(&mut self, q: &mut Queues, ctrl: &Ctrl) -> Result<()> {
         let mut scnt = 0u64;
         while self.more(scnt) {
             if self.ended() {
@@ -477,7 +502,7 @@ impl Lat {
             self.stamp(scnt);
             scnt += 1;
             self.post(&mut q.qps[0], scnt, true)?;
-            if !self.wait_one(&mut q.send_cq)? {
+            if !self.wait_one(&mut q.send_cq, ctrl)? {
                 break;
             }
             if self.path == DataPath::Safe {

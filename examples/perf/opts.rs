@@ -152,6 +152,8 @@ const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
 pub const MAX_SIZE: usize = 1 << 23;
 /// Above this many iterations perftest does not compute the peak (its O(n²) search).
 const PEAK_ITERS_LIMIT: u64 = 20000;
+/// The longest `-D` (a year).
+const MAX_DURATION_SECS: u64 = 365 * 24 * 3600;
 
 /// Everything the command line sets, after perftest's dependency rules.
 #[derive(Debug, Clone)]
@@ -466,6 +468,12 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
     if duration == Some(0) {
         return Err("-D must be at least 1 second".into());
     }
+    // The run's clock counts ticks in a u64: far more than a year fits, not any u64 of seconds.
+    if duration.is_some_and(|d| d > MAX_DURATION_SECS) {
+        return Err(format!(
+            "-D must be at most {MAX_DURATION_SECS} seconds (a year)"
+        ));
+    }
     if duration.is_some() {
         if a.all {
             return Err("duration mode does not run all sizes (-a)".into());
@@ -682,6 +690,8 @@ mod tests {
             "atomic_bw -A ADD",
             "write_bw -A FETCH_AND_ADD",
             "send_bw -o 4",
+            "write_bw -D 18446744073709551615",
+            "write_bw -D 31536001",
         ] {
             let args: Vec<String> = bad.split_whitespace().map(str::to_owned).collect();
             assert!(parse(&args).is_err(), "{bad}");

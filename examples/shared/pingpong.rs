@@ -323,6 +323,14 @@ pub fn setup(
     };
     let pd = Pd::new(&ctx).map_err(|e| format!("Couldn't allocate PD: {e}"))?;
     let access = access(&ctx)?;
+    // The CQ before the buffers: it checks the depth against the device's
+    // max_cqe, so that a huge -r is refused before anything is allocated.
+    let depth = rx_depth.checked_add(1).ok_or("-r is too large")?;
+    let cq = match &channel {
+        Some(ch) => Cq::with_channel(&ctx, depth, ch),
+        None => Cq::new(&ctx, depth),
+    }
+    .map_err(|e| format!("Couldn't create CQ: {e}"))?;
     // Buffers: rx_depth receives plus the first message to send, from one registration.
     let nbufs = rx_depth as usize + 1;
     let mut bufs: Vec<Option<Mr>> = Vec::with_capacity(nbufs);
@@ -343,12 +351,6 @@ pub fn setup(
     if let Some(b) = first_send.as_mut() {
         b.fill(0x7b).map_err(|e| e.to_string())?;
     }
-    let depth = rx_depth + 1;
-    let cq = match &channel {
-        Some(ch) => Cq::with_channel(&ctx, depth, ch),
-        None => Cq::new(&ctx, depth),
-    }
-    .map_err(|e| format!("Couldn't create CQ: {e}"))?;
     Ok(Resources {
         ctx,
         channel,
