@@ -146,3 +146,45 @@ fn hello_rc() {
     assert_line(&cout, "client", "reply: \"hello\"");
     eprintln!("hello_rc: ok in {took:?}");
 }
+
+/// Arguments a bad-input review found ending in a panic, an abort or exit 0
+/// now end in an error that names the problem, at once.
+#[test]
+fn bad_arguments_end_in_errors_not_panics() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let a = addr();
+    let cases: [(&str, Vec<&str>, &str); 5] = [
+        ("devinfo", vec!["-i", "5"], "has port(s)"),
+        ("rc_pingpong", vec!["-r", "4294967295"], "-r is too large"),
+        (
+            "uc_pingpong",
+            vec!["-r", "100000000", "-s", "1"],
+            "Couldn't create CQ",
+        ),
+        (
+            "async_echo",
+            vec!["--client", &a, "--msgs", "0"],
+            "--msgs 0 is out of range",
+        ),
+        (
+            "perf",
+            vec!["write_bw", "-D", "18446744073709551615"],
+            "-D must be at most",
+        ),
+    ];
+    for (i, (name, args, says)) in cases.iter().enumerate() {
+        let mut p = Proc::spawn(name, &example(name), &strings(args), &format!("bad-{i}"));
+        let status = p.wait_until(Instant::now() + Duration::from_secs(20));
+        let out = p.output();
+        let status = status.unwrap_or_else(|| panic!("{name} {args:?} did not exit:\n{out}"));
+        assert!(!status.success(), "{name} {args:?} exited 0:\n{out}");
+        assert!(
+            !out.contains("panicked"),
+            "{name} {args:?} panicked:\n{out}"
+        );
+        assert!(
+            out.contains(says),
+            "{name} {args:?} does not say `{says}`:\n{out}"
+        );
+    }
+}
