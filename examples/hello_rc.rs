@@ -7,12 +7,15 @@ use std::time::Duration;
 
 fn main() -> rdma_verbs::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if matches!(
-        args.get(1).map(String::as_str),
-        None | Some("-h" | "--help")
-    ) {
-        println!("usage: hello_rc server | hello_rc client [HOST]  (TCP port {DEFAULT_PORT})");
-        return Ok(());
+    let usage =
+        format!("usage: hello_rc server | hello_rc client [HOST]  (TCP port {DEFAULT_PORT})");
+    match args.get(1).map(String::as_str) {
+        Some("server" | "client") => {}
+        None | Some("-h" | "--help") => {
+            println!("{usage}");
+            return Ok(());
+        }
+        Some(other) => return Err(Error::Other(format!("unknown role `{other}`; {usage}"))),
     }
     let ctx = Context::open(None)?; // the first device, e.g. rxe0
     let pd = Pd::new(&ctx)?;

@@ -257,5 +257,9 @@ mod tests {
         assert!(parse_args(&args("-i 0")).is_err());
         assert!(parse_args(&args("-p")).is_err());
         assert!(parse_args(&args("-t")).is_err());
+        assert!(
+            parse_args(&args("-g 300")).is_err(),
+            "not silently \"no GID\""
+        );
     }
 }

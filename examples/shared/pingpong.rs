@@ -109,7 +109,14 @@ impl Common {
             'l' => self.sl = num('l', v)?,
             'e' => self.use_event = true,
             // A negative index is the C programs' "none".
-            'g' => self.gidx = u8::try_from(num::<i64>('g', v)?).ok(),
+            'g' => {
+                let g = num::<i64>('g', v)?;
+                self.gidx = match u8::try_from(g) {
+                    Ok(g) => Some(g),
+                    Err(_) if g < 0 => None,
+                    Err(_) => return Err(format!("invalid -g {g}: a GID index is 0 to 255")),
+                };
+            }
             _ => return Ok(false),
         }
         Ok(true)
