@@ -473,6 +473,11 @@ pub fn read_done<R: Read + ?Sized>(r: &mut R) -> Result<()> {
     }
     match &buf[..got] {
         b"done\0" | b"done" => Ok(()),
+        // Closed before a byte: the peer exited (or was killed), it did not
+        // send something malformed.
+        [] => Err(Error::PeerClosed {
+            waiting_for: "its \"done\"",
+        }),
         other => Err(protocol(format!(
             "expected \"done\" to close the exchange, got {}",
             Shown(other)
