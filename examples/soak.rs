@@ -15,6 +15,8 @@
 //! The QPs use `retry_cnt` 7, which rxe treats as "retry forever", so heavy loss slows the
 //! stream down instead of ending it (what is tested here is that nothing is ever lost,
 //! duplicated or corrupted); the exchange connection stays open as a liveness signal.
+//! Each client QP ends with an empty SEND marked as the end of the run, so that the server
+//! can tell a client that finished from one that was killed (both close the connection).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -35,6 +37,9 @@ const MIB: usize = 1 << 20;
 const ACKS_IN_FLIGHT: u32 = 16;
 /// Longest wait for one completion of a live peer.
 const WAIT: Duration = Duration::from_secs(60);
+/// The immediate of the client's last SEND on a lane, after its last message: the
+/// server tells a run that ended from a client that died (both close the connection).
+const END_OF_RUN: u32 = 0xffff_fffe;
 
 struct Opts {
     client: Option<String>,
@@ -234,20 +239,20 @@ struct Counts {
     bytes: AtomicU64,
 }
 
-/// Runs until the client closes the connection; returns the lane (its memory is measured
-/// before it is freed).
+/// Runs until the client's end-of-run SEND; returns the lane (its memory is measured
+/// before it is freed). A client that closes the connection before that died: an error.
 fn server_lane(mut l: Lane, peer: &ExchangeStream, counts: &Counts) -> Result<Lane> {
     let mut expected: u32 = 0;
     let mut acks_out: u32 = 0;
     l.qp.post_recv(RecvWr::new(0, l.buf.take().expect("receive buffer")))?;
     loop {
-        let mut c = match l.cq.next(peer, "the client's next message") {
-            // The client finished and closed the connection: the normal end.
-            Err(Error::PeerClosed { .. }) => return Ok(l),
-            other => other?,
-        };
+        let mut c = l.cq.next(peer, "the client's next message")?;
         let (n, id) = (c.byte_len as usize, c.imm_data.unwrap_or(u32::MAX));
         let buf = c.take_mr();
+        if c.opcode == WcOpcode::Recv && id == END_OF_RUN {
+            l.buf = buf;
+            return Ok(l);
+        }
         let ok = match c.opcode {
             WcOpcode::Send => {
                 acks_out -= 1;
@@ -398,6 +403,9 @@ fn client_lane(
         counts.bytes.fetch_add(n as u64, Ordering::Relaxed);
         id = id.wrapping_add(1);
     }
+    // Tells the server this lane is done (an empty SEND it has a receive for).
+    l.qp.post_send(SendWr::send(u64::from(id)).imm(END_OF_RUN))?;
+    l.cq.next(peer, "the end-of-run SEND's completion")?;
     Ok(Lane {
         region: region.expect("buffer is back"),
         ..l

@@ -1084,7 +1084,12 @@ mod tests {
         assert_eq!(v, b"done\0");
         read_done(&mut io::Cursor::new(b"done\0")).unwrap();
         read_done(&mut io::Cursor::new(b"done")).unwrap();
-        for bad in [&b""[..], b"don", b"DONE\0", b"nope\0"] {
+        // Nothing at all: the peer closed (exited or was killed).
+        assert!(matches!(
+            read_done(&mut io::Cursor::new(b"")),
+            Err(Error::PeerClosed { .. })
+        ));
+        for bad in [&b"don"[..], b"DONE\0", b"nope\0"] {
             assert!(
                 matches!(
                     read_done(&mut io::Cursor::new(bad)),
