@@ -34,11 +34,15 @@
 //! `cargo xtask run -- sh -c 'ibv_srq_pingpong -g 1 -n 64 & sleep 1; target/debug/examples/srq_pingpong -g 1 -n 64 10.99.0.1'`
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// How long the ping-pong loop waits for a completion before it calls the
-/// peer gone (rc_pingpong's limit).
-const STALL_LIMIT: Duration = Duration::from_secs(20);
+// Its own command line and set-up; the shared module's parsing helpers,
+// address lines and completion wait.
+#[allow(dead_code)]
+#[path = "shared/pingpong.rs"]
+mod pingpong;
+
+use pingpong::{CONNECT_TIMEOUT, next_completions, num, print_dest, print_rate};
 
 use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream};
 use rdma_verbs::qp::{Init, Rts};
@@ -51,9 +55,6 @@ const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
 /// The C program's `MAX_QP`: how many address lines each side sends.
 const MAX_QP: usize = 256;
-
-/// How long the client keeps trying to reach the server.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Opts {
     port: u16,
@@ -107,30 +108,6 @@ fn usage(argv0: &str) {
     println!("  -e, --events           sleep on CQ events (default poll)");
     println!("  -g, --gid-idx=<gid index> local port gid index");
     println!("  -h, --help             print this help");
-}
-
-/// `strtol(s, NULL, 0)`: decimal, `0x` hex or `0` octal, optional sign.
-fn c_long(s: &str) -> Option<i64> {
-    let s = s.trim_start();
-    let (neg, s) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    let v = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        i64::from_str_radix(h, 16).ok()?
-    } else if s.len() > 1 && s.starts_with('0') {
-        i64::from_str_radix(&s[1..], 8).ok()?
-    } else {
-        s.parse::<i64>().ok()?
-    };
-    Some(if neg { -v } else { v })
-}
-
-fn num<T: TryFrom<i64>>(opt: char, v: &str) -> Result<T, String> {
-    c_long(v)
-        .and_then(|n| T::try_from(n).ok())
-        .ok_or_else(|| format!("invalid value `{v}` for -{opt}"))
 }
 
 /// getopt_long("p:d:i:s:m:q:r:n:l:eg:") with GNU permutation.
@@ -247,48 +224,6 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         return Err(format!("-q must be 1 to {MAX_QP}"));
     }
     Ok(o)
-}
-
-unsafe extern "C" {
-    /// glibc's `inet_ntop` (not bound by the libc crate).
-    fn inet_ntop(
-        af: libc::c_int,
-        src: *const libc::c_void,
-        dst: *mut libc::c_char,
-        size: libc::socklen_t,
-    ) -> *const libc::c_char;
-}
-
-/// The GID as `inet_ntop(AF_INET6)` prints it, exactly like the C program.
-fn ntop(gid: &Gid) -> String {
-    let mut buf = [0 as libc::c_char; 64];
-    let raw = gid.raw();
-    // SAFETY: raw is 16 bytes (an in6_addr); buf has room for INET6_ADDRSTRLEN.
-    let p = unsafe {
-        inet_ntop(
-            libc::AF_INET6,
-            raw.as_ptr().cast(),
-            buf.as_mut_ptr(),
-            buf.len() as libc::socklen_t,
-        )
-    };
-    if p.is_null() {
-        return gid.to_string();
-    }
-    // SAFETY: inet_ntop wrote a NUL-terminated string into buf.
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn print_dest(which: &str, d: &Endpoint) {
-    println!(
-        "  {which} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-        d.lid,
-        d.qpn,
-        d.psn,
-        ntop(&d.gid)
-    );
 }
 
 /// INIT → RTR → RTS as `pp_connect_ctx` does it. Like the C program, the
@@ -496,7 +431,7 @@ fn run(o: &Opts) -> Result<(), String> {
         if portinfo.link_layer != LinkLayer::Ethernet && d.lid == 0 {
             return Err("Couldn't get local LID".into());
         }
-        print_dest("local address: ", d);
+        print_dest("local address: ", d, ',');
     }
 
     let exchange_err = |e: rdma_verbs::Error| format!("Couldn't exchange addresses: {e}");
@@ -536,7 +471,7 @@ fn run(o: &Opts) -> Result<(), String> {
         }
     };
     for d in &rem_dest[..num_qp] {
-        print_dest("remote address:", d);
+        print_dest("remote address:", d, ',');
     }
 
     // pending[i]: what QP i still waits for before its next send.
@@ -552,38 +487,8 @@ fn run(o: &Opts) -> Result<(), String> {
     let start = Instant::now();
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = Vec::with_capacity(depth as usize);
-    // As rc_pingpong: a peer that stops answering ends the run with an error
-    // after STALL_LIMIT without a completion, instead of waiting forever.
-    let stalled = || {
-        format!(
-            "error: no completion for {} s: the peer stopped answering (its process died or \
-             its QP failed)",
-            STALL_LIMIT.as_secs()
-        )
-    };
     while rcnt < o.iters || scnt < o.iters {
-        wcs.clear();
-        if o.use_event {
-            let n = cq
-                .wait_poll(&mut wcs, Some(STALL_LIMIT))
-                .map_err(|e| format!("Failed to get cq_event: {e}"))?;
-            if n == 0 {
-                return Err(stalled());
-            }
-        } else {
-            let idle_since = Instant::now();
-            let mut spins = 0u32;
-            while cq
-                .poll(&mut wcs)
-                .map_err(|e| format!("poll CQ failed {e}"))?
-                == 0
-            {
-                spins = spins.wrapping_add(1);
-                if spins % 4096 == 0 && idle_since.elapsed() > STALL_LIMIT {
-                    return Err(stalled());
-                }
-            }
-        }
+        next_completions(&mut cq, &mut wcs, o.use_event)?;
         for mut wc in wcs.drain(..) {
             if !wc.status.is_success() {
                 return Err(format!(
@@ -623,19 +528,7 @@ fn run(o: &Opts) -> Result<(), String> {
             }
         }
     }
-    let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = o.size as i64 * i64::from(o.iters) * 2;
-    println!(
-        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        o.iters,
-        usec / 1e6,
-        usec / f64::from(o.iters)
-    );
+    print_rate(o.size, o.iters, start);
     // Destroy in the C program's order: QPs, SRQ (its receives' buffers are
     // released then), CQ (its Drop acknowledges the CQ events), MRs, PD,
     // channel, context.
@@ -692,12 +585,5 @@ mod tests {
         ] {
             assert!(parse_args(&args(bad)).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn ntop_matches_inet_ntop() {
-        let g: Gid = "::ffff:10.99.0.1".parse().unwrap();
-        assert_eq!(ntop(&g), "::ffff:10.99.0.1");
-        assert_eq!(ntop(&Gid::ZERO), "::");
     }
 }

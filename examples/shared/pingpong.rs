@@ -613,37 +613,8 @@ pub fn run_loop<Q: PingQp>(
     let start = Instant::now();
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = Vec::with_capacity(2);
-    let stalled = || {
-        format!(
-            "error: no completion for {} s: the peer stopped answering (its process died or \
-             its QP failed)",
-            STALL_LIMIT.as_secs()
-        )
-    };
     while rcnt < p.iters || scnt < p.iters {
-        wcs.clear();
-        if p.use_event {
-            // 0 completions: the limit passed.
-            let n = cq
-                .wait_poll(&mut wcs, Some(STALL_LIMIT))
-                .map_err(|e| format!("Failed to get cq_event: {e}"))?;
-            if n == 0 {
-                return Err(stalled());
-            }
-        } else {
-            let idle_since = Instant::now();
-            let mut spins = 0u32;
-            while cq
-                .poll(&mut wcs)
-                .map_err(|e| format!("poll CQ failed {e}"))?
-                == 0
-            {
-                spins = spins.wrapping_add(1);
-                if spins % 4096 == 0 && idle_since.elapsed() > STALL_LIMIT {
-                    return Err(stalled());
-                }
-            }
-        }
+        next_completions(cq, &mut wcs, p.use_event)?;
         for mut wc in wcs.drain(..) {
             if !wc.status.is_success() {
                 return Err(format!(
@@ -699,8 +670,53 @@ pub fn run_loop<Q: PingQp>(
             }
         }
     }
+    print_rate(p.size, p.iters, start);
+    Ok(next_send)
+}
+
+/// Clears `wcs` and fills it with the next completions: busy-polling, or
+/// sleeping on the CQ's channel with `use_event`. A peer that stops
+/// answering (its process died or its QP failed) ends the run with an error
+/// after [`STALL_LIMIT`] without a completion, instead of a wait forever.
+pub fn next_completions(
+    cq: &mut Cq,
+    wcs: &mut Vec<Completion>,
+    use_event: bool,
+) -> Result<(), String> {
+    let stalled = || {
+        format!(
+            "error: no completion for {} s: the peer stopped answering (its process died or \
+             its QP failed)",
+            STALL_LIMIT.as_secs()
+        )
+    };
+    wcs.clear();
+    if use_event {
+        // 0 completions: the limit passed.
+        let n = cq
+            .wait_poll(wcs, Some(STALL_LIMIT))
+            .map_err(|e| format!("Failed to get cq_event: {e}"))?;
+        if n == 0 {
+            return Err(stalled());
+        }
+    } else {
+        let idle_since = Instant::now();
+        let mut spins = 0u32;
+        while cq.poll(wcs).map_err(|e| format!("poll CQ failed {e}"))? == 0 {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 && idle_since.elapsed() > STALL_LIMIT {
+                return Err(stalled());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The C programs' closing lines: bytes and iterations per second since
+/// `start`, for `iters` exchanges of `size` bytes each way.
+pub fn print_rate(size: usize, iters: u32, start: Instant) {
     let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = p.size as i64 * i64::from(p.iters) * 2;
+    let bytes = size as i64 * i64::from(iters) * 2;
     println!(
         "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
         usec / 1e6,
@@ -708,11 +724,10 @@ pub fn run_loop<Q: PingQp>(
     );
     println!(
         "{} iters in {:.2} seconds = {:.2} usec/iter",
-        p.iters,
+        iters,
         usec / 1e6,
-        usec / f64::from(p.iters)
+        usec / f64::from(iters)
     );
-    Ok(next_send)
 }
 
 #[cfg(test)]
