@@ -787,8 +787,8 @@ impl Cq {
 
     /// Busy-polls until exactly `n` more completions are in `out` (never
     /// more: the rest stay in the CQ for the next poll), or fails with
-    /// [`Error::Timeout`] after `timeout`; the completions polled before the
-    /// timeout stay in `out`. Reserves room for `n` in `out` if needed.
+    /// [`Error::Timeout { .. }`](Error::Timeout) after `timeout`; the
+    /// completions polled before the timeout stay in `out`. Reserves room for `n` in `out` if needed.
     pub fn poll_n(
         &mut self,
         out: &mut Vec<Completion>,

@@ -43,7 +43,7 @@
 //! # Errors
 //! Malformed, truncated or oversized input is an [`Error::Protocol`]; a
 //! failing socket an [`Error::Io`]; a read or write that ran out of time an
-//! [`Error::Timeout`]. Nothing here panics on what a peer sends.
+//! [`Error::Timeout { .. }`](Error::Timeout). Nothing here panics on what a peer sends.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -493,7 +493,7 @@ pub struct ExchangeStream {
 }
 
 /// Turns a socket timeout (`WouldBlock`/`TimedOut` from a timed read/write)
-/// into [`Error::Timeout`].
+/// into [`Error::Timeout { .. }`](Error::Timeout).
 fn map_timeout(e: Error, timeout: Option<Duration>) -> Error {
     match (e, timeout) {
         (Error::Io { what, source }, Some(after))

@@ -407,6 +407,51 @@ fn bad_scoped_requests_get_typed_errors() {
 }
 
 /// A scope over a CQ with nothing attached returns at once.
+/// `poll_n` takes exactly `n` (the rest wait for the next poll), `poll_one`
+/// the next, and a timed poll with nothing outstanding ends in a timeout.
+#[test]
+fn timed_scope_polls_take_exactly_what_they_ask_for() {
+    let mut p = pair(caps_sr(8, 4));
+    let remote_mr = p.pd.alloc_mr(64, all_remote()).unwrap();
+    let remote = remote_mr.remote();
+    let mut src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, &pattern(64, 9)).unwrap();
+    let s_src = Src::new(&src).unwrap();
+    let qp = &mut p.a;
+    let (two, third, idle) = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            for i in 0..3u64 {
+                q.post_send(&ScopedSend::write(
+                    10 + i,
+                    s_src.slice(i as usize * 8, 8)?,
+                    remote,
+                    i * 8,
+                ))?;
+            }
+            // All three complete before the first poll asks for two.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut two = Vec::new();
+            s.poll_n(&mut two, 2, Duration::from_secs(10))?;
+            let third = s.poll_one(Duration::from_secs(10))?;
+            let started = Instant::now();
+            let idle = s.poll_one(Duration::from_millis(100));
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                started.elapsed()
+            );
+            Ok((two, third, idle))
+        })
+        .unwrap();
+    let ids: Vec<_> = two.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(ids, [(10, WcStatus::Success), (11, WcStatus::Success)]);
+    assert_eq!((third.wr_id, third.opcode), (12, WcOpcode::RdmaWrite));
+    assert!(matches!(idle, Err(Error::Timeout { .. })), "{idle:?}");
+    assert_eq!(remote_mr.to_vec().unwrap()[..24], pattern(64, 9)[..24]);
+}
+
 #[test]
 fn an_empty_scope_returns_its_value() {
     let ctx = common::ctx();

@@ -49,7 +49,8 @@
 //! The channel's descriptor is non-blocking and every wait here polls it with
 //! a timeout: a failed resolution, a refused or unanswered connection, or a
 //! peer that goes away ends a call with [`Error::CmEvent`] (naming the event,
-//! its status and what it usually means) or [`Error::Timeout`], never a hang.
+//! its status and what it usually means) or
+//! [`Error::Timeout { .. }`](Error::Timeout), never a hang.
 //!
 //! The descriptor itself is not handed out: an event read from it behind
 //! librdmacm's back is never acknowledged, and `rdma_destroy_id` (the id's
@@ -686,7 +687,7 @@ impl CmId {
 
     /// Waits up to `timeout` for the next event of this id (the events of a
     /// handshake in progress in another thread are that handshake's).
-    /// [`Error::Timeout`] when none came.
+    /// [`Error::Timeout { .. }`](Error::Timeout) when none came.
     pub fn get_event(&self, timeout: Duration) -> Result<CmEvent> {
         self.wait_event(timeout, "waiting for an rdma_cm event", timeout)
     }

@@ -399,7 +399,7 @@ impl GpuBuffer {
     }
 
     /// How long `write` waits without any completion before giving up
-    /// ([`Error::Timeout`]). Default 30 s.
+    /// ([`Error::Timeout { .. }`](Error::Timeout)). Default 30 s.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
@@ -434,9 +434,10 @@ impl GpuBuffer {
     /// remaining WRITEs are drained and the first error is returned (other
     /// completions polled meanwhile wait in
     /// [`take_stray_completions`](Self::take_stray_completions)). On
-    /// [`Error::Timeout`] the buffers still posted stay with the QP; they are
-    /// reclaimed when a later `write` polls their completions (each `write`
-    /// polls the CQ once before it starts while some are out). Until then
+    /// [`Error::Timeout { .. }`](Error::Timeout) the buffers still posted
+    /// stay with the QP; they are reclaimed when a later `write` polls their
+    /// completions (each `write` polls the CQ once before it starts while
+    /// some are out). Until then
     /// the direct path fails with [`GdrError::BuffersInFlight`] and the
     /// staging path runs on the bounce buffers it has.
     pub fn write_range(

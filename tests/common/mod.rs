@@ -5,7 +5,7 @@
 
 pub mod procs;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdma_verbs::qp::{Init, Rts, SendApi};
 use rdma_verbs::{
@@ -50,14 +50,8 @@ pub fn caps_sr(send: u32, recv: u32) -> QpCaps {
 
 /// Polls the scope until `n` completions came (fails after [`WAIT`]).
 pub fn scope_poll_n(s: &Scope<'_, '_>, n: usize) -> Result<Vec<ScopedCompletion>> {
-    let mut out = Vec::with_capacity(n);
-    let end = Instant::now() + WAIT;
-    while out.len() < n {
-        if s.poll(&mut out)? == 0 {
-            assert!(Instant::now() < end, "{} of {n} completions", out.len());
-            std::thread::yield_now();
-        }
-    }
+    let mut out = Vec::new();
+    s.poll_n(&mut out, n, WAIT)?;
     Ok(out)
 }
 

@@ -434,9 +434,58 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// # Errors
     /// As [`Cq::poll`].
     pub fn poll(&self, out: &mut Vec<ScopedCompletion>) -> Result<usize> {
+        self.poll_up_to(out, out.capacity() - out.len())
+    }
+
+    /// Busy-polls until exactly `n` more of the scope's completions are in
+    /// `out` (never more: the rest stay for the next poll), or fails with
+    /// [`Error::Timeout { .. }`](Error::Timeout) after `timeout`; the
+    /// completions polled before the timeout stay in `out`. Reserves room
+    /// for `n` in `out` if needed. As [`Cq::poll_n`], for a scope.
+    ///
+    /// # Errors
+    /// [`Error::Timeout { .. }`](Error::Timeout), or as [`Cq::poll`].
+    pub fn poll_n(
+        &self,
+        out: &mut Vec<ScopedCompletion>,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<()> {
+        let target = out.len().saturating_add(n);
+        out.reserve(n);
+        let start = Instant::now();
+        while out.len() < target {
+            if self.poll_up_to(out, target - out.len())? == 0 && start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: "waiting for the scope's completions",
+                    after: timeout,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls exactly one of the scope's completions, waiting up to `timeout`
+    /// for it.
+    ///
+    /// # Errors
+    /// As [`poll_n`](Self::poll_n).
+    pub fn poll_one(&self, timeout: Duration) -> Result<ScopedCompletion> {
+        let mut out = Vec::with_capacity(1);
+        self.poll_n(&mut out, 1, timeout)?;
+        out.pop().ok_or(Error::Timeout {
+            what: "waiting for the scope's completion",
+            after: timeout,
+        })
+    }
+
+    /// [`poll`](Self::poll), taking at most `want` (at most the spare
+    /// capacity) completions.
+    #[inline(always)]
+    fn poll_up_to(&self, out: &mut Vec<ScopedCompletion>, want: usize) -> Result<usize> {
         let attached = self.attached.borrow();
         let mut caught = None;
-        let r = self.poll_into(&attached, out, &mut caught);
+        let r = self.poll_into(&attached, out, want, &mut caught);
         drop(attached);
         if let Some(p) = caught {
             resume_unwind(p);
@@ -444,10 +493,12 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         r
     }
 
+    /// Polls up to `want` completions (at most `out`'s spare capacity).
     fn poll_into(
         &self,
         attached: &[Attached],
         out: &mut Vec<ScopedCompletion>,
+        want: usize,
         caught: &mut Caught,
     ) -> Result<usize> {
         // SAFETY: Cq::scope holds `&mut Cq` for the whole scope and this is
@@ -455,7 +506,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // while the reference lives, so it cannot be re-entered.
         let cq = unsafe { &mut *self.cq.as_ptr() };
         let start = out.len();
-        let want = out.capacity() - start;
+        let want = want.min(out.capacity() - start);
         let mut lost = 0;
         let raw = cq.as_raw();
         // SAFETY: the scope is the CQ's only consumer; `want` is the spare
@@ -561,7 +612,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             scratch.reserve(POLL_BATCH);
             // Lost completions cannot hide a scoped request (the sweep
             // retires it all the same), so the error needs no action here.
-            if let Ok(0) | Err(_) = self.poll_into(attached, scratch, caught) {
+            if let Ok(0) | Err(_) = self.poll_into(attached, scratch, POLL_BATCH, caught) {
                 std::thread::yield_now();
             }
         }
