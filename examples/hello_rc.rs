@@ -3,9 +3,22 @@
 // the region the client advertised, then SENDs "done".
 use rdma_verbs::exchange::{self, DEFAULT_PORT, ExchangeListener};
 use rdma_verbs::{AccessFlags, Context, Cq, Error, InitAttr, Pd, Qp, QpCaps, RecvWr, SendWr};
+use std::process::ExitCode;
 use std::time::Duration;
 
-fn main() -> rdma_verbs::Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Display says what went wrong and what to do; the Debug form
+            // that `main` returning a `Result` would print shows only fields.
+            eprintln!("hello_rc: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> rdma_verbs::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let usage =
         format!("usage: hello_rc server | hello_rc client [HOST]  (TCP port {DEFAULT_PORT})");

@@ -153,8 +153,11 @@ fn hello_rc() {
 fn bad_arguments_end_in_errors_not_panics() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let a = addr();
-    let cases: [(&str, Vec<&str>, &str); 5] = [
+    let cases: [(&str, Vec<&str>, &str); 6] = [
         ("devinfo", vec!["-i", "5"], "has port(s)"),
+        // The error's Display form (not the Debug form `main` returning a
+        // `Result` prints).
+        ("hello_rc", vec!["serve"], "hello_rc: unknown role `serve`"),
         ("rc_pingpong", vec!["-r", "4294967295"], "-r is too large"),
         (
             "uc_pingpong",

@@ -13,7 +13,7 @@
 //!     Qp::new(&pd, &c, &c, QpCaps::default())?
 //! };
 //! # let remote: rdma_verbs::Endpoint = todo!();
-//! let qp = qp.init(InitAttr::new(1, AccessFlags::LOCAL_WRITE))?.connect(&remote, None)?;
+//! let qp = qp.init(InitAttr::new(1, AccessFlags::empty()))?.connect(&remote, None)?;
 //! // (or with rdma_cm: AsyncCmId::connect / accept)
 //! let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _qp)| e)?;
 //! let mut buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
