@@ -366,9 +366,14 @@ impl Srq {
     /// that no sender meets an RNR NAK.
     pub fn refill(&mut self, make: impl FnMut() -> Option<RecvWr>) -> Result<usize, PostError> {
         let room = u64::from(self.depth()).saturating_sub(self.posted());
-        let before = self.posted();
-        let result = self.post_recv_list(std::iter::from_fn(make).take(room as usize));
-        result.map(|()| (self.posted() - before) as usize)
+        // Counted as they are made, not as a change of `posted()`: a poll
+        // (in `make`, or on another thread) lowers that meanwhile.
+        let mut made = 0;
+        let list = std::iter::from_fn(make)
+            .take(room as usize)
+            .inspect(|_| made += 1);
+        self.post_recv_list(list)?;
+        Ok(made)
     }
 
     /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and

@@ -284,6 +284,54 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
     );
 }
 
+/// `refill` counts the receives it posted, also when the CQ is polled while
+/// it runs (the count was a difference of `posted()`, which such a poll
+/// lowers: it underflowed).
+#[test]
+fn refill_counts_its_posts_when_a_poll_runs_meanwhile() {
+    let _g = serial();
+    let mut s = setup(1, 8);
+    post_receives(&mut s, 0, 4, 64);
+    for k in 0..4 {
+        send(&mut s, 0, &message(0, k, 64), k as u64);
+    }
+    // The four receives complete (still in the CQ, so still counted).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s
+        .peer_cq
+        .poll(&mut Vec::with_capacity(4))
+        .expect("peer poll")
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the peer's sends did not complete"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.srq.posted(), 4);
+    let (pd, cq) = (&s.pd, &mut s.cq);
+    let mut polled = Vec::with_capacity(8);
+    let mut calls = 0;
+    let n = s
+        .srq
+        .refill(|| {
+            calls += 1;
+            if calls > 1 {
+                return None;
+            }
+            // The poll takes the four receives back: posted() drops to 0.
+            while polled.len() < 4 {
+                cq.poll(&mut polled).expect("poll");
+                assert!(Instant::now() < deadline, "{} of 4 receives", polled.len());
+            }
+            Some(RecvWr::new(100, buffer(pd, 64)))
+        })
+        .expect("refill");
+    assert_eq!((n, s.srq.posted()), (1, 1));
+    assert_eq!(polled.len(), 4);
+}
+
 #[test]
 fn a_qp_on_the_srq_in_err_leaves_the_srq_receives_to_the_others() {
     let _g = serial();
