@@ -788,7 +788,9 @@ impl Cq {
     /// Busy-polls until exactly `n` more completions are in `out` (never
     /// more: the rest stay in the CQ for the next poll), or fails with
     /// [`Error::Timeout { .. }`](Error::Timeout) after `timeout`; the
-    /// completions polled before the timeout stay in `out`. Reserves room for `n` in `out` if needed.
+    /// completions polled before the timeout stay in `out`. `out` grows as
+    /// completions come (at least 32 more at a time), so a huge
+    /// `n` allocates only for what arrives.
     pub fn poll_n(
         &mut self,
         out: &mut Vec<Completion>,
@@ -796,10 +798,10 @@ impl Cq {
         timeout: std::time::Duration,
     ) -> Result<()> {
         let target = out.len().saturating_add(n);
-        out.reserve(n);
         let start = std::time::Instant::now();
         while out.len() < target {
             let want = target - out.len();
+            make_room(out, want);
             if self.poll_inner(out, want, None)? == 0 && start.elapsed() > timeout {
                 return Err(Error::Timeout {
                     what: "waiting for completions",
@@ -818,6 +820,15 @@ impl Cq {
             what: "waiting for a completion",
             after: timeout,
         })
+    }
+}
+
+/// Makes room in `out` for up to `want` more (at least [`POLL_BATCH`] of them
+/// where `want` allows) when it is full: a timed poll of a huge count grows
+/// its vector with what arrives instead of reserving the count up front.
+pub(crate) fn make_room<T>(out: &mut Vec<T>, want: usize) {
+    if out.len() == out.capacity() {
+        out.reserve(want.min(POLL_BATCH));
     }
 }
 

@@ -408,7 +408,9 @@ fn bad_scoped_requests_get_typed_errors() {
 
 /// A scope over a CQ with nothing attached returns at once.
 /// `poll_n` takes exactly `n` (the rest wait for the next poll), `poll_one`
-/// the next, and a timed poll with nothing outstanding ends in a timeout.
+/// the next, and a timed poll with nothing outstanding ends in a timeout,
+/// also for a count no vector can hold (it reserved the count up front:
+/// a capacity-overflow panic, or an abort for 2^40).
 #[test]
 fn timed_scope_polls_take_exactly_what_they_ask_for() {
     let mut p = pair(caps_sr(8, 4));
@@ -442,9 +444,19 @@ fn timed_scope_polls_take_exactly_what_they_ask_for() {
                 "{:?}",
                 started.elapsed()
             );
+            for huge in [usize::MAX, 1 << 40] {
+                let mut none = Vec::new();
+                let r = s.poll_n(&mut none, huge, Duration::from_millis(10));
+                assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+            }
             Ok((two, third, idle))
         })
         .unwrap();
+    for huge in [usize::MAX, 1 << 40] {
+        let mut none = Vec::new();
+        let r = p.cq_a.poll_n(&mut none, huge, Duration::from_millis(10));
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    }
     let ids: Vec<_> = two.iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(ids, [(10, WcStatus::Success), (11, WcStatus::Success)]);
     assert_eq!((third.wr_id, third.opcode), (12, WcOpcode::RdmaWrite));

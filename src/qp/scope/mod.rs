@@ -117,7 +117,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, poll_in_batches};
+use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, make_room, poll_in_batches};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::qp::queue::POST_CHUNK;
@@ -440,8 +440,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// Busy-polls until exactly `n` more of the scope's completions are in
     /// `out` (never more: the rest stay for the next poll), or fails with
     /// [`Error::Timeout { .. }`](Error::Timeout) after `timeout`; the
-    /// completions polled before the timeout stay in `out`. Reserves room
-    /// for `n` in `out` if needed. As [`Cq::poll_n`], for a scope.
+    /// completions polled before the timeout stay in `out`. `out` grows as
+    /// completions come. As [`Cq::poll_n`], for a scope.
     ///
     /// # Errors
     /// [`Error::Timeout { .. }`](Error::Timeout), or as [`Cq::poll`].
@@ -452,10 +452,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         timeout: Duration,
     ) -> Result<()> {
         let target = out.len().saturating_add(n);
-        out.reserve(n);
         let start = Instant::now();
         while out.len() < target {
-            if self.poll_up_to(out, target - out.len())? == 0 && start.elapsed() > timeout {
+            let want = target - out.len();
+            make_room(out, want);
+            if self.poll_up_to(out, want)? == 0 && start.elapsed() > timeout {
                 return Err(Error::Timeout {
                     what: "waiting for the scope's completions",
                     after: timeout,
