@@ -524,7 +524,9 @@ impl Cq {
     /// The CQ keeps the channel alive; arm it with [`req_notify`](Cq::req_notify)
     /// or let [`wait_poll`](Cq::wait_poll) do so.
     pub fn with_channel(ctx: &Context, depth: u32, channel: &CompletionChannel) -> Result<Cq> {
-        if !Arc::ptr_eq(&ctx.inner, &channel.inner.context().inner) {
+        // The raw context, as QPs and SRQs compare: two `Context` values can
+        // share one (`CmId::context` makes a new one each call).
+        if ctx.as_raw() != channel.inner.context().as_raw() {
             return Err(Error::InvalidArgument {
                 what: "completion channel",
                 reason: "it belongs to another device context; create it from the same Context"

@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use common::{readable, wait};
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
 use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{AccessFlags, Cq, Error, Pd, Qp, QpCaps, Rc, RecvWr, SendWr, WcOpcode};
+use rdma_verbs::{
+    AccessFlags, CompletionChannel, Context, Cq, Error, Pd, Qp, QpCaps, Rc, RecvWr, SendWr,
+    WcOpcode,
+};
 
 /// Upper bound for any handshake step in these tests (TCG is slow).
 const T: Duration = Duration::from_secs(20);
@@ -283,6 +286,28 @@ fn dropping_the_client_disconnects_the_server() {
     drop((pd, cq));
     let (kind, after) = server.join().expect("server thread");
     assert_eq!(kind, CmEventKind::Disconnected, "after {after:?}");
+}
+
+/// Two `Context` values from one id share its device context: a CQ on one
+/// with a completion channel of the other is accepted (it was refused as
+/// "another device context", while QPs and SRQs compared the raw context)
+/// and can be armed. A channel of a context opened apart is refused.
+#[test]
+fn contexts_of_one_id_share_completion_channels() {
+    let id = CmId::new().expect("rdma_cm id (this test needs an RDMA device)");
+    id.resolve(at(7471), RESOLVE).expect("resolve");
+    let (c1, c2) = (
+        id.context().expect("context"),
+        id.context().expect("context"),
+    );
+    assert_eq!(c1.as_raw(), c2.as_raw());
+    let channel = CompletionChannel::new(&c1).expect("channel");
+    let cq = Cq::with_channel(&c2, 8, &channel).expect("a CQ on the same device context");
+    cq.req_notify(false).expect("arm");
+    let other = Context::open(None).expect("a context opened apart");
+    assert_ne!(other.as_raw(), c1.as_raw());
+    let r = Cq::with_channel(&other, 8, &channel);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
 }
 
 #[test]
