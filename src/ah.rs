@@ -97,6 +97,9 @@ impl AddressHandle {
     }
 
     fn create(pd: &Pd, av: AddressVector) -> Result<AddressHandle> {
+        if let Some(e) = av.check_widths() {
+            return Err(e);
+        }
         let mut attr = av.to_ffi();
         // SAFETY: valid PD; attr is a fully initialised ibv_ah_attr the call only reads.
         let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut attr) };
@@ -180,6 +183,9 @@ impl AddressHandle {
         };
         if rc != 0 {
             let source = if rc < 0 { last_errno() } else { errno(rc) };
+            // Checked on failure only (a query per handle would cost a
+            // system call): a port that does not exist says so.
+            pd.context().query_port(port)?;
             return Err(Error::Verb {
                 verb: "ibv_init_ah_from_wc",
                 source,

@@ -173,6 +173,17 @@ fn refused_transitions_hand_the_qp_back() {
         err.error
     );
 
+    // An SL wider than its 4 bits likewise.
+    let err = err
+        .qp
+        .rtr(RtrAttr::new(&peer, 1, mtu, Some(gid)).sl(16))
+        .unwrap_err();
+    assert!(
+        matches!(err.error, Error::InvalidArgument { what: "SL", .. }),
+        "{}",
+        err.error
+    );
+
     // RoCE without a GRH is refused too, locally, saying what is missing.
     let err = err.qp.rtr(RtrAttr::new(&peer, 1, mtu, None)).unwrap_err();
     assert!(

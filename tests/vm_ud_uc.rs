@@ -117,6 +117,14 @@ fn ud_reaches_several_peers_and_the_grh_stays_apart_from_the_payload() {
         assert!(payload[sizes[i]..].iter().all(|&b| b == 0));
         assert_eq!(msg.grh.to_vec().unwrap(), msg.grh_bytes.to_vec());
         assert_ne!(msg.grh_bytes, [0xee; GRH_LEN], "the NIC wrote the GRH");
+        // A port the device does not have is named as such (it was reported
+        // as a GRH that names none of the port's GIDs).
+        for port in [0, 2, 255] {
+            match AddressHandle::from_completion(&pd, port, &c, &msg.grh_bytes) {
+                Err(Error::InvalidArgument { what: "port", .. }) => {}
+                other => panic!("port {port}: {other:?}"),
+            }
+        }
         // Answer through an address handle built from the completion.
         let back = AddressHandle::from_completion(&pd, 1, &c, &msg.grh_bytes).unwrap();
         let grh = back.attr().grh.expect("a GRH towards the sender");
@@ -260,6 +268,26 @@ fn bad_input_gets_typed_errors() {
         matches!(e, Error::InvalidArgument { what: "port", .. }),
         "{e}"
     );
+    // Fields wider than their wire fields (soft-RoCE took them as given).
+    let good = AddressVector::global(1, my_gid, gid_ix);
+    let mut wide_flow = good;
+    wide_flow.grh.as_mut().unwrap().flow_label = 1 << 20;
+    for (av, field) in [
+        (AddressVector { sl: 16, ..good }, "SL"),
+        (
+            AddressVector {
+                src_path_bits: 128,
+                ..good
+            },
+            "source path bits",
+        ),
+        (wide_flow, "flow label"),
+    ] {
+        match AddressHandle::new(&pd, av) {
+            Err(Error::InvalidArgument { what, .. }) if what == field => {}
+            other => panic!("{field}: {other:?}"),
+        }
+    }
 
     let cq = Cq::new(&ctx, 32).unwrap();
     let mut qp = ud_qp(&pd, &cq);

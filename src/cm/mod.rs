@@ -618,12 +618,15 @@ impl CmId {
                         _ => {
                             let e = last_errno();
                             let hint = match e.raw_os_error() {
-                            Some(libc::EINVAL) => Some(
-                                "a capability (max_send_wr, max_recv_wr, max_*_sge, max_inline_data) exceeds the device limits"
-                                    .into(),
-                            ),
-                            _ => None,
-                        };
+                                Some(libc::EINVAL) => Some(
+                                    "a capability (max_send_wr, max_recv_wr, max_*_sge, \
+                                     max_inline_data) exceeds the device limits, or the id's \
+                                     connection is gone (a connection request whose client \
+                                     gave up)"
+                                        .into(),
+                                ),
+                                _ => None,
+                            };
                             Err(Error::Verb {
                                 verb: "rdma_create_qp",
                                 source: e,

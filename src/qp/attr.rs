@@ -8,6 +8,7 @@ use std::fmt;
 
 use crate::device::{Gid, Mtu};
 use crate::enums::c_enum;
+use crate::error::Error;
 use crate::ffi;
 use crate::mr::AccessFlags;
 
@@ -102,9 +103,9 @@ pub struct RtrAttr {
 pub struct AddressVector {
     /// Destination LID (InfiniBand; 0 on RoCE).
     pub dlid: u16,
-    /// Service level.
+    /// Service level (4 bits).
     pub sl: u8,
-    /// Source path bits.
+    /// Source path bits (7 bits).
     pub src_path_bits: u8,
     /// Local port.
     pub port: u8,
@@ -123,7 +124,7 @@ pub struct Grh {
     pub hop_limit: u8,
     /// Traffic class.
     pub traffic_class: u8,
-    /// Flow label.
+    /// Flow label (20 bits).
     pub flow_label: u32,
 }
 
@@ -145,6 +146,17 @@ impl AddressVector {
                 flow_label: 0,
             }),
         }
+    }
+
+    /// A field wider than its wire field, refused (some providers truncate
+    /// it silently instead).
+    pub(crate) fn check_widths(&self) -> Option<Error> {
+        super::check_bits("SL", self.sl.into(), 4)
+            .or_else(|| super::check_bits("source path bits", self.src_path_bits.into(), 7))
+            .or_else(|| {
+                let g = self.grh.as_ref()?;
+                super::check_bits("flow label", g.flow_label, 20)
+            })
     }
 
     /// Towards `dlid` within an InfiniBand subnet (no GRH; RoCE refuses this).

@@ -995,6 +995,7 @@ impl<T: QpType> Qp<T, Init> {
     fn check_rtr(&self, attr: &RtrAttr) -> Option<Error> {
         check_bits("dest QPN", attr.dest_qpn, 24)
             .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
+            .or_else(|| attr.av.check_widths())
             .or_else(|| self.check_roce_grh(&attr.av))
     }
 
