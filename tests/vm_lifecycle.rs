@@ -1606,7 +1606,6 @@ fn random_lifecycle_under_valgrind() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let steps = env_u64("RDMA_VERBS_LIFECYCLE_VALGRIND_STEPS").unwrap_or(2_000);
     let exe = std::env::current_exe().expect("current exe");
-    let supp = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/valgrind.supp");
     let mut cmd = std::process::Command::new("valgrind");
     cmd.args([
         // No gdbserver pipes: valgrind cannot create them on every file
@@ -1617,9 +1616,6 @@ fn random_lifecycle_under_valgrind() {
         "--errors-for-leak-kinds=definite,indirect",
         "--show-leak-kinds=definite,indirect",
     ]);
-    if std::path::Path::new(supp).exists() {
-        cmd.arg(format!("--suppressions={supp}"));
-    }
     cmd.arg(&exe)
         .args([
             "random_lifecycle",
