@@ -23,6 +23,8 @@ use crate::report::Fingerprint;
 /// How long the client keeps trying to reach the server, and how long the
 /// server waits for a client.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
+/// The first try, after which the client says it is waiting.
+const FIRST_TRY: Duration = Duration::from_secs(1);
 
 /// A CQ and, in events mode, the completion channel it reports to.
 pub struct EvCq {
@@ -222,13 +224,22 @@ fn peer_died(waiting_for: &'static str) -> impl Fn(Error) -> Error {
     }
 }
 
+/// How long the client waits for the server's answer at a barrier or to
+/// its results. The server answers as soon as the client's message arrives
+/// (it waits there first, or is about to), so a server that stopped
+/// answering without closing the connection (a stopped process, a hung
+/// host) ends the client's run with an error instead of a wait forever.
+/// The server cannot bound its own waits: a passive server (write_bw,
+/// read_lat) waits for the client through the whole run.
+const REPLY_LIMIT: Duration = Duration::from_secs(60);
+
 impl Ctrl {
     /// Both sides wait here until the other arrives (client first, then server).
     pub fn barrier(&mut self, client: bool) -> Result<()> {
         let map = peer_died("the peer at the start of a size");
         if client {
             self.stream.send_done().map_err(&map)?;
-            self.stream.recv_done().map_err(&map)
+            self.answer(|s| s.recv_done()).map_err(&map)
         } else {
             self.stream.recv_done().map_err(&map)?;
             self.stream.send_done().map_err(&map)
@@ -240,7 +251,7 @@ impl Ctrl {
         let map = peer_died("the peer's results");
         if client {
             self.stream.send(msg).map_err(&map)?;
-            self.stream.recv().map_err(&map)
+            self.answer(|s| s.recv()).map_err(&map)
         } else {
             let got = self.stream.recv().map_err(&map)?;
             self.stream.send(msg).map_err(&map)?;
@@ -251,6 +262,14 @@ impl Ctrl {
     /// Whether the peer's process is gone (see `ExchangeStream::peer_closed`).
     pub fn peer_closed(&self) -> Result<bool> {
         self.stream.peer_closed()
+    }
+
+    /// The client's read of the server's answer, within [`REPLY_LIMIT`].
+    fn answer<T>(&mut self, read: impl FnOnce(&mut ExchangeStream) -> Result<T>) -> Result<T> {
+        self.stream.set_timeout(Some(REPLY_LIMIT))?;
+        let got = read(&mut self.stream);
+        self.stream.set_timeout(None)?;
+        got
     }
 }
 
@@ -275,7 +294,16 @@ pub fn establish(
     }
     let client = !o.is_server();
     let mut stream = match &o.host {
-        Some(host) => ExchangeStream::connect(host, o.port, CONNECT_TIMEOUT)?,
+        Some(host) => ExchangeStream::connect(host, o.port, FIRST_TRY).or_else(|_| {
+            // perftest gives up at once; this waits for a server started
+            // late, and says so rather than sitting there silently.
+            eprintln!(
+                " No server at {host}:{} yet; retrying for up to {} s",
+                o.port,
+                CONNECT_TIMEOUT.as_secs()
+            );
+            ExchangeStream::connect(host, o.port, CONNECT_TIMEOUT)
+        })?,
         None => ExchangeListener::bind(o.port)?.accept(Some(CONNECT_TIMEOUT))?,
     };
     let mine = Fingerprint(o.fingerprint());
