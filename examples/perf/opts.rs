@@ -200,7 +200,7 @@ pub struct Opts {
     pub bidir: bool,
     /// `--report_gbits`: Gb/s instead of MiB/s.
     pub report_gbits: bool,
-    /// `--out_json FILE`.
+    /// `--out_json` (and `--out_json_file=FILE`): the JSON report's file.
     pub out_json: Option<PathBuf>,
     /// `--run_infinitely`: report every `-D` seconds (default 5), forever.
     pub run_infinitely: bool,
@@ -251,7 +251,9 @@ pub fn usage() -> String {
          \x20     --use_old_post_send   post sends with ibv_post_send (default: the extended\n\
          \x20                           ibv_wr_* API where the provider has it, as perftest)\n\
          \x20     --report_gbits        bandwidth in Gb/s instead of MiB/s\n\
-         \x20     --out_json FILE       also write the results as JSON to FILE\n\
+         \x20     --out_json            also write the results as JSON (our schema: a list\n\
+         \x20                           of rows) to perftest_out.json, or to:\n\
+         \x20     --out_json_file=FILE  the JSON file (implies --out_json)\n\
          \x20     --run_infinitely      bw tests: report every -D seconds (default 5), forever\n\
          \x20     --safe                safe data path: post_send_list + SharedMr/Mr + Cq::poll\n\
          \x20                           (default)\n\
@@ -338,9 +340,9 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
                     }
                 })
             }
-            "--out_json" | "--out_json_file" => {
-                raw.out_json = Some(PathBuf::from(value("--out_json")?))
-            }
+            // As perftest: a switch, and the file's name apart.
+            "--out_json" if !attached => raw.json = true,
+            "--out_json_file" => raw.out_json = Some(PathBuf::from(value("--out_json_file")?)),
             "-a" | "--all" if !attached => raw.all = true,
             "-e" | "--events" if !attached => raw.events = true,
             "-b" | "--bidirectional" if !attached => raw.bidir = true,
@@ -368,6 +370,9 @@ fn num<T: std::str::FromStr>(v: &str, flag: &str) -> Result<T, String> {
         .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
 }
 
+/// perftest's default JSON file (`--out_json` without `--out_json_file`).
+const JSON_FILE: &str = "perftest_out.json";
+
 /// What the command line said, before defaults and dependencies.
 #[derive(Default)]
 struct RawArgs {
@@ -388,6 +393,7 @@ struct RawArgs {
     outs: Option<u32>,
     atomic: Option<AtomicOp>,
     out_json: Option<PathBuf>,
+    json: bool,
     all: bool,
     events: bool,
     bidir: bool,
@@ -537,10 +543,9 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
                 .into(),
         );
     }
-    let margin = match duration {
-        Some(d) => (d as f64 / 4.0).min(2.0),
-        None => 0.0,
-    };
+    // perftest's margin: a quarter of -D, in whole seconds (`duration / 4`
+    // on integers: none below -D 4).
+    let margin = duration.map_or(0.0, |d| (d / 4) as f64);
     Ok(Opts {
         test,
         path,
@@ -563,7 +568,9 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         events: a.events,
         bidir: a.bidir,
         report_gbits: a.report_gbits,
-        out_json: a.out_json,
+        out_json: a
+            .out_json
+            .or_else(|| a.json.then(|| PathBuf::from(JSON_FILE))),
         run_infinitely: a.run_infinitely,
         no_peak,
         old_post_send: a.old_post_send,
@@ -653,6 +660,11 @@ mod tests {
         assert_eq!(o.cq_mod, 4);
         let o = p("write_bw -D 8");
         assert_eq!((o.iters, o.no_peak, o.margin), (0, true, 2.0));
+        // Whole seconds, as perftest's integer division: -D 3 counts all 3.
+        assert_eq!(
+            (p("send_lat -D 3").margin, p("write_bw -D 20").margin),
+            (0.0, 5.0)
+        );
     }
 
     #[test]
@@ -675,6 +687,20 @@ mod tests {
         assert_eq!((o.atomic, o.cq_mod), (AtomicOp::FetchAdd, 4));
         assert_eq!(p("read_bw -o 2").outs, Some(2));
         assert!(p("atomic_bw -A CMP_AND_SWAP").fingerprint() != p("atomic_bw").fingerprint());
+    }
+
+    /// As perftest: `--out_json` is a switch (it took the next argument,
+    /// the server's address, for a file name), `--out_json_file` the name.
+    #[test]
+    fn out_json_is_a_switch_and_the_file_apart() {
+        let o = p("write_bw --out_json 10.99.0.1");
+        assert_eq!(o.out_json, Some(PathBuf::from("perftest_out.json")));
+        assert_eq!(o.host.as_deref(), Some("10.99.0.1"));
+        let o = p("write_bw --out_json --out_json_file=/tmp/r.json");
+        assert_eq!(o.out_json, Some(PathBuf::from("/tmp/r.json")));
+        let o = p("write_bw --out_json_file /tmp/r.json");
+        assert_eq!(o.out_json, Some(PathBuf::from("/tmp/r.json")));
+        assert_eq!(p("write_bw").out_json, None);
     }
 
     #[test]

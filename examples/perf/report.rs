@@ -31,11 +31,12 @@ pub struct BwRow {
 }
 
 impl BwRow {
-    /// Adds the other direction of a bidirectional run (perftest sums them).
+    /// Adds the other direction of a bidirectional run: perftest sums the
+    /// rates and prints one side's iterations.
     pub fn plus(self, other: BwRow) -> BwRow {
         BwRow {
             size: self.size,
-            iters: self.iters + other.iters,
+            iters: self.iters,
             bw_peak: self.bw_peak + other.bw_peak,
             bw_avg: self.bw_avg + other.bw_avg,
             msg_rate: self.msg_rate + other.msg_rate,
@@ -288,11 +289,7 @@ pub struct Table {
 pub fn banner(o: &Opts, dev: &Device, rate: &Rate) {
     let (device, mtu, gid_index) = (dev.ctx.name(), dev.mtu, dev.gid_index);
     println!("{LINE}");
-    if o.test.verb() == Verb::Atomic {
-        println!("                    Atomic {} BW Test", o.atomic.name());
-    } else {
-        println!("                    {}", o.test.title());
-    }
+    println!("                    {}", title(o));
     println!(
         " Data path       : {}\t\tDevice         : {device}",
         o.path.name()
@@ -359,18 +356,35 @@ pub fn bw_line(r: &BwRow, gbits: bool) -> String {
     }
 }
 
-/// One latency line, in perftest's format.
+/// The test's title as perftest prints it: the operation, then for the
+/// bandwidth tests "Bidirectional" (`-b`) and "Post List" (`-l` > 1).
+fn title(o: &Opts) -> String {
+    let mut t = if o.test.verb() == Verb::Atomic {
+        format!("Atomic {} BW Test", o.atomic.name())
+    } else {
+        o.test.title().to_owned()
+    };
+    if let Some(stem) = t.strip_suffix("BW Test") {
+        let bidir = if o.bidir { "Bidirectional " } else { "" };
+        let list = if o.post_list > 1 { "Post List " } else { "" };
+        t = format!("{stem}{bidir}{list}BW Test");
+    }
+    t
+}
+
+/// One latency line, in perftest's format (`REPORT_FMT_LAT`: the iteration
+/// count unpadded).
 pub fn lat_line(r: &LatRow) -> String {
     format!(
-        " {:<7} {:<10}       {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
+        " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
         r.size, r.iters, r.t_min, r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.p99, r.p99_9
     )
 }
 
-/// One duration-mode latency line.
+/// One duration-mode latency line, in perftest's format.
 pub fn lat_dur_line(r: &LatDurRow) -> String {
     format!(
-        " {:<7} {:<10}      {:<7.2}        {:<7.2}",
+        " {:<7}       {}            {:<7.2}        {:<7.2}",
         r.size, r.iters, r.t_avg, r.tps
     )
 }

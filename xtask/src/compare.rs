@@ -341,7 +341,7 @@ fn script(plan: &Plan) -> String {
          \x20 if [ \"$impl\" = perftest ]; then\n\
          \x20   srv=\"ib_$t $common\"; cli=\"ib_$t $common --out_json --out_json_file=$OUT/$name.json $ADDR\"\n\
          \x20 else\n\
-         \x20   srv=\"$PERF $t $common --$impl\"; cli=\"$PERF $t $common --$impl --out_json $OUT/$name.json $ADDR\"\n\
+         \x20   srv=\"$PERF $t $common --$impl\"; cli=\"$PERF $t $common --$impl --out_json --out_json_file=$OUT/$name.json $ADDR\"\n\
          \x20 fi\n",
     );
     let t = SIDE_TIMEOUT_SECS;
