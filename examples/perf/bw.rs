@@ -60,8 +60,12 @@ pub fn run(
         if o.path == DataPath::Scoped && o.receives() {
             // The receiver of a scoped send_bw posts its receives in the
             // scope, before the barrier (one way: it sends nothing).
-            scoped::receive(o, rate, dev, size, q, ctrl)?;
+            let row = scoped::receive(o, rate, dev, size, q, ctrl)?;
             ctrl.swap(client, &WireRow(None))?;
+            if let Some(row) = row {
+                println!("{}", report::bw_line(&row, o.report_gbits));
+                table.bw.push(row);
+            }
             continue;
         }
         let mut tx = if o.sends() {
@@ -76,11 +80,17 @@ pub fn run(
         };
         ctrl.barrier(client)?;
         let mine = run_size(o, rate, q, tx.as_mut(), rx.as_mut(), ctrl)?;
+        // A receiver that does not send (the send_bw server) reports what it
+        // measured itself, as perftest's does.
+        let received = match (&tx, &rx) {
+            (None, Some(rx)) => rx.row(o, rate, clock::now()),
+            _ => None,
+        };
         let theirs = ctrl.swap(client, &WireRow(mine))?.0;
-        let row = match (mine, theirs) {
+        let row = received.or(match (mine, theirs) {
             (Some(a), Some(b)) => Some(a.plus(b)),
             (a, b) => a.or(b),
-        };
+        });
         if let Some(row) = row {
             println!("{}", report::bw_line(&row, o.report_gbits));
             table.bw.push(row);

@@ -8,9 +8,10 @@ use rdma_verbs::{Completion, Error, Qp, Rc, RecvWr, Result, ffi};
 
 use super::{POLL_BATCH, QP_SHIFT, SAFE_POOL_CAP, split_pool, wc_error};
 use crate::Bufs;
-use crate::clock::Phase;
+use crate::clock::{self, Phase, Rate};
 use crate::conn::{self, Device, EvCq};
 use crate::opts::{DataPath, Opts};
+use crate::report::{self, BwRow, BwSamples};
 
 /// The receiving side of SEND tests (perftest's `run_iter_bw_server`).
 pub struct Rx {
@@ -19,9 +20,13 @@ pub struct Rx {
     tot_iters: u64,
     iterations: bool,
     events: bool,
+    size: usize,
     stride: usize,
     nslots: usize,
     pub(super) rcnt: u64,
+    /// When the first receive completed (0: none yet), perftest's server
+    /// `tposted[0]`.
+    first: u64,
     posted: Vec<u64>,
     last_ne: usize,
     /// Safe: the completion array.
@@ -52,9 +57,11 @@ impl Rx {
             tot_iters: o.iters * nq as u64,
             iterations: o.duration.is_none(),
             events: o.events,
+            size,
             stride,
             nslots,
             rcnt: 0,
+            first: 0,
             posted: vec![0; nq],
             last_ne: 1,
             out: Vec::with_capacity(POLL_BATCH),
@@ -185,7 +192,42 @@ impl Rx {
                 ne
             }
         };
+        if ne > 0 && self.first == 0 {
+            self.first = clock::now();
+        }
         self.last_ne = ne;
         Ok(())
     }
+
+    /// The receiver's own row, measured from its first receive to `end`
+    /// (perftest's server: no peak); `None` in duration mode, where the
+    /// sender's row is printed.
+    pub(super) fn row(&self, o: &Opts, rate: &Rate, end: u64) -> Option<BwRow> {
+        receiver_row(o, rate, self.size, self.rcnt, self.first, end)
+    }
+}
+
+/// A receiver's row: `received` messages of `size` bytes from tick `first`
+/// to `end` (`None` in duration mode, or before any receive).
+pub(super) fn receiver_row(
+    o: &Opts,
+    rate: &Rate,
+    size: usize,
+    received: u64,
+    first: u64,
+    end: u64,
+) -> Option<BwRow> {
+    if o.duration.is_some() || first == 0 {
+        return None;
+    }
+    let s = BwSamples {
+        size,
+        iters: received,
+        post_list: 1,
+        cq_mod: 1,
+        tposted: &[first],
+        tcompleted: &[end],
+        no_peak: true,
+    };
+    Some(report::bw_row(&s, rate, o.report_gbits))
 }

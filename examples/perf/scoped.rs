@@ -229,7 +229,8 @@ impl<'scope> Loop<'_, 'scope, '_> {
 
 /// The receiver of a scoped send_bw for one size: posts `-r` receives per QP
 /// into slots of one region, meets the sender at the barrier, and re-posts
-/// each receive as it completes until `-n` per QP have been posted.
+/// each receive as it completes until `-n` per QP have been posted. Returns
+/// its own row (see `Rx::row`).
 pub fn receive(
     o: &Opts,
     rate: &Rate,
@@ -237,7 +238,7 @@ pub fn receive(
     size: usize,
     q: &mut Queues,
     ctrl: &mut Ctrl,
-) -> Result<()> {
+) -> Result<Option<BwRow>> {
     let nq = q.qps.len();
     let (stride, nslots) = conn::cycle(size, 1);
     let buff = conn::buff_size(size);
@@ -256,7 +257,7 @@ pub fn receive(
         .as_mut()
         .ok_or_else(|| Error::Other("send_bw has a receive CQ".into()))?;
     let (iters, rx_depth) = (o.iters, u64::from(o.rx_depth));
-    recv_cq.cq.scope(|s| -> Result<()> {
+    recv_cq.cq.scope(|s| -> Result<Option<BwRow>> {
         let mut rq = qps
             .iter_mut()
             .map(|qp| s.attach(qp))
@@ -280,9 +281,13 @@ pub fn receive(
         ctrl.barrier(false)?;
         let mut out: Vec<ScopedCompletion> = Vec::with_capacity(POLL_BATCH);
         let (mut rcnt, total) = (0u64, iters * nq as u64);
+        let mut first = 0;
         while rcnt < total {
             out.clear();
             s.poll(&mut out)?;
+            if first == 0 && !out.is_empty() {
+                first = crate::clock::now();
+            }
             for c in &out {
                 c.result()?;
                 let qi = (c.wr_id >> QP_SHIFT) as usize;
@@ -295,6 +300,7 @@ pub fn receive(
             }
             stall.check(rcnt, ctrl)?;
         }
-        Ok(())
+        let end = crate::clock::now();
+        Ok(super::rx::receiver_row(o, rate, size, rcnt, first, end))
     })
 }
