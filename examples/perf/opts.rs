@@ -440,12 +440,19 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         return Err("-n must be at least 5".into());
     }
     let mut tx_depth = a.tx_depth.unwrap_or(if bw { 128 } else { 1 });
+    // perftest's refusals, in its words.
+    if verb != Verb::Send && a.rx_depth.is_some_and(|r| r != 1) {
+        return Err("On RDMA verbs rx depth can be only 1".into());
+    }
+    if verb.writes_local() && a.inline_size.is_some_and(|i| i > 0) {
+        return Err("Inline feature not available on READ/Atomic verbs".into());
+    }
+    if verb == Verb::Write && a.events {
+        return Err("Events feature not available on WRITE verb".into());
+    }
     let mut rx_depth = a
         .rx_depth
         .unwrap_or(if verb == Verb::Send { 512 } else { 1 });
-    if verb == Verb::Write {
-        rx_depth = 1;
-    }
     let num_qps = a.num_qps.unwrap_or(1);
     let post_list = a.post_list.unwrap_or(1);
     let mut cq_mod = a.cq_mod.unwrap_or(100);
@@ -499,10 +506,7 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         cq_mod = 1;
     }
     cq_mod = cq_mod.min(tx_depth);
-    let mut inline_size = a.inline_size.unwrap_or(0);
-    if verb.writes_local() {
-        inline_size = 0;
-    }
+    let inline_size = a.inline_size.unwrap_or(0);
     if post_list > 1 {
         if !bw {
             return Err("post list (-l) is supported in bw tests only".into());
@@ -654,7 +658,7 @@ mod tests {
             (o.sizes[0], o.tx_depth, o.cq_mod, o.rx_depth),
             (2, 1, 1, 512)
         );
-        let o = p("read_bw -s2 --size=8 -I 64 --raw");
+        let o = p("read_bw -s2 --size=8 --raw");
         assert_eq!((o.sizes[0], o.inline_size, o.path), (8, 0, DataPath::Raw));
         let o = p("write_bw -l 4 -n 1000 -s 2");
         assert_eq!(o.cq_mod, 4);
@@ -678,7 +682,7 @@ mod tests {
             (o.inline_size, o.outs, o.test.verb()),
             (0, None, Verb::Atomic)
         );
-        let o = p("atomic_bw -s 8 -A CMP_AND_SWAP -o 4 --raw -I 64");
+        let o = p("atomic_bw -s 8 -A CMP_AND_SWAP -o 4 --raw");
         assert_eq!(
             (o.sizes[0], o.atomic, o.outs, o.inline_size),
             (8, AtomicOp::CmpSwap, Some(4), 0)
@@ -718,6 +722,12 @@ mod tests {
             "send_bw -o 4",
             "write_bw -D 18446744073709551615",
             "write_bw -D 31536001",
+            "read_bw -I 64",
+            "atomic_bw -I 8",
+            "write_bw -r 10",
+            "read_lat -r 2",
+            "write_bw -e",
+            "write_lat -e",
         ] {
             let args: Vec<String> = bad.split_whitespace().map(str::to_owned).collect();
             assert!(parse(&args).is_err(), "{bad}");
