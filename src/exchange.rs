@@ -485,7 +485,7 @@ pub fn read_done<R: Read + ?Sized>(r: &mut R) -> Result<()> {
     }
 }
 
-/// One TCP connection of an exchange, with a time limit on each read and write.
+/// One TCP connection of an exchange, with a time limit on each message.
 #[derive(Debug)]
 pub struct ExchangeStream {
     stream: TcpStream,
@@ -511,7 +511,7 @@ fn map_timeout(e: Error, timeout: Option<Duration>) -> Error {
 impl ExchangeStream {
     /// Connects to `host:port`, retrying refused or failed attempts (the
     /// server may not be listening yet) until `timeout` has passed; then uses
-    /// `timeout` as the limit of each later read and write.
+    /// `timeout` as the limit of each later message.
     ///
     /// `host` is a name or an address (`10.99.0.1`, `fe80::1%eth0`); every
     /// address it resolves to is tried, as `ibv_rc_pingpong` does.
@@ -568,7 +568,9 @@ impl ExchangeStream {
         })
     }
 
-    /// Sets the limit of each read and write (`None`: wait forever).
+    /// Sets the time limit of each message sent or received (`None`: wait
+    /// forever); a message that takes longer fails with
+    /// [`Error::Timeout { .. }`](Error::Timeout), however its bytes trickle in.
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         let timeout = timeout.filter(|t| !t.is_zero());
         self.stream
@@ -584,23 +586,23 @@ impl ExchangeStream {
 
     /// Sends one message.
     pub fn send<M: WireMessage>(&mut self, msg: &M) -> Result<()> {
-        msg.write_to(&mut self.stream)
+        msg.write_to(&mut self.timed())
             .map_err(|e| map_timeout(e, self.timeout))
     }
 
     /// Receives one message.
     pub fn recv<M: WireMessage>(&mut self) -> Result<M> {
-        M::read_from(&mut self.stream).map_err(|e| map_timeout(e, self.timeout))
+        M::read_from(&mut self.timed()).map_err(|e| map_timeout(e, self.timeout))
     }
 
     /// Sends the closing `"done"`.
     pub fn send_done(&mut self) -> Result<()> {
-        write_done(&mut self.stream).map_err(|e| map_timeout(e, self.timeout))
+        write_done(&mut self.timed()).map_err(|e| map_timeout(e, self.timeout))
     }
 
     /// Receives the closing `"done"`.
     pub fn recv_done(&mut self) -> Result<()> {
-        read_done(&mut self.stream).map_err(|e| map_timeout(e, self.timeout))
+        read_done(&mut self.timed()).map_err(|e| map_timeout(e, self.timeout))
     }
 
     /// The peer's address.
@@ -624,10 +626,22 @@ impl ExchangeStream {
             what: "checking the exchange connection",
             source,
         };
-        self.stream.set_nonblocking(true).map_err(io_err)?;
-        let mut byte = [0u8; 1];
-        let peeked = self.stream.peek(&mut byte);
-        self.stream.set_nonblocking(false).map_err(io_err)?;
+        // One non-blocking peek (MSG_DONTWAIT), leaving the socket's mode
+        // alone: switching the shared socket to non-blocking and back let a
+        // call on another thread switch it back before this one peeked, and
+        // the peek then waited for data.
+        let mut byte = 0u8;
+        // SAFETY: the descriptor is this stream's open socket for the whole
+        // call; the buffer is one writable byte on this frame.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        let peeked = usize::try_from(n).map_err(|_| io::Error::last_os_error());
         match peeked {
             Ok(0) => Ok(true),
             Ok(_) => Ok(false),
@@ -644,6 +658,59 @@ impl ExchangeStream {
     /// The TCP stream.
     pub fn into_inner(self) -> TcpStream {
         self.stream
+    }
+
+    /// The stream for one message, within the time limit (if any).
+    fn timed(&self) -> Timed<'_> {
+        Timed {
+            stream: &self.stream,
+            deadline: self.timeout.and_then(|t| Instant::now().checked_add(t)),
+        }
+    }
+}
+
+/// The stream for one message: each read or write waits at most what is
+/// left of the message's time limit. A socket timeout alone bounds each
+/// read, so a peer sending a byte at a time could stretch one message (and
+/// hold the other side) without end.
+struct Timed<'a> {
+    stream: &'a TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Timed<'_> {
+    /// Sets the socket's read or write timeout to what is left.
+    fn arm(&self, read: bool) -> io::Result<()> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        if read {
+            self.stream.set_read_timeout(Some(left))
+        } else {
+            self.stream.set_write_timeout(Some(left))
+        }
+    }
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm(true)?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
+impl Write for Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm(false)?;
+        (&mut &*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&mut &*self.stream).flush()
     }
 }
 
@@ -796,8 +863,8 @@ pub fn server_exchange<M: WireMessage, T>(
 /// returns it with what the server advertised (its regions to WRITE/READ).
 ///
 /// `gid_index` `None` picks [`Context::default_gid_index`](crate::Context::default_gid_index)
-/// (the RoCE v2 GID on RoCE). Connecting retries until `timeout`; every read
-/// and write is bounded by it too.
+/// (the RoCE v2 GID on RoCE). Connecting retries until `timeout`; every
+/// message sent or received is bounded by it too.
 pub fn connect_client(
     host: &str,
     port: u16,

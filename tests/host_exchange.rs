@@ -299,3 +299,67 @@ fn peer_closed_tells_a_closed_or_dead_peer_from_a_live_one() {
     // Checking does not block and can be repeated.
     assert!(s.peer_closed().unwrap());
 }
+
+/// The time limit holds for a whole message, not each read: a peer that
+/// sends a valid message a byte at a time is cut off at the limit (each
+/// byte arrived well within it, and the message took 13 s).
+#[test]
+fn a_trickling_peer_is_cut_off_at_the_message_limit() {
+    let start = Instant::now();
+    let e = against(|mut s| {
+        for b in exchange::encode_endpoint(&ep(1)).unwrap() {
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(250));
+        }
+    })
+    .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    // 500 ms limit; the peer's thread ends at its next failed write.
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// `peer_closed` from two threads at once never waits (it switched the
+/// shared socket to non-blocking and back, so one call could peek in
+/// blocking mode and wait for data).
+#[test]
+fn peer_closed_from_two_threads_does_not_block() {
+    let (l, port) = listener();
+    let client = thread::spawn(move || {
+        let s = ExchangeStream::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+        thread::sleep(Duration::from_secs(3));
+        drop(s);
+    });
+    let mut s = l.accept(Some(Duration::from_secs(5))).unwrap();
+    s.set_timeout(None).unwrap();
+    let s = Arc::new(s);
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let checkers: Vec<_> = (0..2)
+        .map(|_| {
+            let s = Arc::clone(&s);
+            thread::spawn(move || {
+                let mut calls = 0u64;
+                while Instant::now() < stop {
+                    assert!(!s.peer_closed().unwrap(), "the peer is alive");
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    for c in checkers {
+        // A blocked call would still be waiting when the peer closes (3 s).
+        let calls = c.join().unwrap();
+        assert!(calls > 0);
+    }
+    assert!(
+        Instant::now() < stop + Duration::from_millis(1000),
+        "a check blocked"
+    );
+    client.join().unwrap();
+}
