@@ -82,6 +82,10 @@ use crate::ffi;
 /// How many events [`Cq::wait_poll`] lets accumulate before acknowledging them.
 pub const ACK_BATCH: u32 = 32;
 
+/// The longest [`Cq::wait_poll`] sleeps on its channel before it polls the
+/// CQ again.
+pub const WAIT_SLICE: Duration = Duration::from_secs(1);
+
 /// A completion channel (`ibv_comp_channel`).
 ///
 /// Cheap to clone (reference counted); every CQ attached to it keeps it alive.
@@ -596,6 +600,10 @@ impl Cq {
     /// batches of [`ACK_BATCH`]. Like [`poll`](Cq::poll) it fills `out` up to its
     /// capacity (it reserves room when `out` is full).
     ///
+    /// It never sleeps longer than [`WAIT_SLICE`] without polling: should
+    /// another clone of the channel consume this CQ's event, the completion
+    /// is found then.
+    ///
     /// The channel must serve this CQ alone: a waiter on a shared channel
     /// could consume the event meant for another CQ's waiter. With several CQs
     /// on one channel, use [`CompletionChannel::wait`] and poll the CQ it names.
@@ -635,9 +643,16 @@ impl Cq {
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(0);
             }
-            if channel.wait(left)?.is_none() {
-                // Timed out; one last look, in case a completion raced the clock.
-                return self.poll(out);
+            // In slices, polling between them: another clone of the channel
+            // (a monitor calling `try_next`, say) may take this CQ's event,
+            // and the completion must not wait for the next one.
+            let slice = left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE));
+            if channel.wait(Some(slice))?.is_none() {
+                if left.is_some_and(|l| l <= WAIT_SLICE) {
+                    // Timed out; one last look, in case a completion raced the clock.
+                    return self.poll(out);
+                }
+                continue;
             }
             if self.unacked_events() >= ACK_BATCH {
                 self.ack_events();

@@ -175,6 +175,59 @@ fn cq_drop_acks_outstanding_events() {
     assert!(t.elapsed() < Duration::from_secs(10));
 }
 
+/// A monitor holding a clone of the channel may take the event a
+/// `wait_poll` waiter sleeps on; the waiter still returns the completion
+/// within `WAIT_SLICE` (it slept on until its timeout: forever with `None`).
+/// Who reads the event first is a race, so several rounds are run and the
+/// ones the monitor won are counted.
+#[test]
+fn wait_poll_finds_a_completion_whose_event_a_clone_took() {
+    let _g = serial();
+    let p = chan_pair(QpCaps::default(), 8);
+    let ch = p.cq_b.channel().expect("channel").clone();
+    let ChanPair {
+        mut a,
+        mut cq_a,
+        cq_b,
+        ctx: _ctx,
+        pd: _pd,
+        b: _b,
+    } = p;
+    const ROUNDS: u64 = 6;
+    let (done_tx, done_rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut cq_b = cq_b;
+        for _ in 0..ROUNDS {
+            let mut out = Vec::with_capacity(4);
+            let n = cq_b.wait_poll(&mut out, None).expect("wait_poll");
+            done_tx.send((n, out[0].imm_data)).unwrap();
+        }
+        cq_b
+    });
+    let mut monitor_won = 0;
+    for i in 0..ROUNDS {
+        // The waiter is asleep on the channel by now.
+        std::thread::sleep(Duration::from_millis(300));
+        a.post_send(SendWr::send(i).imm(i as u32)).unwrap();
+        // The monitor spins on the event until the waiter has returned.
+        let until = Instant::now() + Duration::from_secs(3);
+        let mut got = None;
+        while got.is_none() && Instant::now() < until {
+            if ch.try_next().unwrap().is_some() {
+                monitor_won += 1;
+            }
+            got = done_rx.try_recv().ok();
+        }
+        let (n, imm) = got.unwrap_or_else(|| {
+            panic!("round {i}: wait_poll still asleep 3 s after the completion arrived")
+        });
+        assert_eq!((n, imm), (1, Some(i as u32)));
+        common::wait(&mut cq_a, 1);
+    }
+    drop(waiter.join().unwrap());
+    eprintln!("the monitor took the event in {monitor_won} of {ROUNDS} rounds");
+}
+
 #[test]
 fn wait_poll_refuses_a_shared_channel() {
     let _g = serial();
