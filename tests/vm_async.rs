@@ -336,6 +336,46 @@ fn a_rewrapped_qp_continues_its_request_numbers() {
     });
 }
 
+/// A task that keeps `AsyncCq::cq()`'s guard across an `.await` (which the
+/// docs forbid) on a current-thread runtime stalls that CQ's completions
+/// but not the runtime: the driver blocked the runtime's only thread on the
+/// lock, so even the task's own timeout never fired.
+#[test]
+fn a_cq_guard_held_across_an_await_does_not_wedge_the_runtime() {
+    let _g = serial();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let p = async_pair(caps(4));
+        let target = p.pd.alloc_mr(64, common::all_remote()).unwrap();
+        let remote = target.remote();
+        let start = std::time::Instant::now();
+        let guard = p.cq_a.cq();
+        let w = tokio::time::timeout(
+            Duration::from_millis(300),
+            p.a.write(mr_with(&p.pd, b"held"), remote, 0),
+        )
+        .await;
+        drop(guard);
+        assert!(w.is_err(), "the completion waited for the guard: {w:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        // The timed-out write's completion still arrives, with its buffer.
+        let mut c = tokio::time::timeout(Duration::from_secs(10), p.cq_a.next())
+            .await
+            .expect("the driver polls again once the guard is gone")
+            .unwrap();
+        c.result().unwrap();
+        assert_eq!(c.take_mr().unwrap().to_vec().unwrap(), b"held");
+        assert_eq!(&target.to_vec().unwrap()[..4], b"held");
+    });
+}
+
 /// A runtime built without its IO driver gets a typed error from the
 /// constructors (tokio itself would panic on registering the descriptor).
 #[test]

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use ::tokio::sync::Notify;
@@ -73,6 +73,17 @@ impl Shared {
 
     pub(crate) fn cq(&self) -> MutexGuard<'_, Cq> {
         self.cq.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The CQ unless someone holds it: the driver must not block its
+    /// runtime's thread on a guard that a task keeps across an `.await` (on
+    /// a current-thread runtime that task could then never run again).
+    pub(crate) fn try_cq(&self) -> Option<MutexGuard<'_, Cq>> {
+        match self.cq.try_lock() {
+            Ok(c) => Some(c),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Whether the driver stopped serving this CQ (waiters fail, nothing
@@ -242,7 +253,9 @@ impl AsyncCq {
     ///
     /// A lock guard (the driver polls the CQ under the same lock): take it
     /// once per statement (twice in one expression deadlocks), keep it
-    /// briefly, and never hold it across an `.await`.
+    /// briefly, and do not hold it across an `.await`: while it is held, the
+    /// driver cannot poll this CQ (it retries every millisecond; the runtime
+    /// goes on), so futures waiting for its completions wait for the guard.
     pub fn cq(&self) -> CqRef<'_> {
         CqRef(self.shared.cq())
     }

@@ -155,10 +155,15 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
     loop {
         pending.append(&mut registry.added());
         let mut busy = Vec::new();
+        let mut locked = false;
         for cq in pending.drain(..) {
             match serve(&cq, &mut done) {
-                Ok(true) => busy.push(cq),
-                Ok(false) => {}
+                Ok(Turn::More) => busy.push(cq),
+                Ok(Turn::Locked) => {
+                    locked = true;
+                    busy.push(cq);
+                }
+                Ok(Turn::Idle) => {}
                 Err(e) => cq.stop(e),
             }
         }
@@ -167,6 +172,12 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
         // cannot starve them.
         if let Err(e) = read_events(registry, &watch.channel, &mut pending) {
             return stop_all(registry, &e);
+        }
+        if locked {
+            // A task holds a CQ's lock (`AsyncCq::cq`): let it run and
+            // come back shortly, rather than spin.
+            ::tokio::time::sleep(LOCKED_RETRY).await;
+            continue;
         }
         if !pending.is_empty() {
             ::tokio::task::yield_now().await;
@@ -211,37 +222,62 @@ fn read_events(
     Ok(())
 }
 
+/// How a CQ's turn ended.
+enum Turn {
+    /// Empty and armed.
+    Idle,
+    /// It still has work: serve it again.
+    More,
+    /// A task holds its lock: try again a little later.
+    Locked,
+}
+
+/// How long the driver waits before retrying a CQ whose lock a task holds.
+const LOCKED_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Polls `cq` for up to [`ROUNDS_PER_TURN`] batches; when it is empty, arms
-/// it and polls once more. `Ok(true)`: it still has work (serve it again).
-fn serve(cq: &Shared, done: &mut Vec<Completion>) -> Result<bool> {
+/// it and polls once more.
+fn serve(cq: &Shared, done: &mut Vec<Completion>) -> Result<Turn> {
     for _ in 0..ROUNDS_PER_TURN {
-        if poll_into(cq, done)? > 0 {
-            cq.dispatch(done);
-            continue;
+        match poll_into(cq, done)? {
+            None => return Ok(Turn::Locked),
+            Some(0) => {}
+            Some(_) => {
+                cq.dispatch(done);
+                continue;
+            }
         }
-        let mut c = cq.cq();
+        let Some(mut c) = cq.try_cq() else {
+            return Ok(Turn::Locked);
+        };
         if c.unacked_events() >= ACK_BATCH {
             c.ack_events();
         }
         c.req_notify(false)?;
         drop(c);
-        if poll_into(cq, done)? == 0 {
-            return Ok(false);
+        match poll_into(cq, done)? {
+            None => return Ok(Turn::Locked),
+            Some(0) => return Ok(Turn::Idle),
+            Some(_) => cq.dispatch(done),
         }
-        cq.dispatch(done);
     }
-    Ok(true)
+    Ok(Turn::More)
 }
 
-/// One poll into `done`; a lost-completions report is queued for `next`
-/// (the completions of that poll are in `done` either way).
-fn poll_into(cq: &Shared, done: &mut Vec<Completion>) -> Result<usize> {
-    let polled = cq.cq().poll(done);
+/// One poll into `done` (`None`: a task holds the CQ's lock); a
+/// lost-completions report is queued for `next` (the completions of that
+/// poll are in `done` either way).
+fn poll_into(cq: &Shared, done: &mut Vec<Completion>) -> Result<Option<usize>> {
+    let Some(mut c) = cq.try_cq() else {
+        return Ok(None);
+    };
+    let polled = c.poll(done);
+    drop(c);
     match polled {
-        Ok(n) => Ok(n),
+        Ok(n) => Ok(Some(n)),
         Err(e @ Error::CompletionsLost { .. }) => {
             cq.state().errors.push_back(e);
-            Ok(done.len())
+            Ok(Some(done.len()))
         }
         Err(e) => Err(e),
     }
