@@ -242,10 +242,7 @@ fn serve(cq: &Shared, done: &mut Vec<Completion>) -> Result<Turn> {
         match poll_into(cq, done)? {
             None => return Ok(Turn::Locked),
             Some(0) => {}
-            Some(_) => {
-                cq.dispatch(done);
-                continue;
-            }
+            Some(_) => continue,
         }
         let Some(mut c) = cq.try_cq() else {
             return Ok(Turn::Locked);
@@ -258,29 +255,35 @@ fn serve(cq: &Shared, done: &mut Vec<Completion>) -> Result<Turn> {
         match poll_into(cq, done)? {
             None => return Ok(Turn::Locked),
             Some(0) => return Ok(Turn::Idle),
-            Some(_) => cq.dispatch(done),
+            Some(_) => {}
         }
     }
     Ok(Turn::More)
 }
 
-/// One poll into `done` (`None`: a task holds the CQ's lock); a
-/// lost-completions report is queued for `next` (the completions of that
-/// poll are in `done` either way).
+/// One poll, its completions dispatched (`None`: a task holds the CQ's
+/// lock); a lost-completions report is queued for `next` (the completions
+/// of that poll are dispatched either way). The lock is held until they are
+/// dispatched: `AsyncQp::new` checks that a QP has nothing outstanding under
+/// the same lock, so a completion retired by this poll cannot still be on
+/// its way to the waiters when a new wrapper registers its own.
 fn poll_into(cq: &Shared, done: &mut Vec<Completion>) -> Result<Option<usize>> {
     let Some(mut c) = cq.try_cq() else {
         return Ok(None);
     };
-    let polled = c.poll(done);
-    drop(c);
-    match polled {
-        Ok(n) => Ok(Some(n)),
+    let n = match c.poll(done) {
+        Ok(n) => n,
         Err(e @ Error::CompletionsLost { .. }) => {
             cq.state().errors.push_back(e);
-            Ok(Some(done.len()))
+            done.len()
         }
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
+    };
+    if n > 0 {
+        cq.dispatch(done);
     }
+    drop(c);
+    Ok(Some(n))
 }
 
 /// The channel failed: every CQ on it stops, its waiters fail.

@@ -63,7 +63,15 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
                 qp,
             ));
         }
+        // Under the CQs' locks: the driver polls and dispatches under them,
+        // so a completion it retired (outstanding no longer counts it) has
+        // reached its waiter or `next` before this check passes, and cannot
+        // be taken for a request of this wrapper numbered like it (plain
+        // posts choose their own wr_ids).
+        let send_lock = send_cq.shared().cq();
+        let recv_lock = (recv_cq.id() != send_cq.id()).then(|| recv_cq.shared().cq());
         let (sends, recvs) = qp.outstanding();
+        drop((send_lock, recv_lock));
         if sends + recvs > 0 {
             let (queue, count) = if sends > 0 {
                 ("send", sends)
