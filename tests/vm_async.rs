@@ -373,6 +373,20 @@ fn a_cq_guard_held_across_an_await_does_not_wedge_the_runtime() {
         c.result().unwrap();
         assert_eq!(c.take_mr().unwrap().to_vec().unwrap(), b"held");
         assert_eq!(&target.to_vec().unwrap()[..4], b"held");
+        // Wrapping needs the CQ's lock: refused (not a deadlock) while this
+        // thread holds the guard, accepted once it is dropped.
+        let guard = p.cq_a.cq();
+        let (e, qp) = AsyncQp::new(p.a.into_inner(), &p.cq_a, &p.cq_a)
+            .err()
+            .expect("refused while the guard lives");
+        assert!(
+            matches!(e, rdma_verbs::Error::InvalidArgument { .. }),
+            "{e}"
+        );
+        drop(guard);
+        AsyncQp::new(qp, &p.cq_a, &p.cq_a)
+            .map_err(|(e, _)| e)
+            .unwrap();
     });
 }
 

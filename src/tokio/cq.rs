@@ -64,6 +64,9 @@ pub(crate) struct Shared {
     pub(crate) id: CqId,
 }
 
+/// How long [`Shared::cq_patiently`] waits for the CQ's lock.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl Shared {
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every
@@ -73,6 +76,23 @@ impl Shared {
 
     pub(crate) fn cq(&self) -> MutexGuard<'_, Cq> {
         self.cq.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The CQ, waiting at most [`LOCK_PATIENCE`] for it: the driver holds
+    /// it for a poll at a time, so longer means a guard of
+    /// [`AsyncCq::cq`] is alive, perhaps on this very thread (waiting
+    /// would deadlock).
+    pub(crate) fn cq_patiently(&self) -> Option<MutexGuard<'_, Cq>> {
+        let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+        loop {
+            if let Some(c) = self.try_cq() {
+                return Some(c);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// The CQ unless someone holds it: the driver must not block its

@@ -44,9 +44,11 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     /// Wraps `qp`, whose send queue completes on `send_cq` and receive queue
     /// on `recv_cq` (the same `AsyncCq` for both is common).
     ///
-    /// Refused, with the QP back, if its CQs are not those, or if it has work
+    /// Refused, with the QP back, if its CQs are not those, if it has work
     /// outstanding ([`Error::WorkOutstanding`]): the completions of requests
-    /// numbered before the wrapper could be confused with its own.
+    /// numbered before the wrapper could be confused with its own, or if a
+    /// guard of [`AsyncCq::cq`] is still alive ([`Error::InvalidArgument`]:
+    /// the check needs the CQ's lock).
     #[allow(clippy::result_large_err)]
     pub fn new(
         qp: Qp<T, S>,
@@ -68,8 +70,20 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         // reached its waiter or `next` before this check passes, and cannot
         // be taken for a request of this wrapper numbered like it (plain
         // posts choose their own wr_ids).
-        let send_lock = send_cq.shared().cq();
-        let recv_lock = (recv_cq.id() != send_cq.id()).then(|| recv_cq.shared().cq());
+        let send_lock = send_cq.shared().cq_patiently();
+        let recv_lock = match recv_cq.id() == send_cq.id() {
+            true => None,
+            false => recv_cq.shared().cq_patiently(),
+        };
+        if send_lock.is_none() || (recv_cq.id() != send_cq.id() && recv_lock.is_none()) {
+            return Err((
+                Error::InvalidArgument {
+                    what: "AsyncQp::new",
+                    reason: "its AsyncCq is locked: drop the guard of AsyncCq::cq() first".into(),
+                },
+                qp,
+            ));
+        }
         let (sends, recvs) = qp.outstanding();
         drop((send_lock, recv_lock));
         if sends + recvs > 0 {
