@@ -14,8 +14,10 @@
 //! same work as the C tools: the same message counts, send queue depth, CQ
 //! moderation (100, or 1 above 8 KiB), signaling, post lists, poll batches
 //! (16) and address cycling. Output: perftest's table, columns and units
-//! (MB = MiB; `--report_gbits`: Gb = 10^9 bits); `--out_json FILE` writes the
-//! same rows as JSON.
+//! (MB = MiB; `--report_gbits`: Gb = 10^9 bits); `--out_json` writes the
+//! same rows as JSON (to `--out_json_file`, default `perftest_out.json` as
+//! perftest's; the schema is ours: an object whose `results` list has a row
+//! per size).
 //!
 //! The two data paths:
 //! * **safe**: `Qp::post_send_list` with `SharedMr` sources (WRITE/SEND), owned

@@ -65,7 +65,7 @@ pub(crate) struct Shared {
 }
 
 /// How long [`Shared::cq_patiently`] waits for the CQ's lock.
-const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Shared {
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
@@ -79,9 +79,9 @@ impl Shared {
     }
 
     /// The CQ, waiting at most [`LOCK_PATIENCE`] for it: the driver holds
-    /// it for a poll at a time, so longer means a guard of
-    /// [`AsyncCq::cq`] is alive, perhaps on this very thread (waiting
-    /// would deadlock).
+    /// it for a poll at a time and other tasks briefly (creating a QP), so
+    /// longer means a guard of [`AsyncCq::cq`] is alive, perhaps on this
+    /// very thread (waiting for it would deadlock).
     pub(crate) fn cq_patiently(&self) -> Option<MutexGuard<'_, Cq>> {
         let deadline = std::time::Instant::now() + LOCK_PATIENCE;
         loop {
