@@ -60,7 +60,12 @@
 //! [`AsyncCq::next`] is meant for one consumer task: a second concurrent
 //! caller replaces the first one's wake-up. The driver task runs on the
 //! runtime that created the [`AsyncCq`]; dropping the `AsyncCq` stops it, and
-//! futures still waiting on it then fail instead of hanging.
+//! futures still waiting on it then fail instead of hanging. So does shutting
+//! that runtime down. Awaiting from another runtime works only while the
+//! creating one runs its tasks: a current-thread runtime runs them only
+//! inside its `block_on`, so futures awaited elsewhere while it sits idle
+//! wait until it runs again. Create the `AsyncCq` on the runtime that awaits
+//! its operations.
 //!
 //! rdma_cm ([`Listener`], [`AsyncCmId`]) and async events ([`AsyncEventStream`])
 //! are awaited the same way, through the readiness handles of their channels.
