@@ -36,7 +36,24 @@ fn every_transition_and_query_after_each() {
     assert_eq!(a.query().unwrap().state, QpStateKind::Reset);
 
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let a = a.init(InitAttr::new(1, access)).unwrap();
+    // A P_Key index past the port's table (soft-RoCE took it) is refused,
+    // with the QP back.
+    let tbl = ctx.query_port(1).unwrap().pkey_tbl_len;
+    let e = a
+        .init(InitAttr::new(1, access).pkey_index(tbl))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::InvalidArgument {
+                what: "pkey index",
+                ..
+            }
+        ),
+        "{}",
+        e.error
+    );
+    let a = e.qp.init(InitAttr::new(1, access)).unwrap();
     let b = b.init(InitAttr::new(1, access)).unwrap();
     let q = a.query().unwrap();
     assert_eq!(q.state, QpStateKind::Init);
@@ -110,21 +127,18 @@ fn refused_transitions_hand_the_qp_back() {
     let mtu = ctx.query_port(1).unwrap().active_mtu;
     let qp = Qp::new(&pd, &cq, &cq, caps()).unwrap();
 
-    // A port that does not exist.
+    // A port that does not exist: named before the kernel's EINVAL.
     let err = qp.init(InitAttr::new(9, all_remote())).unwrap_err();
     assert!(
-        matches!(
-            err.error,
-            Error::Transition {
-                from: "RESET",
-                to: "INIT",
-                ..
-            }
-        ),
+        matches!(err.error, Error::InvalidArgument { what: "port", .. }),
         "{}",
         err.error
     );
-    assert_eq!(err.error.errno(), Some(libc::EINVAL));
+    assert!(
+        err.error.to_string().contains("port 9 does not exist"),
+        "{}",
+        err.error
+    );
     let qp = err
         .qp
         .init(InitAttr::new(1, all_remote()))

@@ -950,6 +950,24 @@ impl<T: QpType> Qp<T, Reset> {
         port: u8,
         attr: (ffi::ibv_qp_attr, u32),
     ) -> Result<Qp<T, Init>, TransitionError<Qp<T, Reset>>> {
+        // The port and P_Key index, checked here: the kernel says EINVAL for
+        // a missing port, and soft-RoCE takes an index past its table.
+        let pkey_index = attr.0.pkey_index;
+        let checked = self.core.pd.context().query_port(port).and_then(|p| {
+            match p.pkey_tbl_len > 0 && pkey_index >= p.pkey_tbl_len {
+                true => Err(Error::InvalidArgument {
+                    what: "pkey index",
+                    reason: format!(
+                        "{pkey_index} is past the {} entries of port {port}'s P_Key table",
+                        p.pkey_tbl_len
+                    ),
+                }),
+                false => Ok(()),
+            }
+        });
+        if let Err(error) = checked {
+            return Err(TransitionError { qp: self, error });
+        }
         let old = self.core.port;
         self.core.port = port;
         self.transition(attr).map_err(|mut e| {
