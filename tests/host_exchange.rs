@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -33,13 +33,20 @@ fn listener() -> (ExchangeListener, u16) {
     (l, port)
 }
 
-/// A port nobody listens on (bound, then released).
+/// A port nobody listens on, below the ephemeral range: the other tests'
+/// listeners (port 0) cannot be given it while this test leaves it free
+/// (a port bound with 0 and released could be, and a client then reached
+/// another test's server).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 1000) as u16 * 8;
+    for _ in 0..64 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 8;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("ports {base}..{} are all taken", base + 8);
 }
 
 #[test]

@@ -376,9 +376,9 @@ fn a_cq_guard_held_across_an_await_does_not_wedge_the_runtime() {
         // Wrapping needs the CQ's lock: refused (not a deadlock) while this
         // thread holds the guard, accepted once it is dropped.
         let guard = p.cq_a.cq();
-        let (e, qp) = AsyncQp::new(p.a.into_inner(), &p.cq_a, &p.cq_a)
-            .err()
-            .expect("refused while the guard lives");
+        let Err((e, qp)) = AsyncQp::new(p.a.into_inner(), &p.cq_a, &p.cq_a) else {
+            panic!("AsyncQp::new accepted while the guard lives");
+        };
         assert!(
             matches!(e, rdma_verbs::Error::InvalidArgument { .. }),
             "{e}"
