@@ -192,8 +192,9 @@ pub enum Error {
     /// A QP cannot be reset while work requests are outstanding.
     #[error(
         "{count} {queue} work request(s) are still outstanding; move the QP to ERR (to_error), poll the \
-         flushed completions, then reset (requests whose completions Cq::poll_raw consumed may stay \
-         outstanding for good: then destroy the QP)"
+         flushed completions, then reset (requests whose completions Cq::poll_raw consumed, or whose \
+         CQ nobody can poll any more because its Cq was dropped, stay outstanding for good: then \
+         destroy the QP)"
     )]
     WorkOutstanding {
         /// `send` or `receive`.
