@@ -797,19 +797,9 @@ impl Cq {
         n: usize,
         timeout: std::time::Duration,
     ) -> Result<()> {
-        let target = out.len().saturating_add(n);
-        let start = std::time::Instant::now();
-        while out.len() < target {
-            let want = target - out.len();
-            make_room(out, want);
-            if self.poll_inner(out, want, None)? == 0 && start.elapsed() > timeout {
-                return Err(Error::Timeout {
-                    what: "waiting for completions",
-                    after: timeout,
-                });
-            }
-        }
-        Ok(())
+        poll_exactly(out, n, timeout, "waiting for completions", |out, want| {
+            self.poll_inner(out, want, None)
+        })
     }
 
     /// Polls exactly one completion, waiting up to `timeout` for it.
@@ -823,13 +813,33 @@ impl Cq {
     }
 }
 
-/// Makes room in `out` for up to `want` more (at least [`POLL_BATCH`] of them
-/// where `want` allows) when it is full: a timed poll of a huge count grows
-/// its vector with what arrives instead of reserving the count up front.
-pub(crate) fn make_room<T>(out: &mut Vec<T>, want: usize) {
-    if out.len() == out.capacity() {
-        out.reserve(want.min(POLL_BATCH));
+/// Polls with `poll(out, want)` (which adds at most `want`, at most `out`'s
+/// spare capacity) until exactly `n` more are in `out`, or fails with
+/// [`Error::Timeout`] naming `what` after `timeout`. `out` grows with what
+/// arrives (by at least [`POLL_BATCH`] where `n` allows), never by `n` up
+/// front: a huge `n` must not reserve (or abort on) memory it never uses.
+pub(crate) fn poll_exactly<T>(
+    out: &mut Vec<T>,
+    n: usize,
+    timeout: std::time::Duration,
+    what: &'static str,
+    mut poll: impl FnMut(&mut Vec<T>, usize) -> Result<usize>,
+) -> Result<()> {
+    let target = out.len().saturating_add(n);
+    let start = std::time::Instant::now();
+    while out.len() < target {
+        let want = target - out.len();
+        if out.len() == out.capacity() {
+            out.reserve(want.min(POLL_BATCH));
+        }
+        if poll(out, want)? == 0 && start.elapsed() > timeout {
+            return Err(Error::Timeout {
+                what,
+                after: timeout,
+            });
+        }
     }
+    Ok(())
 }
 
 impl fmt::Debug for Cq {

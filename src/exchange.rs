@@ -655,8 +655,11 @@ impl ExchangeStream {
         }
     }
 
-    /// The TCP stream.
+    /// The TCP stream, with the time limit as its read and write timeouts
+    /// (a message's reads left them at what was left of its limit).
     pub fn into_inner(self) -> TcpStream {
+        let _ = self.stream.set_read_timeout(self.timeout);
+        let _ = self.stream.set_write_timeout(self.timeout);
         self.stream
     }
 

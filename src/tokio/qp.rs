@@ -71,11 +71,8 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         // be taken for a request of this wrapper numbered like it (plain
         // posts choose their own wr_ids).
         let send_lock = send_cq.shared().cq_patiently();
-        let recv_lock = match recv_cq.id() == send_cq.id() {
-            true => None,
-            false => recv_cq.shared().cq_patiently(),
-        };
-        if send_lock.is_none() || (recv_cq.id() != send_cq.id() && recv_lock.is_none()) {
+        let recv_lock = (recv_cq.id() != send_cq.id()).then(|| recv_cq.shared().cq_patiently());
+        if send_lock.is_none() || matches!(recv_lock, Some(None)) {
             return Err((
                 Error::InvalidArgument {
                     what: "AsyncQp::new",

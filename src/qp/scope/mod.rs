@@ -117,7 +117,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, make_room, poll_in_batches};
+use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, poll_exactly, poll_in_batches};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::qp::queue::POST_CHUNK;
@@ -451,19 +451,13 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         n: usize,
         timeout: Duration,
     ) -> Result<()> {
-        let target = out.len().saturating_add(n);
-        let start = Instant::now();
-        while out.len() < target {
-            let want = target - out.len();
-            make_room(out, want);
-            if self.poll_up_to(out, want)? == 0 && start.elapsed() > timeout {
-                return Err(Error::Timeout {
-                    what: "waiting for the scope's completions",
-                    after: timeout,
-                });
-            }
-        }
-        Ok(())
+        poll_exactly(
+            out,
+            n,
+            timeout,
+            "waiting for the scope's completions",
+            |out, want| self.poll_up_to(out, want),
+        )
     }
 
     /// Polls exactly one of the scope's completions, waiting up to `timeout`
