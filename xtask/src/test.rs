@@ -24,7 +24,7 @@
 //!    the short fault matrix (SIGKILLed peers, 1% loss, a link cut with a short ACK timeout,
 //!    rdma_cm to a closed port, a garbage exchange peer); each case counts as one test.
 //!
-//!    Then `cargo xtask soak --seconds 60 --max-size 65536`: 4 QPs of verified
+//!    Then `cargo xtask soak --seconds 40 --max-size 65536`: 4 QPs of verified
 //!    SEND/WRITE/READ of 1 B to 64 KiB across the wire under 1% loss (one test); it fails
 //!    on any lost, duplicated or corrupted message and when either process's anonymous
 //!    memory grew by more than 1 MiB after warm-up.
@@ -38,13 +38,15 @@
 //!    cannot see.
 //!
 //! cargo's output is shown as it comes; the `test result:` lines are summed into a final
-//! `xtask test: N passed, M failed` line.
+//! `xtask test: N passed, M failed` line, after one line per step with its wall time (the
+//! suite is to stay under 15 minutes on a 2-core machine; these lines show where it goes).
 
 use std::ffi::OsString;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use crate::EXIT_INFRA;
 use crate::cmd::{self, output_checked};
@@ -63,10 +65,18 @@ struct Summary {
     failed: u64,
     /// One line per failed step.
     problems: Vec<String>,
+    /// `(step, seconds)` for each step, in order.
+    times: Vec<(String, u64)>,
+    /// When the step now running began.
+    started: Option<Instant>,
 }
 
 impl Summary {
     fn add(&mut self, step: &str, outcome: Result<Counts>) {
+        let now = Instant::now();
+        let began = self.started.replace(now).unwrap_or(now);
+        self.times
+            .push((step.to_owned(), now.duration_since(began).as_secs()));
         match outcome {
             Ok(counts) => {
                 self.passed += counts.passed;
@@ -93,7 +103,10 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
     crate::setup_vm(Verbosity::Quiet)?;
     let root = crate::workspace_root();
     let (host_tests, device_tests) = discover_tests(&root.join("tests"))?;
-    let mut summary = Summary::default();
+    let mut summary = Summary {
+        started: Some(Instant::now()),
+        ..Summary::default()
+    };
 
     let mut host = cargo(root);
     host.args([
@@ -158,20 +171,23 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
     });
     summary.add("two-node interop and faults", outcome);
 
-    // A 60 s verified soak under 1% loss across the wire (counted as one test), with
+    // A 40 s verified soak under 1% loss across the wire (counted as one test), with
     // messages up to 64 KiB: at 1 MiB, rxe (Debian 12's 6.1) was seen to stall a WRITE
     // under loss for good (README, Reliability), which `cargo xtask soak` reports.
-    let soak = ["--seconds", "60", "--max-size", "65536"];
+    let soak = ["--seconds", "40", "--max-size", "65536"];
     eprintln!("xtask test: cargo xtask soak {}", soak.join(" "));
     let outcome = crate::faults::soak_command(soak.map(OsString::from).into()).map(|code| Counts {
         passed: u64::from(code == 0),
         failed: u64::from(code != 0),
         success: true,
     });
-    summary.add("soak (60 s, 1% loss)", outcome);
+    summary.add("soak (40 s, 1% loss)", outcome);
 
     summary.add("instruction guard", insn_guard());
 
+    for (step, secs) in &summary.times {
+        eprintln!("xtask test: {secs:>4} s  {step}");
+    }
     for problem in &summary.problems {
         eprintln!("xtask test: FAILED: {problem}");
     }
