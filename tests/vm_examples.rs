@@ -147,6 +147,40 @@ fn hello_rc() {
     eprintln!("hello_rc: ok in {took:?}");
 }
 
+/// `perf send_bw -D 4`: the server, which only receives, prints a row of its
+/// own, as perftest's does: the receives of its sampling phase (perftest's
+/// margin is `-D / 4` whole seconds, so 4 - 2 x 1 = 2 s) over that phase.
+#[test]
+fn perf_send_bw_server_reports_its_sampling_window_in_duration_mode() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let port = 19560u16;
+    let p = port.to_string();
+    let args = [
+        "send_bw", "--raw", "-x", "1", "-s", "2", "-D", "4", "-p", &p,
+    ];
+    let server = strings(&args);
+    let mut client = server.clone();
+    client.push(addr());
+    let (sout, _cout, took) = run_pair("perf", port, &server, &client);
+    // ` #bytes #iterations BW-peak BW-average MsgRate`
+    let row: Vec<f64> = sout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() == 5 && w[0] == "2")
+        .unwrap_or_else(|| panic!("server: no result row for 2 bytes:\n{sout}"))
+        .iter()
+        .map(|w| w.parse().expect("a number"))
+        .collect();
+    let (iters, mpps) = (row[1], row[4]);
+    assert!(iters > 0.0 && mpps > 0.0, "server row {row:?}:\n{sout}");
+    let window = iters / (mpps * 1e6);
+    assert!(
+        (1.8..2.3).contains(&window),
+        "server row {row:?} spans {window:.2} s, not the 2 s sampling phase:\n{sout}"
+    );
+    eprintln!("perf send_bw -D 4: server row {row:?} ({window:.2} s), ok in {took:?}");
+}
+
 /// Arguments a bad-input review found ending in a panic, an abort or exit 0
 /// now end in an error that names the problem, at once.
 #[test]

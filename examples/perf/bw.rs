@@ -182,6 +182,9 @@ fn run_size(
             break;
         }
     }
+    if let (Some(rx), Some(t)) = (rx, timer) {
+        rx.window = Some((t.sample_start, t.sample_end));
+    }
     let Some(tx) = tx else { return Ok(None) };
     Ok(Some(tx_row(o, rate, timer, tx)))
 }

@@ -27,6 +27,11 @@ pub struct Rx {
     /// When the first receive completed (0: none yet), perftest's server
     /// `tposted[0]`.
     first: u64,
+    /// Duration mode: receives completed in the sampling phase.
+    sampled: u64,
+    /// Duration mode: the sampling phase's start and end ticks, set when the
+    /// run ends (`run_size`).
+    pub(super) window: Option<(u64, u64)>,
     posted: Vec<u64>,
     last_ne: usize,
     /// Safe: the completion array.
@@ -62,6 +67,8 @@ impl Rx {
             nslots,
             rcnt: 0,
             first: 0,
+            sampled: 0,
+            window: None,
             posted: vec![0; nq],
             last_ne: 1,
             out: Vec::with_capacity(POLL_BATCH),
@@ -195,20 +202,35 @@ impl Rx {
         if ne > 0 && self.first == 0 {
             self.first = clock::now();
         }
+        if !self.iterations && phase == Phase::Sample {
+            self.sampled += ne as u64;
+        }
         self.last_ne = ne;
         Ok(())
     }
 
-    /// The receiver's own row, measured from its first receive to `end`
-    /// (perftest's server: no peak); `None` in duration mode, where the
-    /// sender's row is printed.
+    /// The receiver's own row (perftest's server: no peak): from its first
+    /// receive to `end`, or in duration mode the receives of the sampling
+    /// phase over its length.
     pub(super) fn row(&self, o: &Opts, rate: &Rate, end: u64) -> Option<BwRow> {
-        receiver_row(o, rate, self.size, self.rcnt, self.first, end)
+        let Some((start, stop)) = self.window else {
+            return receiver_row(o, rate, self.size, self.rcnt, self.first, end);
+        };
+        let s = BwSamples {
+            size: self.size,
+            iters: self.sampled,
+            post_list: 1,
+            cq_mod: 1,
+            tposted: &[start],
+            tcompleted: &[stop],
+            no_peak: true,
+        };
+        Some(report::bw_row(&s, rate, o.report_gbits))
     }
 }
 
-/// A receiver's row: `received` messages of `size` bytes from tick `first`
-/// to `end` (`None` in duration mode, or before any receive).
+/// A receiver's row in iterations mode: `received` messages of `size` bytes
+/// from tick `first` to `end` (`None` in duration mode, or before any receive).
 pub(super) fn receiver_row(
     o: &Opts,
     rate: &Rate,
