@@ -200,6 +200,61 @@ fn rejected_connection_reports_status_and_private_data() {
     server.join().expect("server thread");
 }
 
+/// A blocking connect waits for ESTABLISHED without holding the id: getters
+/// on another thread answer at once, event readers see nothing (the
+/// handshake's events stay its own), `disconnect` is refused, and the connect
+/// still completes once the server accepts.
+#[test]
+fn a_waiting_connect_does_not_block_other_calls_on_the_id() {
+    let addr = at(20107);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let listener = CmId::listener(addr, 4).expect("listen");
+        ready_tx.send(()).expect("signal");
+        let req = listener.get_request(T).expect("connect request");
+        go_rx.recv_timeout(T).expect("the client's go-ahead");
+        let (_pd, _cq, qp) = setup(req.id());
+        let accepted = req.accept(qp, &ConnParam::new(), T).expect("accept");
+        let _ = done_rx.recv_timeout(T);
+        drop(accepted);
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+    let (id, _pd, _cq, qp) = client(addr);
+    thread::scope(|s| {
+        let connect = s.spawn(|| id.connect(qp, &ConnParam::new(), T));
+        // The request reaches the server, which holds its reply back.
+        thread::sleep(Duration::from_millis(500));
+        let t = Instant::now();
+        assert_eq!(id.local_addr().map(|a| a.ip()), Some(ip()));
+        let shown = format!("{id:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "getters waited {:?} for the handshake",
+            t.elapsed()
+        );
+        assert!(shown.contains("peer"), "{shown}");
+        assert!(matches!(id.try_event(), Ok(None)));
+        let waited = id.get_event(Duration::from_millis(300));
+        assert!(
+            matches!(waited, Err(Error::Timeout { .. })),
+            "the handshake's events are its own: {waited:?}"
+        );
+        let refused = id.disconnect();
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { .. })),
+            "{refused:?}"
+        );
+        go_tx.send(()).expect("go");
+        let (_qp, ev) = connect.join().expect("connect thread").expect("connect");
+        assert_eq!(ev.kind, CmEventKind::Established);
+    });
+    id.disconnect().expect("disconnect once connected");
+    done_tx.send(()).ok();
+    server.join().expect("server thread");
+}
+
 #[test]
 fn connect_without_listener_is_refused_not_hung() {
     let (id, _pd, _cq, qp) = client(at(20103));

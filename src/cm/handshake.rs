@@ -34,25 +34,23 @@ impl Drop for QpAttach {
     }
 }
 
-/// `id->qp` set for a handshake the async layer awaits without holding the
-/// id's lock; dropping it clears `id->qp` (and restores `id->pd`) under the lock.
-#[cfg(feature = "tokio")]
+/// `id->qp` set for a handshake awaited without holding the id's lock (by the
+/// async layer, and by a blocking [`CmId::connect`] between its polls);
+/// dropping it clears `id->qp` (and restores `id->pd`) and the id's
+/// `connecting` flag under the lock.
 pub(crate) struct Handshake {
     inner: Arc<IdInner>,
     pd: *mut ffi::ibv_pd,
 }
 
 // SAFETY: the pointers are only dereferenced under the id's lock (in Drop).
-#[cfg(feature = "tokio")]
 unsafe impl Send for Handshake {}
 // SAFETY: &Handshake gives access to nothing.
-#[cfg(feature = "tokio")]
 unsafe impl Sync for Handshake {}
 
-#[cfg(feature = "tokio")]
 impl Handshake {
     /// Turns an attach made under the lock into one that outlives the lock.
-    fn keep(inner: &Arc<IdInner>, attach: QpAttach) -> Handshake {
+    pub(super) fn keep(inner: &Arc<IdInner>, attach: QpAttach) -> Handshake {
         let h = Handshake {
             inner: inner.clone(),
             pd: attach.pd,
@@ -62,7 +60,6 @@ impl Handshake {
     }
 }
 
-#[cfg(feature = "tokio")]
 impl Drop for Handshake {
     fn drop(&mut self) {
         let _g = self.inner.lock();
@@ -71,6 +68,7 @@ impl Drop for Handshake {
             (*self.inner.id()).qp = std::ptr::null_mut();
             (*self.inner.id()).pd = self.pd;
         }
+        self.inner.connecting.store(false, Ordering::Relaxed);
     }
 }
 

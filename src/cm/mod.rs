@@ -94,6 +94,7 @@ use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -119,6 +120,10 @@ use handshake::*;
 pub use param::ConnParam;
 pub use request::ConnectRequest;
 
+/// How long an event reader sleeps between looks while a blocking connect on
+/// another thread owns the id's events.
+const CONNECTING_SLICE: Duration = Duration::from_millis(10);
+
 /// How long past its own timeout a resolution may take before the wait gives up.
 const RESOLVE_GRACE: Duration = Duration::from_secs(2);
 
@@ -126,6 +131,10 @@ struct IdInner {
     raw: NonNull<ffi::rdma_cm_id>,
     /// Serialises every librdmacm call on this id and every access to its fields.
     lock: Mutex<()>,
+    /// A blocking [`CmId::connect`] is waiting for ESTABLISHED (it polls the
+    /// channel without the lock, and the id's events are its own until it
+    /// returns). Written and read under `lock`.
+    connecting: AtomicBool,
     /// Dropped after the id is destroyed.
     channel: EventChannel,
 }
@@ -190,15 +199,24 @@ impl IdInner {
         }))
     }
 
-    /// Waits for the next event until `deadline`. Call with the lock held.
-    fn next_event_locked(
+    /// Waits for the next event until `deadline`. With `locked`, the caller
+    /// holds the lock throughout; without, the lock is taken for each fetch
+    /// only, so other calls on the id proceed while this one sleeps.
+    fn next_event(
         &self,
         deadline: Instant,
         what: &'static str,
         total: Duration,
+        locked: bool,
     ) -> Result<CmEvent> {
         loop {
-            if let Some(ev) = self.try_event_locked()? {
+            let ev = if locked {
+                self.try_event_locked()?
+            } else {
+                let _g = self.lock();
+                self.try_event_locked()?
+            };
+            if let Some(ev) = ev {
                 return Ok(ev);
             }
             let now = Instant::now();
@@ -210,17 +228,19 @@ impl IdInner {
     }
 
     /// Waits for an event of `kind`; any other event (but the harmless
-    /// ADDR_CHANGE / TIMEWAIT_EXIT) ends the wait with its error.
-    fn expect_locked(
+    /// ADDR_CHANGE / TIMEWAIT_EXIT) ends the wait with its error. `locked` as
+    /// in [`IdInner::next_event`].
+    fn expect(
         &self,
         kind: CmEventKind,
         op: &'static str,
         what: &'static str,
         timeout: Duration,
+        locked: bool,
     ) -> Result<CmEvent> {
         let deadline = deadline_after(timeout);
         loop {
-            let ev = self.next_event_locked(deadline, what, timeout)?;
+            let ev = self.next_event(deadline, what, timeout, locked)?;
             if ev.kind == kind {
                 return Ok(ev);
             }
@@ -230,13 +250,33 @@ impl IdInner {
             return Err(ev.into_error(op));
         }
     }
+
+    /// [`IdInner::expect`] with the lock held by the caller throughout.
+    fn expect_locked(
+        &self,
+        kind: CmEventKind,
+        op: &'static str,
+        what: &'static str,
+        timeout: Duration,
+    ) -> Result<CmEvent> {
+        self.expect(kind, op, what, timeout, true)
+    }
+
+    /// Whether a blocking connect owns the id's events now. Call with the lock held.
+    fn connecting(&self) -> bool {
+        self.connecting.load(Ordering::Relaxed)
+    }
 }
 
 /// An rdma_cm identifier (`rdma_cm_id`): one end of a connection, or a listener.
 ///
 /// Owns its [`EventChannel`]. Dropping it destroys the id (`rdma_destroy_id`;
 /// a connected peer sees DISCONNECTED) once no QP created on it is left.
-/// All methods take `&self`; they are serialised internally.
+/// All methods take `&self`; they are serialised internally. A blocking
+/// [`connect`](CmId::connect) holds the id only for each look at its events,
+/// so getters (and `Debug`) on other threads answer meanwhile; until it
+/// returns, event readers there see no events (they are the handshake's)
+/// and [`disconnect`](CmId::disconnect) is refused.
 pub struct CmId {
     inner: Arc<IdInner>,
 }
@@ -267,6 +307,7 @@ impl CmId {
             inner: Arc::new(IdInner {
                 raw,
                 lock: Mutex::new(()),
+                connecting: AtomicBool::new(false),
                 channel,
             }),
         })
@@ -290,6 +331,7 @@ impl CmId {
                 inner: Arc::new(IdInner {
                     raw: child,
                     lock: Mutex::new(()),
+                    connecting: AtomicBool::new(false),
                     channel,
                 }),
             }),
@@ -655,18 +697,30 @@ impl CmId {
         timeout: Duration,
     ) -> Result<(Qp<Rc, Rts>, CmEvent)> {
         param.validate()?;
-        let _g = self.inner.lock();
-        let id = self.inner.id();
-        // SAFETY: the id's lock is held until after `attach` is dropped, and
-        // the QP outlives it.
-        let attach = unsafe { attach_and_call(id, &qp, param, ffi::rdma_connect, "rdma_connect")? };
-        let ev = self.inner.expect_locked(
+        let handshake = {
+            let _g = self.inner.lock();
+            let id = self.inner.id();
+            // SAFETY: the lock is held while `attach` is a QpAttach: it becomes
+            // a Handshake (which re-locks to detach) before the lock is
+            // released; the QP outlives the Handshake (dropped below, and on
+            // unwinding before the parameter `qp`).
+            let attach =
+                unsafe { attach_and_call(id, &qp, param, ffi::rdma_connect, "rdma_connect")? };
+            self.inner.connecting.store(true, Ordering::Relaxed);
+            Handshake::keep(&self.inner, attach)
+        };
+        // Without the lock between polls: getters and other calls on this id
+        // do not wait for the handshake (event readers and `disconnect` see
+        // `connecting` and leave the id's events and QP alone).
+        let ev = self.inner.expect(
             CmEventKind::Established,
             "rdma_connect",
             "rdma_connect: waiting for ESTABLISHED",
             timeout,
-        )?;
-        drop(attach);
+            false,
+        );
+        drop(handshake);
+        let ev = ev?;
         // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm
         // processed the reply and moved the QP to RTR and RTS (else it reports
         // CONNECT_ERROR).
@@ -676,8 +730,21 @@ impl CmId {
     /// Disconnects (`rdma_disconnect`): the peer, and this id, see DISCONNECTED.
     /// Does not wait and does not touch the QP (see the module docs; use
     /// [`Qp::to_error`] to flush it).
+    ///
+    /// While a [`connect`](CmId::connect) on another thread is waiting for
+    /// ESTABLISHED, this returns [`Error::InvalidArgument`] at once (that
+    /// connect ends at its timeout; a future of the async layer's connect can
+    /// be dropped instead).
     pub fn disconnect(&self) -> Result<()> {
         let _g = self.inner.lock();
+        if self.inner.connecting() {
+            return Err(Error::InvalidArgument {
+                what: "rdma_cm id",
+                reason: "a connect on another thread is waiting for ESTABLISHED on it; \
+                         disconnect once it returned (it ends at its timeout)"
+                    .into(),
+            });
+        }
         // SAFETY: valid id under its lock; id->qp is NULL, so librdmacm only
         // sends the disconnect.
         let rc = unsafe { ffi::rdma_disconnect(self.inner.id()) };
@@ -707,8 +774,13 @@ impl CmId {
     }
 
     /// The next event without waiting, if one is there.
+    /// `None` too while a [`connect`](CmId::connect) on another thread waits
+    /// (the handshake's events are its own).
     pub fn try_event(&self) -> Result<Option<CmEvent>> {
         let _g = self.inner.lock();
+        if self.inner.connecting() {
+            return Ok(None);
+        }
         self.inner.try_event_locked()
     }
 
@@ -721,17 +793,27 @@ impl CmId {
         let deadline = deadline_after(timeout);
         loop {
             // Sleep without the lock, so other calls on the id can proceed.
-            {
+            let connecting = {
                 let _g = self.inner.lock();
-                if let Some(ev) = self.inner.try_event_locked()? {
-                    return Ok(ev);
+                let connecting = self.inner.connecting();
+                if !connecting {
+                    if let Some(ev) = self.inner.try_event_locked()? {
+                        return Ok(ev);
+                    }
                 }
-            }
+                connecting
+            };
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Timeout { what, after: total });
             }
-            poll_readable(self.inner.channel.fd(), deadline - now)?;
+            if connecting {
+                // The channel may be readable with the handshake's event:
+                // sleep instead of polling it, and look again.
+                std::thread::sleep((deadline - now).min(CONNECTING_SLICE));
+            } else {
+                poll_readable(self.inner.channel.fd(), deadline - now)?;
+            }
         }
     }
 }
