@@ -154,7 +154,8 @@ impl ChannelInner {
 
 /// Identifies a CQ in events (the address of its `ibv_cq`).
 ///
-/// Compare with [`Cq::id`]. Only meaningful while that CQ exists.
+/// Compare with [`Cq::id`]. Only meaningful while that CQ exists (a new CQ
+/// can get a dropped one's address; see [`SrqId`](crate::event::SrqId)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub(crate) usize);
 

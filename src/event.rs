@@ -41,6 +41,12 @@ use crate::error::{Error, Result, last_errno};
 use crate::ffi;
 
 /// Identifies a shared receive queue in events (the address of its `ibv_srq`).
+///
+/// Compare with [`Srq::id`](crate::Srq::id). Only meaningful while that SRQ
+/// exists: the allocator hands a dropped SRQ's address to the next one (a
+/// review saw one address for 22 of 40 SRQs created one after another), so
+/// an event read after its SRQ was dropped can match a newer SRQ. Handle an
+/// SRQ's events before dropping it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SrqId(pub(crate) usize);
 

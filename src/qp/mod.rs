@@ -107,9 +107,15 @@
 //!   still posted are released after it returns, and the ring stays
 //!   registered (empty) until the CQ is polled empty, like a destroyed QP's.
 //!   A receive a QP had taken but not completed when that QP left the
-//!   connection (ERR, destroyed) and that the provider neither completes nor
+//!   connection (ERR, RESET, destroyed) and that the provider neither completes nor
 //!   flushes stays in its slot: its buffer is released with the SRQ, and
-//!   [`Srq::posted`](crate::Srq::posted) keeps counting it.
+//!   [`Srq::posted`](crate::Srq::posted) keeps counting it. On rxe, ERR
+//!   flushes such a receive (`WR_FLUSH_ERR`, buffer back) while
+//!   [`reset`](Qp::reset) and dropping the QP mid-message lose it (a review's
+//!   run with a 4 MiB SEND in flight: 5 buffers back and `posted()` 1 after
+//!   a reset or a drop, 6 back and 0 after `to_error`). [`reset`](Qp::reset)
+//!   cannot see it (the QP's own receive queue is empty), so move such a QP
+//!   to ERR and poll before resetting or dropping it.
 //! * **Scoped borrowing** ([`scope`], [`Cq::scope`](crate::Cq::scope)).
 //!   Requests posted in a scope borrow their buffers for the scope's
 //!   lifetime instead of moving them; the slots keep only the `wr_id`
@@ -919,6 +925,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// work is up to the provider (some rxe versions keep posted receives),
     /// so the buffers could not be handed back safely. Move the QP to ERR
     /// with [`to_error`](Qp::to_error) first and poll the flushed completions.
+    /// On a QP attached to an SRQ that applies also to a receive it took from
+    /// the SRQ mid-message, which this check cannot count (see the module
+    /// docs, "Shared receive queues").
     pub fn reset(self) -> Result<Qp<T, Reset>, TransitionError<Qp<T, S>>> {
         let (send, receive) = self.outstanding();
         let outstanding = [("send", send), ("receive", receive)];
