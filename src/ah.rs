@@ -116,7 +116,9 @@ impl AddressHandle {
     /// The handle that answers a received UD datagram (`ibv_init_ah_from_wc`
     /// then `ibv_create_ah`): towards its sender, from local `port`. `grh`
     /// is the received GRH ([`UdMessage::grh`](crate::qp::UdMessage), at
-    /// least [`GRH_LEN`] bytes; only the first 40 are read).
+    /// least [`GRH_LEN`] bytes; only the first 40 are read). The path comes
+    /// from the received headers: on soft-RoCE the hop limit came out 64 (the
+    /// received IPv4 TTL), where [`AddressVector::global`] uses 1.
     ///
     /// # Errors
     /// `completion` must be a successful receive ([`Error::InvalidArgument`]

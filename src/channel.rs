@@ -83,7 +83,7 @@ use crate::ffi;
 pub const ACK_BATCH: u32 = 32;
 
 /// The longest [`Cq::wait_poll`] sleeps on its channel before it polls the
-/// CQ again.
+/// CQ again: 1 s.
 pub const WAIT_SLICE: Duration = Duration::from_secs(1);
 
 /// A completion channel (`ibv_comp_channel`).

@@ -378,6 +378,9 @@ pub struct Cq {
     /// Completions a [`scope`](Cq::scope) polled that were not its own,
     /// handed out first by the next poll.
     pending: Vec<Completion>,
+    /// Completions lost to [`Cq::poll_raw`] that a `poll_one` found along
+    /// with the completion it returned: reported by the next poll.
+    lost_unreported: u64,
 }
 
 pub(crate) struct CqInner {
@@ -559,6 +562,7 @@ impl Cq {
             }),
             cache: RingCache::default(),
             pending: Vec::new(),
+            lost_unreported: 0,
         })
     }
 
@@ -626,8 +630,13 @@ impl Cq {
     ) -> Result<usize> {
         let start = out.len();
         let want = want.min(out.capacity() - start);
-        if !self.pending.is_empty() {
-            // Completions a scope polled for others come first.
+        if !self.pending.is_empty() || self.lost_unreported != 0 {
+            // A loss a poll_one deferred, then completions a scope polled
+            // for others, come first.
+            if self.lost_unreported != 0 {
+                let count = std::mem::take(&mut self.lost_unreported);
+                return Err(Error::CompletionsLost { count });
+            }
             return Ok(self.take_pending(out, want));
         }
         let buried = self.inner.rings.buried();
@@ -748,6 +757,11 @@ impl Cq {
     /// Moves up to `want` stashed completions into `out` (oldest first).
     #[cold]
     #[inline(never)]
+    /// Keeps a loss for the next poll to report.
+    pub(crate) fn defer_lost(&mut self, count: u64) {
+        self.lost_unreported = self.lost_unreported.saturating_add(count);
+    }
+
     fn take_pending(&mut self, out: &mut Vec<Completion>, want: usize) -> usize {
         let n = want.min(self.pending.len());
         out.extend(self.pending.drain(..n));
@@ -803,9 +817,16 @@ impl Cq {
     }
 
     /// Polls exactly one completion, waiting up to `timeout` for it.
+    ///
+    /// A poll that finds the completion and, on the way, completions that
+    /// [`poll_raw`](Cq::poll_raw) took ([`Error::CompletionsLost`]) returns
+    /// the completion (with its buffers); the next poll reports the loss.
     pub fn poll_one(&mut self, timeout: std::time::Duration) -> Result<Completion> {
         let mut out = Vec::with_capacity(1);
-        self.poll_n(&mut out, 1, timeout)?;
+        match self.poll_n(&mut out, 1, timeout) {
+            Err(Error::CompletionsLost { count }) if !out.is_empty() => self.defer_lost(count),
+            r => r?,
+        }
         out.pop().ok_or(Error::Timeout {
             what: "waiting for a completion",
             after: timeout,

@@ -158,16 +158,16 @@ pub enum Error {
         after: std::time::Duration,
     },
 
-    /// A QP's queue would not fit in its CQ: with every queue on the CQ full,
-    /// completions would be lost.
+    /// A QP's queue (or a shared receive queue) would not fit in its CQ: with
+    /// every queue on the CQ full, completions would be lost.
     #[error(
-        "the CQ cannot hold the completions of this QP's {queue} queue: it needs {needed} entries and only \
+        "the CQ cannot hold the completions of this {queue} queue: it needs {needed} entries and only \
          {free} of the CQ's {depth} are not reserved by other queues on it; create the CQ with more entries \
          (each queue needs its depth: max_send_wr / max_recv_wr), ask for fewer work requests, or poll the CQ \
          empty once so that destroyed QPs give their entries back"
     )]
     CqTooSmall {
-        /// `send` or `receive`.
+        /// `send`, `receive` or `shared receive`.
         queue: &'static str,
         /// Entries the queue needs (its depth).
         needed: u64,

@@ -242,6 +242,11 @@ impl Srq {
     /// Receives posted and not yet retired by a polled completion. Keep it
     /// near [`depth`](Srq::depth) with [`refill`](Srq::refill).
     ///
+    /// This is the crate's count, not the device's: receives whose
+    /// completions wait in the CQ unpolled are counted here but no longer
+    /// held by the device, so a limit event can come while `posted()` is
+    /// still above the limit.
+    ///
     /// A receive whose completion was consumed by
     /// [`Cq::poll_raw`](crate::Cq::poll_raw), or that a QP had taken when it
     /// was destroyed mid-message (if the provider neither completes nor
@@ -256,8 +261,21 @@ impl Srq {
     /// `IBV_EVENT_SRQ_LIMIT_REACHED` once
     /// ([`AsyncEvent::SrqLimitReached`](crate::AsyncEvent::SrqLimitReached)
     /// with this SRQ's [`id`](Srq::id)) and disarms it; call again to re-arm.
-    /// `limit` must be below the device's SRQ depth (the kernel refuses more).
+    /// `limit` must be below [`depth`](Srq::depth), the most receives this
+    /// SRQ ever holds ([`Error::InvalidArgument`] otherwise: the event would
+    /// fire at once and after every re-arm); 0 disarms.
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let depth = self.depth();
+        if limit >= depth {
+            return Err(Error::InvalidArgument {
+                what: "SRQ limit",
+                reason: format!(
+                    "{limit} is not below the SRQ's depth of {depth} (the most receives it \
+                     holds), so the limit event would fire at once and after every re-arm; \
+                     arm a limit below {depth}"
+                ),
+            });
+        }
         let mut attr = ffi::ibv_srq_attr {
             max_wr: 0,
             max_sge: 0,

@@ -173,6 +173,40 @@ fn completions_consumed_by_poll_raw_are_reported_lost() {
     wait(&mut p.cq_b, 2);
 }
 
+/// `poll_one` returns the completion whose poll exposed a loss, buffer and
+/// all, and the next poll reports the loss (it dropped the completion with
+/// its buffer: review finding).
+#[test]
+fn poll_one_keeps_the_completion_that_exposed_a_loss() {
+    let _g = serial();
+    let mut p = pair_with(caps_sr(8, 8), |pd, _, b| {
+        b.post_recv_list(
+            (0..2).map(|i| RecvWr::new(i, pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())),
+        )
+        .unwrap();
+    });
+    p.a.post_send(SendWr::send(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut raw = [ffi::ibv_wc::default(); 4];
+    assert_eq!(p.cq_a.poll_raw(&mut raw).unwrap(), 1);
+    let mut src = p.pd.alloc_mr(16, AccessFlags::empty()).unwrap();
+    src.write_at(0, b"sixteen bytes ok").unwrap();
+    p.a.post_send(SendWr::send_from(2, src).signaled(true))
+        .unwrap();
+    let mut c = p.cq_a.poll_one(WAIT).expect("the completion, not the loss");
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
+    let back = c.take_mr().expect("its buffer comes back");
+    assert_eq!(back.to_vec().unwrap(), b"sixteen bytes ok");
+    let mut out = Vec::with_capacity(4);
+    match p.cq_a.poll(&mut out) {
+        Err(Error::CompletionsLost { count: 1 }) => assert!(out.is_empty()),
+        other => panic!("expected the deferred CompletionsLost, got {other:?}"),
+    }
+    assert_eq!(p.cq_a.poll(&mut out).unwrap(), 0, "reported once");
+    assert_eq!(p.a.outstanding(), (0, 0));
+    wait(&mut p.cq_b, 2);
+}
+
 #[test]
 fn destroying_a_qp_releases_its_buffers_without_a_poll() {
     let _g = serial();

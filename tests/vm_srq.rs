@@ -481,6 +481,50 @@ fn qps_on_an_srq_need_its_cq_and_have_no_receive_queue() {
     );
 }
 
+/// A limit the SRQ can never stay at or above (its depth or more) is refused
+/// (soft-RoCE takes it up to its own, larger depth and fires at once), and a
+/// CQ too small for an SRQ names the shared receive queue.
+#[test]
+fn a_limit_not_below_the_depth_is_refused() {
+    let _g = serial();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).expect("pd");
+    let cq = Cq::new(&ctx, 64).expect("cq");
+    let srq = Srq::new(&pd, &cq, SrqAttr::new(8, 1)).expect("srq");
+    assert_eq!(srq.depth(), 8);
+    for limit in [8, 9, 100] {
+        let e = srq
+            .arm_limit(limit)
+            .expect_err("a limit at or past the depth");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    what: "SRQ limit",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("depth of 8"), "{e}");
+    }
+    assert_eq!(srq.query().expect("query").limit, 0, "nothing was armed");
+    srq.arm_limit(7).expect("below the depth");
+    assert_eq!(srq.query().expect("query").limit, 7);
+    let e = Srq::new(&pd, &cq, SrqAttr::new(cq.depth() + 1, 1)).expect_err("too deep for the CQ");
+    assert!(
+        matches!(
+            e,
+            Error::CqTooSmall {
+                queue: "shared receive",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("this shared receive queue"), "{e}");
+}
+
 #[test]
 fn the_srq_limit_event_arrives_and_can_be_rearmed() {
     let _g = serial();

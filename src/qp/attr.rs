@@ -33,6 +33,12 @@ c_enum! {
 }
 
 /// What identifies one side of an RC connection: exchanged out of band.
+///
+/// A UD (or UC) QP is named the same way ([`Qp::endpoint`](crate::Qp::endpoint)
+/// works on every transport, and [`crate::exchange`] carries it): a UD peer
+/// needs `qpn` and `gid` (`lid` on InfiniBand) for its address handle and
+/// sends; `psn` is its own send PSN. The Q_Key is not in it: both sides agree
+/// on one ([`UdInitAttr::new`](crate::qp::UdInitAttr::new)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Endpoint {
     /// Port LID (0 on RoCE).
@@ -547,7 +553,7 @@ pub struct QpCaps {
     pub max_send_wr: u32,
     /// Receive queue depth.
     pub max_recv_wr: u32,
-    /// SGEs per send WR.
+    /// SGEs per send WR (at least 1 is asked for, whatever this says).
     pub max_send_sge: u32,
     /// SGEs per receive WR.
     pub max_recv_sge: u32,
@@ -585,7 +591,10 @@ impl QpCaps {
             cap: ffi::ibv_qp_cap {
                 max_send_wr: self.max_send_wr,
                 max_recv_wr: self.max_recv_wr,
-                max_send_sge: self.max_send_sge,
+                // At least one: a scoped send (and a prepared list) on the
+                // extended API writes its SGE through ibv_wr_set_sge, which
+                // providers do not check against a WQE sized for none.
+                max_send_sge: self.max_send_sge.max(1),
                 max_recv_sge: self.max_recv_sge,
                 max_inline_data: self.max_inline_data,
             },

@@ -868,6 +868,11 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// completions of this QP: receives whose completions it took stay
     /// outstanding, and so do sends when every slot of the send queue is in
     /// use (no slot is left for the marker); destroy such a QP.
+    ///
+    /// The flush covers what was posted before the move: on rxe a receive
+    /// posted to a QP already in ERR (a drained scope leaves its QPs there
+    /// while they are still typed `Rts`) is not flushed until the next
+    /// `to_error`; call it again before polling for that receive.
     pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,

@@ -397,6 +397,14 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 reason: "neither of its queues completes on the scope's CQ".into(),
             });
         }
+        if sq_ok && core.caps.max_send_sge == 0 {
+            // Scoped sends carry one SGE, written by the extended API's
+            // builders without a check against the QP's capacity.
+            return Err(Error::InvalidArgument {
+                what: "scoped QP",
+                reason: "its send queue takes no scatter/gather entry (max_send_sge 0)".into(),
+            });
+        }
         if core.scoped.is_none() {
             core.scoped = Some(Box::new(ScopedTables::new(core)));
         }
@@ -465,9 +473,21 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     ///
     /// # Errors
     /// As [`poll_n`](Self::poll_n).
+    ///
+    /// A poll that finds the completion and, on the way, completions of
+    /// other requests that [`Cq::poll_raw`] took
+    /// ([`Error::CompletionsLost`]) returns the completion; the loss is
+    /// reported by the CQ's next poll after the scope.
     pub fn poll_one(&self, timeout: Duration) -> Result<ScopedCompletion> {
         let mut out = Vec::with_capacity(1);
-        self.poll_n(&mut out, 1, timeout)?;
+        match self.poll_n(&mut out, 1, timeout) {
+            Err(Error::CompletionsLost { count }) if !out.is_empty() => {
+                // SAFETY: as in `poll_into`: the scope holds `&mut Cq` and no
+                // user code runs while this reference lives.
+                unsafe { (*self.cq.as_ptr()).defer_lost(count) };
+            }
+            r => r?,
+        }
         out.pop().ok_or(Error::Timeout {
             what: "waiting for the scope's completion",
             after: timeout,
