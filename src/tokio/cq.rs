@@ -276,6 +276,12 @@ impl AsyncCq {
     /// briefly, and do not hold it across an `.await`: while it is held, the
     /// driver cannot poll this CQ (it retries every millisecond; the runtime
     /// goes on), so futures waiting for its completions wait for the guard.
+    ///
+    /// Events are the driver's too: an event taken from the CQ's channel
+    /// (`cq.cq().channel()`, then `try_next` on it or a clone) is found only
+    /// by the driver's once-a-second sweep, so a thread that keeps taking
+    /// them slows every future of the channel to about one completion per
+    /// second (a review measured 14 round trips in 8 s against 2,922).
     pub fn cq(&self) -> CqRef<'_> {
         CqRef(self.shared.cq())
     }
