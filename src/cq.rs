@@ -573,7 +573,8 @@ impl Cq {
 
     /// CQ entries the queues of the QPs on this CQ may still fill: the sum of
     /// their depths, plus those of destroyed QPs whose completions may still
-    /// be in the CQ (until a poll finds it empty).
+    /// be in the CQ (until a poll finds it empty; a queue dropped with
+    /// nothing in flight and no raw posts gives its entries back at once).
     pub fn reserved(&self) -> u64 {
         self.inner.rings.reserved()
     }

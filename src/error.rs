@@ -164,7 +164,7 @@ pub enum Error {
         "the CQ cannot hold the completions of this {queue} queue: it needs {needed} entries and only \
          {free} of the CQ's {depth} are not reserved by other queues on it; create the CQ with more entries \
          (each queue needs its depth: max_send_wr / max_recv_wr), ask for fewer work requests, or poll the CQ \
-         empty once so that destroyed QPs give their entries back"
+         empty once so that QPs destroyed with work in flight give their entries back"
     )]
     CqTooSmall {
         /// `send`, `receive` or `shared receive`.

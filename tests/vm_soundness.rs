@@ -142,9 +142,30 @@ fn queues_that_would_overrun_the_cq_are_refused() {
     let second = Qp::new(&pd, &cq, &cq, caps_sr(1, too_deep - 2)).unwrap();
     assert_eq!(cq.reserved(), depth);
     drop(second);
-    // A destroyed QP's completions may still be in the CQ: its entries come
-    // back once a poll finds the CQ empty.
+    // Nothing was posted on it: no completion of it can be in the CQ, so its
+    // entries come back at once, and a QP of its size fits again.
+    assert_eq!(cq.reserved(), 32);
+    let mut third = Qp::new(&pd, &cq, &cq, caps_sr(1, too_deep - 2))
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
     assert_eq!(cq.reserved(), depth);
+    // With a receive posted, its completion (a flush, say) may still be in
+    // the CQ when the QP is dropped: its entries come back once a poll finds
+    // the CQ empty.
+    third
+        .post_recv(RecvWr::new(
+            1,
+            pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+        .unwrap();
+    let sq_depth = u64::from(third.caps().max_send_wr);
+    drop(third);
+    assert_eq!(
+        cq.reserved(),
+        depth - sq_depth,
+        "the empty send queue's entries came back, not the receive queue's"
+    );
     let mut out = Vec::with_capacity(4);
     assert_eq!(cq.poll(&mut out).unwrap(), 0);
     assert_eq!(cq.reserved(), 32);

@@ -72,7 +72,10 @@
 //!   posted right away. Its completions may still sit in the CQ: its rings
 //!   stay registered (empty) until a poll finds the CQ empty, so those
 //!   completions come back `Stale`; then the rings and their reserved CQ
-//!   entries are given back.
+//!   entries are given back. A queue with nothing in flight when its QP is
+//!   dropped (every request retired by a polled completion) and no raw post
+//!   ever has no completion left in the CQ: its reserved entries come back
+//!   at once (its ring still waits for the empty poll).
 //! * [`reset`](Qp::reset) needs a drained QP (nothing outstanding on either
 //!   queue), because whether RESET discards posted work is up to the
 //!   provider; [`to_error`](Qp::to_error) and polling the flushes drains it.
@@ -291,6 +294,10 @@ struct QpCore {
     /// of a later one's.
     #[cfg(feature = "tokio")]
     async_next_id: u64,
+    /// A raw post (`post_send_raw`, `post_recv_raw`) was made: its
+    /// completions are not counted by the rings, so the CQ entries stay
+    /// reserved after the QP is destroyed until a poll finds the CQ empty.
+    raw_posted: bool,
 }
 
 // SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
@@ -312,13 +319,17 @@ impl Drop for QpCore {
             std::mem::forget(self.ud.take());
             return;
         }
+        // A queue with nothing in flight (and no raw posts) has no completion
+        // left in its CQ: its CQ entries can be given back now.
+        let sq_drained = !self.raw_posted && self.sq.in_flight(self.sq_head) == 0;
+        let rq_drained = !self.raw_posted && self.rq.in_flight(self.rq_head) == 0;
         // Release the buffers now (no need to wait for the CQ to be polled);
         // the rings stay registered until the CQs are polled empty, so that
         // completions still queued for this QP are recognised as stale.
         self.sq.release_all();
         self.rq.release_all();
-        self.send_cq.rings.bury(&self.sq);
-        self.recv_cq.rings.bury(&self.rq);
+        self.send_cq.rings.bury(&self.sq, sq_drained);
+        self.recv_cq.rings.bury(&self.rq, rq_drained);
     }
 }
 
@@ -719,6 +730,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 send_ex: None,
                 #[cfg(feature = "tokio")]
                 async_next_id: 1,
+                raw_posted: false,
             },
             _marker: PhantomData,
         })
@@ -1189,6 +1201,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     {
         // SAFETY: the caller promises a well-formed chain.
         unsafe { check_raw_wr_ids(wr, |w| ((*w).wr_id, (*w).next))? };
+        self.core.raw_posted = true;
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
         let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), wr, &mut bad) };
@@ -1253,6 +1266,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     where
         S: CanPostSend,
     {
+        self.core.raw_posted = true;
         let mut bad = std::ptr::null_mut();
         let core = &self.core;
         // SAFETY: valid QP, send_ex its extended interface; the caller

@@ -12,7 +12,10 @@
 //! that does not fit is refused. A destroyed QP's rings stay registered (their
 //! buffers already released) until a poll finds the CQ empty, because until
 //! then completions naming them may still sit in the CQ; only then are their
-//! entries and reservation given back.
+//! entries given back. Their reservation goes with them, unless the queue was
+//! drained when the QP was destroyed (nothing in flight, and never a raw
+//! post, whose completions the ring does not count): then no completion of
+//! it can be left in the CQ, and its entries are given back at once.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,6 +64,8 @@ struct TableState {
 struct Entry {
     ring: Option<Arc<Ring>>,
     generation: u8,
+    /// The ring's reservation was given back when it was buried (drained).
+    released: bool,
 }
 
 /// CQ entries set aside for one queue that is being created; given back when
@@ -124,10 +129,26 @@ impl RingTable {
     }
 
     /// Registers a destroyed QP's ring for reaping (its buffers are already
-    /// released); its completions may still be in the CQ.
-    pub(crate) fn bury(&self, ring: &Ring) {
-        let mut st = self.lock();
-        st.buried.push(index_of(ring.tag()) as u32);
+    /// released); its completions may still be in the CQ. `drained`: none can
+    /// be (nothing in flight, no raw posts), so its reservation is given back
+    /// now.
+    pub(crate) fn bury(&self, ring: &Ring, drained: bool) {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let index = index_of(ring.tag());
+        if drained {
+            if let Some(e) = st.entries.get_mut(index) {
+                let same = e
+                    .ring
+                    .as_ref()
+                    .is_some_and(|r| std::ptr::eq(Arc::as_ptr(r), ring));
+                if same && !e.released {
+                    e.released = true;
+                    st.reserved -= ring.depth();
+                }
+            }
+        }
+        st.buried.push(index as u32);
         self.buried.store(st.buried.len(), Ordering::Release);
     }
 
@@ -150,7 +171,9 @@ impl RingTable {
             let e = &mut st.entries[i as usize];
             if let Some(ring) = e.ring.take() {
                 e.generation = e.generation.wrapping_add(1);
-                st.reserved -= ring.depth();
+                if !std::mem::take(&mut e.released) {
+                    st.reserved -= ring.depth();
+                }
                 st.free.push(i);
                 out.push(ring);
             }
@@ -291,7 +314,7 @@ mod tests {
             matches!(err, Error::InvalidArgument { what: "CQ", .. }),
             "{err}"
         );
-        table.bury(&rings[1]);
+        table.bury(&rings[1], false);
         assert!(
             table.reserve(0, "receive").is_err(),
             "buried rings keep their index"
@@ -303,5 +326,33 @@ mod tests {
             .publish(|tag| Ring::new(0, tag, 7));
         assert_eq!(index_of(again.tag()), index_of(rings[1].tag()));
         assert_ne!(again.tag(), rings[1].tag(), "a new generation");
+    }
+
+    /// A ring buried drained gives its reservation back at once and not again
+    /// when reaped; one buried with work in flight keeps it until the reap.
+    #[test]
+    fn a_drained_ring_gives_its_entries_back_when_buried() {
+        let table = RingTable::new(64);
+        let mut cache = RingCache::default();
+        let ring = |n: u64| {
+            table
+                .reserve(n, "send")
+                .unwrap()
+                .publish(|tag| Ring::new(n as u32, tag, 7))
+        };
+        let (a, b) = (ring(16), ring(8));
+        assert_eq!(table.reserved(), 24);
+        table.bury(&a, true);
+        assert_eq!(table.reserved(), 8);
+        table.bury(&b, false);
+        assert_eq!(table.reserved(), 8);
+        assert_eq!(table.reap(2, &mut cache).len(), 2);
+        assert_eq!(table.reserved(), 0);
+        // The freed indices take new rings with full reservations.
+        let c = ring(32);
+        assert_eq!(table.reserved(), 32);
+        table.bury(&c, false);
+        assert_eq!(table.reap(1, &mut cache).len(), 1);
+        assert_eq!(table.reserved(), 0);
     }
 }
