@@ -819,7 +819,12 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 
     /// The raw `ibv_qp`, valid while this `Qp` lives. Changing its state behind
-    /// the type's back voids the state guarantee (not memory safety).
+    /// the type's back voids the state guarantee (not memory safety). Post
+    /// raw requests with [`post_send_raw`](Qp::post_send_raw) and
+    /// [`post_recv_raw`](Qp::post_recv_raw), not `ibv_post_*` on this
+    /// pointer: they keep the `wr_id`s out of the crate's tokens and mark the
+    /// QP, so that its CQ entries stay reserved after a drop until the CQ is
+    /// polled empty (the rings do not count raw requests).
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.core.raw.as_ptr()
     }
