@@ -92,14 +92,6 @@ fn main() -> ExitCode {
 }
 
 fn run(o: &Opts) -> Result<()> {
-    if o.events && o.bidir {
-        return Err(rdma_verbs::Error::InvalidArgument {
-            what: "-e with -b",
-            reason:
-                "not supported: one thread cannot sleep on the send and the receive channel at once"
-                    .into(),
-        });
-    }
     let rate = clock::Rate::calibrate(Duration::from_millis(100));
     let dev = conn::Device::open(o)?;
     let nq = o.num_qps as usize;

@@ -150,8 +150,19 @@ impl DataPath {
 const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
 /// perftest's `MAX_SIZE` (the largest size of `-a`).
 pub const MAX_SIZE: usize = 1 << 23;
-/// Above this many iterations perftest does not compute the peak (its O(n²) search).
+/// Above this many iterations (per QP) perftest does not compute the peak
+/// (its O(n²) search).
 const PEAK_ITERS_LIMIT: u64 = 20000;
+/// perftest's ranges (`MIN_ITER`..`MAX_ITER`, `MAX_SIZE` of `-s`, `MAX_TX`,
+/// `MAX_RX`, `MAX_QP_NUM`, `MAX_CQ_MOD`, `MAX_INLINE`), refused outside them
+/// as perftest refuses them.
+const MAX_ITERS: u64 = 100_000_000;
+const MAX_MSG_SIZE: usize = 0x7fff_ffff;
+const MAX_TX_DEPTH: u32 = 15000;
+const MAX_RX_DEPTH: u32 = 16384;
+const MAX_QPS: u32 = 16384;
+const MAX_CQ_MOD: u32 = 1024;
+const MAX_INLINE: u32 = 912;
 /// The longest `-D` (a year).
 const MAX_DURATION_SECS: u64 = 365 * 24 * 3600;
 
@@ -229,6 +240,7 @@ pub fn usage() -> String {
          \x20 -i, --ib-port=PORT        device port (default 1)\n\
          \x20 -x, --gid-index=IDX       GID index (default: the RoCE v2 IPv4-mapped GID)\n\
          \x20 -p, --port=PORT           TCP port of the endpoint exchange (default 18515)\n\
+         \x20 -c, --connection=RC       connection type: RC (the only one perf runs)\n\
          \x20 -s, --size=BYTES          message size (default 65536 for bw, 2 for lat;\n\
          \x20                           atomic_bw: always 8, other sizes are refused)\n\
          \x20 -a, --all                 sizes 2 to 2^23 (not with atomic_bw)\n\
@@ -245,6 +257,7 @@ pub fn usage() -> String {
          \x20                           1 above 8 KiB unless given)\n\
          \x20 -I, --inline_size=BYTES   send messages up to BYTES inline (default 0)\n\
          \x20 -e, --events              sleep on a completion channel instead of polling\n\
+         \x20                           (not with -b)\n\
          \x20 -b, --bidirectional       both sides send (bw tests)\n\
          \x20 -N, --noPeak              do not compute the peak bandwidth\n\
          \x20 -F, --CPU-freq            accepted for compatibility (no effect)\n\
@@ -328,6 +341,16 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "-l" | "--post_list" => raw.post_list = Some(num(&value("-l")?, "-l")?),
             "-Q" | "--cq-mod" => raw.cq_mod = Some(num(&value("-Q")?, "-Q")?),
             "-I" | "--inline_size" => raw.inline_size = Some(num(&value("-I")?, "-I")?),
+            // perftest's connection type: RC is what perf runs.
+            "-c" | "--connection" => match value("-c")?.as_str() {
+                "RC" => {}
+                other => {
+                    return Err(format!(
+                        "-c {other}: perf runs RC connections only (-c RC); perftest's UC, UD, \
+                         XRC, DC and SRD are not supported"
+                    ));
+                }
+            },
             "-o" | "--outs" => raw.outs = Some(num(&value("-o")?, "-o")?),
             "-A" | "--atomic_type" => {
                 raw.atomic = Some(match value("-A")?.as_str() {
@@ -430,14 +453,14 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
     if size == 0 {
         return Err("-s must be at least 1".into());
     }
-    if size > u32::MAX as usize {
-        return Err("-s is larger than a work request can carry".into());
+    if size > MAX_MSG_SIZE {
+        return Err(format!("-s must be between 1 and {MAX_MSG_SIZE}"));
     }
     let mut iters = a
         .iters
         .unwrap_or(if test == Test::WriteBw { 5000 } else { 1000 });
-    if a.iters.is_some() && iters < 5 {
-        return Err("-n must be at least 5".into());
+    if a.iters.is_some() && !(5..=MAX_ITERS).contains(&iters) {
+        return Err(format!("-n must be between 5 and {MAX_ITERS}"));
     }
     let mut tx_depth = a.tx_depth.unwrap_or(if bw { 128 } else { 1 });
     // perftest's refusals, in its words.
@@ -458,6 +481,28 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
     let mut cq_mod = a.cq_mod.unwrap_or(100);
     if tx_depth == 0 || rx_depth == 0 || num_qps == 0 || post_list == 0 || cq_mod == 0 {
         return Err("-t, -r, -q, -l and -Q must be at least 1".into());
+    }
+    for (flag, value, max) in [
+        ("-t", tx_depth, MAX_TX_DEPTH),
+        ("-r", rx_depth, MAX_RX_DEPTH),
+        ("-q", num_qps, MAX_QPS),
+        ("-Q", cq_mod, MAX_CQ_MOD),
+        ("-I", a.inline_size.unwrap_or(0), MAX_INLINE),
+    ] {
+        if value > max {
+            return Err(format!("{flag} must be at most {max} (perftest's limit)"));
+        }
+    }
+    if a.events && a.bidir {
+        return Err(
+            "-e with -b is not supported: one thread cannot sleep on the send and the receive \
+             channel at once"
+                .into(),
+        );
+    }
+    if a.run_infinitely && a.bidir && verb == Verb::Send {
+        // perftest's words.
+        return Err("run_infinitely mode is not supported in SEND Bidirectional BW test".into());
     }
     if !bw {
         if num_qps > 1 {
@@ -534,7 +579,7 @@ fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
     if !iterations_mode {
         iters = 0;
         no_peak = true;
-    } else if iters.saturating_mul(u64::from(num_qps)) > PEAK_ITERS_LIMIT {
+    } else if iters > PEAK_ITERS_LIMIT {
         no_peak = true;
     }
     let path = a.path.unwrap_or(DataPath::Safe);
@@ -669,6 +714,48 @@ mod tests {
             (p("send_lat -D 3").margin, p("write_bw -D 20").margin),
             (0.0, 5.0)
         );
+    }
+
+    /// perftest's ranges and refusals (an outside comparison found them
+    /// taken or refused late).
+    #[test]
+    fn perftest_limits_and_refusals() {
+        let err = |s: &str| {
+            let args: Vec<String> = s.split_whitespace().map(str::to_owned).collect();
+            parse(&args).expect_err(s)
+        };
+        for (args, says) in [
+            (
+                "write_lat -n 100000001",
+                "-n must be between 5 and 100000000",
+            ),
+            (
+                "write_bw -s 2147483648",
+                "-s must be between 1 and 2147483647",
+            ),
+            ("write_bw -t 15001", "-t must be at most 15000"),
+            ("send_bw -r 16385", "-r must be at most 16384"),
+            ("write_bw -q 16385", "-q must be at most 16384"),
+            ("write_bw -Q 1025", "-Q must be at most 1024"),
+            ("write_bw -I 913", "-I must be at most 912"),
+            ("send_bw -e -b", "-e with -b is not supported"),
+            (
+                "send_bw --run_infinitely -b",
+                "run_infinitely mode is not supported in SEND Bidirectional BW test",
+            ),
+            ("write_bw -c UD", "perf runs RC connections only"),
+        ] {
+            let e = err(args);
+            assert!(e.contains(says), "{args}: {e}");
+        }
+        assert_eq!(
+            p("write_bw -c RC -n 100000000 -t 15000 -I 912").iters,
+            100_000_000
+        );
+        assert_eq!(p("write_bw --connection=RC").test, Test::WriteBw);
+        // The peak is off above 20,000 iterations per QP, not in all.
+        assert!(!p("write_bw -s 2 -n 15000 -q 2").no_peak);
+        assert!(p("write_bw -s 2 -n 25000").no_peak);
     }
 
     #[test]
