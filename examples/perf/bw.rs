@@ -79,7 +79,13 @@ pub fn run(
             None
         };
         ctrl.barrier(client)?;
-        let mine = run_size(o, rate, q, tx.as_mut(), rx.as_mut(), ctrl)?;
+        let mut mine = run_size(o, rate, q, tx.as_mut(), rx.as_mut(), ctrl)?;
+        if let (Some(row), Some(rx)) = (mine.as_mut(), rx.as_ref()) {
+            // A bidirectional SEND side in duration mode counts what it sent
+            // and what it received in the sampling phase, as perftest's
+            // `run_iter_bi` (0 received in iterations mode).
+            row.iters += rx.sampled();
+        }
         // A receiver that does not send (the send_bw server) reports what it
         // measured itself, as perftest's does.
         let received = match (&tx, &rx) {

@@ -56,6 +56,14 @@ impl Rx {
         let nq = qps.len();
         let rx_depth = o.rx_depth as usize;
         let (stride, nslots) = conn::cycle(size, 1);
+        // Bidirectional: take every waiting receive in one poll, as perftest
+        // (`run_iter_bi` gives RX priority over TX, so that fast sends do not
+        // drain the peer's receive queue).
+        let batch = if o.bidir {
+            rx_depth.max(POLL_BATCH)
+        } else {
+            POLL_BATCH
+        };
         let mut rx = Rx {
             path: o.path,
             iters: o.iters,
@@ -71,10 +79,10 @@ impl Rx {
             window: None,
             posted: vec![0; nq],
             last_ne: 1,
-            out: Vec::with_capacity(POLL_BATCH),
+            out: Vec::with_capacity(batch),
             rwr: Vec::new(),
             recv_base: Vec::new(),
-            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
+            wcs: vec![ffi::ibv_wc::default(); batch].into_boxed_slice(),
         };
         match o.path {
             DataPath::Safe | DataPath::Scoped => {
@@ -146,7 +154,8 @@ impl Rx {
         }
     }
 
-    /// Polls up to 16 receive completions and re-posts their receives.
+    /// Polls up to 16 receive completions (with `-b`, up to `-r`) and
+    /// re-posts their receives.
     pub(super) fn poll_round(
         &mut self,
         qps: &mut [Qp<Rc, Rts>],
@@ -207,6 +216,11 @@ impl Rx {
         }
         self.last_ne = ne;
         Ok(())
+    }
+
+    /// Duration mode: receives completed in the sampling phase.
+    pub(super) fn sampled(&self) -> u64 {
+        self.sampled
     }
 
     /// The receiver's own row (perftest's server: no peak): from its first
