@@ -634,11 +634,7 @@ impl Cq {
         if !self.pending.is_empty() || self.lost_unreported != 0 {
             // A loss a poll_one deferred, then completions a scope polled
             // for others, come first.
-            if self.lost_unreported != 0 {
-                let count = std::mem::take(&mut self.lost_unreported);
-                return Err(Error::CompletionsLost { count });
-            }
-            return Ok(self.take_pending(out, want));
+            return self.take_deferred(out, want);
         }
         let buried = self.inner.rings.buried();
         let mut caught: Caught = None;
@@ -755,18 +751,24 @@ impl Cq {
         self.pending = pending;
     }
 
-    /// Moves up to `want` stashed completions into `out` (oldest first).
-    #[cold]
-    #[inline(never)]
     /// Keeps a loss for the next poll to report.
     pub(crate) fn defer_lost(&mut self, count: u64) {
         self.lost_unreported = self.lost_unreported.saturating_add(count);
     }
 
-    fn take_pending(&mut self, out: &mut Vec<Completion>, want: usize) -> usize {
+    /// What earlier polls left for this one: a loss a `poll_one` deferred
+    /// (reported first, alone), else up to `want` stashed completions moved
+    /// into `out` (oldest first).
+    #[cold]
+    #[inline(never)]
+    fn take_deferred(&mut self, out: &mut Vec<Completion>, want: usize) -> Result<usize> {
+        if self.lost_unreported != 0 {
+            let count = std::mem::take(&mut self.lost_unreported);
+            return Err(Error::CompletionsLost { count });
+        }
         let n = want.min(self.pending.len());
         out.extend(self.pending.drain(..n));
-        n
+        Ok(n)
     }
 
     /// The CQ was found empty: completions of QPs destroyed before the poll
