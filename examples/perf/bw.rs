@@ -164,16 +164,9 @@ fn run_size(
             if t >= next_report {
                 let count = tx.as_deref().map_or(0, |tx| tx.c.totccnt);
                 if tx.is_some() {
-                    let s = BwSamples {
-                        size: tx.as_deref().map_or(0, |tx| tx.size),
-                        iters: count - last_count,
-                        post_list: 1,
-                        cq_mod: 1,
-                        tposted: &[last_t],
-                        tcompleted: &[t],
-                        no_peak: true,
-                    };
-                    let row = report::bw_row(&s, rate, o.report_gbits);
+                    let size = tx.as_deref().map_or(0, |tx| tx.size);
+                    let row =
+                        report::span_row(size, count - last_count, last_t, t, rate, o.report_gbits);
                     println!("{}", report::bw_line(&row, o.report_gbits));
                 }
                 last_count = count;
@@ -198,18 +191,14 @@ fn run_size(
 /// The sender's result row.
 fn tx_row(o: &Opts, rate: &Rate, timer: Option<Timer>, tx: &mut Tx) -> BwRow {
     match timer {
-        Some(t) => {
-            let s = BwSamples {
-                size: tx.size,
-                iters: tx.c.sampled,
-                post_list: 1,
-                cq_mod: 1,
-                tposted: &[t.sample_start],
-                tcompleted: &[t.sample_end],
-                no_peak: true,
-            };
-            report::bw_row(&s, rate, o.report_gbits)
-        }
+        Some(t) => report::span_row(
+            tx.size,
+            tx.c.sampled,
+            t.sample_start,
+            t.sample_end,
+            rate,
+            o.report_gbits,
+        ),
         None => {
             if tx.c.no_peak {
                 tx.c.tcompleted[0] = clock::now();

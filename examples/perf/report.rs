@@ -62,6 +62,21 @@ pub struct BwSamples<'a> {
     pub no_peak: bool,
 }
 
+/// A row of `iters` messages of `size` bytes over the ticks `start` to
+/// `end`, without a peak (duration mode, a receiver, a periodic report).
+pub fn span_row(size: usize, iters: u64, start: u64, end: u64, rate: &Rate, gbits: bool) -> BwRow {
+    let s = BwSamples {
+        size,
+        iters,
+        post_list: 1,
+        cq_mod: 1,
+        tposted: &[start],
+        tcompleted: &[end],
+        no_peak: true,
+    };
+    bw_row(&s, rate, gbits)
+}
+
 /// perftest's `print_report_bw` arithmetic.
 pub fn bw_row(s: &BwSamples<'_>, rate: &Rate, gbits: bool) -> BwRow {
     let n = s.iters as usize;

@@ -11,7 +11,7 @@ use crate::Bufs;
 use crate::clock::{self, Phase, Rate};
 use crate::conn::{self, Device, EvCq};
 use crate::opts::{DataPath, Opts};
-use crate::report::{self, BwRow, BwSamples};
+use crate::report::{self, BwRow};
 
 /// The receiving side of SEND tests (perftest's `run_iter_bw_server`).
 pub struct Rx {
@@ -230,16 +230,14 @@ impl Rx {
         let Some((start, stop)) = self.window else {
             return receiver_row(o, rate, self.size, self.rcnt, self.first, end);
         };
-        let s = BwSamples {
-            size: self.size,
-            iters: self.sampled,
-            post_list: 1,
-            cq_mod: 1,
-            tposted: &[start],
-            tcompleted: &[stop],
-            no_peak: true,
-        };
-        Some(report::bw_row(&s, rate, o.report_gbits))
+        Some(report::span_row(
+            self.size,
+            self.sampled,
+            start,
+            stop,
+            rate,
+            o.report_gbits,
+        ))
     }
 }
 
@@ -256,14 +254,12 @@ pub(super) fn receiver_row(
     if o.duration.is_some() || first == 0 {
         return None;
     }
-    let s = BwSamples {
+    Some(report::span_row(
         size,
-        iters: received,
-        post_list: 1,
-        cq_mod: 1,
-        tposted: &[first],
-        tcompleted: &[end],
-        no_peak: true,
-    };
-    Some(report::bw_row(&s, rate, o.report_gbits))
+        received,
+        first,
+        end,
+        rate,
+        o.report_gbits,
+    ))
 }
