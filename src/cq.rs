@@ -566,6 +566,19 @@ impl Cq {
         })
     }
 
+    /// Another handle on the CQ of `inner`, with an empty poller state of its
+    /// own, to be lent out as `&Cq` only (never polled: the owner polls).
+    /// Everything `&Cq` offers goes through `inner`, which is `Sync`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn view_of(inner: &Arc<CqInner>) -> Cq {
+        Cq {
+            inner: inner.clone(),
+            cache: RingCache::default(),
+            pending: Vec::new(),
+            lost_unreported: 0,
+        }
+    }
+
     /// The depth the device gave the CQ (may exceed what was asked).
     pub fn depth(&self) -> u32 {
         self.inner.depth

@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::{Context as TaskContext, Poll, Waker};
@@ -9,7 +10,7 @@ use std::task::{Context as TaskContext, Poll, Waker};
 use ::tokio::sync::Notify;
 
 use super::driver::AsyncChannel;
-use crate::cq::{Completion, CompletionSource, Cq, WcOpcode};
+use crate::cq::{Completion, CompletionSource, Cq, CqInner, WcOpcode};
 use crate::error::{Error, Result};
 use crate::{Context, CqId};
 
@@ -57,7 +58,11 @@ pub(crate) struct State {
 
 /// What the driver task and the futures share.
 pub(crate) struct Shared {
+    /// Locked by the driver for a poll and by `AsyncQp::new`, never by user
+    /// code ([`AsyncCq::cq`] lends a view of `inner` instead).
     cq: Mutex<Cq>,
+    /// The CQ itself, for [`AsyncCq::cq`]'s views.
+    inner: Arc<CqInner>,
     state: Mutex<State>,
     /// Signalled after every batch of completions: queues may have room again.
     room: Notify,
@@ -74,14 +79,10 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn cq(&self) -> MutexGuard<'_, Cq> {
-        self.cq.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The CQ, waiting at most [`LOCK_PATIENCE`] for it: the driver holds
-    /// it for a poll at a time and other tasks briefly (creating a QP), so
-    /// longer means a guard of [`AsyncCq::cq`] is alive, perhaps on this
-    /// very thread (waiting for it would deadlock).
+    /// it for a poll at a time and `AsyncQp::new` for a check, so longer
+    /// means code running inside the driver's poll (a buffer's `Drop`, say)
+    /// asked for it on the driver's own thread (waiting would deadlock).
     pub(crate) fn cq_patiently(&self) -> Option<MutexGuard<'_, Cq>> {
         let deadline = std::time::Instant::now() + LOCK_PATIENCE;
         loop {
@@ -251,6 +252,7 @@ impl AsyncCq {
         let cq = Cq::with_channel(channel.context(), depth, channel.channel())?;
         let shared = Arc::new(Shared {
             id: cq.id(),
+            inner: cq.inner.clone(),
             cq: Mutex::new(cq),
             state: Mutex::new(State::default()),
             room: Notify::new(),
@@ -267,15 +269,12 @@ impl AsyncCq {
         &self.channel
     }
 
-    /// The CQ, read-only, to create QPs on: `let c = cq.cq(); Qp::new(&pd,
-    /// &c, &c, caps)`. Polling is the driver's (a completion polled elsewhere
-    /// would never reach its future).
+    /// The CQ, read-only, to create QPs and SRQs on: `Qp::new(&pd, &cq.cq(),
+    /// &cq.cq(), caps)`. Polling is the driver's (a completion polled
+    /// elsewhere would never reach its future), so the view cannot poll.
     ///
-    /// A lock guard (the driver polls the CQ under the same lock): take it
-    /// once per statement (twice in one expression deadlocks), keep it
-    /// briefly, and do not hold it across an `.await`: while it is held, the
-    /// driver cannot poll this CQ (it retries every millisecond; the runtime
-    /// goes on), so futures waiting for its completions wait for the guard.
+    /// Not a lock: any number of views may live at once, on any thread and
+    /// across `.await`s, without holding up the driver.
     ///
     /// Events are the driver's too: an event taken from the CQ's channel
     /// (`cq.cq().channel()`, then `try_next` on it or a clone) is found only
@@ -283,7 +282,10 @@ impl AsyncCq {
     /// them slows every future of the channel to about one completion per
     /// second (a review measured 14 round trips in 8 s against 2,922).
     pub fn cq(&self) -> CqRef<'_> {
-        CqRef(self.shared.cq())
+        CqRef {
+            cq: Cq::view_of(&self.shared.inner),
+            _async_cq: PhantomData,
+        }
     }
 
     /// This CQ's id, as async events name it.
@@ -339,13 +341,18 @@ impl std::fmt::Debug for AsyncCq {
 }
 
 /// The CQ of an [`AsyncCq`], read-only: see [`AsyncCq::cq`].
-pub struct CqRef<'a>(MutexGuard<'a, Cq>);
+pub struct CqRef<'a> {
+    /// A view sharing the CQ, with a poller state nobody uses: only `&Cq`
+    /// is lent out, and polling needs `&mut Cq`.
+    cq: Cq,
+    _async_cq: PhantomData<&'a AsyncCq>,
+}
 
 impl std::ops::Deref for CqRef<'_> {
     type Target = Cq;
 
     fn deref(&self) -> &Cq {
-        &self.0
+        &self.cq
     }
 }
 

@@ -174,8 +174,8 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
             return stop_all(registry, &e);
         }
         if locked {
-            // A task holds a CQ's lock (`AsyncCq::cq`): let it run and
-            // come back shortly, rather than spin.
+            // Another thread holds a CQ's lock (`AsyncQp::new` checking a
+            // QP): come back shortly, rather than spin.
             ::tokio::time::sleep(LOCKED_RETRY).await;
             continue;
         }

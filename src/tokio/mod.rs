@@ -8,10 +8,7 @@
 //! let ctx = Context::open(None)?;
 //! let pd = Pd::new(&ctx)?;
 //! let cq = AsyncCq::new(&ctx, 256)?;
-//! let qp = {
-//!     let c = cq.cq(); // a lock guard: keep it short, never across an .await
-//!     Qp::new(&pd, &c, &c, QpCaps::default())?
-//! };
+//! let qp = Qp::new(&pd, &cq.cq(), &cq.cq(), QpCaps::default())?;
 //! # let remote: rdma_verbs::Endpoint = todo!();
 //! let qp = qp.init(InitAttr::new(1, AccessFlags::empty()))?.connect(&remote, None)?;
 //! // (or with rdma_cm: AsyncCmId::connect / accept)

@@ -46,9 +46,9 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     ///
     /// Refused, with the QP back, if its CQs are not those, if it has work
     /// outstanding ([`Error::WorkOutstanding`]): the completions of requests
-    /// numbered before the wrapper could be confused with its own, or if a
-    /// guard of [`AsyncCq::cq`] is still alive ([`Error::InvalidArgument`]:
-    /// the check needs the CQ's lock).
+    /// numbered before the wrapper could be confused with its own, or if it
+    /// is called from inside the driver's poll (a buffer's `Drop`:
+    /// [`Error::InvalidArgument`], since the check needs the CQ's lock).
     #[allow(clippy::result_large_err)]
     pub fn new(
         qp: Qp<T, S>,
@@ -76,7 +76,9 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
             return Err((
                 Error::InvalidArgument {
                     what: "AsyncQp::new",
-                    reason: "its AsyncCq is locked: drop the guard of AsyncCq::cq() first".into(),
+                    reason: "its AsyncCq's completion driver held the CQ for 2 s (called from \
+                             code that runs inside the driver's poll, such as a buffer's Drop?)"
+                        .into(),
                 },
                 qp,
             ));
