@@ -297,6 +297,12 @@ fn unreachable_address_fails_within_the_timeout() {
         "{err}"
     );
     assert!(took < RESOLVE + Duration::from_secs(8), "took {took:?}");
+    // A route needs a resolved address: refused, on this id and on a fresh
+    // one (librdmacm dereferenced the id's NULL device: a segfault).
+    for id in [id, CmId::new().expect("rdma_cm id")] {
+        let err = id.resolve_route(RESOLVE).expect_err("no address resolved");
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    }
 
     // Off every subnet of the guest: no route at all.
     let id = CmId::new().expect("rdma_cm id");

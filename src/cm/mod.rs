@@ -496,7 +496,18 @@ impl CmId {
     /// Calls `rdma_resolve_route` (ROUTE_RESOLVED or ROUTE_ERROR follows).
     /// Call with the lock held.
     fn start_resolve_route_locked(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: valid id under its lock (caller).
+        // librdmacm reads `id->verbs->device` without a check: NULL until an
+        // address resolution (or a bind to a device's address) succeeded.
+        // SAFETY: valid id under its lock (caller); verbs is a plain field.
+        if unsafe { (*self.inner.id()).verbs }.is_null() {
+            return Err(Error::InvalidArgument {
+                what: "rdma_cm id",
+                reason: "its route cannot be resolved before its address: call resolve_addr \
+                         (and wait for it to succeed) first, or use resolve"
+                    .into(),
+            });
+        }
+        // SAFETY: valid id under its lock (caller), bound to a device.
         let rc = unsafe { ffi::rdma_resolve_route(self.inner.id(), ms(timeout)) };
         if rc != 0 {
             return Err(Error::verb("rdma_resolve_route", last_errno()));
