@@ -418,6 +418,55 @@ fn a_runtime_without_io_gets_an_error_not_a_panic() {
     }
 }
 
+/// A runtime built with IO but without timers (`enable_io()` only): the
+/// driver and the rdma_cm waits use timers of their own (tokio's panicked
+/// there, in the driver task or in `AsyncCmId::resolve`).
+#[test]
+fn a_runtime_without_timers_works() {
+    let _g = serial();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let p = async_pair(caps(4));
+        let target = p.pd.alloc_mr(64, common::all_remote()).unwrap();
+        let c =
+            p.a.write(mr_with(&p.pd, b"no timers"), target.remote(), 0)
+                .await
+                .unwrap();
+        c.result().unwrap();
+        assert_eq!(&target.to_vec().unwrap()[..9], b"no timers");
+        let recv =
+            p.b.recv_into(p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap());
+        // `join!` polls in order: the receive is posted first.
+        let (got, sent) = tokio::join!(recv, p.a.send(mr_with(&p.pd, b"ping")));
+        sent.unwrap().result().unwrap();
+        let mut got = got.map_err(|e| e.error).unwrap();
+        got.result().unwrap();
+        let got = got.take_mr().unwrap();
+        assert_eq!(&got.to_vec().unwrap()[..4], b"ping");
+
+        // An rdma_cm wait that ends by its event, and one that times out.
+        let t = Instant::now();
+        let id = AsyncCmId::resolve(addr(7497), T).await.unwrap();
+        assert!(id.id().context().is_ok());
+        let short = Duration::from_millis(300);
+        let e = AsyncCmId::resolve("10.99.0.77:7497".parse().unwrap(), short)
+            .await
+            .map(drop)
+            .expect_err("nobody has 10.99.0.77");
+        assert!(
+            matches!(
+                e,
+                rdma_verbs::Error::Timeout { .. } | rdma_verbs::Error::CmEvent { .. }
+            ),
+            "{e:?}"
+        );
+        assert!(t.elapsed() < T, "took {:?}", t.elapsed());
+    });
+}
+
 /// Kernel object counts of the guest's device.
 fn counts() -> HashMap<String, u64> {
     let dev = std::env::var("RDMA_VERBS_DEVICE").unwrap_or_else(|_| "rxe0".into());

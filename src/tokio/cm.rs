@@ -69,8 +69,8 @@ impl Watched {
                 }
             }
         };
-        ::tokio::time::timeout(timeout, wait)
-            .await
+        super::timer::timeout(timeout, wait)
+            .await?
             .unwrap_or(Err(Error::Timeout {
                 what,
                 after: timeout,

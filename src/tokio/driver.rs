@@ -9,6 +9,7 @@ use ::tokio::sync::Notify;
 use ::tokio::task::JoinHandle;
 
 use super::cq::Shared;
+use super::timer::FdTimer;
 use super::{ReadinessFd, watch};
 use crate::channel::{ACK_BATCH, CompletionChannel};
 use crate::cq::Completion;
@@ -74,12 +75,14 @@ impl AsyncChannel {
         // moves into `Watch` next to `watched`, declared after it (dropped
         // after it), and keeps the descriptor open until then.
         let watched = unsafe { watch(fd, "registering a completion channel with tokio")? };
+        let sweep = FdTimer::new(SAFETY_NET, Some(SAFETY_NET))?;
         let registry = Arc::new(Registry::default());
         let driver = ::tokio::spawn(drive(
             StopOnDrop(registry.clone()),
             Watch {
                 watched,
                 channel: channel.clone(),
+                sweep,
             },
         ));
         Ok(AsyncChannel {
@@ -129,6 +132,8 @@ struct Watch {
     // Field order is drop order: deregister from tokio while the descriptor is open.
     watched: AsyncFd<ReadinessFd>,
     channel: CompletionChannel,
+    /// Expires every [`SAFETY_NET`].
+    sweep: FdTimer,
 }
 
 /// Stops every CQ on the channel when the driver ends for any reason: an
@@ -155,14 +160,11 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
     loop {
         pending.append(&mut registry.added());
         let mut busy = Vec::new();
-        let mut locked = false;
         for cq in pending.drain(..) {
             match serve(&cq, &mut done) {
-                Ok(Turn::More) => busy.push(cq),
-                Ok(Turn::Locked) => {
-                    locked = true;
-                    busy.push(cq);
-                }
+                // (Locked: another thread holds the CQ's lock, for as long
+                // as `AsyncQp::new` checks a QP.)
+                Ok(Turn::More | Turn::Locked) => busy.push(cq),
                 Ok(Turn::Idle) => {}
                 Err(e) => cq.stop(e),
             }
@@ -172,12 +174,6 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
         // cannot starve them.
         if let Err(e) = read_events(registry, &watch.channel, &mut pending) {
             return stop_all(registry, &e);
-        }
-        if locked {
-            // Another thread holds a CQ's lock (`AsyncQp::new` checking a
-            // QP): come back shortly, rather than spin.
-            ::tokio::time::sleep(LOCKED_RETRY).await;
-            continue;
         }
         if !pending.is_empty() {
             ::tokio::task::yield_now().await;
@@ -198,7 +194,10 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
                 }
             }
             () = registry.kick.notified() => {}
-            () = ::tokio::time::sleep(SAFETY_NET) => {
+            tick = watch.sweep.tick() => {
+                if let Err(e) = tick {
+                    return stop_all(registry, &e.to_string());
+                }
                 pending = registry.cqs().values().filter_map(Weak::upgrade).collect();
             }
         }
@@ -228,12 +227,9 @@ enum Turn {
     Idle,
     /// It still has work: serve it again.
     More,
-    /// A task holds its lock: try again a little later.
+    /// Another thread holds its lock: try again.
     Locked,
 }
-
-/// How long the driver waits before retrying a CQ whose lock a task holds.
-const LOCKED_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Polls `cq` for up to [`ROUNDS_PER_TURN`] batches; when it is empty, arms
 /// it and polls once more.

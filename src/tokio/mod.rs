@@ -35,11 +35,11 @@
 //! before posting it, so a completion finds its future by (QP number, queue,
 //! `wr_id`) whatever order things happen in.
 //!
-//! The runtime needs its IO and time drivers (`Builder::enable_all`, as
-//! `#[tokio::main]` has): a constructor called in a runtime without IO
-//! returns [`Error::InvalidArgument`], and
-//! the driver task and the rdma_cm waits sleep and time out with tokio's
-//! timers.
+//! The runtime needs its IO driver (`Builder::enable_io` or `enable_all`,
+//! as `#[tokio::main]` has): a constructor called in a runtime without it
+//! returns [`Error::InvalidArgument`]. Tokio's timers are not needed: the
+//! driver task and the rdma_cm waits time out on timers of their own
+//! (`timerfd`), so a runtime without `enable_time` works too.
 //!
 //! # Cancel safety
 //! The ownership-passing data path is what makes cancellation sound: a posted
@@ -72,6 +72,7 @@ mod cq;
 mod driver;
 mod events;
 mod qp;
+mod timer;
 
 pub use cm::{AsyncCmId, Listener};
 pub use cq::{AsyncCq, CqRef, Next};
