@@ -356,7 +356,14 @@ pub(crate) fn register_direct(
     let raw = match path {
         GdrPath::DmaBuf => {
             let export = export_range(ptr, len)?;
-            let access_bits = i32::try_from(access.bits()).unwrap_or(i32::MAX);
+            // Refused rather than widened: bit 31 has no meaning to the kernel.
+            let access_bits = i32::try_from(access.bits()).map_err(|_| Error::InvalidArgument {
+                what: "access flags",
+                reason: format!(
+                    "{:#x} has bit 31 set, which no access flag uses",
+                    access.bits()
+                ),
+            })?;
             // SAFETY: valid PD; `export.fd` is a live dma-buf of `export.window.size`
             // bytes and [offset, offset+len) lies inside it by construction of the
             // window; the IOVA is the device address itself. The kernel takes its own

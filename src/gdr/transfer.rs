@@ -175,7 +175,8 @@ impl fmt::Debug for Transfer {
 ///   buffers, each posted as soon as it is filled; with two or more buffers the
 ///   next copy runs while the previous chunk is on the wire.
 ///
-/// The CQ passed to `write` must be the QP's send CQ. A `write` takes back
+/// The CQ passed to `write` must be the QP's send CQ (refused with
+/// [`Error::InvalidArgument`] otherwise). A `write` takes back
 /// only completions of its own WRITEs: same QP number and `wr_id` as one it
 /// has in flight, carrying a piece of its own registration (device memory or
 /// bounce buffer). Other completions that show up are handed back in
@@ -448,6 +449,16 @@ impl GpuBuffer {
         remote: RemoteMr,
         remote_offset: u64,
     ) -> Result<Transfer> {
+        if qp.cq_raws().0 != cq.as_raw() {
+            // Its completions would never show up: the wait would spin until
+            // the timeout (never, with `Duration::MAX`).
+            return Err(Error::InvalidArgument {
+                what: "GpuBuffer::write",
+                reason: "the CQ is not the QP's send CQ: pass the CQ the QP was created with \
+                         as its send CQ"
+                    .into(),
+            });
+        }
         if range.start > range.end || range.end > self.len {
             return Err(Error::InvalidArgument {
                 what: "device range",
@@ -1126,7 +1137,7 @@ mod rdma_tests {
         a: Qp<Rc, Rts>,
         cq_a: Cq,
         _b: Qp<Rc, Rts>,
-        _cq_b: Cq,
+        cq_b: Cq,
     }
 
     fn pair(max_send_wr: u32) -> Pair {
@@ -1164,7 +1175,7 @@ mod rdma_tests {
             _b: b.connect(&ea, Some(gid)).expect("connect b"),
             pd,
             cq_a,
-            _cq_b: cq_b,
+            cq_b,
         }
     }
 
@@ -1284,6 +1295,24 @@ mod rdma_tests {
         assert_eq!(ids, [42]);
         let mut others = t.others;
         assert_eq!(others[0].take_mr().map(|m| m.len()), Some(64));
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+    fn a_cq_that_is_not_the_send_cq_is_refused() {
+        let mut p = pair(64);
+        let dst = target(&p.pd, 1 << 20);
+        let mut buf = GpuBuffer::for_host_test(&p.pd, pattern(4096, 3), GdrPath::Staging, small(2));
+        buf.set_timeout(Duration::MAX);
+        // Its completions would never show up on the peer's CQ: this spun
+        // forever.
+        let e = buf
+            .write(&mut p.a, &mut p.cq_b, dst.remote(), 0)
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert!(buf.buffers_home());
+        buf.write(&mut p.a, &mut p.cq_a, dst.remote(), 0).unwrap();
+        assert_eq!(&dst.to_vec().unwrap()[..4096], &pattern(4096, 3)[..]);
     }
 
     #[test]

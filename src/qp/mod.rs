@@ -914,7 +914,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 
     /// The `ibv_cq`s of the send and receive queue.
-    #[cfg(feature = "tokio")]
+    #[cfg(any(feature = "tokio", feature = "gdr"))]
     pub(crate) fn cq_raws(&self) -> (*mut ffi::ibv_cq, *mut ffi::ibv_cq) {
         (self.core.send_cq.as_raw(), self.core.recv_cq.as_raw())
     }
