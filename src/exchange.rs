@@ -393,7 +393,7 @@ fn read_full<R: Read + ?Sized>(
                     }
                 )));
             }
-            Ok(n) => got += n,
+            Ok(n) => got = got.saturating_add(n).min(buf.len()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(source) => return Err(Error::Io { what, source }),
         }
@@ -461,7 +461,8 @@ pub fn read_done<R: Read + ?Sized>(r: &mut R) -> Result<()> {
     while got < buf.len() {
         match r.read(&mut buf[got..]) {
             Ok(0) => break,
-            Ok(n) => got += n,
+            // `min`: a `Read` that claims more than the buffer held.
+            Ok(n) => got = got.saturating_add(n).min(buf.len()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(source) => {
                 return Err(Error::Io {

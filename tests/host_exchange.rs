@@ -370,3 +370,18 @@ fn peer_closed_from_two_threads_does_not_block() {
     );
     client.join().unwrap();
 }
+
+/// A `Read` that claims one byte more than the buffer it was given (a
+/// broken wrapper, not a peer): the readers return, they do not panic.
+#[test]
+fn a_reader_claiming_more_than_it_was_given_gets_no_panic() {
+    struct Liar(u8);
+    impl Read for Liar {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            buf.fill(self.0);
+            Ok(buf.len() + 1)
+        }
+    }
+    let e = exchange::read_done(&mut Liar(b'x')).unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)), "{e:?}");
+}
