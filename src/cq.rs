@@ -109,8 +109,8 @@ impl WcStatus {
             WcStatus::LocLenErr => "the receive buffer is smaller than the incoming message",
             WcStatus::LocQpOpErr => {
                 "on a receive: the incoming message is larger than the receive buffer (rxe reports this \
-                 instead of LOC_LEN_ERR); on a send: the request is malformed for this QP, or the link \
-                 went down"
+                 instead of LOC_LEN_ERR); on a send: the request is malformed for this QP (a buffer \
+                 registered in another PD than the QP's, on rxe), or the link went down"
             }
             WcStatus::RemOpErr => {
                 "the peer could not complete the operation: its receive buffer was too small for this \
@@ -122,7 +122,8 @@ impl WcStatus {
                  state or limits (e.g. more outstanding READs than its max_dest_rd_atomic)"
             }
             WcStatus::LocProtErr => {
-                "a local buffer's lkey or access rights do not allow this operation (READ/atomic targets need LOCAL_WRITE)"
+                "a local buffer's lkey or access rights do not allow this operation (READ/atomic targets \
+                 need LOCAL_WRITE), or it is registered in another PD than the QP's"
             }
             WcStatus::WrFlushErr => {
                 "the QP is in the error state, so its outstanding requests were flushed: it was moved \

@@ -493,6 +493,11 @@ pub struct SharedMr {
 }
 
 impl SharedMr {
+    /// The PD it is registered in.
+    pub fn pd(&self) -> &Pd {
+        self.base.pd()
+    }
+
     /// Bytes in this range.
     #[inline]
     pub fn len(&self) -> usize {

@@ -120,7 +120,7 @@ pub(crate) struct SrqInner {
     /// The CQ every completion of this SRQ's receives goes to.
     pub(crate) cq: Arc<CqInner>,
     attr: SrqAttr,
-    _pd: Pd,
+    pd: Pd,
 }
 
 // SAFETY: ibv_srq may be used from any thread; posting needs &mut Srq (one
@@ -196,7 +196,7 @@ impl Srq {
             ring,
             cq: cq.inner.clone(),
             attr: granted,
-            _pd: pd.clone(),
+            pd: pd.clone(),
         });
         let srq = Srq {
             inner,
@@ -408,6 +408,7 @@ impl Srq {
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
     ) -> Result<u64, Error> {
         wr.validate(self.inner.attr.max_sge)?;
+        wr.bufs.check_pd(&self.inner.pd)?;
         let c = c.write(ffi::ibv_recv_wr {
             num_sge: post::fill_sges(&wr.bufs, sges),
             ..Default::default()

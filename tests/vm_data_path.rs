@@ -572,3 +572,54 @@ fn unsignaled_reads_hand_their_destinations_back_through_poll_with_retired() {
         assert_eq!(mr.to_vec().unwrap(), &all[off..off + 64], "READ {id}");
     }
 }
+
+/// A buffer registered in another PD is refused when posted, with the
+/// buffer back (the NIC failed it with a protection error, LOC_QP_OP_ERR on
+/// rxe, and the QP went to ERR); the QP then carries data as before.
+#[test]
+fn buffers_of_another_pd_are_refused_and_the_qp_lives() {
+    let mut p = pair(caps(2));
+    let other = rdma_verbs::Pd::new(&p.ctx).unwrap();
+    let refused = |e: rdma_verbs::qp::PostError, id: u64| {
+        assert!(
+            matches!(e.error, rdma_verbs::Error::InvalidArgument { .. }),
+            "{}",
+            e.error
+        );
+        assert!(
+            e.error.to_string().contains("protection domain"),
+            "{}",
+            e.error
+        );
+        assert_eq!(e.unposted.len(), 1);
+        assert_eq!((e.unposted[0].0, e.unposted[0].1.len()), (id, 1));
+    };
+    let foreign = other.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    refused(p.a.post_send(SendWr::send(1).sge(foreign)).unwrap_err(), 1);
+    let shared = other.alloc_mr(8, AccessFlags::empty()).unwrap().freeze();
+    let mixed = SendWr::send(2)
+        .sge(p.pd.alloc_mr(4, AccessFlags::empty()).unwrap())
+        .sge(shared.slice(0, 4).unwrap());
+    let e = p.a.post_send(mixed).unwrap_err();
+    assert!(matches!(e.error, rdma_verbs::Error::InvalidArgument { .. }));
+    assert_eq!(e.unposted[0].1.len(), 2);
+    let foreign = other.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    refused(p.b.post_recv(RecvWr::new(3, foreign)).unwrap_err(), 3);
+    let srq_cq = rdma_verbs::Cq::new(&p.ctx, 16).unwrap();
+    let mut srq = rdma_verbs::Srq::new(&p.pd, &srq_cq, rdma_verbs::SrqAttr::new(4, 1)).unwrap();
+    let foreign = other.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    refused(srq.post_recv(RecvWr::new(4, foreign)).unwrap_err(), 4);
+
+    p.b.post_recv(RecvWr::new(
+        5,
+        p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap(),
+    ))
+    .unwrap();
+    let mut src = p.pd.alloc_mr(8, AccessFlags::empty()).unwrap();
+    src.write_at(0, b"same pd!").unwrap();
+    p.a.post_send(SendWr::send(6).sge(src)).unwrap();
+    let mut got = wait(&mut p.cq_b, 1);
+    assert_eq!(got[0].status, WcStatus::Success, "{:?}", got[0]);
+    assert_eq!(got[0].take_mr().unwrap().to_vec().unwrap(), b"same pd!");
+    assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
+}

@@ -86,7 +86,8 @@ impl<'a> WorkQueue for SendQueue<'a> {
 
     #[inline(always)]
     fn validate(core: &QpCore, wr: &SendWr<'a>) -> Result<(), Error> {
-        wr.validate(core.caps.max_send_sge, core.caps.max_inline_data)
+        wr.validate(core.caps.max_send_sge, core.caps.max_inline_data)?;
+        wr.bufs.check_pd(&core.pd)
     }
 
     #[inline(always)]
@@ -162,6 +163,7 @@ impl WorkQueue for RecvQueue {
     #[inline(always)]
     fn validate(core: &QpCore, wr: &RecvWr) -> Result<(), Error> {
         wr.validate(core.caps.max_recv_sge)
+            .and_then(|()| wr.bufs.check_pd(&core.pd))
             .map_err(|e| recv_refused(core, e))
     }
 

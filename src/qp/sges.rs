@@ -42,6 +42,15 @@ impl Buffer {
         self.len() == 0
     }
 
+    /// The PD the buffer is registered in.
+    #[inline]
+    pub(crate) fn pd(&self) -> &crate::Pd {
+        match self {
+            Buffer::Owned(m) => m.pd(),
+            Buffer::Shared(s) => s.pd(),
+        }
+    }
+
     #[inline]
     pub(crate) fn sge(&self) -> crate::ffi::ibv_sge {
         match self {
@@ -192,6 +201,19 @@ impl Sges {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Refuses a buffer registered in another PD than `pd` (the QP's): its
+    /// lkey would fail the request on the NIC and move the QP to ERR.
+    #[inline]
+    pub(crate) fn check_pd(&self, pd: &crate::Pd) -> crate::Result<()> {
+        if self
+            .iter()
+            .all(|b| std::sync::Arc::ptr_eq(&b.pd().inner, &pd.inner))
+        {
+            return Ok(());
+        }
+        Err(other_pd())
     }
 
     #[inline]
@@ -352,5 +374,17 @@ impl<'a> IntoIterator for &'a Sges {
     #[inline]
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn other_pd() -> crate::Error {
+    crate::Error::InvalidArgument {
+        what: "work request buffer",
+        reason: "it is registered in another protection domain than the queue's; register it \
+                 with the same Pd (the NIC would fail the request with a protection error and \
+                 move the QP to ERR)"
+            .into(),
     }
 }

@@ -9,6 +9,12 @@ use crate::mr::{AccessFlags, Mr, SharedMr};
 
 /// A registered buffer the NIC may read (a SEND or WRITE source), borrowed
 /// for `'scope`.
+///
+/// Register it in the PD of the QPs it is posted to: unlike the
+/// ownership-passing path, a scoped post does not compare PDs (it costs
+/// every post), so a buffer of another PD fails on the NIC, with
+/// `LOC_PROT_ERR` (rxe: `LOC_QP_OP_ERR`), and moves the QP to ERR. The same
+/// holds for [`Dst`].
 #[derive(Clone, Copy, Debug)]
 pub struct Src<'scope> {
     pub(super) sge: ffi::ibv_sge,
