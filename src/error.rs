@@ -401,6 +401,13 @@ fn default_hint(verb: &'static str, e: &io::Error) -> Option<String> {
         libc::EINVAL if verb == "ibv_create_qp" => {
             "a capability (max_send_wr, max_recv_wr, max_*_sge, max_inline_data) exceeds the device limits (see query_device())"
         }
+        libc::EINVAL if verb == "ibv_create_srq" => {
+            "max_wr or max_sge exceeds the device limits (max_srq_wr, max_srq_sge: see query_device())"
+        }
+        libc::ETIMEDOUT if verb == "ibv_create_ah" => {
+            "the destination GID's IP address did not answer neighbour discovery (ARP/ND): is the \
+             peer up, and is its GID right?"
+        }
         libc::ENOMEM if verb == "ibv_create_qp" || verb == "ibv_create_cq" => {
             "the device is out of resources or the requested queue is too deep"
         }
@@ -463,5 +470,13 @@ mod tests {
     fn create_cq_einval_hints_at_max_cqe() {
         let s = Error::verb("ibv_create_cq", errno(libc::EINVAL)).to_string();
         assert!(s.contains("max_cqe"), "{s}");
+    }
+
+    #[test]
+    fn srq_limits_and_unanswered_neighbours_have_hints() {
+        let s = Error::verb("ibv_create_srq", errno(libc::EINVAL)).to_string();
+        assert!(s.contains("max_srq_sge"), "{s}");
+        let s = Error::verb("ibv_create_ah", errno(libc::ETIMEDOUT)).to_string();
+        assert!(s.contains("neighbour discovery"), "{s}");
     }
 }

@@ -545,6 +545,11 @@ async fn server_loop(listener: Listener, cycles: u32) -> Listener {
             .unwrap();
         let ev = tokio::time::timeout(T, id.event()).await.unwrap().unwrap();
         assert_eq!(ev.kind, CmEventKind::Disconnected);
+        // The peer disconnected first: nothing to wait for (this waited
+        // out its whole timeout, then failed).
+        let t = Instant::now();
+        id.disconnect(T).await.unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     }
     listener
 }

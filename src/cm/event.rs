@@ -247,7 +247,8 @@ fn event_hint(kind: CmEventKind, status: i32) -> Option<String> {
         }
         CmEventKind::Rejected => match status {
             8 => "nobody listens on that address and port (IB CM reject reason 8: invalid service ID)".to_owned(),
-            28 => "the peer application rejected the connection (IB CM reject reason 28: consumer defined; see private_data)"
+            28 => "the peer application rejected the connection, or its process exited or was killed \
+                   before accepting (IB CM reject reason 28: consumer defined; see private_data)"
                 .to_owned(),
             s => format!("the connection was refused (IB CM reject reason {s})"),
         },

@@ -371,7 +371,15 @@ impl CmId {
                 "port {} is already bound by another rdma_cm id",
                 addr.port()
             )),
-            Some(libc::EADDRNOTAVAIL) | Some(libc::ENODEV) => Some(format!(
+            // The kernel also answers EADDRNOTAVAIL when the port is bound
+            // on an overlapping address (0.0.0.0 against a specific one).
+            Some(libc::EADDRNOTAVAIL) => Some(format!(
+                "{} is not an address of an RDMA-capable interface, or port {} is already bound \
+                 on an overlapping address (the wildcard address and a specific one conflict)",
+                addr.ip(),
+                addr.port()
+            )),
+            Some(libc::ENODEV) => Some(format!(
                 "{} is not an address of an RDMA-capable interface",
                 addr.ip()
             )),

@@ -26,6 +26,13 @@ impl ConnParam {
     /// means "retry forever" on soft-RoCE, so a dead peer would never be
     /// reported, as with [`RtsAttr::new`](crate::RtsAttr::new)) and 7 RNR
     /// retries (forever: a slow receiver is not an error).
+    ///
+    /// How soon a dead peer shows: the ACK timeout of a QP connected by
+    /// rdma_cm is the kernel CM's (from the path's packet lifetime), not the
+    /// ~0.5 s of [`RtsAttr::new`](crate::RtsAttr::new): a review on
+    /// soft-RoCE saw `RETRY_EXC_ERR` 14.4 s after the server was killed. A
+    /// side that only receives learns nothing until it sends (or the peer's
+    /// DISCONNECTED arrives); that is RC, not this crate.
     pub fn new() -> ConnParam {
         ConnParam {
             private_data: Vec::new(),

@@ -423,6 +423,11 @@ impl QpCore {
                  the path MTU (at most the port's active_mtu) and max_dest_rd_atomic"
                     .to_owned(),
             ),
+            (libc::ETIMEDOUT, "RTR") => Some(
+                "the destination GID's IP address did not answer neighbour discovery (ARP/ND): is the \
+                 peer up, and is its GID (from its endpoint) right?"
+                    .to_owned(),
+            ),
             (libc::EINVAL, "RTS") => Some("check timeout, retry_cnt (<= 7), rnr_retry (<= 7) and max_rd_atomic".to_owned()),
             _ => None,
         };

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ::tokio::io::unix::AsyncFd;
@@ -21,6 +22,8 @@ struct Watched {
     // Field order is drop order: deregister from tokio while the descriptor is open.
     watched: AsyncFd<ReadinessFd>,
     id: CmId,
+    /// DISCONNECTED was handed out (by `event` or a `disconnect`).
+    disconnected: AtomicBool,
 }
 
 impl Watched {
@@ -29,20 +32,36 @@ impl Watched {
         // SAFETY: the readiness handle belongs to the id's channel, which the
         // id owns; `watched` is declared before `id`, so it is dropped first.
         let watched = unsafe { watch(fd, "registering an rdma_cm event channel with tokio")? };
-        Ok(Watched { watched, id })
+        Ok(Watched {
+            watched,
+            id,
+            disconnected: AtomicBool::new(false),
+        })
+    }
+
+    /// The id's next event if one is there, noting DISCONNECTED.
+    fn try_event(&self) -> Result<Option<CmEvent>> {
+        let ev = self.id.try_event()?;
+        if ev
+            .as_ref()
+            .is_some_and(|e| e.kind == CmEventKind::Disconnected)
+        {
+            self.disconnected.store(true, Ordering::Relaxed);
+        }
+        Ok(ev)
     }
 
     /// The id's next event. Cancel safe: an event is read only when returned.
     async fn event(&self) -> Result<CmEvent> {
         loop {
-            if let Some(ev) = self.id.try_event()? {
+            if let Some(ev) = self.try_event()? {
                 return Ok(ev);
             }
             let mut ready = self.watched.readable().await.map_err(|source| Error::Io {
                 what: "waiting for rdma_cm events",
                 source,
             })?;
-            match self.id.try_event()? {
+            match self.try_event()? {
                 Some(ev) => return Ok(ev),
                 None => ready.clear_ready(),
             }
@@ -224,7 +243,14 @@ impl AsyncCmId {
 
     /// Sends a disconnect (`rdma_disconnect`) and waits up to `timeout` for
     /// this side's DISCONNECTED. Flush the QP with `to_error` afterwards.
+    ///
+    /// Once DISCONNECTED was seen (the peer disconnected first and
+    /// [`event`](Self::event) returned it, or an earlier `disconnect`), the
+    /// connection is down already: returns `Ok` at once.
     pub async fn disconnect(&mut self, timeout: Duration) -> Result<()> {
+        if self.inner.disconnected.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         self.inner.id.disconnect()?;
         self.inner
             .expect(
