@@ -869,6 +869,12 @@ pub fn server_exchange<M: WireMessage, T>(
 /// `gid_index` `None` picks [`Context::default_gid_index`](crate::Context::default_gid_index)
 /// (the RoCE v2 GID on RoCE). Connecting retries until `timeout`; every
 /// message sent or received is bounded by it too.
+///
+/// The QP is connected with [`Qp::connect`]'s defaults, which allow one
+/// outstanding RDMA READ or atomic each way; for more, exchange with
+/// [`client_exchange`] / [`server_exchange`] and move the QP through
+/// [`Qp::rtr`] and [`Qp::rts`] with `max_dest_rd_atomic` / `max_rd_atomic`
+/// raised.
 pub fn connect_client(
     host: &str,
     port: u16,

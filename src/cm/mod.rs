@@ -582,7 +582,14 @@ impl CmId {
     /// Creates an RC QP for this id (`rdma_create_qp`), in INIT, ready for
     /// receives to be posted before [`connect`](CmId::connect) /
     /// [`ConnectRequest::accept`]. `pd` and the CQs must come from
-    /// [`CmId::context`]. The QP keeps this id alive.
+    /// [`CmId::context`] (one PD and CQ may serve the QPs of many ids on the
+    /// same device). The QP keeps this id alive.
+    ///
+    /// Access: the kernel's CM grants the QP REMOTE_WRITE, and REMOTE_READ
+    /// and REMOTE_ATOMIC when this side accepts READs/atomics as target
+    /// (responder resources above 0; the default [`ConnParam`] asks the
+    /// device maximum). What a peer may touch is still decided by each
+    /// [`Mr`](crate::Mr)'s own access flags.
     pub fn create_qp(
         &self,
         pd: &Pd,

@@ -361,6 +361,10 @@ pub fn copy_from_device<D: DeviceMemory + ?Sized>(
 
 /// Copies `src` into `mem` at `offset`, after the work queued on the memory's
 /// stream finished; the bytes are in device memory when it returns.
+///
+/// Only that stream is waited for: a read of the same memory still queued on
+/// another stream (a `memcpy_dtoh` on a second non-blocking stream, say) can
+/// see some old and some new bytes. Synchronise such streams first.
 pub fn copy_to_device<D: DeviceMemory + ?Sized>(
     mem: &mut D,
     offset: usize,

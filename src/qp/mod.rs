@@ -1034,6 +1034,13 @@ impl Qp<Rc, Init> {
     /// [`Context::default_gid_index`](crate::Context::default_gid_index)
     /// chooses: the RoCE v2 GID on RoCE, no GRH on InfiniBand).
     /// A failure destroys the QP (its buffers are released) and returns the error.
+    ///
+    /// Like `ibv_rc_pingpong`, this allows one outstanding RDMA READ or
+    /// atomic each way (`max_rd_atomic` and `max_dest_rd_atomic` 1, as
+    /// [`RtrAttr::new`] and [`RtsAttr::new`]); more in flight wait on the
+    /// NIC. For deeper READ/atomic pipelines, go through
+    /// [`rtr`](Qp::rtr) and [`rts`](Qp::rts) with those fields raised (up to
+    /// the device's `max_qp_rd_atom`).
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Rc, Rts>> {
         let port = self.core.port;
         let (mtu, gid_index) = self.connect_defaults(gid_index)?;

@@ -131,6 +131,12 @@ impl<'a> SendWr<'a> {
 
     /// Atomic compare-and-swap on the 8 bytes at `remote + offset`; the old
     /// value lands in `result` (an 8-byte `Mr` with LOCAL_WRITE).
+    ///
+    /// Byte order: `compare` and `swap` are host-order numbers. The target
+    /// and the returned value are in the order the device uses for atomics:
+    /// host order on soft-RoCE (`u64::from_ne_bytes` reads them); some NICs
+    /// reply big-endian (rdma-core's "atomic HCA reply BE" capability), so
+    /// check yours before sharing a counter with another program.
     #[inline]
     pub fn compare_swap(
         wr_id: u64,
@@ -150,7 +156,8 @@ impl<'a> SendWr<'a> {
     }
 
     /// Atomic fetch-and-add on the 8 bytes at `remote + offset`; the old value
-    /// lands in `result` (an 8-byte `Mr` with LOCAL_WRITE).
+    /// lands in `result` (an 8-byte `Mr` with LOCAL_WRITE). Byte order: as
+    /// [`compare_swap`](SendWr::compare_swap).
     #[inline]
     pub fn fetch_add(
         wr_id: u64,

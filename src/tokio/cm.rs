@@ -235,8 +235,8 @@ impl AsyncCmId {
         Ok((AsyncQp::from_parts(qp, parts), AsyncCmId { inner: w }))
     }
 
-    /// The next event of this connection (e.g. DISCONNECTED when the peer
-    /// goes away). Cancel safe.
+    /// The next event of this connection (e.g.
+    /// [`CmEventKind::Disconnected`] when the peer goes away). Cancel safe.
     pub async fn event(&mut self) -> Result<CmEvent> {
         self.inner.event().await
     }
