@@ -304,6 +304,20 @@ fn unreachable_address_fails_within_the_timeout() {
         assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
     }
 
+    // Loopback resolves to no RDMA interface: the route is refused, with
+    // a hint that says so.
+    let err = CmId::new()
+        .expect("rdma_cm id")
+        .resolve("127.0.0.1:20104".parse().unwrap(), RESOLVE)
+        .expect_err("no RDMA on loopback");
+    assert!(
+        matches!(
+            &err,
+            Error::Verb { verb: "rdma_resolve_route", hint: Some(h), .. } if h.contains("loopback")
+        ),
+        "{err:?}"
+    );
+
     // Off every subnet of the guest: no route at all.
     let id = CmId::new().expect("rdma_cm id");
     let start = Instant::now();

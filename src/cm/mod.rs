@@ -518,7 +518,17 @@ impl CmId {
         // SAFETY: valid id under its lock (caller), bound to a device.
         let rc = unsafe { ffi::rdma_resolve_route(self.inner.id(), ms(timeout)) };
         if rc != 0 {
-            return Err(Error::verb("rdma_resolve_route", last_errno()));
+            let source = last_errno();
+            let hint = (source.raw_os_error() == Some(libc::ENODEV)).then(|| {
+                "the address resolved to an interface without RDMA (a loopback address such as \
+                 127.0.0.1 or ::1?): use an address of the RDMA interface itself"
+                    .to_owned()
+            });
+            return Err(Error::Verb {
+                verb: "rdma_resolve_route",
+                source,
+                hint,
+            });
         }
         Ok(())
     }
