@@ -407,8 +407,7 @@ impl Srq {
         c: &mut MaybeUninit<ffi::ibv_recv_wr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
     ) -> Result<u64, Error> {
-        wr.validate(self.inner.attr.max_sge)?;
-        wr.bufs.check_pd(&self.inner.pd)?;
+        wr.validate(self.inner.attr.max_sge, &self.inner.pd)?;
         let c = c.write(ffi::ibv_recv_wr {
             num_sge: post::fill_sges(&wr.bufs, sges),
             ..Default::default()

@@ -86,8 +86,7 @@ impl<'a> WorkQueue for SendQueue<'a> {
 
     #[inline(always)]
     fn validate(core: &QpCore, wr: &SendWr<'a>) -> Result<(), Error> {
-        wr.validate(core.caps.max_send_sge, core.caps.max_inline_data)?;
-        wr.bufs.check_pd(&core.pd)
+        wr.validate(core.caps.max_send_sge, core.caps.max_inline_data, &core.pd)
     }
 
     #[inline(always)]
@@ -162,8 +161,7 @@ impl WorkQueue for RecvQueue {
 
     #[inline(always)]
     fn validate(core: &QpCore, wr: &RecvWr) -> Result<(), Error> {
-        wr.validate(core.caps.max_recv_sge)
-            .and_then(|()| wr.bufs.check_pd(&core.pd))
+        wr.validate(core.caps.max_recv_sge, &core.pd)
             .map_err(|e| recv_refused(core, e))
     }
 

@@ -42,13 +42,14 @@ impl Buffer {
         self.len() == 0
     }
 
-    /// The PD the buffer is registered in.
-    #[inline]
-    pub(crate) fn pd(&self) -> &crate::Pd {
-        match self {
+    /// Whether the buffer is registered in `pd`.
+    #[inline(always)]
+    pub(crate) fn in_pd(&self, pd: &crate::Pd) -> bool {
+        let own = match self {
             Buffer::Owned(m) => m.pd(),
             Buffer::Shared(s) => s.pd(),
-        }
+        };
+        std::sync::Arc::ptr_eq(&own.inner, &pd.inner)
     }
 
     #[inline]
@@ -207,10 +208,7 @@ impl Sges {
     /// lkey would fail the request on the NIC and move the QP to ERR.
     #[inline]
     pub(crate) fn check_pd(&self, pd: &crate::Pd) -> crate::Result<()> {
-        if self
-            .iter()
-            .all(|b| std::sync::Arc::ptr_eq(&b.pd().inner, &pd.inner))
-        {
+        if self.iter().all(|b| b.in_pd(pd)) {
             return Ok(());
         }
         Err(other_pd())

@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::mr::{Mr, RemoteMr};
+use crate::pd::Pd;
 use crate::qp::sges::{Buffer, Sges};
 
 /// What a send-queue work request does.
@@ -235,11 +236,11 @@ impl<'a> SendWr<'a> {
 
     /// Checks everything that can be checked before the NIC sees the request.
     #[inline(always)]
-    pub(crate) fn validate(&self, max_sge: u32, max_inline: u32) -> Result<()> {
-        if self.plainly_valid(max_sge, max_inline) {
+    pub(crate) fn validate(&self, max_sge: u32, max_inline: u32, pd: &Pd) -> Result<()> {
+        if self.plainly_valid(max_sge, max_inline, pd) {
             Ok(())
         } else {
-            self.validate_fully(max_sge, max_inline)
+            self.validate_fully(max_sge, max_inline, pd)
         }
     }
 
@@ -247,7 +248,7 @@ impl<'a> SendWr<'a> {
     /// [`validate_fully`](Self::validate_fully) would pass; false sends the
     /// request to it for the error that names the problem.
     #[inline(always)]
-    fn plainly_valid(&self, max_sge: u32, max_inline: u32) -> bool {
+    fn plainly_valid(&self, max_sge: u32, max_inline: u32, pd: &Pd) -> bool {
         let bufs = self.bufs.as_slice();
         if self.bufs.overflow() != 0 || bufs.len() > max_sge as usize {
             return false;
@@ -257,7 +258,7 @@ impl<'a> SendWr<'a> {
             [] => 0,
             [b] => {
                 let l = b.len() as u64;
-                if l > u64::from(u32::MAX) {
+                if l > u64::from(u32::MAX) || !b.in_pd(pd) {
                     return false;
                 }
                 l
@@ -266,7 +267,7 @@ impl<'a> SendWr<'a> {
                 let mut len = 0u64;
                 for b in bufs {
                     let l = b.len() as u64;
-                    if l > u64::from(u32::MAX) {
+                    if l > u64::from(u32::MAX) || !b.in_pd(pd) {
                         return false;
                     }
                     len += l;
@@ -310,13 +311,14 @@ impl<'a> SendWr<'a> {
     /// Every check, with the error that names what is wrong.
     #[cold]
     #[inline(never)]
-    fn validate_fully(&self, max_sge: u32, max_inline: u32) -> Result<()> {
+    fn validate_fully(&self, max_sge: u32, max_inline: u32, pd: &Pd) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
         let max = (max_sge as usize).min(crate::qp::sges::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
         }
         self.bufs.check_lengths()?;
+        self.bufs.check_pd(pd)?;
         if let Some(data) = self.inline_data {
             if !self.bufs.is_empty() {
                 return Err(invalid(
@@ -495,7 +497,7 @@ impl RecvWr {
     }
 
     #[inline]
-    pub(crate) fn validate(&self, max_sge: u32) -> Result<()> {
+    pub(crate) fn validate(&self, max_sge: u32, pd: &Pd) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
         let max = (max_sge as usize).min(crate::qp::sges::MAX_SAFE_SGES);
         if n > max {
@@ -508,6 +510,7 @@ impl RecvWr {
                  (the receive would fail with LOC_PROT_ERR)",
             ));
         }
+        self.bufs.check_pd(pd)?;
         self.bufs.check_lengths()
     }
 }
