@@ -123,6 +123,23 @@ pub(crate) struct SrqInner {
     pd: Pd,
 }
 
+impl SrqInner {
+    /// Refuses a QP of another PD than the SRQ's: providers check the
+    /// receives' buffers against the QP's PD (rxe) or the SRQ's, so only one
+    /// PD for both lets a receive succeed everywhere.
+    pub(crate) fn check_qp_pd(&self, pd: &Pd) -> Result<()> {
+        if Arc::ptr_eq(&self.pd.inner, &pd.inner) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            what: "QP on a shared receive queue",
+            reason: "its PD is not the SRQ's: create the QP with the PD the SRQ was created with \
+                     (a receive's buffer can only be registered in one of them)"
+                .into(),
+        })
+    }
+}
+
 // SAFETY: ibv_srq may be used from any thread; posting needs &mut Srq (one
 // producer), the ring is Send + Sync (see qp/ring.rs).
 unsafe impl Send for SrqInner {}

@@ -427,6 +427,13 @@ fn qps_on_an_srq_need_its_cq_and_have_no_receive_queue() {
     assert_eq!(cq.reserved(), 32);
     let e = Qp::new_with_srq(&pd, &cq, &other, &srq, SEND_CAPS).unwrap_err();
     assert!(matches!(e, Error::SrqCqMismatch), "{e:?}");
+    // A QP of another PD: refused (rxe checks a receive's buffer against the
+    // QP's PD, so no receive could succeed on it: the SRQ's buffers are in
+    // the SRQ's PD, the only ones its posts take).
+    let e =
+        Qp::new_with_srq(&Pd::new(&ctx).expect("pd"), &other, &cq, &srq, SEND_CAPS).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert_eq!(cq.reserved(), 32, "nothing reserved by the refused QP");
     // Sends may go elsewhere; the receive CQ reserves nothing more.
     let mut qp = Qp::new_with_srq(&pd, &other, &cq, &srq, SEND_CAPS)
         .expect("qp")

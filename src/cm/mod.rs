@@ -640,6 +640,7 @@ impl CmId {
                 if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
                     return Err(Error::SrqCqMismatch);
                 }
+                srq.check_qp_pd(pd)?;
                 let caps = QpCaps {
                     max_recv_wr: 0,
                     max_recv_sge: 0,

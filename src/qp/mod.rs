@@ -549,8 +549,10 @@ impl Qp<Rc, Reset> {
     /// (`caps.max_recv_wr` and `max_recv_sge` are ignored, and
     /// [`post_recv`](Qp::post_recv) is refused with [`Error::QpUsesSrq`]),
     /// and it reserves no receive entries on `recv_cq`, which must be the CQ
-    /// the SRQ was created with ([`Error::SrqCqMismatch`] otherwise). The QP
-    /// keeps the SRQ alive.
+    /// the SRQ was created with ([`Error::SrqCqMismatch`] otherwise), and
+    /// `pd` must be the SRQ's ([`Error::InvalidArgument`] otherwise:
+    /// providers differ in which of the two PDs a receive's buffer is checked
+    /// against). The QP keeps the SRQ alive.
     pub fn new_with_srq(
         pd: &Pd,
         send_cq: &Cq,
@@ -562,6 +564,7 @@ impl Qp<Rc, Reset> {
         if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
             return Err(Error::SrqCqMismatch);
         }
+        srq.check_qp_pd(pd)?;
         let caps = QpCaps {
             max_recv_wr: 0,
             max_recv_sge: 0,
