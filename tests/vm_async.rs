@@ -396,6 +396,40 @@ fn cq_views_hold_up_nothing() {
     });
 }
 
+/// Two threads wrapping QPs whose send and receive CQs are the same two
+/// `AsyncCq`s in opposite roles: `AsyncQp::new` takes the CQs' locks in one
+/// order, so neither waits for the other (each held one and timed out on
+/// the other after 2 s: a review saw 13 of 800 fail).
+#[test]
+fn wrapping_qps_on_crossed_cqs_from_two_threads_never_waits() {
+    let _g = serial();
+    let rt = runtime();
+    let _enter = rt.enter();
+    let ctx = common::ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let (x, y) = (
+        Arc::new(AsyncCq::new(&ctx, 64).unwrap()),
+        Arc::new(AsyncCq::new(&ctx, 64).unwrap()),
+    );
+    let threads: Vec<_> = [(x.clone(), y.clone()), (y, x)]
+        .into_iter()
+        .map(|(s, r)| {
+            let pd = pd.clone();
+            std::thread::spawn(move || {
+                for _ in 0..300 {
+                    let qp = Qp::new(&pd, &s.cq(), &r.cq(), caps(1)).unwrap();
+                    let t = Instant::now();
+                    AsyncQp::new(qp, &s, &r).map_err(|(e, _)| e).unwrap();
+                    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 /// A runtime built without its IO driver gets a typed error from the
 /// constructors (tokio itself would panic on registering the descriptor).
 #[test]
@@ -416,6 +450,27 @@ fn a_runtime_without_io_gets_an_error_not_a_panic() {
         );
         assert!(err.to_string().contains("enable_all"), "{err}");
     }
+
+    // A connect made on a runtime with IO, awaited on one without: its
+    // timeout's timer cannot be registered (this panicked inside tokio).
+    let rt_io = runtime();
+    let (mut id, qp, _cq) = rt_io.block_on(async {
+        let id = AsyncCmId::resolve(addr(7496), T).await.unwrap();
+        let ctx = id.id().context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = AsyncCq::new(&ctx, 8).unwrap();
+        let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps(2)).unwrap();
+        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        (id, qp, cq)
+    });
+    let e = rt
+        .block_on(id.connect(qp, &ConnParam::new(), T))
+        .map(drop)
+        .expect_err("no IO driver to time the wait with");
+    assert!(
+        matches!(e, rdma_verbs::Error::InvalidArgument { .. }),
+        "{e:?}"
+    );
 }
 
 /// A runtime built with IO but without timers (`enable_io()` only): the
@@ -513,8 +568,12 @@ async fn client_cycle(server: SocketAddr, seq: u32) {
 }
 
 /// The server: accepts, echoes seq + 1, waits for DISCONNECTED, repeats;
-/// gives the listener back.
-async fn server_loop(listener: Listener, cycles: u32) -> Listener {
+/// gives the listener back, and the last connection's id.
+async fn server_loop(listener: Listener, cycles: u32) -> (Listener, Option<AsyncCmId>) {
+    // Each connection's id is kept until the next request: the client's
+    // disconnect must not wait for the id's destruction (it waited its
+    // whole timeout when the server's disconnect sent nothing).
+    let mut kept = None;
     for _ in 0..cycles {
         let req = listener.request().await.unwrap();
         let seq = u32::from_le_bytes(req.private_data()[..4].try_into().unwrap());
@@ -550,8 +609,9 @@ async fn server_loop(listener: Listener, cycles: u32) -> Listener {
         let t = Instant::now();
         id.disconnect(T).await.unwrap();
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        kept = Some(id);
     }
-    listener
+    (listener, kept)
 }
 
 /// Connect, message each way, disconnect, destroy: many times, every object
@@ -577,6 +637,7 @@ fn cm_connect_accept_disconnect_cycles_leave_nothing_behind() {
         for seq in 1..=cycles {
             client_cycle(server, seq * 2).await;
         }
+        // The last id is kept, as the first one was when `before` was taken.
         let listener = tokio::time::timeout(T, srv).await.unwrap().unwrap();
         let elapsed = t.elapsed();
         let after = counts();

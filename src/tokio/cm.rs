@@ -246,9 +246,14 @@ impl AsyncCmId {
     ///
     /// Once DISCONNECTED was seen (the peer disconnected first and
     /// [`event`](Self::event) returned it, or an earlier `disconnect`), the
-    /// connection is down already: returns `Ok` at once.
+    /// connection is down already: it sends the disconnect (the reply the
+    /// peer waits for) and returns `Ok` at once.
     pub async fn disconnect(&mut self, timeout: Duration) -> Result<()> {
         if self.inner.disconnected.load(Ordering::Relaxed) {
+            // Still sent: it is the reply the peer's own disconnect waits
+            // for (until this id is destroyed otherwise). An error changes
+            // nothing: the connection is down.
+            let _ = self.inner.id.disconnect();
             return Ok(());
         }
         self.inner.id.disconnect()?;

@@ -105,6 +105,18 @@ impl AsRawFd for ReadinessFd {
 /// dropped (callers keep it in a struct field declared before the owner of
 /// `fd`, so it is dropped first).
 unsafe fn watch(fd: RawFd, what: &'static str) -> Result<AsyncFd<ReadinessFd>> {
+    // SAFETY: per this function's contract.
+    unsafe { register(ReadinessFd(fd), what) }
+}
+
+/// Registers `inner`'s descriptor with the current runtime's reactor for
+/// reading; a typed error outside a runtime or in one without IO (where
+/// tokio panics).
+///
+/// # Safety
+/// `inner`'s descriptor stays open, and the same descriptor, until the
+/// returned `AsyncFd` is dropped (it is if `inner` owns it).
+unsafe fn register<T: AsRawFd>(inner: T, what: &'static str) -> Result<AsyncFd<T>> {
     if ::tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::InvalidArgument {
             what,
@@ -116,11 +128,11 @@ unsafe fn watch(fd: RawFd, what: &'static str) -> Result<AsyncFd<ReadinessFd>> {
     // A runtime is current (checked above), but tokio panics when it was
     // built without IO; nothing is registered then, so the panic is turned
     // into an error (tokio offers no way to ask first).
-    let registered = std::panic::catch_unwind(|| {
-        // SAFETY: the caller keeps `fd` open and unchanged for the AsyncFd's
-        // life.
-        unsafe { AsyncFd::register_with_interest(ReadinessFd(fd), Interest::READABLE) }
-    });
+    let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller keeps the descriptor open and unchanged for the
+        // AsyncFd's life.
+        unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) }
+    }));
     match registered {
         Ok(r) => r.map_err(|e| Error::Io {
             what,

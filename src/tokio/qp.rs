@@ -70,9 +70,16 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         // reached its waiter or `next` before this check passes, and cannot
         // be taken for a request of this wrapper numbered like it (plain
         // posts choose their own wr_ids).
-        let send_lock = send_cq.shared().cq_patiently();
-        let recv_lock = (recv_cq.id() != send_cq.id()).then(|| recv_cq.shared().cq_patiently());
-        if send_lock.is_none() || matches!(recv_lock, Some(None)) {
+        // In address order, so that two threads wrapping QPs on the same two
+        // CQs in opposite roles cannot hold one each and wait for the other.
+        let (first, second) = if recv_cq.id().0 < send_cq.id().0 {
+            (recv_cq, send_cq)
+        } else {
+            (send_cq, recv_cq)
+        };
+        let first_lock = first.shared().cq_patiently();
+        let second_lock = (first.id() != second.id()).then(|| second.shared().cq_patiently());
+        if first_lock.is_none() || matches!(second_lock, Some(None)) {
             return Err((
                 Error::InvalidArgument {
                     what: "AsyncQp::new",
@@ -84,7 +91,7 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
             ));
         }
         let (sends, recvs) = qp.outstanding();
-        drop((send_lock, recv_lock));
+        drop((first_lock, second_lock));
         if sends + recvs > 0 {
             let (queue, count) = if sends > 0 {
                 ("send", sends)

@@ -8,7 +8,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use ::tokio::io::Interest;
 use ::tokio::io::unix::AsyncFd;
 
 use crate::error::{Error, Result};
@@ -20,8 +19,9 @@ pub(crate) struct FdTimer {
 
 impl FdTimer {
     /// Expires `after` from now, then every `period` if given; a time too
-    /// long for the kernel's `timespec` never expires. Needs a runtime with
-    /// IO (every caller registered a descriptor with it before).
+    /// long for the kernel's `timespec` never expires. A typed error outside
+    /// a runtime with IO (a future awaited on another runtime than the one
+    /// that made its id, say).
     pub(crate) fn new(after: Duration, period: Option<Duration>) -> Result<FdTimer> {
         let io_err = |source| Error::Io {
             what: "creating a timer (timerfd)",
@@ -56,8 +56,7 @@ impl FdTimer {
         }
         // SAFETY: the AsyncFd owns the descriptor, which stays open until it
         // has been deregistered (the AsyncFd drops its inner value last).
-        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-            .map_err(|e| io_err(e.into_parts().1))?;
+        let fd = unsafe { super::register(fd, "registering a timer with tokio")? };
         Ok(FdTimer { fd })
     }
 
