@@ -36,10 +36,14 @@
 //! `wr_id`) whatever order things happen in.
 //!
 //! The runtime needs its IO driver (`Builder::enable_io` or `enable_all`,
-//! as `#[tokio::main]` has): a constructor called in a runtime without it
-//! returns [`Error::InvalidArgument`]. Tokio's timers are not needed: the
-//! driver task and the rdma_cm waits time out on timers of their own
-//! (`timerfd`), so a runtime without `enable_time` works too.
+//! as `#[tokio::main]` has): a constructor called, or an rdma_cm wait first
+//! polled, in a runtime without it returns [`Error::InvalidArgument`].
+//! Tokio offers no way to ask whether a runtime has IO, so that error comes
+//! from catching tokio's own panic: the panic hook runs first (printing
+//! tokio's message), and in a `panic = "abort"` build the process aborts
+//! there, as it would in tokio's own IO types. Tokio's timers are not
+//! needed: the driver task and the rdma_cm waits time out on timers of
+//! their own (`timerfd`), so a runtime without `enable_time` works too.
 //!
 //! # Cancel safety
 //! The ownership-passing data path is what makes cancellation sound: a posted
