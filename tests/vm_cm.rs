@@ -255,6 +255,52 @@ fn a_waiting_connect_does_not_block_other_calls_on_the_id() {
     server.join().expect("server thread");
 }
 
+/// A resolution waits without holding the id's lock (it held it up to its
+/// timeout + 2 s): getters on another thread return at once, the wait's
+/// events stay its own, and a second blocking call is refused.
+#[test]
+fn a_waiting_resolve_does_not_block_other_calls_on_the_id() {
+    let id = CmId::new().expect("rdma_cm id");
+    thread::scope(|s| {
+        // Nobody answers ARP for it: the resolution runs to its timeout.
+        let resolve =
+            s.spawn(|| id.resolve_addr(None, "10.99.0.77:20108".parse().unwrap(), RESOLVE));
+        thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        let _ = id.local_addr();
+        let shown = format!("{id:?}");
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "getters waited {:?} for the resolution",
+            t.elapsed()
+        );
+        assert!(shown.contains("CmId"), "{shown}");
+        assert!(matches!(id.try_event(), Ok(None)));
+        for refused in [id.resolve_route(RESOLVE), id.disconnect()] {
+            assert!(
+                matches!(refused, Err(Error::InvalidArgument { .. })),
+                "{refused:?}"
+            );
+        }
+        let err = resolve
+            .join()
+            .expect("resolve thread")
+            .expect_err("nobody has 10.99.0.77");
+        assert!(
+            matches!(
+                err,
+                Error::CmEvent {
+                    event: CmEventKind::AddrError,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    });
+    // The events are anyone's again.
+    assert!(matches!(id.try_event(), Ok(None)));
+}
+
 #[test]
 fn connect_without_listener_is_refused_not_hung() {
     let (id, _pd, _cq, qp) = client(at(20103));

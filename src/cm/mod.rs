@@ -131,9 +131,9 @@ struct IdInner {
     raw: NonNull<ffi::rdma_cm_id>,
     /// Serialises every librdmacm call on this id and every access to its fields.
     lock: Mutex<()>,
-    /// A blocking [`CmId::connect`] is waiting for ESTABLISHED (it polls the
-    /// channel without the lock, and the id's events are its own until it
-    /// returns). Written and read under `lock`.
+    /// A blocking [`CmId::connect`] (or resolve) is waiting for its event
+    /// (it polls the channel without the lock, and the id's events are its
+    /// own until it returns). Written and read under `lock`.
     connecting: AtomicBool,
     /// Dropped after the id is destroyed.
     channel: EventChannel,
@@ -262,9 +262,44 @@ impl IdInner {
         self.expect(kind, op, what, timeout, true)
     }
 
-    /// Whether a blocking connect owns the id's events now. Call with the lock held.
+    /// Whether a blocking connect or resolve owns the id's events now. Call
+    /// with the lock held.
     fn connecting(&self) -> bool {
         self.connecting.load(Ordering::Relaxed)
+    }
+
+    /// Refuses a second blocking wait on the id while one owns its events
+    /// (the kernel would refuse the call's verb too, in another state).
+    /// Call with the lock held.
+    fn refuse_if_waiting(&self) -> Result<()> {
+        if self.connecting() {
+            return Err(Error::InvalidArgument {
+                what: "rdma_cm id",
+                reason: "a connect or resolve on another thread is waiting for its event on it; \
+                         call again once it returned (it ends at its timeout)"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The id's events marked as a blocking resolve's own while it waits
+/// without the lock (as a [`Handshake`] does for a connect); unmarked on drop.
+struct OwnEvents<'a>(&'a IdInner);
+
+impl<'a> OwnEvents<'a> {
+    /// Marks them. Call with the lock held.
+    fn mark(inner: &'a IdInner) -> OwnEvents<'a> {
+        inner.connecting.store(true, Ordering::Relaxed);
+        OwnEvents(inner)
+    }
+}
+
+impl Drop for OwnEvents<'_> {
+    fn drop(&mut self) {
+        let _g = self.0.lock();
+        self.0.connecting.store(false, Ordering::Relaxed);
     }
 }
 
@@ -440,14 +475,19 @@ impl CmId {
         dst: SocketAddr,
         timeout: Duration,
     ) -> Result<()> {
-        let _g = self.inner.lock();
-        self.start_resolve_addr_locked(src, dst, timeout)?;
+        let _own = {
+            let _g = self.inner.lock();
+            self.inner.refuse_if_waiting()?;
+            self.start_resolve_addr_locked(src, dst, timeout)?;
+            OwnEvents::mark(&self.inner)
+        };
         self.inner
-            .expect_locked(
+            .expect(
                 CmEventKind::AddrResolved,
                 "rdma_resolve_addr",
                 "rdma_resolve_addr: waiting for ADDR_RESOLVED",
                 timeout.saturating_add(RESOLVE_GRACE),
+                false,
             )
             .map(drop)
     }
@@ -489,14 +529,19 @@ impl CmId {
     /// Resolves the route to the resolved address (`rdma_resolve_route`,
     /// waiting for ROUTE_RESOLVED; returns at the latest 2 s after `timeout`).
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
-        let _g = self.inner.lock();
-        self.start_resolve_route_locked(timeout)?;
+        let _own = {
+            let _g = self.inner.lock();
+            self.inner.refuse_if_waiting()?;
+            self.start_resolve_route_locked(timeout)?;
+            OwnEvents::mark(&self.inner)
+        };
         self.inner
-            .expect_locked(
+            .expect(
                 CmEventKind::RouteResolved,
                 "rdma_resolve_route",
                 "rdma_resolve_route: waiting for ROUTE_RESOLVED",
                 timeout.saturating_add(RESOLVE_GRACE),
+                false,
             )
             .map(drop)
     }
@@ -736,6 +781,7 @@ impl CmId {
         param.validate()?;
         let handshake = {
             let _g = self.inner.lock();
+            self.inner.refuse_if_waiting()?;
             let id = self.inner.id();
             // SAFETY: the lock is held while `attach` is a QpAttach: it becomes
             // a Handshake (which re-locks to detach) before the lock is
@@ -777,7 +823,7 @@ impl CmId {
         if self.inner.connecting() {
             return Err(Error::InvalidArgument {
                 what: "rdma_cm id",
-                reason: "a connect on another thread is waiting for ESTABLISHED on it; \
+                reason: "a connect or resolve on another thread is waiting for its event on it; \
                          disconnect once it returned (it ends at its timeout)"
                     .into(),
             });
@@ -811,8 +857,8 @@ impl CmId {
     }
 
     /// The next event without waiting, if one is there.
-    /// `None` too while a [`connect`](CmId::connect) on another thread waits
-    /// (the handshake's events are its own).
+    /// `None` too while a [`connect`](CmId::connect) or a resolve on another
+    /// thread waits (the events it waits for are its own).
     pub fn try_event(&self) -> Result<Option<CmEvent>> {
         let _g = self.inner.lock();
         if self.inner.connecting() {
