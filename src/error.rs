@@ -30,7 +30,8 @@ pub enum Error {
     #[error(
         "this kernel has no RDMA support (no ib_uverbs; {verb} returned ENOSYS/ENODEV); \
          load rdma_rxe on a kernel that has it, or run the program in a soft-RoCE VM with \
-         `rdma-verbs-vm run -- <your program>` (`cargo install rdma-verbs-vm`; as a cargo runner: \
+         `rdma-verbs-vm run -- <your program>` (`cargo install --path vm` from a checkout of \
+         rdma-verbs: it is not on crates.io yet; as a cargo runner: \
          `runner = [\"rdma-verbs-vm\", \"run\", \"--\"]` under \
          `[target.x86_64-unknown-linux-gnu]` in .cargo/config.toml)"
     )]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::cmd::{self, Waited};
 use crate::setup::{self, Verbosity};
 use crate::vm::{self, Failure, Topology};
-use crate::{Context, EXIT_TIMEOUT, Error, Result};
+use crate::{Context, EXIT_TIMEOUT, Error, Result, TIMEOUT_ENV};
 
 /// Host variables the command sees in the guest, by exact name. PATH and HOME keep the host's
 /// paths working (the guest runs in the host's file tree).
@@ -259,7 +259,8 @@ fn run_on_host(inv: &Invocation, device: &str, timeout: Duration) -> Result<u8> 
             report_failure(Failure::Timeout);
             Err(Error {
                 message: format!(
-                    "timed out after {} s (the command was killed)",
+                    "timed out after {} s (the command was killed; --timeout SECS or \
+                     {TIMEOUT_ENV}=SECS raises the limit)",
                     timeout.as_secs()
                 ),
                 code: EXIT_TIMEOUT,

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::cmd::{self, Waited};
 use crate::run::Invocation;
 use crate::setup::VmAssets;
-use crate::{Context, EXIT_TIMEOUT, Error, Result};
+use crate::{Context, EXIT_TIMEOUT, Error, Result, TIMEOUT_ENV};
 
 mod pair;
 mod scripts;
@@ -442,7 +442,8 @@ impl Guest {
                     Failure::Timeout,
                     Error {
                         message: format!(
-                            "timed out after {} s (the guest was killed; {started}); {}",
+                            "timed out after {} s (the guest was killed; {started}; --timeout \
+                             SECS or {TIMEOUT_ENV}=SECS raises the limit); {}",
                             timeout.as_secs(),
                             self.keep_console()
                         ),
