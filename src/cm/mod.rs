@@ -268,9 +268,9 @@ impl IdInner {
         self.connecting.load(Ordering::Relaxed)
     }
 
-    /// Refuses a second blocking wait on the id while one owns its events
-    /// (the kernel would refuse the call's verb too, in another state).
-    /// Call with the lock held.
+    /// Refuses a call that would start a second blocking wait on the id (the
+    /// kernel would refuse its verb too, in another state) or disconnect it
+    /// while one owns its events. Call with the lock held.
     fn refuse_if_waiting(&self) -> Result<()> {
         if self.connecting() {
             return Err(Error::InvalidArgument {
@@ -820,14 +820,7 @@ impl CmId {
     /// be dropped instead).
     pub fn disconnect(&self) -> Result<()> {
         let _g = self.inner.lock();
-        if self.inner.connecting() {
-            return Err(Error::InvalidArgument {
-                what: "rdma_cm id",
-                reason: "a connect or resolve on another thread is waiting for its event on it; \
-                         disconnect once it returned (it ends at its timeout)"
-                    .into(),
-            });
-        }
+        self.inner.refuse_if_waiting()?;
         // SAFETY: valid id under its lock; id->qp is NULL, so librdmacm only
         // sends the disconnect.
         let rc = unsafe { ffi::rdma_disconnect(self.inner.id()) };
