@@ -9,6 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use common::{all_remote, caps_sr, pair, pair_api, pattern, scope_poll_n, wait};
+use rdma_verbs::qp::scope::DEFAULT_DRAIN_TIMEOUT;
 use rdma_verbs::qp::{QpStateKind, SendApi};
 use rdma_verbs::{
     AccessFlags, CompletionSource, Cq, Dst, Error, Mr, PreparedSends, RecvWr, Result,
@@ -150,22 +151,83 @@ fn a_scope_returns_only_after_its_requests_completed() {
     assert_eq!(p.cq_a.poll(&mut rest).unwrap(), 0);
 }
 
+/// A scope that ends with unsignaled sends (whose success produces no
+/// completion) retires them through its drain marker, a zero-length RDMA
+/// WRITE with no R_Key: at once, also without a drain limit, and the QP
+/// stays in RTS (review: the scope waited out its drain timeout and moved
+/// the QP to ERR, and with `Duration::MAX` it never returned).
 #[test]
-fn an_unsignaled_tail_is_flushed_within_the_bound_and_reported() {
-    let mut p = pair(caps_sr(8, 1));
-    // Kept registered: a WRITE to a deregistered region fails (and always completes).
-    let remote_mr = p.pd.alloc_mr(64, all_remote()).unwrap();
-    let remote = remote_mr.remote();
-    let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let s_src = Src::new(&src).unwrap();
+fn a_scope_ending_with_unsignaled_sends_retires_them_and_the_qp_lives() {
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        let mut p = pair_api(caps_sr(8, 1), api);
+        let mut remote_mr = p.pd.alloc_mr(256, all_remote()).unwrap();
+        let remote = remote_mr.remote();
+        let mut src = p.pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+        let data = pattern(256, 5);
+        src.write_at(0, &data).unwrap();
+        let s_src = Src::new(&src).unwrap();
+        for (round, limit) in [DEFAULT_DRAIN_TIMEOUT, Duration::MAX]
+            .into_iter()
+            .enumerate()
+        {
+            remote_mr.fill(0).unwrap();
+            let qp = &mut p.a;
+            let start = Instant::now();
+            p.cq_a
+                .scope(|s| {
+                    s.set_drain_timeout(limit);
+                    let mut q = s.attach(qp)?;
+                    for i in 0..4u64 {
+                        let piece = s_src.slice(i as usize * 64, 64)?;
+                        q.post_send(&ScopedSend::write(i, piece, remote, i * 64).signaled(false))?;
+                    }
+                    Ok(())
+                })
+                .unwrap_or_else(|e| panic!("{api:?}, round {round}: {e:?}"));
+            let took = start.elapsed();
+            assert!(
+                took < Duration::from_secs(2),
+                "{api:?}, round {round}: {took:?}"
+            );
+            assert_eq!(p.a.outstanding(), (0, 0));
+            assert_eq!(p.a.query().unwrap().state, QpStateKind::Rts, "{api:?}");
+            // The four WRITEs landed; the marker wrote nothing.
+            assert_eq!(remote_mr.to_vec().unwrap(), data, "{api:?}, round {round}");
+            // Neither the marker's completion nor the WRITEs' are left over.
+            let mut rest = Vec::with_capacity(4);
+            assert_eq!(p.cq_a.poll(&mut rest).unwrap(), 0);
+        }
+        // The QP still works.
+        let qp = &mut p.a;
+        let c = p
+            .cq_a
+            .scope(|s| {
+                let mut q = s.attach(qp)?;
+                q.post_send(&ScopedSend::write(9, s_src, remote, 0))?;
+                s.poll_one(Duration::from_secs(10))
+            })
+            .unwrap();
+        assert_eq!((c.wr_id, c.status), (9, WcStatus::Success), "{api:?}");
+    }
+}
+
+/// Requests that cannot finish (receives nobody sends to) are flushed after
+/// the drain timeout, within the documented bound, and reported.
+#[test]
+fn requests_that_do_not_finish_are_flushed_within_the_bound_and_reported() {
+    let mut p = pair(caps_sr(8, 4));
+    let mut bufs: Vec<Mr> = (0..4)
+        .map(|_| p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())
+        .collect();
+    let dsts: Vec<Dst<'_>> = bufs.iter_mut().map(|m| Dst::new(m).unwrap()).collect();
     let qp_num = p.a.qp_num();
     let qp = &mut p.a;
     let start = Instant::now();
     let r = p.cq_a.scope(|s| {
         s.set_drain_timeout(Duration::from_millis(200));
         let mut q = s.attach(qp)?;
-        for i in 0..4 {
-            q.post_send(&ScopedSend::write(i, s_src, remote, 0).signaled(false))?;
+        for (i, d) in dsts.iter().enumerate() {
+            q.post_recv(i as u64, *d)?;
         }
         Ok(())
     });
@@ -184,6 +246,81 @@ fn an_unsignaled_tail_is_flushed_within_the_bound_and_reported() {
     assert!(took < FLUSH_BOUND + Duration::from_millis(200), "{took:?}");
     assert_eq!(p.a.outstanding(), (0, 0));
     assert_eq!(p.a.query().unwrap().state, QpStateKind::Err);
+    bufs[0].fill(1).unwrap();
+}
+
+/// A request that failed among those the closure left outstanding is the
+/// scope's error (review: the scope returned `Ok` with nothing written and
+/// the QP in ERR), also when the request was unsignaled.
+#[test]
+fn a_failed_request_the_closure_did_not_poll_is_the_scopes_error() {
+    for signaled in [true, false] {
+        let mut p = pair(caps_sr(8, 1));
+        // No REMOTE_WRITE: the peer refuses the WRITE.
+        let remote_mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let remote = remote_mr.remote();
+        let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let s_src = Src::new(&src).unwrap();
+        let qp = &mut p.a;
+        let r = p.cq_a.scope(|s| {
+            let mut q = s.attach(qp)?;
+            q.post_send(&ScopedSend::write(3, s_src, remote, 0).signaled(signaled))?;
+            Ok("the closure's value")
+        });
+        match r {
+            Err(Error::WorkCompletion {
+                wr_id: 3,
+                status: WcStatus::RemAccessErr,
+                ..
+            }) => {}
+            other => panic!("signaled {signaled}: expected the failed WRITE, got {other:?}"),
+        }
+        assert_eq!(p.a.outstanding(), (0, 0));
+        assert_eq!(remote_mr.to_vec().unwrap(), vec![0; 64]);
+    }
+}
+
+/// A prepared list of unsignaled requests posted again and again keeps
+/// draining: the post that leaves no room for the list again asks for a
+/// completion (review: lists of 3 on a queue of 8 stopped at 6 in flight,
+/// none signaled, and every later post was refused).
+#[test]
+fn an_unsignaled_prepared_list_posted_again_and_again_keeps_draining() {
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        let mut p = pair_api(caps_sr(8, 1), api);
+        let remote_mr = p.pd.alloc_mr(64, all_remote()).unwrap();
+        let remote = remote_mr.remote();
+        let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let s_src = Src::new(&src).unwrap();
+        let qp = &mut p.a;
+        let posted = p
+            .cq_a
+            .scope(|s| {
+                let list = PreparedSends::new(
+                    (0..3u64).map(|i| ScopedSend::write(i, s_src, remote, 0).signaled(false)),
+                )?;
+                let mut q = s.attach(qp)?;
+                let mut out = Vec::with_capacity(16);
+                let (mut posted, deadline) = (0, Instant::now() + Duration::from_secs(10));
+                while posted < 30 && Instant::now() < deadline {
+                    match q.post_prepared(&list, posted * 3) {
+                        Ok(()) => posted += 1,
+                        Err(Error::QueueFull { .. }) => {
+                            out.clear();
+                            s.poll(&mut out)?;
+                            for c in &out {
+                                c.result()?;
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(posted)
+            })
+            .unwrap();
+        assert_eq!(posted, 30, "{api:?}");
+        assert_eq!(p.a.outstanding(), (0, 0));
+    }
 }
 
 #[test]
@@ -542,20 +679,13 @@ fn repost_whole_and_refused_whole(api: SendApi) {
         assert_eq!(got, [(715, WcStatus::Success, WcOpcode::RdmaWrite, 0)]);
         assert_eq!(q.outstanding(), (0, 0));
         // That flag was the post's, not the list's: posted again, the list
-        // is all unsignaled and the scope has to flush it.
+        // is all unsignaled; the scope's end retires it with its drain
+        // marker (before the drain timeout, with the QP left in RTS).
         q.post_prepared(&short, 800)?;
         Ok(())
     });
-    assert!(
-        matches!(
-            drained,
-            Err(Error::ScopeDrained {
-                outstanding: 16,
-                ..
-            })
-        ),
-        "{drained:?}"
-    );
+    drained.unwrap();
+    assert_eq!(p.a.query().unwrap().state, QpStateKind::Rts);
     assert_eq!(remote_mr.to_vec().unwrap(), data);
 }
 
@@ -861,6 +991,46 @@ fn scope_poll_one_keeps_its_completion_when_a_loss_shows() {
         &second.take_mr().unwrap().to_vec().unwrap()[..16],
         b"scoped and kept!"
     );
+}
+
+/// `Scope::poll` returns the scope's completion found beside the loss of an
+/// earlier send's completion (taken by `poll_raw` before the scope), and the
+/// loss waits for the CQ's next poll after the scope (review: `poll` failed
+/// with `CompletionsLost` with the completion in `out`, which a `?` skips).
+#[test]
+fn scope_poll_returns_its_completion_and_defers_a_loss() {
+    let mut p = pair(caps_sr(8, 8));
+    p.b.post_recv_list(
+        (0..2).map(|i| RecvWr::new(i, p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())),
+    )
+    .unwrap();
+    p.a.post_send(SendWr::send(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut raw = [rdma_verbs::ffi::ibv_wc::default(); 4];
+    assert_eq!(p.cq_a.poll_raw(&mut raw).unwrap(), 1);
+    let src = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    let qp = &mut p.a;
+    let got = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            q.post_send(&ScopedSend::send(78, Src::new(&src)?))?;
+            let mut out = Vec::with_capacity(4);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while out.is_empty() && Instant::now() < deadline {
+                s.poll(&mut out)?;
+            }
+            Ok(out)
+        })
+        .expect("the scope's completion, not the loss");
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].wr_id, got[0].status), (78, WcStatus::Success));
+    let mut out = Vec::with_capacity(4);
+    match p.cq_a.poll(&mut out) {
+        Err(Error::CompletionsLost { count: 1 }) => assert!(out.is_empty()),
+        other => panic!("expected the deferred CompletionsLost, got {other:?}"),
+    }
+    wait(&mut p.cq_b, 2);
 }
 
 /// A QP asked for no send SGE gets one anyway (`QpCaps::max_send_sge` is

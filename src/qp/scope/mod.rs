@@ -26,14 +26,20 @@
 //! races only with itself); a `Src` comes from a shared borrow, which the
 //! NIC only reads.
 //!
+//! A scope may end with requests the closure did not poll, also unsignaled
+//! sends, whose successful completion produces no entry: behind a QP's
+//! outstanding sends the scope's end posts the library's drain marker, a
+//! signaled zero-length RDMA WRITE that writes nothing at the peer (IBTA
+//! C9-88: it needs no R_Key), whose completion retires them. The first of
+//! the waited-for requests that failed is returned as the scope's error
+//! ([`Error::WorkCompletion`]; [`DRAIN_MARKER_WR_ID`] for the marker).
+//!
 //! Requests that do not complete in time (a peer that stopped answering
-//! with `rnr_retry` 7, a scope that ends with unsignaled sends whose
-//! successful completion produces no entry, a forgotten poll) do not hang
-//! the program: after [`Scope::set_drain_timeout`] (5 s by default) the
-//! scope moves each QP with requests outstanding to the error state, which
-//! flushes every posted request with a completion (the `qp` module's
-//! assumption table), posts the library's zero-length drain marker behind
-//! unsignaled sends, waits for those flushes (at most 5 s) and returns
+//! with `rnr_retry` 7, receives nobody sends to) do not hang the program:
+//! after [`Scope::set_drain_timeout`] (5 s by default) the scope moves each
+//! QP with requests outstanding to the error state, which flushes every
+//! posted request with a completion (the `qp` module's assumption table),
+//! waits for those flushes (at most 5 s) and returns
 //! [`Error::ScopeDrained`]. A provider that flushed nothing within that time
 //! would break the verbs contract; the process is then aborted, since
 //! returning would let the NIC write memory Rust has handed back.
@@ -76,7 +82,8 @@
 //! cq.scope(|s| -> Result<()> {
 //!     let mut q = s.attach(qp)?;
 //!     for i in 0..100u64 {
-//!         // Every 10th request asks for a completion; the last one must.
+//!         // Every 10th request asks for a completion (the scope's end
+//!         // retires the unsignaled ones after the last).
 //!         let signaled = i % 10 == 9;
 //!         q.post_send(&ScopedSend::write(i, src, remote, 0).signaled(signaled))?;
 //!         let mut done = Vec::with_capacity(16);
@@ -133,6 +140,10 @@ pub use request::{ScopedCompletion, ScopedSend};
 /// How long [`Cq::scope`] waits for the scope's requests by default before
 /// moving their QPs to the error state.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `wr_id` in the [`Error::WorkCompletion`] of [`Cq::scope`] when the
+/// zero-length WRITE that its end posts behind unsignaled sends failed.
+pub const DRAIN_MARKER_WR_ID: u64 = u64::MAX;
 
 /// How long flushes may take after the move to the error state.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -306,6 +317,9 @@ struct Watch {
     /// Slots below this may hold ownership-passing requests (or a drain
     /// marker) that a scoped completion sweeps.
     owned_end: u64,
+    /// The sequence number of the drain marker the scope's end posted behind
+    /// its sends, if any (not one of the scope's requests).
+    marker: Option<u64>,
 }
 
 struct Attached {
@@ -337,10 +351,14 @@ impl Cq {
     /// resumes.
     ///
     /// # Errors
-    /// `f`'s error if it returned one; else [`Error::ScopeDrained`] when
-    /// requests were still outstanding after the drain timeout and their QPs
-    /// were moved to the error state to flush them (`f`'s value is dropped
-    /// then: the QP needs attention).
+    /// `f`'s error if it returned one (the requests it left outstanding were
+    /// waited for all the same, and their QPs moved to the error state if
+    /// that took longer than the drain timeout). Else, and with `f`'s value
+    /// dropped (the QP needs attention): [`Error::WorkCompletion`] for the
+    /// first request that failed among those `f` left outstanding, or
+    /// [`Error::ScopeDrained`] when requests were still outstanding after
+    /// the drain timeout and their QPs were moved to the error state to
+    /// flush them.
     pub fn scope<'env, F, R>(&'env mut self, f: F) -> Result<R>
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R>,
@@ -414,6 +432,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 qp_num: ring.qp_num(),
                 start: head,
                 owned_end: head,
+                marker: None,
             })
         };
         let attached = Attached {
@@ -440,7 +459,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// scope) are kept for the next [`Cq::poll`].
     ///
     /// # Errors
-    /// As [`Cq::poll`].
+    /// As [`Cq::poll`]. A loss of completions ([`Error::CompletionsLost`],
+    /// after [`Cq::poll_raw`]) found beside completions of the scope is
+    /// reported by the CQ's next poll after the scope instead, so that those
+    /// are returned here.
     pub fn poll(&self, out: &mut Vec<ScopedCompletion>) -> Result<usize> {
         self.poll_up_to(out, out.capacity() - out.len())
     }
@@ -532,7 +554,13 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             })
         }?;
         if lost > 0 {
-            return Err(Error::CompletionsLost { count: lost });
+            if out.len() == start {
+                return Err(Error::CompletionsLost { count: lost });
+            }
+            // The scope's completions are returned; the loss waits for the
+            // CQ's next poll after the scope (an error here would leave
+            // them unread behind a `?`).
+            cq.defer_lost(lost);
         }
         Ok(out.len() - start)
     }
@@ -543,19 +571,40 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     fn drain(&self) -> (Result<()>, Caught) {
         let mut attached = self.attached.borrow_mut();
         let mut caught = None;
-        // Allocated only if something is left to wait for.
-        let mut scratch = Vec::new();
-        // No deadline when the timeout is too long to add (Duration::MAX).
-        let deadline = Instant::now().checked_add(self.drain_timeout.get());
-        if self.wait(&attached, &mut scratch, &mut caught, deadline) {
-            return (Ok(()), caught);
-        }
-        let mut first = None;
         for a in attached.iter_mut() {
             // SAFETY: the QP is borrowed for the scope and no `ScopedQp`
             // call is running (the closure has returned).
             let core = unsafe { a.core.as_mut() };
-            let sq_left = pending(a.sq.as_ref(), &core.sq, core.sq_head);
+            let Some(w) = a.sq.as_mut() else { continue };
+            // The scope's last sends may be unsignaled: a successful one
+            // produces no completion, so nothing would retire it. A signaled
+            // zero-length WRITE behind them does (and costs one message when
+            // the last was signaled and merely not polled).
+            if pending(Some(&*w), &core.sq, core.sq_head) > 0 && core.post_drain_marker() {
+                w.marker = Some(core.sq_head - 1);
+                w.owned_end = core.sq_head;
+            }
+        }
+        // Allocated only if something is left to wait for.
+        let mut scratch = Vec::new();
+        // The first failed completion among those waited for here: the
+        // closure did not poll them, so this is the only report they get.
+        let mut failed = None;
+        // No deadline when the timeout is too long to add (Duration::MAX).
+        let deadline = Instant::now().checked_add(self.drain_timeout.get());
+        if self.wait(&attached, &mut scratch, &mut caught, &mut failed, deadline) {
+            return (failed.map_or(Ok(()), Err), caught);
+        }
+        let mut first = failed;
+        for a in attached.iter_mut() {
+            // SAFETY: the QP is borrowed for the scope and no `ScopedQp`
+            // call is running (the closure has returned).
+            let core = unsafe { a.core.as_mut() };
+            let marker_left =
+                a.sq.as_ref()
+                    .and_then(|w| w.marker)
+                    .is_some_and(|m| m >= core.sq.tail());
+            let sq_left = pending(a.sq.as_ref(), &core.sq, core.sq_head) - u64::from(marker_left);
             let rq_left = pending(a.rq.as_ref(), &core.rq, core.rq_head);
             if sq_left + rq_left == 0 {
                 continue;
@@ -577,15 +626,15 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 "a scope",
                 "ERR",
             );
-            if sq_left > 0 {
-                core.post_drain_marker();
+            if sq_left > 0 && core.post_drain_marker() {
                 if let Some(w) = a.sq.as_mut() {
                     w.owned_end = core.sq_head;
                 }
             }
         }
         let deadline = Instant::now().checked_add(FLUSH_TIMEOUT);
-        if !self.wait(&attached, &mut scratch, &mut caught, deadline) {
+        // Flushes are expected now: not reported.
+        if !self.wait(&attached, &mut scratch, &mut caught, &mut None, deadline) {
             // The provider neither completed nor flushed the requests: the
             // NIC may still write memory this scope would hand back.
             abort_with(format_args!(
@@ -597,14 +646,15 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         (first.map_or(Ok(()), Err), caught)
     }
 
-    /// Polls (discarding the scope's completions) until no attached queue
-    /// has scoped requests outstanding, or `deadline` (if any). True when
-    /// drained.
+    /// Polls (discarding the scope's completions, the first failed one kept
+    /// in `failed` if that is empty) until no attached queue has scoped
+    /// requests outstanding, or `deadline` (if any). True when drained.
     fn wait(
         &self,
         attached: &[Attached],
         scratch: &mut Vec<ScopedCompletion>,
         caught: &mut Caught,
+        failed: &mut Option<Error>,
         deadline: Option<Instant>,
     ) -> bool {
         loop {
@@ -629,6 +679,9 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             // retires it all the same), so the error needs no action here.
             if let Ok(0) | Err(_) = self.poll_into(attached, scratch, POLL_BATCH, caught) {
                 std::thread::yield_now();
+            }
+            if failed.is_none() {
+                *failed = scratch.iter().find_map(|c| c.result().err());
             }
         }
     }
@@ -739,7 +792,22 @@ unsafe fn interpret_on<const RECV: bool>(
             return false;
         }
         if ring.retire_through(seq, w.owned_end, caught, lost) {
-            return false; // the drain marker
+            // The drain marker: not handed out, unless it failed otherwise
+            // than by a flush (a provider that checks the R_Key of a
+            // zero-length WRITE in RTS, against IBTA C9-88, or a peer that
+            // vanished): the QP is in ERR now, which the scope must report.
+            let status = (*wc).status;
+            if RECV || status == ffi::IBV_WC_SUCCESS || status == ffi::IBV_WC_WR_FLUSH_ERR {
+                return false;
+            }
+            let p = Posted {
+                wr_id: DRAIN_MARKER_WR_ID,
+                seq,
+                wc_opcode: ffi::IBV_WC_RDMA_WRITE,
+                len: 1,
+            };
+            light(wc, p, false, out);
+            return true;
         }
         let Some(tables) = core.scoped.as_deref_mut() else {
             return false;

@@ -205,6 +205,12 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// list gets the `wr_id` `first_wr_id + j` (wrapping). All or nothing: a
     /// list that does not fit in the free slots is refused whole.
     ///
+    /// When the same list would not fit again before a completion, its last
+    /// request asks for one even if it was built unsignaled, so that a list
+    /// posted again and again cannot fill the queue with requests nothing
+    /// retires. A *longer* list refused while every request in flight is
+    /// unsignaled waits for nothing: post a signaled request first.
+    ///
     /// # Errors
     /// [`Error::QueueFull`] when fewer slots than the list's length are
     /// free (poll first); [`Error::InvalidArgument`] when the QP's send
@@ -254,8 +260,10 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             }
         }
         let last = list.len() - 1;
-        // The last free slot: ask for a completion so the queue drains.
-        let force = in_flight + n == depth && !core.caps.sq_sig_all;
+        // Ask for a completion when the same list would not fit again until
+        // one comes (this one taking the last free slot among them): a queue
+        // holding only unsignaled requests would never drain.
+        let force = in_flight + 2 * n > depth && !list.last_signaled() && !core.caps.sq_sig_all;
         // Tokens of head + j are `tag | (low + j)`, as Ring::token computes.
         let tag = u64::from(ring.tag()) << 32;
         let low = head as u32;

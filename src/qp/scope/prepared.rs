@@ -38,6 +38,8 @@ pub struct PreparedSends<'scope> {
     requests: UnsafeCell<Box<[Request]>>,
     /// The work request opcode every request shares, if they do.
     uniform_wr: Option<u32>,
+    /// Whether the last request is signaled (see `post_prepared`).
+    last_signaled: bool,
     _borrow: PhantomData<&'scope [u8]>,
 }
 
@@ -101,6 +103,7 @@ impl<'scope> PreparedSends<'scope> {
             wrs: UnsafeCell::new(wrs),
             _sges: sges,
             uniform: ops.iter().all(|&(op, _)| op == first).then_some(first),
+            last_signaled: ops[n - 1].1 & SIGNALED != 0,
             ops,
             _borrow: PhantomData,
         })
@@ -164,6 +167,12 @@ impl<'scope> PreparedSends<'scope> {
     /// The prepared flags of request `j`.
     pub(super) fn flags(&self, j: usize) -> u32 {
         self.ops[j].1
+    }
+
+    /// Whether the list's last request asks for a completion.
+    #[inline(always)]
+    pub(super) fn last_signaled(&self) -> bool {
+        self.last_signaled
     }
 }
 
