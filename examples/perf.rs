@@ -115,7 +115,7 @@ fn run(o: &Opts) -> Result<()> {
         .collect();
     let pending = conn::create(o, &dev)?;
     let (mut queues, remote, mut ctrl) = conn::establish(o, &dev, pending, &regions)?;
-    report::banner(o, &dev, &rate);
+    report::banner(o, &dev, &rate, queues.qps.first().map(|q| q.send_api()));
     let table = if o.test.is_bw() {
         bw::run(o, &rate, &dev, &mut queues, &remote, &bufs, &mut ctrl)?
     } else {

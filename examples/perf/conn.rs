@@ -239,7 +239,8 @@ impl Ctrl {
         let map = peer_died("the peer at the start of a size");
         if client {
             self.stream.send_done().map_err(&map)?;
-            self.answer(|s| s.recv_done()).map_err(&map)
+            let what = "the server at the start or end of a size (a stopped or hung server?)";
+            self.answer(what, |s| s.recv_done()).map_err(&map)
         } else {
             self.stream.recv_done().map_err(&map)?;
             self.stream.send_done().map_err(&map)
@@ -251,7 +252,8 @@ impl Ctrl {
         let map = peer_died("the peer's results");
         if client {
             self.stream.send(msg).map_err(&map)?;
-            self.answer(|s| s.recv()).map_err(&map)
+            let what = "the server's results (a stopped or hung server?)";
+            self.answer(what, |s| s.recv()).map_err(&map)
         } else {
             let got = self.stream.recv().map_err(&map)?;
             self.stream.send(msg).map_err(&map)?;
@@ -264,12 +266,20 @@ impl Ctrl {
         self.stream.peer_closed()
     }
 
-    /// The client's read of the server's answer, within [`REPLY_LIMIT`].
-    fn answer<T>(&mut self, read: impl FnOnce(&mut ExchangeStream) -> Result<T>) -> Result<T> {
+    /// The client's read of the server's answer, within [`REPLY_LIMIT`];
+    /// `what` names it in the timeout's error.
+    fn answer<T>(
+        &mut self,
+        what: &'static str,
+        read: impl FnOnce(&mut ExchangeStream) -> Result<T>,
+    ) -> Result<T> {
         self.stream.set_timeout(Some(REPLY_LIMIT))?;
         let got = read(&mut self.stream);
         self.stream.set_timeout(None)?;
-        got
+        got.map_err(|e| match e {
+            Error::Timeout { after, .. } => Error::Timeout { what, after },
+            e => e,
+        })
     }
 }
 
@@ -316,8 +326,9 @@ pub fn establish(
         t
     };
     if theirs != mine {
-        return Err(Error::Protocol(format!(
-            "client and server were started with different parameters:\n  local:  {}\n  remote: {}",
+        return Err(Error::Other(format!(
+            "client and server were started with different parameters (start both with the \
+             same options):\n  local:  {}\n  remote: {}",
             mine.0, theirs.0
         )));
     }

@@ -262,7 +262,9 @@ pub fn usage() -> String {
          \x20 -N, --noPeak              do not compute the peak bandwidth\n\
          \x20 -F, --CPU-freq            accepted for compatibility (no effect)\n\
          \x20     --use_old_post_send   post sends with ibv_post_send (default: the extended\n\
-         \x20                           ibv_wr_* API where the provider has it, as perftest)\n\
+         \x20                           ibv_wr_* API where the provider has it; the banner's\n\
+         \x20                           \"ibv_wr* API\" line says which; Debian 12's perftest 4.5\n\
+         \x20                           prints OFF there on rxe)\n\
          \x20     --report_gbits        bandwidth in Gb/s instead of MiB/s\n\
          \x20     --out_json            also write the results as JSON (our schema: a list\n\
          \x20                           of rows) to perftest_out.json, or to:\n\

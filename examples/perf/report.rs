@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 
 use rdma_verbs::exchange::WireMessage;
+use rdma_verbs::qp::SendApi;
 use rdma_verbs::{Error, Result};
 
 use crate::clock::Rate;
@@ -300,8 +301,9 @@ pub struct Table {
     pub lat_dur: Vec<LatDurRow>,
 }
 
-/// Prints the banner perftest prints before a test.
-pub fn banner(o: &Opts, dev: &Device, rate: &Rate) {
+/// Prints the banner perftest prints before a test; `api`: how the QPs post
+/// their sends (perftest's "ibv_wr* API" line).
+pub fn banner(o: &Opts, dev: &Device, rate: &Rate, api: Option<SendApi>) {
     let (device, mtu, gid_index) = (dev.ctx.name(), dev.mtu, dev.gid_index);
     println!("{LINE}");
     println!("                    {}", title(o));
@@ -328,6 +330,14 @@ pub fn banner(o: &Opts, dev: &Device, rate: &Rate) {
     println!(" Link type       : Ethernet");
     println!(" GID index       : {gid_index}");
     println!(" Max inline data : {}[B]", o.inline_size);
+    if let Some(api) = api {
+        let on = if api == SendApi::Extended {
+            "ON"
+        } else {
+            "OFF"
+        };
+        println!(" ibv_wr* API     : {on}");
+    }
     println!(" Events          : {}", if o.events { "ON" } else { "OFF" });
     let cpuinfo = rate
         .cpuinfo_mhz

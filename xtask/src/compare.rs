@@ -444,10 +444,13 @@ fn parse_perftest(text: &str, bw: bool, size: u64) -> Option<Numbers> {
         } else {
             (mpps * 1e6 * size as f64 / 1_048_576.0, mpps)
         };
-        (bw > 0.0).then_some([bw, mpps])
+        (bw > 0.0 && bw.is_finite() && mpps.is_finite()).then_some([bw, mpps])
     } else {
+        // A run whose clock check failed prints `inf` and `-nan` (perftest's
+        // "Correlation coefficient r^2 < 0.9") and exits 0: no result, not a
+        // latency of infinity (whose ratio would read 0 and meet the target).
         let (typ, p99) = (*v.get(4)?, *v.get(7)?);
-        (typ > 0.0).then_some([typ, p99])
+        (typ > 0.0 && typ.is_finite() && p99.is_finite()).then_some([typ, p99])
     }
 }
 
@@ -455,11 +458,12 @@ fn parse_perftest(text: &str, bw: bool, size: u64) -> Option<Numbers> {
 fn parse_ours(text: &str, bw: bool) -> Option<Numbers> {
     let json = Json::parse(text)?;
     let r = json.get("results")?.index(0)?;
-    if bw {
-        Some([r.get("bw_avg")?.num()?, r.get("msg_rate_mpps")?.num()?])
+    let n = if bw {
+        [r.get("bw_avg")?.num()?, r.get("msg_rate_mpps")?.num()?]
     } else {
-        Some([r.get("t_typical")?.num()?, r.get("p99")?.num()?])
-    }
+        [r.get("t_typical")?.num()?, r.get("p99")?.num()?]
+    };
+    (n[0] > 0.0 && n.iter().all(|v| v.is_finite())).then_some(n)
 }
 
 /// One row of compare.json.
@@ -1019,6 +1023,10 @@ mod tests {
                    2       1000          7.23           20846.16      9.06     \t       104.69      \t441.65 \t\t2471.77 \t\t20846.16\n";
         assert_eq!(parse_perftest(lat, false, 2).unwrap(), [9.06, 2471.77]);
         assert!(parse_perftest("Couldn't connect", true, 2).is_none());
+        // perftest's output when its clock check failed (exit status 0).
+        let failed = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n \
+                      4096    1000          inf            inf          inf          inf          -nan         inf          inf\n";
+        assert!(parse_perftest(failed, false, 4096).is_none());
     }
 
     #[test]

@@ -49,9 +49,10 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
                differences (busy-polling loops count their empty polls, so a
                figure can move between runs; perftest's more than ours)
   --timeout    limit for the whole guest run (default 1800)
-  --send-api   extended (default): both tools post with the ibv_wr_* API where the
-               provider has it (perftest's default, our Qp::new); legacy: both with
-               ibv_post_send (--use_old_post_send on both)";
+  --send-api   extended (default): perf posts with the ibv_wr_* API where the
+               provider has it (our Qp::new), perftest as it chooses (Debian 12's
+               perftest 4.5 keeps ibv_post_send on rxe: \"ibv_wr* API : OFF\" in its
+               banner); legacy: both with ibv_post_send (--use_old_post_send on both)";
 
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
 const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped"];
@@ -428,7 +429,7 @@ fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> (Option<f64>, Optio
         api = if plan.legacy_send {
             "legacy"
         } else {
-            "extended"
+            "our extended"
         },
         n1 = plan.iters.0,
         n2 = plan.iters.1,

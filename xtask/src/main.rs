@@ -75,7 +75,11 @@ commands:
                                  grew > 1 MiB after warm-up), rdma res before/after
   demo                           build the examples and run them in one guest
   insn [--tests ..] [--check R]  user-space instructions per message under callgrind in the
-                                 guest (perftest, perf --safe, perf --raw), target/compare/insn.json
+                                 guest (perftest, perf --safe, --raw, --scoped),
+                                 target/compare/insn.json (`insn --help`)
+  compare [--reps N] [--tests ..] [--paths ..]
+                                 timing: perftest and perf side by side in one guest, medians;
+                                 target/compare/compare.{json,svg} (`compare --help`)
   gpu-check [ARGS...]            on a machine with an NVIDIA GPU: the GPUDirect check
                                  (examples/gpu_check.rs, feature gdr), run on the host
   matrix [--no-fetch]            host tests against Debian 11/12/13's rdma-core and each
