@@ -155,7 +155,8 @@ pub enum Error {
         qp_num: u32,
         /// Its scoped requests outstanding at the timeout.
         outstanding: u64,
-        /// The drain timeout.
+        /// The drain timeout (without one, `Duration::MAX`: how long the
+        /// scope waited for unsignaled sends, which never complete).
         after: std::time::Duration,
     },
 

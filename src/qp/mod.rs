@@ -80,10 +80,9 @@
 //!   queue), because whether RESET discards posted work is up to the
 //!   provider; [`to_error`](Qp::to_error) and polling the flushes drains it.
 //!   An unsignaled send that completed successfully produces no completion
-//!   to flush, so `to_error` posts a signaled zero-length drain marker (an
-//!   RDMA WRITE without buffers) when sends are outstanding (flushed at
-//!   once, never on the wire) whose completion retires them and is not
-//!   handed out.
+//!   to flush, so `to_error` posts a signaled zero-length drain marker when
+//!   sends are outstanding (flushed at once, never on the wire) whose
+//!   completion retires them and is not handed out.
 //! * **Panics.** A panic in the iterator given to
 //!   [`post_send_list`](Qp::post_send_list) / [`post_recv_list`](Qp::post_recv_list)
 //!   unwinds through a guard that takes the requests staged for the verb
@@ -128,16 +127,11 @@
 //!   attached QP, so it alone polls and posts; its completions retire the
 //!   ring as above (in order). `Cq::scope` returns, normally or by
 //!   unwinding, only once every request posted in the scope was retired;
-//!   its end posts the drain marker behind sends still outstanding (in RTS
-//!   it goes on the wire: a zero-length RDMA WRITE, which the row "a
-//!   zero-length RDMA WRITE needs no R_Key" below makes harmless), so that
-//!   unsignaled ones are retired by its completion; requests that do not
-//!   finish within the drain timeout are flushed by moving their QP to ERR.
-//!   These rely on the rows "complete in posting order" and "ERR flushes
-//!   every posted request" below; a provider that broke the second would
-//!   make the scope abort the process rather than return, one that broke
-//!   the zero-length row would fail the marker (its QP to ERR), which the
-//!   scope reports as its error.
+//!   requests that do not finish within the drain timeout are flushed by
+//!   moving their QP to ERR (plus the drain marker behind unsignaled
+//!   sends). Both rely on the rows "complete in posting order" and "ERR
+//!   flushes every posted request" below; a provider that broke the second
+//!   would make the scope abort the process rather than return.
 //!   Completions that are not the scope's are kept in the CQ and returned,
 //!   with their buffers, by the next [`Cq::poll`](crate::Cq::poll).
 //! * **Memory a peer can write** (REMOTE_WRITE/REMOTE_ATOMIC) is never exposed
@@ -153,7 +147,6 @@
 //! |---|---|---|
 //! | Completions of one queue (SQ or RQ) arrive in posting order | IB spec vol. 1, 10.8.3 ("work requests on a queue complete in order"); `ibv_post_send(3)` | `each_queue_completes_in_posting_order` |
 //! | No completion for a QP is generated after `ibv_destroy_qp` returns | `ibv_destroy_qp(3)`; Linux rxe `rxe_qp_do_cleanup` stops the QP's tasks (drivers/infiniband/sw/rxe/rxe_qp.c); mlx5 `destroy_qp_common` moves the QP to RESET before destroying it | `no_completion_arrives_after_destroy_returns` |
-//! | A zero-length RDMA WRITE with no R_Key or address completes successfully in RTS and changes nothing at the responder | IB spec vol. 1, C9-88 (the responder does not validate the R_Key or VA of a zero-length RDMA operation); Linux rxe `check_rkey` returns early for it (drivers/infiniband/sw/rxe/rxe_resp.c) | `a_scope_ending_with_unsignaled_sends_retires_them_and_the_qp_lives` (`tests/vm_scope.rs`) |
 //! | ERR flushes every posted request with a completion | `ibv_modify_qp(3)` / IB spec 10.3.1 (error state: "work requests are completed in error") | `the_error_state_flushes_every_posted_request` |
 //! | `wr_id`, `status`, `qp_num` are written for every completion; other fields only as the status and opcode make them valid | `ibv_poll_cq(3)`; rdma-core `providers/mlx5/cq.c` leaves the rest unwritten | `cq::tests` (host, poisoned entries), `failed_completions_report_what_was_posted` |
 //! | An SRQ receive completes once, on the receive CQ of the QP that consumed it, carrying that QP's number | `ibv_create_srq(3)`, `ibv_post_srq_recv(3)`; IB spec vol. 1, 10.2.9 (an SRQ WQE is consumed by one QP and completes on its receive CQ) | `sixteen_qps_share_an_srq_and_every_receive_comes_back_once` |
@@ -357,31 +350,28 @@ impl QpCore {
         unsafe { send_ex::post_chain::<false>(self.raw.as_ptr(), self.send_ex.as_ref(), head, bad) }
     }
 
-    /// When sends are outstanding (and a slot is free), posts a signaled
-    /// zero-length RDMA WRITE without buffers, remote address or R_Key and
-    /// returns true. In ERR it is flushed at once; in RTS the responder runs
-    /// it without checking an R_Key or address (IBTA C9-88: a zero-length
-    /// RDMA WRITE needs neither) and it writes nothing and consumes no
-    /// receive. Queues complete in order, so its completion retires every
+    /// After a move to ERR: when sends are outstanding (and a slot is free),
+    /// posts a signaled zero-length SEND without buffers. In ERR it is flushed
+    /// at once; queues complete in order, so its completion retires every
     /// send before it: unsignaled ones that completed without a completion,
     /// and any whose completion `poll_raw` consumed. The poller recognises it
     /// by its slot and does not hand it out. A provider that refuses the post
-    /// leaves things as they were (the ring slot is taken back; false).
+    /// leaves things as they were (the ring slot is taken back).
     ///
     /// Not on UD: a UD send needs an address handle, and UD sends are always
     /// signaled, so every one of them completes (or is flushed) anyway.
-    pub(crate) fn post_drain_marker(&mut self) -> bool {
+    fn post_drain_marker(&mut self) {
         if self.ud.is_some() {
-            return false;
+            return;
         }
         let (ring, head) = (&self.sq, &mut self.sq_head);
         let in_flight = ring.in_flight(*head);
         if in_flight == 0 || in_flight >= ring.depth() {
-            return false;
+            return;
         }
         let bufs = Sges::default();
         let meta = ring::SlotMeta {
-            opcode: ffi::IBV_WR_RDMA_WRITE,
+            opcode: ffi::IBV_WR_SEND,
             signaled: true,
             drain: true,
         };
@@ -392,13 +382,12 @@ impl QpCore {
         *head += 1;
         let mut wr = ffi::ibv_send_wr {
             wr_id: token,
-            opcode: ffi::IBV_WR_RDMA_WRITE,
+            opcode: ffi::IBV_WR_SEND,
             send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
             ..Default::default()
         };
         let mut bad = std::ptr::null_mut();
-        // SAFETY: a one-request chain; no SGEs and a length of zero, so
-        // neither NIC touches memory.
+        // SAFETY: a one-request chain; no SGEs, so the NIC touches no memory.
         let rc = unsafe {
             send_ex::post_chain::<false>(
                 self.raw.as_ptr(),
@@ -410,9 +399,7 @@ impl QpCore {
         if rc != 0 {
             // SAFETY: producer side; the device refused the marker.
             drop(unsafe { ring.unfill_from(*head - 1, head) });
-            return false;
         }
-        true
     }
 
     fn modify(
@@ -917,9 +904,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
             ..Default::default()
         };
         let mut qp = self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))?;
-        // Nothing to do when none could be posted: nothing is outstanding, or the
-        // queue is full (its last request was signaled), or the provider refused.
-        let _ = qp.core.post_drain_marker();
+        qp.core.post_drain_marker();
         Ok(qp)
     }
 

@@ -26,26 +26,28 @@
 //! races only with itself); a `Src` comes from a shared borrow, which the
 //! NIC only reads.
 //!
-//! A scope may end with requests the closure did not poll, also unsignaled
-//! sends, whose successful completion produces no entry: behind a QP's
-//! outstanding sends the scope's end posts the library's drain marker, a
-//! signaled zero-length RDMA WRITE that writes nothing at the peer (IBTA
-//! C9-88: it needs no R_Key), whose completion retires them. The first of
-//! the waited-for requests that failed is returned as the scope's error
-//! ([`Error::WorkCompletion`]; [`DRAIN_MARKER_WR_ID`] for the marker).
+//! A scope may end with requests the closure did not poll: it waits for
+//! them, and the first of them that failed is returned as the scope's error
+//! ([`Error::WorkCompletion`]).
 //!
 //! Requests that do not complete in time (a peer that stopped answering
-//! with `rnr_retry` 7, receives nobody sends to) do not hang the program:
-//! after [`Scope::set_drain_timeout`] (5 s by default) the scope moves each
-//! QP with requests outstanding to the error state, which flushes every
-//! posted request with a completion (the `qp` module's assumption table),
-//! waits for those flushes (at most 5 s) and returns
-//! [`Error::ScopeDrained`]. A provider that flushed nothing within that time
-//! would break the verbs contract; the process is then aborted, since
-//! returning would let the NIC write memory Rust has handed back.
+//! with `rnr_retry` 7, a scope that ends with unsignaled sends whose
+//! successful completion produces no entry, a forgotten poll) do not hang
+//! the program: after [`Scope::set_drain_timeout`] (5 s by default) the
+//! scope moves each QP with requests outstanding to the error state, which
+//! flushes every posted request with a completion (the `qp` module's
+//! assumption table), posts the library's zero-length drain marker behind
+//! unsignaled sends, waits for those flushes (at most 5 s) and returns
+//! [`Error::ScopeDrained`]. Without a drain timeout (`Duration::MAX`), the
+//! scope still stops waiting for sends that are all unsignaled after
+//! [`DEFAULT_DRAIN_TIMEOUT`]: they can never complete successfully. A
+//! provider that flushed nothing within that time would break the verbs
+//! contract; the process is then aborted, since returning would let the NIC
+//! write memory Rust has handed back.
 //!
 //! Nothing ends that wait early. A drain timeout too long to add to the
-//! clock (`Duration::MAX`) means no limit; no assertion and no user code
+//! clock (`Duration::MAX`) means no limit for requests that can still
+//! complete (see above for unsignaled sends); no assertion and no user code
 //! runs while polling (a destructor of an ownership-passing request's buffer
 //! that panics is caught, and the panic resumed after the wait); and were
 //! the wait to unwind all the same, the process aborts
@@ -82,8 +84,7 @@
 //! cq.scope(|s| -> Result<()> {
 //!     let mut q = s.attach(qp)?;
 //!     for i in 0..100u64 {
-//!         // Every 10th request asks for a completion (the scope's end
-//!         // retires the unsignaled ones after the last).
+//!         // Every 10th request asks for a completion; the last one must.
 //!         let signaled = i % 10 == 9;
 //!         q.post_send(&ScopedSend::write(i, src, remote, 0).signaled(signaled))?;
 //!         let mut done = Vec::with_capacity(16);
@@ -286,6 +287,9 @@ pub(crate) struct ScopedTables {
     /// C requests of one post call, zeroed once (see [`ScopedSend::fill`]).
     send_wrs: Box<[ffi::ibv_send_wr; POST_CHUNK]>,
     sges: Box<[ffi::ibv_sge; POST_CHUNK]>,
+    /// One past the sequence number of the last signaled scoped send posted
+    /// (0: none): the scope's end tells an unsignaled tail by it.
+    sig_end: u64,
 }
 
 // SAFETY: plain data; the raw pointers inside the C requests are only
@@ -301,6 +305,7 @@ impl ScopedTables {
             rq: vec![0; core.rq.slot_count()].into_boxed_slice(),
             send_wrs: Box::new([ffi::ibv_send_wr::default(); POST_CHUNK]),
             sges: Box::new([ffi::ibv_sge::default(); POST_CHUNK]),
+            sig_end: 0,
         }
     }
 }
@@ -317,9 +322,6 @@ struct Watch {
     /// Slots below this may hold ownership-passing requests (or a drain
     /// marker) that a scoped completion sweeps.
     owned_end: u64,
-    /// The sequence number of the drain marker the scope's end posted behind
-    /// its sends, if any (not one of the scope's requests).
-    marker: Option<u64>,
 }
 
 struct Attached {
@@ -432,7 +434,6 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 qp_num: ring.qp_num(),
                 start: head,
                 owned_end: head,
-                marker: None,
             })
         };
         let attached = Attached {
@@ -571,40 +572,31 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     fn drain(&self) -> (Result<()>, Caught) {
         let mut attached = self.attached.borrow_mut();
         let mut caught = None;
-        for a in attached.iter_mut() {
-            // SAFETY: the QP is borrowed for the scope and no `ScopedQp`
-            // call is running (the closure has returned).
-            let core = unsafe { a.core.as_mut() };
-            let Some(w) = a.sq.as_mut() else { continue };
-            // The scope's last sends may be unsignaled: a successful one
-            // produces no completion, so nothing would retire it. A signaled
-            // zero-length WRITE behind them does (and costs one message when
-            // the last was signaled and merely not polled).
-            if pending(Some(&*w), &core.sq, core.sq_head) > 0 && core.post_drain_marker() {
-                w.marker = Some(core.sq_head - 1);
-                w.owned_end = core.sq_head;
-            }
-        }
         // Allocated only if something is left to wait for.
         let mut scratch = Vec::new();
         // The first failed completion among those waited for here: the
         // closure did not poll them, so this is the only report they get.
         let mut failed = None;
         // No deadline when the timeout is too long to add (Duration::MAX).
-        let deadline = Instant::now().checked_add(self.drain_timeout.get());
-        if self.wait(&attached, &mut scratch, &mut caught, &mut failed, deadline) {
+        let start = Instant::now();
+        let deadline = start.checked_add(self.drain_timeout.get());
+        if self.wait(
+            &attached,
+            &mut scratch,
+            &mut caught,
+            Some(&mut failed),
+            deadline,
+        ) {
             return (failed.map_or(Ok(()), Err), caught);
         }
+        // The timeout, or (without one) how long unsignaled sends were waited for.
+        let after = start.elapsed().min(self.drain_timeout.get());
         let mut first = failed;
         for a in attached.iter_mut() {
             // SAFETY: the QP is borrowed for the scope and no `ScopedQp`
             // call is running (the closure has returned).
             let core = unsafe { a.core.as_mut() };
-            let marker_left =
-                a.sq.as_ref()
-                    .and_then(|w| w.marker)
-                    .is_some_and(|m| m >= core.sq.tail());
-            let sq_left = pending(a.sq.as_ref(), &core.sq, core.sq_head) - u64::from(marker_left);
+            let sq_left = pending(a.sq.as_ref(), &core.sq, core.sq_head);
             let rq_left = pending(a.rq.as_ref(), &core.rq, core.rq_head);
             if sq_left + rq_left == 0 {
                 continue;
@@ -613,7 +605,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             first.get_or_insert(Error::ScopeDrained {
                 qp_num,
                 outstanding: sq_left + rq_left,
-                after: self.drain_timeout.get(),
+                after,
             });
             let attr = ffi::ibv_qp_attr {
                 qp_state: ffi::IBV_QPS_ERR,
@@ -626,7 +618,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 "a scope",
                 "ERR",
             );
-            if sq_left > 0 && core.post_drain_marker() {
+            if sq_left > 0 {
+                core.post_drain_marker();
                 if let Some(w) = a.sq.as_mut() {
                     w.owned_end = core.sq_head;
                 }
@@ -634,7 +627,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         }
         let deadline = Instant::now().checked_add(FLUSH_TIMEOUT);
         // Flushes are expected now: not reported.
-        if !self.wait(&attached, &mut scratch, &mut caught, &mut None, deadline) {
+        if !self.wait(&attached, &mut scratch, &mut caught, None, deadline) {
             // The provider neither completed nor flushed the requests: the
             // NIC may still write memory this scope would hand back.
             abort_with(format_args!(
@@ -646,31 +639,47 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         (first.map_or(Ok(()), Err), caught)
     }
 
-    /// Polls (discarding the scope's completions, the first failed one kept
-    /// in `failed` if that is empty) until no attached queue has scoped
-    /// requests outstanding, or `deadline` (if any). True when drained.
+    /// Polls (discarding the scope's completions) until no attached queue
+    /// has scoped requests outstanding, or `deadline` (if any). True when
+    /// drained. With `failed` (the wait before any flush), the first failed
+    /// completion is kept there if it is empty, and the wait also ends
+    /// (false) once every queue with requests outstanding has been, for
+    /// [`DEFAULT_DRAIN_TIMEOUT`], a send queue whose outstanding requests
+    /// are all unsignaled: a successful one never produces a completion, so
+    /// only a flush can retire them, also without a deadline.
     fn wait(
         &self,
         attached: &[Attached],
         scratch: &mut Vec<ScopedCompletion>,
         caught: &mut Caught,
-        failed: &mut Option<Error>,
+        mut failed: Option<&mut Option<Error>>,
         deadline: Option<Instant>,
     ) -> bool {
+        let mut tails_since = None;
         loop {
-            let left: u64 = attached
-                .iter()
-                .map(|a| {
-                    // SAFETY: as in `drain`; read-only.
-                    let core = unsafe { a.core.as_ref() };
-                    pending(a.sq.as_ref(), &core.sq, core.sq_head)
-                        + pending(a.rq.as_ref(), &core.rq, core.rq_head)
-                })
-                .sum();
+            let (mut left, mut awaited) = (0, 0);
+            for a in attached {
+                // SAFETY: as in `drain`; read-only.
+                let core = unsafe { a.core.as_ref() };
+                let sq = pending(a.sq.as_ref(), &core.sq, core.sq_head);
+                let rq = pending(a.rq.as_ref(), &core.rq, core.rq_head);
+                left += sq + rq;
+                awaited += rq;
+                if sq > 0 && !unsignaled_tail(core) {
+                    awaited += sq;
+                }
+            }
             if left == 0 {
                 return true;
             }
-            if deadline.is_some_and(|d| Instant::now() > d) {
+            let now = Instant::now();
+            tails_since = if failed.is_some() && awaited == 0 {
+                Some(tails_since.unwrap_or(now))
+            } else {
+                None
+            };
+            let tails_only = tails_since.is_some_and(|t| now - t > DEFAULT_DRAIN_TIMEOUT);
+            if tails_only || deadline.is_some_and(|d| now > d) {
                 return false;
             }
             scratch.clear();
@@ -680,8 +689,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             if let Ok(0) | Err(_) = self.poll_into(attached, scratch, POLL_BATCH, caught) {
                 std::thread::yield_now();
             }
-            if failed.is_none() {
-                *failed = scratch.iter().find_map(|c| c.result().err());
+            if let Some(f) = failed.as_deref_mut().filter(|f| f.is_none()) {
+                *f = scratch.iter().find_map(|c| c.result().err());
             }
         }
     }
@@ -707,6 +716,16 @@ fn abort_with(why: std::fmt::Arguments<'_>) -> ! {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "rdma-verbs: {why}");
     std::process::abort()
+}
+
+/// Whether every send outstanding on the QP is unsignaled (none of those
+/// the scope posted after its last signaled send has been retired by it).
+fn unsignaled_tail(core: &QpCore) -> bool {
+    !core.caps.sq_sig_all
+        && core
+            .scoped
+            .as_ref()
+            .is_some_and(|t| t.sig_end <= core.sq.tail())
 }
 
 /// Scoped requests of a watched queue still outstanding: none if nothing

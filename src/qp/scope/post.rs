@@ -101,6 +101,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             match unsafe { ex.post_one(&req.ex_request(ring.token(head), flags)) } {
                 Some(0) => {
                     core.sq_head = head + 1;
+                    if flags & SIGNALED != 0 {
+                        tables.sig_end = head + 1;
+                    }
                     return Ok(());
                 }
                 // All or nothing: refused, so not posted.
@@ -111,6 +114,11 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 }
                 None => {}
             }
+        }
+        let sig_end = tables.sig_end;
+        if flags & SIGNALED != 0 {
+            // Before the post: a refused one may count as posted below.
+            tables.sig_end = head + 1;
         }
         let wr = &mut tables.send_wrs[0];
         let mut sge = req.sge;
@@ -131,6 +139,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             } else {
                 // SAFETY: the entry written above, for the head.
                 unsafe { Posted::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
+                tables.sig_end = sig_end;
             }
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
@@ -263,7 +272,12 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // Ask for a completion when the same list would not fit again until
         // one comes (this one taking the last free slot among them): a queue
         // holding only unsignaled requests would never drain.
-        let force = in_flight + 2 * n > depth && !list.last_signaled() && !core.caps.sq_sig_all;
+        let force = in_flight + 2 * n > depth && list.sig_end() != n && !core.caps.sq_sig_all;
+        let (sig_end, list_sig) = (tables.sig_end, if force { n } else { list.sig_end() });
+        if list_sig > 0 {
+            // Before the post; taken back below for what is not posted.
+            tables.sig_end = head + list_sig;
+        }
         // Tokens of head + j are `tag | (low + j)`, as Ring::token computes.
         let tag = u64::from(ring.tag()) << 32;
         let low = head as u32;
@@ -291,6 +305,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 Some(rc) => {
                     // SAFETY: the entries written above, from the head.
                     unsafe { Posted::unstage(side, ring, head, head + n) };
+                    tables.sig_end = sig_end;
                     return Err(Error::verb("ibv_post_send", errno(rc)));
                 }
                 // Not reached with the operations a scoped request has; the
@@ -328,7 +343,14 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 Some(ok) => unsafe { Posted::unstage(side, ring, head + ok as u64, head + n) },
                 None => {}
             }
-            core.sq_head = head + ok.unwrap_or(wrs.len()) as u64;
+            let posted = ok.unwrap_or(wrs.len());
+            core.sq_head = head + posted as u64;
+            if posted < wrs.len() {
+                let sig = (0..posted).rev().find(|&j| list.is_signaled(j));
+                if let Some(t) = core.scoped.as_deref_mut() {
+                    t.sig_end = sig.map_or(sig_end, |j| head + j as u64 + 1);
+                }
+            }
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
         core.sq_head = head + n;
@@ -458,6 +480,8 @@ fn post_send_chunk<'s>(
         to: head,
     };
     let mut n = 0;
+    // One past the chunk's last signaled request (0: none).
+    let mut last_sig = 0;
     let mut refused = None;
     let mut more = true;
     while n < POST_CHUNK {
@@ -490,6 +514,9 @@ fn post_send_chunk<'s>(
         if in_flight + n as u64 + 1 == depth && !sig_all {
             // The last free slot: ask for a completion so the queue drains.
             flags |= SIGNALED;
+        }
+        if flags & SIGNALED != 0 {
+            last_sig = n + 1;
         }
         let wrs = tables.send_wrs.as_mut_ptr();
         let sges = tables.sges.as_mut_ptr();
@@ -527,6 +554,13 @@ fn post_send_chunk<'s>(
             let ok = post::bad_index(bad, wrs, n).unwrap_or(n);
             c.sq_head = head + ok as u64;
             staged.from = head + ok as u64;
+            // SAFETY: entries below n were written above.
+            let sig = (0..ok)
+                .rev()
+                .find(|&j| unsafe { (*wrs.add(j)).send_flags } & SIGNALED != 0);
+            if let (Some(j), Some(t)) = (sig, c.scoped.as_deref_mut()) {
+                t.sig_end = head + j as u64 + 1;
+            }
             return Err(ScopedListError {
                 posted: ok,
                 error: Error::verb("ibv_post_send", errno(rc)),
@@ -534,6 +568,9 @@ fn post_send_chunk<'s>(
         }
         c.sq_head = head + n as u64;
         staged.from = staged.to;
+        if let (true, Some(t)) = (last_sig > 0, c.scoped.as_deref_mut()) {
+            t.sig_end = head + last_sig as u64;
+        }
     }
     match refused {
         None => Ok((n, more)),

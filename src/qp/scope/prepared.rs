@@ -38,8 +38,9 @@ pub struct PreparedSends<'scope> {
     requests: UnsafeCell<Box<[Request]>>,
     /// The work request opcode every request shares, if they do.
     uniform_wr: Option<u32>,
-    /// Whether the last request is signaled (see `post_prepared`).
-    last_signaled: bool,
+    /// One past the index of the last signaled request, 0 if none (see
+    /// `post_prepared`).
+    sig_end: u32,
     _borrow: PhantomData<&'scope [u8]>,
 }
 
@@ -103,7 +104,11 @@ impl<'scope> PreparedSends<'scope> {
             wrs: UnsafeCell::new(wrs),
             _sges: sges,
             uniform: ops.iter().all(|&(op, _)| op == first).then_some(first),
-            last_signaled: ops[n - 1].1 & SIGNALED != 0,
+            // n fits in u32 (checked above).
+            sig_end: ops
+                .iter()
+                .rposition(|&(_, flags)| flags & SIGNALED != 0)
+                .map_or(0, |j| j as u32 + 1),
             ops,
             _borrow: PhantomData,
         })
@@ -169,10 +174,10 @@ impl<'scope> PreparedSends<'scope> {
         self.ops[j].1
     }
 
-    /// Whether the list's last request asks for a completion.
+    /// One past the index of the list's last signaled request (0: none).
     #[inline(always)]
-    pub(super) fn last_signaled(&self) -> bool {
-        self.last_signaled
+    pub(super) fn sig_end(&self) -> u64 {
+        u64::from(self.sig_end)
     }
 }
 
