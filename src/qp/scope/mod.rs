@@ -142,10 +142,6 @@ pub use request::{ScopedCompletion, ScopedSend};
 /// moving their QPs to the error state.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The `wr_id` in the [`Error::WorkCompletion`] of [`Cq::scope`] when the
-/// zero-length WRITE that its end posts behind unsignaled sends failed.
-pub const DRAIN_MARKER_WR_ID: u64 = u64::MAX;
-
 /// How long flushes may take after the move to the error state.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -811,22 +807,7 @@ unsafe fn interpret_on<const RECV: bool>(
             return false;
         }
         if ring.retire_through(seq, w.owned_end, caught, lost) {
-            // The drain marker: not handed out, unless it failed otherwise
-            // than by a flush (a provider that checks the R_Key of a
-            // zero-length WRITE in RTS, against IBTA C9-88, or a peer that
-            // vanished): the QP is in ERR now, which the scope must report.
-            let status = (*wc).status;
-            if RECV || status == ffi::IBV_WC_SUCCESS || status == ffi::IBV_WC_WR_FLUSH_ERR {
-                return false;
-            }
-            let p = Posted {
-                wr_id: DRAIN_MARKER_WR_ID,
-                seq,
-                wc_opcode: ffi::IBV_WC_RDMA_WRITE,
-                len: 1,
-            };
-            light(wc, p, false, out);
-            return true;
+            return false; // the drain marker
         }
         let Some(tables) = core.scoped.as_deref_mut() else {
             return false;
