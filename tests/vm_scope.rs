@@ -187,6 +187,29 @@ fn an_unsignaled_tail_is_flushed_within_the_bound_and_reported() {
     assert_eq!(p.a.query().unwrap().state, QpStateKind::Err);
 }
 
+/// A drain timeout of zero still polls once: a request whose completion is
+/// already in the CQ is retired, not flushed (review: the QP went to ERR).
+#[test]
+fn a_drain_timeout_of_zero_takes_completions_already_there() {
+    let mut p = pair(caps_sr(8, 1));
+    let remote_mr = p.pd.alloc_mr(64, all_remote()).unwrap();
+    let remote = remote_mr.remote();
+    let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let s_src = Src::new(&src).unwrap();
+    let qp = &mut p.a;
+    p.cq_a
+        .scope(|s| {
+            s.set_drain_timeout(Duration::ZERO);
+            let mut q = s.attach(qp)?;
+            q.post_send(&ScopedSend::write(1, s_src, remote, 0))?;
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(p.a.query().unwrap().state, QpStateKind::Rts);
+    assert_eq!(p.a.outstanding(), (0, 0));
+}
+
 /// Without a drain timeout, a scope that ends with unsignaled sends (which
 /// never produce a completion when they succeed) still returns: after
 /// `DEFAULT_DRAIN_TIMEOUT` it flushes them (review: it never returned),

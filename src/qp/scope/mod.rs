@@ -444,7 +444,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 
     /// How long the end of the scope waits for outstanding requests before
     /// flushing their QPs ([`DEFAULT_DRAIN_TIMEOUT`] unless set). A timeout
-    /// past what `Instant` can hold (`Duration::MAX`) waits without limit.
+    /// past what `Instant` can hold (`Duration::MAX`) waits without limit
+    /// for requests that can still complete; sends that are all unsignaled
+    /// (which never complete when they succeed) are flushed after
+    /// [`DEFAULT_DRAIN_TIMEOUT`] all the same.
     pub fn set_drain_timeout(&self, timeout: Duration) {
         self.drain_timeout.set(timeout);
     }
@@ -652,6 +655,9 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         deadline: Option<Instant>,
     ) -> bool {
         let mut tails_since = None;
+        // A deadline already past (a drain timeout of 0) still polls once:
+        // completions already in the CQ retire their requests.
+        let mut polled = false;
         loop {
             let (mut left, mut awaited) = (0, 0);
             for a in attached {
@@ -675,9 +681,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 None
             };
             let tails_only = tails_since.is_some_and(|t| now - t > DEFAULT_DRAIN_TIMEOUT);
-            if tails_only || deadline.is_some_and(|d| now > d) {
+            if polled && (tails_only || deadline.is_some_and(|d| now > d)) {
                 return false;
             }
+            polled = true;
             scratch.clear();
             scratch.reserve(POLL_BATCH);
             // Lost completions cannot hide a scoped request (the sweep
