@@ -63,7 +63,8 @@ pub use gdr::{GdrMode, GdrPath, GpuBuffer};
 pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
 pub use pd::Pd;
 pub use qp::scope::{
-    Dst, PreparedSends, Scope, ScopedCompletion, ScopedListError, ScopedQp, ScopedSend, Src,
+    Dst, PreparedSends, RecvBuffers, Scope, ScopedCompletion, ScopedListError, ScopedQp,
+    ScopedSend, Src,
 };
 pub use qp::{
     AddressVector, Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,

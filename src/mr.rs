@@ -328,6 +328,22 @@ impl Mr {
         Ok(unsafe { std::slice::from_raw_parts(p, self.len) })
     }
 
+    /// Bytes `offset..offset + len`, for memory no peer can write, while the
+    /// NIC may be writing other parts of the range (a scope's
+    /// [`RecvBuffers`](crate::RecvBuffers)).
+    ///
+    /// # Safety
+    /// Nothing writes `offset..offset + len` while the returned slice lives:
+    /// no request posted with that part is in flight or posted meanwhile.
+    pub(crate) unsafe fn part(&self, offset: usize, len: usize) -> Result<&[u8]> {
+        self.range_check(offset, len)?;
+        let p = self.slice_check()?;
+        // SAFETY: inside this Mr's piece of the allocation (range_check),
+        // which no peer may write (slice_check) and, per the contract, the
+        // local NIC does not write while the slice lives.
+        Ok(unsafe { std::slice::from_raw_parts(p.add(offset), len) })
+    }
+
     /// The bytes, mutably, for memory no peer can write. See [`Mr::as_slice`].
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
         let p = self.slice_check()?;
@@ -365,7 +381,9 @@ impl Mr {
             } else {
                 // No peer can write it (no REMOTE_WRITE/ATOMIC/MW_BIND) and the
                 // local NIC writes only posted buffers, which are moved out of
-                // safe code: nothing writes these bytes during the copy.
+                // safe code or lent to a scope (whose `RecvBuffers` call this
+                // only for a part not in flight): nothing writes these bytes
+                // during the copy.
                 std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len());
             }
         }

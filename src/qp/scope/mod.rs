@@ -117,6 +117,7 @@
 mod buf;
 mod post;
 mod prepared;
+mod recvs;
 mod request;
 
 use std::cell::RefCell;
@@ -136,6 +137,7 @@ use crate::qp::{Qp, QpCore};
 pub use buf::{Dst, Src};
 pub use post::{ScopedListError, ScopedQp};
 pub use prepared::PreparedSends;
+pub use recvs::RecvBuffers;
 pub use request::{ScopedCompletion, ScopedSend};
 
 /// How long [`Cq::scope`] waits for the scope's requests by default before

@@ -3,10 +3,11 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use super::{Dst, PreparedSends};
+use super::{Dst, PreparedSends, RecvBuffers};
 use super::{Posted, SIGNALED, ScopedSend};
 use crate::error::{Error, Result, errno};
 use crate::ffi;
+use crate::mr::Mr;
 use crate::qp::post;
 use crate::qp::queue::POST_CHUNK;
 use crate::qp::state::{CanPostRecv, CanPostSend, QpState, Rc};
@@ -417,6 +418,26 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
         core.rq_head = head + 1;
         Ok(())
+    }
+
+    /// Carves `mr` into `mr.len() / buf_len` receive buffers of this QP
+    /// for the rest of the scope: posted by index, readable once their
+    /// receive has completed. See [`RecvBuffers`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the QP's receives do not complete on
+    /// the scope's CQ (or come from a shared receive queue), when `mr` lacks
+    /// [`AccessFlags::LOCAL_WRITE`](crate::AccessFlags::LOCAL_WRITE), is
+    /// registered in another PD than the QP's, or holds no buffer of
+    /// `buf_len` bytes (1 to 4 GiB − 1).
+    pub fn recv_buffers(&self, mr: &'scope mut Mr, buf_len: usize) -> Result<RecvBuffers<'scope>>
+    where
+        S: CanPostRecv,
+    {
+        if !self.rq_ok {
+            return Err(not_on_scope_cq("receive", 0).error);
+        }
+        RecvBuffers::new(self.core, mr, buf_len)
     }
 
     /// Why [`post_recv`](ScopedQp::post_recv) refused.
