@@ -572,8 +572,17 @@ impl ExchangeStream {
     /// Sets the time limit of each message sent or received (`None`: wait
     /// forever); a message that takes longer fails with
     /// [`Error::Timeout { .. }`](Error::Timeout), however its bytes trickle in.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero limit (a socket cannot have
+    /// one; `None` waits without a limit).
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
-        let timeout = timeout.filter(|t| !t.is_zero());
+        if timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::InvalidArgument {
+                what: "exchange message timeout",
+                reason: "zero (give a positive limit, or None to wait without one)".into(),
+            });
+        }
         self.stream
             .set_read_timeout(timeout)
             .and_then(|()| self.stream.set_write_timeout(timeout))
@@ -583,6 +592,11 @@ impl ExchangeStream {
             })?;
         self.timeout = timeout;
         Ok(())
+    }
+
+    /// The time limit of each message (`None`: none).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// Sends one message.
@@ -763,15 +777,16 @@ impl ExchangeListener {
 
     /// Waits for a client for at most `timeout` (`None`: forever) and returns
     /// the connection, whose reads and writes then get the same limit (with
-    /// `None`, [`PEER_MESSAGE_TIMEOUT`]: a client that connects and then says
-    /// nothing must not hold the server forever).
+    /// `None` or a zero timeout, [`PEER_MESSAGE_TIMEOUT`]: a client that
+    /// connects and then says nothing must not hold the server forever).
     pub fn accept(&self, timeout: Option<Duration>) -> Result<ExchangeStream> {
         let start = Instant::now();
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     let mut s = ExchangeStream::from_tcp(stream)?;
-                    s.set_timeout(Some(timeout.unwrap_or(PEER_MESSAGE_TIMEOUT)))?;
+                    let limit = timeout.filter(|t| !t.is_zero());
+                    s.set_timeout(Some(limit.unwrap_or(PEER_MESSAGE_TIMEOUT)))?;
                     return Ok(s);
                 }
                 Err(e)

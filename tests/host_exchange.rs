@@ -191,6 +191,29 @@ fn accept_times_out() {
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
 }
 
+/// A zero accept timeout still bounds the connection's messages (it used to
+/// leave them without a limit: a silent client held the server forever), and
+/// a zero message limit is refused rather than taken for none.
+#[test]
+fn a_zero_timeout_never_means_no_limit() {
+    let (l, port) = listener();
+    let _client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let t = Instant::now();
+    let mut s = loop {
+        match l.accept(Some(Duration::ZERO)) {
+            Ok(s) => break s,
+            Err(Error::Timeout { .. }) if t.elapsed() < T => thread::yield_now(),
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    assert_eq!(s.timeout(), Some(exchange::PEER_MESSAGE_TIMEOUT));
+    let e = s.set_timeout(Some(Duration::ZERO)).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert_eq!(s.timeout(), Some(exchange::PEER_MESSAGE_TIMEOUT));
+    s.set_timeout(None).unwrap();
+    assert_eq!(s.timeout(), None);
+}
+
 /// Runs a server exchange against a raw peer that does `peer`; returns the server's result.
 fn against(peer: impl FnOnce(TcpStream) + Send + 'static) -> Result<Endpoint, Error> {
     let (l, port) = listener();
