@@ -444,6 +444,16 @@ impl CqInner {
 /// How many work completions one `ibv_poll_cq` call fetches at most.
 pub(crate) const POLL_BATCH: usize = 32;
 
+/// Reserves room for a batch when `out` has none spare: a poll into a full
+/// (or new) `Vec` would otherwise take nothing, and a loop waiting for a
+/// completion that way would never see one.
+#[inline(always)]
+pub(crate) fn make_room<T>(out: &mut Vec<T>) {
+    if out.capacity() == out.len() {
+        out.reserve(POLL_BATCH);
+    }
+}
+
 /// Polls `raw` in batches of up to [`POLL_BATCH`] until `want` entries were
 /// read or the CQ ran dry, handing each entry with the next free element of
 /// `out`'s spare capacity to `each`, which returns true when it wrote that
@@ -604,8 +614,10 @@ impl Cq {
     }
 
     /// Polls up to `out.capacity() - out.len()` completions into `out` (its
-    /// spare capacity: reserve it once), returning how many were added. Never
-    /// allocates.
+    /// spare capacity: reserve it once), returning how many were added. When
+    /// `out` has no spare capacity (`Vec::new()`), room for 32 completions
+    /// is reserved first, the only case that allocates: a poll never takes
+    /// nothing for want of room.
     ///
     /// Each completion of a safe-path work request carries that request's
     /// buffers back ([`Completion::take_mr`], [`Completion::take_buffers`]);
@@ -621,18 +633,21 @@ impl Cq {
     /// in `out` all the same.
     #[inline]
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
+        make_room(out);
         self.poll_inner(out, usize::MAX, None)
     }
 
     /// [`Cq::poll`], and the buffers of the unsignaled requests each completion
     /// retires are appended to `retired` as `(wr_id, buffers)` in posting order
     /// instead of being released: the way to recycle unsignaled READ or atomic
-    /// destinations. Allocates only if `retired` runs out of capacity.
+    /// destinations. Allocates only if `retired` runs out of capacity (or
+    /// `out` has none spare, as [`Cq::poll`]).
     pub fn poll_with_retired(
         &mut self,
         out: &mut Vec<Completion>,
         retired: &mut Vec<(u64, Sges)>,
     ) -> Result<usize> {
+        make_room(out);
         self.poll_inner(out, usize::MAX, Some(retired))
     }
 

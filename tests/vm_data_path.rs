@@ -117,6 +117,58 @@ fn send_with_imm_and_inline() {
     assert_eq!(&rc[1].take_mr().unwrap().to_vec().unwrap()[..5], b"hello");
 }
 
+/// A poll into a `Vec` without spare capacity (`Vec::new()`, or one that is
+/// full) makes room and takes the completions, on the ownership-passing path
+/// and in a scope: it used to poll nothing, so a loop waiting that way never
+/// saw a completion.
+#[test]
+fn polls_into_a_vec_without_room_take_completions() {
+    let mut p = pair(caps(1));
+    let deadline = std::time::Instant::now() + common::WAIT;
+    let send = |p: &mut common::Pair, id: u64| {
+        let mut m = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+        m.write_at(0, &id.to_le_bytes()).unwrap();
+        p.a.post_send(SendWr::send_from(id, m)).unwrap();
+    };
+    for id in 0..3u64 {
+        let mr = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+        p.b.post_recv(RecvWr::new(id, mr)).unwrap();
+    }
+    send(&mut p, 0);
+    let mut out = Vec::new();
+    while out.is_empty() && std::time::Instant::now() < deadline {
+        p.cq_a.poll(&mut out).unwrap();
+    }
+    assert_eq!(out[0].wr_id, 0);
+    // Full: the next poll still takes the second.
+    out.shrink_to_fit();
+    assert_eq!(out.capacity(), 1);
+    send(&mut p, 1);
+    let mut retired = Vec::new();
+    while out.len() < 2 && std::time::Instant::now() < deadline {
+        p.cq_a.poll_with_retired(&mut out, &mut retired).unwrap();
+    }
+    assert_eq!((out[1].wr_id, out[1].status), (1, WcStatus::Success));
+    let src = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let lent = rdma_verbs::Src::new(&src).unwrap();
+    let (cq_a, a) = (&mut p.cq_a, &mut p.a);
+    let scoped = cq_a
+        .scope(|s| {
+            s.attach(a)?
+                .post_send(&rdma_verbs::ScopedSend::send(2, lent))?;
+            let mut scoped = Vec::new();
+            while scoped.is_empty() && std::time::Instant::now() < deadline {
+                s.poll(&mut scoped)?;
+            }
+            Ok(scoped)
+        })
+        .unwrap();
+    assert_eq!((scoped[0].wr_id, scoped[0].status), (2, WcStatus::Success));
+    let got = wait(&mut p.cq_b, 3);
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [0, 1, 2]);
+}
+
 #[test]
 fn one_step_constructors_send_and_write_the_whole_buffer() {
     let mut p = pair(caps(1));

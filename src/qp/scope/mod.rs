@@ -26,6 +26,15 @@
 //! races only with itself); a `Src` comes from a shared borrow, which the
 //! NIC only reads.
 //!
+//! [`RecvBuffers`] lend the buffers of one region one receive at a time
+//! instead: the region is borrowed exclusively for `'scope` as a `Dst`'s
+//! is, and a buffer's bytes are handed to Rust code only while no receive
+//! of it is in flight, which the receive queue's tail tells (a QP's own
+//! receive queue completes in order, so a polled receive completion
+//! retires every receive before it). Reading borrows the `RecvBuffers`
+//! shared and posting borrows it exclusively, so no slice of a buffer lives
+//! across its next post.
+//!
 //! A scope may end with requests the closure did not poll: it waits for
 //! them, and the first of them that failed is returned as the scope's error
 //! ([`Error::WorkCompletion`]).
@@ -126,7 +135,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, poll_exactly, poll_in_batches};
+use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, make_room, poll_exactly, poll_in_batches};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::qp::queue::POST_CHUNK;
@@ -456,7 +465,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 
     /// Polls up to `out.capacity() - out.len()` completions of the scope's
     /// requests into `out` (its spare capacity: reserve it once) and returns
-    /// how many were added. Never allocates for them. Completions that are
+    /// how many were added. Allocates only when `out` has no spare capacity
+    /// (room for 32 is reserved then, as [`Cq::poll`] does). Completions that are
     /// not the scope's (other QPs on the CQ, requests posted before the
     /// scope) are kept for the next [`Cq::poll`].
     ///
@@ -466,6 +476,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// reported by the CQ's next poll after the scope instead, so that those
     /// are returned here.
     pub fn poll(&self, out: &mut Vec<ScopedCompletion>) -> Result<usize> {
+        make_room(out);
         self.poll_up_to(out, out.capacity() - out.len())
     }
 
