@@ -227,10 +227,11 @@ impl<'scope> Loop<'_, 'scope, '_> {
     }
 }
 
-/// The receiver of a scoped send_bw for one size: posts `-r` receives per QP
-/// into slots of one region, meets the sender at the barrier, and re-posts
-/// each receive as it completes until `-n` per QP have been posted. Returns
-/// its own row (see `Rx::row`).
+/// The receiver of a scoped send_bw for one size: carves one region into
+/// `RecvBuffers` per QP (perftest's cycle of slots), posts `-r` receives per
+/// QP, meets the sender at the barrier, and re-posts each receive as it
+/// completes until `-n` per QP have been posted. Returns its own row (see
+/// `Rx::row`).
 pub fn receive(
     o: &Opts,
     rate: &Rate,
@@ -241,16 +242,14 @@ pub fn receive(
 ) -> Result<Option<BwRow>> {
     let nq = q.qps.len();
     let (stride, nslots) = conn::cycle(size, 1);
+    // One buffer per slot; a slot is `stride` bytes when there are several.
+    let buf_len = if nslots > 1 { stride } else { size };
     let buff = conn::buff_size(size);
     let mut region = dev.pd.alloc_mr(buff * nq, AccessFlags::LOCAL_WRITE)?;
-    let all = Dst::new(&mut region)?;
-    let slots = (0..nq)
-        .map(|qi| {
-            (0..nslots)
-                .map(|s| all.slice(qi * buff + s * stride, size))
-                .collect::<Result<Vec<_>>>()
-        })
+    let mut regions = (1..nq)
+        .map(|_| region.split_to(buff))
         .collect::<Result<Vec<_>>>()?;
+    regions.push(region);
     let mut stall = Stall::new(rate);
     let Queues { qps, recv_cq, .. } = q;
     let recv_cq = recv_cq
@@ -260,21 +259,21 @@ pub fn receive(
     recv_cq.cq.scope(|s| -> Result<Option<BwRow>> {
         let mut rq = qps
             .iter_mut()
-            .map(|qp| s.attach(qp))
+            .zip(regions.iter_mut())
+            .map(|(qp, region)| s.attach(qp)?.recv_buffers(region, buf_len))
             .collect::<Result<Vec<_>>>()?;
         // As the raw path: no division when every receive uses one slot.
-        let dst = |qi: usize, n: u64| {
-            let qp_slots = &slots[qi];
+        let slot = |n: u64| {
             if nslots > 1 {
-                qp_slots[(n % nslots as u64) as usize]
+                (n % nslots as u64) as usize
             } else {
-                qp_slots[0]
+                0
             }
         };
         let mut posted = vec![0u64; nq];
-        for (qi, qp) in rq.iter_mut().enumerate() {
+        for (qi, bufs) in rq.iter_mut().enumerate() {
             for n in 0..rx_depth {
-                qp.post_recv(((qi as u64) << QP_SHIFT) | n, dst(qi, n))?;
+                bufs.post(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
             }
             posted[qi] = rx_depth;
         }
@@ -294,7 +293,7 @@ pub fn receive(
                 rcnt += 1;
                 let n = posted[qi];
                 if n < iters {
-                    rq[qi].post_recv(((qi as u64) << QP_SHIFT) | n, dst(qi, n))?;
+                    rq[qi].post(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
                     posted[qi] = n + 1;
                 }
             }
