@@ -165,6 +165,17 @@ impl Drop for SrqInner {
     }
 }
 
+/// The error for an SRQ limit at or above the SRQ's depth.
+fn limit_refused(limit: u32, depth: u32) -> Error {
+    Error::InvalidArgument {
+        what: "SRQ limit",
+        reason: format!(
+            "{limit} is not below the SRQ's depth of {depth} (the most receives it holds), so \
+             the limit event would fire at once and after every re-arm; arm a limit below {depth}"
+        ),
+    }
+}
+
 impl Srq {
     /// Creates a shared receive queue in `pd` whose receives complete on `cq`
     /// (the receive CQ of every QP created on it), reserving `attr.max_wr`
@@ -183,6 +194,11 @@ impl Srq {
                 what: "completion queue",
                 reason: "the PD and the CQ must come from the same Context (device open)".into(),
             });
+        }
+        if attr.limit >= attr.max_wr {
+            // Refused before anything is created (arm_limit checks again
+            // against the depth granted).
+            return Err(limit_refused(attr.limit, attr.max_wr));
         }
         let reservation = cq
             .inner
@@ -284,14 +300,7 @@ impl Srq {
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
         let depth = self.depth();
         if limit >= depth {
-            return Err(Error::InvalidArgument {
-                what: "SRQ limit",
-                reason: format!(
-                    "{limit} is not below the SRQ's depth of {depth} (the most receives it \
-                     holds), so the limit event would fire at once and after every re-arm; \
-                     arm a limit below {depth}"
-                ),
-            });
+            return Err(limit_refused(limit, depth));
         }
         let mut attr = ffi::ibv_srq_attr {
             max_wr: 0,

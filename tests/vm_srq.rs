@@ -530,6 +530,13 @@ fn a_limit_not_below_the_depth_is_refused() {
         "{e:?}"
     );
     assert!(e.to_string().contains("this shared receive queue"), "{e}");
+    // Refused before the SRQ is created: no CQ entries stay reserved for
+    // it (the SRQ below takes all of the CQ's that the first one left).
+    let mut bad = SrqAttr::new(20, 1);
+    bad.limit = 20;
+    let e = Srq::new(&pd, &cq, bad).expect_err("a limit at the depth");
+    assert!(e.to_string().contains("depth of 20"), "{e}");
+    Srq::new(&pd, &cq, SrqAttr::new(cq.depth() - 8, 1)).expect("the rest of the CQ");
 }
 
 #[test]
