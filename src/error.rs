@@ -144,11 +144,12 @@ pub enum Error {
     /// outstanding after its drain timeout: their QP was moved to the error
     /// state, which flushed them, before the scope returned.
     #[error(
-        "a scope ended with {outstanding} requests of QP {qp_num} outstanding after {after:?}; the QP \
-         was moved to the error state to flush them (end each scope's sends with a signaled request \
-         and poll its completions: unsignaled sends at the end never produce one; a peer that stopped \
-         answering shows as RETRY_EXC_ERR/RNR_RETRY_EXC_ERR completions polled in the scope). \
-         Reconnect the QP (to_error, reset) to use it again"
+        "a scope ended with {outstanding} request(s) of QP {qp_num} outstanding after {after:?}; the \
+         QP was moved to the error state to flush them (a receive completes only when a message \
+         arrives: post only the receives the scope will consume; end each scope's sends with a \
+         signaled request and poll its completions: unsignaled sends at the end never produce one; a \
+         peer that stopped answering shows as RETRY_EXC_ERR/RNR_RETRY_EXC_ERR completions polled in \
+         the scope). Reconnect the QP (to_error, reset) to use it again"
     )]
     ScopeDrained {
         /// The first QP that had to be flushed.

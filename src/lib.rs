@@ -63,7 +63,7 @@ pub use gdr::{GdrMode, GdrPath, GpuBuffer};
 pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
 pub use pd::Pd;
 pub use qp::scope::{
-    Dst, PreparedSends, RecvBuffers, Scope, ScopedCompletion, ScopedListError, ScopedQp,
+    Dst, PreparedSends, Scope, ScopedBuffers, ScopedCompletion, ScopedListError, ScopedQp,
     ScopedSend, Src,
 };
 pub use qp::{

@@ -329,8 +329,8 @@ impl Mr {
     }
 
     /// Bytes `offset..offset + len`, for memory no peer can write, while the
-    /// NIC may be writing other parts of the range (a scope's
-    /// [`RecvBuffers`](crate::RecvBuffers)).
+    /// NIC may be using other parts of the range (a scope's
+    /// [`ScopedBuffers`](crate::ScopedBuffers)).
     ///
     /// # Safety
     /// Nothing writes `offset..offset + len` while the returned slice lives:
@@ -342,6 +342,19 @@ impl Mr {
         // which no peer may write (slice_check) and, per the contract, the
         // local NIC does not write while the slice lives.
         Ok(unsafe { std::slice::from_raw_parts(p.add(offset), len) })
+    }
+
+    /// [`Mr::part`], mutably.
+    ///
+    /// # Safety
+    /// Nothing reads or writes `offset..offset + len` while the returned
+    /// slice lives: no request posted with that part is in flight or posted
+    /// meanwhile.
+    pub(crate) unsafe fn part_mut(&mut self, offset: usize, len: usize) -> Result<&mut [u8]> {
+        self.range_check(offset, len)?;
+        let p = self.slice_check()?;
+        // SAFETY: as in `part`, and `&mut self` makes the borrow unique.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p.add(offset), len) })
     }
 
     /// The bytes, mutably, for memory no peer can write. See [`Mr::as_slice`].
@@ -381,9 +394,9 @@ impl Mr {
             } else {
                 // No peer can write it (no REMOTE_WRITE/ATOMIC/MW_BIND) and the
                 // local NIC writes only posted buffers, which are moved out of
-                // safe code or lent to a scope (whose `RecvBuffers` call this
-                // only for a part not in flight): nothing writes these bytes
-                // during the copy.
+                // safe code or lent to a scope (whose `ScopedBuffers` call
+                // this only for a part no receive is writing): nothing writes
+                // these bytes during the copy.
                 std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len());
             }
         }

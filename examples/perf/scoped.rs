@@ -228,7 +228,7 @@ impl<'scope> Loop<'_, 'scope, '_> {
 }
 
 /// The receiver of a scoped send_bw for one size: carves one region into
-/// `RecvBuffers` per QP (perftest's cycle of slots), posts `-r` receives per
+/// `ScopedBuffers` per QP (perftest's cycle of slots), posts `-r` receives per
 /// QP, meets the sender at the barrier, and re-posts each receive as it
 /// completes until `-n` per QP have been posted. Returns its own row (see
 /// `Rx::row`).
@@ -260,7 +260,7 @@ pub fn receive(
         let mut rq = qps
             .iter_mut()
             .zip(regions.iter_mut())
-            .map(|(qp, region)| s.attach(qp)?.recv_buffers(region, buf_len))
+            .map(|(qp, region)| s.attach(qp)?.buffers(region, buf_len))
             .collect::<Result<Vec<_>>>()?;
         // As the raw path: no division when every receive uses one slot.
         let slot = |n: u64| {
@@ -273,7 +273,7 @@ pub fn receive(
         let mut posted = vec![0u64; nq];
         for (qi, bufs) in rq.iter_mut().enumerate() {
             for n in 0..rx_depth {
-                bufs.post(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
+                bufs.post_recv(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
             }
             posted[qi] = rx_depth;
         }
@@ -293,7 +293,7 @@ pub fn receive(
                 rcnt += 1;
                 let n = posted[qi];
                 if n < iters {
-                    rq[qi].post(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
+                    rq[qi].post_recv(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
                     posted[qi] = n + 1;
                 }
             }

@@ -34,6 +34,16 @@ impl<'scope> Src<'scope> {
         })
     }
 
+    /// A buffer of a [`ScopedBuffers`](super::ScopedBuffers): `sge` names
+    /// memory borrowed for `'scope` that the caller keeps from Rust writes
+    /// while a request posted with it is in flight.
+    pub(super) fn lent(sge: ffi::ibv_sge) -> Src<'scope> {
+        Src {
+            sge,
+            _borrow: PhantomData,
+        }
+    }
+
     /// All of a shared (read-only) region.
     ///
     /// # Errors

@@ -26,14 +26,15 @@
 //! races only with itself); a `Src` comes from a shared borrow, which the
 //! NIC only reads.
 //!
-//! [`RecvBuffers`] lend the buffers of one region one receive at a time
+//! [`ScopedBuffers`] lend the buffers of one region one request at a time
 //! instead: the region is borrowed exclusively for `'scope` as a `Dst`'s
-//! is, and a buffer's bytes are handed to Rust code only while no receive
-//! of it is in flight, which the receive queue's tail tells (a QP's own
-//! receive queue completes in order, so a polled receive completion
-//! retires every receive before it). Reading borrows the `RecvBuffers`
-//! shared and posting borrows it exclusively, so no slice of a buffer lives
-//! across its next post.
+//! is, and a buffer is handed to Rust code only while no request of it
+//! that could write it (a receive), or, for writing, read it (a SEND or
+//! WRITE), is in flight, which the queue's tail tells (a QP's own queues
+//! complete in order, so a polled completion retires every request before
+//! it on its queue). Reading borrows the `ScopedBuffers` shared, writing
+//! and posting borrow it exclusively, so no slice of a buffer lives across
+//! its next post.
 //!
 //! A scope may end with requests the closure did not poll: it waits for
 //! them, and the first of them that failed is returned as the scope's error
@@ -124,9 +125,9 @@
 //! flush after an error) retires, and so when the lent buffers are free.
 
 mod buf;
+mod buffers;
 mod post;
 mod prepared;
-mod recvs;
 mod request;
 
 use std::cell::RefCell;
@@ -144,9 +145,9 @@ use crate::qp::state::{QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
 pub use buf::{Dst, Src};
+pub use buffers::{MAX_SCOPED_BUFFERS, ScopedBuffers};
 pub use post::{ScopedListError, ScopedQp};
 pub use prepared::PreparedSends;
-pub use recvs::RecvBuffers;
 pub use request::{ScopedCompletion, ScopedSend};
 
 /// How long [`Cq::scope`] waits for the scope's requests by default before

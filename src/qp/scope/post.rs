@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use super::{Dst, PreparedSends, RecvBuffers};
+use super::{Dst, PreparedSends, ScopedBuffers};
 use super::{Posted, SIGNALED, ScopedSend};
 use crate::error::{Error, Result, errno};
 use crate::ffi;
@@ -420,24 +420,18 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         Ok(())
     }
 
-    /// Carves `mr` into `mr.len() / buf_len` receive buffers of this QP
-    /// for the rest of the scope: posted by index, readable once their
-    /// receive has completed. See [`RecvBuffers`].
+    /// Carves `mr` into `mr.len() / buf_len` buffers of this QP for the rest
+    /// of the scope, lent to the NIC one request at a time (a receive, a
+    /// SEND or a WRITE, posted by index) and readable and writable between
+    /// requests. See [`ScopedBuffers`].
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the QP's receives do not complete on
-    /// the scope's CQ (or come from a shared receive queue), when `mr` lacks
+    /// [`Error::InvalidArgument`] when `mr` lacks
     /// [`AccessFlags::LOCAL_WRITE`](crate::AccessFlags::LOCAL_WRITE), is
-    /// registered in another PD than the QP's, or holds no buffer of
-    /// `buf_len` bytes (1 to 4 GiB − 1).
-    pub fn recv_buffers(&self, mr: &'scope mut Mr, buf_len: usize) -> Result<RecvBuffers<'scope>>
-    where
-        S: CanPostRecv,
-    {
-        if !self.rq_ok {
-            return Err(not_on_scope_cq("receive", 0).error);
-        }
-        RecvBuffers::new(self.core, mr, buf_len)
+    /// registered in another PD than the QP's, holds no buffer of `buf_len`
+    /// bytes (1 to 4 GiB − 1) or more than [`MAX_SCOPED_BUFFERS`](super::MAX_SCOPED_BUFFERS).
+    pub fn buffers(&self, mr: &'scope mut Mr, buf_len: usize) -> Result<ScopedBuffers<'scope, S>> {
+        ScopedBuffers::new(self.core, self.sq_ok, self.rq_ok, mr, buf_len)
     }
 
     /// Why [`post_recv`](ScopedQp::post_recv) refused.
@@ -624,7 +618,7 @@ impl Drop for Staged {
 }
 
 #[cold]
-fn not_on_scope_cq(queue: &str, posted: usize) -> ScopedListError {
+pub(super) fn not_on_scope_cq(queue: &str, posted: usize) -> ScopedListError {
     ScopedListError {
         posted,
         error: Error::InvalidArgument {

@@ -3,12 +3,12 @@
 use rdma_verbs::qp::Rts;
 use rdma_verbs::{Cq, Mr, Qp, Rc, Result};
 
-// The region of a scope's receive buffers is lent until the scope ends.
+// The region of a scope's buffers is lent until the scope ends.
 fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, mut mr: Mr) -> Result<()> {
     cq.scope(|s| {
         let q = s.attach(qp)?;
-        let mut rx = q.recv_buffers(&mut mr, 64)?;
-        rx.post(0, 0)?;
+        let mut rx = q.buffers(&mut mr, 64)?;
+        rx.post_recv(0, 0)?;
         drop(rx);
         mr.fill(0)?;
         Ok(())

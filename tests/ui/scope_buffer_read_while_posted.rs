@@ -7,9 +7,9 @@ use rdma_verbs::{Cq, Mr, Qp, Rc, Result};
 fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, mr: &mut Mr) -> Result<()> {
     cq.scope(|s| {
         let q = s.attach(qp)?;
-        let mut rx = q.recv_buffers(mr, 64)?;
+        let mut rx = q.buffers(mr, 64)?;
         let bytes = rx.bytes(0)?;
-        rx.post(0, 0)?;
+        rx.post_recv(0, 0)?;
         println!("{bytes:?}");
         Ok(())
     })
