@@ -33,7 +33,10 @@ pub const MAX_SCOPED_BUFFERS: usize = 1 << 16;
 /// its end for receives still posted: it ends with
 /// [`Error::ScopeDrained`] after the drain timeout, having moved the QP to
 /// the error state to flush them. Post only the receives the scope will
-/// consume, or keep the scope open as long as the QP receives.
+/// consume, or keep the scope open as long as the QP receives. After a
+/// failed request has moved the QP to the error state, a receive posted
+/// anyway is not flushed by rxe until that drain (see
+/// [`Qp::to_error`](crate::Qp::to_error)).
 ///
 /// An echo of one message (the peer sends it, then waits for the answer):
 ///
