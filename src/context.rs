@@ -122,6 +122,28 @@ impl Context {
         Ok(DeviceAttr::from_ffi(&attr))
     }
 
+    /// `e` (a queue that does not fit its CQ), or, when `want` is past the
+    /// device's own limit (`max` of its attributes, named `limit`), the
+    /// error that says so: no CQ could hold such a queue, since the device
+    /// refuses it anyway.
+    #[cold]
+    pub(crate) fn over_limit(
+        &self,
+        e: Error,
+        field: &'static str,
+        want: u32,
+        limit: &str,
+        max: impl Fn(&DeviceAttr) -> i32,
+    ) -> Error {
+        match self.query_device() {
+            Ok(a) if i64::from(want) > i64::from(max(&a)) => Error::InvalidArgument {
+                what: field,
+                reason: format!("{want} is past the device's {limit} of {}", max(&a)),
+            },
+            _ => e,
+        }
+    }
+
     /// Port attributes (`ibv_query_port`, through the current ABI `___ibv_query_port`).
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();

@@ -200,10 +200,11 @@ impl Srq {
             // against the depth granted).
             return Err(limit_refused(attr.limit, attr.max_wr));
         }
-        let reservation = cq
-            .inner
-            .rings
-            .reserve(attr.max_wr.into(), "shared receive")?;
+        let reservation =
+            (cq.inner.rings.reserve(attr.max_wr.into(), "shared receive")).map_err(|e| {
+                let ctx = pd.context();
+                ctx.over_limit(e, "SRQ max_wr", attr.max_wr, "max_srq_wr", |a| a.max_srq_wr)
+            })?;
         let mut init = ffi::ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
             attr: ffi::ibv_srq_attr {

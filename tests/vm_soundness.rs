@@ -138,6 +138,15 @@ fn queues_that_would_overrun_the_cq_are_refused() {
         ) => assert!(e.to_string().contains("create the CQ with more entries")),
         other => panic!("expected CqTooSmall, got {other:?}"),
     }
+    // Past the device's own limit no CQ could help: the error says so.
+    let max = ctx.query_device().unwrap().max_qp_wr;
+    match Qp::new(&pd, &cq, &cq, caps_sr(u32::MAX, 1)) {
+        Err(Error::InvalidArgument {
+            what: "max_send_wr",
+            reason,
+        }) => assert!(reason.contains(&format!("device's max_qp_wr of {max}")), "{reason}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
     assert_eq!(cq.reserved(), 32, "refused QPs reserve nothing");
     let second = Qp::new(&pd, &cq, &cq, caps_sr(1, too_deep - 2)).unwrap();
     assert_eq!(cq.reserved(), depth);

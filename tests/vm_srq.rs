@@ -530,6 +530,8 @@ fn a_limit_not_below_the_depth_is_refused() {
         "{e:?}"
     );
     assert!(e.to_string().contains("this shared receive queue"), "{e}");
+    let e = Srq::new(&pd, &cq, SrqAttr::new(u32::MAX, 1)).expect_err("past the device");
+    assert!(e.to_string().contains("device's max_srq_wr"), "{e}");
     // Refused before the SRQ is created: no CQ entries stay reserved for
     // it (the SRQ below takes all of the CQ's that the first one left).
     let mut bad = SrqAttr::new(20, 1);
