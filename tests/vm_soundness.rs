@@ -144,7 +144,10 @@ fn queues_that_would_overrun_the_cq_are_refused() {
         Err(Error::InvalidArgument {
             what: "max_send_wr",
             reason,
-        }) => assert!(reason.contains(&format!("device's max_qp_wr of {max}")), "{reason}"),
+        }) => assert!(
+            reason.contains(&format!("device's max_qp_wr of {max}")),
+            "{reason}"
+        ),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
     assert_eq!(cq.reserved(), 32, "refused QPs reserve nothing");
