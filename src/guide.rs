@@ -66,6 +66,14 @@
 //! signal every Nth and poll in batches ([`Cq::poll`](crate::Cq::poll) into a
 //! `Vec` whose capacity is the batch).
 //!
+//! Moving buffers costs a little per request. For tight loops,
+//! [`Cq::scope`](crate::Cq::scope) lends them instead, like
+//! `std::thread::scope`: requests borrow [`Src`](crate::Src) and
+//! [`Dst`](crate::Dst) for the whole scope, which waits for them at its end,
+//! and [`ScopedQp::buffers`](crate::ScopedQp::buffers) carves a region into
+//! buffers lent one request at a time, to read what arrived and write what
+//! to send without leaving the scope (the `qp::scope` module docs).
+//!
 //! # 6. Troubleshooting
 //! What the crate prints, and what to do. These are the errors' `Display`
 //! texts (`{e}`); a `main` that returns `Result` prints the `Debug` form
