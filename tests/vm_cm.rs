@@ -173,10 +173,22 @@ fn rejected_connection_reports_status_and_private_data() {
         ready_tx.send(()).expect("signal");
         let req = listener.get_request(T).expect("connect request");
         req.reject(b"go away").expect("reject");
+        // Private data past the REJ's 148 bytes is refused before rdma_cm
+        // sees it (149..=255 used to fail there with a bare EINVAL), and the
+        // request is rejected all the same.
+        let req = listener.get_request(T).expect("second connect request");
+        let long = [7u8; rdma_verbs::cm::REJECT_PRIVATE_DATA_MAX + 1];
+        match req.reject(&long) {
+            Err(Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains("at most 148"), "{reason}")
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
         // Keep the listener until the client saw the reject.
         let _ = done_rx.recv_timeout(T);
     });
     ready_rx.recv_timeout(T).expect("server listening");
+    let (second, _pd2, _cq2, qp2) = client(addr);
     let (id, _pd, _cq, qp) = client(addr);
     let start = Instant::now();
     let err = id
@@ -197,6 +209,19 @@ fn rejected_connection_reports_status_and_private_data() {
     }
     assert!(start.elapsed() < T, "{:?}", start.elapsed());
     assert!(err.to_string().contains("RDMA_CM_EVENT_REJECTED"), "{err}");
+    let err = second
+        .connect(qp2, &ConnParam::new(), T)
+        .expect_err("the server rejects the second too");
+    assert!(
+        matches!(
+            err,
+            Error::CmEvent {
+                event: CmEventKind::Rejected,
+                ..
+            }
+        ),
+        "{err}"
+    );
     server.join().expect("server thread");
 }
 
@@ -221,7 +246,7 @@ fn a_waiting_connect_does_not_block_other_calls_on_the_id() {
         drop(accepted);
     });
     ready_rx.recv_timeout(T).expect("server listening");
-    let (id, _pd, _cq, qp) = client(addr);
+    let (id, pd, cq, qp) = client(addr);
     thread::scope(|s| {
         let connect = s.spawn(|| id.connect(qp, &ConnParam::new(), T));
         // The request reaches the server, which holds its reply back.
@@ -246,6 +271,14 @@ fn a_waiting_connect_does_not_block_other_calls_on_the_id() {
             matches!(refused, Err(Error::InvalidArgument { .. })),
             "{refused:?}"
         );
+        // Its QP is attached to the id meanwhile: a second QP is refused for
+        // that reason, not as one attached outside the crate.
+        match id.create_qp(&pd, &cq, &cq, caps()) {
+            Err(Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains("waiting"), "{reason}")
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
         go_tx.send(()).expect("go");
         let (_qp, ev) = connect.join().expect("connect thread").expect("connect");
         assert_eq!(ev.kind, CmEventKind::Established);

@@ -118,7 +118,7 @@ use event::*;
 pub use event::{CmEvent, CmEventKind, ConnInfo, EventChannel};
 use handshake::*;
 pub use param::ConnParam;
-pub use request::ConnectRequest;
+pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
 
 /// How long an event reader sleeps between looks while a blocking connect on
 /// another thread owns the id's events.
@@ -395,6 +395,7 @@ impl CmId {
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
         let mut a = RawAddr::new(addr);
         let _g = self.inner.lock();
+        self.inner.refuse_if_waiting()?;
         // SAFETY: valid id, under its lock; a is a full socket address.
         let rc = unsafe { ffi::rdma_bind_addr(self.inner.id(), a.as_ptr()) };
         if rc == 0 {
@@ -431,6 +432,7 @@ impl CmId {
     /// with [`CmId::get_request`].
     pub fn listen(&self, backlog: i32) -> Result<()> {
         let _g = self.inner.lock();
+        self.inner.refuse_if_waiting()?;
         // SAFETY: valid id, under its lock.
         let rc = unsafe { ffi::rdma_listen(self.inner.id(), backlog) };
         if rc == 0 {
@@ -699,6 +701,8 @@ impl CmId {
             .as_ref()
             .map_or(std::ptr::null_mut(), |s| s.raw.as_ptr());
         let _g = self.inner.lock();
+        // A connect waiting on another thread has its QP attached (below).
+        self.inner.refuse_if_waiting()?;
         let id = self.inner.id();
         // SAFETY: valid id under its lock; plain fields.
         let (verbs, port, cur) = unsafe { ((*id).verbs, (*id).port_num, (*id).qp) };
@@ -812,7 +816,10 @@ impl CmId {
 
     /// Disconnects (`rdma_disconnect`): the peer, and this id, see DISCONNECTED.
     /// Does not wait and does not touch the QP (see the module docs; use
-    /// [`Qp::to_error`] to flush it).
+    /// [`Qp::to_error`] to flush it). On an id that is not connected yet (a
+    /// [`ConnectRequest`]'s before it is accepted) rdma_cm does nothing and
+    /// reports success: refuse such a request with
+    /// [`ConnectRequest::reject`].
     ///
     /// While a [`connect`](CmId::connect) on another thread is waiting for
     /// ESTABLISHED, this returns [`Error::InvalidArgument`] at once (that

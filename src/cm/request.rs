@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Most private data a reject carries on InfiniBand and RoCE (the CM's REJ
+/// message; rdma_cm refuses more with EINVAL).
+pub const REJECT_PRIVATE_DATA_MAX: usize = 148;
+
 /// A connection request taken on a listener: accept or reject it.
 /// Dropping it unanswered rejects it.
 pub struct ConnectRequest {
@@ -72,16 +76,27 @@ impl ConnectRequest {
     }
 
     /// Rejects the request (`rdma_reject`) with `private_data` for the peer
-    /// (at most 148 bytes on InfiniBand/RoCE), which sees REJECTED with
-    /// status 28 (consumer defined).
+    /// (at most [`REJECT_PRIVATE_DATA_MAX`] bytes, InfiniBand/RoCE's limit),
+    /// which sees REJECTED with status 28 (consumer defined).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for longer private data, [`Error::Verb`]
+    /// when rdma_cm refuses; either way the request is consumed, and its
+    /// drop rejects it without private data.
     pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
-        let len = u8::try_from(private_data.len()).map_err(|_| Error::InvalidArgument {
-            what: "private data",
-            reason: format!(
-                "{} bytes; a reject carries at most 148 on InfiniBand/RoCE",
-                private_data.len()
-            ),
-        })?;
+        let len = match u8::try_from(private_data.len()) {
+            Ok(n) if usize::from(n) <= REJECT_PRIVATE_DATA_MAX => n,
+            _ => {
+                return Err(Error::InvalidArgument {
+                    what: "private data",
+                    reason: format!(
+                        "{} bytes; a reject carries at most {REJECT_PRIVATE_DATA_MAX} on \
+                         InfiniBand/RoCE (the request was rejected without it)",
+                        private_data.len()
+                    ),
+                });
+            }
+        };
         let Some(cm) = self.id.take() else {
             return Err(busy_id());
         };
