@@ -85,7 +85,7 @@ pub struct ScopedBuffers<'scope, S: QpState> {
 }
 
 /// What keeps a buffer from Rust code or from another request.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 enum Busy {
     Receiving,
     Sending,
@@ -274,7 +274,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// The first `len` bytes of buffer `k` as a source, when no receive of
     /// it is in flight.
     fn source(&self, k: usize, len: usize) -> Result<Src<'scope>> {
-        self.check(k, Busy::Receiving)?;
+        self.readable(k)?;
         if len > self.buf_len {
             return Err(Error::InvalidArgument {
                 what: "scoped buffer length",
@@ -356,16 +356,26 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         }
     }
 
-    /// Refuses an index out of range, or a buffer that a receive (with
-    /// `Busy::Receiving`), or any request (with `Busy::Sending`), still uses.
-    fn check(&self, k: usize, stop: Busy) -> Result<()> {
+    /// Refuses an index out of range, or a buffer a receive may be writing.
+    fn readable(&self, k: usize) -> Result<()> {
         if k >= self.len() {
             return Err(self.out_of_range(k));
         }
-        match (self.busy(k), stop) {
-            (None, _) | (Some(Busy::Sending), Busy::Receiving) => Ok(()),
-            (Some(Busy::Receiving), _) => Err(busy_error(k, "receive")),
-            (Some(Busy::Sending), Busy::Sending) => Err(busy_error(k, "send")),
+        match self.busy(k) {
+            Some(Busy::Receiving) => Err(busy_error(k, "receive")),
+            Some(Busy::Sending) | None => Ok(()),
+        }
+    }
+
+    /// Refuses an index out of range, or a buffer any request still uses.
+    fn writable(&self, k: usize) -> Result<()> {
+        if k >= self.len() {
+            return Err(self.out_of_range(k));
+        }
+        match self.busy(k) {
+            Some(Busy::Receiving) => Err(busy_error(k, "receive")),
+            Some(Busy::Sending) => Err(busy_error(k, "send")),
+            None => Ok(()),
         }
     }
 
@@ -382,7 +392,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// it at any time: use [`read_at`](Self::read_at)); as [`Mr::as_slice`]
     /// for device memory.
     pub fn bytes(&self, k: usize) -> Result<&[u8]> {
-        self.check(k, Busy::Receiving)?;
+        self.readable(k)?;
         // SAFETY: no receive of buffer `k` is in flight (checked), and none
         // can be posted while the slice borrows `self` (posting takes
         // `&mut self`); nothing else reaches the region (borrowed
@@ -398,7 +408,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// SEND or WRITE of the buffer is in flight (use
     /// [`write_at`](Self::write_at) for a region a peer may write).
     pub fn bytes_mut(&mut self, k: usize) -> Result<&mut [u8]> {
-        self.check(k, Busy::Sending)?;
+        self.writable(k)?;
         // SAFETY: no request of buffer `k` is in flight (checked), none can
         // be posted while the slice borrows `self` mutably, and nothing else
         // reaches the region.
@@ -412,7 +422,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// As [`bytes`](Self::bytes), without the remote-write refusal;
     /// [`Error::InvalidArgument`] when the range is not inside the buffer.
     pub fn read_at(&self, k: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.check(k, Busy::Receiving)?;
+        self.readable(k)?;
         let at = self.inside(k, offset, dst.len())?;
         self.mr.read_at(at, dst)
     }
@@ -424,7 +434,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// As [`bytes_mut`](Self::bytes_mut), without the remote-write refusal;
     /// [`Error::InvalidArgument`] when the range is not inside the buffer.
     pub fn write_at(&mut self, k: usize, offset: usize, src: &[u8]) -> Result<()> {
-        self.check(k, Busy::Sending)?;
+        self.writable(k)?;
         let at = self.inside(k, offset, src.len())?;
         self.mr.write_at(at, src)
     }
