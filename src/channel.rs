@@ -3,22 +3,22 @@
 //! A [`CompletionChannel`] is a file descriptor the kernel makes readable when
 //! an *armed* CQ attached to it receives a completion. The cycle is:
 //!
-//! 1. create the CQ on the channel ([`Cq::with_channel`]);
-//! 2. arm it ([`Cq::req_notify`]): the next completion will raise one event;
+//! 1. create the CQ on the channel ([`Cq::with_channel`](crate::Cq::with_channel));
+//! 2. arm it ([`Cq::req_notify`](crate::Cq::req_notify)): the next completion will raise one event;
 //! 3. sleep on the channel ([`CompletionChannel::wait`], or `poll`/`epoll` on
 //!    its [readiness handle](CompletionChannel::readiness));
 //! 4. read the event ([`CompletionChannel::try_next`]), poll the CQ, re-arm,
 //!    poll again, sleep again.
 //!
-//! [`Cq::wait_poll`] does all of that, including the re-arm race: a completion
+//! [`Cq::wait_poll`](crate::Cq::wait_poll) does all of that, including the re-arm race: a completion
 //! that arrives after the last poll but before the arm raises no event, so it
 //! polls once more after arming before it sleeps.
 //!
 //! # Acknowledging events
 //! Every event must be acknowledged (`ibv_ack_cq_events`) before its CQ is
 //! destroyed, or `ibv_destroy_cq` blocks forever. Acknowledging takes a mutex,
-//! so it is batched: each event is counted on its CQ, [`Cq::wait_poll`] acks
-//! in batches of [`ACK_BATCH`], [`Cq::ack_events`] acks on demand, and the
+//! so it is batched: each event is counted on its CQ, [`Cq::wait_poll`](crate::Cq::wait_poll) acks
+//! in batches of [`ACK_BATCH`], [`Cq::ack_events`](crate::Cq::ack_events) acks on demand, and the
 //! CQ's `Drop` acks whatever is left before destroying it. An event that
 //! races with the CQ's destruction is acknowledged by the thread that read it
 //! (a "closing" flag in the counter decides who does it), so no count is lost
@@ -55,7 +55,7 @@
 //!
 //! # Which events are counted
 //! [`try_next`](CompletionChannel::try_next) treats an event's `cq_context` as
-//! this crate's per-CQ counter only for CQs that [`Cq::with_channel`]
+//! this crate's per-CQ counter only for CQs that [`Cq::with_channel`](crate::Cq::with_channel)
 //! registered on the channel (the `ibv_cq` address together with the counter's
 //! address, held weakly). A CQ created on the channel through
 //! [`as_raw`](CompletionChannel::as_raw) and the FFI is *foreign*: its events
@@ -72,17 +72,17 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::context::Context;
-use crate::cq::{Completion, Cq};
-use crate::error::{Error, Result, errno, last_errno};
+use crate::error::{Error, Result, last_errno};
 use crate::ffi;
+pub(crate) use crate::sys::fd::{deadline_after, poll_readable, set_nonblocking};
 
-/// How many events [`Cq::wait_poll`] lets accumulate before acknowledging them.
+/// How many events [`Cq::wait_poll`](crate::Cq::wait_poll) lets accumulate before acknowledging them.
 pub const ACK_BATCH: u32 = 32;
 
-/// The longest [`Cq::wait_poll`] sleeps on its channel before it polls the
+/// The longest [`Cq::wait_poll`](crate::Cq::wait_poll) sleeps on its channel before it polls the
 /// CQ again: 1 s.
 pub const WAIT_SLICE: Duration = Duration::from_secs(1);
 
@@ -154,7 +154,7 @@ impl ChannelInner {
 
 /// Identifies a CQ in events (the address of its `ibv_cq`).
 ///
-/// Compare with [`Cq::id`]. Only meaningful while that CQ exists (a new CQ
+/// Compare with [`Cq::id`](crate::Cq::id). Only meaningful while that CQ exists (a new CQ
 /// can get a dropped one's address; see [`SrqId`](crate::event::SrqId)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub(crate) usize);
@@ -320,7 +320,7 @@ impl CompletionChannel {
     /// non-blocking fd): `Some(cq)` names the CQ that had a completion, `None`
     /// means no event was pending. The event is counted on that CQ and
     /// acknowledged later (see the [module docs](self)); the CQ is disarmed
-    /// until the next [`Cq::req_notify`]. The event of a CQ created on the
+    /// until the next [`Cq::req_notify`](crate::Cq::req_notify). The event of a CQ created on the
     /// channel outside this crate is acknowledged at once.
     pub fn try_next(&self) -> Result<Option<CqId>> {
         let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
@@ -460,217 +460,10 @@ impl fmt::Debug for CompletionChannel {
     }
 }
 
-/// Sets O_NONBLOCK on `fd`.
-pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL touch no memory.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if flags & libc::O_NONBLOCK == 0 {
-        // SAFETY: as above.
-        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// `now + timeout`, saturating far in the future instead of overflowing
-/// (a huge timeout means "practically forever", not a panic).
-pub(crate) fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(1 << 32)))
-        .unwrap_or(now)
-}
-
-/// Waits until `fd` is readable or `deadline` passes (`None`: no deadline).
-/// `Ok(true)`: readable (or interrupted: the caller retries), `Ok(false)`: timed out.
-pub(crate) fn poll_readable(fd: RawFd, deadline: Option<Instant>) -> io::Result<bool> {
-    let ms = match deadline {
-        None => -1,
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(false);
-            }
-            // Round up so a sub-millisecond rest does not spin with timeout 0.
-            i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
-        }
-    };
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(true)
-        } else {
-            Err(e)
-        };
-    }
-    if rc == 0 {
-        // Timed out, unless the deadline has in fact not passed (rounding).
-        return Ok(deadline.is_none_or(|d| Instant::now() < d));
-    }
-    Ok(true)
-}
-
-impl Cq {
-    /// Creates a CQ whose completion events go to `channel`
-    /// (`ibv_create_cq` with a channel, completion vector 0).
-    ///
-    /// The CQ keeps the channel alive; arm it with [`req_notify`](Cq::req_notify)
-    /// or let [`wait_poll`](Cq::wait_poll) do so.
-    pub fn with_channel(ctx: &Context, depth: u32, channel: &CompletionChannel) -> Result<Cq> {
-        // The raw context, as QPs and SRQs compare: two `Context` values can
-        // share one (`CmId::context` makes a new one each call).
-        if ctx.as_raw() != channel.inner.context().as_raw() {
-            return Err(Error::InvalidArgument {
-                what: "completion channel",
-                reason: "it belongs to another device context; create it from the same Context"
-                    .into(),
-            });
-        }
-        let cq = Cq::create(ctx, depth, Some(channel))?;
-        // No event can arrive before this: the CQ is not armed yet.
-        if let Some(events) = &cq.inner.events {
-            channel.inner.register(cq.as_raw(), events);
-        }
-        Ok(cq)
-    }
-
-    /// This CQ's id, as [`CompletionChannel::wait`] and async events name it.
-    pub fn id(&self) -> CqId {
-        CqId::from_raw(self.as_raw())
-    }
-
-    /// The channel the CQ reports to, if any.
-    pub fn channel(&self) -> Option<&CompletionChannel> {
-        self.inner.channel.as_ref()
-    }
-
-    /// Arms the CQ (`ibv_req_notify_cq`): the next completion (with
-    /// `solicited_only`, the next solicited or error completion) raises one
-    /// event on the channel. Completions already in the CQ raise none: poll
-    /// after arming (see [`wait_poll`](Cq::wait_poll)).
-    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        if self.inner.channel.is_none() {
-            return Err(no_channel());
-        }
-        // SAFETY: valid CQ.
-        let rc = unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_req_notify_cq", errno(rc)));
-        }
-        Ok(())
-    }
-
-    /// Acknowledges the events counted on this CQ so far (`ibv_ack_cq_events`),
-    /// returning how many. Optional: [`wait_poll`](Cq::wait_poll) and `Drop` do it.
-    pub fn ack_events(&mut self) -> u32 {
-        let Some(events) = self.inner.events.as_deref() else {
-            return 0;
-        };
-        let n = events.take();
-        if n > 0 {
-            // SAFETY: valid CQ (&mut self); n events were read and not yet acked.
-            unsafe { ffi::ibv_ack_cq_events(self.as_raw(), n) };
-        }
-        n
-    }
-
-    /// Events read from the channel for this CQ and not yet acknowledged.
-    pub fn unacked_events(&self) -> u32 {
-        self.inner.events.as_deref().map_or(0, CqEvents::pending)
-    }
-
-    /// Polls, and sleeps on the channel while the CQ is empty, until at least
-    /// one completion is in `out` or `timeout` (`None`: forever) has passed.
-    /// Returns how many completions were added; `0` only on timeout.
-    ///
-    /// The loop: poll; if empty, arm ([`req_notify`](Cq::req_notify)), poll
-    /// again (a completion that slipped in before the arm raised no event),
-    /// then sleep on the channel and start over; events are acknowledged in
-    /// batches of [`ACK_BATCH`]. Like [`poll`](Cq::poll) it fills `out` up to its
-    /// capacity (it reserves room when `out` is full).
-    ///
-    /// It never sleeps longer than [`WAIT_SLICE`] without polling: should
-    /// another clone of the channel consume this CQ's event, the completion
-    /// is found then.
-    ///
-    /// The channel must serve this CQ alone: a waiter on a shared channel
-    /// could consume the event meant for another CQ's waiter. With several CQs
-    /// on one channel, use [`CompletionChannel::wait`] and poll the CQ it names.
-    pub fn wait_poll(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Option<Duration>,
-    ) -> Result<usize> {
-        let Some(channel) = self.inner.channel.clone() else {
-            return Err(no_channel());
-        };
-        if channel.attached_cqs() > 1 {
-            return Err(Error::InvalidArgument {
-                what: "completion channel",
-                reason: format!(
-                    "wait_poll needs a channel of its own, this one serves {} CQs; \
-                     use CompletionChannel::wait and poll the CQ it names",
-                    channel.attached_cqs()
-                ),
-            });
-        }
-        if out.len() == out.capacity() {
-            out.reserve(32);
-        }
-        let deadline = timeout.map(deadline_after);
-        loop {
-            let n = self.poll(out)?;
-            if n > 0 {
-                return Ok(n);
-            }
-            self.req_notify(false)?;
-            let n = self.poll(out)?;
-            if n > 0 {
-                return Ok(n);
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Ok(0);
-            }
-            // In slices, polling between them: another clone of the channel
-            // (a monitor calling `try_next`, say) may take this CQ's event,
-            // and the completion must not wait for the next one.
-            let slice = left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE));
-            if channel.wait(Some(slice))?.is_none() {
-                if left.is_some_and(|l| l <= WAIT_SLICE) {
-                    // Timed out; one last look, in case a completion raced the clock.
-                    return self.poll(out);
-                }
-                continue;
-            }
-            if self.unacked_events() >= ACK_BATCH {
-                self.ack_events();
-            }
-        }
-    }
-}
-
-fn no_channel() -> Error {
-    Error::InvalidArgument {
-        what: "CQ",
-        reason: "this CQ has no completion channel; create it with Cq::with_channel".into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
 
     #[test]
@@ -753,30 +546,6 @@ mod tests {
         // SAFETY: reads one byte into a valid buffer from our pipe.
         assert_eq!(unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) }, 1);
         assert!(!ready(r));
-        // SAFETY: closing the descriptors we created.
-        unsafe {
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-        }
-    }
-
-    #[test]
-    fn poll_readable_times_out_and_sees_data() {
-        let mut fds = [0; 2];
-        // SAFETY: pipe writes two descriptors into fds.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        set_nonblocking(fds[0]).unwrap();
-        let t = Instant::now();
-        let ready =
-            poll_readable(fds[0], Some(Instant::now() + Duration::from_millis(30))).unwrap();
-        assert!(!ready);
-        assert!(t.elapsed() >= Duration::from_millis(30));
-        // SAFETY: writes one byte from a valid buffer to our pipe.
-        assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
-        assert!(poll_readable(fds[0], None).unwrap());
-        // SAFETY: F_GETFL on our descriptor.
-        let fl = unsafe { libc::fcntl(fds[0], libc::F_GETFL) };
-        assert_ne!(fl & libc::O_NONBLOCK, 0);
         // SAFETY: closing the descriptors we created.
         unsafe {
             libc::close(fds[0]);

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::io;
 
-use crate::cq::WcStatus;
+use crate::values::WcStatus;
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -333,7 +333,7 @@ pub enum Error {
         /// What was being done, e.g. `rdma_connect`.
         op: &'static str,
         /// The event that arrived instead.
-        event: crate::cm::CmEventKind,
+        event: crate::values::CmEventKind,
         /// Its status: a negative errno (ADDR_ERROR, UNREACHABLE, ...) or, for
         /// REJECTED on InfiniBand/RoCE, the IB CM reject reason (8: nobody
         /// listens on that port, 28: the peer application rejected).
@@ -428,6 +428,15 @@ pub(crate) fn memlock_limit() -> Option<u64> {
     // SAFETY: getrlimit writes into the rlimit we own; no other memory is touched.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
     (rc == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur)
+}
+
+impl From<crate::ffi::MissingSymbol> for Error {
+    fn from(m: crate::ffi::MissingSymbol) -> Error {
+        Error::Unsupported {
+            verb: m.verb,
+            hint: m.hint(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -294,7 +294,7 @@ impl AsyncEvent {
     /// rdma-core's description (`ibv_event_type_str`), e.g. "local work queue catastrophic error".
     pub fn description(&self) -> String {
         // SAFETY: ibv_event_type_str returns a static string for any value.
-        unsafe { crate::device::cstr(ffi::ibv_event_type_str(self.event_type())) }
+        unsafe { crate::sys::cstr::cstr(ffi::ibv_event_type_str(self.event_type())) }
     }
 
     /// The QP number, for QP events.

@@ -32,7 +32,6 @@ pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;
-mod enums;
 pub mod error;
 pub mod event;
 pub mod exchange;
@@ -40,12 +39,15 @@ pub mod ffi;
 #[cfg(feature = "gdr")]
 pub mod gdr;
 pub mod guide;
+mod ledger;
 pub mod mr;
 pub mod pd;
 pub mod qp;
 pub mod srq;
+mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+mod values;
 
 pub use ah::AddressHandle;
 pub use channel::{CompletionChannel, CqId, Readiness};

@@ -502,6 +502,15 @@ impl Mr {
     }
 }
 
+// `Pd::alloc_mr` lives with what it builds: a PD knows nothing of regions.
+impl Pd {
+    /// Allocates `len` bytes of page-aligned, zeroed memory and registers it.
+    /// Shorthand for [`Mr::new`].
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        Mr::new(self, len, access)
+    }
+}
+
 impl fmt::Debug for Mr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mr")

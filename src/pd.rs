@@ -7,7 +7,6 @@ use std::sync::Arc;
 use crate::context::Context;
 use crate::error::{Error, Result, last_errno};
 use crate::ffi;
-use crate::mr::{AccessFlags, Mr};
 
 /// A protection domain (`ibv_pd`). Cheap to clone; keeps its `Context` open,
 /// and every `Mr` and `Qp` created in it keeps it alive.
@@ -47,12 +46,6 @@ impl Pd {
                 ctx: ctx.clone(),
             }),
         })
-    }
-
-    /// Allocates `len` bytes of page-aligned, zeroed memory and registers it.
-    /// Shorthand for [`Mr::new`].
-    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
-        Mr::new(self, len, access)
     }
 
     /// The device this PD belongs to.

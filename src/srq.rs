@@ -75,10 +75,11 @@ use crate::cq::{Cq, CqInner};
 use crate::error::{Error, Result, errno, last_errno};
 use crate::event::SrqId;
 use crate::ffi;
+use crate::ledger::ring::{Ring, SrqProducer};
+use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
+use crate::ledger::wr::{PostError, RecvWr};
 use crate::pd::Pd;
 use crate::qp::post;
-use crate::qp::ring::{Ring, SrqProducer};
-use crate::qp::{MAX_SAFE_SGES, PostError, RecvWr, Sges};
 
 /// Requests per `ibv_post_srq_recv` call in [`Srq::post_recv_list`].
 const CHUNK: usize = 32;

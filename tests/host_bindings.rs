@@ -214,7 +214,8 @@ fn verbs_missing_from_the_loaded_library_are_unsupported() {
     };
     if expect.split(',').any(|v| v == "ibv_reg_dmabuf_mr") {
         // SAFETY: the symbol is absent (the matrix says so), so nothing is called.
-        let r = unsafe { ffi::ibv_reg_dmabuf_mr(std::ptr::null_mut(), 0, 0, 0, -1, 0) };
+        let r = unsafe { ffi::ibv_reg_dmabuf_mr(std::ptr::null_mut(), 0, 0, 0, -1, 0) }
+            .map_err(rdma_verbs::Error::from);
         match r {
             Err(
                 e @ rdma_verbs::Error::Unsupported {

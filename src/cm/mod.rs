@@ -101,7 +101,6 @@ use std::time::{Duration, Instant};
 use crate::channel::{Readiness, ReadinessCell, deadline_after};
 use crate::context::Context;
 use crate::cq::Cq;
-use crate::enums::c_enum;
 use crate::error::{Error, Result, last_errno};
 use crate::ffi;
 use crate::pd::Pd;

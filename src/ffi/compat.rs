@@ -4,7 +4,7 @@
 //! (`ibv_reg_dmabuf_mr@IBVERBS_1.12`, `_ibv_query_gid_ex@IBVERBS_1.11`) that the
 //! dynamic loader refuses on an older libibverbs. Instead each is looked up once
 //! with `dlsym(RTLD_DEFAULT, ...)` (libibverbs is loaded: the crate links it) and a
-//! missing one is [`Error::Unsupported`]. The two GID queries are `static inline`
+//! missing one is a [`MissingSymbol`] (which converts into `Error::Unsupported`). The two GID queries are `static inline`
 //! in rdma-core's headers; these are the same one-line bodies, calling the
 //! exported `_ibv_query_gid_*` with the entry size of the bindings.
 
@@ -12,7 +12,31 @@ use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{ibv_context, ibv_gid_entry, ibv_mr, ibv_pd};
-use crate::error::Error;
+
+/// A verb the libibverbs loaded at run time does not export.
+///
+/// Converts into the crate's `Error::Unsupported` (with `?`), whose hint names
+/// the symbol and the rdma-core release that added it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingSymbol {
+    /// The verb as the API names it, e.g. `ibv_reg_dmabuf_mr`.
+    pub verb: &'static str,
+    /// The exported symbol that was looked up, e.g. `_ibv_query_gid_ex`.
+    pub symbol: &'static CStr,
+    /// The rdma-core release that added it, e.g. `rdma-core 34`.
+    pub since: &'static str,
+}
+
+impl MissingSymbol {
+    /// What to do about it: the symbol, where it came from, and "upgrade rdma-core".
+    pub fn hint(&self) -> String {
+        format!(
+            "the libibverbs loaded at run time has no `{}` (added in {}); upgrade rdma-core",
+            self.symbol.to_string_lossy(),
+            self.since
+        )
+    }
+}
 
 /// Not looked up yet.
 const UNRESOLVED: usize = 0;
@@ -33,9 +57,9 @@ impl Lazy {
         }
     }
 
-    /// The symbol's address, or `Unsupported` naming `verb` and the rdma-core
-    /// release that introduced it.
-    fn get(&self, verb: &'static str, since: &'static str) -> Result<*mut c_void, Error> {
+    /// The symbol's address, or the [`MissingSymbol`] naming `verb` and the
+    /// rdma-core release that introduced it.
+    fn get(&self, verb: &'static str, since: &'static str) -> Result<*mut c_void, MissingSymbol> {
         let mut a = self.addr.load(Ordering::Acquire);
         if a == UNRESOLVED {
             // SAFETY: `name` is NUL-terminated; RTLD_DEFAULT searches the loaded objects.
@@ -44,13 +68,10 @@ impl Lazy {
             self.addr.store(a, Ordering::Release);
         }
         if a == MISSING {
-            return Err(Error::Unsupported {
+            return Err(MissingSymbol {
                 verb,
-                hint: format!(
-                    "the libibverbs loaded at run time has no `{}` (added in {since}); \
-                     upgrade rdma-core",
-                    self.name.to_string_lossy()
-                ),
+                symbol: self.name,
+                since,
             });
         }
         Ok(a as *mut c_void)
@@ -61,7 +82,7 @@ static REG_DMABUF_MR: Lazy = Lazy::new(c"ibv_reg_dmabuf_mr");
 static QUERY_GID_EX: Lazy = Lazy::new(c"_ibv_query_gid_ex");
 static QUERY_GID_TABLE: Lazy = Lazy::new(c"_ibv_query_gid_table");
 
-/// `ibv_reg_dmabuf_mr(3)` (IBVERBS_1.12, rdma-core 34): `Err(Unsupported)` when
+/// `ibv_reg_dmabuf_mr(3)` (IBVERBS_1.12, rdma-core 34): `Err(MissingSymbol)` when
 /// libibverbs lacks it; otherwise the C call's result (NULL with errno set on failure).
 ///
 /// # Safety
@@ -73,7 +94,7 @@ pub unsafe fn ibv_reg_dmabuf_mr(
     iova: u64,
     fd: c_int,
     access: c_int,
-) -> Result<*mut ibv_mr, Error> {
+) -> Result<*mut ibv_mr, MissingSymbol> {
     type F = unsafe extern "C" fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
     let p = REG_DMABUF_MR.get("ibv_reg_dmabuf_mr", "rdma-core 34")?;
     // SAFETY: the symbol has this C signature in every rdma-core that exports it.
@@ -82,7 +103,7 @@ pub unsafe fn ibv_reg_dmabuf_mr(
     Ok(unsafe { f(pd, offset, length, iova, fd, access) })
 }
 
-/// `ibv_query_gid_ex(3)` (IBVERBS_1.11, rdma-core 32): `Err(Unsupported)` when
+/// `ibv_query_gid_ex(3)` (IBVERBS_1.11, rdma-core 32): `Err(MissingSymbol)` when
 /// libibverbs lacks it; otherwise 0 or an errno value, as the C call.
 ///
 /// # Safety
@@ -93,7 +114,7 @@ pub unsafe fn ibv_query_gid_ex(
     gid_index: u32,
     entry: *mut ibv_gid_entry,
     flags: u32,
-) -> Result<c_int, Error> {
+) -> Result<c_int, MissingSymbol> {
     type F =
         unsafe extern "C" fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize) -> c_int;
     let p = QUERY_GID_EX.get("ibv_query_gid_ex", "rdma-core 32")?;
@@ -104,7 +125,7 @@ pub unsafe fn ibv_query_gid_ex(
     Ok(unsafe { f(context, port_num, gid_index, entry, flags, size) })
 }
 
-/// `ibv_query_gid_table(3)` (IBVERBS_1.11, rdma-core 32): `Err(Unsupported)` when
+/// `ibv_query_gid_table(3)` (IBVERBS_1.11, rdma-core 32): `Err(MissingSymbol)` when
 /// libibverbs lacks it; otherwise the number of entries or a negative errno.
 ///
 /// # Safety
@@ -115,7 +136,7 @@ pub unsafe fn ibv_query_gid_table(
     entries: *mut ibv_gid_entry,
     max_entries: usize,
     flags: u32,
-) -> Result<isize, Error> {
+) -> Result<isize, MissingSymbol> {
     type F = unsafe extern "C" fn(*mut ibv_context, *mut ibv_gid_entry, usize, u32, usize) -> isize;
     let p = QUERY_GID_TABLE.get("ibv_query_gid_table", "rdma-core 32")?;
     // SAFETY: `_ibv_query_gid_table`'s C signature.
@@ -133,17 +154,11 @@ mod tests {
     fn missing_symbol_is_unsupported() {
         static NOPE: Lazy = Lazy::new(c"ibv_no_such_verb_rdma_verbs_test");
         let e = NOPE.get("ibv_no_such_verb", "never").unwrap_err();
+        assert_eq!(e.verb, "ibv_no_such_verb");
         assert!(
-            matches!(
-                e,
-                Error::Unsupported {
-                    verb: "ibv_no_such_verb",
-                    ..
-                }
-            ),
-            "{e}"
+            e.hint().contains("ibv_no_such_verb_rdma_verbs_test"),
+            "{e:?}"
         );
-        assert!(e.to_string().contains("ibv_no_such_verb_rdma_verbs_test"));
     }
 
     #[test]

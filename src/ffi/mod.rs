@@ -39,7 +39,7 @@ compile_error!(
 );
 
 mod compat;
-pub use compat::{ibv_query_gid_ex, ibv_query_gid_table, ibv_reg_dmabuf_mr};
+pub use compat::{MissingSymbol, ibv_query_gid_ex, ibv_query_gid_table, ibv_reg_dmabuf_mr};
 
 /// Layout facts of the installed rdma-core headers, measured by the C compiler
 /// (`src/ffi/layout_probe.c`): `("size ibv_wc", 48)`, `("offset ibv_wc.status", 8)`, ...

@@ -7,10 +7,10 @@
 use std::fmt;
 
 use crate::device::{Gid, Mtu};
-use crate::enums::c_enum;
 use crate::error::Error;
 use crate::ffi;
 use crate::mr::AccessFlags;
+use crate::sys::c_enum;
 
 c_enum! {
     /// A QP state as the kernel reports it (`ibv_qp_state`).

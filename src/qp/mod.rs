@@ -38,7 +38,7 @@
 //!   and generation in its CQ's ring table, and the request's sequence
 //!   number. No two rings on a CQ share a tag: an index is reused only after
 //!   its ring was reaped (with a new generation), and a table that would
-//!   need an index past the token's 23 bits refuses the QP (`qp::table`).
+//!   need an index past the token's 23 bits refuses the QP (`ledger::table`).
 //!   [`Cq::poll`](crate::Cq::poll) (single consumer: `&mut Cq`)
 //!   validates every completion before touching anything: the ring must be
 //!   registered on that CQ under that tag, belong to the completion's QP
@@ -150,7 +150,7 @@
 //! | ERR flushes every posted request with a completion | `ibv_modify_qp(3)` / IB spec 10.3.1 (error state: "work requests are completed in error") | `the_error_state_flushes_every_posted_request` |
 //! | `wr_id`, `status`, `qp_num` are written for every completion; other fields only as the status and opcode make them valid | `ibv_poll_cq(3)`; rdma-core `providers/mlx5/cq.c` leaves the rest unwritten | `cq::tests` (host, poisoned entries), `failed_completions_report_what_was_posted` |
 //! | An SRQ receive completes once, on the receive CQ of the QP that consumed it, carrying that QP's number | `ibv_create_srq(3)`, `ibv_post_srq_recv(3)`; IB spec vol. 1, 10.2.9 (an SRQ WQE is consumed by one QP and completes on its receive CQ) | `sixteen_qps_share_an_srq_and_every_receive_comes_back_once` |
-//! | SRQ receives may complete out of posting order across the QPs that consume them | IB spec vol. 1, 10.2.9 (in-order completion holds per QP, not per SRQ) | `receives_consumed_out_of_order_across_qps_retire_their_own_slots` (and `qp::ring::srq` unit tests) |
+//! | SRQ receives may complete out of posting order across the QPs that consume them | IB spec vol. 1, 10.2.9 (in-order completion holds per QP, not per SRQ) | `receives_consumed_out_of_order_across_qps_retire_their_own_slots` (and `ledger::ring::srq` unit tests) |
 //! | A QP on an SRQ that enters ERR flushes only the receives it had consumed; the others stay in the SRQ for the other QPs | IB spec vol. 1, 10.2.9.5; Linux rxe `flush_recv_queue` returns early for QPs on an SRQ | `a_qp_on_the_srq_in_err_leaves_the_srq_receives_to_the_others` |
 //! | No completion for an SRQ's receives after `ibv_destroy_srq` returns (it is called after every QP on it is destroyed) | `ibv_destroy_srq(3)` (refused while QPs use the SRQ) | `dropping_the_srq_and_its_qps_with_receives_posted_frees_everything` |
 //! | A CQ of depth `d` holds `d` completions | `ibv_create_cq(3)` (`cqe` is the minimum; the actual depth is read back) | `queues_that_would_overrun_the_cq_are_refused` |
@@ -216,15 +216,13 @@
 pub mod attr;
 pub(crate) mod post;
 mod queue;
-pub(crate) mod ring;
 pub mod scope;
 pub mod send_ex;
-mod sges;
 pub mod state;
-pub(crate) mod table;
 mod uc;
 mod ud;
-pub mod wr;
+
+pub use crate::ledger::wr;
 
 #[cfg(test)]
 mod device_tests;
@@ -242,21 +240,21 @@ use crate::ffi;
 use crate::pd::Pd;
 use crate::srq::{Srq, SrqInner};
 
+pub use crate::ledger::sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
+pub use crate::ledger::wr::{PostError, RecvWr, SendWr};
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
     UcInitAttr, UcRtrAttr, UdInitAttr,
 };
 pub use send_ex::SendApi;
-pub use sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
 pub use state::{
     CanPostRecv, CanPostSend, Connected, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
 };
 pub use uc::UcSendWr;
 pub use ud::{UdMessage, UdRecvWr, UdSendWr};
-pub use wr::{RecvWr, SendWr};
 
+use crate::ledger::ring::Ring;
 use queue::{RecvQueue, SendQueue};
-use ring::Ring;
 
 /// A queue pair of transport `T` in state `S`.
 pub struct Qp<T: QpType, S: QpState> {
@@ -370,7 +368,7 @@ impl QpCore {
             return;
         }
         let bufs = Sges::default();
-        let meta = ring::SlotMeta {
+        let meta = crate::ledger::ring::SlotMeta {
             opcode: ffi::IBV_WR_SEND,
             signaled: true,
             drain: true,
@@ -472,47 +470,6 @@ impl<Q> std::error::Error for TransitionError<Q> {
 
 impl<Q> From<TransitionError<Q>> for Error {
     fn from(e: TransitionError<Q>) -> Error {
-        e.error
-    }
-}
-
-/// A refused post: the error and the buffers of every request that did not
-/// reach the NIC, as `(wr_id, buffers)` in order.
-pub struct PostError {
-    /// Why.
-    pub error: Error,
-    /// Requests not posted, with their buffers.
-    pub unposted: Vec<(u64, Sges)>,
-}
-
-impl fmt::Debug for PostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostError")
-            .field("error", &self.error)
-            .field("unposted", &self.unposted.len())
-            .finish()
-    }
-}
-
-impl fmt::Display for PostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({} work requests not posted)",
-            self.error,
-            self.unposted.len()
-        )
-    }
-}
-
-impl std::error::Error for PostError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
-impl From<PostError> for Error {
-    fn from(e: PostError) -> Error {
         e.error
     }
 }

@@ -9,7 +9,7 @@ use std::mem::MaybeUninit;
 use std::ptr;
 
 use crate::ffi;
-use crate::qp::sges::{MAX_SAFE_SGES, Sges};
+use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 
 /// A C work request that can be chained (`ibv_send_wr`, `ibv_recv_wr`).
 pub(crate) trait ChainedWr: Copy + Default {

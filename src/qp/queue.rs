@@ -10,10 +10,10 @@ use std::mem::MaybeUninit;
 
 use crate::error::{Error, errno};
 use crate::ffi;
+use crate::ledger::ring::{Ring, SlotMeta};
+use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
+use crate::ledger::wr::{RecvWr, SendWr};
 use crate::qp::post::{self, ChainedWr};
-use crate::qp::ring::{Ring, SlotMeta};
-use crate::qp::sges::{MAX_SAFE_SGES, Sges};
-use crate::qp::wr::{RecvWr, SendWr};
 use crate::qp::{PostError, QpCore};
 
 /// How many work requests one chained `ibv_post_*` call carries at most.

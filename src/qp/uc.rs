@@ -20,10 +20,10 @@ use super::state::{CanPostSend, Init, QpState, Reset, Rtr, Rts, Uc};
 use super::{Endpoint, PostError, Qp, QpCaps, TransitionError, check_bits};
 use crate::cq::Cq;
 use crate::error::Result;
+use crate::ledger::sges::{Buffer, Sges};
+use crate::ledger::wr::SendWr;
 use crate::mr::RemoteMr;
 use crate::pd::Pd;
-use crate::qp::sges::{Buffer, Sges};
-use crate::qp::wr::SendWr;
 
 /// A UC send-queue work request: SEND or RDMA WRITE (with or without
 /// immediate data). Built like [`SendWr`], posted with

@@ -36,7 +36,6 @@ use std::mem::MaybeUninit;
 
 use super::attr::{UdInitAttr, sq_psn_only};
 use super::queue::{self, RecvQueue, SendQueue, WorkQueue};
-use super::ring::{Ring, SlotMeta};
 use super::state::{CanPostRecv, CanPostSend, Init, QpState, Reset, Rtr, Rts, Ud};
 use super::{PostError, Qp, QpCaps, QpCore, TransitionError, check_bits};
 use crate::ah::{AddressHandle, GRH_LEN, grh_source_gid};
@@ -44,10 +43,11 @@ use crate::cq::{Completion, CompletionSource, Cq, WcOpcode};
 use crate::device::Gid;
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::ledger::ring::{Ring, SlotMeta};
+use crate::ledger::sges::{Buffer, Sges};
+use crate::ledger::wr::{RecvWr, SendWr};
 use crate::mr::Mr;
 use crate::pd::Pd;
-use crate::qp::sges::{Buffer, Sges};
-use crate::qp::wr::{RecvWr, SendWr};
 
 /// What a UD QP keeps besides RC's state.
 pub(crate) struct UdState {

@@ -139,8 +139,8 @@ use std::time::{Duration, Instant};
 use crate::cq::{Cq, POLL_BATCH, WcOpcode, WcStatus, make_room, poll_exactly, poll_in_batches};
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::ledger::ring::{Caught, Ring, SlotMeta};
 use crate::qp::queue::POST_CHUNK;
-use crate::qp::ring::{Caught, Ring, SlotMeta};
 use crate::qp::state::{QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
@@ -436,7 +436,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         if core.scoped.is_none() {
             core.scoped = Some(Box::new(ScopedTables::new(core)));
         }
-        let watch = |ok: bool, ring: &crate::qp::ring::Ring, head: u64| {
+        let watch = |ok: bool, ring: &crate::ledger::ring::Ring, head: u64| {
             ok.then(|| Watch {
                 tag: ring.tag(),
                 qp_num: ring.qp_num(),
@@ -748,7 +748,7 @@ fn unsignaled_tail(core: &QpCore) -> bool {
 /// Scoped requests of a watched queue still outstanding: none if nothing
 /// was posted in the scope, else everything up to its head (earlier
 /// requests complete before the scope's, in order).
-fn pending(w: Option<&Watch>, ring: &crate::qp::ring::Ring, head: u64) -> u64 {
+fn pending(w: Option<&Watch>, ring: &crate::ledger::ring::Ring, head: u64) -> u64 {
     match w {
         Some(w) if head > w.start => head - ring.tail().max(w.start).min(head),
         _ => 0,

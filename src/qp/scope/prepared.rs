@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use super::{SIGNALED, ScopedSend};
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::qp::ring::SlotMeta;
+use crate::ledger::ring::SlotMeta;
 use crate::qp::send_ex::Request;
 
 /// A list of scoped send requests checked and laid out once (as a C chain

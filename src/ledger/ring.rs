@@ -27,7 +27,7 @@ use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use crate::qp::sges::Sges;
+use crate::ledger::sges::Sges;
 
 mod srq;
 pub(crate) use srq::SrqProducer;

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::{EMPTY, POSTED, Retired, Ring, SlotData, SlotMeta};
-use crate::qp::sges::Sges;
+use crate::ledger::sges::Sges;
 
 /// The `qp_num` of an SRQ ring: no completion carries it (QPNs are 24 bits).
 pub(crate) const SRQ_QPN: u32 = u32::MAX;

@@ -1,10 +1,12 @@
 //! Work requests for the safe path.
 
+use std::fmt;
+
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::ledger::sges::{Buffer, Sges};
 use crate::mr::{Mr, RemoteMr};
 use crate::pd::Pd;
-use crate::qp::sges::{Buffer, Sges};
 
 /// What a send-queue work request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,7 +315,7 @@ impl<'a> SendWr<'a> {
     #[inline(never)]
     fn validate_fully(&self, max_sge: u32, max_inline: u32, pd: &Pd) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
-        let max = (max_sge as usize).min(crate::qp::sges::MAX_SAFE_SGES);
+        let max = (max_sge as usize).min(crate::ledger::sges::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
         }
@@ -499,7 +501,7 @@ impl RecvWr {
     #[inline]
     pub(crate) fn validate(&self, max_sge: u32, pd: &Pd) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
-        let max = (max_sge as usize).min(crate::qp::sges::MAX_SAFE_SGES);
+        let max = (max_sge as usize).min(crate::ledger::sges::MAX_SAFE_SGES);
         if n > max {
             return Err(Error::TooManySges { requested: n, max });
         }
@@ -519,5 +521,46 @@ fn invalid(what: &'static str, reason: &str) -> Error {
     Error::InvalidArgument {
         what,
         reason: reason.to_owned(),
+    }
+}
+
+/// A refused post: the error and the buffers of every request that did not
+/// reach the NIC, as `(wr_id, buffers)` in order.
+pub struct PostError {
+    /// Why.
+    pub error: Error,
+    /// Requests not posted, with their buffers.
+    pub unposted: Vec<(u64, Sges)>,
+}
+
+impl fmt::Debug for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostError")
+            .field("error", &self.error)
+            .field("unposted", &self.unposted.len())
+            .finish()
+    }
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({} work requests not posted)",
+            self.error,
+            self.unposted.len()
+        )
+    }
+}
+
+impl std::error::Error for PostError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<PostError> for Error {
+    fn from(e: PostError) -> Error {
+        e.error
     }
 }

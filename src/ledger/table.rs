@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
-use crate::qp::ring::Ring;
+use crate::ledger::ring::Ring;
 
 /// Most rings one table can hold (indices fit the token's 23 bits).
 const MAX_RINGS: usize = 1 << 23;

@@ -1,0 +1,13 @@
+//! The ledger of posted work: what the queues and the CQs share.
+//!
+//! A posted request's buffers sit in a slot of its queue's [`ring`] until its
+//! completion is polled; the `wr_id` the NIC carries is a token naming the ring
+//! (by its index in the CQ's [`table`]) and the slot. [`sges`] and [`wr`] are the
+//! scatter/gather lists and the safe work requests that fill the slots. No queue
+//! object owns this layer: the QP's queues produce into it, the CQ's poll consumes
+//! from it, and neither imports the other.
+
+pub(crate) mod ring;
+pub(crate) mod sges;
+pub(crate) mod table;
+pub mod wr;

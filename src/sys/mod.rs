@@ -1,0 +1,8 @@
+//! The system layer under the safe API: the raw bindings live in
+//! [`crate::ffi`]; this module holds what the wrappers share to call them.
+
+mod c_enum;
+pub(crate) mod cstr;
+pub(crate) mod fd;
+
+pub(crate) use c_enum::c_enum;
