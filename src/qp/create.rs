@@ -1,0 +1,254 @@
+//! Creating QPs: the RC constructors and the one path every transport builds through.
+
+use super::*;
+
+impl Qp<Rc, Reset> {
+    /// Creates an RC QP in `pd` whose sends complete on `send_cq` and receives
+    /// on `recv_cq` (they may be the same CQ).
+    ///
+    /// Make each CQ deep enough for the signaled work requests of every QP on it.
+    ///
+    /// The QP posts its sends with the extended work request API where the
+    /// provider supports it, with `ibv_post_send` otherwise; see
+    /// [`send_api`](Qp::send_api) and [`send_ex`].
+    pub fn new(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Rc, Reset>> {
+        Qp::create_with(pd, send_cq, recv_cq, caps, None, None, |_| {})
+    }
+
+    /// [`new`](Qp::new) with the send API chosen by the caller: `Legacy`
+    /// always works; `Extended` fails with [`Error::Verb`] for
+    /// `ibv_create_qp_ex` (`EOPNOTSUPP`, or the provider's errno) where the
+    /// provider cannot create an extended RC QP, instead of falling back.
+    pub fn new_with_send_api(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        api: SendApi,
+    ) -> Result<Qp<Rc, Reset>> {
+        Qp::create_with(pd, send_cq, recv_cq, caps, None, Some(api), |_| {})
+    }
+
+    /// Creates an RC QP whose receives come from the shared receive queue
+    /// `srq` (see [`crate::srq`]): its own receive queue is not used
+    /// (`caps.max_recv_wr` and `max_recv_sge` are ignored, and
+    /// [`post_recv`](Qp::post_recv) is refused with [`Error::QpUsesSrq`]),
+    /// and it reserves no receive entries on `recv_cq`, which must be the CQ
+    /// the SRQ was created with ([`Error::SrqCqMismatch`] otherwise), and
+    /// `pd` must be the SRQ's ([`Error::InvalidArgument`] otherwise:
+    /// providers differ in which of the two PDs a receive's buffer is checked
+    /// against). The QP keeps the SRQ alive.
+    pub fn new_with_srq(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        caps: QpCaps,
+    ) -> Result<Qp<Rc, Reset>> {
+        let srq = srq.inner();
+        if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
+            return Err(Error::SrqCqMismatch);
+        }
+        srq.check_qp_pd(pd)?;
+        let caps = QpCaps {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..caps
+        };
+        let raw_srq = srq.raw.as_ptr();
+        Qp::create_with(
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            Some(srq.clone()),
+            None,
+            |init| {
+                init.srq = raw_srq;
+            },
+        )
+    }
+}
+
+impl<T: QpType> Qp<T, Reset> {
+    pub(super) fn create(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<Qp<T, Reset>> {
+        Qp::create_with(
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            None,
+            Some(SendApi::Legacy),
+            |_| {},
+        )
+    }
+
+    /// [`create`](Qp::create), on `srq` if given, with `adjust` applied to the
+    /// init attributes last. `api`: the send API (RC only; `None`: extended
+    /// where the provider has it, legacy otherwise).
+    pub(super) fn create_with(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: Option<Arc<SrqInner>>,
+        api: Option<SendApi>,
+        adjust: impl FnOnce(&mut ffi::ibv_qp_init_attr),
+    ) -> Result<Qp<T, Reset>> {
+        // The kernel resolves CQ handles in the PD's context: a CQ of another
+        // context would silently name some other CQ there.
+        let ctx = pd.context().as_raw();
+        // SAFETY: both CQs are live; `context` is a plain field set at creation.
+        let same =
+            unsafe { (*send_cq.as_raw()).context == ctx && (*recv_cq.as_raw()).context == ctx };
+        if !same {
+            return Err(Error::InvalidArgument {
+                what: "completion queue",
+                reason: "the PD and both CQs must come from the same Context (device open)".into(),
+            });
+        }
+        let try_extended = T::RAW == ffi::IBV_QPT_RC && api != Some(SendApi::Legacy);
+        let mut extended = false;
+        // SAFETY: ibv_create_qp and create_rc create a QP of type T from
+        // exactly `init` (create_rc only when T is RC) and write the granted
+        // caps back.
+        let mut qp = unsafe {
+            Qp::build(
+                pd,
+                send_cq,
+                recv_cq,
+                caps,
+                random_psn(),
+                1,
+                None,
+                srq,
+                |init| {
+                    adjust(init);
+                    if try_extended {
+                        // SAFETY: valid PD, CQs and SRQ of one context (checked
+                        // above; kept alive by the Arcs the Qp stores).
+                        match send_ex::create_rc(pd.as_raw(), init) {
+                            Ok(raw) => {
+                                extended = true;
+                                return Ok(raw);
+                            }
+                            Err(e) if api == Some(SendApi::Extended) => {
+                                return Err(Error::verb("ibv_create_qp_ex", e));
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    // SAFETY: valid PD, CQs and SRQ (kept alive by the Arcs the Qp
+                    // stores); init is fully initialised; the provider writes the
+                    // granted caps back.
+                    let raw = ffi::ibv_create_qp(pd.as_raw(), init);
+                    NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_qp", last_errno()))
+                },
+            )?
+        };
+        if extended {
+            // SAFETY: created by create_rc with RC_SEND_OPS; the SendEx lives
+            // in the QP's core, which destroys the QP only when dropped.
+            qp.core.send_ex = unsafe { send_ex::SendEx::load(qp.core.raw) };
+            if qp.core.send_ex.is_none() && api == Some(SendApi::Extended) {
+                return Err(Error::verb("ibv_qp_to_qp_ex", errno(libc::EOPNOTSUPP)));
+            }
+        }
+        Ok(qp)
+    }
+}
+
+impl<T: QpType, S: QpState> Qp<T, S> {
+    /// Creates a QP with `create`, after reserving room on its CQs for every
+    /// completion its queues may produce, and registers its slot rings there.
+    ///
+    /// # Safety
+    /// `create` creates a QP of type `T` in `pd` from the `ibv_qp_init_attr`
+    /// it is given (whose CQs it must not change), leaving it in state `S`
+    /// with nothing posted, writes the granted caps back into it, and hands
+    /// over ownership: the returned `Qp` destroys it with `ibv_destroy_qp` and
+    /// then drops `keepalive`. `psn` and `port` are what the QP is set up with.
+    /// With `srq`, `create` must create the QP on that SRQ (`init.srq`): its
+    /// receive ring then has depth 0 and reserves nothing on `recv_cq` (the
+    /// SRQ reserved its depth there), and the QP keeps the SRQ alive.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn build(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        psn: u32,
+        port: u8,
+        keepalive: Option<Box<dyn Any + Send + Sync>>,
+        srq: Option<Arc<SrqInner>>,
+        create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
+    ) -> Result<Qp<T, S>> {
+        let sq_want = caps.max_send_wr.max(1);
+        let rq_want = if srq.is_some() {
+            0
+        } else {
+            caps.max_recv_wr.max(1)
+        };
+        let ctx = pd.context();
+        let sq_res = (send_cq.inner.rings.reserve(sq_want.into(), "send"))
+            .map_err(|e| ctx.over_limit(e, "max_send_wr", sq_want, "max_qp_wr", |a| a.max_qp_wr))?;
+        let rq_res = (recv_cq.inner.rings.reserve(rq_want.into(), "receive"))
+            .map_err(|e| ctx.over_limit(e, "max_recv_wr", rq_want, "max_qp_wr", |a| a.max_qp_wr))?;
+        let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
+        let raw = create(&mut init)?;
+        let got = caps.granted(&init);
+        // SAFETY: `raw` is live (per the contract); qp_num is a plain field.
+        let qp_num = unsafe { (*raw.as_ptr()).qp_num };
+        // Never more in flight than asked for, even if the device rounded up.
+        let sq = sq_res.publish(|tag| Ring::new(sq_want.min(got.max_send_wr), tag, qp_num));
+        let rq = rq_res.publish(|tag| Ring::new(rq_want.min(got.max_recv_wr), tag, qp_num));
+        Ok(Qp {
+            core: QpCore {
+                raw,
+                sq,
+                rq,
+                sq_head: 0,
+                rq_head: 0,
+                caps: QpCaps {
+                    max_send_wr: caps.max_send_wr.min(got.max_send_wr),
+                    max_recv_wr: caps.max_recv_wr.min(got.max_recv_wr),
+                    ..got
+                },
+                psn,
+                port,
+                send_cq: send_cq.inner.clone(),
+                recv_cq: recv_cq.inner.clone(),
+                pd: pd.clone(),
+                ud: None,
+                srq,
+                _keepalive: keepalive,
+                scoped: None,
+                send_ex: None,
+                #[cfg(feature = "tokio")]
+                async_next_id: 1,
+                raw_posted: false,
+            },
+            _marker: PhantomData,
+        })
+    }
+}
+
+pub(super) fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    let v = if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(1)
+    };
+    v & 0x00ff_ffff
+}
