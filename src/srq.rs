@@ -482,7 +482,7 @@ impl Unstage<'_> {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid SRQ; the chain and its SGEs live on the caller's stack
         // frame; every SGE points into a buffer owned by a ring slot.
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.srq.as_raw(), head, &mut bad) };
+        let rc = unsafe { crate::qp::post::post_srq_recv(self.srq.as_raw(), head, &mut bad) };
         if rc == 0 {
             return Ok(());
         }

@@ -385,7 +385,7 @@ pub(crate) unsafe fn post_chain<const REFUSE_RESERVED: bool>(
             if REFUSE_RESERVED && any_reserved(head) {
                 return RESERVED_WR_ID;
             }
-            return ffi::ibv_post_send(qp, head, bad);
+            return super::post::post_send(qp, head, bad);
         }
     };
     let q = ex.qpx.as_ptr();
@@ -446,6 +446,6 @@ unsafe fn legacy<const REFUSE_RESERVED: bool>(
         if REFUSE_RESERVED && any_reserved(head) {
             return RESERVED_WR_ID;
         }
-        ffi::ibv_post_send(qp, head, bad)
+        super::post::post_send(qp, head, bad)
     }
 }
