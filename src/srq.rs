@@ -162,7 +162,7 @@ impl Drop for SrqInner {
         self.ring.release_all();
         // Completions of its receives may still be in the CQ: the ring stays
         // registered (empty) until a poll finds the CQ empty.
-        self.cq.rings.bury(&self.ring, false);
+        self.cq.rings.retire_destroyed(&self.ring, false);
     }
 }
 

@@ -6,7 +6,7 @@ use super::completion::TOKEN_SHIFT;
 use super::{Completion, CompletionSource, Cq};
 use crate::error::{Error, Result, errno};
 use crate::ffi;
-use crate::ledger::ring::Caught;
+use crate::ledger::ring::HeldPanic;
 use crate::ledger::sges::Sges;
 use crate::ledger::table::TAG_FLAG;
 
@@ -144,8 +144,8 @@ impl Cq {
             // for others, come first.
             return self.take_deferred(out, want);
         }
-        let buried = self.inner.rings.buried();
-        let mut caught: Caught = None;
+        let destroyed = self.inner.rings.destroyed();
+        let mut caught: HeldPanic = None;
         let mut lost = 0;
         let raw = self.as_raw();
         // SAFETY: `raw` is this CQ; the completion is built in place in
@@ -156,8 +156,8 @@ impl Cq {
                 self.complete_into(wc, dst, retired.as_deref_mut(), &mut caught, &mut lost)
             })
         }?;
-        if drained && buried > 0 {
-            self.reap(buried);
+        if drained && destroyed > 0 {
+            self.unregister_destroyed(destroyed);
         }
         if let Some(p) = caught {
             // A buffer's Drop panicked while the ring was being retired: the
@@ -185,7 +185,7 @@ impl Cq {
         wc: *const ffi::ibv_wc,
         dst: *mut Completion,
         retired: Option<&mut Vec<(u64, Sges)>>,
-        caught: &mut Caught,
+        caught: &mut HeldPanic,
         lost: &mut u64,
     ) -> bool {
         // SAFETY: per the contract; `retire` writes the buffers iff it
@@ -243,7 +243,7 @@ impl Cq {
     pub(crate) unsafe fn stash(
         &mut self,
         wc: *const ffi::ibv_wc,
-        caught: &mut Caught,
+        caught: &mut HeldPanic,
         lost: &mut u64,
     ) {
         let mut pending = std::mem::take(&mut self.pending);
@@ -283,10 +283,13 @@ impl Cq {
     /// began are gone, so their rings can be unregistered and their CQ
     /// entries given back.
     #[cold]
-    fn reap(&mut self, buried: usize) {
-        let reaped = self.inner.rings.reap(buried, &mut self.cache);
+    fn unregister_destroyed(&mut self, destroyed: usize) {
+        let unregistered = self
+            .inner
+            .rings
+            .unregister_destroyed(destroyed, &mut self.cache);
         // Dropped outside the table's lock (the buffers were released already).
-        drop(reaped);
+        drop(unregistered);
     }
 
     /// Polls raw work completions (`ibv_poll_cq`) without interpreting `wr_id`.

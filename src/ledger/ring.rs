@@ -103,7 +103,10 @@ pub(crate) struct Retired {
 }
 
 /// A panic caught while dropping buffers, re-raised once bookkeeping is done.
-pub(crate) type Caught = Option<Box<dyn Any + Send>>;
+pub(crate) type HeldPanic = Option<Box<dyn Any + Send>>;
+
+// The scope still names it by its old name until its split lands.
+pub(crate) type Caught = HeldPanic;
 
 /// A ring of slots for one queue.
 pub(crate) struct Ring {
@@ -227,7 +230,7 @@ impl Ring {
         &self,
         seq: u64,
         owned_end: u64,
-        caught: &mut Caught,
+        caught: &mut HeldPanic,
         lost: &mut u64,
     ) -> bool {
         let tail = self.tail.load(Ordering::Relaxed);
@@ -246,7 +249,7 @@ impl Ring {
         from: u64,
         to: u64,
         target: u64,
-        caught: &mut Caught,
+        caught: &mut HeldPanic,
         lost: &mut u64,
     ) -> bool {
         let mut own = false;
@@ -358,7 +361,7 @@ impl Ring {
         seq32: u32,
         mut retired: Option<&mut Vec<(u64, Sges)>>,
         bufs_out: *mut Sges,
-        caught: &mut Caught,
+        caught: &mut HeldPanic,
         lost: &mut u64,
     ) -> Option<Retired> {
         let tail = self.tail.load(Ordering::Relaxed);
@@ -428,7 +431,7 @@ unsafe fn push_retired(v: &mut Vec<(u64, Sges)>, d: *mut SlotData) {
 /// # Safety
 /// `bufs` is a live list that nothing uses afterwards.
 #[inline]
-unsafe fn drop_in_place_catching(bufs: *mut Sges, caught: &mut Caught) {
+unsafe fn drop_in_place_catching(bufs: *mut Sges, caught: &mut HeldPanic) {
     // SAFETY: per the contract.
     if unsafe { (*bufs).is_empty() } {
         return;

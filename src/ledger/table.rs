@@ -41,8 +41,8 @@ pub(crate) struct RingTable {
     state: Mutex<TableState>,
     /// Bumped after every registration: the poller's cache is stale when it differs.
     version: AtomicU64,
-    /// How many buried rings wait to be reaped.
-    buried: AtomicUsize,
+    /// How many destroyed rings wait to be unregistered.
+    destroyed: AtomicUsize,
     /// [`MAX_RINGS`] (smaller in tests).
     max_rings: usize,
 }
@@ -55,7 +55,7 @@ struct TableState {
     entries: Vec<Entry>,
     free: Vec<u32>,
     /// Indices of rings whose QP was destroyed, oldest first.
-    buried: Vec<u32>,
+    destroyed: Vec<u32>,
     /// Indices promised to reservations not published (or dropped) yet.
     promised: usize,
 }
@@ -64,7 +64,7 @@ struct TableState {
 struct Entry {
     ring: Option<Arc<Ring>>,
     generation: u8,
-    /// The ring's reservation was given back when it was buried (drained).
+    /// The ring's reservation was given back when it was destroyed (drained).
     released: bool,
 }
 
@@ -83,11 +83,11 @@ impl RingTable {
                 reserved: 0,
                 entries: Vec::new(),
                 free: Vec::new(),
-                buried: Vec::new(),
+                destroyed: Vec::new(),
                 promised: 0,
             }),
             version: AtomicU64::new(0),
-            buried: AtomicUsize::new(0),
+            destroyed: AtomicUsize::new(0),
             max_rings: MAX_RINGS,
         }
     }
@@ -132,7 +132,7 @@ impl RingTable {
     /// released); its completions may still be in the CQ. `drained`: none can
     /// be (nothing in flight, no raw posts), so its reservation is given back
     /// now.
-    pub(crate) fn bury(&self, ring: &Ring, drained: bool) {
+    pub(crate) fn retire_destroyed(&self, ring: &Ring, drained: bool) {
         let mut guard = self.lock();
         let st = &mut *guard;
         let index = index_of(ring.tag());
@@ -148,24 +148,24 @@ impl RingTable {
                 }
             }
         }
-        st.buried.push(index as u32);
-        self.buried.store(st.buried.len(), Ordering::Release);
+        st.destroyed.push(index as u32);
+        self.destroyed.store(st.destroyed.len(), Ordering::Release);
     }
 
-    /// How many rings were buried so far (read before a poll that may reap them).
+    /// How many rings were destroyed so far (read before a poll that may unregister_destroyed them).
     #[inline]
-    pub(crate) fn buried(&self) -> usize {
-        self.buried.load(Ordering::Acquire)
+    pub(crate) fn destroyed(&self) -> usize {
+        self.destroyed.load(Ordering::Acquire)
     }
 
-    /// Unregisters the first `n` buried rings: the CQ was polled empty after
-    /// they were buried, so no completion can name them any more. Clears their
+    /// Unregisters the first `n` destroyed rings: the CQ was polled empty after
+    /// they were destroyed, so no completion can name them any more. Clears their
     /// entries in `cache` and returns them (to be dropped outside any lock).
-    pub(crate) fn reap(&self, n: usize, cache: &mut RingCache) -> Vec<Arc<Ring>> {
+    pub(crate) fn unregister_destroyed(&self, n: usize, cache: &mut RingCache) -> Vec<Arc<Ring>> {
         let mut st = self.lock();
-        let n = n.min(st.buried.len());
-        let indices: Vec<u32> = st.buried.drain(..n).collect();
-        self.buried.store(st.buried.len(), Ordering::Release);
+        let n = n.min(st.destroyed.len());
+        let indices: Vec<u32> = st.destroyed.drain(..n).collect();
+        self.destroyed.store(st.destroyed.len(), Ordering::Release);
         let mut out = Vec::with_capacity(n);
         for i in indices {
             let e = &mut st.entries[i as usize];
@@ -236,7 +236,7 @@ impl Drop for Reservation<'_> {
 /// The poller's lock-free copy of a table: ring pointers by index.
 ///
 /// Lives in the [`Cq`](crate::Cq) (single consumer). The rings it points to
-/// are kept alive by the table until [`RingTable::reap`], which only the
+/// are kept alive by the table until [`RingTable::unregister_destroyed`], which only the
 /// poller calls and which clears the cache entries first.
 #[derive(Default)]
 pub(crate) struct RingCache {
@@ -289,7 +289,7 @@ mod tests {
 
     /// Rings that reserve no CQ entry (a QP on an SRQ) still take an index:
     /// past the limit the table refuses them instead of handing out a tag
-    /// that aliases another ring's, and a reaped index is used again.
+    /// that aliases another ring's, and a unregistered index is used again.
     #[test]
     fn the_table_refuses_rings_past_its_index_limit() {
         let mut table = RingTable::new(8);
@@ -314,12 +314,12 @@ mod tests {
             matches!(err, Error::InvalidArgument { what: "CQ", .. }),
             "{err}"
         );
-        table.bury(&rings[1], false);
+        table.retire_destroyed(&rings[1], false);
         assert!(
             table.reserve(0, "receive").is_err(),
-            "buried rings keep their index"
+            "destroyed rings keep their index"
         );
-        assert_eq!(table.reap(1, &mut cache).len(), 1);
+        assert_eq!(table.unregister_destroyed(1, &mut cache).len(), 1);
         let again = table
             .reserve(0, "receive")
             .unwrap()
@@ -328,8 +328,8 @@ mod tests {
         assert_ne!(again.tag(), rings[1].tag(), "a new generation");
     }
 
-    /// A ring buried drained gives its reservation back at once and not again
-    /// when reaped; one buried with work in flight keeps it until the reap.
+    /// A ring destroyed drained gives its reservation back at once and not again
+    /// when unregistered; one destroyed with work in flight keeps it until the unregister_destroyed.
     #[test]
     fn a_drained_ring_gives_its_entries_back_when_buried() {
         let table = RingTable::new(64);
@@ -342,17 +342,17 @@ mod tests {
         };
         let (a, b) = (ring(16), ring(8));
         assert_eq!(table.reserved(), 24);
-        table.bury(&a, true);
+        table.retire_destroyed(&a, true);
         assert_eq!(table.reserved(), 8);
-        table.bury(&b, false);
+        table.retire_destroyed(&b, false);
         assert_eq!(table.reserved(), 8);
-        assert_eq!(table.reap(2, &mut cache).len(), 2);
+        assert_eq!(table.unregister_destroyed(2, &mut cache).len(), 2);
         assert_eq!(table.reserved(), 0);
         // The freed indices take new rings with full reservations.
         let c = ring(32);
         assert_eq!(table.reserved(), 32);
-        table.bury(&c, false);
-        assert_eq!(table.reap(1, &mut cache).len(), 1);
+        table.retire_destroyed(&c, false);
+        assert_eq!(table.unregister_destroyed(1, &mut cache).len(), 1);
         assert_eq!(table.reserved(), 0);
     }
 }

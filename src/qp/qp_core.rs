@@ -68,8 +68,8 @@ impl Drop for QpCore {
         // completions still queued for this QP are recognised as stale.
         self.sq.release_all();
         self.rq.release_all();
-        self.send_cq.rings.bury(&self.sq, sq_drained);
-        self.recv_cq.rings.bury(&self.rq, rq_drained);
+        self.send_cq.rings.retire_destroyed(&self.sq, sq_drained);
+        self.recv_cq.rings.retire_destroyed(&self.rq, rq_drained);
     }
 }
 

@@ -14,7 +14,7 @@
 //! posting only. Free slots go from the consumer (the poller, which frees
 //! them in completion order) back to the producer (the SRQ's poster) through
 //! a single-producer single-consumer list of indices; slots the producer
-//! takes back from a refused post go to its own stash.
+//! takes back from a refused post go to its own refused_slots.
 //!
 //! The completion's QP number is the QP that consumed the receive, so it
 //! cannot be checked against one QP: the ring's `qp_num` is [`SRQ_QPN`],
@@ -46,7 +46,7 @@ pub(crate) struct SrqProducer {
     /// Indices popped from the free list.
     popped: u64,
     /// Slots taken back from refused posts, reused first.
-    stash: Vec<u32>,
+    refused_slots: Vec<u32>,
 }
 
 impl SrqProducer {
@@ -55,7 +55,7 @@ impl SrqProducer {
         SrqProducer {
             head: 0,
             popped: 0,
-            stash: Vec::new(),
+            refused_slots: Vec::new(),
         }
     }
 
@@ -104,7 +104,7 @@ impl Ring {
         if p.in_flight(self) >= self.depth() {
             return None;
         }
-        let idx = match p.stash.pop() {
+        let idx = match p.refused_slots.pop() {
             Some(i) => i,
             None => {
                 if p.popped == fl.pushed.load(Ordering::Acquire) {
@@ -125,7 +125,7 @@ impl Ring {
             signaled: true,
             drain: false,
         };
-        // SAFETY: the slot came off the free list (or the stash), so it is
+        // SAFETY: the slot came off the free list (or the refused_slots), so it is
         // EMPTY and nobody else touches its data until the Release store below
         // publishes it (the consumer pushed it only after moving its data
         // out); `bufs` per the contract.
@@ -141,7 +141,7 @@ impl Ring {
     }
 
     /// Takes back the request posted with `token` that never reached the NIC
-    /// (the post was refused or unwound); its slot goes to the stash.
+    /// (the post was refused or unwound); its slot goes to the refused_slots.
     ///
     /// # Safety
     /// Only the producer `p` calls this, for a token `fill_srq` returned
@@ -153,7 +153,7 @@ impl Ring {
             return None;
         }
         let d = self.claim(u64::from(idx))?;
-        p.stash.push(idx);
+        p.refused_slots.push(idx);
         p.head -= 1;
         Some((d.wr_id, d.bufs))
     }
