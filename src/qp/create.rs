@@ -11,6 +11,8 @@ impl Qp<Rc, Reset> {
     /// The QP posts its sends with the extended work request API where the
     /// provider supports it, with `ibv_post_send` otherwise; see
     /// [`send_api`](Qp::send_api) and [`send_ex`].
+    #[doc(alias = "ibv_create_qp")]
+    #[doc(alias = "ibv_create_qp_ex")]
     pub fn new(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Rc, Reset>> {
         Qp::create_with(pd, send_cq, recv_cq, caps, None, None, |_| {})
     }
@@ -19,6 +21,8 @@ impl Qp<Rc, Reset> {
     /// always works; `Extended` fails with [`Error::Verb`] for
     /// `ibv_create_qp_ex` (`EOPNOTSUPP`, or the provider's errno) where the
     /// provider cannot create an extended RC QP, instead of falling back.
+    #[doc(alias = "ibv_create_qp")]
+    #[doc(alias = "ibv_create_qp_ex")]
     pub fn new_with_send_api(
         pd: &Pd,
         send_cq: &Cq,
@@ -38,6 +42,8 @@ impl Qp<Rc, Reset> {
     /// `pd` must be the SRQ's ([`Error::InvalidArgument`] otherwise:
     /// providers differ in which of the two PDs a receive's buffer is checked
     /// against). The QP keeps the SRQ alive.
+    #[doc(alias = "ibv_create_qp")]
+    #[doc(alias = "ibv_create_qp_ex")]
     pub fn new_with_srq(
         pd: &Pd,
         send_cq: &Cq,

@@ -163,6 +163,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// GID at `gid_index`. With `None`, [`Context::default_gid_index`](crate::Context::default_gid_index)
     /// chooses: the RoCE v2 IPv4-mapped GID on RoCE, no GID (zero) on
     /// InfiniBand, like `ibv_rc_pingpong` without `-g`.
+    #[doc(alias = "ibv_query_gid")]
     pub fn endpoint(&self, gid_index: Option<u8>) -> Result<Endpoint> {
         let ctx = self.core.pd.context();
         let port = self.core.port;
@@ -184,6 +185,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 
     /// Every attribute of the QP (`ibv_query_qp`), including its real state.
+    #[doc(alias = "ibv_query_qp")]
     pub fn query(&self) -> Result<QpAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
         let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();

@@ -89,6 +89,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// posted to a QP already in ERR (a drained scope leaves its QPs there
     /// while they are still typed `Rts`) is not flushed until the next
     /// `to_error`; call it again before polling for that receive.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,
@@ -109,6 +110,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// On a QP attached to an SRQ that applies also to a receive it took from
     /// the SRQ mid-message, which this check cannot count (see the module
     /// docs, "Shared receive queues").
+    #[doc(alias = "ibv_modify_qp")]
     pub fn reset(self) -> Result<Qp<T, Reset>, TransitionError<Qp<T, S>>> {
         let (send, receive) = self.outstanding();
         let outstanding = [("send", send), ("receive", receive)];
@@ -128,6 +130,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
 
 impl Qp<Rc, Reset> {
     /// RESET → INIT.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn init(self, attr: InitAttr) -> Result<Qp<Rc, Init>, TransitionError<Qp<Rc, Reset>>> {
         self.init_on(attr.port, attr.to_ffi())
     }
@@ -174,6 +177,7 @@ impl Qp<Rc, Init> {
     /// On RoCE (an Ethernet port) the address vector needs a GRH with the
     /// peer's GID; one without is refused here with an error that says so
     /// (the kernel would only say EINVAL).
+    #[doc(alias = "ibv_modify_qp")]
     pub fn rtr(self, attr: RtrAttr) -> Result<Qp<Rc, Rtr>, TransitionError<Qp<Rc, Init>>> {
         let error = check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5)
             .or_else(|| self.check_rtr(&attr));
@@ -195,6 +199,7 @@ impl Qp<Rc, Init> {
     /// NIC. For deeper READ/atomic pipelines, go through
     /// [`rtr`](Qp::rtr) and [`rts`](Qp::rts) with those fields raised (up to
     /// the device's `max_qp_rd_atom`).
+    #[doc(alias = "ibv_modify_qp")]
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Rc, Rts>> {
         let port = self.core.port;
         let (mtu, gid_index) = self.connect_defaults(gid_index)?;
@@ -257,6 +262,7 @@ impl<T: QpType> Qp<T, Init> {
 impl Qp<Rc, Rtr> {
     /// RTR → RTS. Values wider than their wire fields (SQ PSN 24 bits, timeout
     /// 5, retry_cnt and rnr_retry 3) are refused before the kernel sees them.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn rts(self, attr: RtsAttr) -> Result<Qp<Rc, Rts>, TransitionError<Qp<Rc, Rtr>>> {
         let error = check_bits("SQ PSN", attr.sq_psn, 24)
             .or_else(|| check_bits("timeout", attr.timeout.into(), 5))

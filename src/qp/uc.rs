@@ -118,11 +118,13 @@ impl<'a> UcSendWr<'a> {
 impl Qp<Uc, Reset> {
     /// Creates a UC QP in `pd` whose sends complete on `send_cq` and receives
     /// on `recv_cq` (they may be the same CQ).
+    #[doc(alias = "ibv_create_qp")]
     pub fn new_uc(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Uc, Reset>> {
         Qp::create(pd, send_cq, recv_cq, caps)
     }
 
     /// RESET → INIT.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn init(self, attr: UcInitAttr) -> Result<Qp<Uc, Init>, TransitionError<Qp<Uc, Reset>>> {
         self.init_on(attr.port, attr.to_ffi())
     }
@@ -132,6 +134,7 @@ impl Qp<Uc, Init> {
     /// INIT → RTR. Values wider than their wire fields (dest QPN and RQ PSN,
     /// 24 bits) are refused before the kernel sees them, and so is an address
     /// without a GRH on RoCE (as for RC's [`rtr`](Qp::rtr)).
+    #[doc(alias = "ibv_modify_qp")]
     pub fn rtr(self, attr: UcRtrAttr) -> Result<Qp<Uc, Rtr>, TransitionError<Qp<Uc, Init>>> {
         if let Some(error) = self.check_rtr(&attr.rc) {
             return Err(TransitionError { qp: self, error });
@@ -143,6 +146,7 @@ impl Qp<Uc, Init> {
     /// `ibv_uc_pingpong`: path MTU = the port's active MTU, a GRH from
     /// `gid_index` (`None`: [`Context::default_gid_index`](crate::Context::default_gid_index)).
     /// A failure destroys the QP (its buffers are released) and returns the error.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Uc, Rts>> {
         let port = self.core.port;
         let (mtu, gid_index) = self.connect_defaults(gid_index)?;
@@ -154,6 +158,7 @@ impl Qp<Uc, Init> {
 
 impl Qp<Uc, Rtr> {
     /// RTR → RTS, sending from `sq_psn` (this side's [`Endpoint::psn`]; 24 bits).
+    #[doc(alias = "ibv_modify_qp")]
     pub fn rts(self, sq_psn: u32) -> Result<Qp<Uc, Rts>, TransitionError<Qp<Uc, Rtr>>> {
         if let Some(error) = check_bits("SQ PSN", sq_psn, 24) {
             return Err(TransitionError { qp: self, error });
@@ -166,6 +171,7 @@ impl<S: QpState> Qp<Uc, S> {
     /// Posts one SEND or RDMA WRITE; its buffers return with the completion
     /// (as RC's [`post_send`](Qp::post_send)).
     #[inline]
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send(&mut self, wr: UcSendWr<'_>) -> Result<(), PostError>
     where
         S: CanPostSend,
@@ -175,6 +181,7 @@ impl<S: QpState> Qp<Uc, S> {
 
     /// Posts SENDs and RDMA WRITEs as chained lists (as RC's
     /// [`post_send_list`](Qp::post_send_list)).
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send_list<'a>(
         &mut self,
         wrs: impl IntoIterator<Item = UcSendWr<'a>>,

@@ -256,6 +256,7 @@ impl Qp<Ud, Reset> {
     /// Creates a UD QP in `pd` whose sends complete on `send_cq` and receives
     /// on `recv_cq` (they may be the same CQ). `max_recv_sge` is raised to 2
     /// if lower: a [`UdRecvWr`] has a GRH and a payload buffer.
+    #[doc(alias = "ibv_create_qp")]
     pub fn new_ud(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Ud, Reset>> {
         let caps = QpCaps {
             max_recv_sge: caps.max_recv_sge.max(2),
@@ -272,6 +273,7 @@ impl Qp<Ud, Reset> {
 
     /// RESET → INIT. Also reads the port's active MTU: the largest payload
     /// a send may carry.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn init(
         mut self,
         attr: UdInitAttr,
@@ -289,6 +291,7 @@ impl Qp<Ud, Reset> {
 
 impl Qp<Ud, Init> {
     /// INIT → RTR (a UD QP has no remote: nothing else to set).
+    #[doc(alias = "ibv_modify_qp")]
     pub fn rtr(self) -> Result<Qp<Ud, Rtr>, TransitionError<Qp<Ud, Init>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_RTR,
@@ -300,6 +303,7 @@ impl Qp<Ud, Init> {
     /// INIT → RTR → RTS, sending from this QP's [`psn`](Qp::psn) (what
     /// `ibv_ud_pingpong` does). A failure destroys the QP (its buffers are
     /// released) and returns the error.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn ready(self) -> Result<Qp<Ud, Rts>> {
         let psn = self.core.psn;
         Ok(self.rtr()?.rts(psn)?)

@@ -61,6 +61,7 @@ pub(super) fn reserved_wr_id(wr_id: u64) -> Error {
 impl<T: Connected, S: QpState> Qp<T, S> {
     /// Posts one receive; its buffers return with the completion.
     #[inline]
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>
     where
         S: CanPostRecv,
@@ -74,6 +75,7 @@ impl<T: Connected, S: QpState> Qp<T, S> {
     /// further (pass `iter.by_ref()` to keep the rest). If `wrs` panics, the
     /// requests it yielded since the last verb call are taken back (their
     /// buffers drop with the unwind); earlier chunks were posted.
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_recv_list(&mut self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostError>
     where
         S: CanPostRecv,
@@ -100,6 +102,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// A `wr_id` with bit 63 set is refused ([`RAW_WR_ID_RESERVED`]): those
     /// are the safe path's tokens, and a raw completion that looked like one
     /// would retire a safe request still in flight.
+    #[doc(alias = "ibv_post_recv")]
     pub unsafe fn post_recv_raw(&mut self, wr: &mut ffi::ibv_recv_wr) -> Result<()>
     where
         S: CanPostRecv,
@@ -121,6 +124,8 @@ impl<T: QpType, S: QpState> Qp<T, S> {
 impl<S: QpState> Qp<Rc, S> {
     /// Posts one send-queue work request; its buffers return with the completion.
     #[inline]
+    #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "ibv_wr_start")]
     pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError>
     where
         S: CanPostSend,
@@ -135,6 +140,8 @@ impl<S: QpState> Qp<Rc, S> {
     /// `iter.by_ref()` to keep the rest). If `wrs` panics, the requests it
     /// yielded since the last verb call are taken back (their buffers drop
     /// with the unwind); earlier chunks of 32 were posted and complete as usual.
+    #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "ibv_wr_start")]
     pub fn post_send_list<'a>(
         &mut self,
         wrs: impl IntoIterator<Item = SendWr<'a>>,
@@ -167,6 +174,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// A `wr_id` with bit 63 set is refused ([`RAW_WR_ID_RESERVED`]), as for
     /// [`post_recv_raw`](Qp::post_recv_raw).
     #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
     pub unsafe fn post_send_raw(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()>
     where
         S: CanPostSend,
