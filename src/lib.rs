@@ -42,6 +42,7 @@ pub mod guide;
 mod ledger;
 pub mod mr;
 pub mod pd;
+pub mod prelude;
 pub mod qp;
 pub mod srq;
 mod sys;
