@@ -22,12 +22,13 @@ fn the_prelude_names_the_types_of_an_rc_program() {
         "nonsense".parse::<Gid>(),
         Err(Error::InvalidGid { .. })
     ));
-    let _: Option<(
+    type RcProgram = (
         Qp<Rc, Rts>,
         Mr,
         SendWr<'static>,
         RecvWr,
         Completion,
         Endpoint,
-    )> = None;
+    );
+    let _: Option<RcProgram> = None;
 }
