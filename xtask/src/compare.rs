@@ -554,9 +554,18 @@ fn path_pairs(plan: &Plan) -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
+/// Prints [`table`].
 fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
-    say!("");
-    say!(
+    let text = table(plan, rows, runs_dir);
+    say!("{}", text.strip_suffix('\n').unwrap_or(&text));
+}
+
+/// The printed table, its targets and where the logs are.
+fn table(plan: &Plan, rows: &[Row], runs_dir: &Path) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
         "perftest vs rdma-verbs `perf` (soft-RoCE rxe0 in a TCG guest; median of {} repetition(s))",
         plan.reps
     );
@@ -571,7 +580,7 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
     for (a, b) in &pairs {
         let _ = write!(header, " {:>11}", format!("{a}/{b}"));
     }
-    say!("{header}");
+    let _ = writeln!(out, "{header}");
     let mut misses = Vec::new();
     for test in &plan.tests {
         for &size in sizes_for(plan, test) {
@@ -607,7 +616,7 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
                     };
                     let _ = write!(line, " {cell:>11}");
                 }
-                say!("{line}");
+                let _ = writeln!(out, "{line}");
                 for r in ours.into_iter().flatten() {
                     let ok = if is_bw(test) {
                         r.ratio() >= 1.0
@@ -626,16 +635,17 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
             }
         }
     }
-    say!("");
-    say!(
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
         "targets: bandwidth/message rate ours/perftest >= 1.00, latency <= 1.00, safe (and scoped) vs raw within 3% at 2 B"
     );
     if misses.is_empty() {
-        say!("  every ours/perftest target met");
+        let _ = writeln!(out, "  every ours/perftest target met");
     } else {
-        say!("  missed ({}):", misses.len());
+        let _ = writeln!(out, "  missed ({}):", misses.len());
         for m in &misses {
-            say!("    {m}");
+            let _ = writeln!(out, "    {m}");
         }
     }
     for test in plan.tests.iter().filter(|t| is_bw(t)) {
@@ -646,7 +656,8 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
                 find(rows, test, "raw", small, "Mpps"),
             ) {
                 let d = (s.ours / r.ours - 1.0) * 100.0;
-                say!(
+                let _ = writeln!(
+                    out,
                     "  {test} {small} B {path} vs raw message rate: {d:+.1}% ({})",
                     if d.abs() <= 3.0 {
                         "within 3%"
@@ -664,12 +675,14 @@ fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
         .map(String::as_str)
         .collect();
     if plan.paths.contains(&"scoped") && !lat.is_empty() {
-        say!(
+        let _ = writeln!(
+            out,
             "  no scoped runs for {} (perf --scoped runs the bandwidth tests only)",
             lat.join(", ")
         );
     }
-    say!("logs: {}", runs_dir.display());
+    let _ = writeln!(out, "logs: {}", runs_dir.display());
+    out
 }
 
 fn to_json(rows: &[Row]) -> String {
@@ -1189,6 +1202,54 @@ mod tests {
         let svg = svg(&plan, &rows);
         assert!(svg.contains("scoped path"));
         assert_eq!(svg.matches("<polyline").count(), 3 + 2);
+    }
+
+    /// A plan of two tests at two sizes with all three paths, and rows with a missing
+    /// scoped result, a missed target and a NaN.
+    fn fixed_plan_and_rows() -> (Plan, Vec<Row>) {
+        let args = |s: &str| s.split_whitespace().map(OsString::from).collect();
+        let plan = parse_args(args(
+            "--reps 2 --tests write_bw,send_lat --sizes 2,65536 --paths safe,raw,scoped",
+        ))
+        .unwrap()
+        .unwrap();
+        let mut results = Results::new();
+        for (test, size, imp, a, b) in [
+            ("write_bw", 2, "perftest", [1.0, 0.5], [1.2, 0.6]),
+            ("write_bw", 2, "safe", [0.9, 0.45], [1.0, 0.5]),
+            ("write_bw", 2, "raw", [1.0, 0.5], [1.0, 0.5]),
+            ("write_bw", 2, "scoped", [1.1, 0.55], [1.3, 0.65]),
+            (
+                "write_bw",
+                65536,
+                "perftest",
+                [900.0, 0.014],
+                [910.0, 0.0145],
+            ),
+            ("write_bw", 65536, "safe", [905.0, 0.0141], [915.5, 0.0146]),
+            ("write_bw", 65536, "raw", [f64::NAN, 0.0], [f64::NAN, 0.0]),
+            ("send_lat", 2, "perftest", [10.0, 20.0], [12.0, 22.0]),
+            ("send_lat", 2, "safe", [11.0, 22.0], [11.5, 23.0]),
+            ("send_lat", 2, "raw", [10.0, 20.0], [9.5, 19.0]),
+            ("send_lat", 65536, "perftest", [30.0, 40.0], [31.0, 41.0]),
+            ("send_lat", 65536, "safe", [29.0, 39.5], [30.0, 40.0]),
+        ] {
+            results.insert((test.to_owned(), size, imp.to_owned()), vec![a, b]);
+        }
+        let rows = rows(&plan, &results);
+        (plan, rows)
+    }
+
+    #[test]
+    fn renderers_are_pinned() {
+        let (plan, rows) = fixed_plan_and_rows();
+        let pinned = crate::pinned::assert_pinned;
+        pinned(
+            "compare.table.txt",
+            &table(&plan, &rows, Path::new("/runs")),
+        );
+        pinned("compare.json", &to_json(&rows));
+        pinned("compare.svg", &svg(&plan, &rows));
     }
 
     #[test]

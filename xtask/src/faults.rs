@@ -11,6 +11,7 @@
 //!   deadline), within the case's bound after the fault, printing the expected error text.
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -939,17 +940,23 @@ fn to_json(rows: &[Row]) -> String {
     format!("[\n{}\n]\n", items.join(",\n"))
 }
 
-/// Prints the table.
+/// Prints the table ([`table`]).
 pub fn print_table(rows: &[Row]) {
-    say!(
+    let text = table(rows);
+    say!("{}", text.strip_suffix('\n').unwrap_or(&text));
+}
+
+/// The table: a line per row, with a failed row's messages under it.
+fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{:<4} {:<30} {:<50} {:>6}  observed",
-        "",
-        "scenario",
-        "program",
-        "tte_s"
+        "", "scenario", "program", "tte_s"
     );
     for r in rows {
-        say!(
+        let _ = writeln!(
+            out,
             "{:<4} {:<30} {:<50} {:>6}  {}",
             if r.pass { "ok" } else { "FAIL" },
             r.scenario,
@@ -958,9 +965,10 @@ pub fn print_table(rows: &[Row]) {
             r.observed
         );
         if !r.pass && !r.messages.is_empty() {
-            say!("     messages: {}", r.messages);
+            let _ = writeln!(out, "     messages: {}", r.messages);
         }
     }
+    out
 }
 
 /// Runs a set, adds the throughput comparison, prints the table and writes
@@ -1122,6 +1130,38 @@ mod tests {
             rnr_bound(6, 31),
             Duration::from_micros(6 * 491_520) + RNR_SLACK
         );
+    }
+
+    fn row(scenario: &str, program: &str, pass: bool, client_s: f64) -> Row {
+        Row {
+            scenario: scenario.into(),
+            program: program.into(),
+            expected: "both exit 0".into(),
+            observed: "server exit 0 after 1.0 s".into(),
+            time_to_error_s: None,
+            messages: String::new(),
+            verified_zero: pass,
+            leaked: Some(0),
+            pass,
+            client_s,
+        }
+    }
+
+    #[test]
+    fn renderers_are_pinned() {
+        let mut rows = vec![
+            row("clean", "send_recv (verified)", true, 2.0),
+            row("netem loss 1%", "send_recv (verified)", true, 4.0),
+            Row {
+                time_to_error_s: Some(1.23456),
+                messages: "Error: \"peer\" gone\tnow".into(),
+                leaked: None,
+                ..row("kill server", "rping", false, 0.5)
+            },
+        ];
+        add_throughput(&mut rows);
+        crate::pinned::assert_pinned("faults.table.txt", &table(&rows));
+        crate::pinned::assert_pinned("faults.json", &to_json(&rows));
     }
 
     #[test]

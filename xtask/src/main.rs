@@ -25,6 +25,8 @@ mod gpu;
 mod insn;
 mod layers;
 mod matrix;
+#[cfg(test)]
+mod pinned;
 mod test;
 mod wire;
 
