@@ -32,7 +32,7 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -95,6 +95,37 @@ pub(super) struct Plan {
     timeout: Duration,
 }
 
+/// `--sizes LIST`: positive numbers, comma separated.
+fn parse_sizes(list: &str) -> Result<Vec<u64>> {
+    list.split(',')
+        .map(|s| s.trim().parse::<u64>().ok().filter(|&n| n > 0))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::usage("--sizes needs positive numbers, comma separated"))
+}
+
+/// `--tests LIST`: names of [`KNOWN_TESTS`].
+fn parse_tests(list: &str) -> Result<Vec<String>> {
+    let tests: Vec<String> = list.split(',').map(|s| s.trim().to_owned()).collect();
+    match tests.iter().find(|t| !KNOWN_TESTS.contains(&t.as_str())) {
+        Some(bad) => Err(Error::usage(format!("unknown test {bad:?}\n\n{USAGE}"))),
+        None => Ok(tests),
+    }
+}
+
+/// `--paths LIST`: names of [`KNOWN_PATHS`], returned in that order without duplicates.
+fn parse_paths(list: &str) -> Result<Vec<&'static str>> {
+    let asked: Vec<&str> = list.split(',').map(str::trim).collect();
+    if let Some(bad) = asked.iter().find(|p| !KNOWN_PATHS.contains(p)) {
+        return Err(Error::usage(format!("unknown path {bad:?}\n\n{USAGE}")));
+    }
+    Ok(KNOWN_PATHS
+        .iter()
+        .copied()
+        .filter(|p| asked.contains(p))
+        .collect())
+}
+
+/// The plan of `cargo xtask compare ARGS`; `None` after `--help`.
 fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
     let mut plan = Plan {
         reps: 5,
@@ -130,37 +161,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
                     .filter(|&n| n > 0)
                     .ok_or_else(|| Error::usage("--reps needs a positive number"))?
             }
-            "--sizes" => {
-                plan.sizes = value()?
-                    .split(',')
-                    .map(|s| s.trim().parse::<u64>().ok().filter(|&n| n > 0))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| {
-                        Error::usage("--sizes needs positive numbers, comma separated")
-                    })?
-            }
-            "--tests" => {
-                plan.tests = value()?.split(',').map(|s| s.trim().to_owned()).collect();
-                if let Some(bad) = plan
-                    .tests
-                    .iter()
-                    .find(|t| !KNOWN_TESTS.contains(&t.as_str()))
-                {
-                    return Err(Error::usage(format!("unknown test {bad:?}\n\n{USAGE}")));
-                }
-            }
-            "--paths" => {
-                let v = value()?;
-                let asked: Vec<&str> = v.split(',').map(str::trim).collect();
-                if let Some(bad) = asked.iter().find(|p| !KNOWN_PATHS.contains(p)) {
-                    return Err(Error::usage(format!("unknown path {bad:?}\n\n{USAGE}")));
-                }
-                plan.paths = KNOWN_PATHS
-                    .iter()
-                    .copied()
-                    .filter(|p| asked.contains(p))
-                    .collect();
-            }
+            "--sizes" => plan.sizes = parse_sizes(&value()?)?,
+            "--tests" => plan.tests = parse_tests(&value()?)?,
+            "--paths" => plan.paths = parse_paths(&value()?)?,
             "--timeout" => {
                 plan.timeout = crate::parse_secs(&value()?)
                     .map_err(|e| Error::usage(format!("--timeout: {e}")))?
@@ -245,59 +248,14 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     let Some(plan) = parse_args(args)? else {
         return Ok(0);
     };
-    let root = crate::workspace_root();
-    let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    build
-        .args(["build", "--release", "--example", "perf"])
-        .current_dir(root);
-    eprintln!("xtask compare: {}", cmd::display(&build));
-    run_checked(&mut build)?;
-    let perf = crate::target_dir().join("release/examples/perf");
-
+    let perf = build_perf()?;
     let work = PathBuf::from(format!("/tmp/rdma-verbs-compare.{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).context(|| format!("cannot create {}", work.display()))?;
-    let script = script(&plan);
-    let runs = runs_per_rep(&plan) * plan.reps as usize;
-    let scoped_bw_only = if plan.paths.contains(&"scoped") && plan.tests.iter().any(|t| !is_bw(t)) {
-        " (scoped: bandwidth tests only)"
-    } else {
-        ""
-    };
-    eprintln!(
-        "xtask compare: {runs} runs ({} (test, size) pairs x perftest and {}{scoped_bw_only} x {} repetitions) in one guest",
-        combinations(&plan),
-        plan.paths.join(", "),
-        plan.reps
-    );
-    let mut inv = Invocation::new(
-        "sh".into(),
-        vec![
-            "-c".into(),
-            script.into(),
-            "compare".into(),
-            work.clone().into(),
-            perf.into(),
-        ],
-    )?;
-    inv.cwd = root.to_path_buf();
-    let code = run::execute(inv, plan.timeout)?;
-    if code != 0 {
-        eprintln!(
-            "xtask compare: the guest script ended with status {code}; reporting what finished"
-        );
-    }
+    let code = run_in_guest(&plan, &perf, &work)?;
 
     let out_dir = crate::target_dir().join("compare");
-    let runs_dir = out_dir.join("runs");
-    let _ = fs::remove_dir_all(&runs_dir);
-    fs::create_dir_all(&runs_dir).context(|| format!("cannot create {}", runs_dir.display()))?;
-    for entry in fs::read_dir(&work).context(|| format!("cannot read {}", work.display()))? {
-        let entry = entry.context(|| format!("cannot read {}", work.display()))?;
-        let _ = fs::copy(entry.path(), runs_dir.join(entry.file_name()));
-    }
-    let _ = fs::remove_dir_all(&work);
-
+    let runs_dir = keep_logs(&work, &out_dir)?;
     let (results, failed) = collect(&plan, &runs_dir);
     let rows = rows(&plan, &results);
     print_table(&plan, &rows, &runs_dir);
@@ -325,4 +283,64 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
         return Ok(1);
     }
     Ok(if code == 0 { 0 } else { 1 })
+}
+
+/// Builds the `perf` example (release); its path.
+fn build_perf() -> Result<PathBuf> {
+    let root = crate::workspace_root();
+    let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    build
+        .args(["build", "--release", "--example", "perf"])
+        .current_dir(root);
+    eprintln!("xtask compare: {}", cmd::display(&build));
+    run_checked(&mut build)?;
+    Ok(crate::target_dir().join("release/examples/perf"))
+}
+
+/// Runs the plan's script in one guest, logs into `work`; the script's exit status.
+fn run_in_guest(plan: &Plan, perf: &Path, work: &Path) -> Result<u8> {
+    let script = script(plan);
+    let runs = runs_per_rep(plan) * plan.reps as usize;
+    let scoped_bw_only = if plan.paths.contains(&"scoped") && plan.tests.iter().any(|t| !is_bw(t)) {
+        " (scoped: bandwidth tests only)"
+    } else {
+        ""
+    };
+    eprintln!(
+        "xtask compare: {runs} runs ({} (test, size) pairs x perftest and {}{scoped_bw_only} x {} repetitions) in one guest",
+        combinations(plan),
+        plan.paths.join(", "),
+        plan.reps
+    );
+    let mut inv = Invocation::new(
+        "sh".into(),
+        vec![
+            "-c".into(),
+            script.into(),
+            "compare".into(),
+            work.to_path_buf().into(),
+            perf.to_path_buf().into(),
+        ],
+    )?;
+    inv.cwd = crate::workspace_root().to_path_buf();
+    let code = run::execute(inv, plan.timeout)?;
+    if code != 0 {
+        eprintln!(
+            "xtask compare: the guest script ended with status {code}; reporting what finished"
+        );
+    }
+    Ok(code)
+}
+
+/// Moves the logs from `work` to `<out_dir>/runs` (emptied first); that folder.
+fn keep_logs(work: &Path, out_dir: &Path) -> Result<PathBuf> {
+    let runs_dir = out_dir.join("runs");
+    let _ = fs::remove_dir_all(&runs_dir);
+    fs::create_dir_all(&runs_dir).context(|| format!("cannot create {}", runs_dir.display()))?;
+    for entry in fs::read_dir(work).context(|| format!("cannot read {}", work.display()))? {
+        let entry = entry.context(|| format!("cannot read {}", work.display()))?;
+        let _ = fs::copy(entry.path(), runs_dir.join(entry.file_name()));
+    }
+    let _ = fs::remove_dir_all(work);
+    Ok(runs_dir)
 }

@@ -48,11 +48,7 @@ pub(super) fn spread(v: &[f64]) -> f64 {
 pub(super) fn rows(plan: &Plan, results: &Results) -> Vec<Row> {
     let mut rows = Vec::new();
     for test in &plan.tests {
-        let units: [&'static str; 2] = if is_bw(test) {
-            ["MB/sec", "Mpps"]
-        } else {
-            ["t_typical usec", "p99 usec"]
-        };
+        let units = units(test);
         for &size in sizes_for(plan, test) {
             let Some(pt) = results.get(&(test.clone(), size, "perftest".to_string())) else {
                 continue;
@@ -107,6 +103,15 @@ pub(super) fn print_table(plan: &Plan, rows: &[Row], runs_dir: &Path) {
     say!("{}", text.strip_suffix('\n').unwrap_or(&text));
 }
 
+/// The units of `test`'s two numbers.
+fn units(test: &str) -> [&'static str; 2] {
+    if is_bw(test) {
+        ["MB/sec", "Mpps"]
+    } else {
+        ["t_typical usec", "p99 usec"]
+    }
+}
+
 /// The printed table, its targets and where the logs are.
 pub(super) fn table(plan: &Plan, rows: &[Row], runs_dir: &Path) -> String {
     let mut out = String::new();
@@ -117,6 +122,35 @@ pub(super) fn table(plan: &Plan, rows: &[Row], runs_dir: &Path) -> String {
         plan.reps
     );
     let pairs = path_pairs(plan);
+    let _ = writeln!(out, "{}", table_header(plan, &pairs));
+    let mut misses = Vec::new();
+    for test in &plan.tests {
+        for &size in sizes_for(plan, test) {
+            for unit in units(test) {
+                let ours: Vec<Option<&Row>> = plan
+                    .paths
+                    .iter()
+                    .map(|p| find(rows, test, p, size, unit))
+                    .collect();
+                let cells = Cells {
+                    rows,
+                    test,
+                    size,
+                    unit,
+                };
+                let _ = writeln!(out, "{}", cells.line(&ours, &pairs));
+                misses.extend(ours.into_iter().flatten().filter_map(missed_target));
+            }
+        }
+    }
+    let _ = writeln!(out);
+    targets_summary(&mut out, plan, rows, &misses);
+    let _ = writeln!(out, "logs: {}", runs_dir.display());
+    out
+}
+
+/// The table's header line: perftest's columns, a value and ratio per path, the path pairs.
+fn table_header(plan: &Plan, pairs: &[(&str, &str)]) -> String {
     let mut header = format!(
         "{:<9} {:>8} {:<15} {:>12} {:>8}",
         "test", "size", "unit", "perftest", "spread"
@@ -124,65 +158,79 @@ pub(super) fn table(plan: &Plan, rows: &[Row], runs_dir: &Path) -> String {
     for path in &plan.paths {
         let _ = write!(header, " {path:>12} {:>7}", "ratio");
     }
-    for (a, b) in &pairs {
+    for (a, b) in pairs {
         let _ = write!(header, " {:>11}", format!("{a}/{b}"));
     }
-    let _ = writeln!(out, "{header}");
-    let mut misses = Vec::new();
-    for test in &plan.tests {
-        for &size in sizes_for(plan, test) {
-            let units: &[&str] = if is_bw(test) {
-                &["MB/sec", "Mpps"]
-            } else {
-                &["t_typical usec", "p99 usec"]
-            };
-            for unit in units {
-                let ours: Vec<Option<&Row>> = plan
-                    .paths
-                    .iter()
-                    .map(|p| find(rows, test, p, size, unit))
-                    .collect();
-                let any = ours.iter().flatten().next();
-                let pt = any.map_or("-".to_owned(), |r| format!("{:.4}", r.perftest));
-                let pt_spread = any.map_or("-".to_owned(), |r| {
-                    format!("{:.0}%", r.perftest_spread * 100.0)
-                });
-                let mut line = format!("{test:<9} {size:>8} {unit:<15} {pt:>12} {pt_spread:>8}");
-                for r in &ours {
-                    let cell = r.map_or("-".to_owned(), |r| format!("{:.4}", r.ours));
-                    let ratio = r.map_or("-".to_owned(), |r| format!("{:.2}", r.ratio()));
-                    let _ = write!(line, " {cell:>12} {ratio:>7}");
-                }
-                for (a, b) in &pairs {
-                    let cell = match (
-                        find(rows, test, a, size, unit),
-                        find(rows, test, b, size, unit),
-                    ) {
-                        (Some(a), Some(b)) => format!("{:.3}", a.ours / b.ours),
-                        _ => "-".to_owned(),
-                    };
-                    let _ = write!(line, " {cell:>11}");
-                }
-                let _ = writeln!(out, "{line}");
-                for r in ours.into_iter().flatten() {
-                    let ok = if is_bw(test) {
-                        r.ratio() >= 1.0
-                    } else {
-                        r.ratio() <= 1.0
-                    };
-                    if !ok {
-                        misses.push(format!(
-                            "{test} {size} B {unit} {}: ratio {:.2} (target {} 1.00)",
-                            r.path,
-                            r.ratio(),
-                            if is_bw(test) { ">=" } else { "<=" }
-                        ));
-                    }
-                }
-            }
+    header
+}
+
+/// One (test, size, unit) line of the table.
+struct Cells<'a> {
+    rows: &'a [Row],
+    test: &'a str,
+    size: u64,
+    unit: &'a str,
+}
+
+impl Cells<'_> {
+    /// The line: perftest's median and spread, each path's value and ratio (`ours`, in
+    /// `--paths` order), each pair's ratio.
+    fn line(&self, ours: &[Option<&Row>], pairs: &[(&str, &str)]) -> String {
+        let Cells {
+            rows,
+            test,
+            size,
+            unit,
+        } = *self;
+        let any = ours.iter().flatten().next();
+        let pt = any.map_or("-".to_owned(), |r| format!("{:.4}", r.perftest));
+        let pt_spread = any.map_or("-".to_owned(), |r| {
+            format!("{:.0}%", r.perftest_spread * 100.0)
+        });
+        let mut line = format!("{test:<9} {size:>8} {unit:<15} {pt:>12} {pt_spread:>8}");
+        for r in ours {
+            let cell = r.map_or("-".to_owned(), |r| format!("{:.4}", r.ours));
+            let ratio = r.map_or("-".to_owned(), |r| format!("{:.2}", r.ratio()));
+            let _ = write!(line, " {cell:>12} {ratio:>7}");
         }
+        for (a, b) in pairs {
+            let cell = match (
+                find(rows, test, a, size, unit),
+                find(rows, test, b, size, unit),
+            ) {
+                (Some(a), Some(b)) => format!("{:.3}", a.ours / b.ours),
+                _ => "-".to_owned(),
+            };
+            let _ = write!(line, " {cell:>11}");
+        }
+        line
     }
-    let _ = writeln!(out);
+}
+
+/// The line of a row that misses its target (ours/perftest at least 1 for bandwidth, at
+/// most 1 for latency).
+fn missed_target(r: &Row) -> Option<String> {
+    let ok = if is_bw(&r.test) {
+        r.ratio() >= 1.0
+    } else {
+        r.ratio() <= 1.0
+    };
+    (!ok).then(|| {
+        format!(
+            "{} {} B {} {}: ratio {:.2} (target {} 1.00)",
+            r.test,
+            r.size,
+            r.unit,
+            r.path,
+            r.ratio(),
+            if is_bw(&r.test) { ">=" } else { "<=" }
+        )
+    })
+}
+
+/// The targets, the rows that missed them, the message rates against raw at the smallest
+/// size, and the tests that had no scoped run.
+fn targets_summary(out: &mut String, plan: &Plan, rows: &[Row], misses: &[String]) {
     let _ = writeln!(
         out,
         "targets: bandwidth/message rate ours/perftest >= 1.00, latency <= 1.00, safe (and scoped) vs raw within 3% at 2 B"
@@ -191,7 +239,7 @@ pub(super) fn table(plan: &Plan, rows: &[Row], runs_dir: &Path) -> String {
         let _ = writeln!(out, "  every ours/perftest target met");
     } else {
         let _ = writeln!(out, "  missed ({}):", misses.len());
-        for m in &misses {
+        for m in misses {
             let _ = writeln!(out, "    {m}");
         }
     }
@@ -228,8 +276,6 @@ pub(super) fn table(plan: &Plan, rows: &[Row], runs_dir: &Path) -> String {
             lat.join(", ")
         );
     }
-    let _ = writeln!(out, "logs: {}", runs_dir.display());
-    out
 }
 
 pub(super) fn to_json(rows: &[Row]) -> String {
@@ -276,14 +322,10 @@ pub(super) fn path_colors(plan: &Plan) -> Vec<(&'static str, &'static str)> {
 /// (bandwidth tests: MiB/s ratio, higher is better; latency: typical-latency ratio, lower
 /// is better), a dashed line at parity.
 pub(super) fn svg(plan: &Plan, rows: &[Row]) -> String {
-    const PW: f64 = 420.0;
-    const PH: f64 = 260.0;
-    const M: f64 = 50.0;
-    let cols = 2usize;
     let panels = plan.tests.len().max(1);
-    let nrows = panels.div_ceil(cols);
+    let nrows = panels.div_ceil(COLUMNS);
     let (w, h) = (
-        cols as f64 * (PW + M) + M,
+        COLUMNS as f64 * (PW + M) + M,
         nrows as f64 * (PH + 2.0 * M) + 40.0,
     );
     let mut s = format!(
@@ -300,14 +342,10 @@ pub(super) fn svg(plan: &Plan, rows: &[Row]) -> String {
     let span = (hi_size.log2() - lo_size.log2()).max(1.0);
     for (i, test) in plan.tests.iter().enumerate() {
         let (x0, y0) = (
-            M + (i % cols) as f64 * (PW + M),
-            40.0 + M + (i / cols) as f64 * (PH + 2.0 * M),
+            M + (i % COLUMNS) as f64 * (PW + M),
+            40.0 + M + (i / COLUMNS) as f64 * (PH + 2.0 * M),
         );
-        let unit = if is_bw(test) {
-            "MB/sec"
-        } else {
-            "t_typical usec"
-        };
+        let unit = units(test)[0];
         let pts: Vec<&Row> = rows
             .iter()
             .filter(|r| &r.test == test && r.unit == unit)
@@ -319,8 +357,64 @@ pub(super) fn svg(plan: &Plan, rows: &[Row]) -> String {
             .collect();
         let ymin = ratios.iter().copied().fold(0.8f64, f64::min).min(0.8) - 0.05;
         let ymax = ratios.iter().copied().fold(1.2f64, f64::max).max(1.2) + 0.05;
-        let x = |size: f64| x0 + (size.log2() - lo_size.log2()) / span * PW;
-        let y = |v: f64| y0 + PH - (v - ymin) / (ymax - ymin) * PH;
+        let panel = Panel {
+            x0,
+            y0,
+            ymin,
+            ymax,
+            lo_log: lo_size.log2(),
+            span,
+        };
+        panel.frame(&mut s, test, unit);
+        panel.x_ticks(&mut s, sizes_for(plan, test));
+        for (path, color) in path_colors(plan) {
+            panel.line(&mut s, &pts, path, color);
+        }
+    }
+    legend(&mut s, plan, h);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Width of one panel of the plot.
+const PW: f64 = 420.0;
+/// Height of one panel of the plot.
+const PH: f64 = 260.0;
+/// Margin around the panels.
+const M: f64 = 50.0;
+/// Panels side by side.
+const COLUMNS: usize = 2;
+
+/// One test's panel of the plot: its place and its axes' ranges.
+struct Panel {
+    /// Left edge.
+    x0: f64,
+    /// Top edge.
+    y0: f64,
+    /// The ratio at the bottom edge.
+    ymin: f64,
+    /// The ratio at the top edge.
+    ymax: f64,
+    /// log2 of the smallest size, at the left edge.
+    lo_log: f64,
+    /// log2 of the sizes' range, the panel's width.
+    span: f64,
+}
+
+impl Panel {
+    /// The x coordinate of `size`.
+    fn x(&self, size: f64) -> f64 {
+        self.x0 + (size.log2() - self.lo_log) / self.span * PW
+    }
+
+    /// The y coordinate of ratio `v`.
+    fn y(&self, v: f64) -> f64 {
+        self.y0 + PH - (v - self.ymin) / (self.ymax - self.ymin) * PH
+    }
+
+    /// The title, the frame, the dashed parity line and the ratio ticks.
+    fn frame(&self, s: &mut String, test: &str, unit: &str) {
+        let (x0, y0, ymin, ymax) = (self.x0, self.y0, self.ymin, self.ymax);
         let better = if is_bw(test) {
             "higher is better"
         } else {
@@ -332,23 +426,25 @@ pub(super) fn svg(plan: &Plan, rows: &[Row]) -> String {
              <rect x=\"{x0}\" y=\"{y0}\" width=\"{PW}\" height=\"{PH}\" fill=\"none\" stroke=\"#888\"/>\n\
              <line x1=\"{x0}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#444\" stroke-dasharray=\"4 3\"/>",
             y0 - 8.0,
-            y(1.0),
+            self.y(1.0),
             x0 + PW,
-            y(1.0)
+            self.y(1.0)
         );
-        // y ticks
         let mut t = (ymin * 10.0).ceil() / 10.0;
         while t <= ymax {
             let _ = writeln!(
                 s,
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{t:.1}</text>",
                 x0 - 4.0,
-                y(t) + 4.0
+                self.y(t) + 4.0
             );
             t += if ymax - ymin > 2.0 { 0.5 } else { 0.1 };
         }
-        // x ticks
-        for &size in sizes_for(plan, test) {
+    }
+
+    /// A label under each of `sizes` (`2`, `4K`, `1M`).
+    fn x_ticks(&self, s: &mut String, sizes: &[u64]) {
+        for &size in sizes {
             let label = if size >= 1 << 20 {
                 format!("{}M", size >> 20)
             } else if size >= 1024 {
@@ -359,32 +455,39 @@ pub(super) fn svg(plan: &Plan, rows: &[Row]) -> String {
             let _ = writeln!(
                 s,
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
-                x(size as f64),
-                y0 + PH + 14.0
+                self.x(size as f64),
+                self.y0 + PH + 14.0
             );
         }
-        for (path, color) in path_colors(plan) {
-            let line: Vec<String> = pts
-                .iter()
-                .filter(|r| r.path == path && r.ratio().is_finite())
-                .map(|r| format!("{:.1},{:.1}", x(r.size as f64), y(r.ratio())))
-                .collect();
-            if !line.is_empty() {
-                let _ = writeln!(
-                    s,
-                    "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
-                    line.join(" ")
-                );
-                for p in &line {
-                    let (px, py) = p.split_once(',').unwrap_or(("0", "0"));
-                    let _ = writeln!(
-                        s,
-                        "<circle cx=\"{px}\" cy=\"{py}\" r=\"3\" fill=\"{color}\"/>"
-                    );
-                }
-            }
+    }
+
+    /// The line and dots of `path`'s finite ratios among `pts`.
+    fn line(&self, s: &mut String, pts: &[&Row], path: &str, color: &str) {
+        let line: Vec<String> = pts
+            .iter()
+            .filter(|r| r.path == path && r.ratio().is_finite())
+            .map(|r| format!("{:.1},{:.1}", self.x(r.size as f64), self.y(r.ratio())))
+            .collect();
+        if line.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
+            line.join(" ")
+        );
+        for p in &line {
+            let (px, py) = p.split_once(',').unwrap_or(("0", "0"));
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{px}\" cy=\"{py}\" r=\"3\" fill=\"{color}\"/>"
+            );
         }
     }
+}
+
+/// The legend at the bottom of a plot of height `h`: a swatch per path, the axes' note.
+fn legend(s: &mut String, plan: &Plan, h: f64) {
     let ly = h - 14.0;
     let mut lx = M;
     for (path, color) in path_colors(plan) {
@@ -400,6 +503,4 @@ pub(super) fn svg(plan: &Plan, rows: &[Row]) -> String {
         s,
         "<text x=\"{lx}\" y=\"{ly}\">x: message size (bytes, log scale); dashed: parity</text>"
     );
-    s.push_str("</svg>\n");
-    s
 }
