@@ -1,18 +1,20 @@
 //! Judging a case from what both agents recorded: a [`Row`] per case.
 
 use std::fs;
+use std::path::Path;
+use std::time::Duration;
 
 use super::Row;
 use crate::wire::{Case, Expect, Fault, NodeResult, Side};
 
-pub(super) fn read(dir: &std::path::Path, i: usize, node: u8) -> Option<NodeResult> {
+pub(super) fn read(dir: &Path, i: usize, node: u8) -> Option<NodeResult> {
     fs::read_to_string(dir.join(format!("{i}.{node}.result")))
         .ok()
         .map(|t| NodeResult::parse(&t))
 }
 
 /// The last `n` non-empty lines of node `node`'s output for case `i`, joined by " | ".
-pub(super) fn tail(dir: &std::path::Path, i: usize, node: u8, n: usize) -> String {
+pub(super) fn tail(dir: &Path, i: usize, node: u8, n: usize) -> String {
     let text = fs::read_to_string(dir.join(format!("{i}.{node}.out"))).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
@@ -31,11 +33,13 @@ pub(super) fn describe(r: &NodeResult) -> String {
     }
 }
 
+/// The row of case `i`: its expectation checked against what node 1 (`n1`) and node 2
+/// (`n2`) recorded; kernel objects left behind fail any case.
 pub(super) fn judge(
     c: &Case,
     n1: &Option<NodeResult>,
     n2: &Option<NodeResult>,
-    dir: &std::path::Path,
+    dir: &Path,
     i: usize,
 ) -> Row {
     let mut row = Row {
@@ -62,167 +66,19 @@ pub(super) fn judge(
         (Some(a), Some(b)) => Some(a + b),
         _ => None,
     };
+    let o = Outcome { r1, r2, dir, i };
     match &c.expect {
-        Expect::BothOk => {
-            row.expected = "both exit 0, every message verified".into();
-            row.observed
-                .push_str(&format!("server {}, client {}", describe(r1), describe(r2)));
-            row.pass = r1.status == Some(0)
-                && r2.status == Some(0)
-                && r1.problem.is_none()
-                && r2.problem.is_none();
-            row.verified_zero = row.pass;
-            if !row.pass {
-                row.messages = format!(
-                    "server: {} || client: {}",
-                    tail(dir, i, 1, 3),
-                    tail(dir, i, 2, 3)
-                );
-            }
-        }
+        Expect::BothOk => both_ok(&o, &mut row),
         Expect::SurvivorFails {
             within,
             says,
             zero_ok,
-        } => {
-            let victim = match c.fault {
-                Fault::Kill { victim, .. } => victim,
-                _ => Side::Server,
-            };
-            let survivor = victim.other();
-            let (rs, rv) = match survivor {
-                Side::Server => (r1, r2),
-                Side::Client => (r2, r1),
-            };
-            row.expected = format!(
-                "{} {} within {:.1} s",
-                survivor.name(),
-                if *zero_ok {
-                    "handles DISCONNECTED and exits"
-                } else {
-                    "exits non-zero with a typed error"
-                },
-                within.as_secs_f64()
-            );
-            row.observed = format!("{}: {}", survivor.name(), describe(rs));
-            if !rv.killed {
-                row.observed.push_str(&format!(
-                    "; {} was not killed ({})",
-                    victim.name(),
-                    describe(rv)
-                ));
-            }
-            row.time_to_error_s = rs.tte_s;
-            row.messages = tail(dir, i, survivor.node(), 2);
-            row.pass = rv.killed
-                && !rs.hung
-                && rs.status.is_some_and(|s| s != 0 || *zero_ok)
-                && rs.tte_s.is_some_and(|t| t <= within.as_secs_f64())
-                && row.messages.contains(says);
-        }
-        Expect::OneReports { within, says } => {
-            row.expected = format!(
-                "one side reports {} within {:.2} s of the fault; no hang",
-                says.replace('|', " or "),
-                within.as_secs_f64()
-            );
-            row.observed = format!("server {}, client {}", describe(r1), describe(r2));
-            let reports = |r: &NodeResult, node: u8| {
-                r.status.is_some_and(|s| s != 0)
-                    && r.tte_s.is_some_and(|t| t <= within.as_secs_f64())
-                    && says.split('|').any(|w| tail(dir, i, node, 3).contains(w))
-            };
-            let first = [(r1, 1u8), (r2, 2u8)]
-                .into_iter()
-                .filter(|(r, _)| r.status.is_some_and(|s| s != 0))
-                .min_by(|a, b| {
-                    let t = |r: &NodeResult| r.tte_s.unwrap_or(f64::MAX);
-                    t(a.0).total_cmp(&t(b.0))
-                });
-            if let Some((r, node)) = first {
-                row.time_to_error_s = r.tte_s;
-                row.messages = tail(dir, i, node, 2);
-            }
-            row.pass = !r1.hung && !r2.hung && (reports(r1, 1) || reports(r2, 2));
-        }
-        Expect::OkOrReports { says } => {
-            row.expected =
-                format!("every message verified, or {says} reported (typed, no hang, no bad data)");
-            row.observed = format!("server {}, client {}", describe(r1), describe(r2));
-            let ok = r1.status == Some(0) && r2.status == Some(0);
-            let reported = [(r1, 1u8), (r2, 2u8)].into_iter().find(|(r, node)| {
-                r.status.is_some_and(|s| s != 0) && tail(dir, i, *node, 3).contains(says)
-            });
-            if let Some((_, node)) = reported {
-                row.messages = tail(dir, i, node, 1);
-                row.observed.push_str(&format!(
-                    "; {says} on the {}",
-                    if node == 1 { "server" } else { "client" }
-                ));
-            }
-            row.verified_zero = ok;
-            row.pass = !r1.hung && !r2.hung && (ok || reported.is_some());
-        }
-        Expect::BothFail { within, says } => {
-            row.expected = format!(
-                "both refuse at setup: exit non-zero with \"{says}\" within {:.1} s, no hang",
-                within.as_secs_f64()
-            );
-            row.observed = format!("server {}, client {}", describe(r1), describe(r2));
-            row.time_to_error_s = Some(r1.elapsed_s.max(r2.elapsed_s));
-            row.messages = tail(dir, i, 2, 1);
-            let refused = |r: &NodeResult, node: u8| {
-                !r.hung
-                    && r.status.is_some_and(|s| s != 0)
-                    && r.elapsed_s <= within.as_secs_f64()
-                    && tail(dir, i, node, 3).contains(says)
-            };
-            row.pass = refused(r1, 1) && refused(r2, 2);
-        }
-        Expect::KeepsMoving => {
-            let count = match c.fault {
-                Fault::Sample { count } => count as usize,
-                _ => 0,
-            };
-            row.expected = format!(
-                "both nodes receive packets in each of {count} 1-s samples; no error until killed"
-            );
-            let show = |r: &NodeResult| {
-                let v: Vec<String> = r.samples.iter().map(u64::to_string).collect();
-                format!("[{}] pkt/s, {}", v.join(", "), describe(r))
-            };
-            row.observed = format!("server {}; client {}", show(r1), show(r2));
-            let moving = |r: &NodeResult| {
-                count > 0
-                    && r.samples.len() == count
-                    && r.samples.iter().all(|n| *n > 0)
-                    && !r.hung
-                    && (r.killed || r.status == Some(0))
-                    && r.problem.is_none()
-                    && !r.printed_error
-            };
-            row.pass = moving(r1) && moving(r2);
-            if !row.pass {
-                row.messages = format!(
-                    "server: {} || client: {}",
-                    tail(dir, i, 1, 2),
-                    tail(dir, i, 2, 2)
-                );
-            }
-        }
-        Expect::ClientFails { within, says } => {
-            row.expected = format!(
-                "client exits non-zero with a typed error within {:.1} s",
-                within.as_secs_f64()
-            );
-            row.observed = format!("client {}", describe(r2));
-            row.time_to_error_s = Some(r2.elapsed_s);
-            row.messages = tail(dir, i, 2, 2);
-            row.pass = !r2.hung
-                && r2.status.is_some_and(|s| s != 0)
-                && r2.elapsed_s <= within.as_secs_f64()
-                && row.messages.contains(says);
-        }
+        } => survivor_fails(&o, &mut row, c, *within, says, *zero_ok),
+        Expect::OneReports { within, says } => one_reports(&o, &mut row, *within, says),
+        Expect::OkOrReports { says } => ok_or_reports(&o, &mut row, says),
+        Expect::BothFail { within, says } => both_fail(&o, &mut row, *within, says),
+        Expect::KeepsMoving => keeps_moving(&o, &mut row, c),
+        Expect::ClientFails { within, says } => client_fails(&o, &mut row, *within, says),
     }
     if let Some(n) = row.leaked.filter(|n| *n > 0) {
         row.observed
@@ -252,4 +108,194 @@ pub(super) fn add_throughput(rows: &mut [Row]) {
             ));
         }
     }
+}
+
+/// What both nodes recorded for case `i`, and where their output lies.
+struct Outcome<'a> {
+    r1: &'a NodeResult,
+    r2: &'a NodeResult,
+    dir: &'a Path,
+    i: usize,
+}
+
+impl Outcome<'_> {
+    /// The last `n` non-empty output lines of `node` ([`tail`]).
+    fn tail(&self, node: u8, n: usize) -> String {
+        tail(self.dir, self.i, node, n)
+    }
+}
+
+/// Both programs exit 0 and the agents had no problem.
+fn both_ok(o: &Outcome, row: &mut Row) {
+    let (r1, r2) = (o.r1, o.r2);
+    row.expected = "both exit 0, every message verified".into();
+    row.observed
+        .push_str(&format!("server {}, client {}", describe(r1), describe(r2)));
+    row.pass = r1.status == Some(0)
+        && r2.status == Some(0)
+        && r1.problem.is_none()
+        && r2.problem.is_none();
+    row.verified_zero = row.pass;
+    if !row.pass {
+        row.messages = format!("server: {} || client: {}", o.tail(1, 3), o.tail(2, 3));
+    }
+}
+
+/// The fault's victim was killed; the survivor exits on its own in time, saying `says`.
+fn survivor_fails(
+    o: &Outcome,
+    row: &mut Row,
+    c: &Case,
+    within: Duration,
+    says: &str,
+    zero_ok: bool,
+) {
+    let (r1, r2) = (o.r1, o.r2);
+    let victim = match c.fault {
+        Fault::Kill { victim, .. } => victim,
+        _ => Side::Server,
+    };
+    let survivor = victim.other();
+    let (rs, rv) = match survivor {
+        Side::Server => (r1, r2),
+        Side::Client => (r2, r1),
+    };
+    row.expected = format!(
+        "{} {} within {:.1} s",
+        survivor.name(),
+        if zero_ok {
+            "handles DISCONNECTED and exits"
+        } else {
+            "exits non-zero with a typed error"
+        },
+        within.as_secs_f64()
+    );
+    row.observed = format!("{}: {}", survivor.name(), describe(rs));
+    if !rv.killed {
+        row.observed.push_str(&format!(
+            "; {} was not killed ({})",
+            victim.name(),
+            describe(rv)
+        ));
+    }
+    row.time_to_error_s = rs.tte_s;
+    row.messages = o.tail(survivor.node(), 2);
+    row.pass = rv.killed
+        && !rs.hung
+        && rs.status.is_some_and(|s| s != 0 || zero_ok)
+        && rs.tte_s.is_some_and(|t| t <= within.as_secs_f64())
+        && row.messages.contains(says);
+}
+
+/// One side reports one of `says` (`|`-separated) in time; neither hangs.
+fn one_reports(o: &Outcome, row: &mut Row, within: Duration, says: &str) {
+    let (r1, r2) = (o.r1, o.r2);
+    row.expected = format!(
+        "one side reports {} within {:.2} s of the fault; no hang",
+        says.replace('|', " or "),
+        within.as_secs_f64()
+    );
+    row.observed = format!("server {}, client {}", describe(r1), describe(r2));
+    let reports = |r: &NodeResult, node: u8| {
+        r.status.is_some_and(|s| s != 0)
+            && r.tte_s.is_some_and(|t| t <= within.as_secs_f64())
+            && says.split('|').any(|w| o.tail(node, 3).contains(w))
+    };
+    let first = [(r1, 1u8), (r2, 2u8)]
+        .into_iter()
+        .filter(|(r, _)| r.status.is_some_and(|s| s != 0))
+        .min_by(|a, b| {
+            let t = |r: &NodeResult| r.tte_s.unwrap_or(f64::MAX);
+            t(a.0).total_cmp(&t(b.0))
+        });
+    if let Some((r, node)) = first {
+        row.time_to_error_s = r.tte_s;
+        row.messages = o.tail(node, 2);
+    }
+    row.pass = !r1.hung && !r2.hung && (reports(r1, 1) || reports(r2, 2));
+}
+
+/// Every message verified, or a side reports `says`; neither hangs.
+fn ok_or_reports(o: &Outcome, row: &mut Row, says: &str) {
+    let (r1, r2) = (o.r1, o.r2);
+    row.expected =
+        format!("every message verified, or {says} reported (typed, no hang, no bad data)");
+    row.observed = format!("server {}, client {}", describe(r1), describe(r2));
+    let ok = r1.status == Some(0) && r2.status == Some(0);
+    let reported = [(r1, 1u8), (r2, 2u8)]
+        .into_iter()
+        .find(|(r, node)| r.status.is_some_and(|s| s != 0) && o.tail(*node, 3).contains(says));
+    if let Some((_, node)) = reported {
+        row.messages = o.tail(node, 1);
+        row.observed.push_str(&format!(
+            "; {says} on the {}",
+            if node == 1 { "server" } else { "client" }
+        ));
+    }
+    row.verified_zero = ok;
+    row.pass = !r1.hung && !r2.hung && (ok || reported.is_some());
+}
+
+/// Both refuse at setup in time, saying `says`.
+fn both_fail(o: &Outcome, row: &mut Row, within: Duration, says: &str) {
+    let (r1, r2) = (o.r1, o.r2);
+    row.expected = format!(
+        "both refuse at setup: exit non-zero with \"{says}\" within {:.1} s, no hang",
+        within.as_secs_f64()
+    );
+    row.observed = format!("server {}, client {}", describe(r1), describe(r2));
+    row.time_to_error_s = Some(r1.elapsed_s.max(r2.elapsed_s));
+    row.messages = o.tail(2, 1);
+    let refused = |r: &NodeResult, node: u8| {
+        !r.hung
+            && r.status.is_some_and(|s| s != 0)
+            && r.elapsed_s <= within.as_secs_f64()
+            && o.tail(node, 3).contains(says)
+    };
+    row.pass = refused(r1, 1) && refused(r2, 2);
+}
+
+/// Both nodes receive packets in every sample and report no error.
+fn keeps_moving(o: &Outcome, row: &mut Row, c: &Case) {
+    let (r1, r2) = (o.r1, o.r2);
+    let count = match c.fault {
+        Fault::Sample { count } => count as usize,
+        _ => 0,
+    };
+    row.expected =
+        format!("both nodes receive packets in each of {count} 1-s samples; no error until killed");
+    let show = |r: &NodeResult| {
+        let v: Vec<String> = r.samples.iter().map(u64::to_string).collect();
+        format!("[{}] pkt/s, {}", v.join(", "), describe(r))
+    };
+    row.observed = format!("server {}; client {}", show(r1), show(r2));
+    let moving = |r: &NodeResult| {
+        count > 0
+            && r.samples.len() == count
+            && r.samples.iter().all(|n| *n > 0)
+            && !r.hung
+            && (r.killed || r.status == Some(0))
+            && r.problem.is_none()
+            && !r.printed_error
+    };
+    row.pass = moving(r1) && moving(r2);
+    if !row.pass {
+        row.messages = format!("server: {} || client: {}", o.tail(1, 2), o.tail(2, 2));
+    }
+}
+
+/// The client exits non-zero in time, saying `says`.
+fn client_fails(o: &Outcome, row: &mut Row, within: Duration, says: &str) {
+    let r2 = o.r2;
+    row.expected = format!(
+        "client exits non-zero with a typed error within {:.1} s",
+        within.as_secs_f64()
+    );
+    row.observed = format!("client {}", describe(r2));
+    row.time_to_error_s = Some(r2.elapsed_s);
+    row.messages = o.tail(2, 2);
+    row.pass = !r2.hung
+        && r2.status.is_some_and(|s| s != 0)
+        && r2.elapsed_s <= within.as_secs_f64()
+        && row.messages.contains(says);
 }
