@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::Row;
 use crate::wire::{Case, Expect, Fault, NodeResult, Side};
 
+/// What node `node` recorded for case `i` (`i.N.result`), if it wrote it.
 pub(super) fn read(dir: &Path, i: usize, node: u8) -> Option<NodeResult> {
     fs::read_to_string(dir.join(format!("{i}.{node}.result")))
         .ok()
