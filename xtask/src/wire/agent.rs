@@ -162,6 +162,58 @@ pub fn sys(tool: &str, args: &str) -> std::result::Result<(), String> {
     }
 }
 
+/// [`Fault::DeviceDelete`]: starts `rdma link delete rxe0` in the background (on rxe it
+/// blocks while the device is in use); a failure to start is recorded in `r.problem`.
+fn start_device_delete(r: &mut NodeResult) -> Option<Child> {
+    match crate::cmd::find_tool("rdma").map(|t| {
+        Command::new(t)
+            .args(["link", "delete", "rxe0"])
+            .stdin(Stdio::null())
+            .spawn()
+    }) {
+        Some(Ok(child)) => Some(child),
+        _ => {
+            r.problem = Some("cannot run rdma link delete".into());
+            None
+        }
+    }
+}
+
+/// Waits up to 10 s for the `rdma link delete` of [`start_device_delete`] after the program
+/// exited (rxe cannot disassociate user contexts: the delete completes only once the
+/// processes using the device have closed it); kills it and records a problem if it is still
+/// blocked, or records its failure.
+fn finish_device_delete(mut delete: Child, r: &mut NodeResult) {
+    let done = poll_until(Duration::from_secs(10), || {
+        matches!(delete.try_wait(), Ok(Some(_)))
+    });
+    match delete.try_wait() {
+        Ok(Some(st)) if st.success() => {}
+        Ok(Some(st)) => r.problem = Some(format!("rdma link delete failed: {st}")),
+        _ => {
+            let _ = delete.kill();
+            let _ = delete.wait();
+            r.problem = Some(format!(
+                "rdma link delete still blocked {} after the program exited",
+                if done { "" } else { "10 s" }
+            ));
+        }
+    }
+}
+
+/// [`Fault::LinkDown`]: cuts this node's side of the wire (`ip link set eth0 down` when
+/// `local`, else a 100% netem loss); a failure is recorded in `r.problem`.
+fn cut_link(local: bool, r: &mut NodeResult) {
+    let cut = if local {
+        sys("ip", "link set eth0 down")
+    } else {
+        sys("tc", "qdisc add dev eth0 root netem loss 100%")
+    };
+    if let Err(e) = cut {
+        r.problem = Some(e);
+    }
+}
+
 impl Agent {
     fn mark(&self, i: usize, what: &str) -> PathBuf {
         self.dir.join(format!("{i}.{what}"))
@@ -341,28 +393,12 @@ impl Agent {
     /// Waits for this node's program, injecting this node's part of the fault and timing
     /// the other's.
     fn supervise(&self, i: usize, c: &Case, child: &mut Child, start: Instant, r: &mut NodeResult) {
-        let cstart = || poll_until(Duration::from_secs(40), || self.seen(i, "cstart"));
+        let Some(mut act) = self.planned_action(i, c, child, start, r) else {
+            return;
+        };
         let mut fault_at: Option<Instant> = None;
-        let mut act: Option<(Instant, u8)> = None; // (when, what): 1 = kill, 2 = link down
         let mut link_up_at: Option<Instant> = None;
         let mut deleting: Option<Child> = None;
-        match &c.fault {
-            Fault::Kill { victim, after } if *victim == self.side && cstart() => {
-                act = Some((Instant::now() + *after, 1));
-            }
-            Fault::LinkDown { after, .. } if self.side == Side::Client => {
-                act = Some((Instant::now() + *after, 2));
-            }
-            Fault::DeviceDelete { after } if self.side == Side::Server && cstart() => {
-                act = Some((Instant::now() + *after, 3));
-            }
-            Fault::Sample { count } if self.side == Side::Client || cstart() => {
-                self.sample_and_kill(i, child, *count, start + c.limit, r);
-                r.elapsed_s = start.elapsed().as_secs_f64();
-                return;
-            }
-            _ => {}
-        }
         let out = self.mark(i, &format!("{}.out", self.side.node()));
         let deadline = start + c.limit;
         let status = loop {
@@ -382,28 +418,12 @@ impl Agent {
                     break None;
                 }
                 if what == 3 {
-                    // In the background: on rxe it blocks while the device is in use.
-                    match crate::cmd::find_tool("rdma").map(|t| {
-                        Command::new(t)
-                            .args(["link", "delete", "rxe0"])
-                            .stdin(Stdio::null())
-                            .spawn()
-                    }) {
-                        Some(Ok(child)) => deleting = Some(child),
-                        _ => r.problem = Some("cannot run rdma link delete".into()),
-                    }
+                    deleting = start_device_delete(r);
                     self.touch(i, "fault");
                     fault_at = Some(now);
                 }
                 if let Fault::LinkDown { down, local, .. } = c.fault {
-                    let cut = if local {
-                        sys("ip", "link set eth0 down")
-                    } else {
-                        sys("tc", "qdisc add dev eth0 root netem loss 100%")
-                    };
-                    if let Err(e) = cut {
-                        r.problem = Some(e);
-                    }
+                    cut_link(local, r);
                     self.touch(i, "fault");
                     fault_at = Some(now);
                     link_up_at = Some(now + down);
@@ -434,11 +454,7 @@ impl Agent {
             }
             thread::sleep(POLL);
         };
-        if fault_at.is_none()
-            && (self.seen(i, "fault")
-                || matches!(c.fault, Fault::Printed { by, .. } if by != self.side)
-                    && poll_until(Duration::from_secs(2), || self.seen(i, "fault")))
-        {
+        if fault_at.is_none() && self.fault_seen_late(i, c) {
             // The program exited within one poll of the fault, or (a printed fault) before
             // the marker of the other node's print reached this node, which takes up to two
             // polls: the time to error is at most that (recorded as one poll).
@@ -447,24 +463,8 @@ impl Agent {
         if link_up_at.is_some() {
             restore(&c.fault);
         }
-        if let Some(mut delete) = deleting {
-            // rxe cannot disassociate user contexts: the delete completes only once the
-            // processes using the device have closed it.
-            let done = poll_until(Duration::from_secs(10), || {
-                matches!(delete.try_wait(), Ok(Some(_)))
-            });
-            match delete.try_wait() {
-                Ok(Some(st)) if st.success() => {}
-                Ok(Some(st)) => r.problem = Some(format!("rdma link delete failed: {st}")),
-                _ => {
-                    let _ = delete.kill();
-                    let _ = delete.wait();
-                    r.problem = Some(format!(
-                        "rdma link delete still blocked {} after the program exited",
-                        if done { "" } else { "10 s" }
-                    ));
-                }
-            }
+        if let Some(delete) = deleting {
+            finish_device_delete(delete, r);
         }
         let end = Instant::now();
         r.elapsed_s = (end - start).as_secs_f64();
@@ -479,6 +479,45 @@ impl Agent {
         } else if !matches!(c.fault, Fault::None | Fault::Netem(_)) && !r.killed {
             r.early = true;
         }
+    }
+
+    /// What this node does to case `i` and when: `(when, what)`, what 1 = kill, 2 = link
+    /// down, 3 = device delete (timed from the client's start where the fault needs it).
+    /// `None` when the case was a [`Fault::Sample`], which this runs to the end here.
+    fn planned_action(
+        &self,
+        i: usize,
+        c: &Case,
+        child: &mut Child,
+        start: Instant,
+        r: &mut NodeResult,
+    ) -> Option<Option<(Instant, u8)>> {
+        let cstart = || poll_until(Duration::from_secs(40), || self.seen(i, "cstart"));
+        match &c.fault {
+            Fault::Kill { victim, after } if *victim == self.side && cstart() => {
+                Some(Some((Instant::now() + *after, 1)))
+            }
+            Fault::LinkDown { after, .. } if self.side == Side::Client => {
+                Some(Some((Instant::now() + *after, 2)))
+            }
+            Fault::DeviceDelete { after } if self.side == Side::Server && cstart() => {
+                Some(Some((Instant::now() + *after, 3)))
+            }
+            Fault::Sample { count } if self.side == Side::Client || cstart() => {
+                self.sample_and_kill(i, child, *count, start + c.limit, r);
+                r.elapsed_s = start.elapsed().as_secs_f64();
+                None
+            }
+            _ => Some(None),
+        }
+    }
+
+    /// After the program exited with no fault seen: whether the fault's marker is there
+    /// now, or (a fault printed by the other node) arrives within 2 s.
+    fn fault_seen_late(&self, i: usize, c: &Case) -> bool {
+        self.seen(i, "fault")
+            || matches!(c.fault, Fault::Printed { by, .. } if by != self.side)
+                && poll_until(Duration::from_secs(2), || self.seen(i, "fault"))
     }
 }
 
