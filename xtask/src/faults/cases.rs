@@ -125,21 +125,7 @@ pub(super) fn kill_programs() -> Vec<(&'static str, String, String, Option<u16>)
 
 /// The matrix: `short` is the subset `cargo xtask test` runs.
 pub fn matrix(short: bool) -> Vec<Case> {
-    let mut cases = Vec::new();
-    for (program, server, client, listen) in kill_programs() {
-        for victim in [Side::Server, Side::Client] {
-            let keep = !short
-                || matches!(
-                    (program, victim),
-                    ("send_recv", Side::Server)
-                        | ("perf send_bw", Side::Client)
-                        | ("rping", Side::Server)
-                );
-            if keep {
-                cases.push(kill_case(program, &server, &client, listen, victim));
-            }
-        }
-    }
+    let mut cases = kill_cases(short);
     let streams = [
         (
             "send_recv (verified, 300 x 4 KiB)",
@@ -189,41 +175,69 @@ pub fn matrix(short: bool) -> Vec<Case> {
         }
     }
     if !short {
-        cases.push(Case {
-            scenario: "rdma link delete under load".into(),
-            program: "send_recv (the server's rxe0 deleted)".into(),
-            server: "ex:send_recv --server --port 18760 --iters 3000"
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect(),
-            client: "ex:send_recv --client {peer} --port 18760 --iters 3000"
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect(),
-            listen: Some(18760),
-            fault: Fault::DeviceDelete {
-                after: Duration::from_secs(2),
-            },
-            // rxe cannot revoke a device from a process: the delete waits until the
-            // process closes it; the stream must go on, and the objects must go away.
-            expect: Expect::BothOk,
-            limit: Duration::from_secs(90),
-        });
-        // 64-packet messages: under heavy loss or reordering, rxe's go-back-N spends the
-        // crate's default retry_cnt (6) quickly; the stream may end with RETRY_EXC_ERR, but
-        // must never deliver bad data or hang.
-        for netem in ["loss 5%", "delay 5ms reorder 25% 50%"] {
-            let mut c = netem_case(
-                "rdma_write (verified, 100 x 64 KiB, default retry_cnt)",
-                "ex:rdma_write --server --port 18722 --iters 100 --size 65536",
-                "ex:rdma_write --client {peer} --port 18722 --iters 100 --size 65536",
-                18722,
-                netem,
-            );
-            c.expect = Expect::OkOrReports { says: "RETRY_EXC" };
-            cases.push(c);
-        }
+        cases.extend(load_cases());
         cases.extend(long_run_cases());
+    }
+    cases
+}
+
+/// SIGKILL of either side of each of [`kill_programs`] (`short`: three of them).
+fn kill_cases(short: bool) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (program, server, client, listen) in kill_programs() {
+        for victim in [Side::Server, Side::Client] {
+            let keep = !short
+                || matches!(
+                    (program, victim),
+                    ("send_recv", Side::Server)
+                        | ("perf send_bw", Side::Client)
+                        | ("rping", Side::Server)
+                );
+            if keep {
+                cases.push(kill_case(program, &server, &client, listen, victim));
+            }
+        }
+    }
+    cases
+}
+
+/// The full matrix's rows under load: the device deleted under a running stream, and
+/// 64-packet messages under heavy loss or reordering.
+fn load_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    cases.push(Case {
+        scenario: "rdma link delete under load".into(),
+        program: "send_recv (the server's rxe0 deleted)".into(),
+        server: "ex:send_recv --server --port 18760 --iters 3000"
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+        client: "ex:send_recv --client {peer} --port 18760 --iters 3000"
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+        listen: Some(18760),
+        fault: Fault::DeviceDelete {
+            after: Duration::from_secs(2),
+        },
+        // rxe cannot revoke a device from a process: the delete waits until the
+        // process closes it; the stream must go on, and the objects must go away.
+        expect: Expect::BothOk,
+        limit: Duration::from_secs(90),
+    });
+    // 64-packet messages: under heavy loss or reordering, rxe's go-back-N spends the
+    // crate's default retry_cnt (6) quickly; the stream may end with RETRY_EXC_ERR, but
+    // must never deliver bad data or hang.
+    for netem in ["loss 5%", "delay 5ms reorder 25% 50%"] {
+        let mut c = netem_case(
+            "rdma_write (verified, 100 x 64 KiB, default retry_cnt)",
+            "ex:rdma_write --server --port 18722 --iters 100 --size 65536",
+            "ex:rdma_write --client {peer} --port 18722 --iters 100 --size 65536",
+            18722,
+            netem,
+        );
+        c.expect = Expect::OkOrReports { says: "RETRY_EXC" };
+        cases.push(c);
     }
     cases
 }
