@@ -351,7 +351,52 @@ pub(super) const LONG_SAMPLES: u32 = 4;
 /// sampled while it runs and then killed.
 pub(super) fn long_run_cases() -> Vec<Case> {
     let p = |n: u16| 18770 + n;
-    let programs: Vec<(&str, String, String, Option<u16>)> = vec![
+    let programs = long_run_programs(p);
+    let mut cases: Vec<Case> = programs
+        .into_iter()
+        .map(|(program, server, client, listen)| {
+            let iters = if program == "rping" {
+                " -C 1000000"
+            } else if program.contains("pingpong") {
+                " -n 1000000"
+            } else {
+                " --iters 1000000"
+            };
+            long_case(
+                program,
+                &format!("{server}{iters}"),
+                &format!("{client}{iters}"),
+                listen,
+            )
+        })
+        .collect();
+    for (k, test) in [
+        "write_bw",
+        "send_bw",
+        "read_bw",
+        "write_lat",
+        "send_lat",
+        "read_lat",
+        "atomic_bw",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = p(10 + k as u16);
+        cases.push(long_case(
+            &format!("perf {test}"),
+            &format!("ex:perf {test} -n 1000000 -p {port}"),
+            &format!("ex:perf {test} -n 1000000 -p {port} {{peer}}"),
+            Some(port),
+        ));
+    }
+    cases
+}
+
+/// The examples of the long runs, each with its server and client command (no iteration
+/// count yet) and the TCP port the server listens on; `p(n)` is the n-th port of the set.
+fn long_run_programs(p: impl Fn(u16) -> u16) -> Vec<(&'static str, String, String, Option<u16>)> {
+    vec![
         (
             "send_recv",
             format!("ex:send_recv --server --port {}", p(0)),
@@ -400,46 +445,7 @@ pub(super) fn long_run_cases() -> Vec<Case> {
             format!("ex:rping -c -a {{peer}} -p {}", p(7)),
             None,
         ),
-    ];
-    let mut cases: Vec<Case> = programs
-        .into_iter()
-        .map(|(program, server, client, listen)| {
-            let iters = if program == "rping" {
-                " -C 1000000"
-            } else if program.contains("pingpong") {
-                " -n 1000000"
-            } else {
-                " --iters 1000000"
-            };
-            long_case(
-                program,
-                &format!("{server}{iters}"),
-                &format!("{client}{iters}"),
-                listen,
-            )
-        })
-        .collect();
-    for (k, test) in [
-        "write_bw",
-        "send_bw",
-        "read_bw",
-        "write_lat",
-        "send_lat",
-        "read_lat",
-        "atomic_bw",
     ]
-    .into_iter()
-    .enumerate()
-    {
-        let port = p(10 + k as u16);
-        cases.push(long_case(
-            &format!("perf {test}"),
-            &format!("ex:perf {test} -n 1000000 -p {port}"),
-            &format!("ex:perf {test} -n 1000000 -p {port} {{peer}}"),
-            Some(port),
-        ));
-    }
-    cases
 }
 
 pub(super) fn long_case(program: &str, server: &str, client: &str, listen: Option<u16>) -> Case {
