@@ -23,7 +23,10 @@ mod demo;
 mod faults;
 mod gpu;
 mod insn;
+mod layers;
 mod matrix;
+#[cfg(test)]
+mod pinned;
 mod test;
 mod wire;
 
@@ -62,7 +65,8 @@ commands:
                                  prefixed [node1]/[node2]; exits non-zero if either fails
   vm-exec CMD [ARGS...]          the same as `run`, without options; meant as a cargo target
                                  runner (CARGO_TARGET_<TRIPLE>_RUNNER=\"<xtask> vm-exec\")
-  test [CARGO TEST ARGS...]      host tests, examples build, then tests/vm_*.rs in guests
+  test [CARGO TEST ARGS...]      layers, host tests, examples build, then tests/vm_*.rs in
+                                 guests
   faults [--short | --set SET]   the fault matrix on two guests on a virtual wire: SIGKILLed
                                  peers, netem loss/reorder/duplication/corruption, RNR, long
                                  runs; prints a table, writes target/faults/faults.json
@@ -84,6 +88,9 @@ commands:
                                  (examples/gpu_check.rs, feature gdr), run on the host
   matrix [--no-fetch]            host tests against Debian 11/12/13's rdma-core and each
                                  installed libclang (feature bindgen); target/matrix/matrix.json
+  layers [--edges]               check src/'s imports against the layer table of
+                                 ARCHITECTURE.md (no upward import, no circle of more than
+                                 3 files across modules); --edges prints every file's imports
   help                           print this help
 
 environment:
@@ -153,6 +160,7 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         Some("test") => test::test_command(rest),
         Some("matrix") => matrix::matrix_command(rest),
         Some("gpu-check") => gpu::gpu_check_command(rest),
+        Some("layers") => layers::layers_command(rest),
         Some("demo") => {
             if let Some(extra) = rest.first() {
                 return Err(Error::usage(format!(

@@ -298,17 +298,7 @@ fn set_cell(
     tests: &[String],
 ) -> Cell {
     let t0 = Instant::now();
-    let version = fs::read_dir(set_root.join(MULTIARCH_LIB))
-        .ok()
-        .and_then(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .find_map(|n| {
-                    n.strip_prefix("libibverbs.so.1.")
-                        .map(|v| v.split_once('.').map_or(v, |x| x.1).to_owned())
-                })
-        })
-        .unwrap_or_else(|| "?".into());
+    let version = rdma_core_version(set_root);
     let what = format!("Debian {suite} rdma-core {version} headers+libs");
     if !set_root.join("usr/include/infiniband/verbs.h").exists() {
         return Cell {
@@ -327,15 +317,7 @@ fn set_cell(
     build.arg("--no-run");
     let (ok, out) = run(&mut build);
     save_log(dir, &format!("{name}-build"), &out);
-    let shim_note = out
-        .lines()
-        .filter_map(|l| l.split("lack `").nth(1).and_then(|r| r.split('`').next()))
-        .collect::<Vec<_>>();
-    let note = if shim_note.is_empty() {
-        String::new()
-    } else {
-        format!("shim leaves out {}", shim_note.join(", "))
-    };
+    let note = shim_note(&out);
     if !ok {
         return Cell {
             name: name.into(),
@@ -351,8 +333,51 @@ fn set_cell(
     test_args(&mut test, tests);
     let (ok, out) = run(&mut test);
     save_log(dir, &format!("{name}-test"), &out);
-    let test = if ok {
-        Outcome::Pass(summary(&out))
+    Cell {
+        name: name.into(),
+        what,
+        build: Outcome::Pass(String::new()),
+        test: test_outcome(ok, &out),
+        note,
+        secs: t0.elapsed().as_secs(),
+    }
+}
+
+/// The rdma-core version of a fetched set: from its `libibverbs.so.1.<abi>.<version>`
+/// (`?` when there is none).
+fn rdma_core_version(set_root: &Path) -> String {
+    fs::read_dir(set_root.join(MULTIARCH_LIB))
+        .ok()
+        .and_then(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find_map(|n| {
+                    n.strip_prefix("libibverbs.so.1.")
+                        .map(|v| v.split_once('.').map_or(v, |x| x.1).to_owned())
+                })
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The cell's note from the build output: the functions the C shim leaves out
+/// (`lack `NAME`` lines), if any.
+fn shim_note(build_output: &str) -> String {
+    let shim_note = build_output
+        .lines()
+        .filter_map(|l| l.split("lack `").nth(1).and_then(|r| r.split('`').next()))
+        .collect::<Vec<_>>();
+    if shim_note.is_empty() {
+        String::new()
+    } else {
+        format!("shim leaves out {}", shim_note.join(", "))
+    }
+}
+
+/// The test outcome of a cell from the test run's status and output: a run whose libraries
+/// need a newer glibc than the host's is a build-only cell, not a failure.
+fn test_outcome(ok: bool, out: &str) -> Outcome {
+    if ok {
+        Outcome::Pass(summary(out))
     } else if let Some(v) = out
         .split("version `GLIBC_")
         .nth(1)
@@ -362,15 +387,7 @@ fn set_cell(
             "build only: its libraries need glibc {v}, newer than the host's"
         ))
     } else {
-        Outcome::Fail(format!("{}; {}", summary(&out), tail(&out)))
-    };
-    Cell {
-        name: name.into(),
-        what,
-        build: Outcome::Pass(String::new()),
-        test,
-        note,
-        secs: t0.elapsed().as_secs(),
+        Outcome::Fail(format!("{}; {}", summary(out), tail(out)))
     }
 }
 

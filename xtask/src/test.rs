@@ -108,6 +108,13 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         ..Summary::default()
     };
 
+    let layers = crate::layers::check(root).map(|ok| Counts {
+        passed: u64::from(ok),
+        failed: u64::from(!ok),
+        success: true,
+    });
+    summary.add("layers", layers);
+
     let mut host = cargo(root);
     host.args([
         "test",
