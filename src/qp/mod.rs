@@ -7,15 +7,10 @@
 //! takes exactly the attributes the kernel requires; a refused transition
 //! hands the QP back in its old state inside [`TransitionError`].
 //!
-//! UC ([`Uc`]: SEND and RDMA WRITE, unacknowledged) and UD ([`Ud`]:
-//! datagrams through an [`AddressHandle`](crate::AddressHandle)) have the
-//! same states with their own constructors ([`Qp::new_uc`], [`Qp::new_ud`]),
-//! transition attributes ([`UcInitAttr`], [`UcRtrAttr`], [`UdInitAttr`]; no
-//! retry or RNR attributes, no remote at UD's RTR) and request types
-//! ([`UcSendWr`]: no READ or atomics; [`UdSendWr`]: SEND naming its address
-//! handle, remote QPN and Q_Key; [`UdRecvWr`]: the GRH apart from the
-//! payload). What a transport cannot do has no constructor, so it does not
-//! compile (see `tests/ui`).
+//! UC ([`Uc`]) and UD ([`Ud`]) have the same states with their own
+//! constructors ([`Qp::new_uc`], [`Qp::new_ud`]), attributes and request types
+//! ([`UcSendWr`], [`UdSendWr`], [`UdRecvWr`]); what a transport cannot do has
+//! no constructor, so it does not compile (see `tests/ui`).
 //! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send)
 //! only in RTS; misuse does not compile:
 //!
@@ -39,12 +34,9 @@
 //! ([`scope`]), at the raw path's cost.
 //!
 //! The `unsafe` [`post_send_raw`](Qp::post_send_raw) /
-//! [`post_recv_raw`](Qp::post_recv_raw) take C work requests for callers who
-//! manage buffers themselves; their contract is in their `# Safety` sections.
-//!
-//! RC QPs post sends through the extended API (`ibv_wr_*`) where the provider
-//! has it and `ibv_post_send` otherwise ([`Qp::send_api`], [`send_ex`]); the
-//! safe API is the same over both.
+//! [`post_recv_raw`](Qp::post_recv_raw) take C work requests (contract in their
+//! `# Safety` sections). RC sends go through the extended API (`ibv_wr_*`)
+//! where the provider has it ([`Qp::send_api`], [`send_ex`]).
 //!
 //! Why this is sound, and each provider behaviour it relies on with its test,
 //! is written down in `docs/soundness.md`; what a request costs, in
