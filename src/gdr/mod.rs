@@ -92,15 +92,21 @@
 
 pub use cudarc;
 
+mod buffer;
+mod direct;
 mod driver;
+mod ledger;
 mod memory;
+mod plan;
 mod register;
 mod select;
-mod transfer;
+mod staging;
 
 use std::fmt;
 
+pub use buffer::{GpuBuffer, Transfer};
 pub use driver::{check_driver, cuda_context, device_count};
+pub use ledger::WR_ID_TAG;
 pub use memory::{
     DeviceAlloc, DeviceMemory, DeviceRange, PlainBytes, copy_from_device, copy_to_device,
 };
@@ -109,7 +115,7 @@ pub use register::{
     peermem_loaded, probe, register, set_sync_memops, sync_memops,
 };
 pub use select::{Capabilities, Decision, GdrMode, GdrPath, MemoryKind, Missing, decide};
-pub use transfer::{GpuBuffer, StagingConfig, Transfer, WR_ID_TAG};
+pub use staging::StagingConfig;
 
 use crate::error::Error;
 
