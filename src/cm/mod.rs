@@ -1,7 +1,10 @@
 //! librdmacm: connecting with IP addresses and ports instead of exchanging
 //! QP numbers out of band.
 //!
-//! # Active side
+//! The active side resolves the peer, creates its QP on the id and connects;
+//! the passive side binds and listens, takes a [`ConnectRequest`] with
+//! [`CmId::get_request`], creates its QP on the request's id and accepts it.
+//! Both QPs end in RTS, with receives posted in INIT carried over.
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_verbs::cm::{CmId, ConnParam};
@@ -19,75 +22,20 @@
 //! # Ok::<(), rdma_verbs::Error>(())
 //! ```
 //!
-//! # Passive side
-//! ```no_run
-//! use std::time::Duration;
-//! use rdma_verbs::cm::{CmId, ConnParam};
-//! use rdma_verbs::{Cq, Pd, QpCaps};
-//! let t = Duration::from_secs(30);
-//! let listener = CmId::new()?;
-//! listener.bind("0.0.0.0:7174".parse().unwrap())?;
-//! listener.listen(8)?;
-//! let req = listener.get_request(t)?;                // CONNECT_REQUEST
-//! let ctx = req.id().context()?;
-//! let pd = Pd::new(&ctx)?;
-//! let cq = Cq::new(&ctx, 64)?;
-//! let qp = req.id().create_qp(&pd, &cq, &cq, QpCaps::default())?;
-//! // post receives here: they carry over into the connected QP
-//! let (qp, id) = req.accept(qp, &ConnParam::new(), t)?; // ESTABLISHED
-//! # Ok::<(), rdma_verbs::Error>(())
-//! ```
+//! Every [`CmId`] owns its [`EventChannel`]; each event is copied into a
+//! [`CmEvent`] and acknowledged at once. Every wait takes a timeout and ends
+//! with [`Error::CmEvent`] (naming the event and what it usually means) or
+//! [`Error::Timeout { .. }`](Error::Timeout), never a hang. Event loops watch
+//! [`EventChannel::readiness`]; the descriptor itself is not handed out.
 //!
-//! # Events
-//! Every [`CmId`] owns its own [`EventChannel`] (connection requests arrive
-//! on the listener's and are moved to a fresh channel with `rdma_migrate_id`
-//! before [`ConnectRequest`] is handed out), so the events of one connection
-//! never reach a waiter on another. Each event is copied into a [`CmEvent`]
-//! (kind, status, private data) and acknowledged (`rdma_ack_cm_event`) at
-//! once, exactly once, so `rdma_destroy_id` never waits for an ack.
+//! [`ConnParam::private_data`] reaches the peer zero-padded to the CM message's
+//! size (56 bytes on connect, 196 on accept, 148 on reject): compare prefixes.
 //!
-//! The channel's descriptor is non-blocking and every wait here polls it with
-//! a timeout: a failed resolution, a refused or unanswered connection, or a
-//! peer that goes away ends a call with [`Error::CmEvent`] (naming the event,
-//! its status and what it usually means) or
-//! [`Error::Timeout { .. }`](Error::Timeout), never a hang.
-//!
-//! The descriptor itself is not handed out: an event read from it behind
-//! librdmacm's back is never acknowledged, and `rdma_destroy_id` (the id's
-//! `Drop`) then waits forever. Event loops watch
-//! [`EventChannel::readiness`] instead, readable when an event is waiting
-//! but unable to consume one (see [`crate::channel`]).
-//!
-//! # Private data
-//! [`ConnParam::private_data`] travels with the request (connect), the reply
-//! (accept) and the reject. On InfiniBand and RoCE the CM messages have fixed
-//! sizes, so the receiver sees the data zero-padded to 56 bytes (connect),
-//! 196 bytes (accept) or 148 bytes (reject); compare prefixes, or put a length
-//! in your format.
-//!
-//! # How the QP gets to RTS (the escape hatch)
-//! [`CmId::create_qp`] calls `rdma_create_qp` (which also takes the QP to
-//! INIT with the CM's port, P_Key and access flags) and adopts the result
-//! with the crate-internal `Qp::from_raw`, passing the id as the QP's
-//! *keepalive*: the QP is destroyed (`ibv_destroy_qp`) first, then the id
-//! (`rdma_destroy_id`), then its channel. [`CmId::connect`] and
-//! [`ConnectRequest::accept`] let librdmacm move the QP to RTR and RTS
-//! during the handshake, and then re-type the same `Qp` object (same rings,
-//! so receives posted in INIT carry over) with the crate-internal, unsafe
-//! `Qp::assume_state`, justified by the ESTABLISHED event.
-//!
-//! librdmacm remembers the QP in `rdma_cm_id.qp` and would touch it later
-//! (`rdma_disconnect` moves it to ERR); `rdma_destroy_id` leaves it alone. So
-//! that no librdmacm call can ever reach a destroyed QP, this module sets
-//! `id->qp` only for the duration of `connect`/`accept` (while it owns the
-//! QP) and clears it right after `rdma_create_qp` and after the handshake.
-//! Consequence: [`CmId::disconnect`] does not flush the QP; call
-//! [`Qp::to_error`] for that.
-//!
-//! The id's `ibv_context` belongs to librdmacm: [`CmId::context`] wraps it as
-//! a [`Context`] that is never closed by this crate, and pins librdmacm's
-//! device list (`rdma_get_devices`) so that it stays open while any object
-//! created from it lives. Create the id's PD and CQs from that context.
+//! The QP is owned by its `Qp` alone: this module attaches it to the id
+//! (`id->qp`) only during `connect`/`accept` and clears it after, so no
+//! librdmacm call reaches a destroyed QP. Hence [`CmId::disconnect`] does not
+//! flush the QP; call [`Qp::to_error`] for that. The id's `ibv_context`
+//! belongs to librdmacm: create the PD and CQs from [`CmId::context`].
 
 use std::fmt;
 use std::io;

@@ -17,6 +17,8 @@ use super::register::register_direct;
 use super::select::{Capabilities, GdrMode, GdrPath, Missing};
 use super::staging::{BounceBuffers, CopyFn, StagingConfig, staging_write};
 use super::{AttemptFailure, DeviceMemory};
+#[cfg(doc)]
+use super::{GdrError, decide};
 use crate::cq::{Completion, Cq};
 use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, Mr, RemoteMr};

@@ -10,6 +10,9 @@ use crate::error::{Error, Result};
 use crate::mr::{Mr, RemoteMr};
 use crate::qp::{Buffer, PostError, Qp, Rc, Rts, SendWr, Sges};
 
+#[cfg(doc)]
+use super::{GpuBuffer, Transfer};
+
 /// The upper 32 bits of every `wr_id` a [`GpuBuffer`] posts ("GDR\0"); the
 /// lower 32 bits are a process-wide sequence number.
 ///

@@ -13,6 +13,8 @@ use super::driver::{
 };
 use super::memory::{bind, sub_range, sync_stream};
 use super::plan::PathPlan;
+#[cfg(doc)]
+use super::select::decide;
 use super::select::{Capabilities, GdrMode, GdrPath, MemoryKind, Missing};
 use super::{AttemptFailure, DeviceMemory, GdrError};
 use crate::error::{Error, Result, last_errno};

@@ -19,6 +19,9 @@ use crate::mr::{AccessFlags, Mr, RemoteMr, page_size};
 use crate::pd::Pd;
 use crate::qp::{Qp, Rc, Rts};
 
+#[cfg(doc)]
+use super::GpuBuffer;
+
 /// How the staging fallback stages: `buffers` registered host bounce buffers
 /// of `chunk_size` bytes each.
 ///
