@@ -15,6 +15,7 @@ impl CmId {
     /// (responder resources above 0; the default [`ConnParam`] asks the
     /// device maximum). What a peer may touch is still decided by each
     /// [`Mr`](crate::Mr)'s own access flags.
+    #[doc(alias = "rdma_create_qp")]
     pub fn create_qp(
         &self,
         pd: &Pd,
@@ -25,11 +26,12 @@ impl CmId {
         self.create_qp_on(pd, send_cq, recv_cq, None, caps)
     }
 
-    /// [`create_qp`](CmId::create_qp) for a QP whose receives come from the
+    /// [`create_qp`](CmId::create_qp) (`rdma_create_qp`) for a QP whose receives come from the
     /// shared receive queue `srq`, as [`Qp::new_with_srq`] makes them:
     /// `recv_cq` must be the SRQ's CQ ([`Error::SrqCqMismatch`]), the QP
     /// reserves no receive entries and its `post_recv` is refused. The QP
     /// keeps the SRQ alive.
+    #[doc(alias = "rdma_create_qp")]
     pub fn create_qp_with_srq(
         &self,
         pd: &Pd,

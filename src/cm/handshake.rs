@@ -177,6 +177,7 @@ impl CmId {
     /// from [`CmId::create_qp`]). A REJECTED, UNREACHABLE or CONNECT_ERROR
     /// event is returned as [`Error::CmEvent`]; on any failure the QP is
     /// dropped, and the id should be dropped too (an rdma_cm id connects once).
+    #[doc(alias = "rdma_connect")]
     pub fn connect(
         &self,
         qp: Qp<Rc, Init>,

@@ -16,12 +16,14 @@ pub struct CmId {
 }
 
 impl CmId {
-    /// Creates an id for reliable connections (`RDMA_PS_TCP`) on a new channel.
+    /// Creates an id (`rdma_create_id`) for reliable connections (`RDMA_PS_TCP`) on a new channel.
+    #[doc(alias = "rdma_create_id")]
     pub fn new() -> Result<CmId> {
         CmId::with_channel(EventChannel::new()?)
     }
 
-    /// Creates an id on `channel`, which it then owns (one id per channel).
+    /// Creates an id (`rdma_create_id`) on `channel`, which it then owns (one id per channel).
+    #[doc(alias = "rdma_create_id")]
     pub fn with_channel(channel: EventChannel) -> Result<CmId> {
         let mut raw: *mut ffi::rdma_cm_id = std::ptr::null_mut();
         // SAFETY: valid channel; raw is an out-pointer; no user context.
@@ -91,6 +93,7 @@ impl CmId {
 
     /// Binds to a local address and port (`rdma_bind_addr`); port 0 picks one.
     /// Binding to a specific address also binds the id to that address's device.
+    #[doc(alias = "rdma_bind_addr")]
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
         let mut a = RawAddr::new(addr);
         let _g = self.inner.lock();
@@ -129,6 +132,7 @@ impl CmId {
 
     /// Starts listening for connection requests (`rdma_listen`); take them
     /// with [`CmId::get_request`].
+    #[doc(alias = "rdma_listen")]
     pub fn listen(&self, backlog: i32) -> Result<()> {
         let _g = self.inner.lock();
         self.inner.refuse_if_waiting()?;
@@ -141,7 +145,10 @@ impl CmId {
         }
     }
 
-    /// A bound, listening id: [`CmId::new`], [`bind`](CmId::bind), [`listen`](CmId::listen).
+    /// A bound, listening id (`rdma_create_id`, `rdma_bind_addr`, `rdma_listen`):
+    /// [`CmId::new`], [`bind`](CmId::bind), [`listen`](CmId::listen).
+    #[doc(alias = "rdma_bind_addr")]
+    #[doc(alias = "rdma_listen")]
     pub fn listener(addr: SocketAddr, backlog: i32) -> Result<CmId> {
         let id = CmId::new()?;
         id.bind(addr)?;
@@ -149,8 +156,10 @@ impl CmId {
         Ok(id)
     }
 
-    /// Waits up to `timeout` for the next connection request on a listening id.
+    /// Waits up to `timeout` for the next connection request on a listening id
+    /// (the CONNECT_REQUEST event that `rdma_get_request` returns).
     /// Any other event ends the wait with its error.
+    #[doc(alias = "rdma_get_request")]
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
         let deadline = deadline_after(timeout);
         loop {
@@ -203,6 +212,7 @@ impl CmId {
     }
 
     /// The local address (`rdma_get_local_addr`), once bound or resolved.
+    #[doc(alias = "rdma_get_local_addr")]
     pub fn local_addr(&self) -> Option<SocketAddr> {
         let _g = self.inner.lock();
         // SAFETY: valid id under its lock; the result points into the id.
@@ -210,6 +220,7 @@ impl CmId {
     }
 
     /// The peer's address (`rdma_get_peer_addr`), once resolved or connected.
+    #[doc(alias = "rdma_get_peer_addr")]
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         let _g = self.inner.lock();
         // SAFETY: valid id under its lock; the result points into the id.
@@ -228,6 +239,7 @@ impl CmId {
     /// ESTABLISHED, this returns [`Error::InvalidArgument`] at once (that
     /// connect ends at its timeout; a future of the async layer's connect can
     /// be dropped instead).
+    #[doc(alias = "rdma_disconnect")]
     pub fn disconnect(&self) -> Result<()> {
         let _g = self.inner.lock();
         self.inner.refuse_if_waiting()?;
@@ -241,15 +253,20 @@ impl CmId {
         }
     }
 
-    /// Waits up to `timeout` for the next event of this id (the events of a
+    /// Waits up to `timeout` for the next event of this id (`rdma_get_cm_event`,
+    /// acknowledged at once with `rdma_ack_cm_event`; the events of a
     /// handshake in progress in another thread are that handshake's).
     /// [`Error::Timeout { .. }`](Error::Timeout) when none came.
+    #[doc(alias = "rdma_get_cm_event")]
+    #[doc(alias = "rdma_ack_cm_event")]
     pub fn get_event(&self, timeout: Duration) -> Result<CmEvent> {
         self.wait_event(timeout, "waiting for an rdma_cm event", timeout)
     }
 
-    /// Waits up to `timeout` for the next event and checks that it is `kind`;
+    /// Waits up to `timeout` for the next event (`rdma_get_cm_event`) and checks that it is `kind`;
     /// any other event becomes its [`Error::CmEvent`].
+    #[doc(alias = "rdma_get_cm_event")]
+    #[doc(alias = "rdma_ack_cm_event")]
     pub fn expect_event(&self, kind: CmEventKind, timeout: Duration) -> Result<CmEvent> {
         let ev = self.get_event(timeout)?;
         if ev.kind == kind {
@@ -259,9 +276,11 @@ impl CmId {
         }
     }
 
-    /// The next event without waiting, if one is there.
+    /// The next event without waiting (`rdma_get_cm_event` on the non-blocking channel), if one is there.
     /// `None` too while a [`connect`](CmId::connect) or a resolve on another
     /// thread waits (the events it waits for are its own).
+    #[doc(alias = "rdma_get_cm_event")]
+    #[doc(alias = "rdma_ack_cm_event")]
     pub fn try_event(&self) -> Result<Option<CmEvent>> {
         let _g = self.inner.lock();
         if self.inner.connecting() {

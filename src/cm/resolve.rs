@@ -7,6 +7,7 @@ impl CmId {
     /// (`rdma_resolve_addr`, waiting for ADDR_RESOLVED), optionally from
     /// `src`. The kernel gives up after `timeout` (ADDR_ERROR, status
     /// -ETIMEDOUT); this call returns at the latest 2 s after that.
+    #[doc(alias = "rdma_resolve_addr")]
     pub fn resolve_addr(
         &self,
         src: Option<SocketAddr>,
@@ -66,6 +67,7 @@ impl CmId {
 
     /// Resolves the route to the resolved address (`rdma_resolve_route`,
     /// waiting for ROUTE_RESOLVED; returns at the latest 2 s after `timeout`).
+    #[doc(alias = "rdma_resolve_route")]
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         let _own = {
             let _g = self.inner.lock();
@@ -116,8 +118,11 @@ impl CmId {
         Ok(())
     }
 
-    /// [`resolve_addr`](CmId::resolve_addr) then [`resolve_route`](CmId::resolve_route),
+    /// [`resolve_addr`](CmId::resolve_addr) then [`resolve_route`](CmId::resolve_route)
+    /// (`rdma_resolve_addr`, `rdma_resolve_route`),
     /// each with `timeout`: what a client does before [`create_qp`](CmId::create_qp).
+    #[doc(alias = "rdma_resolve_addr")]
+    #[doc(alias = "rdma_resolve_route")]
     pub fn resolve(&self, dst: SocketAddr, timeout: Duration) -> Result<()> {
         self.resolve_addr(None, dst, timeout)?;
         self.resolve_route(timeout)

@@ -86,12 +86,13 @@ pub struct DmaBufExport {
     pub window: ExportWindow,
 }
 
-/// Exports `[offset, offset+len)` of `mem` as a dma-buf
+/// Exports `[offset, offset+len)` of `mem` as a dma-buf (`cuMemGetHandleForAddressRange`)
 /// (`cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)`),
 /// aligned as [`export_window`] describes.
 ///
 /// The fd does not keep the memory allocated: keep `mem` alive while anything
 /// (e.g. an MR) uses it.
+#[doc(alias = "cuMemGetHandleForAddressRange")]
 pub fn export_dma_buf<D: DeviceMemory + ?Sized>(
     mem: &D,
     offset: usize,
@@ -226,7 +227,7 @@ impl fmt::Debug for Registration {
     }
 }
 
-/// Registers device memory with the NIC (GPUDirect RDMA) so peers can READ /
+/// Registers device memory with the NIC (`ibv_reg_dmabuf_mr` or `ibv_reg_mr`; GPUDirect RDMA) so peers can READ /
 /// WRITE it and it can be a local SGE, choosing the path with `mode`:
 ///
 /// * [`GdrMode::DmaBuf`]: exports the range as a dma-buf and registers it with
@@ -246,6 +247,8 @@ impl fmt::Debug for Registration {
 ///
 /// Errors: [`GdrError::DriverNotAvailable`] without libcuda, [`GdrError::NoPath`]
 /// listing each missing piece and each failed attempt (with what to do).
+#[doc(alias = "ibv_reg_dmabuf_mr")]
+#[doc(alias = "ibv_reg_mr")]
 pub fn register(
     pd: &Pd,
     mem: impl DeviceMemory,
