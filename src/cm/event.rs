@@ -35,6 +35,7 @@ impl EventChannel {
     ///
     /// On a kernel without RDMA support this is [`Error::NoRdmaSupport`];
     /// with support but no device, [`Error::NoDevices`].
+    #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<EventChannel> {
         // SAFETY: plain constructor call.
         let raw = unsafe { ffi::rdma_create_event_channel() };

@@ -166,3 +166,70 @@ pub(super) unsafe fn attach_and_call(
     }
     Ok(attach)
 }
+
+impl CmId {
+    /// Connects to the resolved peer (`rdma_connect`) and waits up to
+    /// `timeout` for ESTABLISHED, returning the QP in RTS and the ESTABLISHED
+    /// event (with the peer's accept private data).
+    ///
+    /// librdmacm moves `qp` to RTR and RTS during the handshake; receives
+    /// posted before stay posted. `qp` must be on this id's device (normally
+    /// from [`CmId::create_qp`]). A REJECTED, UNREACHABLE or CONNECT_ERROR
+    /// event is returned as [`Error::CmEvent`]; on any failure the QP is
+    /// dropped, and the id should be dropped too (an rdma_cm id connects once).
+    #[doc(alias = "rdma_connect")]
+    pub fn connect(
+        &self,
+        qp: Qp<Rc, Init>,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(Qp<Rc, Rts>, CmEvent)> {
+        param.validate()?;
+        let handshake = {
+            let _g = self.inner.lock();
+            self.inner.refuse_if_waiting()?;
+            let id = self.inner.id();
+            // SAFETY: the lock is held while `attach` is a QpAttach: it becomes
+            // a Handshake (which re-locks to detach) before the lock is
+            // released; the QP outlives the Handshake (dropped below, and on
+            // unwinding before the parameter `qp`).
+            let attach =
+                unsafe { attach_and_call(id, &qp, param, ffi::rdma_connect, "rdma_connect")? };
+            self.inner.connecting.store(true, Ordering::Relaxed);
+            Handshake::keep(&self.inner, attach)
+        };
+        // Without the lock between polls: getters and other calls on this id
+        // do not wait for the handshake (event readers and `disconnect` see
+        // `connecting` and leave the id's events and QP alone).
+        let ev = self.inner.expect(
+            CmEventKind::Established,
+            "rdma_connect",
+            "rdma_connect: waiting for ESTABLISHED",
+            timeout,
+            false,
+        );
+        drop(handshake);
+        let ev = ev?;
+        // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm
+        // processed the reply and moved the QP to RTR and RTS (else it reports
+        // CONNECT_ERROR).
+        Ok((unsafe { qp.assume_state::<Rts>() }, ev))
+    }
+}
+
+fn conn_call_error(verb: &'static str, e: io::Error) -> Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::EINVAL) => Some(
+            "check the private data length (InfiniBand/RoCE: at most 56 bytes on connect, 196 on accept), \
+             responder_resources/initiator_depth (at most the device's max_qp_rd_atom/max_qp_init_rd_atom), \
+             and that the address and route were resolved"
+                .into(),
+        ),
+        _ => None,
+    };
+    Error::Verb {
+        verb,
+        source: e,
+        hint,
+    }
+}

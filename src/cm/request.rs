@@ -40,10 +40,11 @@ impl ConnectRequest {
         self.id().peer_addr()
     }
 
-    /// Accepts with `qp` (from [`CmId::create_qp`] on [`id`](ConnectRequest::id))
+    /// Accepts (`rdma_accept`) with `qp` (from [`CmId::create_qp`] on [`id`](ConnectRequest::id))
     /// and waits up to `timeout` for ESTABLISHED. librdmacm moves the QP to
     /// RTR and RTS; receives posted in INIT stay posted. Returns the QP and
     /// the connection's id (QP first, as [`CmId::connect`] does).
+    #[doc(alias = "rdma_accept")]
     pub fn accept(
         mut self,
         qp: Qp<Rc, Init>,
@@ -83,6 +84,7 @@ impl ConnectRequest {
     /// [`Error::InvalidArgument`] for longer private data, [`Error::Verb`]
     /// when rdma_cm refuses; either way the request is consumed, and its
     /// drop rejects it without private data.
+    #[doc(alias = "rdma_reject")]
     pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
         let len = match u8::try_from(private_data.len()) {
             Ok(n) if usize::from(n) <= REJECT_PRIVATE_DATA_MAX => n,

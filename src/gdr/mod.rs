@@ -3,34 +3,22 @@
 //! fallback through host memory for machines without GPUDirect.
 //!
 //! CUDA is reached through [cudarc] (re-exported as [`gdr::cudarc`](cudarc)),
-//! loaded at run time: the crate builds without the CUDA toolkit, and on a
-//! machine without the NVIDIA driver every function here that needs CUDA
-//! returns [`GdrError::DriverNotAvailable`] instead of panicking (arguments
-//! that are wrong anyway, like a [`StagingConfig`] out of its limits, are
-//! refused first with [`Error::InvalidArgument`]).
-//! Sizes, offsets and addresses are checked arithmetically: out-of-range or
-//! overflowing input is a typed error (or `None` from the pure
-//! [`export_window`]), never a panic.
+//! loaded at run time: the crate builds without the CUDA toolkit, and without
+//! the NVIDIA driver every function here that needs CUDA returns
+//! [`GdrError::DriverNotAvailable`] instead of panicking. Sizes, offsets and
+//! addresses are checked: bad input is a typed error, never a panic.
 //!
 //! # Two ways in
-//! * [`register`]: device memory as an [`Mr`](crate::Mr) (dma-buf or
-//!   peer-mem), for peers to READ/WRITE or for your own work requests. The
-//!   `Mr` keeps the allocation alive, its [`addr`](crate::Mr::addr) is the
-//!   device address (the IOVA peers target), and it never hands out a host
-//!   slice of GPU memory.
-//! * [`GpuBuffer`]: "send this device buffer to that remote MR". It uses
-//!   GPUDirect RDMA when it can and otherwise copies through registered,
-//!   page-locked host bounce buffers ([`StagingConfig`]: 1 to 64 buffers of
-//!   up to 1 GiB), chunked and double-buffered so the copy of one chunk
-//!   overlaps the RDMA WRITE of the previous. [`GpuBuffer::path`] and
-//!   [`Transfer::path`] say which path was taken. A write takes back only
-//!   completions that carry pieces of its own registrations (QP number and
-//!   `wr_id` pre-select them; [`WR_ID_TAG`] is informational), so other work
-//!   requests and other `GpuBuffer`s may share its QP and CQ: their
-//!   completions come back in [`Transfer::others`]. The page-locking of the
-//!   bounce buffers (`cuMemHostRegister`) is undone when the `GpuBuffer` is
-//!   dropped, and it keeps their memory allocated until then, even pieces
-//!   lost to a QP that was dropped after a timed-out write.
+//! * [`register`]: device memory as an [`Mr`](crate::Mr) (dma-buf or peer-mem)
+//!   for peers to READ/WRITE or for your own work requests; its
+//!   [`addr`](crate::Mr::addr) is the device address. **Synchronize the stream
+//!   that wrote the data before posting it**, and launch consumers of a peer's
+//!   WRITE only after its completion.
+//! * [`GpuBuffer`]: "send this device buffer to that remote MR", over GPUDirect
+//!   RDMA when it can, otherwise through registered host bounce buffers
+//!   ([`StagingConfig`]), chunked and double-buffered. It synchronizes the
+//!   stream itself and takes back only its own completions: others come back in
+//!   [`Transfer::others`].
 //!
 //! ```no_run
 //! use rdma_verbs::gdr::{self, DeviceAlloc, GdrMode, GpuBuffer};
@@ -45,62 +33,28 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Choosing the path
-//! [`probe`] observes the machine ([`Capabilities`]); [`decide`], a pure
-//! function, turns that and the caller's [`GdrMode`] into the paths to try.
-//! `Auto` tries dma-buf (when the GPU reports
-//! `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`), then nvidia-peermem (when the
-//! module is loaded), then (for [`GpuBuffer`]) staging; a path whose verbs call
-//! fails is recorded in [`AttemptFailure`]s and the next is tried. When nothing
-//! works, [`GdrError::NoPath`] lists every [`Missing`] piece and every failed
-//! attempt, each with what to do.
-//!
-//! # Ordering you still owe
-//! The NIC reads GPU memory behind CUDA's back. [`GpuBuffer::write`]
-//! synchronizes the memory's stream before posting, but when you post an `Mr`
-//! from [`register`] yourself, **first synchronize the stream (or event) whose
-//! kernels or copies wrote the data**, and do not let GPU work write memory
-//! that a posted WRITE is still reading (wait for its completion). In the
-//! other direction, after a peer's WRITE into GPU memory completes (e.g. you
-//! polled the WRITE_WITH_IMM receive), launch the consumer kernel only then.
-//! `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` is set on every registered allocation
-//! (see [`Registration::sync_memops`]) so that *synchronous* CUDA copies into
-//! it have completed when they return; asynchronous work still needs the sync.
-//!
-//! # GPUDirect RDMA checklist
-//! What each missing piece looks like here:
-//!
-//! | Needed | If missing |
-//! | --- | --- |
-//! | NVIDIA driver, libcuda.so.1 on the loader path, a visible GPU | [`GdrError::DriverNotAvailable`] (also [`Missing::CudaDriver`]) |
-//! | Device memory (`cuMemAlloc`, [`DeviceAlloc`], a `CudaSlice`), not host or managed memory | [`Missing::DeviceMemory`] (managed memory: staging only) |
-//! | A GPU with GPUDirect RDMA (data-center parts; `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`) | [`Missing::GpuDirectRdma`] |
-//! | dma-buf: Linux >= 5.12, NVIDIA **open** kernel modules (driver >= 515), CUDA >= 11.7, an RDMA driver with dma-buf MRs (mlx5, efa, ...; not rxe) | [`Missing::DmaBuf`], or a failed `ibv_reg_dmabuf_mr` (EOPNOTSUPP) in [`GdrError::NoPath`] |
-//! | or nvidia-peermem: `modprobe nvidia-peermem` (needs MLNX_OFED/DOCA-OFED peer-memory support) | [`Missing::PeerMem`], or a failed `ibv_reg_mr` (EFAULT) |
-//! | RLIMIT_MEMLOCK large enough (peer-mem pins, and staging buffers are host MRs) | [`crate::Error::MemlockLimit`] inside the attempt failure |
-//! | IOMMU off or in passthrough (`iommu=pt`), PCIe ACS disabled on the switch ports between NIC and GPU | registration works but WRITEs fail or hang (`IBV_WC_LOC_PROT_ERR`/`REM_ACCESS_ERR`, AER errors in dmesg) |
-//! | NIC and GPU under the same PCIe switch (`nvidia-smi topo -m`: PIX/PXB) | works, but slowly through the CPU root complex (NODE/SYS) |
-//! | BAR1 large enough for what is registered (`nvidia-smi -q -d MEMORY`, "BAR1 Memory Usage") | registration fails with ENOMEM/EINVAL once BAR1 is exhausted |
-//!
-//! The dma-buf export is aligned outwards to [`GPU_PAGE_SIZE`] (64 KiB, and
-//! never less than the host page size `cuMemGetHandleForAddressRange`
-//! requires; clamped to host pages at the edges of the allocation); the MR
-//! registers exactly the requested bytes at `offset = ptr - window.base` with
-//! IOVA = the device pointer, and the fd is closed as soon as the MR holds the
-//! dma-buf. Allocations smaller than a page that share it with others may not
-//! export; [`DeviceAlloc`] rounds allocations up to 64 KiB for that reason.
+//! [`probe`] observes the machine ([`Capabilities`]) and [`decide`], a pure
+//! function, turns that and the [`GdrMode`] into the paths to try, best first;
+//! when nothing works, [`GdrError::NoPath`] lists every [`Missing`] piece and
+//! every failed attempt, each with what to do.
 
 pub use cudarc;
 
+mod buffer;
+mod direct;
 mod driver;
+mod ledger;
 mod memory;
+mod plan;
 mod register;
 mod select;
-mod transfer;
+mod staging;
 
 use std::fmt;
 
+pub use buffer::{GpuBuffer, Transfer};
 pub use driver::{check_driver, cuda_context, device_count};
+pub use ledger::WR_ID_TAG;
 pub use memory::{
     DeviceAlloc, DeviceMemory, DeviceRange, PlainBytes, copy_from_device, copy_to_device,
 };
@@ -109,7 +63,7 @@ pub use register::{
     peermem_loaded, probe, register, set_sync_memops, sync_memops,
 };
 pub use select::{Capabilities, Decision, GdrMode, GdrPath, MemoryKind, Missing, decide};
-pub use transfer::{GpuBuffer, StagingConfig, Transfer, WR_ID_TAG};
+pub use staging::StagingConfig;
 
 use crate::error::Error;
 

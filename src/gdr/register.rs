@@ -12,7 +12,10 @@ use super::driver::{
     memory_kind_of, set_sync_memops_on,
 };
 use super::memory::{bind, sub_range, sync_stream};
-use super::select::{Capabilities, Decision, GdrMode, GdrPath, MemoryKind, Missing, decide};
+use super::plan::PathPlan;
+#[cfg(doc)]
+use super::select::decide;
+use super::select::{Capabilities, GdrMode, GdrPath, MemoryKind, Missing};
 use super::{AttemptFailure, DeviceMemory, GdrError};
 use crate::error::{Error, Result, last_errno};
 use crate::ffi;
@@ -83,12 +86,13 @@ pub struct DmaBufExport {
     pub window: ExportWindow,
 }
 
-/// Exports `[offset, offset+len)` of `mem` as a dma-buf
+/// Exports `[offset, offset+len)` of `mem` as a dma-buf (`cuMemGetHandleForAddressRange`)
 /// (`cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)`),
 /// aligned as [`export_window`] describes.
 ///
 /// The fd does not keep the memory allocated: keep `mem` alive while anything
 /// (e.g. an MR) uses it.
+#[doc(alias = "cuMemGetHandleForAddressRange")]
 pub fn export_dma_buf<D: DeviceMemory + ?Sized>(
     mem: &D,
     offset: usize,
@@ -223,7 +227,7 @@ impl fmt::Debug for Registration {
     }
 }
 
-/// Registers device memory with the NIC (GPUDirect RDMA) so peers can READ /
+/// Registers device memory with the NIC (`ibv_reg_dmabuf_mr` or `ibv_reg_mr`; GPUDirect RDMA) so peers can READ /
 /// WRITE it and it can be a local SGE, choosing the path with `mode`:
 ///
 /// * [`GdrMode::DmaBuf`]: exports the range as a dma-buf and registers it with
@@ -243,6 +247,8 @@ impl fmt::Debug for Registration {
 ///
 /// Errors: [`GdrError::DriverNotAvailable`] without libcuda, [`GdrError::NoPath`]
 /// listing each missing piece and each failed attempt (with what to do).
+#[doc(alias = "ibv_reg_dmabuf_mr")]
+#[doc(alias = "ibv_reg_mr")]
 pub fn register(
     pd: &Pd,
     mem: impl DeviceMemory,
@@ -274,70 +280,19 @@ pub(crate) fn register_shared(
             reason: "must be at least 1 byte".into(),
         });
     }
-    let caps = probe(&*mem);
-    let (paths, skipped) = match decide(mode, &caps) {
-        Decision::Refuse(missing) => {
-            return Err(GdrError::NoPath {
-                mode,
-                missing,
-                failures: Vec::new(),
-            }
-            .into());
-        }
-        Decision::Try { paths, skipped } => (paths, skipped),
-    };
-    let direct: Vec<GdrPath> = paths.into_iter().filter(|p| p.is_direct()).collect();
-    if direct.is_empty() {
-        return Err(GdrError::NoPath {
-            mode,
-            missing: skipped,
-            failures: Vec::new(),
-        }
-        .into());
-    }
+    let plan = PathPlan::for_memory(&*mem, mode)?.direct_only()?;
     bind(mem.stream())?;
     // A stream-ordered allocation exists only once its stream reached it.
     sync_stream(mem.stream())?;
     let sync_memops = set_sync_memops_on(ptr).is_ok();
-    let (mr, path, skipped, failures) = first_working_path(mode, &caps, direct, skipped, |path| {
-        register_direct(pd, &mem, ptr, len, access, path)
-    })?;
+    let chosen = plan.first_working(|path| register_direct(pd, &mem, ptr, len, access, path))?;
     Ok(Registration {
-        mr,
-        path,
+        mr: chosen.value,
+        path: chosen.path,
         sync_memops,
-        skipped,
-        failures,
+        skipped: chosen.skipped,
+        failures: chosen.failures,
     })
-}
-
-/// Tries `paths` in order until `attempt` succeeds, returning its value, the
-/// path, `skipped`, and the failures of the paths tried before it; when none
-/// works, [`GdrError::NoPath`] with every failure.
-pub(crate) fn first_working_path<T>(
-    mode: GdrMode,
-    caps: &Capabilities,
-    paths: impl IntoIterator<Item = GdrPath>,
-    skipped: Vec<Missing>,
-    mut attempt: impl FnMut(GdrPath) -> Result<T>,
-) -> Result<(T, GdrPath, Vec<Missing>, Vec<AttemptFailure>)> {
-    let mut failures = Vec::new();
-    for path in paths {
-        match attempt(path) {
-            Ok(value) => return Ok((value, path, skipped, failures)),
-            Err(error) => failures.push(AttemptFailure {
-                path,
-                error: Box::new(error),
-                allocation_rdma_capable: caps.allocation_rdma_capable,
-            }),
-        }
-    }
-    Err(GdrError::NoPath {
-        mode,
-        missing: skipped,
-        failures,
-    }
-    .into())
 }
 
 /// Registers `[ptr, ptr+len)` of `mem` on one direct path.

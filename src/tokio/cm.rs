@@ -105,6 +105,8 @@ pub struct Listener {
 impl Listener {
     /// Binds to `addr` and listens with `backlog` (`rdma_bind_addr`,
     /// `rdma_listen`). Needs a tokio runtime.
+    #[doc(alias = "rdma_bind_addr")]
+    #[doc(alias = "rdma_listen")]
     pub fn bind(addr: SocketAddr, backlog: i32) -> Result<Listener> {
         Ok(Listener {
             inner: Watched::new(CmId::listener(addr, backlog)?)?,
@@ -146,10 +148,13 @@ pub struct AsyncCmId {
 }
 
 impl AsyncCmId {
-    /// A new id with its address and route to `dst` resolved (each step
+    /// A new id with its address and route to `dst` resolved (`rdma_resolve_addr`,
+    /// `rdma_resolve_route`; each step
     /// bounded by `timeout`, plus 2 s for the kernel to report). Next: create
     /// the PD, CQs and QP on [`id().context()`](CmId::context), then
     /// [`connect`](Self::connect).
+    #[doc(alias = "rdma_resolve_addr")]
+    #[doc(alias = "rdma_resolve_route")]
     pub async fn resolve(dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
         let w = Watched::new(CmId::new()?)?;
         w.id.start_resolve_addr(dst, timeout)?;
@@ -176,12 +181,13 @@ impl AsyncCmId {
         &self.inner.id
     }
 
-    /// Connects with `qp` (created on this id, wrapped in an [`AsyncQp`];
+    /// Connects (`rdma_connect`) with `qp` (created on this id, wrapped in an [`AsyncQp`];
     /// receives posted before carry over) and waits up to `timeout` for
     /// ESTABLISHED. Returns the QP in RTS and the ESTABLISHED event (the
     /// peer's private data). A rejection, an unreachable peer or a timeout is
     /// an error; the QP is dropped then. Cancel safe: dropping the future
     /// abandons the handshake and drops the QP.
+    #[doc(alias = "rdma_connect")]
     pub async fn connect(
         &mut self,
         qp: AsyncQp<Rc, Init>,
@@ -208,9 +214,10 @@ impl AsyncCmId {
         Ok((AsyncQp::from_parts(qp, parts), ev))
     }
 
-    /// Accepts `request` with `qp` (created on `request.id()`, wrapped in an
+    /// Accepts (`rdma_accept`) `request` with `qp` (created on `request.id()`, wrapped in an
     /// [`AsyncQp`]; receives posted before carry over) and waits up to
     /// `timeout` for ESTABLISHED. Returns the QP in RTS and the connection's id.
+    #[doc(alias = "rdma_accept")]
     pub async fn accept(
         request: ConnectRequest,
         qp: AsyncQp<Rc, Init>,
@@ -248,6 +255,7 @@ impl AsyncCmId {
     /// [`event`](Self::event) returned it, or an earlier `disconnect`), the
     /// connection is down already: it sends the disconnect (the reply the
     /// peer waits for) and returns `Ok` at once.
+    #[doc(alias = "rdma_disconnect")]
     pub async fn disconnect(&mut self, timeout: Duration) -> Result<()> {
         if self.inner.disconnected.load(Ordering::Relaxed) {
             // Still sent: it is the reply the peer's own disconnect waits

@@ -22,54 +22,19 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # How it works
-//! An [`AsyncCq`] is a CQ on an [`AsyncChannel`]: a completion channel (its
-//! own, or shared by many CQs) with a driver task, spawned on the runtime it
-//! was created in, that polls each CQ with work, and when a CQ is empty arms
-//! it, polls once more and sleeps on the channel's
-//! [`Readiness`](crate::Readiness) handle through tokio's `AsyncFd`; the
-//! events name the CQs to poll next and are acknowledged in batches. Each completion is handed to the future that
-//! awaits it, or queued for [`AsyncCq::next`].
+//! An [`AsyncCq`] is a CQ on an [`AsyncChannel`] whose driver task, spawned on
+//! the runtime that created it, polls the CQs with work and sleeps on the
+//! channel's readiness; each completion goes to the future that awaits it, or
+//! to [`AsyncCq::next`]. The runtime needs its IO driver (`enable_io`); a
+//! constructor in a runtime without it returns [`Error::InvalidArgument`].
 //!
-//! [`AsyncQp`] numbers its requests itself and registers each one on its CQ
-//! before posting it, so a completion finds its future by (QP number, queue,
-//! `wr_id`) whatever order things happen in.
-//!
-//! The runtime needs its IO driver (`Builder::enable_io` or `enable_all`,
-//! as `#[tokio::main]` has): a constructor called, or an rdma_cm wait first
-//! polled, in a runtime without it returns [`Error::InvalidArgument`].
-//! Tokio offers no way to ask whether a runtime has IO, so that error comes
-//! from catching tokio's own panic: the panic hook runs first (printing
-//! tokio's message), and in a `panic = "abort"` build the process aborts
-//! there, as it would in tokio's own IO types. Tokio's timers are not
-//! needed: the driver task and the rdma_cm waits time out on timers of
-//! their own (`timerfd`), so a runtime without `enable_time` works too.
-//!
-//! # Cancel safety
-//! The ownership-passing data path is what makes cancellation sound: a posted
-//! buffer belongs to the QP, not to the future. Dropping an operation's future
-//! after it was posted leaves the request in flight; its completion, with the
-//! buffers, is then returned by [`AsyncCq::next`]. Nothing is freed while the
-//! NIC may still use it, and nothing is lost: every buffer comes back exactly
-//! once, from the operation's future or from `next`, unless the QP is
-//! dropped first (which releases them, as for a synchronous [`Qp`](crate::Qp)).
-//!
-//! # Threading model
-//! Everything here is `Send` and `Sync` and works on the multi-threaded
-//! runtime. [`AsyncQp`] methods take `&self` and can run from many tasks at
-//! once (posting is serialised by a mutex held only for the post).
-//! [`AsyncCq::next`] is meant for one consumer task: a second concurrent
-//! caller replaces the first one's wake-up. The driver task runs on the
-//! runtime that created the [`AsyncCq`]; dropping the `AsyncCq` stops it, and
-//! futures still waiting on it then fail instead of hanging. So does shutting
-//! that runtime down. Awaiting from another runtime works only while the
-//! creating one runs its tasks: a current-thread runtime runs them only
-//! inside its `block_on`, so futures awaited elsewhere while it sits idle
-//! wait until it runs again. Create the `AsyncCq` on the runtime that awaits
-//! its operations.
-//!
-//! rdma_cm ([`Listener`], [`AsyncCmId`]) and async events ([`AsyncEventStream`])
-//! are awaited the same way, through the readiness handles of their channels.
+//! Cancellation is safe: a posted buffer belongs to the QP, not to the future.
+//! A future dropped after its post leaves the request in flight, and its
+//! completion, with the buffers, comes back from [`AsyncCq::next`].
+//! Everything here is `Send` and `Sync`; [`AsyncQp`] methods may run from many
+//! tasks at once, [`AsyncCq::next`] is for one consumer task. rdma_cm
+//! ([`Listener`], [`AsyncCmId`]) and async events ([`AsyncEventStream`]) are
+//! awaited the same way.
 
 mod cm;
 mod cq;

@@ -1,116 +1,29 @@
-//! "Send this device buffer to that remote MR": [`GpuBuffer`], over GPUDirect
+//! [`GpuBuffer`]: "send this device buffer to that remote MR", over GPUDirect
 //! RDMA when the machine has it, through pinned host bounce buffers when not.
 
-use std::ffi::c_void;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaStream;
-use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::sys::CUdeviceptr;
 
+use super::direct::{direct_write, reassemble};
 use super::driver::{driver, set_sync_memops_on};
+use super::ledger::{InFlight, RegistrationKeepalive, WriteLedger};
 use super::memory::{bind, dtoh, sync_stream};
-use super::register::{first_working_path, probe, register_direct};
-use super::select::{Capabilities, Decision, GdrMode, GdrPath, Missing, decide};
-use super::{AttemptFailure, DeviceMemory, GdrError};
+use super::plan::PathPlan;
+use super::register::register_direct;
+use super::select::{Capabilities, GdrMode, GdrPath, Missing};
+use super::staging::{BounceBuffers, CopyFn, StagingConfig, staging_write};
+use super::{AttemptFailure, DeviceMemory};
+#[cfg(doc)]
+use super::{GdrError, decide};
 use crate::cq::{Completion, Cq};
 use crate::error::{Error, Result};
-use crate::mr::{AccessFlags, Mr, RemoteMr, page_size};
+use crate::mr::{AccessFlags, Mr, RemoteMr};
 use crate::pd::Pd;
-use crate::qp::{Buffer, PostError, Qp, Rc, Rts, SendWr, Sges};
-
-/// The upper 32 bits of every `wr_id` a [`GpuBuffer`] posts ("GDR\0"); the
-/// lower 32 bits are a process-wide sequence number.
-///
-/// The tag is informational: a `GpuBuffer` claims a completion only when its
-/// QP number and `wr_id` are those of one of its own WRITEs still in flight
-/// **and** the buffer it carries is a piece of one of the `GpuBuffer`'s own
-/// registrations. Anything else (your own work requests, also ones whose
-/// `wr_id` carries this tag, and another `GpuBuffer`'s WRITEs) is handed back
-/// in [`Transfer::others`].
-pub const WR_ID_TAG: u64 = 0x4744_5200_0000_0000;
-const TAG_MASK: u64 = 0xffff_ffff_0000_0000;
-
-/// Sequence numbers for the low half of `wr_id`s, shared by every
-/// [`GpuBuffer`] of the process so that two of them on one QP do not reuse
-/// each other's `wr_id`s (until it wraps at 2^32, which the buffer check covers).
-static NEXT_WR_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// Largest single RDMA WRITE the direct path posts (SGE lengths are 32-bit).
-const MAX_WRITE: usize = 1 << 30;
-/// Direct-path WRITEs in flight at once.
-const DIRECT_DEPTH: usize = 8;
-
-/// How the staging fallback stages: `buffers` registered host bounce buffers
-/// of `chunk_size` bytes each.
-///
-/// With two or more buffers, the device-to-host copy of one chunk overlaps the
-/// RDMA WRITE of the previous one (double buffering).
-///
-/// [`GpuBuffer::with_config`] checks it with [`StagingConfig::validate`] and
-/// refuses an invalid one with [`Error::InvalidArgument`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StagingConfig {
-    /// Bytes per bounce buffer, 1 to [`StagingConfig::MAX_CHUNK_SIZE`]
-    /// (rounded up to the host page size). Default 4 MiB.
-    pub chunk_size: usize,
-    /// Number of bounce buffers, 1 to [`StagingConfig::MAX_BUFFERS`]. Default 2.
-    pub buffers: usize,
-    /// Page-lock the bounce buffers for CUDA too (`cuMemHostRegister`), so the
-    /// copies run at full DMA speed; falls back to pageable copies if refused.
-    /// The lock is released (`cuMemHostUnregister`) when the [`GpuBuffer`] is
-    /// dropped, and the bounce buffers' memory is kept allocated until then
-    /// even if some of it was lost to a QP (a timed-out write whose QP was
-    /// dropped), so memory is never freed while CUDA still has it page-locked.
-    /// Default true.
-    pub pin: bool,
-}
-
-impl Default for StagingConfig {
-    fn default() -> StagingConfig {
-        StagingConfig {
-            chunk_size: 4 << 20,
-            buffers: 2,
-            pin: true,
-        }
-    }
-}
-
-impl StagingConfig {
-    /// The most bounce buffers a [`GpuBuffer`] allocates.
-    pub const MAX_BUFFERS: usize = 64;
-    /// The largest bounce buffer: 1 GiB (an SGE's length is 32-bit).
-    pub const MAX_CHUNK_SIZE: usize = MAX_WRITE;
-
-    /// Checks the limits: `buffers` in `1..=MAX_BUFFERS`, `chunk_size` in
-    /// `1..=MAX_CHUNK_SIZE`. Pure; [`Error::InvalidArgument`] otherwise.
-    pub fn validate(&self) -> Result<()> {
-        if self.buffers == 0 || self.buffers > Self::MAX_BUFFERS {
-            return Err(Error::InvalidArgument {
-                what: "staging buffers",
-                reason: format!(
-                    "{} bounce buffers: must be 1 to {}",
-                    self.buffers,
-                    Self::MAX_BUFFERS
-                ),
-            });
-        }
-        if self.chunk_size == 0 || self.chunk_size > Self::MAX_CHUNK_SIZE {
-            return Err(Error::InvalidArgument {
-                what: "staging chunk size",
-                reason: format!(
-                    "{} bytes: must be 1 to {} (1 GiB)",
-                    self.chunk_size,
-                    Self::MAX_CHUNK_SIZE
-                ),
-            });
-        }
-        Ok(())
-    }
-}
+use crate::qp::{Qp, Rc, Rts, Sges};
 
 /// What one [`GpuBuffer::write`] did.
 pub struct Transfer {
@@ -130,7 +43,7 @@ pub struct Transfer {
     /// Buffers that had to be taken out of completions in [`Transfer::others`]
     /// to see whose they were, with the completion's `wr_id`: their QP number
     /// and `wr_id` matched a WRITE this buffer had in flight (someone posted a
-    /// `wr_id` carrying [`WR_ID_TAG`]), but the buffers were not its own.
+    /// `wr_id` carrying [`WR_ID_TAG`](super::WR_ID_TAG)), but the buffers were not its own.
     /// Those completions are in `others` without buffers. Normally empty.
     pub taken_buffers: Vec<(u64, Sges)>,
 }
@@ -202,75 +115,40 @@ pub struct GpuBuffer {
     stray: Vec<Completion>,
     /// Buffers taken out of `stray` completions (see [`Transfer::taken_buffers`]).
     stray_buffers: Vec<(u64, Sges)>,
-    state: State,
+    state: PathState,
 }
 
-/// Copies `dst.len()` bytes from a device address into `dst`.
-type CopyFn = fn(&mut [u8], CUdeviceptr) -> std::result::Result<(), GdrError>;
-
-enum State {
+enum PathState {
     Direct {
         /// Pieces of the device registration in hand (normally one, the whole).
         pieces: Vec<Mr>,
         /// Keeps the registration and names it.
-        anchor: Anchor,
+        keepalive: RegistrationKeepalive,
     },
-    Staging(Staging),
+    Staging(BounceBuffers),
 }
 
-impl State {
+impl PathState {
     /// The `ibv_mr`s (as addresses) of this buffer's own registrations.
     fn regions(&self) -> Vec<usize> {
         match self {
-            State::Direct { anchor, .. } => vec![anchor.region()],
-            State::Staging(st) => st.bounce.iter().map(|b| b.anchor.region()).collect(),
+            PathState::Direct { keepalive, .. } => vec![keepalive.region()],
+            PathState::Staging(st) => st.buffers.iter().map(|b| b.keepalive.region()).collect(),
         }
     }
 
     /// Takes back pieces that returned from the NIC (or were never posted).
     fn give_back(&mut self, returned: Vec<Mr>) {
         match self {
-            State::Direct { pieces, .. } => {
+            PathState::Direct { pieces, .. } => {
                 pieces.extend(returned);
                 if let Some(whole) = reassemble(pieces) {
                     pieces.push(whole);
                 }
             }
-            State::Staging(st) => st.give_back(returned),
+            PathState::Staging(st) => st.give_back(returned),
         }
     }
-}
-
-/// A zero-length piece cut off the end of a registration. Held by the
-/// [`GpuBuffer`] for its whole life, it keeps the registration (its `ibv_mr`
-/// and the memory behind it) alive however many of the other pieces are lost
-/// to a QP, so [`Mr::as_raw`] names this registration and no other for as long
-/// as the buffer compares completions against it, and the staging path can
-/// unpin the memory before it is freed.
-struct Anchor(Mr);
-
-impl Anchor {
-    /// Cuts the anchor off the end of `mr` (which keeps all of its bytes).
-    fn cut(mr: &mut Mr) -> Result<Anchor> {
-        let at = mr.len();
-        Ok(Anchor(mr.split_off(at)?))
-    }
-
-    fn region(&self) -> usize {
-        self.0.as_raw() as usize
-    }
-}
-
-/// One WRITE posted by a [`GpuBuffer`] and not yet seen completing.
-struct InFlight {
-    qp_num: u32,
-    wr_id: u64,
-    /// `Mr::as_raw` and `Mr::addr` of the posted piece: unique among the pieces
-    /// out, since live pieces of a registration never overlap.
-    region: usize,
-    addr: u64,
-    /// The `write` that posted it (`GpuBuffer::writes`).
-    write: u64,
 }
 
 impl GpuBuffer {
@@ -308,46 +186,35 @@ impl GpuBuffer {
                 reason: format!("[{ptr:#x}, +{len}) overflows the address space"),
             });
         }
-        let caps = probe(&*mem);
-        let (paths, skipped) = match decide(mode, &caps) {
-            Decision::Refuse(missing) => {
-                return Err(GdrError::NoPath {
-                    mode,
-                    missing,
-                    failures: Vec::new(),
-                }
-                .into());
-            }
-            Decision::Try { paths, skipped } => (paths, skipped),
-        };
+        let plan = PathPlan::for_memory(&*mem, mode)?;
+        let caps = *plan.capabilities();
         bind(mem.stream())?;
         sync_stream(mem.stream())?;
-        let sync_memops = paths.iter().any(|p| p.is_direct()) && set_sync_memops_on(ptr).is_ok();
-        let (state, path, skipped, failures) =
-            first_working_path(mode, &caps, paths, skipped, |path| match path {
-                GdrPath::DmaBuf | GdrPath::PeerMem => {
-                    register_direct(pd, &mem, ptr, len, AccessFlags::empty(), path).and_then(
-                        |mut mr| {
-                            let anchor = Anchor::cut(&mut mr)?;
-                            Ok(State::Direct {
-                                pieces: vec![mr],
-                                anchor,
-                            })
-                        },
-                    )
-                }
-                GdrPath::Staging => {
-                    Staging::new(pd, mem.stream().cloned(), &config).map(State::Staging)
-                }
-            })?;
+        let sync_memops = plan.has_direct() && set_sync_memops_on(ptr).is_ok();
+        let chosen = plan.first_working(|path| match path {
+            GdrPath::DmaBuf | GdrPath::PeerMem => {
+                register_direct(pd, &mem, ptr, len, AccessFlags::empty(), path).and_then(
+                    |mut mr| {
+                        let keepalive = RegistrationKeepalive::cut_from(&mut mr)?;
+                        Ok(PathState::Direct {
+                            pieces: vec![mr],
+                            keepalive,
+                        })
+                    },
+                )
+            }
+            GdrPath::Staging => {
+                BounceBuffers::new(pd, mem.stream().cloned(), &config).map(PathState::Staging)
+            }
+        })?;
         Ok(GpuBuffer {
             mem,
             ptr,
             len,
-            path,
+            path: chosen.path,
             caps,
-            skipped,
-            failures,
+            skipped: chosen.skipped,
+            failures: chosen.failures,
             sync_memops,
             timeout: Duration::from_secs(30),
             writes: 0,
@@ -355,7 +222,7 @@ impl GpuBuffer {
             copy: dtoh,
             stray: Vec::new(),
             stray_buffers: Vec::new(),
-            state,
+            state: chosen.value,
         })
     }
 
@@ -449,6 +316,57 @@ impl GpuBuffer {
         remote: RemoteMr,
         remote_offset: u64,
     ) -> Result<Transfer> {
+        self.check_write(qp, cq, &range)?;
+        let n = range.end - range.start;
+        remote.checked_addr(remote_offset, n as u64)?;
+        if n == 0 {
+            return Ok(Transfer {
+                path: self.path,
+                bytes: 0,
+                work_requests: 0,
+                elapsed: Duration::ZERO,
+                others: Vec::new(),
+                taken_buffers: Vec::new(),
+            });
+        }
+        bind(self.mem.stream())?;
+        sync_stream(self.mem.stream())?;
+        self.writes += 1;
+        let mut ledger = WriteLedger::new(
+            qp.qp_num(),
+            self.writes,
+            self.state.regions(),
+            std::mem::take(&mut self.in_flight),
+            self.timeout,
+        );
+        let t0 = Instant::now();
+        let mut run = self.reclaim_earlier_writes(&mut ledger, cq);
+        if run.is_ok() {
+            run = self.post_range(&mut ledger, qp, cq, range, remote, remote_offset);
+        }
+        // Whatever happened, wait for what is still posted (bounded by the timeout).
+        let drain = ledger.drain(cq);
+        let elapsed = t0.elapsed();
+        self.in_flight = std::mem::take(&mut ledger.in_flight);
+        self.state.give_back(std::mem::take(&mut ledger.returned));
+        let failed = run.err().or(drain.err()).or(ledger.first_error.take());
+        if let Some(e) = failed {
+            self.stray.append(&mut ledger.others);
+            self.stray_buffers.append(&mut ledger.taken);
+            return Err(e);
+        }
+        Ok(Transfer {
+            path: self.path,
+            bytes: n as u64,
+            work_requests: ledger.posted,
+            elapsed,
+            others: ledger.others,
+            taken_buffers: ledger.taken,
+        })
+    }
+
+    /// Refuses a CQ that is not `qp`'s send CQ and a range outside the buffer.
+    fn check_write(&self, qp: &Qp<Rc, Rts>, cq: &Cq, range: &Range<usize>) -> Result<()> {
         if qp.cq_raws().0 != cq.as_raw() {
             // Its completions would never show up: the wait would spin until
             // the timeout (never, with `Duration::MAX`).
@@ -468,86 +386,51 @@ impl GpuBuffer {
                 ),
             });
         }
-        let n = range.end - range.start;
-        remote.checked_addr(remote_offset, n as u64)?;
-        if n == 0 {
-            return Ok(Transfer {
-                path: self.path,
-                bytes: 0,
-                work_requests: 0,
-                elapsed: Duration::ZERO,
-                others: Vec::new(),
-                taken_buffers: Vec::new(),
-            });
+        Ok(())
+    }
+
+    /// Takes back what earlier (timed-out) writes left posted, if it is done.
+    fn reclaim_earlier_writes(&mut self, ledger: &mut WriteLedger, cq: &mut Cq) -> Result<()> {
+        if ledger.in_flight.is_empty() {
+            return Ok(());
         }
-        bind(self.mem.stream())?;
-        sync_stream(self.mem.stream())?;
-        self.writes += 1;
-        let mut eng = Engine::new(
-            qp.qp_num(),
-            self.writes,
-            self.state.regions(),
-            std::mem::take(&mut self.in_flight),
-            self.timeout,
-        );
-        let t0 = Instant::now();
-        // Take back what earlier (timed-out) writes left posted, if it is done.
-        let mut run = if eng.in_flight.is_empty() {
-            Ok(())
-        } else {
-            let r = eng.poll_once(cq).map(drop);
-            self.state.give_back(std::mem::take(&mut eng.returned));
-            r
-        };
-        if run.is_ok() {
-            run = match &mut self.state {
-                State::Direct { pieces, .. } => direct_write(
-                    &mut eng,
-                    qp,
-                    cq,
-                    pieces,
-                    self.len,
-                    range,
-                    remote,
-                    remote_offset,
-                ),
-                State::Staging(st) => staging_write(
-                    &mut eng,
-                    qp,
-                    cq,
-                    st,
-                    (self.ptr, self.copy),
-                    range,
-                    remote,
-                    remote_offset,
-                ),
-            };
+        let r = ledger.poll_once(cq).map(drop);
+        self.state.give_back(std::mem::take(&mut ledger.returned));
+        r
+    }
+
+    /// Posts the WRITEs of `range` on this buffer's path.
+    fn post_range(
+        &mut self,
+        ledger: &mut WriteLedger,
+        qp: &mut Qp<Rc, Rts>,
+        cq: &mut Cq,
+        range: Range<usize>,
+        remote: RemoteMr,
+        remote_offset: u64,
+    ) -> Result<()> {
+        match &mut self.state {
+            PathState::Direct { pieces, .. } => direct_write(
+                ledger,
+                qp,
+                cq,
+                pieces,
+                self.len,
+                range,
+                remote,
+                remote_offset,
+            ),
+            PathState::Staging(st) => staging_write(
+                ledger,
+                qp,
+                cq,
+                st,
+                (self.ptr, self.copy),
+                range,
+                remote,
+                remote_offset,
+            ),
         }
-        // Whatever happened, wait for what is still posted (bounded by the timeout).
-        let mut drain = Ok(());
-        while eng.outstanding > 0 {
-            if let Err(e) = eng.wait(cq) {
-                drain = Err(e);
-                break;
-            }
-        }
-        let elapsed = t0.elapsed();
-        self.in_flight = std::mem::take(&mut eng.in_flight);
-        self.state.give_back(std::mem::take(&mut eng.returned));
-        let failed = run.err().or(drain.err()).or(eng.first_error.take());
-        if let Some(e) = failed {
-            self.stray.append(&mut eng.others);
-            self.stray_buffers.append(&mut eng.taken);
-            return Err(e);
-        }
-        Ok(Transfer {
-            path: self.path,
-            bytes: n as u64,
-            work_requests: eng.posted,
-            elapsed,
-            others: eng.others,
-            taken_buffers: eng.taken,
-        })
     }
 }
 
@@ -564,481 +447,6 @@ impl fmt::Debug for GpuBuffer {
     }
 }
 
-/// Joins the pieces of one registration back into a single `Mr` when they are
-/// all there and adjacent; otherwise leaves them as they are.
-fn reassemble(pieces: &mut Vec<Mr>) -> Option<Mr> {
-    pieces.sort_by_key(Mr::addr);
-    let mut it = std::mem::take(pieces).into_iter();
-    let mut acc = it.next()?;
-    for p in it {
-        if let Err(p) = acc.unsplit(p) {
-            pieces.push(p);
-        }
-    }
-    if pieces.is_empty() {
-        Some(acc)
-    } else {
-        pieces.push(acc);
-        None
-    }
-}
-
-/// `base + off`, or an error instead of overflowing.
-fn offset_by(what: &'static str, base: u64, off: usize) -> Result<u64> {
-    base.checked_add(off as u64)
-        .ok_or_else(|| Error::InvalidArgument {
-            what,
-            reason: format!("{base:#x} + {off} overflows"),
-        })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn direct_write(
-    eng: &mut Engine,
-    qp: &mut Qp<Rc, Rts>,
-    cq: &mut Cq,
-    pieces: &mut Vec<Mr>,
-    total: usize,
-    range: Range<usize>,
-    remote: RemoteMr,
-    remote_offset: u64,
-) -> Result<()> {
-    let whole = match reassemble(pieces) {
-        Some(mr) if mr.len() == total => mr,
-        other => {
-            pieces.extend(other);
-            return Err(GdrError::BuffersInFlight.into());
-        }
-    };
-    // Cut [range) out of the registration; the rest waits in `returned`.
-    let mut rest = whole;
-    if range.start > 0 {
-        let mid = rest.split_off(range.start)?;
-        eng.returned.push(std::mem::replace(&mut rest, mid));
-    }
-    if range.end < total {
-        let tail = rest.split_off(range.end - range.start)?;
-        eng.returned.push(tail);
-    }
-    let mut rest = Some(rest);
-    let mut sent = 0usize;
-    while let Some(mut cur) = rest.take() {
-        if eng.first_error.is_some() {
-            eng.returned.push(cur);
-            break;
-        }
-        if cur.len() > MAX_WRITE {
-            rest = Some(cur.split_off(MAX_WRITE)?);
-        }
-        while eng.outstanding >= DIRECT_DEPTH {
-            if let Err(e) = eng.wait(cq) {
-                eng.returned.push(cur);
-                eng.returned.extend(rest);
-                return Err(e);
-            }
-        }
-        let n = cur.len();
-        let at = match offset_by("remote offset", remote_offset, sent) {
-            Ok(at) => at,
-            Err(e) => {
-                eng.returned.push(cur);
-                eng.returned.extend(rest);
-                return Err(e);
-            }
-        };
-        if let Err(e) = eng.post(qp, cq, cur, remote, at) {
-            eng.returned.extend(rest);
-            return Err(e);
-        }
-        sent += n;
-    }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn staging_write(
-    eng: &mut Engine,
-    qp: &mut Qp<Rc, Rts>,
-    cq: &mut Cq,
-    st: &mut Staging,
-    (ptr, copy): (CUdeviceptr, CopyFn),
-    range: Range<usize>,
-    remote: RemoteMr,
-    remote_offset: u64,
-) -> Result<()> {
-    let mut off = range.start;
-    while off < range.end {
-        if eng.first_error.is_some() {
-            break;
-        }
-        let Some(mut buf) = st.free.pop() else {
-            if eng.outstanding == 0 {
-                return Err(GdrError::BuffersInFlight.into());
-            }
-            eng.wait(cq)?;
-            st.give_back(std::mem::take(&mut eng.returned));
-            continue;
-        };
-        let n = st.chunk.min(range.end - off).min(buf.len());
-        if n < buf.len() {
-            match buf.split_off(n) {
-                Ok(tail) => st.tails.push(tail),
-                Err(e) => {
-                    st.free.push(buf);
-                    return Err(e);
-                }
-            }
-        }
-        let at = offset_by("device address", ptr, off).and_then(|src| {
-            offset_by("remote offset", remote_offset, off - range.start).map(|dst| (src, dst))
-        });
-        let copied = at.and_then(|at| {
-            let dst = buf.as_mut_slice()?;
-            copy(dst, at.0)?;
-            Ok(at.1)
-        });
-        let dst_off = match copied {
-            Ok(dst_off) => dst_off,
-            Err(e) => {
-                st.give_back(vec![buf]);
-                return Err(e);
-            }
-        };
-        eng.post(qp, cq, buf, remote, dst_off)?;
-        off += n;
-    }
-    Ok(())
-}
-
-/// Posting and polling for one `write`.
-struct Engine {
-    qp_num: u32,
-    /// This write's id (`GpuBuffer::writes`); in-flight entries of older ones
-    /// are stale WRITEs of a write that timed out (their buffers are reclaimed).
-    write: u64,
-    /// The buffer's own registrations (`Mr::as_raw`).
-    regions: Vec<usize>,
-    in_flight: Vec<InFlight>,
-    polled: Vec<Completion>,
-    others: Vec<Completion>,
-    taken: Vec<(u64, Sges)>,
-    timeout: Duration,
-    outstanding: usize,
-    first_error: Option<Error>,
-    /// Buffers back from the NIC (or never posted), to return to the state.
-    returned: Vec<Mr>,
-    posted: u64,
-}
-
-impl Engine {
-    fn new(
-        qp_num: u32,
-        write: u64,
-        regions: Vec<usize>,
-        in_flight: Vec<InFlight>,
-        timeout: Duration,
-    ) -> Engine {
-        Engine {
-            qp_num,
-            write,
-            regions,
-            in_flight,
-            // Cq::poll fills up to the capacity: this is the batch size.
-            polled: Vec::with_capacity(32),
-            others: Vec::new(),
-            taken: Vec::new(),
-            timeout,
-            outstanding: 0,
-            first_error: None,
-            returned: Vec::new(),
-            posted: 0,
-        }
-    }
-
-    /// Posts one WRITE of `piece`; when the send queue is full, waits for one of
-    /// ours to complete and retries. On failure the piece is in `returned`.
-    fn post(
-        &mut self,
-        qp: &mut Qp<Rc, Rts>,
-        cq: &mut Cq,
-        mut piece: Mr,
-        remote: RemoteMr,
-        remote_offset: u64,
-    ) -> Result<()> {
-        let seq = NEXT_WR_SEQ.fetch_add(1, Ordering::Relaxed);
-        let wr_id = WR_ID_TAG | (seq & !TAG_MASK);
-        let (region, addr) = (piece.as_raw() as usize, piece.addr());
-        loop {
-            match qp.post_send(SendWr::write(wr_id, remote, remote_offset).sge(piece)) {
-                Ok(()) => {
-                    self.in_flight.push(InFlight {
-                        qp_num: self.qp_num,
-                        wr_id,
-                        region,
-                        addr,
-                        write: self.write,
-                    });
-                    self.outstanding += 1;
-                    self.posted += 1;
-                    return Ok(());
-                }
-                Err(PostError { error, unposted }) => {
-                    let back = unposted
-                        .into_iter()
-                        .flat_map(|(_, sges)| sges)
-                        .find_map(Buffer::into_mr);
-                    match (error, back) {
-                        (Error::QueueFull { .. }, Some(mr)) if self.outstanding > 0 => {
-                            piece = mr;
-                            if let Err(e) = self.wait(cq) {
-                                self.returned.push(piece);
-                                return Err(e);
-                            }
-                        }
-                        (error, back) => {
-                            self.returned.extend(back);
-                            return Err(error);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The in-flight WRITE that `c` (with buffers `bufs`) completes: same QP
-    /// and `wr_id`, and its one buffer is the posted piece of one of our own
-    /// registrations.
-    fn own_write(&self, c: &Completion, bufs: &Sges) -> Option<usize> {
-        let mut it = bufs.iter();
-        let (Some(Buffer::Owned(mr)), None) = (it.next(), it.next()) else {
-            return None;
-        };
-        let region = mr.as_raw() as usize;
-        if !self.regions.contains(&region) {
-            return None;
-        }
-        self.in_flight.iter().position(|p| {
-            p.qp_num == c.qp_num && p.wr_id == c.wr_id && p.region == region && p.addr == mr.addr()
-        })
-    }
-
-    /// Polls the CQ once. Our completions: buffers to `returned`, stale ones
-    /// only reclaimed, the first failure of this write to `first_error`;
-    /// everything else to `others`. Returns how many WRITEs of this write completed.
-    fn poll_once(&mut self, cq: &mut Cq) -> Result<usize> {
-        let mut polled = std::mem::take(&mut self.polled);
-        polled.clear();
-        let r = cq.poll(&mut polled);
-        let mut ours = 0;
-        for mut c in polled.drain(..) {
-            // Cheap and non-destructive first: is it one of our wr_ids at all?
-            if !self
-                .in_flight
-                .iter()
-                .any(|p| p.qp_num == c.qp_num && p.wr_id == c.wr_id)
-            {
-                self.others.push(c);
-                continue;
-            }
-            // Then the buffer, which only the work request's poster can hold.
-            let bufs = c.take_buffers();
-            let Some(i) = self.own_write(&c, &bufs) else {
-                if !bufs.is_empty() {
-                    self.taken.push((c.wr_id, bufs));
-                }
-                self.others.push(c);
-                continue;
-            };
-            let p = self.in_flight.swap_remove(i);
-            self.returned
-                .extend(bufs.into_iter().filter_map(Buffer::into_mr));
-            if p.write != self.write {
-                continue; // a stale WRITE of an earlier write: reclaimed only
-            }
-            ours += 1;
-            self.outstanding = self.outstanding.saturating_sub(1);
-            if let Err(e) = c.result() {
-                self.first_error.get_or_insert(e);
-            }
-        }
-        self.polled = polled;
-        r.map(|_| ours)
-    }
-
-    /// Polls until at least one WRITE of this transfer completes (buffers go to
-    /// `returned`, the first failure to `first_error`), or the timeout passes
-    /// without one.
-    fn wait(&mut self, cq: &mut Cq) -> Result<()> {
-        let start = Instant::now();
-        let mut idle = 0u32;
-        loop {
-            if self.poll_once(cq)? > 0 {
-                return Ok(());
-            }
-            if start.elapsed() > self.timeout {
-                return Err(Error::Timeout {
-                    what: "RDMA WRITE completions of a GPU buffer",
-                    after: self.timeout,
-                });
-            }
-            idle += 1;
-            if idle % 1024 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-    }
-}
-
-/// The staging path's registered host bounce buffers.
-struct Staging {
-    stream: Option<Arc<CudaStream>>,
-    /// Whole buffers ready for the next chunk.
-    free: Vec<Mr>,
-    /// Unused tails cut off buffers for a short last chunk.
-    tails: Vec<Mr>,
-    chunk: usize,
-    /// One per bounce buffer, for the Staging's whole life.
-    bounce: Vec<Bounce>,
-}
-
-/// What a [`Staging`] keeps of each bounce buffer besides its pieces.
-struct Bounce {
-    /// Keeps the buffer's registration and memory alive until after `Drop`
-    /// unregistered the page-locking, even if every other piece is gone.
-    anchor: Anchor,
-    /// The host address page-locked with `cuMemHostRegister`, if it was.
-    pinned: Option<usize>,
-}
-
-impl Staging {
-    fn new(pd: &Pd, stream: Option<Arc<CudaStream>>, cfg: &StagingConfig) -> Result<Staging> {
-        cfg.validate()?;
-        let chunk = cfg
-            .chunk_size
-            .checked_next_multiple_of(page_size())
-            .filter(|&c| c <= StagingConfig::MAX_CHUNK_SIZE)
-            .ok_or_else(|| Error::InvalidArgument {
-                what: "staging chunk size",
-                reason: format!(
-                    "{} bytes is too large once rounded up to the page size",
-                    cfg.chunk_size
-                ),
-            })?;
-        let mut st = Staging {
-            stream,
-            free: Vec::with_capacity(cfg.buffers),
-            tails: Vec::new(),
-            chunk,
-            bounce: Vec::with_capacity(cfg.buffers),
-        };
-        if cfg.pin {
-            bind(st.stream.as_ref())?;
-        }
-        for _ in 0..cfg.buffers {
-            // A WRITE source: the NIC only reads it, so no access flags are needed.
-            let mut mr = pd.alloc_mr(chunk, AccessFlags::empty())?;
-            let anchor = Anchor::cut(&mut mr)?;
-            let mut pinned = None;
-            if cfg.pin {
-                let p = mr.as_mut_slice()?.as_mut_ptr();
-                // SAFETY: [p, p+chunk) is the host memory of the registration `mr`
-                // and `anchor` are pieces of. The anchor is stored in `st.bounce`
-                // right below (nothing in between can fail) and is dropped only
-                // after Staging's Drop has unregistered p, so the memory stays
-                // allocated while it is page-locked, wherever the other pieces
-                // go; page-locking does not move or change the bytes.
-                let rc = unsafe {
-                    sys::cuMemHostRegister_v2(
-                        p.cast::<c_void>(),
-                        chunk,
-                        sys::CU_MEMHOSTREGISTER_PORTABLE,
-                    )
-                };
-                if rc == sys::CUresult::CUDA_SUCCESS {
-                    pinned = Some(p as usize);
-                }
-            }
-            st.bounce.push(Bounce { anchor, pinned });
-            st.free.push(mr);
-        }
-        Ok(st)
-    }
-
-    /// Returns buffers (whole, or heads of split ones) to the free list,
-    /// joining the tails cut off for short chunks back on.
-    fn give_back(&mut self, bufs: Vec<Mr>) {
-        for mut mr in bufs {
-            if let Some(i) = self
-                .tails
-                .iter()
-                .position(|t| Some(t.addr()) == mr.addr().checked_add(mr.len() as u64))
-            {
-                let tail = self.tails.swap_remove(i);
-                if let Err(tail) = mr.unsplit(tail) {
-                    self.tails.push(tail);
-                }
-            }
-            if mr.len() >= self.chunk {
-                self.free.push(mr);
-            } else {
-                // A head whose tail is still out: wait for it.
-                self.tails.push(mr);
-                self.rejoin_tails();
-            }
-        }
-    }
-
-    /// Joins neighbouring pieces among the tails; whole buffers go to `free`.
-    fn rejoin_tails(&mut self) {
-        self.tails.sort_by_key(Mr::addr);
-        let mut out: Vec<Mr> = Vec::new();
-        for t in std::mem::take(&mut self.tails) {
-            match out.last_mut() {
-                Some(prev) => {
-                    if let Err(t) = prev.unsplit(t) {
-                        out.push(t);
-                    }
-                }
-                None => out.push(t),
-            }
-        }
-        for m in out {
-            if m.len() >= self.chunk {
-                self.free.push(m);
-            } else {
-                self.tails.push(m);
-            }
-        }
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if self.bounce.iter().all(|b| b.pinned.is_none()) {
-            return;
-        }
-        // Errors are ignored: Drop never panics.
-        let _ = bind(self.stream.as_ref());
-        for b in std::mem::take(&mut self.bounce) {
-            let Some(p) = b.pinned else { continue };
-            // SAFETY: `p` was page-locked by cuMemHostRegister in Staging::new and is
-            // unregistered exactly once; its memory is still allocated (b.anchor holds
-            // the registration); no CUDA copy into it is in flight (staging copies are
-            // synchronous). Unregistering neither frees nor moves memory.
-            let rc = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
-            if rc != sys::CUresult::CUDA_SUCCESS {
-                // CUDA may still consider the memory page-locked (e.g. no context
-                // could be bound): never free it, so it cannot be reused meanwhile.
-                std::mem::forget(b.anchor);
-            }
-            // Otherwise `b.anchor` drops here; the memory is freed once the last
-            // piece (some may still be with a QP) is gone.
-        }
-    }
-}
-
 /// The RDMA half of [`GpuBuffer`] (chunking, double buffering, telling its
 /// own completions from others', reclaiming what a timed-out write left
 /// posted, queue-full retries, reassembly, error draining) on a real RDMA
@@ -1047,10 +455,19 @@ impl Drop for Staging {
 /// staging path copies with `memcpy` instead of `cuMemcpyDtoH`. They need an
 /// RDMA device but no GPU, so they are ignored on the host; run them in the
 /// soft-RoCE guest, one at a time (one test predicts the next `wr_id`s):
-/// `cargo xtask run -- <lib test binary> --ignored gdr::transfer::rdma_tests --test-threads 1`.
+/// `cargo xtask run -- <lib test binary> --ignored gdr::buffer::rdma_tests --test-threads 1`.
 #[cfg(test)]
 mod rdma_tests {
+    use std::sync::atomic::Ordering;
+
+    use cudarc::driver::CudaStream;
+
     use super::*;
+    use crate::gdr::GdrError;
+    use crate::gdr::direct::MAX_WRITE;
+    use crate::gdr::ledger::{NEXT_WR_SEQ, TAG_MASK, WR_ID_TAG};
+    use crate::gdr::staging::StagingConfig;
+    use crate::qp::{Buffer, SendWr};
     use crate::qp::{InitAttr, QpCaps};
     use crate::{Context, GidType};
 
@@ -1082,17 +499,18 @@ mod rdma_tests {
             let mem: Arc<dyn DeviceMemory> = Arc::new(HostMem(bytes.into_boxed_slice()));
             let (ptr, len) = mem.device_range();
             let state = match path {
-                GdrPath::Staging => State::Staging(
-                    Staging::new(pd, None, &StagingConfig { pin: false, ..cfg }).expect("staging"),
+                GdrPath::Staging => PathState::Staging(
+                    BounceBuffers::new(pd, None, &StagingConfig { pin: false, ..cfg })
+                        .expect("staging"),
                 ),
                 _ => {
                     let mut mr =
                         register_direct(pd, &mem, ptr, len, AccessFlags::empty(), GdrPath::PeerMem)
                             .expect("register host memory");
-                    let anchor = Anchor::cut(&mut mr).expect("anchor");
-                    State::Direct {
+                    let keepalive = RegistrationKeepalive::cut_from(&mut mr).expect("keepalive");
+                    PathState::Direct {
                         pieces: vec![mr],
-                        anchor,
+                        keepalive,
                     }
                 }
             };
@@ -1117,8 +535,8 @@ mod rdma_tests {
 
         fn buffers_home(&self) -> bool {
             match &self.state {
-                State::Direct { pieces: p, .. } => p.len() == 1 && p[0].len() == self.len,
-                State::Staging(st) => {
+                PathState::Direct { pieces: p, .. } => p.len() == 1 && p[0].len() == self.len,
+                PathState::Staging(st) => {
                     st.tails.is_empty() && st.free.iter().all(|m| m.len() == st.chunk)
                 }
             }
@@ -1126,8 +544,8 @@ mod rdma_tests {
 
         fn free_buffers(&self) -> usize {
             match &self.state {
-                State::Direct { pieces: p, .. } => p.len(),
-                State::Staging(st) => st.free.len(),
+                PathState::Direct { pieces: p, .. } => p.len(),
+                PathState::Staging(st) => st.free.len(),
             }
         }
     }
@@ -1238,8 +656,8 @@ mod rdma_tests {
 
     fn buf_chunk(b: &GpuBuffer) -> usize {
         match &b.state {
-            State::Staging(st) => st.chunk,
-            State::Direct { .. } => MAX_WRITE,
+            PathState::Staging(st) => st.chunk,
+            PathState::Direct { .. } => MAX_WRITE,
         }
     }
 
@@ -1340,7 +758,7 @@ mod rdma_tests {
     /// Leaves one WRITE of `buf` posted and unpolled, as a write that timed out does.
     fn abandon_one_write(buf: &mut GpuBuffer, p: &mut Pair, dst: &Mr) {
         buf.writes += 1;
-        let mut eng = Engine::new(
+        let mut ledger = WriteLedger::new(
             p.a.qp_num(),
             buf.writes,
             buf.state.regions(),
@@ -1348,12 +766,13 @@ mod rdma_tests {
             buf.timeout,
         );
         let piece = match &mut buf.state {
-            State::Direct { pieces, .. } => pieces.pop().expect("the registration"),
-            State::Staging(st) => st.free.pop().expect("a free bounce buffer"),
+            PathState::Direct { pieces, .. } => pieces.pop().expect("the registration"),
+            PathState::Staging(st) => st.free.pop().expect("a free bounce buffer"),
         };
-        eng.post(&mut p.a, &mut p.cq_a, piece, dst.remote(), 0)
+        ledger
+            .post(&mut p.a, &mut p.cq_a, piece, dst.remote(), 0)
             .expect("post");
-        buf.in_flight = eng.in_flight;
+        buf.in_flight = ledger.in_flight;
     }
 
     #[test]
@@ -1477,7 +896,9 @@ mod rdma_tests {
                 ..small(1)
             },
         ] {
-            let e = Staging::new(&p.pd, None, &cfg).err().expect("refused");
+            let e = BounceBuffers::new(&p.pd, None, &cfg)
+                .err()
+                .expect("refused");
             assert!(matches!(e, Error::InvalidArgument { .. }), "{cfg:?}: {e:?}");
             let mem = HostMem(vec![0u8; 4096].into_boxed_slice());
             let e = GpuBuffer::with_config(&p.pd, mem, GdrMode::Staging, cfg).unwrap_err();
@@ -1487,7 +908,7 @@ mod rdma_tests {
 
     #[test]
     #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
-    fn buffers_lost_with_their_qp_stay_anchored_until_the_buffer_goes() {
+    fn buffers_lost_with_their_qp_stay_allocated_until_the_buffer_goes() {
         for path in [GdrPath::PeerMem, GdrPath::Staging] {
             let mut p = pair(64);
             let dst = target(&p.pd, 4 << 20);
@@ -1496,11 +917,11 @@ mod rdma_tests {
             abandon_one_write(&mut buf, &mut p, &dst);
             // The QP and its CQ go, and with them the posted piece.
             drop(p);
-            // Every registration is still held (and named) by its anchor.
+            // Every registration is still held (and named) by its keepalive.
             assert_eq!(buf.state.regions(), regions, "{path:?}");
-            if let State::Staging(st) = &buf.state {
-                assert!(st.bounce.iter().all(|b| b.anchor.0.is_empty()));
-                assert_eq!(st.bounce.len(), 2);
+            if let PathState::Staging(st) = &buf.state {
+                assert!(st.buffers.iter().all(|b| b.keepalive.0.is_empty()));
+                assert_eq!(st.buffers.len(), 2);
             }
             drop(buf);
         }
