@@ -14,7 +14,7 @@ use super::ledger::{InFlight, RegistrationKeepalive, WriteLedger};
 use super::memory::{bind, dtoh, sync_stream};
 use super::plan::PathPlan;
 use super::register::register_direct;
-use super::select::{Capabilities, GdrMode, GdrPath, Missing};
+use super::select::Capabilities;
 use super::staging::{BounceBuffers, CopyFn, StagingConfig, staging_write};
 use super::{AttemptFailure, DeviceMemory};
 #[cfg(doc)]
@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, Mr, RemoteMr};
 use crate::pd::Pd;
 use crate::qp::{Qp, Rc, Rts, Sges};
+use crate::values::gdr::{GdrMode, GdrPath, Missing};
 
 /// What one [`GpuBuffer::write`] did.
 pub struct Transfer {

@@ -3,9 +3,10 @@
 //! ([`decide`]), then try the chosen paths in order until one works.
 
 use super::register::probe;
-use super::select::{Capabilities, Decision, GdrMode, GdrPath, Missing, decide};
+use super::select::{Capabilities, Decision, decide};
 use super::{AttemptFailure, DeviceMemory, GdrError};
 use crate::error::Result;
+use crate::values::gdr::{GdrMode, GdrPath, Missing};
 
 /// The paths to try for one piece of memory, best first, and why better
 /// paths are not among them.

@@ -13,14 +13,15 @@ use super::driver::{
 };
 use super::memory::{bind, sub_range, sync_stream};
 use super::plan::PathPlan;
+use super::select::Capabilities;
 #[cfg(doc)]
 use super::select::decide;
-use super::select::{Capabilities, GdrMode, GdrPath, MemoryKind, Missing};
 use super::{AttemptFailure, DeviceMemory, GdrError};
 use crate::error::{Error, Result, last_errno};
 use crate::ffi;
 use crate::mr::{AccessFlags, Mr, Region, page_size, reg_error};
 use crate::pd::Pd;
+use crate::values::gdr::{GdrMode, GdrPath, MemoryKind, Missing};
 
 /// The GPU page size GPUDirect RDMA maps in (64 KiB on every NVIDIA GPU so far).
 ///

@@ -3,6 +3,8 @@
 //! converts from and to it without failing, and holds no verbs object.
 
 mod cm_event;
+#[cfg(feature = "gdr")]
+pub(crate) mod gdr;
 mod port;
 mod wc;
 

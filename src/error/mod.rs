@@ -8,6 +8,9 @@ use std::io;
 
 use crate::values::WcStatus;
 
+#[cfg(feature = "gdr")]
+pub(crate) mod gdr;
+
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -323,7 +326,7 @@ pub enum Error {
     /// path, a failing CUDA call); see [`crate::gdr`].
     #[cfg(feature = "gdr")]
     #[error(transparent)]
-    Gdr(#[from] crate::gdr::GdrError),
+    Gdr(#[from] gdr::GdrError),
 
     /// An rdma_cm operation ended in another event than the one it waits for:
     /// ADDR_ERROR, ROUTE_ERROR, REJECTED, UNREACHABLE, CONNECT_ERROR,
