@@ -29,8 +29,8 @@ impl ConnParam {
     ///
     /// How soon a dead peer shows: the ACK timeout of a QP connected by
     /// rdma_cm is the kernel CM's (from the path's packet lifetime), not the
-    /// ~0.5 s of [`RtsAttr::new`](crate::RtsAttr::new): a review on
-    /// soft-RoCE saw `RETRY_EXC_ERR` 14.4 s after the server was killed. A
+    /// ~0.5 s of [`RtsAttr::new`](crate::RtsAttr::new): on soft-RoCE
+    /// `RETRY_EXC_ERR` comes about 14 s after the peer dies. A
     /// side that only receives learns nothing until it sends (or the peer's
     /// DISCONNECTED arrives); that is RC, not this crate.
     pub fn new() -> ConnParam {

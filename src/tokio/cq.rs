@@ -280,7 +280,7 @@ impl AsyncCq {
     /// (`cq.cq().channel()`, then `try_next` on it or a clone) is found only
     /// by the driver's once-a-second sweep, so a thread that keeps taking
     /// them slows every future of the channel to about one completion per
-    /// second (a review measured 14 round trips in 8 s against 2,922).
+    /// second.
     pub fn cq(&self) -> CqRef<'_> {
         CqRef {
             cq: Cq::view_of(&self.shared.inner),
