@@ -302,8 +302,8 @@ fn dropping_the_async_cq_fails_its_waiters() {
 /// A QP unwrapped and wrapped again goes on numbering its requests where
 /// the first wrapper stopped: a completion of the first wrapper's request
 /// that the driver has retired but not dispatched yet can never carry the
-/// `wr_id` of the second wrapper's (a reviewer's race saw a new write's
-/// future resolve with the old write's buffer when both were numbered 1).
+/// `wr_id` of the second wrapper's (were both numbered 1, a new write's future
+/// could resolve with the old write's buffer).
 #[test]
 fn a_rewrapped_qp_continues_its_request_numbers() {
     let _g = serial();
@@ -399,7 +399,7 @@ fn cq_views_hold_up_nothing() {
 /// Two threads wrapping QPs whose send and receive CQs are the same two
 /// `AsyncCq`s in opposite roles: `AsyncQp::new` takes the CQs' locks in one
 /// order, so neither waits for the other (each held one and timed out on
-/// the other after 2 s: a review saw 13 of 800 fail).
+/// the other after 2 s).
 #[test]
 fn wrapping_qps_on_crossed_cqs_from_two_threads_never_waits() {
     let _g = serial();
@@ -789,8 +789,8 @@ fn async_echo_verifies_every_byte_and_reports_a_dead_server() {
     );
 }
 
-/// Review regressions: a receive awaited on a QP that takes its receives
-/// from an SRQ is refused at once (it used to wait for room forever); a
+/// A receive awaited on a QP that takes its receives from an SRQ is refused
+/// at once (rather than waiting for room forever); a
 /// request waiting for room when its AsyncCq goes away gets its buffer back
 /// (it used to hang); CQs whose runtime shut down fail their waiters from
 /// another runtime instead of hanging.

@@ -181,8 +181,8 @@ fn perf_send_bw_server_reports_its_sampling_window_in_duration_mode() {
     eprintln!("perf send_bw -D 4: server row {row:?} ({window:.2} s), ok in {took:?}");
 }
 
-/// Arguments a bad-input review found ending in a panic, an abort or exit 0
-/// now end in an error that names the problem, at once.
+/// Bad arguments end in an error that names the problem, at once: never a
+/// panic, an abort or exit 0.
 #[test]
 fn bad_arguments_end_in_errors_not_panics() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

@@ -188,7 +188,7 @@ fn an_unsignaled_tail_is_flushed_within_the_bound_and_reported() {
 }
 
 /// A drain timeout of zero still polls once: a request whose completion is
-/// already in the CQ is retired, not flushed (review: the QP went to ERR).
+/// already in the CQ is retired, not flushed (the QP does not go to ERR).
 #[test]
 fn a_drain_timeout_of_zero_takes_completions_already_there() {
     let mut p = pair(caps_sr(8, 1));
@@ -212,7 +212,7 @@ fn a_drain_timeout_of_zero_takes_completions_already_there() {
 
 /// Without a drain timeout, a scope that ends with unsignaled sends (which
 /// never produce a completion when they succeed) still returns: after
-/// `DEFAULT_DRAIN_TIMEOUT` it flushes them (review: it never returned),
+/// `DEFAULT_DRAIN_TIMEOUT` it flushes them,
 /// while signaled requests before them are waited for as usual.
 #[test]
 fn an_unsignaled_tail_is_flushed_without_a_drain_timeout() {
@@ -259,8 +259,8 @@ fn unsignaled_tail_without_a_drain_timeout(api: SendApi) {
 }
 
 /// A request that failed among those the closure left outstanding is the
-/// scope's error (review: the scope returned `Ok` with nothing written and
-/// the QP in ERR), also when the request was unsignaled.
+/// scope's error (not `Ok` with nothing written and the QP in ERR), also when
+/// the request was unsignaled.
 #[test]
 fn a_failed_request_the_closure_did_not_poll_is_the_scopes_error() {
     for signaled in [true, false] {
@@ -291,8 +291,8 @@ fn a_failed_request_the_closure_did_not_poll_is_the_scopes_error() {
 
 /// A prepared list of unsignaled requests posted again and again keeps
 /// draining: the post that leaves no room for the list again asks for a
-/// completion (review: lists of 3 on a queue of 8 stopped at 6 in flight,
-/// none signaled, and every later post was refused).
+/// completion (otherwise lists of 3 on a queue of 8 would stop at 6 in
+/// flight, none signaled, and every later post would be refused).
 #[test]
 fn an_unsignaled_prepared_list_posted_again_and_again_keeps_draining() {
     for api in [SendApi::Extended, SendApi::Legacy] {
@@ -984,7 +984,7 @@ fn pair_with_a_lost_completion() -> common::Pair {
 /// `Scope::poll_one` returns the scope's completion whose poll exposed the
 /// loss of an earlier send's completion (taken by `poll_raw` before the
 /// scope); the CQ's next poll after the scope reports the loss (the
-/// completion was dropped: review finding).
+/// completion is not dropped).
 #[test]
 fn scope_poll_one_keeps_its_completion_when_a_loss_shows() {
     let mut p = pair_with_a_lost_completion();
@@ -1018,8 +1018,8 @@ fn scope_poll_one_keeps_its_completion_when_a_loss_shows() {
 
 /// `Scope::poll` returns the scope's completion found beside the loss of an
 /// earlier send's completion (taken by `poll_raw` before the scope), and the
-/// loss waits for the CQ's next poll after the scope (review: `poll` failed
-/// with `CompletionsLost` with the completion in `out`, which a `?` skips).
+/// loss waits for the CQ's next poll after the scope (failing `poll` with
+/// `CompletionsLost` while the completion is in `out` would let a `?` skip it).
 #[test]
 fn scope_poll_returns_its_completion_and_defers_a_loss() {
     let mut p = pair_with_a_lost_completion();
@@ -1050,8 +1050,8 @@ fn scope_poll_returns_its_completion_and_defers_a_loss() {
 
 /// A QP asked for no send SGE gets one anyway (`QpCaps::max_send_sge` is
 /// raised to 1): a scoped send on the extended API writes its SGE through
-/// `ibv_wr_set_sge`, unchecked by the provider, into a WQE sized for none (a
-/// review saw the QP go to ERR with LOC_QP_OP_ERR).
+/// `ibv_wr_set_sge`, unchecked by the provider, into a WQE sized for none
+/// (the QP would go to ERR with LOC_QP_OP_ERR).
 #[test]
 fn a_qp_asked_for_no_send_sge_takes_a_scoped_send() {
     for api in [SendApi::Extended, SendApi::Legacy] {

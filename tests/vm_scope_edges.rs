@@ -1,4 +1,4 @@
-//! Scoped borrowing at its edges, from an adversarial review: a drain timeout
+//! Scoped borrowing at its edges: a drain timeout
 //! too long to add to the clock, side entries of requests that were staged
 //! but never posted (an iterator that panics half-way through a list), and an
 //! iterator that polls the scope while its list is being posted. Runs in the

@@ -207,8 +207,8 @@ fn completions_consumed_by_poll_raw_are_reported_lost() {
 }
 
 /// `poll_one` returns the completion whose poll exposed a loss, buffer and
-/// all, and the next poll reports the loss (it dropped the completion with
-/// its buffer: review finding).
+/// all, and the next poll reports the loss (the completion and its buffer
+/// are not dropped).
 #[test]
 fn poll_one_keeps_the_completion_that_exposed_a_loss() {
     let _g = serial();
@@ -498,10 +498,9 @@ fn a_pair_still_talks_after_all_of_this() {
     assert_eq!(wait(&mut p.cq_b, 1)[0].byte_len, 0);
 }
 
-/// Found in review: a raw `wr_id` equal to a token (the first ring's tokens
-/// were 0, 1, 2, ...) retired a safe request still in flight and handed its
-/// buffer back while the NIC would still read it. Tokens now have bit 63 set
-/// and raw posts must leave it clear.
+/// A raw `wr_id` equal to a token must never retire a safe request still in
+/// flight (its buffer would come back while the NIC still reads it): tokens
+/// have bit 63 set and raw posts must leave it clear.
 #[test]
 fn a_raw_wr_id_never_retires_a_safe_request_in_flight() {
     let _g = serial();
@@ -548,9 +547,9 @@ fn a_raw_wr_id_never_retires_a_safe_request_in_flight() {
     assert_eq!(c[0].buffers().len(), 1);
 }
 
-/// Found in review: when `poll_raw` consumed the drain marker, `reset` was
-/// refused forever. `to_error` again posts a new marker (whenever sends are
-/// outstanding), so the documented recovery works.
+/// When `poll_raw` consumed the drain marker, `reset` is not refused forever:
+/// `to_error` again posts a new marker (whenever sends are outstanding), so
+/// the documented recovery works.
 #[test]
 fn to_error_again_recovers_from_poll_raw_eating_the_marker() {
     let _g = serial();
