@@ -27,6 +27,7 @@ use crate::error::{Error, Result, errno, last_errno};
 use crate::ffi;
 use crate::pd::Pd;
 use crate::qp::AddressVector;
+use crate::sys::call::verb;
 
 /// Bytes the NIC writes before the payload of every UD receive.
 pub const GRH_LEN: usize = 40;
@@ -102,8 +103,7 @@ impl AddressHandle {
         }
         let mut attr = av.to_ffi();
         // SAFETY: valid PD; attr is a fully initialised ibv_ah_attr the call only reads.
-        let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut attr) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_ah", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut attr) })?;
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 raw,

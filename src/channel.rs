@@ -75,8 +75,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use crate::context::Context;
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 pub(crate) use crate::sys::fd::{deadline_after, poll_readable, set_nonblocking};
 
 /// How many events [`Cq::wait_poll`](crate::Cq::wait_poll) lets accumulate before acknowledging them.
@@ -264,9 +265,7 @@ impl CompletionChannel {
     /// file descriptor non-blocking.
     pub fn new(ctx: &Context) -> Result<CompletionChannel> {
         // SAFETY: valid context.
-        let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
-        let raw = NonNull::new(raw)
-            .ok_or_else(|| Error::verb("ibv_create_comp_channel", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) })?;
         let inner = ChannelInner {
             raw,
             attached: AtomicUsize::new(0),
@@ -326,12 +325,13 @@ impl CompletionChannel {
         let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: valid channel; the out-pointers are valid locals.
-        let rc = unsafe { ffi::ibv_get_cq_event(self.as_raw(), &mut cq, &mut cq_ctx) };
-        if rc != 0 {
-            let e = last_errno();
-            return match e.kind() {
+        let done = verb!(errno: unsafe {
+            ffi::ibv_get_cq_event(self.as_raw(), &mut cq, &mut cq_ctx)
+        });
+        if let Err(failed) = done {
+            return match failed.source.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(Error::verb("ibv_get_cq_event", e)),
+                _ => Err(failed.into()),
             };
         }
         if cq.is_null() {

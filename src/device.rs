@@ -3,8 +3,9 @@
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 pub(crate) use crate::sys::cstr::{carray, cstr};
 
 pub use crate::values::{
@@ -30,23 +31,17 @@ unsafe impl Sync for DeviceList {}
 pub fn devices() -> Result<DeviceList> {
     let mut n: i32 = 0;
     // SAFETY: plain call with a valid out-pointer.
-    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
-    match NonNull::new(list) {
-        Some(list) => Ok(DeviceList {
+    match verb!(ptr: unsafe { ffi::ibv_get_device_list(&mut n) }) {
+        Ok(list) => Ok(DeviceList {
             list,
             len: usize::try_from(n).unwrap_or(0),
         }),
-        None => {
-            let e = last_errno();
-            match e.raw_os_error() {
-                Some(libc::ENOSYS) | Some(libc::ENODEV) | Some(libc::ENOENT) => {
-                    Err(Error::NoRdmaSupport {
-                        verb: "ibv_get_device_list",
-                    })
-                }
-                _ => Err(Error::verb("ibv_get_device_list", e)),
+        Err(failed) => match failed.errno() {
+            Some(libc::ENOSYS) | Some(libc::ENODEV) | Some(libc::ENOENT) => {
+                Err(Error::NoRdmaSupport { verb: failed.verb })
             }
-        }
+            _ => Err(failed.into()),
+        },
     }
 }
 

@@ -37,8 +37,9 @@ use crate::channel::{
     CqId, Readiness, ReadinessCell, deadline_after, poll_readable, set_nonblocking,
 };
 use crate::context::Context;
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 
 /// Identifies a shared receive queue in events (the address of its `ibv_srq`).
 ///
@@ -407,12 +408,13 @@ impl AsyncEvents {
     pub fn try_next(&mut self) -> Result<Option<AsyncEvent>> {
         let mut ev = MaybeUninit::<ffi::ibv_async_event>::zeroed();
         // SAFETY: valid context; ev is a valid out-struct.
-        let rc = unsafe { ffi::ibv_get_async_event(self.ctx.as_raw(), ev.as_mut_ptr()) };
-        if rc != 0 {
-            let e = last_errno();
-            return match e.kind() {
+        let done = verb!(errno: unsafe {
+            ffi::ibv_get_async_event(self.ctx.as_raw(), ev.as_mut_ptr())
+        });
+        if let Err(failed) = done {
+            return match failed.source.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(Error::verb("ibv_get_async_event", e)),
+                _ => Err(failed.into()),
             };
         }
         // SAFETY: filled by the successful call.

@@ -33,9 +33,10 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{Error, Result, last_errno, memlock_limit};
+use crate::error::{Error, Result, memlock_limit};
 use crate::ffi;
 use crate::pd::Pd;
+use crate::sys::call::verb;
 
 bitflags::bitflags! {
     /// Memory access rights (`ibv_access_flags`).
@@ -205,7 +206,7 @@ impl Mr {
             });
         };
         // SAFETY: valid PD; [ptr, ptr+len) is memory we own for the registration's life.
-        let raw = unsafe {
+        let registered = verb!(ptr: unsafe {
             ffi::ibv_reg_mr_iova2(
                 pd.as_raw(),
                 ptr.as_ptr().cast(),
@@ -213,12 +214,16 @@ impl Mr {
                 ptr.as_ptr() as u64,
                 access.bits(),
             )
-        };
-        let Some(raw) = NonNull::new(raw) else {
-            let e = last_errno();
-            // SAFETY: allocated above with this layout, not registered.
-            unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
-            return Err(reg_error("ibv_reg_mr", len, e));
+        });
+        let raw = match registered {
+            Ok(raw) => raw,
+            Err(failed) => {
+                // SAFETY: allocated above with this layout, not registered.
+                unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                // Named as users call it: ibv_reg_mr(3) is the header's macro
+                // that reaches ibv_reg_mr_iova2 for optional access flags.
+                return Err(reg_error("ibv_reg_mr", len, failed.source));
+            }
         };
         let region = Region {
             raw,

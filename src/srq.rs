@@ -72,7 +72,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::cq::{Cq, CqInner};
-use crate::error::{Error, Result, errno, last_errno};
+use crate::error::{Error, Result};
 use crate::event::SrqId;
 use crate::ffi;
 use crate::ledger::ring::{Ring, SrqProducer};
@@ -80,6 +80,7 @@ use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 use crate::ledger::wr::{PostError, RecvWr};
 use crate::pd::Pd;
 use crate::qp::post;
+use crate::sys::call::verb;
 
 /// Requests per `ibv_post_srq_recv` call in [`Srq::post_recv_list`].
 const CHUNK: usize = 32;
@@ -216,8 +217,7 @@ impl Srq {
         };
         // SAFETY: valid PD; init is fully initialised; the provider writes the
         // granted sizes back.
-        let raw = unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut init) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_srq", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut init) })?;
         let granted = SrqAttr {
             // Never more posted than asked for (and reserved), even if the
             // device rounded up.
@@ -310,13 +310,8 @@ impl Srq {
             srq_limit: limit,
         };
         // SAFETY: valid SRQ; attr is initialised; only srq_limit is read.
-        let rc =
-            unsafe { ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::IBV_SRQ_LIMIT as i32) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb("ibv_modify_srq", errno(rc)))
-        }
+        verb!(rc: unsafe { ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::IBV_SRQ_LIMIT as i32) })?;
+        Ok(())
     }
 
     /// The SRQ's attributes as the device reports them (`ibv_query_srq`):
@@ -325,10 +320,7 @@ impl Srq {
     pub fn query(&self) -> Result<SrqAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_srq_attr>::zeroed();
         // SAFETY: valid SRQ and out-struct.
-        let rc = unsafe { ffi::ibv_query_srq(self.as_raw(), attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_query_srq", errno(rc)));
-        }
+        verb!(rc: unsafe { ffi::ibv_query_srq(self.as_raw(), attr.as_mut_ptr()) })?;
         // SAFETY: zeroed, then filled by the call; plain integers.
         let a = unsafe { attr.assume_init() };
         Ok(SrqAttr {
@@ -482,10 +474,10 @@ impl Unstage<'_> {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid SRQ; the chain and its SGEs live on the caller's stack
         // frame; every SGE points into a buffer owned by a ring slot.
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.srq.as_raw(), head, &mut bad) };
-        if rc == 0 {
+        let done = verb!(rc: unsafe { ffi::ibv_post_srq_recv(self.srq.as_raw(), head, &mut bad) });
+        let Err(failed) = done else {
             return Ok(());
-        }
+        };
         // Requests from `bad` on were refused; if the provider did not say
         // which, keep them all in the ring (the NIC may own some).
         let from = post::bad_index(bad, head, n).unwrap_or(n);
@@ -496,7 +488,7 @@ impl Unstage<'_> {
             .filter_map(|&t| unsafe { srq.inner.ring.unfill_srq(&mut srq.producer, t) })
             .collect();
         Err(PostError {
-            error: Error::verb("ibv_post_srq_recv", errno(rc)),
+            error: failed.into(),
             unposted,
         })
     }

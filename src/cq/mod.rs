@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use crate::channel::{CompletionChannel, CqEvents};
 use crate::context::Context;
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
 use crate::ledger::table::{RingCache, RingTable};
+use crate::sys::call::verb;
 
 mod completion;
 mod notify;
@@ -130,9 +131,9 @@ impl Cq {
         // SAFETY: valid context and channel (same device, checked by the caller);
         // cq_context points to the shared counter, which this CqInner holds and
         // frees only after ibv_destroy_cq; vector 0.
-        let raw =
-            unsafe { ffi::ibv_create_cq(ctx.as_raw(), depth as i32, cq_context, channel_raw, 0) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_cq", last_errno()))?;
+        let raw = verb!(ptr: unsafe {
+            ffi::ibv_create_cq(ctx.as_raw(), depth as i32, cq_context, channel_raw, 0)
+        })?;
         if let Some(ch) = channel {
             ch.inner.attach();
         }

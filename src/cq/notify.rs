@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use super::{Completion, Cq};
 use crate::channel::{ACK_BATCH, CompletionChannel, CqEvents, CqId, WAIT_SLICE, deadline_after};
 use crate::context::Context;
-use crate::error::{Error, Result, errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 
 impl Cq {
     /// Creates a CQ whose completion events go to `channel`
@@ -52,10 +53,7 @@ impl Cq {
             return Err(no_channel());
         }
         // SAFETY: valid CQ.
-        let rc = unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_req_notify_cq", errno(rc)));
-        }
+        verb!(rc: unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) })?;
         Ok(())
     }
 

@@ -4,11 +4,12 @@ use std::mem::MaybeUninit;
 
 use super::completion::TOKEN_SHIFT;
 use super::{Completion, CompletionSource, Cq};
-use crate::error::{Error, Result, errno};
+use crate::error::{Error, Result};
 use crate::ffi;
 use crate::ledger::ring::Caught;
 use crate::ledger::sges::Sges;
 use crate::ledger::table::TAG_FLAG;
+use crate::sys::call::verb;
 
 /// How many work completions one `ibv_poll_cq` call fetches at most.
 pub(crate) const POLL_BATCH: usize = 32;
@@ -45,10 +46,7 @@ pub(crate) unsafe fn poll_in_batches<T>(
     while total < want {
         let n = (want - total).min(POLL_BATCH);
         // SAFETY: valid CQ (contract); wcs has room for n entries.
-        let rc = unsafe { ffi::ibv_poll_cq(raw, n as i32, wcs[0].as_mut_ptr()) };
-        if rc < 0 {
-            return Err(Error::verb("ibv_poll_cq", errno(rc)));
-        }
+        let rc = verb!(count: unsafe { ffi::ibv_poll_cq(raw, n as i32, wcs[0].as_mut_ptr()) })?;
         let got = (rc as usize).min(n);
         // The length is counted in a local for the batch (not re-read from
         // `out` per entry) and reaches `out` when the guard drops, after the
@@ -302,12 +300,8 @@ impl Cq {
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: valid CQ; wcs has room for n entries (already initialised,
         // so fields the provider leaves unwritten keep their values).
-        let rc = unsafe { ffi::ibv_poll_cq(self.as_raw(), n, wcs.as_mut_ptr()) };
-        if rc < 0 {
-            Err(Error::verb("ibv_poll_cq", errno(rc)))
-        } else {
-            Ok(rc as usize)
-        }
+        let got = verb!(count: unsafe { ffi::ibv_poll_cq(self.as_raw(), n, wcs.as_mut_ptr()) })?;
+        Ok(got as usize)
     }
 
     /// Busy-polls until exactly `n` more completions are in `out` (never
