@@ -92,6 +92,7 @@ pub const WAIT_SLICE: Duration = Duration::from_secs(1);
 /// Cheap to clone (reference counted); every CQ attached to it keeps it alive.
 /// Its file descriptor is non-blocking and private: event loops watch the
 /// [`readiness`](Self::readiness) handle instead (see the [module docs](self)).
+#[doc(alias = "ibv_comp_channel")]
 #[derive(Clone)]
 pub struct CompletionChannel {
     pub(crate) inner: Arc<ChannelInner>,
@@ -263,6 +264,7 @@ impl CqEvents {
 impl CompletionChannel {
     /// Creates a completion channel (`ibv_create_comp_channel`) and makes its
     /// file descriptor non-blocking.
+    #[doc(alias = "ibv_create_comp_channel")]
     pub fn new(ctx: &Context) -> Result<CompletionChannel> {
         // SAFETY: valid context.
         let raw = verb!(ptr: unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) })?;
@@ -321,6 +323,7 @@ impl CompletionChannel {
     /// acknowledged later (see the [module docs](self)); the CQ is disarmed
     /// until the next [`Cq::req_notify`](crate::Cq::req_notify). The event of a CQ created on the
     /// channel outside this crate is acknowledged at once.
+    #[doc(alias = "ibv_get_cq_event")]
     pub fn try_next(&self) -> Result<Option<CqId>> {
         let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
@@ -357,9 +360,11 @@ impl CompletionChannel {
         Ok(Some(CqId::from_raw(cq)))
     }
 
-    /// Sleeps until an attached, armed CQ has an event, for at most `timeout`
-    /// (`None`: forever). Returns the CQ's id, or `None` when the time ran out.
-    /// See [`try_next`](Self::try_next) for what happens to the event.
+    /// Sleeps until an attached, armed CQ has an event (`ibv_get_cq_event`),
+    /// for at most `timeout` (`None`: forever). Returns the CQ's id, or `None`
+    /// when the time ran out. See [`try_next`](Self::try_next) for what
+    /// happens to the event.
+    #[doc(alias = "ibv_get_cq_event")]
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Option<CqId>> {
         let deadline = timeout.map(deadline_after);
         loop {

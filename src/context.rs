@@ -14,6 +14,7 @@ use crate::sys::call::verb;
 ///
 /// Cheap to clone (reference counted); every object created from it keeps it
 /// open, so the device is closed only after the last `Pd`, `Cq`, `Qp`... is gone.
+#[doc(alias = "ibv_context")]
 #[derive(Clone)]
 pub struct Context {
     pub(crate) inner: Arc<ContextInner>,
@@ -47,13 +48,15 @@ impl Drop for ContextInner {
 }
 
 impl Context {
-    /// Opens the device named `name`, or the first device when `None`.
+    /// Opens the device named `name`, or the first device when `None`
+    /// (`ibv_get_device_list`, then `ibv_open_device`).
     ///
     /// ```no_run
     /// let ctx = rdma_verbs::Context::open(Some("rxe0"))?;
     /// println!("{}", ctx.name());
     /// # Ok::<(), rdma_verbs::Error>(())
     /// ```
+    #[doc(alias = "ibv_open_device")]
     pub fn open(name: Option<&str>) -> Result<Context> {
         let list = device::devices()?;
         list.find(name)?.open()
@@ -108,6 +111,7 @@ impl Context {
     }
 
     /// Device attributes (`ibv_query_device_ex`).
+    #[doc(alias("ibv_query_device_ex", "ibv_query_device"))]
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_device_attr_ex>::zeroed();
         // SAFETY: valid context; attr is a zeroed out-struct of the right type;
@@ -143,6 +147,7 @@ impl Context {
     }
 
     /// Port attributes (`ibv_query_port`, through the current ABI `___ibv_query_port`).
+    #[doc(alias = "ibv_query_port")]
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
         // SAFETY: valid context and out-pointer; ___ibv_query_port is the header's
@@ -167,6 +172,7 @@ impl Context {
 
     /// One GID (`ibv_query_gid`). An index past the table, or an empty slot
     /// (the all-zero GID), is an error naming the valid indices.
+    #[doc(alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid> {
         let mut gid = ffi::ibv_gid { raw: [0; 16] };
         // SAFETY: valid context and out-pointer.
@@ -233,6 +239,7 @@ impl Context {
     }
 
     /// One GID table entry with its type and netdev (`ibv_query_gid_ex`).
+    #[doc(alias = "ibv_query_gid_ex")]
     pub fn query_gid_entry(&self, port: u8, index: u8) -> Result<GidEntry> {
         let mut e = MaybeUninit::<ffi::ibv_gid_entry>::zeroed();
         // SAFETY: valid context and out-pointer; flags must be 0.
@@ -261,6 +268,7 @@ impl Context {
     }
 
     /// Every valid GID of every port (`ibv_query_gid_table`), in table order.
+    #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
         let attr = self.query_device()?;
         let mut cap = 0usize;
@@ -301,6 +309,7 @@ impl fmt::Debug for Context {
 }
 
 /// Device attributes, as `ibv_devinfo -v` prints them (`ibv_device_attr_ex`).
+#[doc(alias("ibv_device_attr_ex", "ibv_device_attr"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceAttr {
@@ -468,6 +477,7 @@ impl DeviceAttr {
 }
 
 /// Port attributes (`ibv_port_attr`).
+#[doc(alias = "ibv_port_attr")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PortAttr {

@@ -28,6 +28,7 @@ unsafe impl Sync for DeviceList {}
 ///
 /// Fails with [`Error::NoRdmaSupport`] when the kernel has no RDMA support at
 /// all; an empty list is `Ok` (see [`DeviceList::is_empty`]).
+#[doc(alias = "ibv_get_device_list")]
 pub fn devices() -> Result<DeviceList> {
     let mut n: i32 = 0;
     // SAFETY: plain call with a valid out-pointer.
@@ -101,6 +102,7 @@ impl fmt::Debug for DeviceList {
 }
 
 /// One device in a [`DeviceList`]; open it with [`Device::open`].
+#[doc(alias = "ibv_device")]
 #[derive(Clone, Copy)]
 pub struct Device<'list> {
     raw: NonNull<ffi::ibv_device>,
@@ -108,14 +110,17 @@ pub struct Device<'list> {
 }
 
 impl Device<'_> {
-    /// Kernel device name, e.g. `rxe0` or `mlx5_0`.
+    /// Kernel device name (`ibv_get_device_name`), e.g. `rxe0` or `mlx5_0`.
+    #[doc(alias = "ibv_get_device_name")]
     pub fn name(&self) -> String {
         // SAFETY: raw is valid while the list lives; ibv_get_device_name returns a
         // NUL-terminated string inside the device struct.
         unsafe { cstr(ffi::ibv_get_device_name(self.raw.as_ptr())) }
     }
 
-    /// Node GUID in host byte order (printed as in `ibv_devices`).
+    /// Node GUID in host byte order (`ibv_get_device_guid`; printed as in
+    /// `ibv_devices`).
+    #[doc(alias = "ibv_get_device_guid")]
     pub fn guid(&self) -> u64 {
         // SAFETY: raw is valid while the list lives.
         u64::from_be(unsafe { ffi::ibv_get_device_guid(self.raw.as_ptr()) })
@@ -133,7 +138,8 @@ impl Device<'_> {
         Transport::from_raw(unsafe { (*self.raw.as_ptr()).transport_type })
     }
 
-    /// Opens the device.
+    /// Opens the device (`ibv_open_device`).
+    #[doc(alias = "ibv_open_device")]
     pub fn open(&self) -> Result<crate::Context> {
         crate::Context::from_device(self.raw)
     }

@@ -11,6 +11,7 @@ use crate::sys::call::verb;
 
 /// A protection domain (`ibv_pd`). Cheap to clone; keeps its `Context` open,
 /// and every `Mr` and `Qp` created in it keeps it alive.
+#[doc(alias = "ibv_pd")]
 #[derive(Clone)]
 pub struct Pd {
     pub(crate) inner: Arc<PdInner>,
@@ -37,6 +38,7 @@ impl Drop for PdInner {
 
 impl Pd {
     /// Allocates a protection domain (`ibv_alloc_pd`).
+    #[doc(alias = "ibv_alloc_pd")]
     pub fn new(ctx: &Context) -> Result<Pd> {
         // SAFETY: valid context.
         let raw = verb!(ptr: unsafe { ffi::ibv_alloc_pd(ctx.as_raw()) })?;
@@ -60,7 +62,8 @@ impl Pd {
 }
 
 impl Context {
-    /// Allocates a protection domain; see [`Pd::new`].
+    /// Allocates a protection domain (`ibv_alloc_pd`); see [`Pd::new`].
+    #[doc(alias = "ibv_alloc_pd")]
     pub fn alloc_pd(&self) -> Result<Pd> {
         Pd::new(self)
     }

@@ -86,6 +86,7 @@ use crate::sys::call::verb;
 const CHUNK: usize = 32;
 
 /// Sizes of a shared receive queue (`ibv_srq_attr`).
+#[doc(alias = "ibv_srq_attr")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqAttr {
     /// Most receives posted at once.
@@ -109,6 +110,7 @@ impl SrqAttr {
 }
 
 /// A shared receive queue; see the [module docs](self).
+#[doc(alias = "ibv_srq")]
 pub struct Srq {
     inner: Arc<SrqInner>,
     producer: SrqProducer,
@@ -179,10 +181,12 @@ fn limit_refused(limit: u32, depth: u32) -> Error {
 }
 
 impl Srq {
-    /// Creates a shared receive queue in `pd` whose receives complete on `cq`
+    /// Creates a shared receive queue (`ibv_create_srq`) in `pd` whose
+    /// receives complete on `cq`
     /// (the receive CQ of every QP created on it), reserving `attr.max_wr`
     /// entries there ([`Error::CqTooSmall`] when they do not fit). A non-zero
     /// `attr.limit` is armed (see [`arm_limit`](Srq::arm_limit)).
+    #[doc(alias = "ibv_create_srq")]
     pub fn new(pd: &Pd, cq: &Cq, attr: SrqAttr) -> Result<Srq> {
         if attr.max_wr == 0 {
             return Err(Error::InvalidArgument {
@@ -299,6 +303,7 @@ impl Srq {
     /// `limit` must be below [`depth`](Srq::depth), the most receives this
     /// SRQ ever holds ([`Error::InvalidArgument`] otherwise: the event would
     /// fire at once and after every re-arm); 0 disarms.
+    #[doc(alias = "ibv_modify_srq")]
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
         let depth = self.depth();
         if limit >= depth {
@@ -317,6 +322,7 @@ impl Srq {
     /// The SRQ's attributes as the device reports them (`ibv_query_srq`):
     /// its real depth (may exceed [`depth`](Srq::depth)), scatter entries,
     /// and the armed limit (0 once the limit event fired, or never armed).
+    #[doc(alias = "ibv_query_srq")]
     pub fn query(&self) -> Result<SrqAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_srq_attr>::zeroed();
         // SAFETY: valid SRQ and out-struct.
@@ -330,9 +336,10 @@ impl Srq {
         })
     }
 
-    /// Posts one receive; its buffers come back with the completion of the QP
-    /// that consumes it. Refused with [`Error::QueueFull`] when
+    /// Posts one receive (`ibv_post_srq_recv`); its buffers come back with
+    /// the completion of the QP that consumes it. Refused with [`Error::QueueFull`] when
     /// [`depth`](Srq::depth) receives are posted.
+    #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         self.post_recv_list(std::iter::once(wr))
     }
@@ -342,6 +349,7 @@ impl Srq {
     /// back in the error with their buffers; `wrs` is not pulled any further.
     /// If `wrs` panics, the requests it yielded since the last verb call are
     /// taken back (their buffers drop with the unwind).
+    #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_recv_list(
         &mut self,
         wrs: impl IntoIterator<Item = RecvWr>,
@@ -399,9 +407,10 @@ impl Srq {
 
     /// Tops the SRQ up to its [`depth`](Srq::depth) with receives from
     /// `make` (called until the SRQ is full or it returns `None`) and returns
-    /// how many were posted. Typical use: call it after each poll, with
-    /// `make` taking buffers back from a pool, to keep the SRQ deep enough
-    /// that no sender meets an RNR NAK.
+    /// how many were posted (one `ibv_post_srq_recv` per 32). Typical use:
+    /// call it after each poll, with `make` taking buffers back from a pool,
+    /// to keep the SRQ deep enough that no sender meets an RNR NAK.
+    #[doc(alias = "ibv_post_srq_recv")]
     pub fn refill(&mut self, make: impl FnMut() -> Option<RecvWr>) -> Result<usize, PostError> {
         let room = u64::from(self.depth()).saturating_sub(self.posted());
         // Counted as they are made, not as a change of `posted()`: a poll

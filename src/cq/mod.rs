@@ -31,6 +31,7 @@ pub(crate) use poll::{POLL_BATCH, make_room, poll_exactly, poll_in_batches};
 /// A QP is only created on a CQ that can hold every completion its queues
 /// may produce together with those of the other queues already on it (see
 /// [`Error::CqTooSmall`]), so the CQ cannot overrun through the safe path.
+#[doc(alias = "ibv_cq")]
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
     /// The poller's copy of the ring table (see [`crate::qp`]).
@@ -106,6 +107,7 @@ impl Cq {
     /// A depth above the device's `max_cqe` is refused before calling the
     /// kernel. Size it for every QP that will use it: each queue needs as
     /// many entries as its depth (`max_send_wr` / `max_recv_wr`).
+    #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, depth: u32) -> Result<Cq> {
         Cq::create(ctx, depth, None)
     }
@@ -199,7 +201,8 @@ impl fmt::Debug for Cq {
 }
 
 impl Context {
-    /// Creates a completion queue; see [`Cq::new`].
+    /// Creates a completion queue (`ibv_create_cq`); see [`Cq::new`].
+    #[doc(alias = "ibv_create_cq")]
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
         Cq::new(self, depth)
     }

@@ -90,8 +90,9 @@ impl<T> Drop for SetLenOnDrop<'_, T> {
 }
 
 impl Cq {
-    /// Polls up to `out.capacity() - out.len()` completions into `out` (its
-    /// spare capacity: reserve it once), returning how many were added. When
+    /// Polls (`ibv_poll_cq`) up to `out.capacity() - out.len()` completions
+    /// into `out` (its spare capacity: reserve it once), returning how many
+    /// were added. When
     /// `out` has no spare capacity (`Vec::new()`), room for 32 completions
     /// is reserved first, the only case that allocates: a poll never takes
     /// nothing for want of room.
@@ -109,16 +110,19 @@ impl Cq {
     /// by [`poll_raw`](Cq::poll_raw)); the completions polled in that call are
     /// in `out` all the same.
     #[inline]
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
         make_room(out);
         self.poll_inner(out, usize::MAX, None)
     }
 
-    /// [`Cq::poll`], and the buffers of the unsignaled requests each completion
-    /// retires are appended to `retired` as `(wr_id, buffers)` in posting order
-    /// instead of being released: the way to recycle unsignaled READ or atomic
+    /// [`Cq::poll`] (`ibv_poll_cq`), and the buffers of the unsignaled
+    /// requests each completion retires are appended to `retired` as
+    /// `(wr_id, buffers)` in posting order instead of being released: the way
+    /// to recycle unsignaled READ or atomic
     /// destinations. Allocates only if `retired` runs out of capacity (or
     /// `out` has none spare, as [`Cq::poll`]).
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_with_retired(
         &mut self,
         out: &mut Vec<Completion>,
@@ -296,6 +300,7 @@ impl Cq {
     /// as [`Error::CompletionsLost`]), or the QP is destroyed. Only the
     /// fields ibv_poll_cq(3) names valid for each entry's status and opcode
     /// hold data (the rest are as `wcs` had them).
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_raw(&mut self, wcs: &mut [ffi::ibv_wc]) -> Result<usize> {
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: valid CQ; wcs has room for n entries (already initialised,
@@ -304,12 +309,13 @@ impl Cq {
         Ok(got as usize)
     }
 
-    /// Busy-polls until exactly `n` more completions are in `out` (never
+    /// Busy-polls (`ibv_poll_cq`) until exactly `n` more completions are in `out` (never
     /// more: the rest stay in the CQ for the next poll), or fails with
     /// [`Error::Timeout { .. }`](Error::Timeout) after `timeout`; the
     /// completions polled before the timeout stay in `out`. `out` grows as
     /// completions come (at least 32 more at a time), so a huge
     /// `n` allocates only for what arrives.
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_n(
         &mut self,
         out: &mut Vec<Completion>,
@@ -321,11 +327,13 @@ impl Cq {
         })
     }
 
-    /// Polls exactly one completion, waiting up to `timeout` for it.
+    /// Polls exactly one completion (`ibv_poll_cq`), waiting up to `timeout`
+    /// for it.
     ///
     /// A poll that finds the completion and, on the way, completions that
     /// [`poll_raw`](Cq::poll_raw) took ([`Error::CompletionsLost`]) returns
     /// the completion (with its buffers); the next poll reports the loss.
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_one(&mut self, timeout: std::time::Duration) -> Result<Completion> {
         let mut out = Vec::with_capacity(1);
         match self.poll_n(&mut out, 1, timeout) {

@@ -47,6 +47,7 @@ pub use shared::{RemoteMr, SharedMr};
 
 bitflags::bitflags! {
     /// Memory access rights (`ibv_access_flags`).
+    #[doc(alias = "ibv_access_flags")]
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub struct AccessFlags: u32 {
         /// The local NIC may write (needed for RECV targets and READ destinations).
@@ -84,6 +85,7 @@ impl AccessFlags {
 /// An exclusively owned range of registered memory.
 ///
 /// See the [module docs](self) for the ownership model.
+#[doc(alias = "ibv_mr")]
 pub struct Mr {
     region: Arc<Region>,
     off: usize,
@@ -96,6 +98,7 @@ impl Mr {
     ///
     /// `len` may be anything from 1 byte to what RLIMIT_MEMLOCK allows; over the
     /// limit the error is [`Error::MemlockLimit`] with what to do.
+    #[doc(alias("ibv_reg_mr", "ibv_reg_mr_iova2"))]
     pub fn new(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
         if len == 0 {
             return Err(Error::InvalidArgument {
@@ -302,8 +305,9 @@ fn debug_range<'a, 'b>(
 
 // `Pd::alloc_mr` lives with what it builds: a PD knows nothing of regions.
 impl Pd {
-    /// Allocates `len` bytes of page-aligned, zeroed memory and registers it.
-    /// Shorthand for [`Mr::new`].
+    /// Allocates `len` bytes of page-aligned, zeroed memory and registers it
+    /// (`ibv_reg_mr`). Shorthand for [`Mr::new`].
+    #[doc(alias = "ibv_reg_mr")]
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
         Mr::new(self, len, access)
     }

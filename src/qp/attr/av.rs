@@ -6,6 +6,7 @@ use crate::ffi;
 use crate::qp::check_bits;
 
 /// Where packets go (`ibv_ah_attr`).
+#[doc(alias = "ibv_ah_attr")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AddressVector {
     /// Destination LID (InfiniBand; 0 on RoCE).
@@ -21,6 +22,7 @@ pub struct AddressVector {
 }
 
 /// Global route (`ibv_global_route`).
+#[doc(alias = "ibv_global_route")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grh {
     /// Destination GID.

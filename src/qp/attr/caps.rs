@@ -9,6 +9,7 @@ use crate::mr::AccessFlags;
 
 /// Queue sizes asked for at creation; the device may round them up (read the
 /// result with [`Qp::caps`](crate::qp::Qp::caps)).
+#[doc(alias = "ibv_qp_cap")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
     /// Send queue depth.
@@ -85,6 +86,7 @@ impl QpCaps {
 
 /// Every attribute of a QP (`ibv_query_qp`). The `Debug` print lists them all,
 /// which is what to look at when a handshake fails.
+#[doc(alias = "ibv_qp_attr")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QpAttr {

@@ -41,6 +41,7 @@ pub use uc_ud::{UcInitAttr, UcRtrAttr, UdInitAttr};
 
 c_enum! {
     /// A QP state as the kernel reports it (`ibv_qp_state`).
+    #[doc(alias = "ibv_qp_state")]
     pub enum QpStateKind: u32 {
         /// Reset.
         Reset = ffi::IBV_QPS_RESET => "RESET",
