@@ -26,45 +26,16 @@
 //!
 //! The channel outlives its CQs: each CQ holds a reference to it.
 //!
-//! # Readiness without the descriptor
-//! The channel's own descriptor is deliberately *not* reachable from safe code
-//! (no `AsFd`/`AsRawFd`). Anyone holding it can `read(2)` an event from it
-//! behind libibverbs' back: the kernel then counts the event as reported,
-//! nobody ever acknowledges it, and the CQ's `Drop` (`ibv_destroy_cq`) waits
-//! for that acknowledgement forever. The same holds for the context's async
-//! event descriptor ([`AsyncEvents`](crate::AsyncEvents): destroying a QP or
-//! CQ waits for its async events) and for an rdma_cm
-//! [`EventChannel`](crate::EventChannel) (`rdma_destroy_id` waits for its CM
-//! events).
-//!
-//! Event loops get a [`Readiness`] handle instead ([`CompletionChannel::readiness`],
-//! [`AsyncEvents::readiness`](crate::AsyncEvents::readiness),
-//! [`EventChannel::readiness`](crate::EventChannel::readiness)): a private
-//! `epoll` instance that watches the real descriptor for `EPOLLIN`
-//! (level-triggered). An epoll descriptor is readable exactly when one of the
-//! descriptors it watches is, so the handle can join a `poll`/`epoll` set or
-//! tokio's `AsyncFd` like the real one; but `read(2)` on it fails with
-//! `EINVAL`, so safe code can observe readiness and never consume an event.
-//! The events themselves are read with the owner's `try_next`-style method,
-//! which acknowledges them. The handle cannot lead back to the watched
-//! descriptor: `epoll_ctl` needs that descriptor as an argument, and producing
-//! a descriptor from an integer is `unsafe`. The handle is created on first
-//! use (one more descriptor per channel), and this crate's own waits poll the
-//! real descriptor directly, so whatever an application adds to the handle's
-//! epoll set cannot disturb them.
-//!
-//! # Which events are counted
-//! [`try_next`](CompletionChannel::try_next) treats an event's `cq_context` as
-//! this crate's per-CQ counter only for CQs that [`Cq::with_channel`](crate::Cq::with_channel)
-//! registered on the channel (the `ibv_cq` address together with the counter's
-//! address, held weakly). A CQ created on the channel through
-//! [`as_raw`](CompletionChannel::as_raw) and the FFI is *foreign*: its events
-//! are acknowledged at once and only its [`CqId`] is returned, so no
-//! `cq_context` a caller chose is ever dereferenced. This keeps `as_raw` a
-//! plain, safe accessor (using the pointer is `unsafe` FFI anyway) instead of
-//! a prose rule that safe code depended on; the price is one uncontended mutex
-//! and a scan of the channel's CQs per event, and events come at most once per
-//! arm.
+//! # Readiness and foreign CQs
+//! The channel's descriptor is not reachable from safe code (a `read(2)` on
+//! it would consume an event nobody acknowledges); event loops get a
+//! [`Readiness`] handle instead ([`CompletionChannel::readiness`]), an epoll
+//! instance that is readable when the channel is and cannot consume events.
+//! [`try_next`](CompletionChannel::try_next) counts events only for CQs that
+//! [`Cq::with_channel`](crate::Cq::with_channel) registered; a CQ created on
+//! the channel through [`as_raw`](CompletionChannel::as_raw) is foreign: its
+//! events are acknowledged at once and only its [`CqId`] is returned. Why
+//! both keep safe code sound is in `docs/soundness.md`.
 
 use std::fmt;
 use std::io;

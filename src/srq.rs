@@ -31,40 +31,7 @@
 //!   hear about the next time.
 //! * [`Srq::refill`] tops the SRQ up to its depth from a buffer source.
 //!
-//! ```no_run
-//! use rdma_verbs::srq::{Srq, SrqAttr};
-//! use rdma_verbs::{AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, RecvWr};
-//!
-//! # fn main() -> rdma_verbs::Result<()> {
-//! let ctx = Context::open(None)?;
-//! let pd = Pd::new(&ctx)?;
-//! let mut cq = Cq::new(&ctx, 512 + 16 * 8)?;
-//! let mut srq = Srq::new(&pd, &cq, SrqAttr::new(512, 1))?;
-//! // Sixteen QPs share the SRQ's receives; their sends use the same CQ.
-//! let caps = QpCaps { max_send_wr: 8, ..QpCaps::default() };
-//! let qps = (0..16)
-//!     .map(|_| Qp::new_with_srq(&pd, &cq, &cq, &srq, caps))
-//!     .collect::<rdma_verbs::Result<Vec<_>>>()?;
-//! // Keep it full: 512 receives of 4 KiB each.
-//! let mut next_id = 0;
-//! srq.refill(|| {
-//!     next_id += 1;
-//!     Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).ok().map(|mr| RecvWr::new(next_id, mr))
-//! })?;
-//! srq.arm_limit(64)?; // IBV_EVENT_SRQ_LIMIT_REACHED below 64 posted
-//! // ... connect the QPs; then each receive comes back on `cq` with its buffer:
-//! let mut wcs = Vec::with_capacity(32);
-//! cq.poll(&mut wcs)?;
-//! for mut wc in wcs.drain(..) {
-//!     let buf = wc.take_mr(); // the buffer, from whichever QP (wc.qp_num) consumed it
-//!     if let Some(mr) = buf {
-//!         srq.post_recv(RecvWr::new(wc.wr_id, mr))?; // and back into the pool
-//!     }
-//! }
-//! # drop(qps);
-//! # Ok(())
-//! # }
-//! ```
+//! An example is on [`Srq`].
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -110,6 +77,41 @@ impl SrqAttr {
 }
 
 /// A shared receive queue; see the [module docs](self).
+///
+/// ```no_run
+/// use rdma_verbs::srq::{Srq, SrqAttr};
+/// use rdma_verbs::{AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, RecvWr};
+///
+/// # fn main() -> rdma_verbs::Result<()> {
+/// let ctx = Context::open(None)?;
+/// let pd = Pd::new(&ctx)?;
+/// let mut cq = Cq::new(&ctx, 512 + 16 * 8)?;
+/// let mut srq = Srq::new(&pd, &cq, SrqAttr::new(512, 1))?;
+/// // Sixteen QPs share the SRQ's receives; their sends use the same CQ.
+/// let caps = QpCaps { max_send_wr: 8, ..QpCaps::default() };
+/// let qps = (0..16)
+///     .map(|_| Qp::new_with_srq(&pd, &cq, &cq, &srq, caps))
+///     .collect::<rdma_verbs::Result<Vec<_>>>()?;
+/// // Keep it full: 512 receives of 4 KiB each.
+/// let mut next_id = 0;
+/// srq.refill(|| {
+///     next_id += 1;
+///     Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).ok().map(|mr| RecvWr::new(next_id, mr))
+/// })?;
+/// srq.arm_limit(64)?; // IBV_EVENT_SRQ_LIMIT_REACHED below 64 posted
+/// // ... connect the QPs; then each receive comes back on `cq` with its buffer:
+/// let mut wcs = Vec::with_capacity(32);
+/// cq.poll(&mut wcs)?;
+/// for mut wc in wcs.drain(..) {
+///     let buf = wc.take_mr(); // the buffer, from whichever QP (wc.qp_num) consumed it
+///     if let Some(mr) = buf {
+///         srq.post_recv(RecvWr::new(wc.wr_id, mr))?; // and back into the pool
+///     }
+/// }
+/// # drop(qps);
+/// # Ok(())
+/// # }
+/// ```
 #[doc(alias = "ibv_srq")]
 pub struct Srq {
     inner: Arc<SrqInner>,
