@@ -27,6 +27,7 @@ use crate::error::{Error, Result, errno, last_errno};
 use crate::ffi;
 use crate::pd::Pd;
 use crate::qp::AddressVector;
+use crate::sys::call::verb;
 
 /// Bytes the NIC writes before the payload of every UD receive.
 pub const GRH_LEN: usize = 40;
@@ -35,6 +36,7 @@ pub const GRH_LEN: usize = 40;
 /// [`Pd`] alive, and a UD QP keeps a clone of the handle of every send it
 /// posted until that send completed, so dropping the last user clone right
 /// after posting is fine.
+#[doc(alias = "ibv_ah")]
 #[derive(Clone)]
 pub struct AddressHandle {
     pub(crate) inner: Arc<AhInner>,
@@ -74,6 +76,7 @@ impl AddressHandle {
     /// local GID index with no GID (`gid index`, naming the valid ones), and
     /// on RoCE an address without a GRH or towards the all-zero GID
     /// (`address vector`).
+    #[doc(alias = "ibv_create_ah")]
     pub fn new(pd: &Pd, av: AddressVector) -> Result<AddressHandle> {
         let ctx = pd.context();
         let port = ctx.query_port(av.port)?;
@@ -102,8 +105,7 @@ impl AddressHandle {
         }
         let mut attr = av.to_ffi();
         // SAFETY: valid PD; attr is a fully initialised ibv_ah_attr the call only reads.
-        let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut attr) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_ah", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut attr) })?;
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 raw,
@@ -124,7 +126,9 @@ impl AddressHandle {
     /// `completion` must be a successful receive ([`Error::InvalidArgument`]
     /// otherwise), `grh` at least 40 bytes; on RoCE the completion must carry
     /// a GRH, and the GID it was sent to must be one of this port's
-    /// (`ibv_init_ah_from_wc` looks the sending GID index up by it).
+    /// (`ibv_init_ah_from_wc` looks the sending GID index up by it). Together
+    /// the two calls are what `ibv_create_ah_from_wc` does.
+    #[doc(alias("ibv_init_ah_from_wc", "ibv_create_ah_from_wc"))]
     pub fn from_completion(
         pd: &Pd,
         port: u8,

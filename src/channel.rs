@@ -26,45 +26,16 @@
 //!
 //! The channel outlives its CQs: each CQ holds a reference to it.
 //!
-//! # Readiness without the descriptor
-//! The channel's own descriptor is deliberately *not* reachable from safe code
-//! (no `AsFd`/`AsRawFd`). Anyone holding it can `read(2)` an event from it
-//! behind libibverbs' back: the kernel then counts the event as reported,
-//! nobody ever acknowledges it, and the CQ's `Drop` (`ibv_destroy_cq`) waits
-//! for that acknowledgement forever. The same holds for the context's async
-//! event descriptor ([`AsyncEvents`](crate::AsyncEvents): destroying a QP or
-//! CQ waits for its async events) and for an rdma_cm
-//! [`EventChannel`](crate::EventChannel) (`rdma_destroy_id` waits for its CM
-//! events).
-//!
-//! Event loops get a [`Readiness`] handle instead ([`CompletionChannel::readiness`],
-//! [`AsyncEvents::readiness`](crate::AsyncEvents::readiness),
-//! [`EventChannel::readiness`](crate::EventChannel::readiness)): a private
-//! `epoll` instance that watches the real descriptor for `EPOLLIN`
-//! (level-triggered). An epoll descriptor is readable exactly when one of the
-//! descriptors it watches is, so the handle can join a `poll`/`epoll` set or
-//! tokio's `AsyncFd` like the real one; but `read(2)` on it fails with
-//! `EINVAL`, so safe code can observe readiness and never consume an event.
-//! The events themselves are read with the owner's `try_next`-style method,
-//! which acknowledges them. The handle cannot lead back to the watched
-//! descriptor: `epoll_ctl` needs that descriptor as an argument, and producing
-//! a descriptor from an integer is `unsafe`. The handle is created on first
-//! use (one more descriptor per channel), and this crate's own waits poll the
-//! real descriptor directly, so whatever an application adds to the handle's
-//! epoll set cannot disturb them.
-//!
-//! # Which events are counted
-//! [`try_next`](CompletionChannel::try_next) treats an event's `cq_context` as
-//! this crate's per-CQ counter only for CQs that [`Cq::with_channel`](crate::Cq::with_channel)
-//! registered on the channel (the `ibv_cq` address together with the counter's
-//! address, held weakly). A CQ created on the channel through
-//! [`as_raw`](CompletionChannel::as_raw) and the FFI is *foreign*: its events
-//! are acknowledged at once and only its [`CqId`] is returned, so no
-//! `cq_context` a caller chose is ever dereferenced. This keeps `as_raw` a
-//! plain, safe accessor (using the pointer is `unsafe` FFI anyway) instead of
-//! a prose rule that safe code depended on; the price is one uncontended mutex
-//! and a scan of the channel's CQs per event, and events come at most once per
-//! arm.
+//! # Readiness and foreign CQs
+//! The channel's descriptor is not reachable from safe code (a `read(2)` on
+//! it would consume an event nobody acknowledges); event loops get a
+//! [`Readiness`] handle instead ([`CompletionChannel::readiness`]), an epoll
+//! instance that is readable when the channel is and cannot consume events.
+//! [`try_next`](CompletionChannel::try_next) counts events only for CQs that
+//! [`Cq::with_channel`](crate::Cq::with_channel) registered; a CQ created on
+//! the channel through [`as_raw`](CompletionChannel::as_raw) is foreign: its
+//! events are acknowledged at once and only its [`CqId`] is returned. Why
+//! both keep safe code sound is in `docs/soundness.md`.
 
 use std::fmt;
 use std::io;
@@ -75,8 +46,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use crate::context::Context;
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 pub(crate) use crate::sys::fd::{deadline_after, poll_readable, set_nonblocking};
 
 /// How many events [`Cq::wait_poll`](crate::Cq::wait_poll) lets accumulate before acknowledging them.
@@ -91,6 +63,7 @@ pub const WAIT_SLICE: Duration = Duration::from_secs(1);
 /// Cheap to clone (reference counted); every CQ attached to it keeps it alive.
 /// Its file descriptor is non-blocking and private: event loops watch the
 /// [`readiness`](Self::readiness) handle instead (see the [module docs](self)).
+#[doc(alias = "ibv_comp_channel")]
 #[derive(Clone)]
 pub struct CompletionChannel {
     pub(crate) inner: Arc<ChannelInner>,
@@ -262,11 +235,10 @@ impl CqEvents {
 impl CompletionChannel {
     /// Creates a completion channel (`ibv_create_comp_channel`) and makes its
     /// file descriptor non-blocking.
+    #[doc(alias = "ibv_create_comp_channel")]
     pub fn new(ctx: &Context) -> Result<CompletionChannel> {
         // SAFETY: valid context.
-        let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
-        let raw = NonNull::new(raw)
-            .ok_or_else(|| Error::verb("ibv_create_comp_channel", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) })?;
         let inner = ChannelInner {
             raw,
             attached: AtomicUsize::new(0),
@@ -322,16 +294,18 @@ impl CompletionChannel {
     /// acknowledged later (see the [module docs](self)); the CQ is disarmed
     /// until the next [`Cq::req_notify`](crate::Cq::req_notify). The event of a CQ created on the
     /// channel outside this crate is acknowledged at once.
+    #[doc(alias = "ibv_get_cq_event")]
     pub fn try_next(&self) -> Result<Option<CqId>> {
         let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: valid channel; the out-pointers are valid locals.
-        let rc = unsafe { ffi::ibv_get_cq_event(self.as_raw(), &mut cq, &mut cq_ctx) };
-        if rc != 0 {
-            let e = last_errno();
-            return match e.kind() {
+        let done = verb!(errno: unsafe {
+            ffi::ibv_get_cq_event(self.as_raw(), &mut cq, &mut cq_ctx)
+        });
+        if let Err(failed) = done {
+            return match failed.source.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(Error::verb("ibv_get_cq_event", e)),
+                _ => Err(failed.into()),
             };
         }
         if cq.is_null() {
@@ -357,9 +331,11 @@ impl CompletionChannel {
         Ok(Some(CqId::from_raw(cq)))
     }
 
-    /// Sleeps until an attached, armed CQ has an event, for at most `timeout`
-    /// (`None`: forever). Returns the CQ's id, or `None` when the time ran out.
-    /// See [`try_next`](Self::try_next) for what happens to the event.
+    /// Sleeps until an attached, armed CQ has an event (`ibv_get_cq_event`),
+    /// for at most `timeout` (`None`: forever). Returns the CQ's id, or `None`
+    /// when the time ran out. See [`try_next`](Self::try_next) for what
+    /// happens to the event.
+    #[doc(alias = "ibv_get_cq_event")]
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Option<CqId>> {
         let deadline = timeout.map(deadline_after);
         loop {

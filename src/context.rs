@@ -6,13 +6,15 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::device::{self, AtomicCap, Gid, GidEntry, GidType, LinkLayer, Mtu, PortState};
-use crate::error::{Error, Result, errno, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 
 /// An open RDMA device (`ibv_context`).
 ///
 /// Cheap to clone (reference counted); every object created from it keeps it
 /// open, so the device is closed only after the last `Pd`, `Cq`, `Qp`... is gone.
+#[doc(alias = "ibv_context")]
 #[derive(Clone)]
 pub struct Context {
     pub(crate) inner: Arc<ContextInner>,
@@ -46,13 +48,15 @@ impl Drop for ContextInner {
 }
 
 impl Context {
-    /// Opens the device named `name`, or the first device when `None`.
+    /// Opens the device named `name`, or the first device when `None`
+    /// (`ibv_get_device_list`, then `ibv_open_device`).
     ///
     /// ```no_run
     /// let ctx = rdma_verbs::Context::open(Some("rxe0"))?;
     /// println!("{}", ctx.name());
     /// # Ok::<(), rdma_verbs::Error>(())
     /// ```
+    #[doc(alias = "ibv_open_device")]
     pub fn open(name: Option<&str>) -> Result<Context> {
         let list = device::devices()?;
         list.find(name)?.open()
@@ -60,8 +64,7 @@ impl Context {
 
     pub(crate) fn from_device(dev: NonNull<ffi::ibv_device>) -> Result<Context> {
         // SAFETY: dev is a valid device pointer from a live device list.
-        let raw = unsafe { ffi::ibv_open_device(dev.as_ptr()) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_open_device", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_open_device(dev.as_ptr()) })?;
         // SAFETY: dev is valid; the name is a NUL-terminated array inside it.
         let name = unsafe { device::cstr(ffi::ibv_get_device_name(dev.as_ptr())) };
         Ok(Context {
@@ -108,15 +111,14 @@ impl Context {
     }
 
     /// Device attributes (`ibv_query_device_ex`).
+    #[doc(alias("ibv_query_device_ex", "ibv_query_device"))]
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_device_attr_ex>::zeroed();
         // SAFETY: valid context; attr is a zeroed out-struct of the right type;
         // a NULL input means "no extended input".
-        let rc =
-            unsafe { ffi::ibv_query_device_ex(self.as_raw(), std::ptr::null(), attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_query_device_ex", errno(rc)));
-        }
+        verb!(rc: unsafe {
+            ffi::ibv_query_device_ex(self.as_raw(), std::ptr::null(), attr.as_mut_ptr())
+        })?;
         // SAFETY: zero-initialised and then filled by the call; all-integer struct.
         let attr = unsafe { attr.assume_init() };
         Ok(DeviceAttr::from_ffi(&attr))
@@ -145,20 +147,22 @@ impl Context {
     }
 
     /// Port attributes (`ibv_query_port`, through the current ABI `___ibv_query_port`).
+    #[doc(alias = "ibv_query_port")]
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
         // SAFETY: valid context and out-pointer; ___ibv_query_port is the header's
         // non-compat path (plain ibv_query_port is the old ABI symbol).
-        let rc = unsafe { ffi::___ibv_query_port(self.as_raw(), port, attr.as_mut_ptr()) };
-        if rc != 0 {
-            let e = errno(rc);
-            return Err(if rc == libc::EINVAL {
+        let done = verb!(rc: unsafe {
+            ffi::___ibv_query_port(self.as_raw(), port, attr.as_mut_ptr())
+        });
+        if let Err(failed) = done {
+            return Err(if failed.errno() == Some(libc::EINVAL) {
                 Error::InvalidArgument {
                     what: "port",
                     reason: format!("port {port} does not exist on {}", self.name()),
                 }
             } else {
-                Error::verb("ibv_query_port", e)
+                failed.into()
             });
         }
         // SAFETY: filled by the call; all-integer struct.
@@ -168,6 +172,7 @@ impl Context {
 
     /// One GID (`ibv_query_gid`). An index past the table, or an empty slot
     /// (the all-zero GID), is an error naming the valid indices.
+    #[doc(alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid> {
         let mut gid = ffi::ibv_gid { raw: [0; 16] };
         // SAFETY: valid context and out-pointer.
@@ -234,10 +239,11 @@ impl Context {
     }
 
     /// One GID table entry with its type and netdev (`ibv_query_gid_ex`).
+    #[doc(alias = "ibv_query_gid_ex")]
     pub fn query_gid_entry(&self, port: u8, index: u8) -> Result<GidEntry> {
         let mut e = MaybeUninit::<ffi::ibv_gid_entry>::zeroed();
         // SAFETY: valid context and out-pointer; flags must be 0.
-        let rc = unsafe {
+        let done = verb!(rc: unsafe {
             ffi::ibv_query_gid_ex(
                 self.as_raw(),
                 u32::from(port),
@@ -245,14 +251,14 @@ impl Context {
                 e.as_mut_ptr(),
                 0,
             )?
-        };
-        if rc != 0 {
+        });
+        if let Err(failed) = done {
             return Err(Error::InvalidArgument {
                 what: "gid index",
                 reason: format!(
                     "port {port} of {} has no valid GID at index {index} ({})",
                     self.name(),
-                    errno(rc)
+                    failed.source
                 ),
             });
         }
@@ -262,6 +268,7 @@ impl Context {
     }
 
     /// Every valid GID of every port (`ibv_query_gid_table`), in table order.
+    #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
         let attr = self.query_device()?;
         let mut cap = 0usize;
@@ -270,12 +277,9 @@ impl Context {
         }
         let mut entries = vec![ffi::ibv_gid_entry::default(); cap.max(1)];
         // SAFETY: entries has room for `len` entries; flags must be 0.
-        let n = unsafe {
+        let n = verb!(count: unsafe {
             ffi::ibv_query_gid_table(self.as_raw(), entries.as_mut_ptr(), entries.len(), 0)?
-        };
-        if n < 0 {
-            return Err(Error::verb("ibv_query_gid_table", errno(n as i32)));
-        }
+        })?;
         entries.truncate(n as usize);
         // Indices past 255 cannot be named in an address vector: left out.
         Ok(entries.iter().filter_map(gid_entry).collect())
@@ -305,6 +309,7 @@ impl fmt::Debug for Context {
 }
 
 /// Device attributes, as `ibv_devinfo -v` prints them (`ibv_device_attr_ex`).
+#[doc(alias("ibv_device_attr_ex", "ibv_device_attr"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceAttr {
@@ -472,6 +477,7 @@ impl DeviceAttr {
 }
 
 /// Port attributes (`ibv_port_attr`).
+#[doc(alias = "ibv_port_attr")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PortAttr {

@@ -3,8 +3,9 @@
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 pub(crate) use crate::sys::cstr::{carray, cstr};
 
 pub use crate::values::{
@@ -27,26 +28,21 @@ unsafe impl Sync for DeviceList {}
 ///
 /// Fails with [`Error::NoRdmaSupport`] when the kernel has no RDMA support at
 /// all; an empty list is `Ok` (see [`DeviceList::is_empty`]).
+#[doc(alias = "ibv_get_device_list")]
 pub fn devices() -> Result<DeviceList> {
     let mut n: i32 = 0;
     // SAFETY: plain call with a valid out-pointer.
-    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
-    match NonNull::new(list) {
-        Some(list) => Ok(DeviceList {
+    match verb!(ptr: unsafe { ffi::ibv_get_device_list(&mut n) }) {
+        Ok(list) => Ok(DeviceList {
             list,
             len: usize::try_from(n).unwrap_or(0),
         }),
-        None => {
-            let e = last_errno();
-            match e.raw_os_error() {
-                Some(libc::ENOSYS) | Some(libc::ENODEV) | Some(libc::ENOENT) => {
-                    Err(Error::NoRdmaSupport {
-                        verb: "ibv_get_device_list",
-                    })
-                }
-                _ => Err(Error::verb("ibv_get_device_list", e)),
+        Err(failed) => match failed.errno() {
+            Some(libc::ENOSYS) | Some(libc::ENODEV) | Some(libc::ENOENT) => {
+                Err(Error::NoRdmaSupport { verb: failed.verb })
             }
-        }
+            _ => Err(failed.into()),
+        },
     }
 }
 
@@ -106,6 +102,7 @@ impl fmt::Debug for DeviceList {
 }
 
 /// One device in a [`DeviceList`]; open it with [`Device::open`].
+#[doc(alias = "ibv_device")]
 #[derive(Clone, Copy)]
 pub struct Device<'list> {
     raw: NonNull<ffi::ibv_device>,
@@ -113,14 +110,17 @@ pub struct Device<'list> {
 }
 
 impl Device<'_> {
-    /// Kernel device name, e.g. `rxe0` or `mlx5_0`.
+    /// Kernel device name (`ibv_get_device_name`), e.g. `rxe0` or `mlx5_0`.
+    #[doc(alias = "ibv_get_device_name")]
     pub fn name(&self) -> String {
         // SAFETY: raw is valid while the list lives; ibv_get_device_name returns a
         // NUL-terminated string inside the device struct.
         unsafe { cstr(ffi::ibv_get_device_name(self.raw.as_ptr())) }
     }
 
-    /// Node GUID in host byte order (printed as in `ibv_devices`).
+    /// Node GUID in host byte order (`ibv_get_device_guid`; printed as in
+    /// `ibv_devices`).
+    #[doc(alias = "ibv_get_device_guid")]
     pub fn guid(&self) -> u64 {
         // SAFETY: raw is valid while the list lives.
         u64::from_be(unsafe { ffi::ibv_get_device_guid(self.raw.as_ptr()) })
@@ -138,7 +138,8 @@ impl Device<'_> {
         Transport::from_raw(unsafe { (*self.raw.as_ptr()).transport_type })
     }
 
-    /// Opens the device.
+    /// Opens the device (`ibv_open_device`).
+    #[doc(alias = "ibv_open_device")]
     pub fn open(&self) -> Result<crate::Context> {
         crate::Context::from_device(self.raw)
     }

@@ -37,8 +37,9 @@ use crate::channel::{
     CqId, Readiness, ReadinessCell, deadline_after, poll_readable, set_nonblocking,
 };
 use crate::context::Context;
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 
 /// Identifies a shared receive queue in events (the address of its `ibv_srq`).
 ///
@@ -65,6 +66,7 @@ impl SrqId {
 /// One asynchronous event (`ibv_async_event`), copied out and acknowledged.
 ///
 /// Each variant is one `ibv_event_type` and names the object it concerns.
+#[doc(alias = "ibv_async_event")]
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AsyncEvent {
@@ -292,6 +294,7 @@ impl AsyncEvent {
     }
 
     /// rdma-core's description (`ibv_event_type_str`), e.g. "local work queue catastrophic error".
+    #[doc(alias = "ibv_event_type_str")]
     pub fn description(&self) -> String {
         // SAFETY: ibv_event_type_str returns a static string for any value.
         unsafe { crate::sys::cstr::cstr(ffi::ibv_event_type_str(self.event_type())) }
@@ -403,16 +406,19 @@ impl AsyncEvents {
             .get_or_watch(self.fd(), "creating the async event readiness epoll")
     }
 
-    /// Reads one pending event without blocking; `None` when there is none.
+    /// Reads one pending event without blocking (`ibv_get_async_event`, then
+    /// `ibv_ack_async_event`); `None` when there is none.
+    #[doc(alias("ibv_get_async_event", "ibv_ack_async_event"))]
     pub fn try_next(&mut self) -> Result<Option<AsyncEvent>> {
         let mut ev = MaybeUninit::<ffi::ibv_async_event>::zeroed();
         // SAFETY: valid context; ev is a valid out-struct.
-        let rc = unsafe { ffi::ibv_get_async_event(self.ctx.as_raw(), ev.as_mut_ptr()) };
-        if rc != 0 {
-            let e = last_errno();
-            return match e.kind() {
+        let done = verb!(errno: unsafe {
+            ffi::ibv_get_async_event(self.ctx.as_raw(), ev.as_mut_ptr())
+        });
+        if let Err(failed) = done {
+            return match failed.source.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(Error::verb("ibv_get_async_event", e)),
+                _ => Err(failed.into()),
             };
         }
         // SAFETY: filled by the successful call.
@@ -425,8 +431,9 @@ impl AsyncEvents {
         Ok(Some(out))
     }
 
-    /// Sleeps until an event arrives or `timeout` (`None`: forever) passes;
-    /// `None` on timeout.
+    /// Sleeps until an event arrives (`ibv_get_async_event`) or `timeout`
+    /// (`None`: forever) passes; `None` on timeout.
+    #[doc(alias = "ibv_get_async_event")]
     pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
         let deadline = timeout.map(deadline_after);
         loop {

@@ -5,11 +5,13 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::error::{Error, Result, last_errno};
+use crate::error::Result;
 use crate::ffi;
+use crate::sys::call::verb;
 
 /// A protection domain (`ibv_pd`). Cheap to clone; keeps its `Context` open,
 /// and every `Mr` and `Qp` created in it keeps it alive.
+#[doc(alias = "ibv_pd")]
 #[derive(Clone)]
 pub struct Pd {
     pub(crate) inner: Arc<PdInner>,
@@ -36,10 +38,10 @@ impl Drop for PdInner {
 
 impl Pd {
     /// Allocates a protection domain (`ibv_alloc_pd`).
+    #[doc(alias = "ibv_alloc_pd")]
     pub fn new(ctx: &Context) -> Result<Pd> {
         // SAFETY: valid context.
-        let raw = unsafe { ffi::ibv_alloc_pd(ctx.as_raw()) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_alloc_pd", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_alloc_pd(ctx.as_raw()) })?;
         Ok(Pd {
             inner: Arc::new(PdInner {
                 raw,
@@ -60,7 +62,8 @@ impl Pd {
 }
 
 impl Context {
-    /// Allocates a protection domain; see [`Pd::new`].
+    /// Allocates a protection domain (`ibv_alloc_pd`); see [`Pd::new`].
+    #[doc(alias = "ibv_alloc_pd")]
     pub fn alloc_pd(&self) -> Result<Pd> {
         Pd::new(self)
     }

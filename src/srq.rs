@@ -31,40 +31,7 @@
 //!   hear about the next time.
 //! * [`Srq::refill`] tops the SRQ up to its depth from a buffer source.
 //!
-//! ```no_run
-//! use rdma_verbs::srq::{Srq, SrqAttr};
-//! use rdma_verbs::{AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, RecvWr};
-//!
-//! # fn main() -> rdma_verbs::Result<()> {
-//! let ctx = Context::open(None)?;
-//! let pd = Pd::new(&ctx)?;
-//! let mut cq = Cq::new(&ctx, 512 + 16 * 8)?;
-//! let mut srq = Srq::new(&pd, &cq, SrqAttr::new(512, 1))?;
-//! // Sixteen QPs share the SRQ's receives; their sends use the same CQ.
-//! let caps = QpCaps { max_send_wr: 8, ..QpCaps::default() };
-//! let qps = (0..16)
-//!     .map(|_| Qp::new_with_srq(&pd, &cq, &cq, &srq, caps))
-//!     .collect::<rdma_verbs::Result<Vec<_>>>()?;
-//! // Keep it full: 512 receives of 4 KiB each.
-//! let mut next_id = 0;
-//! srq.refill(|| {
-//!     next_id += 1;
-//!     Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).ok().map(|mr| RecvWr::new(next_id, mr))
-//! })?;
-//! srq.arm_limit(64)?; // IBV_EVENT_SRQ_LIMIT_REACHED below 64 posted
-//! // ... connect the QPs; then each receive comes back on `cq` with its buffer:
-//! let mut wcs = Vec::with_capacity(32);
-//! cq.poll(&mut wcs)?;
-//! for mut wc in wcs.drain(..) {
-//!     let buf = wc.take_mr(); // the buffer, from whichever QP (wc.qp_num) consumed it
-//!     if let Some(mr) = buf {
-//!         srq.post_recv(RecvWr::new(wc.wr_id, mr))?; // and back into the pool
-//!     }
-//! }
-//! # drop(qps);
-//! # Ok(())
-//! # }
-//! ```
+//! An example is on [`Srq`].
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -72,7 +39,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::cq::{Cq, CqInner};
-use crate::error::{Error, Result, errno, last_errno};
+use crate::error::{Error, Result};
 use crate::event::SrqId;
 use crate::ffi;
 use crate::ledger::ring::{Ring, SrqProducer};
@@ -80,11 +47,13 @@ use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 use crate::ledger::wr::{PostError, RecvWr};
 use crate::pd::Pd;
 use crate::qp::post;
+use crate::sys::call::verb;
 
 /// Requests per `ibv_post_srq_recv` call in [`Srq::post_recv_list`].
 const CHUNK: usize = 32;
 
 /// Sizes of a shared receive queue (`ibv_srq_attr`).
+#[doc(alias = "ibv_srq_attr")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqAttr {
     /// Most receives posted at once.
@@ -108,6 +77,42 @@ impl SrqAttr {
 }
 
 /// A shared receive queue; see the [module docs](self).
+///
+/// ```no_run
+/// use rdma_verbs::srq::{Srq, SrqAttr};
+/// use rdma_verbs::{AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, RecvWr};
+///
+/// # fn main() -> rdma_verbs::Result<()> {
+/// let ctx = Context::open(None)?;
+/// let pd = Pd::new(&ctx)?;
+/// let mut cq = Cq::new(&ctx, 512 + 16 * 8)?;
+/// let mut srq = Srq::new(&pd, &cq, SrqAttr::new(512, 1))?;
+/// // Sixteen QPs share the SRQ's receives; their sends use the same CQ.
+/// let caps = QpCaps { max_send_wr: 8, ..QpCaps::default() };
+/// let qps = (0..16)
+///     .map(|_| Qp::new_with_srq(&pd, &cq, &cq, &srq, caps))
+///     .collect::<rdma_verbs::Result<Vec<_>>>()?;
+/// // Keep it full: 512 receives of 4 KiB each.
+/// let mut next_id = 0;
+/// srq.refill(|| {
+///     next_id += 1;
+///     Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).ok().map(|mr| RecvWr::new(next_id, mr))
+/// })?;
+/// srq.arm_limit(64)?; // IBV_EVENT_SRQ_LIMIT_REACHED below 64 posted
+/// // ... connect the QPs; then each receive comes back on `cq` with its buffer:
+/// let mut wcs = Vec::with_capacity(32);
+/// cq.poll(&mut wcs)?;
+/// for mut wc in wcs.drain(..) {
+///     let buf = wc.take_mr(); // the buffer, from whichever QP (wc.qp_num) consumed it
+///     if let Some(mr) = buf {
+///         srq.post_recv(RecvWr::new(wc.wr_id, mr))?; // and back into the pool
+///     }
+/// }
+/// # drop(qps);
+/// # Ok(())
+/// # }
+/// ```
+#[doc(alias = "ibv_srq")]
 pub struct Srq {
     inner: Arc<SrqInner>,
     producer: SrqProducer,
@@ -178,10 +183,12 @@ fn limit_refused(limit: u32, depth: u32) -> Error {
 }
 
 impl Srq {
-    /// Creates a shared receive queue in `pd` whose receives complete on `cq`
+    /// Creates a shared receive queue (`ibv_create_srq`) in `pd` whose
+    /// receives complete on `cq`
     /// (the receive CQ of every QP created on it), reserving `attr.max_wr`
     /// entries there ([`Error::CqTooSmall`] when they do not fit). A non-zero
     /// `attr.limit` is armed (see [`arm_limit`](Srq::arm_limit)).
+    #[doc(alias = "ibv_create_srq")]
     pub fn new(pd: &Pd, cq: &Cq, attr: SrqAttr) -> Result<Srq> {
         if attr.max_wr == 0 {
             return Err(Error::InvalidArgument {
@@ -216,8 +223,7 @@ impl Srq {
         };
         // SAFETY: valid PD; init is fully initialised; the provider writes the
         // granted sizes back.
-        let raw = unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut init) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_srq", last_errno()))?;
+        let raw = verb!(ptr: unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut init) })?;
         let granted = SrqAttr {
             // Never more posted than asked for (and reserved), even if the
             // device rounded up.
@@ -299,6 +305,7 @@ impl Srq {
     /// `limit` must be below [`depth`](Srq::depth), the most receives this
     /// SRQ ever holds ([`Error::InvalidArgument`] otherwise: the event would
     /// fire at once and after every re-arm); 0 disarms.
+    #[doc(alias = "ibv_modify_srq")]
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
         let depth = self.depth();
         if limit >= depth {
@@ -310,25 +317,18 @@ impl Srq {
             srq_limit: limit,
         };
         // SAFETY: valid SRQ; attr is initialised; only srq_limit is read.
-        let rc =
-            unsafe { ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::IBV_SRQ_LIMIT as i32) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb("ibv_modify_srq", errno(rc)))
-        }
+        verb!(rc: unsafe { ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::IBV_SRQ_LIMIT as i32) })?;
+        Ok(())
     }
 
     /// The SRQ's attributes as the device reports them (`ibv_query_srq`):
     /// its real depth (may exceed [`depth`](Srq::depth)), scatter entries,
     /// and the armed limit (0 once the limit event fired, or never armed).
+    #[doc(alias = "ibv_query_srq")]
     pub fn query(&self) -> Result<SrqAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_srq_attr>::zeroed();
         // SAFETY: valid SRQ and out-struct.
-        let rc = unsafe { ffi::ibv_query_srq(self.as_raw(), attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_query_srq", errno(rc)));
-        }
+        verb!(rc: unsafe { ffi::ibv_query_srq(self.as_raw(), attr.as_mut_ptr()) })?;
         // SAFETY: zeroed, then filled by the call; plain integers.
         let a = unsafe { attr.assume_init() };
         Ok(SrqAttr {
@@ -338,9 +338,10 @@ impl Srq {
         })
     }
 
-    /// Posts one receive; its buffers come back with the completion of the QP
-    /// that consumes it. Refused with [`Error::QueueFull`] when
+    /// Posts one receive (`ibv_post_srq_recv`); its buffers come back with
+    /// the completion of the QP that consumes it. Refused with [`Error::QueueFull`] when
     /// [`depth`](Srq::depth) receives are posted.
+    #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         self.post_recv_list(std::iter::once(wr))
     }
@@ -350,6 +351,7 @@ impl Srq {
     /// back in the error with their buffers; `wrs` is not pulled any further.
     /// If `wrs` panics, the requests it yielded since the last verb call are
     /// taken back (their buffers drop with the unwind).
+    #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_recv_list(
         &mut self,
         wrs: impl IntoIterator<Item = RecvWr>,
@@ -407,9 +409,10 @@ impl Srq {
 
     /// Tops the SRQ up to its [`depth`](Srq::depth) with receives from
     /// `make` (called until the SRQ is full or it returns `None`) and returns
-    /// how many were posted. Typical use: call it after each poll, with
-    /// `make` taking buffers back from a pool, to keep the SRQ deep enough
-    /// that no sender meets an RNR NAK.
+    /// how many were posted (one `ibv_post_srq_recv` per 32). Typical use:
+    /// call it after each poll, with `make` taking buffers back from a pool,
+    /// to keep the SRQ deep enough that no sender meets an RNR NAK.
+    #[doc(alias = "ibv_post_srq_recv")]
     pub fn refill(&mut self, make: impl FnMut() -> Option<RecvWr>) -> Result<usize, PostError> {
         let room = u64::from(self.depth()).saturating_sub(self.posted());
         // Counted as they are made, not as a change of `posted()`: a poll
@@ -482,10 +485,10 @@ impl Unstage<'_> {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid SRQ; the chain and its SGEs live on the caller's stack
         // frame; every SGE points into a buffer owned by a ring slot.
-        let rc = unsafe { crate::qp::post::post_srq_recv(self.srq.as_raw(), head, &mut bad) };
-        if rc == 0 {
+        let done = verb!(rc: unsafe { post::ibv_post_srq_recv(self.srq.as_raw(), head, &mut bad) });
+        let Err(failed) = done else {
             return Ok(());
-        }
+        };
         // Requests from `bad` on were refused; if the provider did not say
         // which, keep them all in the ring (the NIC may own some).
         let from = post::bad_index(bad, head, n).unwrap_or(n);
@@ -496,7 +499,7 @@ impl Unstage<'_> {
             .filter_map(|&t| unsafe { srq.inner.ring.unfill_srq(&mut srq.producer, t) })
             .collect();
         Err(PostError {
-            error: Error::verb("ibv_post_srq_recv", errno(rc)),
+            error: failed.into(),
             unposted,
         })
     }

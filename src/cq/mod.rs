@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use crate::channel::{CompletionChannel, CqEvents};
 use crate::context::Context;
-use crate::error::{Error, Result, last_errno};
+use crate::error::{Error, Result};
 use crate::ffi;
 use crate::ledger::table::{RingCache, RingTable};
+use crate::sys::call::verb;
 
 mod completion;
 mod notify;
@@ -30,6 +31,7 @@ pub(crate) use poll::{POLL_BATCH, make_room, poll_exactly, poll_in_batches};
 /// A QP is only created on a CQ that can hold every completion its queues
 /// may produce together with those of the other queues already on it (see
 /// [`Error::CqTooSmall`]), so the CQ cannot overrun through the safe path.
+#[doc(alias = "ibv_cq")]
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
     /// The poller's copy of the ring table (see [`crate::qp`]).
@@ -105,6 +107,7 @@ impl Cq {
     /// A depth above the device's `max_cqe` is refused before calling the
     /// kernel. Size it for every QP that will use it: each queue needs as
     /// many entries as its depth (`max_send_wr` / `max_recv_wr`).
+    #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, depth: u32) -> Result<Cq> {
         Cq::create(ctx, depth, None)
     }
@@ -130,9 +133,9 @@ impl Cq {
         // SAFETY: valid context and channel (same device, checked by the caller);
         // cq_context points to the shared counter, which this CqInner holds and
         // frees only after ibv_destroy_cq; vector 0.
-        let raw =
-            unsafe { ffi::ibv_create_cq(ctx.as_raw(), depth as i32, cq_context, channel_raw, 0) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("ibv_create_cq", last_errno()))?;
+        let raw = verb!(ptr: unsafe {
+            ffi::ibv_create_cq(ctx.as_raw(), depth as i32, cq_context, channel_raw, 0)
+        })?;
         if let Some(ch) = channel {
             ch.inner.attach();
         }
@@ -198,7 +201,8 @@ impl fmt::Debug for Cq {
 }
 
 impl Context {
-    /// Creates a completion queue; see [`Cq::new`].
+    /// Creates a completion queue (`ibv_create_cq`); see [`Cq::new`].
+    #[doc(alias = "ibv_create_cq")]
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
         Cq::new(self, depth)
     }

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use super::{Completion, Cq};
 use crate::channel::{ACK_BATCH, CompletionChannel, CqEvents, CqId, WAIT_SLICE, deadline_after};
 use crate::context::Context;
-use crate::error::{Error, Result, errno};
+use crate::error::{Error, Result};
 use crate::ffi;
+use crate::sys::call::verb;
 
 impl Cq {
     /// Creates a CQ whose completion events go to `channel`
@@ -15,6 +16,7 @@ impl Cq {
     ///
     /// The CQ keeps the channel alive; arm it with [`req_notify`](Cq::req_notify)
     /// or let [`wait_poll`](Cq::wait_poll) do so.
+    #[doc(alias = "ibv_create_cq")]
     pub fn with_channel(ctx: &Context, depth: u32, channel: &CompletionChannel) -> Result<Cq> {
         // The raw context, as QPs and SRQs compare: two `Context` values can
         // share one (`CmId::context` makes a new one each call).
@@ -47,20 +49,19 @@ impl Cq {
     /// `solicited_only`, the next solicited or error completion) raises one
     /// event on the channel. Completions already in the CQ raise none: poll
     /// after arming (see [`wait_poll`](Cq::wait_poll)).
+    #[doc(alias = "ibv_req_notify_cq")]
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         if self.inner.channel.is_none() {
             return Err(no_channel());
         }
         // SAFETY: valid CQ.
-        let rc = unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_req_notify_cq", errno(rc)));
-        }
+        verb!(rc: unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) })?;
         Ok(())
     }
 
     /// Acknowledges the events counted on this CQ so far (`ibv_ack_cq_events`),
     /// returning how many. Optional: [`wait_poll`](Cq::wait_poll) and `Drop` do it.
+    #[doc(alias = "ibv_ack_cq_events")]
     pub fn ack_events(&mut self) -> u32 {
         let Some(events) = self.inner.events.as_deref() else {
             return 0;
@@ -78,7 +79,8 @@ impl Cq {
         self.inner.events.as_deref().map_or(0, CqEvents::pending)
     }
 
-    /// Polls, and sleeps on the channel while the CQ is empty, until at least
+    /// Polls (`ibv_poll_cq`), and arms the CQ and sleeps on the channel
+    /// (`ibv_req_notify_cq`, `ibv_get_cq_event`) while it is empty, until at least
     /// one completion is in `out` or `timeout` (`None`: forever) has passed.
     /// Returns how many completions were added; `0` only on timeout.
     ///
@@ -95,6 +97,7 @@ impl Cq {
     /// The channel must serve this CQ alone: a waiter on a shared channel
     /// could consume the event meant for another CQ's waiter. With several CQs
     /// on one channel, use [`CompletionChannel::wait`] and poll the CQ it names.
+    #[doc(alias("ibv_poll_cq", "ibv_req_notify_cq", "ibv_get_cq_event"))]
     pub fn wait_poll(
         &mut self,
         out: &mut Vec<Completion>,

@@ -4,11 +4,12 @@ use std::mem::MaybeUninit;
 
 use super::completion::TOKEN_SHIFT;
 use super::{Completion, CompletionSource, Cq};
-use crate::error::{Error, Result, errno};
+use crate::error::{Error, Result};
 use crate::ffi;
 use crate::ledger::ring::HeldPanic;
 use crate::ledger::sges::Sges;
 use crate::ledger::table::TAG_FLAG;
+use crate::sys::call::verb;
 
 /// How many work completions one `ibv_poll_cq` call fetches at most.
 pub(crate) const POLL_BATCH: usize = 32;
@@ -45,10 +46,7 @@ pub(crate) unsafe fn poll_in_batches<T>(
     while total < want {
         let n = (want - total).min(POLL_BATCH);
         // SAFETY: valid CQ (contract); wcs has room for n entries.
-        let rc = unsafe { ffi::ibv_poll_cq(raw, n as i32, wcs[0].as_mut_ptr()) };
-        if rc < 0 {
-            return Err(Error::verb("ibv_poll_cq", errno(rc)));
-        }
+        let rc = verb!(count: unsafe { ffi::ibv_poll_cq(raw, n as i32, wcs[0].as_mut_ptr()) })?;
         let got = (rc as usize).min(n);
         // The length is counted in a local for the batch (not re-read from
         // `out` per entry) and reaches `out` when the guard drops, after the
@@ -92,8 +90,9 @@ impl<T> Drop for SetLenOnDrop<'_, T> {
 }
 
 impl Cq {
-    /// Polls up to `out.capacity() - out.len()` completions into `out` (its
-    /// spare capacity: reserve it once), returning how many were added. When
+    /// Polls (`ibv_poll_cq`) up to `out.capacity() - out.len()` completions
+    /// into `out` (its spare capacity: reserve it once), returning how many
+    /// were added. When
     /// `out` has no spare capacity (`Vec::new()`), room for 32 completions
     /// is reserved first, the only case that allocates: a poll never takes
     /// nothing for want of room.
@@ -111,16 +110,19 @@ impl Cq {
     /// by [`poll_raw`](Cq::poll_raw)); the completions polled in that call are
     /// in `out` all the same.
     #[inline]
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
         make_room(out);
         self.poll_inner(out, usize::MAX, None)
     }
 
-    /// [`Cq::poll`], and the buffers of the unsignaled requests each completion
-    /// retires are appended to `retired` as `(wr_id, buffers)` in posting order
-    /// instead of being released: the way to recycle unsignaled READ or atomic
+    /// [`Cq::poll`] (`ibv_poll_cq`), and the buffers of the unsignaled
+    /// requests each completion retires are appended to `retired` as
+    /// `(wr_id, buffers)` in posting order instead of being released: the way
+    /// to recycle unsignaled READ or atomic
     /// destinations. Allocates only if `retired` runs out of capacity (or
     /// `out` has none spare, as [`Cq::poll`]).
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_with_retired(
         &mut self,
         out: &mut Vec<Completion>,
@@ -301,24 +303,22 @@ impl Cq {
     /// as [`Error::CompletionsLost`]), or the QP is destroyed. Only the
     /// fields ibv_poll_cq(3) names valid for each entry's status and opcode
     /// hold data (the rest are as `wcs` had them).
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_raw(&mut self, wcs: &mut [ffi::ibv_wc]) -> Result<usize> {
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: valid CQ; wcs has room for n entries (already initialised,
         // so fields the provider leaves unwritten keep their values).
-        let rc = unsafe { ffi::ibv_poll_cq(self.as_raw(), n, wcs.as_mut_ptr()) };
-        if rc < 0 {
-            Err(Error::verb("ibv_poll_cq", errno(rc)))
-        } else {
-            Ok(rc as usize)
-        }
+        let got = verb!(count: unsafe { ffi::ibv_poll_cq(self.as_raw(), n, wcs.as_mut_ptr()) })?;
+        Ok(got as usize)
     }
 
-    /// Busy-polls until exactly `n` more completions are in `out` (never
+    /// Busy-polls (`ibv_poll_cq`) until exactly `n` more completions are in `out` (never
     /// more: the rest stay in the CQ for the next poll), or fails with
     /// [`Error::Timeout { .. }`](Error::Timeout) after `timeout`; the
     /// completions polled before the timeout stay in `out`. `out` grows as
     /// completions come (at least 32 more at a time), so a huge
     /// `n` allocates only for what arrives.
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_n(
         &mut self,
         out: &mut Vec<Completion>,
@@ -330,11 +330,13 @@ impl Cq {
         })
     }
 
-    /// Polls exactly one completion, waiting up to `timeout` for it.
+    /// Polls exactly one completion (`ibv_poll_cq`), waiting up to `timeout`
+    /// for it.
     ///
     /// A poll that finds the completion and, on the way, completions that
     /// [`poll_raw`](Cq::poll_raw) took ([`Error::CompletionsLost`]) returns
     /// the completion (with its buffers); the next poll reports the loss.
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_one(&mut self, timeout: std::time::Duration) -> Result<Completion> {
         let mut out = Vec::with_capacity(1);
         match self.poll_n(&mut out, 1, timeout) {

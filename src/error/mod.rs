@@ -6,6 +6,7 @@
 use std::fmt;
 use std::io;
 
+use crate::sys::call::VerbFailure;
 use crate::values::WcStatus;
 
 #[cfg(feature = "gdr")]
@@ -366,14 +367,12 @@ fn fmt_limit(limit: Option<u64>) -> String {
     }
 }
 
-/// The calling thread's errno as an `io::Error`.
-pub(crate) fn last_errno() -> io::Error {
-    io::Error::last_os_error()
-}
+pub(crate) use crate::sys::call::{errno, last_errno};
 
-/// An errno value returned directly (ibv_* functions that return the errno).
-pub(crate) fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code.saturating_abs())
+impl From<VerbFailure> for Error {
+    fn from(f: VerbFailure) -> Error {
+        Error::verb(f.verb, f.source)
+    }
 }
 
 impl Error {

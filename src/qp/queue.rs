@@ -201,7 +201,7 @@ impl WorkQueue for RecvQueue {
         bad: *mut *mut ffi::ibv_recv_wr,
     ) -> i32 {
         // SAFETY: valid QP; the chain per this function's contract.
-        unsafe { post::post_recv(core.raw.as_ptr(), head, bad) }
+        unsafe { post::ibv_post_recv(core.raw.as_ptr(), head, bad) }
     }
 }
 

@@ -385,7 +385,7 @@ pub(crate) unsafe fn post_chain<const REFUSE_RESERVED: bool>(
             if REFUSE_RESERVED && any_reserved(head) {
                 return RESERVED_WR_ID;
             }
-            return super::post::post_send(qp, head, bad);
+            return super::post::ibv_post_send(qp, head, bad);
         }
     };
     let q = ex.qpx.as_ptr();
@@ -446,6 +446,6 @@ unsafe fn legacy<const REFUSE_RESERVED: bool>(
         if REFUSE_RESERVED && any_reserved(head) {
             return RESERVED_WR_ID;
         }
-        super::post::post_send(qp, head, bad)
+        super::post::ibv_post_send(qp, head, bad)
     }
 }

@@ -2,6 +2,7 @@
 //! [`crate::ffi`]; this module holds what the wrappers share to call them.
 
 mod c_enum;
+pub(crate) mod call;
 pub(crate) mod cstr;
 pub(crate) mod fd;
 

@@ -5,7 +5,7 @@ mod chain;
 mod verbs;
 
 pub(crate) use chain::{ChainedWr, bad_index, fill_sges, link};
-pub(crate) use verbs::{post_recv, post_send, post_srq_recv};
+pub(crate) use verbs::{ibv_post_recv, ibv_post_send, ibv_post_srq_recv};
 
 use super::*;
 
@@ -112,7 +112,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         self.core.raw_posted = true;
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
-        let rc = unsafe { post_recv(self.as_raw(), wr, &mut bad) };
+        let rc = unsafe { ibv_post_recv(self.as_raw(), wr, &mut bad) };
         if rc == 0 {
             Ok(())
         } else {

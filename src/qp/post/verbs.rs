@@ -1,6 +1,7 @@
 //! The crate's only calls of `ibv_post_send`, `ibv_post_recv` and
 //! `ibv_post_srq_recv`: every post, safe, scoped, raw or extended-API fallback,
-//! goes through these, so what reaches the verbs is in one place.
+//! goes through these, so what reaches the verbs is in one place. They keep
+//! the verbs' names, so `sys::call::verb!` names a failed post after them.
 
 use crate::ffi;
 
@@ -11,7 +12,7 @@ use crate::ffi;
 /// whose SGEs point into memory registered in the QP's PD that stays valid
 /// until the requests complete, and `bad` is writable.
 #[inline(always)]
-pub(crate) unsafe fn post_send(
+pub(crate) unsafe fn ibv_post_send(
     qp: *mut ffi::ibv_qp,
     wr: *mut ffi::ibv_send_wr,
     bad: *mut *mut ffi::ibv_send_wr,
@@ -27,7 +28,7 @@ pub(crate) unsafe fn post_send(
 /// whose SGEs point into memory registered in the QP's PD that stays valid
 /// until the requests complete, and `bad` is writable.
 #[inline(always)]
-pub(crate) unsafe fn post_recv(
+pub(crate) unsafe fn ibv_post_recv(
     qp: *mut ffi::ibv_qp,
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
@@ -43,7 +44,7 @@ pub(crate) unsafe fn post_recv(
 /// chain whose SGEs point into memory registered in the SRQ's PD that stays
 /// valid until the requests complete, and `bad` is writable.
 #[inline(always)]
-pub(crate) unsafe fn post_srq_recv(
+pub(crate) unsafe fn ibv_post_srq_recv(
     srq: *mut ffi::ibv_srq,
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,

@@ -1,0 +1,195 @@
+//! Shared and remote views of registered memory: [`SharedMr`], a read-only
+//! range posted many times at once, and [`RemoteMr`], a peer's region as data.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{Mr, debug_range, range_sge};
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::pd::Pd;
+
+impl Mr {
+    /// Makes the range immutable and shareable, for posting as a SEND/WRITE
+    /// source many times at once.
+    pub fn freeze(self) -> SharedMr {
+        let len = self.len;
+        SharedMr {
+            base: Arc::new(self),
+            off: 0,
+            len,
+        }
+    }
+}
+
+/// An immutable, cheaply clonable range of registered memory. The NIC may read
+/// it through any number of in-flight work requests at once.
+#[derive(Clone)]
+pub struct SharedMr {
+    base: Arc<Mr>,
+    off: usize,
+    len: usize,
+}
+
+impl SharedMr {
+    /// The PD it is registered in.
+    pub fn pd(&self) -> &Pd {
+        self.base.pd()
+    }
+
+    /// Bytes in this range.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty range.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A sub-range `[offset, offset+len)` of this range.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<SharedMr> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::InvalidArgument {
+                what: "slice",
+                reason: format!(
+                    "[{offset}, {offset}+{len}) is outside this {}-byte range",
+                    self.len
+                ),
+            });
+        }
+        Ok(SharedMr {
+            base: self.base.clone(),
+            off: self.off + offset,
+            len,
+        })
+    }
+
+    /// The bytes (for memory no peer can write; see [`Mr::as_slice`]).
+    pub fn as_slice(&self) -> Result<&[u8]> {
+        let s = self.base.as_slice()?;
+        Ok(&s[self.off..self.off + self.len])
+    }
+
+    /// Copies bytes out at `offset` (any memory; see [`Mr::read_at`]).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if offset
+            .checked_add(dst.len())
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(Error::InvalidArgument {
+                what: "offset",
+                reason: "outside the shared range".into(),
+            });
+        }
+        self.base.read_at(self.off + offset, dst)
+    }
+
+    /// Local key.
+    #[inline]
+    pub fn lkey(&self) -> u32 {
+        self.base.lkey()
+    }
+
+    /// Remote key.
+    #[inline]
+    pub fn rkey(&self) -> u32 {
+        self.base.rkey()
+    }
+
+    /// NIC address of the start of this range.
+    #[inline]
+    pub fn addr(&self) -> u64 {
+        self.base.addr() + self.off as u64
+    }
+
+    /// The descriptor of this range for a peer.
+    pub fn remote(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.addr(),
+            len: self.len as u64,
+            rkey: self.rkey(),
+        }
+    }
+
+    /// The original `Mr`, if this is the last clone; otherwise `self` back.
+    pub fn try_unfreeze(self) -> std::result::Result<Mr, SharedMr> {
+        let SharedMr { base, off, len } = self;
+        Arc::try_unwrap(base).map_err(|base| SharedMr { base, off, len })
+    }
+
+    #[inline]
+    pub(crate) fn sge(&self) -> ffi::ibv_sge {
+        range_sge(self.addr(), self.len, self.lkey())
+    }
+}
+
+impl fmt::Debug for SharedMr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        debug_range(f, "SharedMr", self.addr(), self.len, self.lkey()).finish()
+    }
+}
+
+/// A peer's memory region as plain data: what WRITE, READ and atomics target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RemoteMr {
+    /// Remote virtual address (IOVA) of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl RemoteMr {
+    /// Checks that `[offset, offset+len)` lies inside the region and returns its address.
+    #[inline]
+    pub fn checked_addr(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => {
+                self.addr
+                    .checked_add(offset)
+                    .ok_or(Error::RemoteOutOfBounds {
+                        offset,
+                        len,
+                        region_len: self.len,
+                    })
+            }
+            _ => Err(Error::RemoteOutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_bounds_are_checked() {
+        let r = RemoteMr {
+            addr: 0x1000,
+            len: 100,
+            rkey: 7,
+        };
+        assert_eq!(r.checked_addr(0, 100).unwrap(), 0x1000);
+        assert_eq!(r.checked_addr(99, 1).unwrap(), 0x1000 + 99);
+        assert!(matches!(
+            r.checked_addr(99, 2),
+            Err(Error::RemoteOutOfBounds {
+                offset: 99,
+                len: 2,
+                region_len: 100
+            })
+        ));
+        assert!(matches!(
+            r.checked_addr(u64::MAX, 2),
+            Err(Error::RemoteOutOfBounds { .. })
+        ));
+    }
+}
