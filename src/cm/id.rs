@@ -1,6 +1,7 @@
 //! [`CmId`]: creating an id, binding, listening, its addresses and its events.
 
 use super::*;
+use crate::sys::call::verb;
 
 /// An rdma_cm identifier (`rdma_cm_id`): one end of a connection, or a listener.
 ///
@@ -55,12 +56,8 @@ impl CmId {
         let moved = EventChannel::new().and_then(|ch| {
             // SAFETY: child is a live id with no event outstanding (its connect
             // request was acknowledged); ch is a valid channel.
-            let rc = unsafe { ffi::rdma_migrate_id(child.as_ptr(), ch.as_raw()) };
-            if rc == 0 {
-                Ok(ch)
-            } else {
-                Err(Error::verb("rdma_migrate_id", last_errno()))
-            }
+            verb!(errno: unsafe { ffi::rdma_migrate_id(child.as_ptr(), ch.as_raw()) })?;
+            Ok(ch)
         });
         match moved {
             Ok(channel) => Ok(CmId {
@@ -137,12 +134,8 @@ impl CmId {
         let _g = self.inner.lock();
         self.inner.refuse_if_waiting()?;
         // SAFETY: valid id, under its lock.
-        let rc = unsafe { ffi::rdma_listen(self.inner.id(), backlog) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb("rdma_listen", last_errno()))
-        }
+        verb!(errno: unsafe { ffi::rdma_listen(self.inner.id(), backlog) })?;
+        Ok(())
     }
 
     /// A bound, listening id (`rdma_create_id`, `rdma_bind_addr`, `rdma_listen`):
@@ -245,12 +238,8 @@ impl CmId {
         self.inner.refuse_if_waiting()?;
         // SAFETY: valid id under its lock; id->qp is NULL, so librdmacm only
         // sends the disconnect.
-        let rc = unsafe { ffi::rdma_disconnect(self.inner.id()) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb("rdma_disconnect", last_errno()))
-        }
+        verb!(errno: unsafe { ffi::rdma_disconnect(self.inner.id()) })?;
+        Ok(())
     }
 
     /// Waits up to `timeout` for the next event of this id (`rdma_get_cm_event`,

@@ -2,6 +2,7 @@
 //! lock, its event channel, and whether a blocking wait owns its events.
 
 use super::*;
+use crate::sys::call::verb;
 
 pub(super) struct IdInner {
     pub(super) raw: NonNull<ffi::rdma_cm_id>,
@@ -45,12 +46,11 @@ impl IdInner {
     pub(super) fn try_event_locked(&self) -> Result<Option<CmEvent>> {
         let mut ev: *mut ffi::rdma_cm_event = std::ptr::null_mut();
         // SAFETY: valid channel (non-blocking, so this never sleeps); ev is an out-pointer.
-        let rc = unsafe { ffi::rdma_get_cm_event(self.channel.as_raw(), &mut ev) };
-        if rc != 0 {
-            let e = last_errno();
-            return match e.raw_os_error() {
+        let got = verb!(errno: unsafe { ffi::rdma_get_cm_event(self.channel.as_raw(), &mut ev) });
+        if let Err(failed) = got {
+            return match failed.errno() {
                 Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
-                _ => Err(Error::verb("rdma_get_cm_event", e)),
+                _ => Err(failed.into()),
             };
         }
         // SAFETY: on success ev is a valid event until acknowledged below.

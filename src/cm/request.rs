@@ -1,6 +1,7 @@
 //! [`ConnectRequest`]: a connection request taken on a listener.
 
 use super::*;
+use crate::sys::call::verb;
 
 /// Most private data a reject carries on InfiniBand and RoCE (the CM's REJ
 /// message; rdma_cm refuses more with EINVAL).
@@ -109,12 +110,8 @@ impl ConnectRequest {
             private_data.as_ptr().cast()
         };
         // SAFETY: valid id under its lock; data points to len bytes.
-        let rc = unsafe { ffi::rdma_reject(cm.inner.id(), data, len) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb("rdma_reject", last_errno()))
-        }
+        verb!(errno: unsafe { ffi::rdma_reject(cm.inner.id(), data, len) })?;
+        Ok(())
     }
 }
 

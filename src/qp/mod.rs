@@ -76,6 +76,7 @@ use crate::error::{Error, Result, errno, last_errno};
 use crate::ffi;
 use crate::pd::Pd;
 use crate::srq::{Srq, SrqInner};
+use crate::sys::call::verb;
 
 pub use crate::ledger::sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
 pub use crate::ledger::wr::{PostError, RecvWr, SendWr};
@@ -183,11 +184,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
         let mask = 0x01ff_ffff; // every IBV_QP_* attribute bit
         // SAFETY: valid QP and out-structs.
-        let rc =
-            unsafe { ffi::ibv_query_qp(self.as_raw(), attr.as_mut_ptr(), mask, init.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_query_qp", errno(rc)));
-        }
+        verb!(rc: unsafe {
+            ffi::ibv_query_qp(self.as_raw(), attr.as_mut_ptr(), mask, init.as_mut_ptr())
+        })?;
         // SAFETY: zeroed and filled by the call; plain C structs (pointers may be null).
         Ok(unsafe { QpAttr::from_ffi(&attr.assume_init(), &init.assume_init()) })
     }

@@ -8,6 +8,7 @@ pub(crate) use chain::{ChainedWr, bad_index, fill_sges, link};
 pub(crate) use verbs::{ibv_post_recv, ibv_post_send, ibv_post_srq_recv};
 
 use super::*;
+use crate::sys::call::verb;
 
 /// Bit 63 of a `wr_id`: set in every token of the safe path, so raw posts
 /// (`post_send_raw`, `post_recv_raw`) must leave it clear.
@@ -112,12 +113,8 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         self.core.raw_posted = true;
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the caller upholds the buffer contract.
-        let rc = unsafe { ibv_post_recv(self.as_raw(), wr, &mut bad) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb("ibv_post_recv", errno(rc)))
-        }
+        verb!(rc: unsafe { ibv_post_recv(self.as_raw(), wr, &mut bad) })?;
+        Ok(())
     }
 }
 
