@@ -43,8 +43,8 @@ use std::time::Instant;
 mod pingpong;
 
 use pingpong::{
-    CONNECT_TIMEOUT, LongOpt, check_status, getopt_each, main_with, next_completions, num,
-    open_device, print_dest, print_rate,
+    CONNECT_TIMEOUT, check_status, getopt_each, long_opts, main_with, next_completions, num,
+    open_device, print_dest, print_option_lines, print_rate, print_usage_head,
 };
 
 use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream};
@@ -132,42 +132,19 @@ impl Opts {
 }
 
 fn usage(argv0: &str) {
-    println!("Usage:");
-    println!("  {argv0}            start a server and wait for connection");
-    println!("  {argv0} <host>     connect to server at <host>");
-    println!();
-    println!("Options:");
-    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
-    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
-    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
-    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
-    println!("  -m, --mtu=<size>       path MTU (default 1024)");
+    print_usage_head(argv0);
+    print_option_lines("pdism", 4096);
     println!("  -q, --num-qp=<num>     number of QPs to use (default 16)");
-    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
+    print_option_lines("r", 4096);
     println!("  -n, --iters=<iters>    number of exchanges per QP(default 1000)");
-    println!("  -l, --sl=<sl>          service level value");
-    println!("  -e, --events           sleep on CQ events (default poll)");
-    println!("  -g, --gid-idx=<gid index> local port gid index");
-    println!("  -h, --help             print this help");
+    print_option_lines("legh", 4096);
 }
 
 /// getopt_long("p:d:i:s:m:q:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    const LONG: &[LongOpt] = &[
-        ("port", 'p', true),
-        ("ib-dev", 'd', true),
-        ("ib-port", 'i', true),
-        ("size", 's', true),
-        ("mtu", 'm', true),
-        ("num-qp", 'q', true),
-        ("rx-depth", 'r', true),
-        ("iters", 'n', true),
-        ("sl", 'l', true),
-        ("events", 'e', false),
-        ("gid-idx", 'g', true),
-    ];
+    let long = long_opts("pdismrnleg", &[("num-qp", 'q', true)]);
     let mut o = Opts::default();
-    let mut positional = getopt_each(args, LONG, |c, v| o.apply(c, v))?;
+    let mut positional = getopt_each(args, &long, |c, v| o.apply(c, v))?;
     match positional.len() {
         0 => {}
         1 => o.servername = positional.pop(),

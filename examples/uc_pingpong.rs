@@ -26,8 +26,8 @@ mod pingpong;
 use std::process::ExitCode;
 
 use pingpong::{
-    Common, LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint,
-    main_with, post_receives, print_dest, run_loop, setup,
+    Common, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint, long_opts,
+    main_with, post_receives, print_dest, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
@@ -36,38 +36,14 @@ use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
 type Opts = Common;
 
 fn usage(argv0: &str) {
-    println!("Usage:");
-    println!("  {argv0}            start a server and wait for connection");
-    println!("  {argv0} <host>     connect to server at <host>");
-    println!();
-    println!("Options:");
-    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
-    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
-    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
-    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
-    println!("  -m, --mtu=<size>       path MTU (default 1024)");
-    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
-    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
-    println!("  -l, --sl=<sl>          service level value");
-    println!("  -e, --events           sleep on CQ events (default poll)");
-    println!("  -g, --gid-idx=<gid index> local port gid index");
+    print_usage_head(argv0);
+    print_option_lines("pdismrnleg", 4096);
 }
 
 /// getopt_long("p:d:i:s:m:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    const LONG: &[LongOpt] = &[
-        ("port", 'p', true),
-        ("ib-dev", 'd', true),
-        ("ib-port", 'i', true),
-        ("size", 's', true),
-        ("mtu", 'm', true),
-        ("rx-depth", 'r', true),
-        ("iters", 'n', true),
-        ("sl", 'l', true),
-        ("events", 'e', false),
-        ("gid-idx", 'g', true),
-    ];
-    let (opts, positional) = getopt(args, LONG)?;
+    let long = long_opts("pdismrnleg", &[]);
+    let (opts, positional) = getopt(args, &long)?;
     let mut o = Common::new(4096);
     for (c, v) in opts {
         if !o.apply(c, &v)? {

@@ -255,3 +255,64 @@ fn short_options<'a>(
     }
     Ok(())
 }
+
+/// The long options the C programs share, by letter.
+const COMMON_LONG: [LongOpt; 10] = [
+    ("port", 'p', true),
+    ("ib-dev", 'd', true),
+    ("ib-port", 'i', true),
+    ("size", 's', true),
+    ("mtu", 'm', true),
+    ("rx-depth", 'r', true),
+    ("iters", 'n', true),
+    ("sl", 'l', true),
+    ("events", 'e', false),
+    ("gid-idx", 'g', true),
+];
+
+/// A port's long options: the common ones named by `letters`, then `extra`.
+pub fn long_opts(letters: &str, extra: &[LongOpt]) -> Vec<LongOpt> {
+    COMMON_LONG
+        .into_iter()
+        .filter(|l| letters.contains(l.1))
+        .chain(extra.iter().copied())
+        .collect()
+}
+
+/// The C programs' usage text up to their option lines.
+pub fn print_usage_head(argv0: &str) {
+    println!("Usage:");
+    println!("  {argv0}            start a server and wait for connection");
+    println!("  {argv0} <host>     connect to server at <host>");
+    println!();
+    println!("Options:");
+}
+
+/// The C programs' help line of each common option in `letters`, in that
+/// order (`h`: `--help`); `-s` names `default_size`.
+pub fn print_option_lines(letters: &str, default_size: usize) {
+    for c in letters.chars() {
+        match c {
+            'p' => println!(
+                "  -p, --port=<port>      listen on/connect to port <port> (default 18515)"
+            ),
+            'd' => println!(
+                "  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)"
+            ),
+            'i' => println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)"),
+            's' => println!(
+                "  -s, --size=<size>      size of message to exchange (default {default_size})"
+            ),
+            'm' => println!("  -m, --mtu=<size>       path MTU (default 1024)"),
+            'r' => println!(
+                "  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)"
+            ),
+            'n' => println!("  -n, --iters=<iters>    number of exchanges (default 1000)"),
+            'l' => println!("  -l, --sl=<sl>          service level value"),
+            'e' => println!("  -e, --events           sleep on CQ events (default poll)"),
+            'g' => println!("  -g, --gid-idx=<gid index> local port gid index"),
+            'h' => println!("  -h, --help             print this help"),
+            other => unreachable!("no common option -{other}"),
+        }
+    }
+}
