@@ -25,9 +25,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo};
+use rdma_verbs::qp::Init;
 use rdma_verbs::{
     AccessFlags, Completion, CompletionChannel, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps,
-    RecvWr, RemoteMr, Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
+    Rc, RecvWr, RemoteMr, Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
 };
 
 const MIB: usize = 1 << 20;
@@ -413,12 +414,70 @@ fn client_lane(
 }
 
 fn run(o: &Opts) -> Result<()> {
-    // No transparent huge pages for this process: khugepaged (every 10 s, and with the
-    // default max_ptes_none 511) turns any 2 MiB-aligned range of an anonymous mapping that
-    // has one page in it into a huge page, all of it resident. In the guests that collapsed
-    // the mostly unused 2 MiB thread stacks and scratch buffers at a random moment of the run
-    // (+2 to +6 MiB, seen 10-20 s in), which is the kernel's choice of page size, not memory
-    // the soak or the crate allocated: with it off, growth means allocation.
+    disable_thp()?;
+    let ctx = Context::open(std::env::var("RDMA_VERBS_DEVICE").ok().as_deref())?;
+    let pd = Pd::new(&ctx)?;
+    let (lanes, stream) = connect_lanes(o, &ctx, &pd)?;
+    let peer = Arc::new(stream);
+    let counts = Arc::new(Counts::default());
+    let gate = Arc::new(Gate::default());
+    let start = Instant::now();
+    let warm = Duration::from_secs(o.seconds.min(50) / 5 + 1);
+    let until = start + Duration::from_secs(o.seconds);
+    let role = if o.client.is_some() {
+        "client"
+    } else {
+        "server"
+    };
+    let handles = spawn_lanes(o, lanes, &peer, &counts, &gate, until);
+    thread::sleep(warm);
+    let memory = watch_memory(&gate, &handles);
+    let (mut result, lanes) = join_lanes(handles);
+    let traffic_ok = result.is_ok();
+    let growth = memory.end as i64 - memory.start as i64;
+    if traffic_ok && growth > GROWTH_LIMIT_KIB as i64 {
+        memory.print_growth(role);
+        result = Err(Error::Other(format!(
+            "anonymous memory grew by {growth} KiB after warm-up (the limit is {GROWTH_LIMIT_KIB} KiB)"
+        )));
+    }
+    drop(lanes);
+    let (s, w, r) = (
+        counts.send.load(Ordering::Relaxed),
+        counts.write.load(Ordering::Relaxed),
+        counts.read.load(Ordering::Relaxed),
+    );
+    let Memory {
+        start: anon_start,
+        end: anon_end,
+        peak: anon_peak,
+        ..
+    } = memory;
+    println!(
+        "soak {role}: {} messages (SEND {s}, WRITE {w}, READ {r}), {} bytes verified in {:.1} s on {} QPs; \
+         {}; anonymous memory {anon_start} KiB after {} s warm-up, {anon_end} KiB at the end \
+         ({growth:+} KiB; peak {anon_peak} KiB)",
+        s + w + r,
+        counts.bytes.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64(),
+        o.qps,
+        if traffic_ok {
+            "0 lost, 0 duplicated, 0 corrupted"
+        } else {
+            "stopped by the error below"
+        },
+        warm.as_secs(),
+    );
+    result
+}
+
+/// No transparent huge pages for this process: khugepaged (every 10 s, and with the
+/// default max_ptes_none 511) turns any 2 MiB-aligned range of an anonymous mapping that
+/// has one page in it into a huge page, all of it resident. In the guests that collapsed
+/// the mostly unused 2 MiB thread stacks and scratch buffers at a random moment of the run
+/// (+2 to +6 MiB, 10-20 s in), which is the kernel's choice of page size, not memory
+/// the soak or the crate allocated: with it off, growth means allocation.
+fn disable_thp() -> Result<()> {
     // SAFETY: prctl(PR_SET_THP_DISABLE) takes integers only and changes no memory of ours.
     if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
         return Err(Error::Other(format!(
@@ -426,14 +485,15 @@ fn run(o: &Opts) -> Result<()> {
             std::io::Error::last_os_error()
         )));
     }
-    let ctx = Context::open(std::env::var("RDMA_VERBS_DEVICE").ok().as_deref())?;
-    let pd = Pd::new(&ctx)?;
-    let gid = ctx.default_gid_index(1)?;
-    let mtu = ctx.query_port(1)?.active_mtu;
+    Ok(())
+}
+
+/// `o.qps` QPs in INIT, each with its CQ (on its own channel) and its 1 MiB region.
+fn create_qps(o: &Opts, ctx: &Context, pd: &Pd) -> Result<Vec<(Qp<Rc, Init>, Cq, Mr)>> {
     let mut pending = Vec::new();
     for _ in 0..o.qps {
-        let channel = CompletionChannel::new(&ctx)?;
-        let cq = Cq::with_channel(&ctx, 2 * ACKS_IN_FLIGHT, &channel)?;
+        let channel = CompletionChannel::new(ctx)?;
+        let cq = Cq::with_channel(ctx, 2 * ACKS_IN_FLIGHT, &channel)?;
         let caps = QpCaps {
             max_send_wr: ACKS_IN_FLIGHT,
             max_recv_wr: 2,
@@ -441,22 +501,22 @@ fn run(o: &Opts) -> Result<()> {
         };
         let access =
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        let qp = Qp::new(&pd, &cq, &cq, caps)?.init(InitAttr::new(1, access))?;
+        let qp = Qp::new(pd, &cq, &cq, caps)?.init(InitAttr::new(1, access))?;
         let region = pd.alloc_mr(MIB, access)?;
         pending.push((qp, cq, region));
     }
-    let local: Vec<PeerInfo> = pending
-        .iter()
-        .map(|(qp, _, region)| Ok(PeerInfo::new(qp.endpoint(gid)?).with_mr(region.remote())))
-        .collect::<Result<_>>()?;
-    let timeout = Duration::from_secs(60);
-    let mut stream = match &o.client {
-        Some(host) => ExchangeStream::connect(host, o.port, timeout)?,
-        None => ExchangeListener::bind(o.port)?.accept(Some(timeout))?,
-    };
+    Ok(pending)
+}
+
+/// Swaps the QPs' endpoints and regions with the peer: the client sends first.
+fn exchange_peers(
+    o: &Opts,
+    stream: &mut ExchangeStream,
+    local: &[PeerInfo],
+) -> Result<Vec<PeerInfo>> {
     let mut remote: Vec<PeerInfo> = Vec::new();
     if o.client.is_some() {
-        for l in &local {
+        for l in local {
             stream.send(l)?;
         }
         for _ in 0..o.qps {
@@ -466,10 +526,29 @@ fn run(o: &Opts) -> Result<()> {
         for _ in 0..o.qps {
             remote.push(stream.recv()?);
         }
-        for l in &local {
+        for l in local {
             stream.send(l)?;
         }
     }
+    Ok(remote)
+}
+
+/// Creates the lanes, connects each QP to its peer's and returns them with the
+/// exchange connection (kept open: its closing is how a lane learns the peer died).
+fn connect_lanes(o: &Opts, ctx: &Context, pd: &Pd) -> Result<(Vec<Lane>, ExchangeStream)> {
+    let gid = ctx.default_gid_index(1)?;
+    let mtu = ctx.query_port(1)?.active_mtu;
+    let pending = create_qps(o, ctx, pd)?;
+    let local: Vec<PeerInfo> = pending
+        .iter()
+        .map(|(qp, _, region)| Ok(PeerInfo::new(qp.endpoint(gid)?).with_mr(region.remote())))
+        .collect::<Result<_>>()?;
+    let timeout = Duration::from_secs(60);
+    let mut stream = match &o.client {
+        Some(host) => ExchangeStream::connect(host, o.port, timeout)?,
+        None => ExchangeListener::bind(o.port)?.accept(Some(timeout))?,
+    };
+    let remote = exchange_peers(o, &mut stream, &local)?;
     let mut lanes = Vec::new();
     for ((qp, cq, region), (r, l)) in pending.into_iter().zip(remote.iter().zip(&local)) {
         let qp = qp
@@ -504,20 +583,23 @@ fn run(o: &Opts) -> Result<()> {
         stream.recv_done()?;
     }
     stream.set_timeout(None)?;
-    let peer = Arc::new(stream);
-    let counts = Arc::new(Counts::default());
-    let gate = Arc::new(Gate::default());
-    let start = Instant::now();
-    let warm = Duration::from_secs(o.seconds.min(50) / 5 + 1);
-    let until = start + Duration::from_secs(o.seconds);
-    let role = if o.client.is_some() {
-        "client"
-    } else {
-        "server"
-    };
+    Ok((lanes, stream))
+}
+
+/// One thread per lane, running the client's or the server's side; a lane
+/// that fails ends the process. Each thread then holds its stack, arena and
+/// lane until the memory at the end is measured.
+fn spawn_lanes(
+    o: &Opts,
+    lanes: Vec<Lane>,
+    peer: &Arc<ExchangeStream>,
+    counts: &Arc<Counts>,
+    gate: &Arc<Gate>,
+    until: Instant,
+) -> Vec<thread::JoinHandle<Result<Lane>>> {
     let mut handles = Vec::new();
     for (k, lane) in lanes.into_iter().enumerate() {
-        let (peer, counts, gate) = (Arc::clone(&peer), Arc::clone(&counts), Arc::clone(&gate));
+        let (peer, counts, gate) = (Arc::clone(peer), Arc::clone(counts), Arc::clone(gate));
         let client = o.client.is_some();
         let o = Opts {
             client: o.client.clone(),
@@ -537,8 +619,6 @@ fn run(o: &Opts) -> Result<()> {
                 );
                 std::process::exit(1);
             }
-            // Hold the thread (its stack and malloc arena) and the lane until the memory
-            // at the end is measured.
             gate.done.fetch_add(1, Ordering::SeqCst);
             while !gate.measured.load(Ordering::SeqCst) {
                 thread::sleep(Duration::from_millis(10));
@@ -546,27 +626,69 @@ fn run(o: &Opts) -> Result<()> {
             r
         }));
     }
-    thread::sleep(warm);
+    handles
+}
+
+/// Anonymous memory after warm-up, at its peak and at the end (KiB), with
+/// the per-mapping lists of the first and the last.
+struct Memory {
+    start: u64,
+    peak: u64,
+    end: u64,
+    mappings_start: Vec<(String, u64)>,
+    mappings_end: Vec<(String, u64)>,
+}
+
+impl Memory {
+    /// The mappings that grew, one line each.
+    fn print_growth(&self, role: &str) {
+        let before: std::collections::HashMap<&str, u64> = self
+            .mappings_start
+            .iter()
+            .map(|(m, kib)| (m.as_str(), *kib))
+            .collect();
+        for (mapping, kib) in &self.mappings_end {
+            let was = before.get(mapping.as_str()).copied().unwrap_or(0);
+            if *kib > was {
+                eprintln!("soak {role}: grew: {mapping}: {was} -> {kib} KiB");
+            }
+        }
+    }
+}
+
+/// Samples the memory every 5 s until the lanes are done, then once more
+/// while every lane's thread, QP and buffers still exist; then lets the
+/// lanes' threads end.
+fn watch_memory(gate: &Gate, handles: &[thread::JoinHandle<Result<Lane>>]) -> Memory {
     // The per-mapping list first: reading it grows the main thread's heap, which is then
     // counted both here and at the end.
     let mappings_start = anon_by_mapping();
-    let anon_start = anon_kib();
-    // Sampled every 5 s until the lanes are done, then once more while every lane's
-    // thread, QP and buffers still exist.
-    let mut anon_peak = anon_start;
+    let start = anon_kib();
+    let mut peak = start;
     let mut sample = Instant::now();
     while gate.done.load(Ordering::SeqCst) < handles.len()
         && !handles.iter().any(|h| h.is_finished())
     {
         thread::sleep(Duration::from_millis(100));
         if sample.elapsed() >= Duration::from_secs(5) {
-            anon_peak = anon_peak.max(anon_kib());
+            peak = peak.max(anon_kib());
             sample = Instant::now();
         }
     }
-    let (anon_end, mappings_end) = (anon_kib(), anon_by_mapping());
-    anon_peak = anon_peak.max(anon_end);
+    let (end, mappings_end) = (anon_kib(), anon_by_mapping());
+    peak = peak.max(end);
     gate.measured.store(true, Ordering::SeqCst);
+    Memory {
+        start,
+        peak,
+        end,
+        mappings_start,
+        mappings_end,
+    }
+}
+
+/// Joins the lanes' threads: the lanes back, or the first error.
+fn join_lanes(handles: Vec<thread::JoinHandle<Result<Lane>>>) -> (Result<()>, Vec<Lane>) {
     let mut result = Ok(());
     let mut lanes = Vec::new();
     for h in handles {
@@ -582,42 +704,7 @@ fn run(o: &Opts) -> Result<()> {
             }
         }
     }
-    let traffic_ok = result.is_ok();
-    let growth = anon_end as i64 - anon_start as i64;
-    if traffic_ok && growth > GROWTH_LIMIT_KIB as i64 {
-        let before: std::collections::HashMap<String, u64> = mappings_start.into_iter().collect();
-        for (mapping, kib) in mappings_end {
-            let was = before.get(&mapping).copied().unwrap_or(0);
-            if kib > was {
-                eprintln!("soak {role}: grew: {mapping}: {was} -> {kib} KiB");
-            }
-        }
-        result = Err(Error::Other(format!(
-            "anonymous memory grew by {growth} KiB after warm-up (the limit is {GROWTH_LIMIT_KIB} KiB)"
-        )));
-    }
-    drop(lanes);
-    let (s, w, r) = (
-        counts.send.load(Ordering::Relaxed),
-        counts.write.load(Ordering::Relaxed),
-        counts.read.load(Ordering::Relaxed),
-    );
-    println!(
-        "soak {role}: {} messages (SEND {s}, WRITE {w}, READ {r}), {} bytes verified in {:.1} s on {} QPs; \
-         {}; anonymous memory {anon_start} KiB after {} s warm-up, {anon_end} KiB at the end \
-         ({growth:+} KiB; peak {anon_peak} KiB)",
-        s + w + r,
-        counts.bytes.load(Ordering::Relaxed),
-        start.elapsed().as_secs_f64(),
-        o.qps,
-        if traffic_ok {
-            "0 lost, 0 duplicated, 0 corrupted"
-        } else {
-            "stopped by the error below"
-        },
-        warm.as_secs(),
-    );
-    result
+    (result, lanes)
 }
 
 fn main() -> ExitCode {
