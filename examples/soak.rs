@@ -323,17 +323,7 @@ fn client_lane(
     let mut last_write: Option<(u32, usize)> = None;
     let mut region = Some(l.region);
     while Instant::now() < until {
-        let r = next();
-        // Sizes log-uniform in 1..=max_size.
-        let bits = (usize::BITS - o.max_size.leading_zeros()) as u64;
-        let n = (1usize << (r % bits)).min(o.max_size);
-        let n = (n + (r >> 32) as usize % n).clamp(1, o.max_size);
-        // 0 SEND, 1 WRITE, 2 READ, drawn among the enabled ones (a READ needs a WRITE
-        // before it).
-        let mut op = enabled[((r >> 8) % enabled.len() as u64) as usize];
-        if op == 2 && last_write.is_none() {
-            op = if o.ops & 2 != 0 { 1 } else { 0 };
-        }
+        let (n, op) = draw(next(), o, &enabled, last_write.is_some());
         let mut buf = region.take().expect("buffer is back");
         if op == 2 {
             if let Some((wid, wn)) = last_write {
@@ -369,30 +359,7 @@ fn client_lane(
             l.qp.post_send(SendWr::write(u64::from(id), l.remote, 0).sge(buf).imm(id))?;
             last_write = Some((id, n));
         }
-        let mut acked = false;
-        let mut back = None;
-        while !acked || back.is_none() {
-            let mut c =
-                l.cq.next(peer, "a completion or the server's verdict")
-                    .inspect_err(|_| {
-                        eprintln!(
-                            "soak: QP {lane}: {} of message {id} ({n} bytes) failed",
-                            if op == 0 { "SEND" } else { "WRITE" }
-                        )
-                    })?;
-            match c.opcode {
-                WcOpcode::Recv => {
-                    if c.imm_data != Some(1) {
-                        return Err(Error::Protocol(format!(
-                            "the server found message {id} ({n} bytes) corrupted"
-                        )));
-                    }
-                    acked = true;
-                }
-                _ => back = c.take_mr(),
-            }
-        }
-        let mut got = back.expect("buffer");
+        let mut got = await_verdict(&mut l.cq, peer, lane, id, n, op)?;
         got.unsplit(rest)
             .map_err(|_| Error::Other("buffer pieces".into()))?;
         region = Some(got);
@@ -411,6 +378,56 @@ fn client_lane(
         region: region.expect("buffer is back"),
         ..l
     })
+}
+
+/// A message's size and operation from the random `r`: sizes log-uniform in
+/// 1..=max_size; 0 SEND, 1 WRITE, 2 READ, drawn among the enabled ones (a
+/// READ needs a WRITE before it).
+fn draw(r: u64, o: &Opts, enabled: &[u64], wrote: bool) -> (usize, u64) {
+    let bits = (usize::BITS - o.max_size.leading_zeros()) as u64;
+    let n = (1usize << (r % bits)).min(o.max_size);
+    let n = (n + (r >> 32) as usize % n).clamp(1, o.max_size);
+    let mut op = enabled[((r >> 8) % enabled.len() as u64) as usize];
+    if op == 2 && !wrote {
+        op = if o.ops & 2 != 0 { 1 } else { 0 };
+    }
+    (n, op)
+}
+
+/// Waits for the server's verdict on message `id` and for the completion
+/// that hands back its buffer.
+fn await_verdict(
+    cq: &mut Waiter,
+    peer: &ExchangeStream,
+    lane: usize,
+    id: u32,
+    n: usize,
+    op: u64,
+) -> Result<Mr> {
+    let mut acked = false;
+    let mut back = None;
+    while !acked || back.is_none() {
+        let mut c = cq
+            .next(peer, "a completion or the server's verdict")
+            .inspect_err(|_| {
+                eprintln!(
+                    "soak: QP {lane}: {} of message {id} ({n} bytes) failed",
+                    if op == 0 { "SEND" } else { "WRITE" }
+                )
+            })?;
+        match c.opcode {
+            WcOpcode::Recv => {
+                if c.imm_data != Some(1) {
+                    return Err(Error::Protocol(format!(
+                        "the server found message {id} ({n} bytes) corrupted"
+                    )));
+                }
+                acked = true;
+            }
+            _ => back = c.take_mr(),
+        }
+    }
+    Ok(back.expect("buffer"))
 }
 
 fn run(o: &Opts) -> Result<()> {
