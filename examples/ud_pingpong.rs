@@ -36,7 +36,7 @@ use pingpong::{
 use rdma_verbs::ah::GRH_LEN;
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{
-    AccessFlags, AddressHandle, AddressVector, Completion, Endpoint, Mr, Qp, Ud, UdInitAttr,
+    AccessFlags, AddressHandle, AddressVector, Completion, Endpoint, Mr, Pd, Qp, Ud, UdInitAttr,
     UdRecvWr, UdSendWr,
 };
 
@@ -157,6 +157,19 @@ fn connect(
     Ok((qp, ah))
 }
 
+/// One GRH buffer per receive (and a spare), cut from one registration.
+fn grh_buffers(pd: &Pd, rx_depth: u32) -> Result<Vec<Mr>, String> {
+    let n = rx_depth as usize + 1;
+    let mut all = Mr::new(pd, n * GRH_LEN, AccessFlags::LOCAL_WRITE)
+        .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    let mut grhs = Vec::with_capacity(n);
+    for _ in 1..n {
+        grhs.push(all.split_to(GRH_LEN).map_err(|e| e.to_string())?);
+    }
+    grhs.push(all);
+    Ok(grhs)
+}
+
 fn main() -> ExitCode {
     main_with("ud_pingpong", usage, parse_args, run)
 }
@@ -185,15 +198,7 @@ fn run(o: &Opts) -> Result<(), String> {
             Ok(AccessFlags::LOCAL_WRITE)
         },
     )?;
-    // One GRH buffer per receive (and a spare), cut from one registration.
-    let n = o.rx_depth as usize + 1;
-    let mut all = Mr::new(&pd, n * GRH_LEN, AccessFlags::LOCAL_WRITE)
-        .map_err(|e| format!("Couldn't register MR: {e}"))?;
-    let mut grhs = Vec::with_capacity(n);
-    for _ in 1..n {
-        grhs.push(all.split_to(GRH_LEN).map_err(|e| e.to_string())?);
-    }
-    grhs.push(all);
+    let mut grhs = grh_buffers(&pd, o.rx_depth)?;
 
     let qp = Qp::new_ud(&pd, &cq, &cq, caps(o.rx_depth))
         .map_err(|e| format!("Couldn't create QP: {e}"))?;

@@ -375,6 +375,25 @@ struct Counts {
 }
 
 impl Counts {
+    /// Zeroed counters for `-q` QPs, with room for `peak_len` timestamps.
+    fn new(o: &Opts, tot_iters: u64, iterations: bool, peak_len: usize, sig: Signal) -> Counts {
+        let nq = o.num_qps as usize;
+        Counts {
+            iters: o.iters,
+            tot_iters,
+            iterations,
+            no_peak: o.no_peak,
+            scnt: vec![0; nq],
+            ccnt: vec![0; nq],
+            totscnt: 0,
+            totccnt: 0,
+            sampled: 0,
+            tposted: vec![0; peak_len],
+            tcompleted: vec![0; peak_len],
+            sig: vec![SigClock::new(sig); nq],
+        }
+    }
+
     /// Accounts for `fill` requests retired by one completion.
     #[inline]
     fn complete(&mut self, fill: u64, phase: Phase) {
@@ -460,20 +479,7 @@ impl Tx {
                 stride,
                 nslots,
             },
-            c: Counts {
-                iters: o.iters,
-                tot_iters,
-                iterations,
-                no_peak: o.no_peak,
-                scnt: vec![0; nq],
-                ccnt: vec![0; nq],
-                totscnt: 0,
-                totccnt: 0,
-                sampled: 0,
-                tposted: vec![0; peak_len],
-                tcompleted: vec![0; peak_len],
-                sig: vec![SigClock::new(sig); nq],
-            },
+            c: Counts::new(o, tot_iters, iterations, peak_len, sig),
             last_ne: 1,
             remote: remote.to_vec(),
             path,
