@@ -505,8 +505,11 @@ fn disable_thp() -> Result<()> {
     Ok(())
 }
 
+/// A QP in INIT with its CQ and its region, before the exchange.
+type UnconnectedQp = (Qp<Rc, Init>, Cq, Mr);
+
 /// `o.qps` QPs in INIT, each with its CQ (on its own channel) and its 1 MiB region.
-fn create_qps(o: &Opts, ctx: &Context, pd: &Pd) -> Result<Vec<(Qp<Rc, Init>, Cq, Mr)>> {
+fn create_qps(o: &Opts, ctx: &Context, pd: &Pd) -> Result<Vec<UnconnectedQp>> {
     let mut pending = Vec::new();
     for _ in 0..o.qps {
         let channel = CompletionChannel::new(ctx)?;

@@ -369,6 +369,9 @@ fn local_dests(o: &Opts, ctx: &Context, qps: &[Qp<Rc, Init>]) -> Result<Vec<Endp
     Ok(my_dest)
 }
 
+/// Every QP, connected to its peer.
+type ConnectedQps = Vec<Qp<Rc, Rts>>;
+
 /// The C program's exchange of `MAX_QP` address lines each way; the server
 /// connects its QPs before answering, so the client's first message finds
 /// them ready.
@@ -376,7 +379,7 @@ fn exchange_dests(
     o: &Opts,
     qps: Vec<Qp<Rc, Init>>,
     my_dest: &[Endpoint],
-) -> Result<(Vec<Endpoint>, Vec<Qp<Rc, Rts>>), String> {
+) -> Result<(Vec<Endpoint>, ConnectedQps), String> {
     let exchange_err = |e: rdma_verbs::Error| format!("Couldn't exchange addresses: {e}");
     match &o.servername {
         Some(host) => {

@@ -105,8 +105,8 @@ struct Lat {
     dest: Option<Mr>,
     out: Vec<Completion>,
     /// Raw: the prepared send request and its SGE, receive request and its SGE.
-    wr: Box<(ffi::ibv_send_wr, ffi::ibv_sge)>,
-    rwr: Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>,
+    wr: RawSend,
+    rwr: RawRecv,
     wcs: [ffi::ibv_wc; 1],
     /// Notices a peer that died or stopped: no progress for `STALL_LIMIT`.
     stall: Stall,
@@ -487,6 +487,11 @@ impl Lat {
     }
 }
 
+/// A prepared raw send request with its SGE (boxed: the request points at it).
+type RawSend = Box<(ffi::ibv_send_wr, ffi::ibv_sge)>;
+/// A prepared raw receive request with its SGE.
+type RawRecv = Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>;
+
 /// The raw path's prepared requests: the send (WRITE, READ or SEND of `size`
 /// bytes from the first half of `Bufs::local`, signaled but for SEND) and the
 /// receive (into the second half).
@@ -496,10 +501,7 @@ fn raw_requests(
     remote: RemoteMr,
     size: usize,
     inline: bool,
-) -> (
-    Box<(ffi::ibv_send_wr, ffi::ibv_sge)>,
-    Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>,
-) {
+) -> (RawSend, RawRecv) {
     let verb_op = match o.test {
         Test::WriteLat => ffi::IBV_WR_RDMA_WRITE,
         Test::ReadLat => ffi::IBV_WR_RDMA_READ,
