@@ -192,10 +192,7 @@ mod tests {
     use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("rc_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("rc_pingpong", s)
     }
 
     #[test]

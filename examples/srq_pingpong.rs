@@ -43,15 +43,16 @@ use std::time::Instant;
 mod pingpong;
 
 use pingpong::{
-    CONNECT_TIMEOUT, check_status, getopt_each, long_opts, main_with, next_completions, num,
-    open_device, print_dest, print_option_lines, print_rate, print_usage_head,
+    CONNECT_TIMEOUT, Common, check_status, create_cq, getopt_each, long_opts, main_with,
+    next_completions, num, open_channel, open_device, print_dest, print_option_lines, print_rate,
+    print_usage_head,
 };
 
-use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream};
+use rdma_verbs::exchange::{ExchangeListener, ExchangeStream};
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, Context, Cq, Endpoint, Gid, InitAttr, LinkLayer, Mr, Mtu, Pd,
-    Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr, Srq, SrqAttr,
+    AccessFlags, Context, Cq, Endpoint, Gid, InitAttr, LinkLayer, Mr, Pd, Qp, QpCaps, Rc, RecvWr,
+    RtrAttr, RtsAttr, SendWr, Srq, SrqAttr,
 };
 
 const RECV_WRID: u64 = 1;
@@ -59,72 +60,37 @@ const SEND_WRID: u64 = 2;
 /// The C program's `MAX_QP`: how many address lines each side sends.
 const MAX_QP: usize = 256;
 
+/// The C program's options: the common ones and the number of QPs.
 struct Opts {
-    port: u16,
-    ib_devname: Option<String>,
-    ib_port: u8,
-    size: usize,
-    mtu: Mtu,
+    c: Common,
     num_qp: u32,
-    rx_depth: u32,
-    iters: u32,
-    sl: u8,
-    use_event: bool,
-    gidx: Option<u8>,
-    servername: Option<String>,
 }
 
-impl Default for Opts {
-    fn default() -> Opts {
-        Opts {
-            port: exchange::DEFAULT_PORT,
-            ib_devname: None,
-            ib_port: 1,
-            size: 4096,
-            mtu: Mtu::Mtu1024,
-            num_qp: 16,
-            rx_depth: 500,
-            iters: 1000,
-            sl: 0,
-            use_event: false,
-            gidx: None,
-            servername: None,
-        }
+impl std::ops::Deref for Opts {
+    type Target = Common;
+    fn deref(&self) -> &Common {
+        &self.c
     }
 }
 
 impl Opts {
-    /// Applies option `-c` with value `v` (empty for a switch).
+    /// Applies option `-c` with value `v` (empty for a switch). Unlike the
+    /// other ports, `-s` must be at least 1 and a `-g` out of range means no
+    /// GID (the C program's `atoi` then).
     fn apply(&mut self, c: char, v: String) -> Result<(), String> {
         match c {
-            'p' => self.port = num('p', &v)?,
-            'd' => self.ib_devname = Some(v),
-            'i' => {
-                self.ib_port = num('i', &v)?;
-                if self.ib_port < 1 {
-                    return Err("-i must be at least 1".into());
-                }
-            }
             's' => {
-                self.size = num('s', &v)?;
-                if self.size < 1 {
+                self.c.size = num('s', &v)?;
+                if self.c.size < 1 {
                     return Err("-s must be at least 1".into());
                 }
             }
-            'm' => {
-                let bytes: u32 = num('m', &v)?;
-                self.mtu = Mtu::from_bytes(bytes)
-                    .ok_or_else(|| format!("invalid MTU {v} (256, 512, 1024, 2048 or 4096)"))?;
-            }
             'q' => self.num_qp = num('q', &v)?,
-            'r' => self.rx_depth = num('r', &v)?,
-            'n' => self.iters = num('n', &v)?,
-            'l' => self.sl = num('l', &v)?,
-            'e' => self.use_event = true,
             'g' => {
                 let g: i64 = num('g', &v)?;
-                self.gidx = u8::try_from(g).ok();
+                self.c.gidx = u8::try_from(g).ok();
             }
+            c if self.c.apply(c, &v)? => {}
             other => return Err(format!("option -{other} is not supported by this port")),
         }
         Ok(())
@@ -143,11 +109,14 @@ fn usage(argv0: &str) {
 /// getopt_long("p:d:i:s:m:q:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
     let long = long_opts("pdismrnleg", &[("num-qp", 'q', true)]);
-    let mut o = Opts::default();
+    let mut o = Opts {
+        c: Common::new(4096),
+        num_qp: 16,
+    };
     let mut positional = getopt_each(args, &long, |c, v| o.apply(c, v))?;
     match positional.len() {
         0 => {}
-        1 => o.servername = positional.pop(),
+        1 => o.c.servername = positional.pop(),
         _ => return Err("too many arguments".into()),
     }
     if o.num_qp == 0 || o.num_qp as usize > MAX_QP {
@@ -221,23 +190,12 @@ fn run(o: &Opts) -> Result<(), String> {
         ));
     }
     let ctx = open_device(o.ib_devname.as_deref())?;
-    let channel = if o.use_event {
-        Some(
-            CompletionChannel::new(&ctx)
-                .map_err(|e| format!("Couldn't create completion channel: {e}"))?,
-        )
-    } else {
-        None
-    };
+    let channel = open_channel(&ctx, o.use_event)?;
     let pd = Pd::new(&ctx).map_err(|e| format!("Couldn't allocate PD: {e}"))?;
     let (mut send_bufs, mut spare) = buffers(o, &pd)?;
     // The SRQ's rx_depth entries plus one send per QP: the C program's CQ size.
     let depth = o.rx_depth + o.num_qp;
-    let mut cq = match &channel {
-        Some(ch) => Cq::with_channel(&ctx, depth, ch),
-        None => Cq::new(&ctx, depth),
-    }
-    .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+    let mut cq = create_cq(&ctx, channel.as_ref(), depth)?;
     let mut srq = Srq::new(&pd, &cq, SrqAttr::new(o.rx_depth, 1))
         .map_err(|e| format!("Couldn't create SRQ: {e}"))?;
     let (qps, use_inline) = create_qps(o, &pd, &cq, &srq)?;
@@ -495,12 +453,10 @@ impl Ping<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("srq_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("srq_pingpong", s)
     }
 
     #[test]

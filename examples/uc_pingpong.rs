@@ -134,10 +134,7 @@ mod tests {
     use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("uc_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("uc_pingpong", s)
     }
 
     #[test]

@@ -254,10 +254,7 @@ mod tests {
     use super::*;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("ud_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("ud_pingpong", s)
     }
 
     #[test]

@@ -24,6 +24,15 @@ pub const RECV_WRID: u64 = 1;
 /// `wr_id` of every send.
 pub const SEND_WRID: u64 = 2;
 
+/// `name`'s argument vector for the command line `line` (in tests).
+#[cfg(test)]
+pub fn test_args(name: &str, line: &str) -> Vec<String> {
+    std::iter::once(name)
+        .chain(line.split_whitespace())
+        .map(str::to_owned)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,6 +75,29 @@ pub fn open_device(name: Option<&str>) -> Result<Context, String> {
     })
 }
 
+/// The completion channel the CQ's events come on, with `-e`.
+pub fn open_channel(ctx: &Context, use_event: bool) -> Result<Option<CompletionChannel>, String> {
+    if !use_event {
+        return Ok(None);
+    }
+    CompletionChannel::new(ctx)
+        .map(Some)
+        .map_err(|e| format!("Couldn't create completion channel: {e}"))
+}
+
+/// The CQ of `depth` entries, on `channel` when there is one.
+pub fn create_cq(
+    ctx: &Context,
+    channel: Option<&CompletionChannel>,
+    depth: u32,
+) -> Result<Cq, String> {
+    match channel {
+        Some(ch) => Cq::with_channel(ctx, depth, ch),
+        None => Cq::new(ctx, depth),
+    }
+    .map_err(|e| format!("Couldn't create CQ: {e}"))
+}
+
 /// What every port sets up before its QP, in the C programs' order.
 pub struct Resources {
     /// The device.
@@ -102,24 +125,13 @@ pub fn setup(
     access: impl FnOnce(&Context) -> Result<AccessFlags, String>,
 ) -> Result<Resources, String> {
     let ctx = open_device(devname)?;
-    let channel = if use_event {
-        Some(
-            CompletionChannel::new(&ctx)
-                .map_err(|e| format!("Couldn't create completion channel: {e}"))?,
-        )
-    } else {
-        None
-    };
+    let channel = open_channel(&ctx, use_event)?;
     let pd = Pd::new(&ctx).map_err(|e| format!("Couldn't allocate PD: {e}"))?;
     let access = access(&ctx)?;
     // The CQ before the buffers: it checks the depth against the device's
     // max_cqe, so that a huge -r is refused before anything is allocated.
     let depth = rx_depth.checked_add(1).ok_or("-r is too large")?;
-    let cq = match &channel {
-        Some(ch) => Cq::with_channel(&ctx, depth, ch),
-        None => Cq::new(&ctx, depth),
-    }
-    .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+    let cq = create_cq(&ctx, channel.as_ref(), depth)?;
     // Buffers: rx_depth receives plus the first message to send, from one registration.
     let nbufs = rx_depth as usize + 1;
     let mut bufs: Vec<Option<Mr>> = Vec::with_capacity(nbufs);
