@@ -232,6 +232,20 @@ struct Conn {
 }
 
 impl Conn {
+    /// The connected side: its id, CQ, QP and the buffer its SENDs go from.
+    fn new(id: CmId, cq: Cq, qp: Qp<Rc, Rts>, send_buf: Mr, o: &Opts) -> Conn {
+        Conn {
+            id,
+            cq,
+            qp,
+            send_buf: Some(send_buf),
+            ready: VecDeque::new(),
+            polled: Vec::with_capacity(8),
+            wait: o.wait,
+            debug: o.debug,
+        }
+    }
+
     fn dbg(&self, msg: impl FnOnce() -> String) {
         if self.debug {
             println!("{}", msg());
@@ -380,16 +394,7 @@ fn run_server(o: &Opts) -> Res<()> {
         println!("accepting client connection request");
     }
     let (qp, id) = req.accept(qp, &conn_param(), o.wait)?;
-    let mut conn = Conn {
-        id,
-        cq,
-        qp,
-        send_buf: Some(send_buf),
-        ready: VecDeque::new(),
-        polled: Vec::with_capacity(8),
-        wait: o.wait,
-        debug: o.debug,
-    };
+    let mut conn = Conn::new(id, cq, qp, send_buf, o);
     let mut rdma_buf = Some(rdma_buf);
     let mut ping = 0u64;
     while serve_ping(&mut conn, o, &mut rdma_buf, ping)? {
@@ -502,16 +507,7 @@ fn run_client(o: &Opts) -> Res<()> {
     if o.debug {
         println!("rdma_connect successful");
     }
-    let mut conn = Conn {
-        id,
-        cq,
-        qp,
-        send_buf: Some(send_buf),
-        ready: VecDeque::new(),
-        polled: Vec::with_capacity(8),
-        wait: o.wait,
-        debug: o.debug,
-    };
+    let mut conn = Conn::new(id, cq, qp, send_buf, o);
     let size = u32::try_from(o.size)?;
     let mut ping = 0u64;
     let mut disconnected = false;
