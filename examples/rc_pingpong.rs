@@ -31,7 +31,7 @@ use std::process::ExitCode;
 mod pingpong;
 
 use pingpong::{
-    Common, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint, long_opts,
+    Common, LoopParams, Resources, arm, caps, exchange_printed, getopt, local_endpoint, long_opts,
     main_with, post_receives, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::qp::Init;
@@ -89,10 +89,6 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
     }
     o.c.finish(positional)?;
     Ok(o)
-}
-
-fn print_dest(which: &str, d: &Endpoint) {
-    pingpong::print_dest(which, d, ',');
 }
 
 /// INIT → RTR → RTS as `pp_connect_ctx` does it.
@@ -154,28 +150,10 @@ fn run(o: &Opts) -> Result<(), String> {
     post_receives(&mut qp, bufs)?;
     arm(&mut cq, o.use_event)?;
     let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
-    print_dest("local address: ", &my_dest);
+    let (_, mut qp) =
+        exchange_printed(&o.c, &my_dest, ',', |rem| connect(qp, o, my_dest.psn, rem))?;
 
-    let (rem_dest, mut qp) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
-        if o.servername.is_some() {
-            print_dest("remote address:", rem);
-        }
-        connect(qp, o, my_dest.psn, rem)
-    })?;
-    if o.servername.is_none() {
-        print_dest("remote address:", &rem_dest);
-    }
-    let _ = rem_dest;
-
-    let params = LoopParams {
-        size: o.size,
-        rx_depth: o.rx_depth,
-        iters: o.iters,
-        use_event: o.use_event,
-        validate: o.validate,
-        is_client: o.servername.is_some(),
-        use_inline,
-    };
+    let params = LoopParams::new(&o.c, o.validate, use_inline);
     let last = run_loop(&mut qp, &mut cq, &params, first_send)?;
     // Destroy in the C program's order: QP, CQ (its Drop acknowledges the CQ
     // events), MRs, PD, channel, context.

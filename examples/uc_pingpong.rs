@@ -26,8 +26,8 @@ mod pingpong;
 use std::process::ExitCode;
 
 use pingpong::{
-    Common, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint, long_opts,
-    main_with, post_receives, print_dest, print_option_lines, print_usage_head, run_loop, setup,
+    Common, LoopParams, Resources, arm, caps, exchange_printed, local_endpoint, main_with,
+    parse_common, post_receives, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
@@ -42,16 +42,7 @@ fn usage(argv0: &str) {
 
 /// getopt_long("p:d:i:s:m:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    let long = long_opts("pdismrnleg", &[]);
-    let (opts, positional) = getopt(args, &long)?;
-    let mut o = Common::new(4096);
-    for (c, v) in opts {
-        if !o.apply(c, &v)? {
-            return Err(format!("invalid option -- '{c}'"));
-        }
-    }
-    o.finish(positional)?;
-    Ok(o)
+    parse_common(args, "pdismrnleg", 4096)
 }
 
 /// INIT → RTR → RTS as `pp_connect_ctx` does it: a GRH only when the peer
@@ -99,26 +90,8 @@ fn run(o: &Opts) -> Result<(), String> {
     post_receives(&mut qp, bufs)?;
     arm(&mut cq, o.use_event)?;
     let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
-    print_dest("local address: ", &my_dest, ',');
-
-    let (rem_dest, mut qp) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
-        if o.servername.is_some() {
-            print_dest("remote address:", rem, ',');
-        }
-        connect(qp, o, my_dest.psn, rem)
-    })?;
-    if o.servername.is_none() {
-        print_dest("remote address:", &rem_dest, ',');
-    }
-    let params = LoopParams {
-        size: o.size,
-        rx_depth: o.rx_depth,
-        iters: o.iters,
-        use_event: o.use_event,
-        validate: false,
-        is_client: o.servername.is_some(),
-        use_inline,
-    };
+    let (_, mut qp) = exchange_printed(o, &my_dest, ',', |rem| connect(qp, o, my_dest.psn, rem))?;
+    let params = LoopParams::new(o, false, use_inline);
     let last = run_loop(&mut qp, &mut cq, &params, first_send)?;
     // The C program's order: QP, CQ, MR, PD, channel, context.
     drop(qp);

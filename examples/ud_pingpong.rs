@@ -29,9 +29,8 @@ mod pingpong;
 use std::process::ExitCode;
 
 use pingpong::{
-    Common, LoopParams, PingQp, RECV_WRID, Resources, arm, caps, exchange_dest, getopt,
-    local_endpoint, long_opts, main_with, print_dest, print_option_lines, print_usage_head,
-    run_loop, setup,
+    Common, LoopParams, PingQp, RECV_WRID, Resources, arm, caps, exchange_printed, local_endpoint,
+    main_with, parse_common, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::ah::GRH_LEN;
 use rdma_verbs::qp::{Init, Rts};
@@ -53,16 +52,7 @@ fn usage(argv0: &str) {
 
 /// getopt_long("p:d:i:s:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    let long = long_opts("pdisrnleg", &[]);
-    let (opts, positional) = getopt(args, &long)?;
-    let mut o = Common::new(2048);
-    for (c, v) in opts {
-        if !o.apply(c, &v)? {
-            return Err(format!("invalid option -- '{c}'"));
-        }
-    }
-    o.finish(positional)?;
-    Ok(o)
+    parse_common(args, "pdisrnleg", 2048)
 }
 
 /// The QP once it can send: where its datagrams go, and the GRH buffers of
@@ -212,17 +202,8 @@ fn run(o: &Opts) -> Result<(), String> {
     }
     arm(&mut cq, o.use_event)?;
     let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
-    print_dest("local address: ", &my_dest, ':');
-
-    let (rem_dest, (qp, ah)) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
-        if o.servername.is_some() {
-            print_dest("remote address:", rem, ',');
-        }
-        connect(qp, o, my_dest.psn, rem)
-    })?;
-    if o.servername.is_none() {
-        print_dest("remote address:", &rem_dest, ',');
-    }
+    let (rem_dest, (qp, ah)) =
+        exchange_printed(o, &my_dest, ':', |rem| connect(qp, o, my_dest.psn, rem))?;
     let mut ping = UdPing {
         qp,
         ah,
@@ -230,15 +211,7 @@ fn run(o: &Opts) -> Result<(), String> {
         grhs,
         size: o.size,
     };
-    let params = LoopParams {
-        size: o.size,
-        rx_depth: o.rx_depth,
-        iters: o.iters,
-        use_event: o.use_event,
-        validate: false,
-        is_client: o.servername.is_some(),
-        use_inline,
-    };
+    let params = LoopParams::new(o, false, use_inline);
     let last = run_loop(&mut ping, &mut cq, &params, first_send)?;
     // The C program's order: QP, CQ, MR, AH, PD, channel, context.
     let UdPing { qp, ah, grhs, .. } = ping;

@@ -126,6 +126,22 @@ impl Common {
     }
 }
 
+/// The command line of a port that takes only common options: those named
+/// by `letters`, with message size `size` by default.
+#[allow(dead_code)] // rc_pingpong and srq_pingpong take options of their own
+pub fn parse_common(args: &[String], letters: &str, size: usize) -> Result<Common, String> {
+    let long = long_opts(letters, &[]);
+    let (opts, positional) = getopt(args, &long)?;
+    let mut o = Common::new(size);
+    for (c, v) in opts {
+        if !o.apply(c, &v)? {
+            return Err(format!("invalid option -- '{c}'"));
+        }
+    }
+    o.finish(positional)?;
+    Ok(o)
+}
+
 /// A port's `main`: `-h`/`--help` prints `usage` and exits 0; options that do
 /// not parse print the error and `usage` and exit 1; so does a failing `run`.
 pub fn main_with<O>(

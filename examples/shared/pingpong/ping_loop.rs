@@ -6,7 +6,7 @@ use std::time::Instant;
 use rdma_verbs::qp::Rts;
 use rdma_verbs::{Completion, Cq, Mr, Qp, Rc, RecvWr, SendWr, Uc, UcSendWr};
 
-use super::{RECV_WRID, SEND_WRID, page_size};
+use super::{Common, RECV_WRID, SEND_WRID, page_size};
 
 /// What the ping-pong loop needs to know of the options.
 pub struct LoopParams {
@@ -24,6 +24,21 @@ pub struct LoopParams {
     pub is_client: bool,
     /// Send inline (the QP's max_inline_data covers the message).
     pub use_inline: bool,
+}
+
+impl LoopParams {
+    /// The loop of a port with options `o`.
+    pub fn new(o: &Common, validate: bool, use_inline: bool) -> LoopParams {
+        LoopParams {
+            size: o.size,
+            rx_depth: o.rx_depth,
+            iters: o.iters,
+            use_event: o.use_event,
+            validate,
+            is_client: o.servername.is_some(),
+            use_inline,
+        }
+    }
 }
 
 /// The QP of a ping-pong port: how it sends and receives one message.

@@ -9,7 +9,7 @@ use rdma_verbs::{
     RecvWr,
 };
 
-use super::{CONNECT_TIMEOUT, RECV_WRID};
+use super::{CONNECT_TIMEOUT, Common, RECV_WRID};
 
 unsafe extern "C" {
     /// glibc's `inet_ntop` (not bound by the libc crate).
@@ -254,4 +254,27 @@ pub fn exchange_dest<Q>(
             .map_err(|e| format!("Couldn't exchange addresses: {e}"))
         }
     }
+}
+
+/// Prints this side's address line (ending in `local_sep`), exchanges
+/// endpoints and connects with `connect`, printing the peer's line: the
+/// client before it connects, the server after, as the C programs do.
+pub fn exchange_printed<Q>(
+    o: &Common,
+    my_dest: &Endpoint,
+    local_sep: char,
+    connect: impl FnOnce(&Endpoint) -> Result<Q, String>,
+) -> Result<(Endpoint, Q), String> {
+    print_dest("local address: ", my_dest, local_sep);
+    let client = o.servername.is_some();
+    let (rem_dest, q) = exchange_dest(o.servername.as_deref(), o.port, my_dest, |rem| {
+        if client {
+            print_dest("remote address:", rem, ',');
+        }
+        connect(rem)
+    })?;
+    if !client {
+        print_dest("remote address:", &rem_dest, ',');
+    }
+    Ok((rem_dest, q))
 }
