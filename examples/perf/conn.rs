@@ -385,6 +385,9 @@ fn exchange_peers(
     Ok(remote)
 }
 
+/// A QP ready to send.
+type ConnectedQp = Qp<Rc, Rts>;
+
 /// Brings each QP to RTS towards its peer QP; returns them with the region
 /// the peer offers through each.
 fn connect_qps(
@@ -393,7 +396,7 @@ fn connect_qps(
     qps: Vec<Qp<Rc, Init>>,
     remote: &[PeerInfo],
     local: &[PeerInfo],
-) -> Result<(Vec<Qp<Rc, Rts>>, Vec<RemoteMr>)> {
+) -> Result<(Vec<ConnectedQp>, Vec<RemoteMr>)> {
     let mut connected = Vec::with_capacity(qps.len());
     let mut regions_out = Vec::with_capacity(qps.len());
     for ((qp, r), l) in qps.into_iter().zip(remote).zip(local) {
