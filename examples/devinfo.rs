@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use rdma_verbs::device::format_guid;
-use rdma_verbs::{Context, devices};
+use rdma_verbs::{Context, DeviceAttr, PortAttr, Transport, devices};
 
 fn main() -> ExitCode {
     match run() {
@@ -19,6 +19,45 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let Some((dev, only_port)) = parse_args()? else {
+        return Ok(());
+    };
+    let list = devices()?;
+    let d = list.find(dev.as_deref())?;
+    let ctx: Context = d.open()?;
+    let a = ctx.query_device()?;
+    if let Some(p) = only_port.filter(|&p| p == 0 || p > a.phys_port_cnt) {
+        return Err(format!(
+            "-i {p}: {} has port(s) 1 to {}",
+            ctx.name(),
+            a.phys_port_cnt
+        )
+        .into());
+    }
+    print_device(&ctx, d.transport(), &a);
+    let gids = ctx.gid_table()?;
+    for port in 1..=a.phys_port_cnt {
+        if only_port.is_some_and(|p| p != port) {
+            continue;
+        }
+        let p = ctx.query_port(port)?;
+        print_port(port, &p);
+        for g in gids.iter().filter(|g| g.port == port) {
+            let netdev = g.netdev.as_deref().unwrap_or("-");
+            println!(
+                "\t\t\tGID[{:>3}]:\t\t{}, {}, {}",
+                g.index, g.gid, g.gid_type, netdev
+            );
+        }
+        println!();
+    }
+    Ok(())
+}
+
+/// The command line: the device and the one port to show, or `None` when
+/// it asked for the list or the usage (printed here).
+#[allow(clippy::type_complexity)]
+fn parse_args() -> Result<Option<(Option<String>, Option<u8>)>, Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut dev = std::env::var("RDMA_VERBS_DEVICE").ok();
     let mut only_port = None;
@@ -42,33 +81,22 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 for d in list.iter() {
                     println!("\t{}", d.name());
                 }
-                return Ok(());
+                return Ok(None);
             }
             "-h" | "--help" => {
                 println!("usage: devinfo [-d DEVICE] [-i PORT] [-l]");
-                return Ok(());
+                return Ok(None);
             }
             other => return Err(format!("unknown argument `{other}` (try --help)").into()),
         }
     }
-    let list = devices()?;
-    let d = list.find(dev.as_deref())?;
-    let ctx: Context = d.open()?;
-    let a = ctx.query_device()?;
-    if let Some(p) = only_port.filter(|&p| p == 0 || p > a.phys_port_cnt) {
-        return Err(format!(
-            "-i {p}: {} has port(s) 1 to {}",
-            ctx.name(),
-            a.phys_port_cnt
-        )
-        .into());
-    }
+    Ok(Some((dev, only_port)))
+}
+
+/// The device's lines, as `ibv_devinfo -v` prints them.
+fn print_device(ctx: &Context, transport: Transport, a: &DeviceAttr) {
     println!("hca_id:\t{}", ctx.name());
-    println!(
-        "\ttransport:\t\t\t{} ({})",
-        d.transport(),
-        d.transport().as_raw()
-    );
+    println!("\ttransport:\t\t\t{} ({})", transport, transport.as_raw());
     println!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
     println!("\tnode_guid:\t\t\t{}", format_guid(a.node_guid));
     println!("\tsys_image_guid:\t\t\t{}", format_guid(a.sys_image_guid));
@@ -115,46 +143,34 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);
     println!("\tmax_pkeys:\t\t\t{}", a.max_pkeys);
     println!("\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
-    let gids = ctx.gid_table()?;
-    for port in 1..=a.phys_port_cnt {
-        if only_port.is_some_and(|p| p != port) {
-            continue;
-        }
-        let p = ctx.query_port(port)?;
-        println!("\t\tport:\t{port}");
-        println!("\t\t\tstate:\t\t\t{} ({})", p.state, p.state.as_raw());
-        println!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu, p.max_mtu.as_raw());
-        println!(
-            "\t\t\tactive_mtu:\t\t{} ({})",
-            p.active_mtu,
-            p.active_mtu.as_raw()
-        );
-        println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
-        println!("\t\t\tport_lid:\t\t{}", p.lid);
-        println!("\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
-        println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
-        println!("\t\t\tmax_msg_sz:\t\t{:#x}", p.max_msg_sz);
-        println!("\t\t\tport_cap_flags:\t\t{:#010x}", p.port_cap_flags);
-        println!("\t\t\tport_cap_flags2:\t{:#06x}", p.port_cap_flags2);
-        println!("\t\t\tmax_vl_num:\t\t{}", p.max_vl_num);
-        println!("\t\t\tbad_pkey_cntr:\t\t{:#x}", p.bad_pkey_cntr);
-        println!("\t\t\tqkey_viol_cntr:\t\t{:#x}", p.qkey_viol_cntr);
-        println!("\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
-        println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
-        println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
-        println!("\t\t\tsubnet_timeout:\t\t{}", p.subnet_timeout);
-        println!("\t\t\tinit_type_reply:\t{}", p.init_type_reply);
-        println!("\t\t\tactive_width:\t\t{}", p.active_width);
-        println!("\t\t\tactive_speed:\t\t{}", p.active_speed);
-        println!("\t\t\tphys_state:\t\t{}", p.phys_state);
-        for g in gids.iter().filter(|g| g.port == port) {
-            let netdev = g.netdev.as_deref().unwrap_or("-");
-            println!(
-                "\t\t\tGID[{:>3}]:\t\t{}, {}, {}",
-                g.index, g.gid, g.gid_type, netdev
-            );
-        }
-        println!();
-    }
-    Ok(())
+}
+
+/// Port `port`'s lines before its GIDs.
+fn print_port(port: u8, p: &PortAttr) {
+    println!("\t\tport:\t{port}");
+    println!("\t\t\tstate:\t\t\t{} ({})", p.state, p.state.as_raw());
+    println!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu, p.max_mtu.as_raw());
+    println!(
+        "\t\t\tactive_mtu:\t\t{} ({})",
+        p.active_mtu,
+        p.active_mtu.as_raw()
+    );
+    println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
+    println!("\t\t\tport_lid:\t\t{}", p.lid);
+    println!("\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
+    println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
+    println!("\t\t\tmax_msg_sz:\t\t{:#x}", p.max_msg_sz);
+    println!("\t\t\tport_cap_flags:\t\t{:#010x}", p.port_cap_flags);
+    println!("\t\t\tport_cap_flags2:\t{:#06x}", p.port_cap_flags2);
+    println!("\t\t\tmax_vl_num:\t\t{}", p.max_vl_num);
+    println!("\t\t\tbad_pkey_cntr:\t\t{:#x}", p.bad_pkey_cntr);
+    println!("\t\t\tqkey_viol_cntr:\t\t{:#x}", p.qkey_viol_cntr);
+    println!("\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
+    println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
+    println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
+    println!("\t\t\tsubnet_timeout:\t\t{}", p.subnet_timeout);
+    println!("\t\t\tinit_type_reply:\t{}", p.init_type_reply);
+    println!("\t\t\tactive_width:\t\t{}", p.active_width);
+    println!("\t\t\tactive_speed:\t\t{}", p.active_speed);
+    println!("\t\t\tphys_state:\t\t{}", p.phys_state);
 }

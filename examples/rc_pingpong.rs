@@ -31,8 +31,8 @@ use std::process::ExitCode;
 mod pingpong;
 
 use pingpong::{
-    Common, LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint,
-    main_with, post_receives, run_loop, setup,
+    Common, LoopParams, Resources, arm, caps, exchange_printed, getopt, local_endpoint, long_opts,
+    main_with, post_receives, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::qp::Init;
 use rdma_verbs::{AccessFlags, Endpoint, InitAttr, Qp, Rc, RtrAttr, RtsAttr, ffi};
@@ -52,48 +52,28 @@ impl std::ops::Deref for Opts {
 }
 
 fn usage(argv0: &str) {
-    println!("Usage:");
-    println!("  {argv0}            start a server and wait for connection");
-    println!("  {argv0} <host>     connect to server at <host>");
-    println!();
-    println!("Options:");
-    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
-    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
-    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
-    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
-    println!("  -m, --mtu=<size>       path MTU (default 1024)");
-    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
-    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
-    println!("  -l, --sl=<sl>          service level value");
-    println!("  -e, --events           sleep on CQ events (default poll)");
-    println!("  -g, --gid-idx=<gid index> local port gid index");
+    print_usage_head(argv0);
+    print_option_lines("pdismrnleg", 4096);
     println!("  -o, --odp\t\t    use on demand paging");
     println!("  -c, --chk\t            validate received buffer");
-    println!("  -h, --help             print this help");
+    print_option_lines("h", 4096);
 }
 
 /// getopt_long("p:d:i:s:m:r:n:l:eg:oc") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    const LONG: &[LongOpt] = &[
-        ("port", 'p', true),
-        ("ib-dev", 'd', true),
-        ("ib-port", 'i', true),
-        ("size", 's', true),
-        ("mtu", 'm', true),
-        ("rx-depth", 'r', true),
-        ("iters", 'n', true),
-        ("sl", 'l', true),
-        ("events", 'e', false),
-        ("gid-idx", 'g', true),
-        ("odp", 'o', false),
-        ("chk", 'c', false),
-        ("iodp", 'O', false),
-        ("prefetch", 'P', false),
-        ("ts", 't', false),
-        ("dm", 'j', false),
-        ("new_send", 'N', false),
-    ];
-    let (opts, positional) = getopt(args, LONG)?;
+    let long = long_opts(
+        "pdismrnleg",
+        &[
+            ("odp", 'o', false),
+            ("chk", 'c', false),
+            ("iodp", 'O', false),
+            ("prefetch", 'P', false),
+            ("ts", 't', false),
+            ("dm", 'j', false),
+            ("new_send", 'N', false),
+        ],
+    );
+    let (opts, positional) = getopt(args, &long)?;
     let mut o = Opts {
         c: Common::new(4096),
         use_odp: false,
@@ -109,10 +89,6 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
     }
     o.c.finish(positional)?;
     Ok(o)
-}
-
-fn print_dest(which: &str, d: &Endpoint) {
-    pingpong::print_dest(which, d, ',');
 }
 
 /// INIT → RTR → RTS as `pp_connect_ctx` does it.
@@ -174,28 +150,10 @@ fn run(o: &Opts) -> Result<(), String> {
     post_receives(&mut qp, bufs)?;
     arm(&mut cq, o.use_event)?;
     let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
-    print_dest("local address: ", &my_dest);
+    let (_, mut qp) =
+        exchange_printed(&o.c, &my_dest, ',', |rem| connect(qp, o, my_dest.psn, rem))?;
 
-    let (rem_dest, mut qp) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
-        if o.servername.is_some() {
-            print_dest("remote address:", rem);
-        }
-        connect(qp, o, my_dest.psn, rem)
-    })?;
-    if o.servername.is_none() {
-        print_dest("remote address:", &rem_dest);
-    }
-    let _ = rem_dest;
-
-    let params = LoopParams {
-        size: o.size,
-        rx_depth: o.rx_depth,
-        iters: o.iters,
-        use_event: o.use_event,
-        validate: o.validate,
-        is_client: o.servername.is_some(),
-        use_inline,
-    };
+    let params = LoopParams::new(&o.c, o.validate, use_inline);
     let last = run_loop(&mut qp, &mut cq, &params, first_send)?;
     // Destroy in the C program's order: QP, CQ (its Drop acknowledges the CQ
     // events), MRs, PD, channel, context.
@@ -212,10 +170,7 @@ mod tests {
     use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("rc_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("rc_pingpong", s)
     }
 
     #[test]

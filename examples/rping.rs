@@ -232,6 +232,20 @@ struct Conn {
 }
 
 impl Conn {
+    /// The connected side: its id, CQ, QP and the buffer its SENDs go from.
+    fn new(id: CmId, cq: Cq, qp: Qp<Rc, Rts>, send_buf: Mr, o: &Opts) -> Conn {
+        Conn {
+            id,
+            cq,
+            qp,
+            send_buf: Some(send_buf),
+            ready: VecDeque::new(),
+            polled: Vec::with_capacity(8),
+            wait: o.wait,
+            debug: o.debug,
+        }
+    }
+
     fn dbg(&self, msg: impl FnOnce() -> String) {
         if self.debug {
             println!("{}", msg());
@@ -375,93 +389,15 @@ fn run_server(o: &Opts) -> Res<()> {
     }
     let (pd, cq, qp, send_buf) = setup(req.id(), o)?;
     // The READ destination and WRITE source; never advertised, so local access only.
-    let mut rdma_buf = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE)?;
+    let rdma_buf = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE)?;
     if o.debug {
         println!("accepting client connection request");
     }
     let (qp, id) = req.accept(qp, &conn_param(), o.wait)?;
-    let mut conn = Conn {
-        id,
-        cq,
-        qp,
-        send_buf: Some(send_buf),
-        ready: VecDeque::new(),
-        polled: Vec::with_capacity(8),
-        wait: o.wait,
-        debug: o.debug,
-    };
-    let go_ahead = [0u8; INFO_LEN];
+    let mut conn = Conn::new(id, cq, qp, send_buf, o);
+    let mut rdma_buf = Some(rdma_buf);
     let mut ping = 0u64;
-    loop {
-        // Wait for the client's source advertisement.
-        let src = match conn.next("the client's source buffer")? {
-            Ev::Recv(info) => info,
-            Ev::Disconnected => break,
-            Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
-        };
-        conn.dbg(|| {
-            format!(
-                "Received rkey {:x} addr {:x} len {} from peer",
-                src.rkey, src.addr, src.len
-            )
-        });
-        let len = src.len as usize;
-        if len == 0 || len > o.size {
-            return Err(format!(
-                "the client's buffer is {len} bytes, ours {} (use the same -S)",
-                o.size
-            )
-            .into());
-        }
-        // RDMA READ the ping into the first `len` bytes.
-        let rest = rdma_buf.split_off(len)?;
-        conn.qp.post_send(SendWr::read(RDMA_ID, rdma_buf, src, 0))?;
-        conn.dbg(|| "server posted rdma read req".into());
-        rdma_buf = match conn.next("the RDMA READ")? {
-            Ev::Rdma(WcOpcode::RdmaRead, mut mr) => {
-                mr.unsplit(rest).map_err(|_| "buffer pieces do not join")?;
-                mr
-            }
-            Ev::Disconnected => break,
-            _ => return Err("wait for RDMA_READ_COMPLETE".into()),
-        };
-        let data = rdma_buf.as_slice()?;
-        if o.verbose {
-            println!("server ping data: {}", c_str(data));
-        }
-        if o.validate && data[..len] != ping_data(ping, len)[..] {
-            return Err(format!("data mismatch in ping {ping}: got `{}`", c_str(data)).into());
-        }
-        // Tell the client to continue.
-        conn.send_info(go_ahead)?;
-        conn.dbg(|| "server posted go ahead".into());
-        // Wait for the client's sink advertisement.
-        let sink = match conn.next("the client's sink buffer")? {
-            Ev::Recv(info) => info,
-            Ev::Disconnected => break,
-            Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
-        };
-        conn.dbg(|| "server received sink adv".into());
-        // RDMA WRITE the string (with its NUL) back.
-        let n = (c_str(rdma_buf.as_slice()?).len() + 1).min(o.size);
-        if n as u64 > sink.len {
-            return Err(format!("the client's sink is {} bytes, the ping {n}", sink.len).into());
-        }
-        let rest = rdma_buf.split_off(n)?;
-        conn.qp
-            .post_send(SendWr::write(RDMA_ID, sink, 0).sge(rdma_buf))?;
-        rdma_buf = match conn.next("the RDMA WRITE")? {
-            Ev::Rdma(WcOpcode::RdmaWrite, mut mr) => {
-                mr.unsplit(rest).map_err(|_| "buffer pieces do not join")?;
-                mr
-            }
-            Ev::Disconnected => break,
-            _ => return Err("wait for RDMA_WRITE_COMPLETE".into()),
-        };
-        conn.dbg(|| "server rdma write complete".into());
-        // Tell the client to begin again.
-        conn.send_info(go_ahead)?;
-        conn.dbg(|| "server posted go ahead".into());
+    while serve_ping(&mut conn, o, &mut rdma_buf, ping)? {
         ping += 1;
     }
     eprintln!("server DISCONNECT EVENT...");
@@ -473,6 +409,84 @@ fn run_server(o: &Opts) -> Res<()> {
     drop(conn);
     drop(listener);
     Ok(())
+}
+
+/// Serves ping `ping`: READs the client's source into the buffer in `slot`,
+/// checks it, WRITEs it back to the client's sink, with the go-aheads
+/// between; false once the client disconnected.
+fn serve_ping(conn: &mut Conn, o: &Opts, slot: &mut Option<Mr>, ping: u64) -> Res<bool> {
+    let go_ahead = [0u8; INFO_LEN];
+    // Wait for the client's source advertisement.
+    let src = match conn.next("the client's source buffer")? {
+        Ev::Recv(info) => info,
+        Ev::Disconnected => return Ok(false),
+        Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
+    };
+    conn.dbg(|| {
+        format!(
+            "Received rkey {:x} addr {:x} len {} from peer",
+            src.rkey, src.addr, src.len
+        )
+    });
+    let len = src.len as usize;
+    if len == 0 || len > o.size {
+        return Err(format!(
+            "the client's buffer is {len} bytes, ours {} (use the same -S)",
+            o.size
+        )
+        .into());
+    }
+    // RDMA READ the ping into the first `len` bytes.
+    let mut buf = slot.take().expect("the buffer is back between pings");
+    let rest = buf.split_off(len)?;
+    conn.qp.post_send(SendWr::read(RDMA_ID, buf, src, 0))?;
+    conn.dbg(|| "server posted rdma read req".into());
+    let mut rdma_buf = match conn.next("the RDMA READ")? {
+        Ev::Rdma(WcOpcode::RdmaRead, mut mr) => {
+            mr.unsplit(rest).map_err(|_| "buffer pieces do not join")?;
+            mr
+        }
+        Ev::Disconnected => return Ok(false),
+        _ => return Err("wait for RDMA_READ_COMPLETE".into()),
+    };
+    let data = rdma_buf.as_slice()?;
+    if o.verbose {
+        println!("server ping data: {}", c_str(data));
+    }
+    if o.validate && data[..len] != ping_data(ping, len)[..] {
+        return Err(format!("data mismatch in ping {ping}: got `{}`", c_str(data)).into());
+    }
+    // Tell the client to continue.
+    conn.send_info(go_ahead)?;
+    conn.dbg(|| "server posted go ahead".into());
+    // Wait for the client's sink advertisement.
+    let sink = match conn.next("the client's sink buffer")? {
+        Ev::Recv(info) => info,
+        Ev::Disconnected => return Ok(false),
+        Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
+    };
+    conn.dbg(|| "server received sink adv".into());
+    // RDMA WRITE the string (with its NUL) back.
+    let n = (c_str(rdma_buf.as_slice()?).len() + 1).min(o.size);
+    if n as u64 > sink.len {
+        return Err(format!("the client's sink is {} bytes, the ping {n}", sink.len).into());
+    }
+    let rest = rdma_buf.split_off(n)?;
+    conn.qp
+        .post_send(SendWr::write(RDMA_ID, sink, 0).sge(rdma_buf))?;
+    *slot = Some(match conn.next("the RDMA WRITE")? {
+        Ev::Rdma(WcOpcode::RdmaWrite, mut mr) => {
+            mr.unsplit(rest).map_err(|_| "buffer pieces do not join")?;
+            mr
+        }
+        Ev::Disconnected => return Ok(false),
+        _ => return Err("wait for RDMA_WRITE_COMPLETE".into()),
+    });
+    conn.dbg(|| "server rdma write complete".into());
+    // Tell the client to begin again.
+    conn.send_info(go_ahead)?;
+    conn.dbg(|| "server posted go ahead".into());
+    Ok(true)
 }
 
 fn run_client(o: &Opts) -> Res<()> {
@@ -493,55 +507,14 @@ fn run_client(o: &Opts) -> Res<()> {
     if o.debug {
         println!("rdma_connect successful");
     }
-    let mut conn = Conn {
-        id,
-        cq,
-        qp,
-        send_buf: Some(send_buf),
-        ready: VecDeque::new(),
-        polled: Vec::with_capacity(8),
-        wait: o.wait,
-        debug: o.debug,
-    };
+    let mut conn = Conn::new(id, cq, qp, send_buf, o);
     let size = u32::try_from(o.size)?;
     let mut ping = 0u64;
     let mut disconnected = false;
     while o.count == 0 || ping < o.count {
-        let expected = ping_data(ping, o.size);
-        // Nothing reads the source now: the server is done with the last ping.
-        start_buf.as_mut_slice()?.copy_from_slice(&expected);
-        conn.send_info(encode_info(start_buf.addr(), start_buf.rkey(), size))?;
-        // Wait for the server to ACK (it has READ the source).
-        match conn.next("the server's go-ahead after its READ")? {
-            Ev::Recv(_) => {}
-            Ev::Disconnected => {
-                disconnected = true;
-                break;
-            }
-            Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
-        }
-        conn.send_info(encode_info(rdma_buf.addr(), rdma_buf.rkey(), size))?;
-        // Wait for the server to say the RDMA WRITE is complete.
-        match conn.next("the server's go-ahead after its WRITE")? {
-            Ev::Recv(_) => {}
-            Ev::Disconnected => {
-                disconnected = true;
-                break;
-            }
-            Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
-        }
-        // The sink is remotely writable: copy it out (ordered after the go-ahead).
-        let got = rdma_buf.to_vec()?;
-        if o.validate && got != expected {
-            return Err(format!(
-                "data mismatch!\n  sent `{}`\n  got  `{}`",
-                c_str(&expected),
-                c_str(&got)
-            )
-            .into());
-        }
-        if o.verbose {
-            println!("ping data: {}", c_str(&got));
+        if !ping_once(&mut conn, o, &mut start_buf, &rdma_buf, ping, size)? {
+            disconnected = true;
+            break;
         }
         ping += 1;
     }
@@ -572,6 +545,50 @@ fn run_client(o: &Opts) -> Res<()> {
     drop(conn);
     drop((start_buf, rdma_buf));
     Ok(())
+}
+
+/// Ping `ping`: advertises the source (filled with the ping's data) and the
+/// sink, each after the server's go-ahead, and checks what the server wrote
+/// back; false once the server disconnected.
+fn ping_once(
+    conn: &mut Conn,
+    o: &Opts,
+    start_buf: &mut Mr,
+    rdma_buf: &Mr,
+    ping: u64,
+    size: u32,
+) -> Res<bool> {
+    let expected = ping_data(ping, o.size);
+    // Nothing reads the source now: the server is done with the last ping.
+    start_buf.as_mut_slice()?.copy_from_slice(&expected);
+    conn.send_info(encode_info(start_buf.addr(), start_buf.rkey(), size))?;
+    // Wait for the server to ACK (it has READ the source).
+    match conn.next("the server's go-ahead after its READ")? {
+        Ev::Recv(_) => {}
+        Ev::Disconnected => return Ok(false),
+        Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
+    }
+    conn.send_info(encode_info(rdma_buf.addr(), rdma_buf.rkey(), size))?;
+    // Wait for the server to say the RDMA WRITE is complete.
+    match conn.next("the server's go-ahead after its WRITE")? {
+        Ev::Recv(_) => {}
+        Ev::Disconnected => return Ok(false),
+        Ev::Rdma(..) => return Err("unexpected RDMA completion".into()),
+    }
+    // The sink is remotely writable: copy it out (ordered after the go-ahead).
+    let got = rdma_buf.to_vec()?;
+    if o.validate && got != expected {
+        return Err(format!(
+            "data mismatch!\n  sent `{}`\n  got  `{}`",
+            c_str(&expected),
+            c_str(&got)
+        )
+        .into());
+    }
+    if o.verbose {
+        println!("ping data: {}", c_str(&got));
+    }
+    Ok(true)
 }
 
 fn main() -> ExitCode {

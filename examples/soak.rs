@@ -25,10 +25,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo};
+use rdma_verbs::qp::Init;
 use rdma_verbs::{
     AccessFlags, Completion, CompletionChannel, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps,
-    RecvWr, RemoteMr, Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
+    Rc, RecvWr, RemoteMr, Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
 };
+
+#[path = "soak/memory.rs"]
+mod memory;
+
+use memory::{GROWTH_LIMIT_KIB, Memory, watch_memory};
 
 const MIB: usize = 1 << 20;
 /// Send queue depth: the server's verdicts (empty SENDs) whose completions have not been
@@ -126,47 +132,6 @@ fn pattern(id: u32, n: usize, out: &mut Vec<u8>) {
     }
     out.truncate(n);
 }
-
-/// Anonymous memory of this process (heap, stacks, registered buffers), KiB: the
-/// `Anonymous` total of `/proc/self/smaps_rollup`, counted by walking the page tables.
-/// (`RssAnon` of `/proc/self/status` is not exact: Linux 6.1 folds each thread's count
-/// into it only every 64 page faults, so it can lag by 256 KiB per thread.)
-fn anon_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Anonymous:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Anonymous KiB of each mapping (`/proc/self/smaps`), by its address range and name: what
-/// the soak prints for the mappings that grew when it fails the memory check.
-fn anon_by_mapping() -> Vec<(String, u64)> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-    let mut out = Vec::new();
-    let mut mapping = None;
-    for l in smaps.lines() {
-        if let Some(v) = l.strip_prefix("Anonymous:") {
-            if let Some(m) = mapping.take() {
-                out.push((
-                    m,
-                    v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0),
-                ));
-            }
-        } else if !l.split_whitespace().next().unwrap_or(":").ends_with(':') {
-            // A mapping's header: range, perms, offset, device, inode, [name].
-            let f: Vec<&str> = l.split_whitespace().collect();
-            mapping = Some(format!("{} {}", f[0], f.get(5).unwrap_or(&"[anon]")));
-        }
-    }
-    out
-}
-
-/// Most growth of anonymous memory allowed between the end of warm-up and the end (KiB).
-const GROWTH_LIMIT_KIB: u64 = 1024;
 
 /// A scratch buffer of `n` bytes whose pages are all resident now. A zeroed allocation of
 /// this size is mapped lazily: its pages would come in as larger messages are drawn,
@@ -322,17 +287,7 @@ fn client_lane(
     let mut last_write: Option<(u32, usize)> = None;
     let mut region = Some(l.region);
     while Instant::now() < until {
-        let r = next();
-        // Sizes log-uniform in 1..=max_size.
-        let bits = (usize::BITS - o.max_size.leading_zeros()) as u64;
-        let n = (1usize << (r % bits)).min(o.max_size);
-        let n = (n + (r >> 32) as usize % n).clamp(1, o.max_size);
-        // 0 SEND, 1 WRITE, 2 READ, drawn among the enabled ones (a READ needs a WRITE
-        // before it).
-        let mut op = enabled[((r >> 8) % enabled.len() as u64) as usize];
-        if op == 2 && last_write.is_none() {
-            op = if o.ops & 2 != 0 { 1 } else { 0 };
-        }
+        let (n, op) = draw(next(), o, &enabled, last_write.is_some());
         let mut buf = region.take().expect("buffer is back");
         if op == 2 {
             if let Some((wid, wn)) = last_write {
@@ -368,30 +323,7 @@ fn client_lane(
             l.qp.post_send(SendWr::write(u64::from(id), l.remote, 0).sge(buf).imm(id))?;
             last_write = Some((id, n));
         }
-        let mut acked = false;
-        let mut back = None;
-        while !acked || back.is_none() {
-            let mut c =
-                l.cq.next(peer, "a completion or the server's verdict")
-                    .inspect_err(|_| {
-                        eprintln!(
-                            "soak: QP {lane}: {} of message {id} ({n} bytes) failed",
-                            if op == 0 { "SEND" } else { "WRITE" }
-                        )
-                    })?;
-            match c.opcode {
-                WcOpcode::Recv => {
-                    if c.imm_data != Some(1) {
-                        return Err(Error::Protocol(format!(
-                            "the server found message {id} ({n} bytes) corrupted"
-                        )));
-                    }
-                    acked = true;
-                }
-                _ => back = c.take_mr(),
-            }
-        }
-        let mut got = back.expect("buffer");
+        let mut got = await_verdict(&mut l.cq, peer, lane, id, n, op)?;
         got.unsplit(rest)
             .map_err(|_| Error::Other("buffer pieces".into()))?;
         region = Some(got);
@@ -412,13 +344,121 @@ fn client_lane(
     })
 }
 
+/// A message's size and operation from the random `r`: sizes log-uniform in
+/// 1..=max_size; 0 SEND, 1 WRITE, 2 READ, drawn among the enabled ones (a
+/// READ needs a WRITE before it).
+fn draw(r: u64, o: &Opts, enabled: &[u64], wrote: bool) -> (usize, u64) {
+    let bits = (usize::BITS - o.max_size.leading_zeros()) as u64;
+    let n = (1usize << (r % bits)).min(o.max_size);
+    let n = (n + (r >> 32) as usize % n).clamp(1, o.max_size);
+    let mut op = enabled[((r >> 8) % enabled.len() as u64) as usize];
+    if op == 2 && !wrote {
+        op = if o.ops & 2 != 0 { 1 } else { 0 };
+    }
+    (n, op)
+}
+
+/// Waits for the server's verdict on message `id` and for the completion
+/// that hands back its buffer.
+fn await_verdict(
+    cq: &mut Waiter,
+    peer: &ExchangeStream,
+    lane: usize,
+    id: u32,
+    n: usize,
+    op: u64,
+) -> Result<Mr> {
+    let mut acked = false;
+    let mut back = None;
+    while !acked || back.is_none() {
+        let mut c = cq
+            .next(peer, "a completion or the server's verdict")
+            .inspect_err(|_| {
+                eprintln!(
+                    "soak: QP {lane}: {} of message {id} ({n} bytes) failed",
+                    if op == 0 { "SEND" } else { "WRITE" }
+                )
+            })?;
+        match c.opcode {
+            WcOpcode::Recv => {
+                if c.imm_data != Some(1) {
+                    return Err(Error::Protocol(format!(
+                        "the server found message {id} ({n} bytes) corrupted"
+                    )));
+                }
+                acked = true;
+            }
+            _ => back = c.take_mr(),
+        }
+    }
+    Ok(back.expect("buffer"))
+}
+
 fn run(o: &Opts) -> Result<()> {
-    // No transparent huge pages for this process: khugepaged (every 10 s, and with the
-    // default max_ptes_none 511) turns any 2 MiB-aligned range of an anonymous mapping that
-    // has one page in it into a huge page, all of it resident. In the guests that collapsed
-    // the mostly unused 2 MiB thread stacks and scratch buffers at a random moment of the run
-    // (+2 to +6 MiB, seen 10-20 s in), which is the kernel's choice of page size, not memory
-    // the soak or the crate allocated: with it off, growth means allocation.
+    disable_thp()?;
+    let ctx = Context::open(std::env::var("RDMA_VERBS_DEVICE").ok().as_deref())?;
+    let pd = Pd::new(&ctx)?;
+    let (lanes, stream) = connect_lanes(o, &ctx, &pd)?;
+    let peer = Arc::new(stream);
+    let counts = Arc::new(Counts::default());
+    let gate = Arc::new(Gate::default());
+    let start = Instant::now();
+    let warm = Duration::from_secs(o.seconds.min(50) / 5 + 1);
+    let until = start + Duration::from_secs(o.seconds);
+    let role = if o.client.is_some() {
+        "client"
+    } else {
+        "server"
+    };
+    let handles = spawn_lanes(o, lanes, &peer, &counts, &gate, until);
+    thread::sleep(warm);
+    let memory = watch_memory(&gate, &handles);
+    let (mut result, lanes) = join_lanes(handles);
+    let traffic_ok = result.is_ok();
+    let growth = memory.end as i64 - memory.start as i64;
+    if traffic_ok && growth > GROWTH_LIMIT_KIB as i64 {
+        memory.print_growth(role);
+        result = Err(Error::Other(format!(
+            "anonymous memory grew by {growth} KiB after warm-up (the limit is {GROWTH_LIMIT_KIB} KiB)"
+        )));
+    }
+    drop(lanes);
+    let (s, w, r) = (
+        counts.send.load(Ordering::Relaxed),
+        counts.write.load(Ordering::Relaxed),
+        counts.read.load(Ordering::Relaxed),
+    );
+    let Memory {
+        start: anon_start,
+        end: anon_end,
+        peak: anon_peak,
+        ..
+    } = memory;
+    println!(
+        "soak {role}: {} messages (SEND {s}, WRITE {w}, READ {r}), {} bytes verified in {:.1} s on {} QPs; \
+         {}; anonymous memory {anon_start} KiB after {} s warm-up, {anon_end} KiB at the end \
+         ({growth:+} KiB; peak {anon_peak} KiB)",
+        s + w + r,
+        counts.bytes.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64(),
+        o.qps,
+        if traffic_ok {
+            "0 lost, 0 duplicated, 0 corrupted"
+        } else {
+            "stopped by the error below"
+        },
+        warm.as_secs(),
+    );
+    result
+}
+
+/// No transparent huge pages for this process: khugepaged (every 10 s, and with the
+/// default max_ptes_none 511) turns any 2 MiB-aligned range of an anonymous mapping that
+/// has one page in it into a huge page, all of it resident. In the guests that collapsed
+/// the mostly unused 2 MiB thread stacks and scratch buffers at a random moment of the run
+/// (+2 to +6 MiB, 10-20 s in), which is the kernel's choice of page size, not memory
+/// the soak or the crate allocated: with it off, growth means allocation.
+fn disable_thp() -> Result<()> {
     // SAFETY: prctl(PR_SET_THP_DISABLE) takes integers only and changes no memory of ours.
     if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
         return Err(Error::Other(format!(
@@ -426,14 +466,18 @@ fn run(o: &Opts) -> Result<()> {
             std::io::Error::last_os_error()
         )));
     }
-    let ctx = Context::open(std::env::var("RDMA_VERBS_DEVICE").ok().as_deref())?;
-    let pd = Pd::new(&ctx)?;
-    let gid = ctx.default_gid_index(1)?;
-    let mtu = ctx.query_port(1)?.active_mtu;
+    Ok(())
+}
+
+/// A QP in INIT with its CQ and its region, before the exchange.
+type UnconnectedQp = (Qp<Rc, Init>, Cq, Mr);
+
+/// `o.qps` QPs in INIT, each with its CQ (on its own channel) and its 1 MiB region.
+fn create_qps(o: &Opts, ctx: &Context, pd: &Pd) -> Result<Vec<UnconnectedQp>> {
     let mut pending = Vec::new();
     for _ in 0..o.qps {
-        let channel = CompletionChannel::new(&ctx)?;
-        let cq = Cq::with_channel(&ctx, 2 * ACKS_IN_FLIGHT, &channel)?;
+        let channel = CompletionChannel::new(ctx)?;
+        let cq = Cq::with_channel(ctx, 2 * ACKS_IN_FLIGHT, &channel)?;
         let caps = QpCaps {
             max_send_wr: ACKS_IN_FLIGHT,
             max_recv_wr: 2,
@@ -441,22 +485,22 @@ fn run(o: &Opts) -> Result<()> {
         };
         let access =
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        let qp = Qp::new(&pd, &cq, &cq, caps)?.init(InitAttr::new(1, access))?;
+        let qp = Qp::new(pd, &cq, &cq, caps)?.init(InitAttr::new(1, access))?;
         let region = pd.alloc_mr(MIB, access)?;
         pending.push((qp, cq, region));
     }
-    let local: Vec<PeerInfo> = pending
-        .iter()
-        .map(|(qp, _, region)| Ok(PeerInfo::new(qp.endpoint(gid)?).with_mr(region.remote())))
-        .collect::<Result<_>>()?;
-    let timeout = Duration::from_secs(60);
-    let mut stream = match &o.client {
-        Some(host) => ExchangeStream::connect(host, o.port, timeout)?,
-        None => ExchangeListener::bind(o.port)?.accept(Some(timeout))?,
-    };
+    Ok(pending)
+}
+
+/// Swaps the QPs' endpoints and regions with the peer: the client sends first.
+fn exchange_peers(
+    o: &Opts,
+    stream: &mut ExchangeStream,
+    local: &[PeerInfo],
+) -> Result<Vec<PeerInfo>> {
     let mut remote: Vec<PeerInfo> = Vec::new();
     if o.client.is_some() {
-        for l in &local {
+        for l in local {
             stream.send(l)?;
         }
         for _ in 0..o.qps {
@@ -466,10 +510,29 @@ fn run(o: &Opts) -> Result<()> {
         for _ in 0..o.qps {
             remote.push(stream.recv()?);
         }
-        for l in &local {
+        for l in local {
             stream.send(l)?;
         }
     }
+    Ok(remote)
+}
+
+/// Creates the lanes, connects each QP to its peer's and returns them with the
+/// exchange connection (kept open: its closing is how a lane learns the peer died).
+fn connect_lanes(o: &Opts, ctx: &Context, pd: &Pd) -> Result<(Vec<Lane>, ExchangeStream)> {
+    let gid = ctx.default_gid_index(1)?;
+    let mtu = ctx.query_port(1)?.active_mtu;
+    let pending = create_qps(o, ctx, pd)?;
+    let local: Vec<PeerInfo> = pending
+        .iter()
+        .map(|(qp, _, region)| Ok(PeerInfo::new(qp.endpoint(gid)?).with_mr(region.remote())))
+        .collect::<Result<_>>()?;
+    let timeout = Duration::from_secs(60);
+    let mut stream = match &o.client {
+        Some(host) => ExchangeStream::connect(host, o.port, timeout)?,
+        None => ExchangeListener::bind(o.port)?.accept(Some(timeout))?,
+    };
+    let remote = exchange_peers(o, &mut stream, &local)?;
     let mut lanes = Vec::new();
     for ((qp, cq, region), (r, l)) in pending.into_iter().zip(remote.iter().zip(&local)) {
         let qp = qp
@@ -504,20 +567,23 @@ fn run(o: &Opts) -> Result<()> {
         stream.recv_done()?;
     }
     stream.set_timeout(None)?;
-    let peer = Arc::new(stream);
-    let counts = Arc::new(Counts::default());
-    let gate = Arc::new(Gate::default());
-    let start = Instant::now();
-    let warm = Duration::from_secs(o.seconds.min(50) / 5 + 1);
-    let until = start + Duration::from_secs(o.seconds);
-    let role = if o.client.is_some() {
-        "client"
-    } else {
-        "server"
-    };
+    Ok((lanes, stream))
+}
+
+/// One thread per lane, running the client's or the server's side; a lane
+/// that fails ends the process. Each thread then holds its stack, arena and
+/// lane until the memory at the end is measured.
+fn spawn_lanes(
+    o: &Opts,
+    lanes: Vec<Lane>,
+    peer: &Arc<ExchangeStream>,
+    counts: &Arc<Counts>,
+    gate: &Arc<Gate>,
+    until: Instant,
+) -> Vec<thread::JoinHandle<Result<Lane>>> {
     let mut handles = Vec::new();
     for (k, lane) in lanes.into_iter().enumerate() {
-        let (peer, counts, gate) = (Arc::clone(&peer), Arc::clone(&counts), Arc::clone(&gate));
+        let (peer, counts, gate) = (Arc::clone(peer), Arc::clone(counts), Arc::clone(gate));
         let client = o.client.is_some();
         let o = Opts {
             client: o.client.clone(),
@@ -537,8 +603,6 @@ fn run(o: &Opts) -> Result<()> {
                 );
                 std::process::exit(1);
             }
-            // Hold the thread (its stack and malloc arena) and the lane until the memory
-            // at the end is measured.
             gate.done.fetch_add(1, Ordering::SeqCst);
             while !gate.measured.load(Ordering::SeqCst) {
                 thread::sleep(Duration::from_millis(10));
@@ -546,27 +610,11 @@ fn run(o: &Opts) -> Result<()> {
             r
         }));
     }
-    thread::sleep(warm);
-    // The per-mapping list first: reading it grows the main thread's heap, which is then
-    // counted both here and at the end.
-    let mappings_start = anon_by_mapping();
-    let anon_start = anon_kib();
-    // Sampled every 5 s until the lanes are done, then once more while every lane's
-    // thread, QP and buffers still exist.
-    let mut anon_peak = anon_start;
-    let mut sample = Instant::now();
-    while gate.done.load(Ordering::SeqCst) < handles.len()
-        && !handles.iter().any(|h| h.is_finished())
-    {
-        thread::sleep(Duration::from_millis(100));
-        if sample.elapsed() >= Duration::from_secs(5) {
-            anon_peak = anon_peak.max(anon_kib());
-            sample = Instant::now();
-        }
-    }
-    let (anon_end, mappings_end) = (anon_kib(), anon_by_mapping());
-    anon_peak = anon_peak.max(anon_end);
-    gate.measured.store(true, Ordering::SeqCst);
+    handles
+}
+
+/// Joins the lanes' threads: the lanes back, or the first error.
+fn join_lanes(handles: Vec<thread::JoinHandle<Result<Lane>>>) -> (Result<()>, Vec<Lane>) {
     let mut result = Ok(());
     let mut lanes = Vec::new();
     for h in handles {
@@ -582,42 +630,7 @@ fn run(o: &Opts) -> Result<()> {
             }
         }
     }
-    let traffic_ok = result.is_ok();
-    let growth = anon_end as i64 - anon_start as i64;
-    if traffic_ok && growth > GROWTH_LIMIT_KIB as i64 {
-        let before: std::collections::HashMap<String, u64> = mappings_start.into_iter().collect();
-        for (mapping, kib) in mappings_end {
-            let was = before.get(&mapping).copied().unwrap_or(0);
-            if kib > was {
-                eprintln!("soak {role}: grew: {mapping}: {was} -> {kib} KiB");
-            }
-        }
-        result = Err(Error::Other(format!(
-            "anonymous memory grew by {growth} KiB after warm-up (the limit is {GROWTH_LIMIT_KIB} KiB)"
-        )));
-    }
-    drop(lanes);
-    let (s, w, r) = (
-        counts.send.load(Ordering::Relaxed),
-        counts.write.load(Ordering::Relaxed),
-        counts.read.load(Ordering::Relaxed),
-    );
-    println!(
-        "soak {role}: {} messages (SEND {s}, WRITE {w}, READ {r}), {} bytes verified in {:.1} s on {} QPs; \
-         {}; anonymous memory {anon_start} KiB after {} s warm-up, {anon_end} KiB at the end \
-         ({growth:+} KiB; peak {anon_peak} KiB)",
-        s + w + r,
-        counts.bytes.load(Ordering::Relaxed),
-        start.elapsed().as_secs_f64(),
-        o.qps,
-        if traffic_ok {
-            "0 lost, 0 duplicated, 0 corrupted"
-        } else {
-            "stopped by the error below"
-        },
-        warm.as_secs(),
-    );
-    result
+    (result, lanes)
 }
 
 fn main() -> ExitCode {

@@ -42,13 +42,17 @@ use std::time::Instant;
 #[path = "shared/pingpong.rs"]
 mod pingpong;
 
-use pingpong::{CONNECT_TIMEOUT, next_completions, num, print_dest, print_rate};
+use pingpong::{
+    CONNECT_TIMEOUT, Common, check_status, create_cq, getopt_each, long_opts, main_with,
+    next_completions, num, open_channel, open_device, print_dest, print_option_lines, print_rate,
+    print_usage_head,
+};
 
-use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream};
+use rdma_verbs::exchange::{ExchangeListener, ExchangeStream};
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, Context, Cq, Endpoint, Gid, InitAttr, LinkLayer, Mr, Mtu, Pd,
-    Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr, Srq, SrqAttr,
+    AccessFlags, Context, Cq, Endpoint, Gid, InitAttr, LinkLayer, Mr, Pd, Qp, QpCaps, Rc, RecvWr,
+    RtrAttr, RtsAttr, SendWr, Srq, SrqAttr,
 };
 
 const RECV_WRID: u64 = 1;
@@ -56,168 +60,63 @@ const SEND_WRID: u64 = 2;
 /// The C program's `MAX_QP`: how many address lines each side sends.
 const MAX_QP: usize = 256;
 
+/// The C program's options: the common ones and the number of QPs.
 struct Opts {
-    port: u16,
-    ib_devname: Option<String>,
-    ib_port: u8,
-    size: usize,
-    mtu: Mtu,
+    c: Common,
     num_qp: u32,
-    rx_depth: u32,
-    iters: u32,
-    sl: u8,
-    use_event: bool,
-    gidx: Option<u8>,
-    servername: Option<String>,
 }
 
-impl Default for Opts {
-    fn default() -> Opts {
-        Opts {
-            port: exchange::DEFAULT_PORT,
-            ib_devname: None,
-            ib_port: 1,
-            size: 4096,
-            mtu: Mtu::Mtu1024,
-            num_qp: 16,
-            rx_depth: 500,
-            iters: 1000,
-            sl: 0,
-            use_event: false,
-            gidx: None,
-            servername: None,
+impl std::ops::Deref for Opts {
+    type Target = Common;
+    fn deref(&self) -> &Common {
+        &self.c
+    }
+}
+
+impl Opts {
+    /// Applies option `-c` with value `v` (empty for a switch). Unlike the
+    /// other ports, `-s` must be at least 1 and a `-g` out of range means no
+    /// GID (the C program's `atoi` then).
+    fn apply(&mut self, c: char, v: String) -> Result<(), String> {
+        match c {
+            's' => {
+                self.c.size = num('s', &v)?;
+                if self.c.size < 1 {
+                    return Err("-s must be at least 1".into());
+                }
+            }
+            'q' => self.num_qp = num('q', &v)?,
+            'g' => {
+                let g: i64 = num('g', &v)?;
+                self.c.gidx = u8::try_from(g).ok();
+            }
+            c if self.c.apply(c, &v)? => {}
+            other => return Err(format!("option -{other} is not supported by this port")),
         }
+        Ok(())
     }
 }
 
 fn usage(argv0: &str) {
-    println!("Usage:");
-    println!("  {argv0}            start a server and wait for connection");
-    println!("  {argv0} <host>     connect to server at <host>");
-    println!();
-    println!("Options:");
-    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
-    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
-    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
-    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
-    println!("  -m, --mtu=<size>       path MTU (default 1024)");
+    print_usage_head(argv0);
+    print_option_lines("pdism", 4096);
     println!("  -q, --num-qp=<num>     number of QPs to use (default 16)");
-    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
+    print_option_lines("r", 4096);
     println!("  -n, --iters=<iters>    number of exchanges per QP(default 1000)");
-    println!("  -l, --sl=<sl>          service level value");
-    println!("  -e, --events           sleep on CQ events (default poll)");
-    println!("  -g, --gid-idx=<gid index> local port gid index");
-    println!("  -h, --help             print this help");
+    print_option_lines("legh", 4096);
 }
 
 /// getopt_long("p:d:i:s:m:q:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    const LONG: &[(&str, char, bool)] = &[
-        ("port", 'p', true),
-        ("ib-dev", 'd', true),
-        ("ib-port", 'i', true),
-        ("size", 's', true),
-        ("mtu", 'm', true),
-        ("num-qp", 'q', true),
-        ("rx-depth", 'r', true),
-        ("iters", 'n', true),
-        ("sl", 'l', true),
-        ("events", 'e', false),
-        ("gid-idx", 'g', true),
-    ];
-    let takes_arg = |c: char| LONG.iter().find(|l| l.1 == c).map(|l| l.2);
-    let mut o = Opts::default();
-    let mut positional = Vec::new();
-    let mut it = args.iter().skip(1);
-    let mut only_positional = false;
-    while let Some(arg) = it.next() {
-        let mut opts: Vec<(char, Option<String>)> = Vec::new();
-        if only_positional || arg == "-" || !arg.starts_with('-') {
-            positional.push(arg.clone());
-            continue;
-        } else if arg == "--" {
-            only_positional = true;
-            continue;
-        } else if let Some(long) = arg.strip_prefix("--") {
-            let (name, val) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_owned())),
-                None => (long, None),
-            };
-            let Some(&(_, c, has_arg)) = LONG.iter().find(|l| l.0 == name) else {
-                return Err(format!("unrecognized option '--{name}'"));
-            };
-            let val = match (has_arg, val) {
-                (true, Some(v)) => Some(v),
-                (true, None) => Some(
-                    it.next()
-                        .cloned()
-                        .ok_or_else(|| format!("option '--{name}' requires an argument"))?,
-                ),
-                (false, Some(_)) => {
-                    return Err(format!("option '--{name}' doesn't allow an argument"));
-                }
-                (false, None) => None,
-            };
-            opts.push((c, val));
-        } else {
-            let body = &arg[1..];
-            for (i, c) in body.char_indices() {
-                match takes_arg(c) {
-                    None => return Err(format!("invalid option -- '{c}'")),
-                    Some(false) => opts.push((c, None)),
-                    Some(true) => {
-                        let rest = &body[i + c.len_utf8()..];
-                        let v = if rest.is_empty() {
-                            it.next()
-                                .cloned()
-                                .ok_or_else(|| format!("option requires an argument -- '{c}'"))?
-                        } else {
-                            rest.to_owned()
-                        };
-                        opts.push((c, Some(v)));
-                        break;
-                    }
-                }
-            }
-        }
-        for (c, v) in opts {
-            let v = v.unwrap_or_default();
-            match c {
-                'p' => o.port = num('p', &v)?,
-                'd' => o.ib_devname = Some(v),
-                'i' => {
-                    o.ib_port = num('i', &v)?;
-                    if o.ib_port < 1 {
-                        return Err("-i must be at least 1".into());
-                    }
-                }
-                's' => {
-                    o.size = num('s', &v)?;
-                    if o.size < 1 {
-                        return Err("-s must be at least 1".into());
-                    }
-                }
-                'm' => {
-                    let bytes: u32 = num('m', &v)?;
-                    o.mtu = Mtu::from_bytes(bytes)
-                        .ok_or_else(|| format!("invalid MTU {v} (256, 512, 1024, 2048 or 4096)"))?;
-                }
-                'q' => o.num_qp = num('q', &v)?,
-                'r' => o.rx_depth = num('r', &v)?,
-                'n' => o.iters = num('n', &v)?,
-                'l' => o.sl = num('l', &v)?,
-                'e' => o.use_event = true,
-                'g' => {
-                    let g: i64 = num('g', &v)?;
-                    o.gidx = u8::try_from(g).ok();
-                }
-                other => return Err(format!("option -{other} is not supported by this port")),
-            }
-        }
-    }
+    let long = long_opts("pdismrnleg", &[("num-qp", 'q', true)]);
+    let mut o = Opts {
+        c: Common::new(4096),
+        num_qp: 16,
+    };
+    let mut positional = getopt_each(args, &long, |c, v| o.apply(c, v))?;
     match positional.len() {
         0 => {}
-        1 => o.servername = positional.pop(),
+        1 => o.c.servername = positional.pop(),
         _ => return Err("too many arguments".into()),
     }
     if o.num_qp == 0 || o.num_qp as usize > MAX_QP {
@@ -265,37 +164,7 @@ fn connect_all(
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let argv0 = args
-        .first()
-        .map_or("srq_pingpong", String::as_str)
-        .to_owned();
-    if args.iter().skip(1).any(|a| a == "-h" || a == "--help") {
-        usage(&argv0);
-        return ExitCode::SUCCESS;
-    }
-    let o = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{argv0}: {e}");
-            usage(&argv0);
-            return ExitCode::from(1);
-        }
-    };
-    if o.num_qp > o.rx_depth {
-        eprintln!(
-            "rx_depth {} is too small for {} QPs -- must have at least one receive per QP.",
-            o.rx_depth, o.num_qp
-        );
-        return ExitCode::from(1);
-    }
-    match run(&o) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(1)
-        }
-    }
+    main_with("srq_pingpong", usage, parse_args, run)
 }
 
 /// Sends `buf` on `qp` (inline when it fits: the buffer stays here).
@@ -314,51 +183,74 @@ fn post_send(qp: &mut Qp<Rc, Rts>, buf: Mr, inline: bool) -> Result<Option<Mr>, 
 }
 
 fn run(o: &Opts) -> Result<(), String> {
-    let num_qp = o.num_qp as usize;
-    let ctx = Context::open(o.ib_devname.as_deref()).map_err(|e| match (&o.ib_devname, e) {
-        (Some(name), rdma_verbs::Error::DeviceNotFound { .. }) => {
-            format!("IB device {name} not found")
-        }
-        (_, rdma_verbs::Error::NoDevices) => "No IB devices found".to_owned(),
-        (_, e) => format!("Couldn't get context: {e}"),
-    })?;
-    let channel = if o.use_event {
-        Some(
-            CompletionChannel::new(&ctx)
-                .map_err(|e| format!("Couldn't create completion channel: {e}"))?,
-        )
-    } else {
-        None
-    };
+    if o.num_qp > o.rx_depth {
+        return Err(format!(
+            "rx_depth {} is too small for {} QPs -- must have at least one receive per QP.",
+            o.rx_depth, o.num_qp
+        ));
+    }
+    let ctx = open_device(o.ib_devname.as_deref())?;
+    let channel = open_channel(&ctx, o.use_event)?;
     let pd = Pd::new(&ctx).map_err(|e| format!("Couldn't allocate PD: {e}"))?;
+    let (mut send_bufs, mut spare) = buffers(o, &pd)?;
+    // The SRQ's rx_depth entries plus one send per QP: the C program's CQ size.
+    let depth = o.rx_depth + o.num_qp;
+    let mut cq = create_cq(&ctx, channel.as_ref(), depth)?;
+    let mut srq = Srq::new(&pd, &cq, SrqAttr::new(o.rx_depth, 1))
+        .map_err(|e| format!("Couldn't create SRQ: {e}"))?;
+    let (qps, use_inline) = create_qps(o, &pd, &cq, &srq)?;
+    refill(&mut srq, &mut spare, o.rx_depth)?;
+    if o.use_event {
+        cq.req_notify(false)
+            .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
+    }
+    let my_dest = local_dests(o, &ctx, &qps)?;
+    let (rem_dest, mut qps) = exchange_dests(o, qps, &my_dest)?;
+    for d in &rem_dest[..o.num_qp as usize] {
+        print_dest("remote address:", d, ',');
+    }
+    let mut ping = Ping {
+        qps: &mut qps,
+        srq: &mut srq,
+        send_bufs: &mut send_bufs,
+        spare: &mut spare,
+        use_inline,
+    };
+    ping.run(o, &mut cq, depth as usize)?;
+    // Destroy in the C program's order: QPs, SRQ (its receives' buffers are
+    // released then), CQ (its Drop acknowledges the CQ events), MRs, PD,
+    // channel, context.
+    drop(qps);
+    drop(srq);
+    drop(cq);
+    drop((spare, send_bufs));
+    drop((pd, channel, ctx));
+    Ok(())
+}
 
-    // Buffers: rx_depth receives plus one send buffer per QP, from one registration.
+/// `rx_depth` receive buffers plus one send buffer per QP, from one
+/// registration: the send buffers, and the receives' (spare until posted).
+fn buffers(o: &Opts, pd: &Pd) -> Result<(Vec<Option<Mr>>, Vec<Mr>), String> {
+    let num_qp = o.num_qp as usize;
     let nbufs = o.rx_depth as usize + num_qp;
     let total = o
         .size
         .checked_mul(nbufs)
         .ok_or("message size times rx depth overflows")?;
-    let mut all = Mr::new(&pd, total, AccessFlags::LOCAL_WRITE)
+    let mut all = Mr::new(pd, total, AccessFlags::LOCAL_WRITE)
         .map_err(|e| format!("Couldn't register MR: {e}"))?;
     let mut bufs: Vec<Mr> = Vec::with_capacity(nbufs);
     for _ in 0..nbufs - 1 {
         bufs.push(all.split_to(o.size).map_err(|e| e.to_string())?);
     }
     bufs.push(all);
-    // One send buffer per QP; the rest are the receives.
-    let mut send_bufs: Vec<Option<Mr>> = bufs.drain(..num_qp).map(Some).collect();
-    let mut spare = bufs;
+    let send_bufs = bufs.drain(..num_qp).map(Some).collect();
+    Ok((send_bufs, bufs))
+}
 
-    // The SRQ's rx_depth entries plus one send per QP: the C program's CQ size.
-    let depth = o.rx_depth + o.num_qp;
-    let mut cq = match &channel {
-        Some(ch) => Cq::with_channel(&ctx, depth, ch),
-        None => Cq::new(&ctx, depth),
-    }
-    .map_err(|e| format!("Couldn't create CQ: {e}"))?;
-    let mut srq = Srq::new(&pd, &cq, SrqAttr::new(o.rx_depth, 1))
-        .map_err(|e| format!("Couldn't create SRQ: {e}"))?;
-
+/// `num_qp` RC QPs on the SRQ, in INIT, and whether every one sends a
+/// message inline.
+fn create_qps(o: &Opts, pd: &Pd, cq: &Cq, srq: &Srq) -> Result<(Vec<Qp<Rc, Init>>, bool), String> {
     let caps = QpCaps {
         max_send_wr: 1,
         max_recv_wr: 0,
@@ -368,9 +260,9 @@ fn run(o: &Opts) -> Result<(), String> {
         sq_sig_all: false,
     };
     let mut use_inline = true;
-    let mut qps = Vec::with_capacity(num_qp);
-    for i in 0..num_qp {
-        let qp = Qp::new_with_srq(&pd, &cq, &cq, &srq, caps)
+    let mut qps = Vec::with_capacity(o.num_qp as usize);
+    for i in 0..o.num_qp as usize {
+        let qp = Qp::new_with_srq(pd, cq, cq, srq, caps)
             .map_err(|e| format!("Couldn't create QP[{i}]: {e}"))?;
         use_inline &= qp.caps().max_inline_data as usize >= o.size;
         qps.push(qp);
@@ -383,25 +275,25 @@ fn run(o: &Opts) -> Result<(), String> {
                 .map_err(|e| format!("Failed to modify QP[{i}] to INIT: {}", e.error))
         })
         .collect::<Result<Vec<_>, String>>()?;
+    Ok((qps, use_inline))
+}
 
-    let refill = |srq: &mut Srq, spare: &mut Vec<Mr>| -> Result<(), String> {
-        srq.refill(|| spare.pop().map(|mr| RecvWr::new(RECV_WRID, mr)))
-            .map_err(|e| format!("Couldn't post receive ({}): {}", srq.posted(), e.error))?;
-        // Short only while buffers are elsewhere: receives of the batch being handled
-        // hand theirs back a moment later (the next refill posts them). Short with
-        // buffers to spare is the C program's failure.
-        if srq.posted() < u64::from(o.rx_depth) && !spare.is_empty() {
-            return Err(format!("Couldn't post receive ({})", srq.posted()));
-        }
-        Ok(())
-    };
-    refill(&mut srq, &mut spare)?;
-
-    if o.use_event {
-        cq.req_notify(false)
-            .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
+/// Posts spare buffers to the SRQ up to `rx_depth` receives.
+fn refill(srq: &mut Srq, spare: &mut Vec<Mr>, rx_depth: u32) -> Result<(), String> {
+    srq.refill(|| spare.pop().map(|mr| RecvWr::new(RECV_WRID, mr)))
+        .map_err(|e| format!("Couldn't post receive ({}): {}", srq.posted(), e.error))?;
+    // Short only while buffers are elsewhere: receives of the batch being handled
+    // hand theirs back a moment later (the next refill posts them). Short with
+    // buffers to spare is the C program's failure.
+    if srq.posted() < u64::from(rx_depth) && !spare.is_empty() {
+        return Err(format!("Couldn't post receive ({})", srq.posted()));
     }
+    Ok(())
+}
 
+/// This side's `MAX_QP` address lines (those past `num_qp` zero, as in the C
+/// program), printing each QP's.
+fn local_dests(o: &Opts, ctx: &Context, qps: &[Qp<Rc, Init>]) -> Result<Vec<Endpoint>, String> {
     let portinfo = ctx
         .query_port(o.ib_port)
         .map_err(|e| format!("Couldn't get port info: {e}"))?;
@@ -411,7 +303,6 @@ fn run(o: &Opts) -> Result<(), String> {
             .map_err(|_| format!("Could not get local gid for gid index {g}"))?,
         None => Gid::ZERO,
     };
-    // MAX_QP lines; those past num_qp stay zero, as in the C program.
     let mut my_dest = vec![
         Endpoint {
             lid: 0,
@@ -421,7 +312,7 @@ fn run(o: &Opts) -> Result<(), String> {
         };
         MAX_QP
     ];
-    for (d, qp) in my_dest.iter_mut().zip(&qps) {
+    for (d, qp) in my_dest.iter_mut().zip(qps) {
         *d = Endpoint {
             lid: portinfo.lid,
             qpn: qp.qp_num(),
@@ -433,13 +324,26 @@ fn run(o: &Opts) -> Result<(), String> {
         }
         print_dest("local address: ", d, ',');
     }
+    Ok(my_dest)
+}
 
+/// Every QP, connected to its peer.
+type ConnectedQps = Vec<Qp<Rc, Rts>>;
+
+/// The C program's exchange of `MAX_QP` address lines each way; the server
+/// connects its QPs before answering, so the client's first message finds
+/// them ready.
+fn exchange_dests(
+    o: &Opts,
+    qps: Vec<Qp<Rc, Init>>,
+    my_dest: &[Endpoint],
+) -> Result<(Vec<Endpoint>, ConnectedQps), String> {
     let exchange_err = |e: rdma_verbs::Error| format!("Couldn't exchange addresses: {e}");
-    let (rem_dest, mut qps) = match &o.servername {
+    match &o.servername {
         Some(host) => {
             let mut s = ExchangeStream::connect(host, o.port, CONNECT_TIMEOUT)
                 .map_err(|e| format!("Couldn't connect to {host}:{}: {e}", o.port))?;
-            for d in &my_dest {
+            for d in my_dest {
                 s.send(d).map_err(exchange_err)?;
             }
             let rem = (0..MAX_QP)
@@ -448,8 +352,8 @@ fn run(o: &Opts) -> Result<(), String> {
                 .map_err(exchange_err)?;
             s.send_done().map_err(exchange_err)?;
             drop(s);
-            let qps = connect_all(qps, o, &my_dest, &rem)?;
-            (rem, qps)
+            let qps = connect_all(qps, o, my_dest, &rem)?;
+            Ok((rem, qps))
         }
         None => {
             let listener = ExchangeListener::bind(o.port)
@@ -460,93 +364,99 @@ fn run(o: &Opts) -> Result<(), String> {
                 .map(|_| s.recv::<Endpoint>())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(exchange_err)?;
-            // Connected before answering, so the client's first message finds them ready.
-            let qps = connect_all(qps, o, &my_dest, &rem)
+            let qps = connect_all(qps, o, my_dest, &rem)
                 .map_err(|e| format!("{e}\nCouldn't connect to remote QP"))?;
-            for d in &my_dest {
+            for d in my_dest {
                 s.send(d).map_err(exchange_err)?;
             }
             s.recv_done().map_err(exchange_err)?;
-            (rem, qps)
+            Ok((rem, qps))
         }
-    };
-    for d in &rem_dest[..num_qp] {
-        print_dest("remote address:", d, ',');
+    }
+}
+
+/// The ping-pong over every QP: what each QP sends from, and the SRQ's
+/// buffers.
+struct Ping<'a> {
+    qps: &'a mut [Qp<Rc, Rts>],
+    srq: &'a mut Srq,
+    /// Each QP's send buffer while it is not in flight.
+    send_bufs: &'a mut [Option<Mr>],
+    /// Receive buffers not posted to the SRQ.
+    spare: &'a mut Vec<Mr>,
+    use_inline: bool,
+}
+
+impl Ping<'_> {
+    /// The C program's loop: the client's QPs send first; each QP sends again
+    /// once its last send completed and a message arrived, until `iters`
+    /// messages went each way over all QPs; then the throughput lines.
+    fn run(&mut self, o: &Opts, cq: &mut Cq, depth: usize) -> Result<(), String> {
+        // pending[i]: what QP i still waits for before its next send.
+        let mut pending = vec![RECV_WRID; self.qps.len()];
+        if o.servername.is_some() {
+            for (i, p) in pending.iter_mut().enumerate() {
+                self.send(i)?;
+                *p = SEND_WRID | RECV_WRID;
+            }
+        }
+        let start = Instant::now();
+        let (mut rcnt, mut scnt) = (0u32, 0u32);
+        let mut wcs = Vec::with_capacity(depth);
+        while rcnt < o.iters || scnt < o.iters {
+            next_completions(cq, &mut wcs, o.use_event)?;
+            for mut wc in wcs.drain(..) {
+                check_status(&wc)?;
+                let Some(i) = self.qps.iter().position(|q| q.qp_num() == wc.qp_num) else {
+                    return Err(format!("Couldn't find QPN {:06x}", wc.qp_num));
+                };
+                match wc.wr_id {
+                    SEND_WRID => {
+                        scnt += 1;
+                        // A sent buffer (not inline) comes back to its QP.
+                        if let Some(mr) = wc.take_mr() {
+                            self.send_bufs[i] = Some(mr);
+                        }
+                    }
+                    RECV_WRID => {
+                        // The buffer of the receive, from whichever QP took it.
+                        let mr = wc.take_mr().ok_or("receive came back without its buffer")?;
+                        self.spare.push(mr);
+                        if self.srq.posted() <= u64::from(o.num_qp) {
+                            refill(self.srq, self.spare, o.rx_depth)?;
+                        }
+                        rcnt += 1;
+                    }
+                    other => return Err(format!("Completion for unknown wr_id {other}")),
+                }
+                pending[i] &= !wc.wr_id;
+                if scnt < o.iters && pending[i] == 0 {
+                    self.send(i)?;
+                    pending[i] = RECV_WRID | SEND_WRID;
+                }
+            }
+        }
+        print_rate(o.size, o.iters, start);
+        Ok(())
     }
 
-    // pending[i]: what QP i still waits for before its next send.
-    let mut pending = vec![RECV_WRID; num_qp];
-    if o.servername.is_some() {
-        for (i, qp) in qps.iter_mut().enumerate() {
-            let buf = send_bufs[i].take().ok_or("Couldn't post send: no buffer")?;
-            send_bufs[i] = post_send(qp, buf, use_inline)?;
-            pending[i] = SEND_WRID | RECV_WRID;
-        }
+    /// Sends QP `i`'s buffer.
+    fn send(&mut self, i: usize) -> Result<(), String> {
+        let buf = self.send_bufs[i]
+            .take()
+            .ok_or("Couldn't post send: no buffer")?;
+        self.send_bufs[i] = post_send(&mut self.qps[i], buf, self.use_inline)?;
+        Ok(())
     }
-
-    let start = Instant::now();
-    let (mut rcnt, mut scnt) = (0u32, 0u32);
-    let mut wcs = Vec::with_capacity(depth as usize);
-    while rcnt < o.iters || scnt < o.iters {
-        next_completions(&mut cq, &mut wcs, o.use_event)?;
-        for mut wc in wcs.drain(..) {
-            if !wc.status.is_success() {
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    wc.status.description(),
-                    wc.status.as_raw(),
-                    wc.wr_id
-                ));
-            }
-            let Some(i) = qps.iter().position(|q| q.qp_num() == wc.qp_num) else {
-                return Err(format!("Couldn't find QPN {:06x}", wc.qp_num));
-            };
-            match wc.wr_id {
-                SEND_WRID => {
-                    scnt += 1;
-                    // A sent buffer (not inline) comes back to its QP.
-                    if let Some(mr) = wc.take_mr() {
-                        send_bufs[i] = Some(mr);
-                    }
-                }
-                RECV_WRID => {
-                    // The buffer of the receive, from whichever QP took it.
-                    let mr = wc.take_mr().ok_or("receive came back without its buffer")?;
-                    spare.push(mr);
-                    if srq.posted() <= u64::from(o.num_qp) {
-                        refill(&mut srq, &mut spare)?;
-                    }
-                    rcnt += 1;
-                }
-                other => return Err(format!("Completion for unknown wr_id {other}")),
-            }
-            pending[i] &= !wc.wr_id;
-            if scnt < o.iters && pending[i] == 0 {
-                let buf = send_bufs[i].take().ok_or("Couldn't post send: no buffer")?;
-                send_bufs[i] = post_send(&mut qps[i], buf, use_inline)?;
-                pending[i] = RECV_WRID | SEND_WRID;
-            }
-        }
-    }
-    print_rate(o.size, o.iters, start);
-    // Destroy in the C program's order: QPs, SRQ (its receives' buffers are
-    // released then), CQ (its Drop acknowledges the CQ events), MRs, PD,
-    // channel, context.
-    drop(qps);
-    drop(srq);
-    drop(cq);
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("srq_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("srq_pingpong", s)
     }
 
     #[test]

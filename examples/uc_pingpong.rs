@@ -26,8 +26,8 @@ mod pingpong;
 use std::process::ExitCode;
 
 use pingpong::{
-    Common, LongOpt, LoopParams, Resources, arm, caps, exchange_dest, getopt, local_endpoint,
-    main_with, post_receives, print_dest, run_loop, setup,
+    Common, LoopParams, Resources, arm, caps, exchange_printed, local_endpoint, main_with,
+    parse_common, post_receives, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
@@ -36,46 +36,13 @@ use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
 type Opts = Common;
 
 fn usage(argv0: &str) {
-    println!("Usage:");
-    println!("  {argv0}            start a server and wait for connection");
-    println!("  {argv0} <host>     connect to server at <host>");
-    println!();
-    println!("Options:");
-    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
-    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
-    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
-    println!("  -s, --size=<size>      size of message to exchange (default 4096)");
-    println!("  -m, --mtu=<size>       path MTU (default 1024)");
-    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
-    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
-    println!("  -l, --sl=<sl>          service level value");
-    println!("  -e, --events           sleep on CQ events (default poll)");
-    println!("  -g, --gid-idx=<gid index> local port gid index");
+    print_usage_head(argv0);
+    print_option_lines("pdismrnleg", 4096);
 }
 
 /// getopt_long("p:d:i:s:m:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    const LONG: &[LongOpt] = &[
-        ("port", 'p', true),
-        ("ib-dev", 'd', true),
-        ("ib-port", 'i', true),
-        ("size", 's', true),
-        ("mtu", 'm', true),
-        ("rx-depth", 'r', true),
-        ("iters", 'n', true),
-        ("sl", 'l', true),
-        ("events", 'e', false),
-        ("gid-idx", 'g', true),
-    ];
-    let (opts, positional) = getopt(args, LONG)?;
-    let mut o = Common::new(4096);
-    for (c, v) in opts {
-        if !o.apply(c, &v)? {
-            return Err(format!("invalid option -- '{c}'"));
-        }
-    }
-    o.finish(positional)?;
-    Ok(o)
+    parse_common(args, "pdismrnleg", 4096)
 }
 
 /// INIT → RTR → RTS as `pp_connect_ctx` does it: a GRH only when the peer
@@ -123,26 +90,8 @@ fn run(o: &Opts) -> Result<(), String> {
     post_receives(&mut qp, bufs)?;
     arm(&mut cq, o.use_event)?;
     let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
-    print_dest("local address: ", &my_dest, ',');
-
-    let (rem_dest, mut qp) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
-        if o.servername.is_some() {
-            print_dest("remote address:", rem, ',');
-        }
-        connect(qp, o, my_dest.psn, rem)
-    })?;
-    if o.servername.is_none() {
-        print_dest("remote address:", &rem_dest, ',');
-    }
-    let params = LoopParams {
-        size: o.size,
-        rx_depth: o.rx_depth,
-        iters: o.iters,
-        use_event: o.use_event,
-        validate: false,
-        is_client: o.servername.is_some(),
-        use_inline,
-    };
+    let (_, mut qp) = exchange_printed(o, &my_dest, ',', |rem| connect(qp, o, my_dest.psn, rem))?;
+    let params = LoopParams::new(o, false, use_inline);
     let last = run_loop(&mut qp, &mut cq, &params, first_send)?;
     // The C program's order: QP, CQ, MR, PD, channel, context.
     drop(qp);
@@ -158,10 +107,7 @@ mod tests {
     use rdma_verbs::Mtu;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("uc_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("uc_pingpong", s)
     }
 
     #[test]

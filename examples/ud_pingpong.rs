@@ -29,13 +29,13 @@ mod pingpong;
 use std::process::ExitCode;
 
 use pingpong::{
-    Common, LongOpt, LoopParams, PingQp, RECV_WRID, Resources, arm, caps, exchange_dest, getopt,
-    local_endpoint, main_with, print_dest, run_loop, setup,
+    Common, LoopParams, PingQp, RECV_WRID, Resources, arm, caps, exchange_printed, local_endpoint,
+    main_with, parse_common, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::ah::GRH_LEN;
 use rdma_verbs::qp::{Init, Rts};
 use rdma_verbs::{
-    AccessFlags, AddressHandle, AddressVector, Completion, Endpoint, Mr, Qp, Ud, UdInitAttr,
+    AccessFlags, AddressHandle, AddressVector, Completion, Endpoint, Mr, Pd, Qp, Ud, UdInitAttr,
     UdRecvWr, UdSendWr,
 };
 
@@ -46,43 +46,13 @@ const QKEY: u32 = 0x1111_1111;
 type Opts = Common;
 
 fn usage(argv0: &str) {
-    println!("Usage:");
-    println!("  {argv0}            start a server and wait for connection");
-    println!("  {argv0} <host>     connect to server at <host>");
-    println!();
-    println!("Options:");
-    println!("  -p, --port=<port>      listen on/connect to port <port> (default 18515)");
-    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
-    println!("  -i, --ib-port=<port>   use port <port> of IB device (default 1)");
-    println!("  -s, --size=<size>      size of message to exchange (default 2048)");
-    println!("  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)");
-    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
-    println!("  -e, --events           sleep on CQ events (default poll)");
-    println!("  -g, --gid-idx=<gid index> local port gid index");
+    print_usage_head(argv0);
+    print_option_lines("pdisrneg", 2048);
 }
 
 /// getopt_long("p:d:i:s:r:n:l:eg:") with GNU permutation.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    const LONG: &[LongOpt] = &[
-        ("port", 'p', true),
-        ("ib-dev", 'd', true),
-        ("ib-port", 'i', true),
-        ("size", 's', true),
-        ("rx-depth", 'r', true),
-        ("iters", 'n', true),
-        ("sl", 'l', true),
-        ("events", 'e', false),
-        ("gid-idx", 'g', true),
-    ];
-    let (opts, positional) = getopt(args, LONG)?;
-    let mut o = Common::new(2048);
-    for (c, v) in opts {
-        if !o.apply(c, &v)? {
-            return Err(format!("invalid option -- '{c}'"));
-        }
-    }
-    o.finish(positional)?;
-    Ok(o)
+    parse_common(args, "pdisrnleg", 2048)
 }
 
 /// The QP once it can send: where its datagrams go, and the GRH buffers of
@@ -177,6 +147,19 @@ fn connect(
     Ok((qp, ah))
 }
 
+/// One GRH buffer per receive (and a spare), cut from one registration.
+fn grh_buffers(pd: &Pd, rx_depth: u32) -> Result<Vec<Mr>, String> {
+    let n = rx_depth as usize + 1;
+    let mut all = Mr::new(pd, n * GRH_LEN, AccessFlags::LOCAL_WRITE)
+        .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    let mut grhs = Vec::with_capacity(n);
+    for _ in 1..n {
+        grhs.push(all.split_to(GRH_LEN).map_err(|e| e.to_string())?);
+    }
+    grhs.push(all);
+    Ok(grhs)
+}
+
 fn main() -> ExitCode {
     main_with("ud_pingpong", usage, parse_args, run)
 }
@@ -205,15 +188,7 @@ fn run(o: &Opts) -> Result<(), String> {
             Ok(AccessFlags::LOCAL_WRITE)
         },
     )?;
-    // One GRH buffer per receive (and a spare), cut from one registration.
-    let n = o.rx_depth as usize + 1;
-    let mut all = Mr::new(&pd, n * GRH_LEN, AccessFlags::LOCAL_WRITE)
-        .map_err(|e| format!("Couldn't register MR: {e}"))?;
-    let mut grhs = Vec::with_capacity(n);
-    for _ in 1..n {
-        grhs.push(all.split_to(GRH_LEN).map_err(|e| e.to_string())?);
-    }
-    grhs.push(all);
+    let mut grhs = grh_buffers(&pd, o.rx_depth)?;
 
     let qp = Qp::new_ud(&pd, &cq, &cq, caps(o.rx_depth))
         .map_err(|e| format!("Couldn't create QP: {e}"))?;
@@ -227,17 +202,8 @@ fn run(o: &Opts) -> Result<(), String> {
     }
     arm(&mut cq, o.use_event)?;
     let my_dest = local_endpoint(&qp, &ctx, o.ib_port, o.gidx)?;
-    print_dest("local address: ", &my_dest, ':');
-
-    let (rem_dest, (qp, ah)) = exchange_dest(o.servername.as_deref(), o.port, &my_dest, |rem| {
-        if o.servername.is_some() {
-            print_dest("remote address:", rem, ',');
-        }
-        connect(qp, o, my_dest.psn, rem)
-    })?;
-    if o.servername.is_none() {
-        print_dest("remote address:", &rem_dest, ',');
-    }
+    let (rem_dest, (qp, ah)) =
+        exchange_printed(o, &my_dest, ':', |rem| connect(qp, o, my_dest.psn, rem))?;
     let mut ping = UdPing {
         qp,
         ah,
@@ -245,15 +211,7 @@ fn run(o: &Opts) -> Result<(), String> {
         grhs,
         size: o.size,
     };
-    let params = LoopParams {
-        size: o.size,
-        rx_depth: o.rx_depth,
-        iters: o.iters,
-        use_event: o.use_event,
-        validate: false,
-        is_client: o.servername.is_some(),
-        use_inline,
-    };
+    let params = LoopParams::new(o, false, use_inline);
     let last = run_loop(&mut ping, &mut cq, &params, first_send)?;
     // The C program's order: QP, CQ, MR, AH, PD, channel, context.
     let UdPing { qp, ah, grhs, .. } = ping;
@@ -269,10 +227,7 @@ mod tests {
     use super::*;
 
     fn args(s: &str) -> Vec<String> {
-        std::iter::once("ud_pingpong")
-            .chain(s.split_whitespace())
-            .map(str::to_owned)
-            .collect()
+        pingpong::test_args("ud_pingpong", s)
     }
 
     #[test]

@@ -12,10 +12,8 @@
 //! (libibverbs' soft-RoCE provider rings its doorbell with a `write(2)` per
 //! post call, on both paths, as for perftest.)
 
-use rdma_verbs::qp::{Rts, Sges};
-use rdma_verbs::{
-    AccessFlags, Completion, Error, Mr, Qp, Rc, RemoteMr, Result, SendWr, SharedMr, WcStatus, ffi,
-};
+use rdma_verbs::qp::Rts;
+use rdma_verbs::{AccessFlags, Error, Mr, Qp, Rc, RemoteMr, Result, WcStatus, ffi};
 
 use crate::Bufs;
 use crate::clock::{self, Phase, Rate, Timer};
@@ -23,10 +21,14 @@ use crate::conn::{self, Ctrl, Device, EvCq, Queues};
 use crate::opts::{AtomicOp, DataPath, Opts, Verb};
 use crate::report::{self, BwRow, BwSamples, Table, WireRow};
 
+mod raw_tx;
 mod rx;
+mod safe_tx;
 mod scoped;
 
+use raw_tx::RawTx;
 use rx::Rx;
+use safe_tx::SafeTx;
 
 /// perftest's `CTX_POLL_BATCH`.
 pub const POLL_BATCH: usize = 16;
@@ -373,6 +375,25 @@ struct Counts {
 }
 
 impl Counts {
+    /// Zeroed counters for `-q` QPs, with room for `peak_len` timestamps.
+    fn new(o: &Opts, tot_iters: u64, iterations: bool, peak_len: usize, sig: Signal) -> Counts {
+        let nq = o.num_qps as usize;
+        Counts {
+            iters: o.iters,
+            tot_iters,
+            iterations,
+            no_peak: o.no_peak,
+            scnt: vec![0; nq],
+            ccnt: vec![0; nq],
+            totscnt: 0,
+            totccnt: 0,
+            sampled: 0,
+            tposted: vec![0; peak_len],
+            tcompleted: vec![0; peak_len],
+            sig: vec![SigClock::new(sig); nq],
+        }
+    }
+
     /// Accounts for `fill` requests retired by one completion.
     #[inline]
     fn complete(&mut self, fill: u64, phase: Phase) {
@@ -421,35 +442,6 @@ enum PathState {
     Scoped(SafeTx),
 }
 
-/// Safe-path state: shared sources per (QP, slot), READ/atomic destinations,
-/// inline bytes, and the completion array.
-struct SafeTx {
-    src: Vec<Vec<SharedMr>>,
-    pool: Vec<Mr>,
-    inline: Option<Vec<u8>>,
-    out: Vec<Completion>,
-    /// READ/atomic: the destinations of unsignaled requests, handed back by
-    /// `Cq::poll_with_retired` and recycled into `pool`.
-    retired: Vec<(u64, Sges)>,
-}
-
-/// Raw-path state: one chained C list per QP, reused for every post (like
-/// perftest's `ctx->wr`), and the completion array.
-struct RawTx {
-    /// The signaled entries are the same in every post (set at creation).
-    fixed_flags: bool,
-    /// Each QP's prepared list.
-    lists: Vec<RawList>,
-    wcs: Box<[ffi::ibv_wc]>,
-}
-
-/// One QP's prepared C list, its SGEs and where its local slots start.
-struct RawList {
-    wrs: Box<[ffi::ibv_send_wr]>,
-    sges: Box<[ffi::ibv_sge]>,
-    local_base: u64,
-}
-
 impl Tx {
     fn new(o: &Opts, dev: &Device, size: usize, remote: &[RemoteMr], bufs: &Bufs) -> Result<Tx> {
         let nq = o.num_qps as usize;
@@ -487,20 +479,7 @@ impl Tx {
                 stride,
                 nslots,
             },
-            c: Counts {
-                iters: o.iters,
-                tot_iters,
-                iterations,
-                no_peak: o.no_peak,
-                scnt: vec![0; nq],
-                ccnt: vec![0; nq],
-                totscnt: 0,
-                totccnt: 0,
-                sampled: 0,
-                tposted: vec![0; peak_len],
-                tcompleted: vec![0; peak_len],
-                sig: vec![SigClock::new(sig); nq],
-            },
+            c: Counts::new(o, tot_iters, iterations, peak_len, sig),
             last_ne: 1,
             remote: remote.to_vec(),
             path,
@@ -619,138 +598,6 @@ impl Tx {
     }
 }
 
-impl SafeTx {
-    /// One safe post call: `-l` requests; sources are shared slices (an `Arc`
-    /// clone each), READ and atomic destinations owned pieces from the pool.
-    #[inline]
-    fn post(
-        &mut self,
-        shape: Shape,
-        qp: &mut Qp<Rc, Rts>,
-        qi: usize,
-        first: u64,
-        remote: RemoteMr,
-        clock: &mut SigClock,
-    ) -> Result<()> {
-        let SafeTx {
-            src, pool, inline, ..
-        } = self;
-        // No sources for READ/atomics (their buffers are destinations from `pool`).
-        let src = src.get(qi).map_or(&[][..], Vec::as_slice);
-        let inline = inline.as_deref();
-        // The request for sequence number `$k`, built where it is consumed: a
-        // closure returning a 232-byte SendWr would copy it on the way out.
-        macro_rules! request {
-            ($k:expr) => {{
-                let k: u64 = $k;
-                let wr_id = ((qi as u64) << QP_SHIFT) | k;
-                let slot = (k % shape.nslots as u64) as usize;
-                let off = (slot * shape.stride) as u64;
-                let signaled = clock.at(k);
-                // `.signaled` in every arm: on the match's value it would copy it.
-                match (shape.verb, inline) {
-                    (Verb::Write, Some(data)) => {
-                        SendWr::write_inline(wr_id, data, remote, off).signaled(signaled)
-                    }
-                    (Verb::Write, None) => {
-                        SendWr::write_from(wr_id, src[slot].clone(), remote, off).signaled(signaled)
-                    }
-                    (Verb::Send, Some(data)) => SendWr::send_inline(wr_id, data).signaled(signaled),
-                    (Verb::Send, None) => {
-                        SendWr::send_from(wr_id, src[slot].clone()).signaled(signaled)
-                    }
-                    (Verb::Read, _) => {
-                        let dest = pool.pop().expect("READ destination pool sized for the run");
-                        SendWr::read(wr_id, dest, remote, off).signaled(signaled)
-                    }
-                    // `off` is a multiple of the 64-byte slot stride: 8-byte aligned.
-                    (Verb::Atomic, _) => {
-                        let dest = pool.pop().expect("atomic result pool sized for the run");
-                        match shape.atomic {
-                            AtomicOp::FetchAdd => {
-                                SendWr::fetch_add(wr_id, dest, remote, off, ATOMIC_ADD_VALUE)
-                                    .signaled(signaled)
-                            }
-                            AtomicOp::CmpSwap => SendWr::compare_swap(
-                                wr_id,
-                                dest,
-                                remote,
-                                off,
-                                ATOMIC_CMP_VALUE,
-                                ATOMIC_SWAP_VALUE,
-                            )
-                            .signaled(signaled),
-                        }
-                    }
-                }
-            }};
-        }
-        if shape.post_list == 1 {
-            qp.post_send(request!(first)).map_err(Error::from)
-        } else {
-            qp.post_send_list((0..shape.post_list).map(|j| request!(first + j)))
-                .map_err(Error::from)
-        }
-    }
-
-    fn new(
-        o: &Opts,
-        dev: &Device,
-        size: usize,
-        nslots: usize,
-        stride: usize,
-        inline: bool,
-    ) -> Result<SafeTx> {
-        let nq = o.num_qps as usize;
-        let verb = o.test.verb();
-        let mut src = Vec::with_capacity(nq);
-        let mut pool = Vec::new();
-        if verb.writes_local() {
-            // Every READ's destination / atomic's result buffer comes back
-            // (unsignaled ones through poll_with_retired), and at most
-            // tx_depth are in flight per QP.
-            let count = o.tx_depth as usize * nq;
-            if count.saturating_mul(size) > SAFE_POOL_CAP {
-                return Err(Error::InvalidArgument {
-                    what: o.test.name(),
-                    reason: format!(
-                        "needs {count} destination buffers of {size} bytes ({} MiB); \
-                         lower -t or use --raw",
-                        (count * size) >> 20
-                    ),
-                });
-            }
-            pool = split_pool(dev, size, count)?;
-        } else if !inline {
-            let buff = conn::buff_size(size);
-            let region = dev
-                .pd
-                .alloc_mr(buff * nq, AccessFlags::LOCAL_WRITE)?
-                .freeze();
-            for qi in 0..nq {
-                let mut slots = Vec::with_capacity(nslots);
-                for s in 0..nslots {
-                    slots.push(region.slice(qi * buff + s * stride, size)?);
-                }
-                src.push(slots);
-            }
-        }
-        Ok(SafeTx {
-            src,
-            pool,
-            inline: inline.then(|| vec![0xa5u8; size]),
-            out: Vec::with_capacity(POLL_BATCH),
-            // One completion retires at most tx_depth requests; a poll returns
-            // up to POLL_BATCH completions: this never reallocates.
-            retired: Vec::with_capacity(if verb.writes_local() {
-                o.tx_depth as usize * nq + POLL_BATCH
-            } else {
-                0
-            }),
-        })
-    }
-}
-
 /// `count` owned, disjoint `size`-byte pieces of one registration.
 pub fn split_pool(dev: &Device, size: usize, count: usize) -> Result<Vec<Mr>> {
     let mut pool = Vec::with_capacity(count);
@@ -765,138 +612,6 @@ pub fn split_pool(dev: &Device, size: usize, count: usize) -> Result<Vec<Mr>> {
     }
     pool.push(rest);
     Ok(pool)
-}
-
-impl RawTx {
-    /// One raw post call of the prepared list: only the signaled flags (and,
-    /// for small messages, the cycled addresses) change between calls.
-    #[inline]
-    fn post(
-        &mut self,
-        shape: Shape,
-        qp: &mut Qp<Rc, Rts>,
-        qi: usize,
-        first: u64,
-        remote: RemoteMr,
-        clock: &mut SigClock,
-    ) -> Result<()> {
-        let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let RawList {
-            wrs,
-            sges,
-            local_base,
-        } = &mut self.lists[qi];
-        if !self.fixed_flags {
-            for (j, wr) in wrs.iter_mut().enumerate() {
-                if clock.at(first + j as u64) {
-                    wr.send_flags |= signaled;
-                } else {
-                    wr.send_flags &= !signaled;
-                }
-            }
-        }
-        if shape.nslots > 1 {
-            let off = ((first % shape.nslots as u64) as usize * shape.stride) as u64;
-            sges[0].addr = *local_base + off;
-            if shape.verb == Verb::Atomic {
-                // A multiple of the 64-byte slot stride: 8-byte aligned.
-                wrs[0].wr.atomic.remote_addr = remote.addr + off;
-            } else {
-                wrs[0].wr.rdma.remote_addr = remote.addr + off;
-            }
-        }
-        // SAFETY: the list's SGEs point into `Bufs::local`, registered in this PD
-        // with LOCAL_WRITE and kept alive by `main` until after the QPs are
-        // destroyed; nothing on this side reads or writes it meanwhile (the NIC
-        // may, which is all this test asks of it). Remote addresses lie inside
-        // the region the peer registered for this QP. Completions are polled
-        // with poll_raw only.
-        unsafe { qp.post_send_raw(&mut wrs[0]) }
-    }
-
-    fn new(o: &Opts, size: usize, remote: &[RemoteMr], bufs: &Bufs, inline: bool) -> RawTx {
-        let nq = o.num_qps as usize;
-        let pl = o.post_list as usize;
-        let buff = conn::buff_size(o.max_size());
-        let opcode = match (o.test.verb(), o.atomic) {
-            (Verb::Write, _) => ffi::IBV_WR_RDMA_WRITE,
-            (Verb::Read, _) => ffi::IBV_WR_RDMA_READ,
-            (Verb::Send, _) => ffi::IBV_WR_SEND,
-            (Verb::Atomic, AtomicOp::FetchAdd) => ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
-            (Verb::Atomic, AtomicOp::CmpSwap) => ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
-        };
-        let mut flags = 0;
-        if inline {
-            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        // Posts start at multiples of the list length; when the moderation
-        // divides it (and, in iterations mode, the last request falls on a
-        // moderation boundary, as the options ensure) every post signals the
-        // same entries: set them once, as perftest does.
-        let cq_mod = u64::from(o.cq_mod);
-        let fixed_flags =
-            pl as u64 % cq_mod == 0 && (o.duration.is_some() || o.iters % cq_mod == 0);
-        let mut lists = Vec::with_capacity(nq);
-        for (qi, r) in remote.iter().enumerate().take(nq) {
-            let base = bufs.local.addr() + (2 * qi * buff) as u64;
-            let mut sge: Box<[ffi::ibv_sge]> = vec![
-                ffi::ibv_sge {
-                    addr: base,
-                    length: size as u32,
-                    lkey: bufs.local.lkey(),
-                };
-                pl
-            ]
-            .into_boxed_slice();
-            let mut list: Box<[ffi::ibv_send_wr]> =
-                vec![ffi::ibv_send_wr::default(); pl].into_boxed_slice();
-            let list_ptr = list.as_mut_ptr();
-            for (j, wr) in list.iter_mut().enumerate() {
-                wr.wr_id = qi as u64;
-                wr.opcode = opcode;
-                wr.send_flags = flags;
-                if fixed_flags && (j as u64 % cq_mod == cq_mod - 1) {
-                    wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-                }
-                wr.num_sge = 1;
-                wr.sg_list = &mut sge[j];
-                // With a post list every request targets the same addresses, as in perftest.
-                if o.test.verb() == Verb::Atomic {
-                    // The region's start is page aligned (8-byte aligned for the NIC).
-                    wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: r.addr,
-                        compare_add: match o.atomic {
-                            AtomicOp::FetchAdd => ATOMIC_ADD_VALUE,
-                            AtomicOp::CmpSwap => ATOMIC_CMP_VALUE,
-                        },
-                        swap: ATOMIC_SWAP_VALUE,
-                        rkey: r.rkey,
-                    };
-                } else {
-                    wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                        remote_addr: r.addr,
-                        rkey: r.rkey,
-                    };
-                }
-                wr.next = if j + 1 < pl {
-                    // SAFETY: j + 1 < pl: inside the same boxed slice, which never moves.
-                    unsafe { list_ptr.add(j + 1) }
-                } else {
-                    std::ptr::null_mut()
-                };
-            }
-            lists.push(RawList {
-                wrs: list,
-                sges: sge,
-                local_base: base,
-            });
-        }
-        RawTx {
-            fixed_flags,
-            lists,
-            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH].into_boxed_slice(),
-        }
-    }
 }
 
 #[cfg(test)]

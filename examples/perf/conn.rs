@@ -303,7 +303,27 @@ pub fn establish(
         local.push(PeerInfo::new(qp.endpoint(Some(gid))?).with_mr(*region));
     }
     let client = !o.is_server();
-    let mut stream = match &o.host {
+    let mut stream = connect_ctrl(o)?;
+    check_fingerprint(o, &mut stream, client)?;
+    let remote = exchange_peers(&mut stream, client, &local)?;
+    let (connected, regions_out) = connect_qps(o, dev, qps, &remote, &local)?;
+    // The run itself may take long (-D, --run_infinitely): no time limit from here on.
+    stream.set_timeout(None)?;
+    Ok((
+        Queues {
+            qps: connected,
+            send_cq,
+            recv_cq,
+        },
+        regions_out,
+        Ctrl { stream },
+    ))
+}
+
+/// The control connection: the client connects (waiting for a server started
+/// late), the server accepts.
+fn connect_ctrl(o: &Opts) -> Result<ExchangeStream> {
+    Ok(match &o.host {
         Some(host) => ExchangeStream::connect(host, o.port, FIRST_TRY).or_else(|_| {
             // perftest gives up at once; this waits for a server started
             // late, and says so rather than sitting there silently.
@@ -315,7 +335,12 @@ pub fn establish(
             ExchangeStream::connect(host, o.port, CONNECT_TIMEOUT)
         })?,
         None => ExchangeListener::bind(o.port)?.accept(Some(CONNECT_TIMEOUT))?,
-    };
+    })
+}
+
+/// Both sides must run the same test with the same options: their
+/// fingerprints are swapped (the client's first) and compared.
+fn check_fingerprint(o: &Opts, stream: &mut ExchangeStream, client: bool) -> Result<()> {
     let mine = Fingerprint(o.fingerprint());
     let theirs = if client {
         stream.send(&mine)?;
@@ -332,9 +357,18 @@ pub fn establish(
             mine.0, theirs.0
         )));
     }
+    Ok(())
+}
+
+/// Swaps the QPs' endpoints and regions with the peer, the client's first.
+fn exchange_peers(
+    stream: &mut ExchangeStream,
+    client: bool,
+    local: &[PeerInfo],
+) -> Result<Vec<PeerInfo>> {
     let mut remote: Vec<PeerInfo> = Vec::with_capacity(local.len());
     if client {
-        for l in &local {
+        for l in local {
             stream.send(l)?;
         }
         for _ in 0..local.len() {
@@ -344,13 +378,28 @@ pub fn establish(
         for _ in 0..local.len() {
             remote.push(stream.recv()?);
         }
-        for l in &local {
+        for l in local {
             stream.send(l)?;
         }
     }
+    Ok(remote)
+}
+
+/// A QP ready to send.
+type ConnectedQp = Qp<Rc, Rts>;
+
+/// Brings each QP to RTS towards its peer QP; returns them with the region
+/// the peer offers through each.
+fn connect_qps(
+    o: &Opts,
+    dev: &Device,
+    qps: Vec<Qp<Rc, Init>>,
+    remote: &[PeerInfo],
+    local: &[PeerInfo],
+) -> Result<(Vec<ConnectedQp>, Vec<RemoteMr>)> {
     let mut connected = Vec::with_capacity(qps.len());
     let mut regions_out = Vec::with_capacity(qps.len());
-    for ((qp, r), l) in qps.into_iter().zip(&remote).zip(&local) {
+    for ((qp, r), l) in qps.into_iter().zip(remote).zip(local) {
         let rd = if o.test.verb().writes_local() {
             dev.max_rd_atomic
         } else {
@@ -371,17 +420,7 @@ pub fn establish(
             .ok_or_else(|| Error::Protocol("the peer sent no memory region".into()))?;
         regions_out.push(region);
     }
-    // The run itself may take long (-D, --run_infinitely): no time limit from here on.
-    stream.set_timeout(None)?;
-    Ok((
-        Queues {
-            qps: connected,
-            send_cq,
-            recv_cq,
-        },
-        regions_out,
-        Ctrl { stream },
-    ))
+    Ok((connected, regions_out))
 }
 
 /// perftest's `BUFF_SIZE`: a message, but at least one page (`cycle_buffer`).

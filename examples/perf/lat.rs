@@ -105,8 +105,8 @@ struct Lat {
     dest: Option<Mr>,
     out: Vec<Completion>,
     /// Raw: the prepared send request and its SGE, receive request and its SGE.
-    wr: Box<(ffi::ibv_send_wr, ffi::ibv_sge)>,
-    rwr: Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>,
+    wr: RawSend,
+    rwr: RawRecv,
     wcs: [ffi::ibv_wc; 1],
     /// Notices a peer that died or stopped: no progress for `STALL_LIMIT`.
     stall: Stall,
@@ -127,64 +127,12 @@ impl Lat {
     ) -> Result<Lat> {
         let iterations = o.duration.is_none();
         let inline = size <= o.inline_size as usize && o.test != Test::ReadLat;
-        let verb_op = match o.test {
-            Test::WriteLat => ffi::IBV_WR_RDMA_WRITE,
-            Test::ReadLat => ffi::IBV_WR_RDMA_READ,
-            _ => ffi::IBV_WR_SEND,
-        };
         // The byte the peer's WRITE changes last: cleared before the barrier.
         if o.test == Test::WriteLat {
             bufs.target.write_at(size - 1, &[0])?;
         }
-        let local = bufs.local.addr();
-        let mut wr = Box::new((
-            ffi::ibv_send_wr::default(),
-            ffi::ibv_sge {
-                addr: local,
-                length: size as u32,
-                lkey: bufs.local.lkey(),
-            },
-        ));
-        wr.0.num_sge = 1;
-        wr.0.sg_list = &mut wr.1;
-        wr.0.opcode = verb_op;
-        wr.0.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
-        wr.0.send_flags = if o.test == Test::SendLat {
-            0
-        } else {
-            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-        };
-        if inline {
-            wr.0.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        let buff = crate::conn::buff_size(o.max_size());
-        let mut rwr = Box::new((
-            ffi::ibv_recv_wr::default(),
-            ffi::ibv_sge {
-                addr: local + buff as u64,
-                length: size as u32,
-                lkey: bufs.local.lkey(),
-            },
-        ));
-        rwr.0.num_sge = 1;
-        rwr.0.sg_list = &mut rwr.1;
-        // One timestamp per iteration (as perftest keeps): refused, not
-        // aborted on, when `-n` asks for more than can be allocated.
-        let samples = usize::try_from(o.iters).unwrap_or(usize::MAX);
-        let mut tposted = Vec::new();
-        if tposted.try_reserve_exact(samples).is_err() {
-            return Err(Error::InvalidArgument {
-                what: "-n",
-                reason: format!(
-                    "{} iterations need a timestamp each, more memory than can be allocated",
-                    o.iters
-                ),
-            });
-        }
-        tposted.resize(samples, 0);
+        let (wr, rwr) = raw_requests(o, bufs, remote, size, inline);
+        let tposted = timestamps(o)?;
         let mut lat = Lat {
             path: o.path,
             server: o.is_server(),
@@ -209,16 +157,31 @@ impl Lat {
             stall: Stall::new(rate),
             progress: 0,
         };
+        lat.alloc_safe_buffers(o, dev, size, inline)?;
+        lat.post_first_receives(o, dev, q, size)?;
+        lat.timer = o.duration.map(|d| Timer::start(rate, d, o.margin));
+        Ok(lat)
+    }
+
+    /// The safe path's buffers: the WRITE source (owned) or SEND source
+    /// (shared) unless the data goes inline, and the READ destination.
+    fn alloc_safe_buffers(
+        &mut self,
+        o: &Opts,
+        dev: &Device,
+        size: usize,
+        inline: bool,
+    ) -> Result<()> {
         if o.path == DataPath::Safe && !inline {
             match o.test {
                 Test::WriteLat => {
-                    lat.src = Some(
+                    self.src = Some(
                         dev.pd
                             .alloc_mr(size, rdma_verbs::AccessFlags::LOCAL_WRITE)?,
                     )
                 }
                 Test::SendLat => {
-                    lat.shared_src = Some(
+                    self.shared_src = Some(
                         dev.pd
                             .alloc_mr(size, rdma_verbs::AccessFlags::LOCAL_WRITE)?
                             .freeze(),
@@ -228,11 +191,22 @@ impl Lat {
             }
         }
         if o.path == DataPath::Safe && o.test == Test::ReadLat {
-            lat.dest = Some(
+            self.dest = Some(
                 dev.pd
                     .alloc_mr(size, rdma_verbs::AccessFlags::LOCAL_WRITE)?,
             );
         }
+        Ok(())
+    }
+
+    /// SEND latency: `-r` receives posted before the barrier.
+    fn post_first_receives(
+        &mut self,
+        o: &Opts,
+        dev: &Device,
+        q: &mut Queues,
+        size: usize,
+    ) -> Result<()> {
         if o.test == Test::SendLat {
             let qp = &mut q.qps[0];
             match o.path {
@@ -249,13 +223,12 @@ impl Lat {
                         // SAFETY: the SGE points into the second half of `Bufs::local`
                         // (LOCAL_WRITE, alive until after the QPs are destroyed), which
                         // nothing on this side reads or writes; polled with poll_raw.
-                        unsafe { qp.post_recv_raw(&mut lat.rwr.0)? };
+                        unsafe { qp.post_recv_raw(&mut self.rwr.0)? };
                     }
                 }
             }
         }
-        lat.timer = o.duration.map(|d| Timer::start(rate, d, o.margin));
-        Ok(lat)
+        Ok(())
     }
 
     /// Advances the duration clock; true once it has run out.
@@ -512,4 +485,80 @@ impl Lat {
         }
         Ok(())
     }
+}
+
+/// A prepared raw send request with its SGE (boxed: the request points at it).
+type RawSend = Box<(ffi::ibv_send_wr, ffi::ibv_sge)>;
+/// A prepared raw receive request with its SGE.
+type RawRecv = Box<(ffi::ibv_recv_wr, ffi::ibv_sge)>;
+
+/// The raw path's prepared requests: the send (WRITE, READ or SEND of `size`
+/// bytes from the first half of `Bufs::local`, signaled but for SEND) and the
+/// receive (into the second half).
+fn raw_requests(
+    o: &Opts,
+    bufs: &Bufs,
+    remote: RemoteMr,
+    size: usize,
+    inline: bool,
+) -> (RawSend, RawRecv) {
+    let verb_op = match o.test {
+        Test::WriteLat => ffi::IBV_WR_RDMA_WRITE,
+        Test::ReadLat => ffi::IBV_WR_RDMA_READ,
+        _ => ffi::IBV_WR_SEND,
+    };
+    let local = bufs.local.addr();
+    let mut wr = Box::new((
+        ffi::ibv_send_wr::default(),
+        ffi::ibv_sge {
+            addr: local,
+            length: size as u32,
+            lkey: bufs.local.lkey(),
+        },
+    ));
+    wr.0.num_sge = 1;
+    wr.0.sg_list = &mut wr.1;
+    wr.0.opcode = verb_op;
+    wr.0.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+        remote_addr: remote.addr,
+        rkey: remote.rkey,
+    };
+    wr.0.send_flags = if o.test == Test::SendLat {
+        0
+    } else {
+        ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+    };
+    if inline {
+        wr.0.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    let buff = crate::conn::buff_size(o.max_size());
+    let mut rwr = Box::new((
+        ffi::ibv_recv_wr::default(),
+        ffi::ibv_sge {
+            addr: local + buff as u64,
+            length: size as u32,
+            lkey: bufs.local.lkey(),
+        },
+    ));
+    rwr.0.num_sge = 1;
+    rwr.0.sg_list = &mut rwr.1;
+    (wr, rwr)
+}
+
+/// One timestamp per iteration (as perftest keeps): refused, not aborted
+/// on, when `-n` asks for more than can be allocated.
+fn timestamps(o: &Opts) -> Result<Vec<u64>> {
+    let samples = usize::try_from(o.iters).unwrap_or(usize::MAX);
+    let mut tposted = Vec::new();
+    if tposted.try_reserve_exact(samples).is_err() {
+        return Err(Error::InvalidArgument {
+            what: "-n",
+            reason: format!(
+                "{} iterations need a timestamp each, more memory than can be allocated",
+                o.iters
+            ),
+        });
+    }
+    tposted.resize(samples, 0);
+    Ok(tposted)
 }

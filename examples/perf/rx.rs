@@ -85,58 +85,76 @@ impl Rx {
             wcs: vec![ffi::ibv_wc::default(); batch].into_boxed_slice(),
         };
         match o.path {
-            DataPath::Safe | DataPath::Scoped => {
-                let count = rx_depth * nq;
-                if count.saturating_mul(size) > SAFE_POOL_CAP {
-                    return Err(Error::InvalidArgument {
-                        what: "safe receive buffers",
-                        reason: format!(
-                            "{count} receives of {size} bytes need {} MiB (every posted receive \
-                             owns its buffer); lower -r or use --raw",
-                            (count * size) >> 20
-                        ),
-                    });
-                }
-                let mut pool = split_pool(dev, size, count)?;
-                for (qi, qp) in qps.iter_mut().enumerate() {
-                    for i in 0..rx_depth {
-                        let mr = pool.pop().expect("pool sized for every receive");
-                        qp.post_recv(RecvWr::new(((qi as u64) << QP_SHIFT) | i as u64, mr))?;
-                    }
-                    rx.posted[qi] = rx_depth as u64;
-                }
-            }
-            DataPath::Raw => {
-                let buff = conn::buff_size(o.max_size());
-                for (qi, qp) in qps.iter_mut().enumerate() {
-                    // The second half of this QP's stretch of `Bufs::local`.
-                    let base = bufs.local.addr() + ((2 * qi + 1) * buff) as u64;
-                    rx.recv_base.push(base);
-                    let mut b = Box::new((
-                        ffi::ibv_recv_wr::default(),
-                        ffi::ibv_sge {
-                            addr: base,
-                            length: size as u32,
-                            lkey: bufs.local.lkey(),
-                        },
-                    ));
-                    b.0.wr_id = qi as u64;
-                    b.0.num_sge = 1;
-                    b.0.sg_list = &mut b.1;
-                    rx.rwr.push(b);
-                    for i in 0..rx_depth {
-                        rx.set_recv_addr(qi, i as u64);
-                        let wr = &mut rx.rwr[qi].0;
-                        // SAFETY: the SGE points into `Bufs::local` (LOCAL_WRITE, alive
-                        // until after the QPs are destroyed), which nothing on this side
-                        // reads or writes; completions are polled with poll_raw.
-                        unsafe { qp.post_recv_raw(wr)? };
-                    }
-                    rx.posted[qi] = rx_depth as u64;
-                }
-            }
+            DataPath::Safe | DataPath::Scoped => rx.post_safe(dev, qps, rx_depth)?,
+            DataPath::Raw => rx.post_raw(o, qps, bufs, rx_depth)?,
         }
         Ok(rx)
+    }
+
+    /// Safe and scoped paths: `rx_depth` receives per QP, each owning its
+    /// buffer from one pool.
+    fn post_safe(&mut self, dev: &Device, qps: &mut [Qp<Rc, Rts>], rx_depth: usize) -> Result<()> {
+        let nq = qps.len();
+        let size = self.size;
+        let count = rx_depth * nq;
+        if count.saturating_mul(size) > SAFE_POOL_CAP {
+            return Err(Error::InvalidArgument {
+                what: "safe receive buffers",
+                reason: format!(
+                    "{count} receives of {size} bytes need {} MiB (every posted receive \
+                     owns its buffer); lower -r or use --raw",
+                    (count * size) >> 20
+                ),
+            });
+        }
+        let mut pool = split_pool(dev, size, count)?;
+        for (qi, qp) in qps.iter_mut().enumerate() {
+            for i in 0..rx_depth {
+                let mr = pool.pop().expect("pool sized for every receive");
+                qp.post_recv(RecvWr::new(((qi as u64) << QP_SHIFT) | i as u64, mr))?;
+            }
+            self.posted[qi] = rx_depth as u64;
+        }
+        Ok(())
+    }
+
+    /// Raw path: one prepared request per QP into the second half of its
+    /// stretch of `Bufs::local`, posted `rx_depth` times.
+    fn post_raw(
+        &mut self,
+        o: &Opts,
+        qps: &mut [Qp<Rc, Rts>],
+        bufs: &Bufs,
+        rx_depth: usize,
+    ) -> Result<()> {
+        let buff = conn::buff_size(o.max_size());
+        for (qi, qp) in qps.iter_mut().enumerate() {
+            // The second half of this QP's stretch of `Bufs::local`.
+            let base = bufs.local.addr() + ((2 * qi + 1) * buff) as u64;
+            self.recv_base.push(base);
+            let mut b = Box::new((
+                ffi::ibv_recv_wr::default(),
+                ffi::ibv_sge {
+                    addr: base,
+                    length: self.size as u32,
+                    lkey: bufs.local.lkey(),
+                },
+            ));
+            b.0.wr_id = qi as u64;
+            b.0.num_sge = 1;
+            b.0.sg_list = &mut b.1;
+            self.rwr.push(b);
+            for i in 0..rx_depth {
+                self.set_recv_addr(qi, i as u64);
+                let wr = &mut self.rwr[qi].0;
+                // SAFETY: the SGE points into `Bufs::local` (LOCAL_WRITE, alive
+                // until after the QPs are destroyed), which nothing on this side
+                // reads or writes; completions are polled with poll_raw.
+                unsafe { qp.post_recv_raw(wr)? };
+            }
+            self.posted[qi] = rx_depth as u64;
+        }
+        Ok(())
     }
 
     fn set_recv_addr(&mut self, qi: usize, n: u64) {

@@ -39,20 +39,30 @@ pub struct Args {
     pub stall: Option<(usize, Duration)>,
 }
 
+/// The usage line of example `name` (send_recv has the stall options).
+fn usage(name: &str) -> String {
+    format!(
+        "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7] [--rnr-retry 0-7] [--min-rnr-timer 0-31] [--cq-entries N]{}",
+        if name == "send_recv" {
+            " [--stall-recv-at N --stall-ms MS]"
+        } else {
+            ""
+        }
+    )
+}
+
+/// `v` as a `T` that `ok` accepts.
+fn number<T: std::str::FromStr>(v: &str, ok: impl Fn(&T) -> bool) -> Option<T> {
+    v.parse().ok().filter(ok)
+}
+
 impl Args {
     /// Parses `--server | --client HOST`, `--size N`, `--iters N`, `--device D`,
     /// `--gid-index I`, `--port P`, `--qp-timeout T`, `--retry-cnt R`, `--rnr-retry R`,
     /// `--min-rnr-timer C`, `--cq-entries N` and (send_recv only) `--stall-recv-at N
     /// --stall-ms M`; exits with usage on anything else.
     pub fn parse(name: &str, default_port: u16) -> Args {
-        let usage = format!(
-            "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7] [--rnr-retry 0-7] [--min-rnr-timer 0-31] [--cq-entries N]{}",
-            if name == "send_recv" {
-                " [--stall-recv-at N --stall-ms MS]"
-            } else {
-                ""
-            }
-        );
+        let usage = usage(name);
         let mut a = Args {
             client: None,
             size: 4096,
@@ -79,85 +89,37 @@ impl Args {
                 it.next()
                     .unwrap_or_else(|| fail(&format!("{what} needs a value")))
             };
+            // `$flag`'s value as a `$t` (at most `$max`), or usage with "bad $flag".
+            macro_rules! num {
+                ($flag:literal, $t:ty) => {
+                    number::<$t>(&val($flag), |_| true)
+                        .unwrap_or_else(|| fail(concat!("bad ", $flag)))
+                };
+                ($flag:literal, $t:ty, max $max:literal) => {
+                    number::<$t>(&val($flag), |v| *v <= $max)
+                        .unwrap_or_else(|| fail(concat!("bad ", $flag, " (0 to ", $max, ")")))
+                };
+            }
             match arg.as_str() {
                 "--server" | "-s" => server = true,
                 "--client" | "-c" => a.client = Some(val("--client")),
-                "--size" => a.size = val("--size").parse().unwrap_or_else(|_| fail("bad --size")),
-                "--iters" | "-n" => {
-                    a.iters = val("--iters")
-                        .parse()
-                        .unwrap_or_else(|_| fail("bad --iters"))
-                }
+                "--size" => a.size = num!("--size", usize),
+                "--iters" | "-n" => a.iters = num!("--iters", usize),
                 "--device" | "-d" => a.device = Some(val("--device")),
-                "--gid-index" | "-g" => {
-                    a.gid_index = Some(
-                        val("--gid-index")
-                            .parse()
-                            .unwrap_or_else(|_| fail("bad --gid-index")),
-                    )
-                }
-                "--qp-timeout" => {
-                    a.qp_timeout = Some(
-                        val("--qp-timeout")
-                            .parse()
-                            .ok()
-                            .filter(|t: &u8| *t <= 31)
-                            .unwrap_or_else(|| fail("bad --qp-timeout (0 to 31)")),
-                    )
-                }
-                "--retry-cnt" => {
-                    a.retry_cnt = Some(
-                        val("--retry-cnt")
-                            .parse()
-                            .ok()
-                            .filter(|r: &u8| *r <= 7)
-                            .unwrap_or_else(|| fail("bad --retry-cnt (0 to 7)")),
-                    )
-                }
-                "--rnr-retry" => {
-                    a.rnr_retry = Some(
-                        val("--rnr-retry")
-                            .parse()
-                            .ok()
-                            .filter(|r: &u8| *r <= 7)
-                            .unwrap_or_else(|| fail("bad --rnr-retry (0 to 7)")),
-                    )
-                }
-                "--min-rnr-timer" => {
-                    a.min_rnr_timer = Some(
-                        val("--min-rnr-timer")
-                            .parse()
-                            .ok()
-                            .filter(|t: &u8| *t <= 31)
-                            .unwrap_or_else(|| fail("bad --min-rnr-timer (0 to 31)")),
-                    )
-                }
+                "--gid-index" | "-g" => a.gid_index = Some(num!("--gid-index", u8)),
+                "--qp-timeout" => a.qp_timeout = Some(num!("--qp-timeout", u8, max 31)),
+                "--retry-cnt" => a.retry_cnt = Some(num!("--retry-cnt", u8, max 7)),
+                "--rnr-retry" => a.rnr_retry = Some(num!("--rnr-retry", u8, max 7)),
+                "--min-rnr-timer" => a.min_rnr_timer = Some(num!("--min-rnr-timer", u8, max 31)),
                 "--cq-entries" => {
-                    a.cq_entries = Some(
-                        val("--cq-entries")
-                            .parse()
-                            .ok()
-                            .filter(|n: &u32| *n >= 1)
-                            .unwrap_or_else(|| fail("bad --cq-entries (at least 1)")),
-                    )
+                    let n = number::<u32>(&val("--cq-entries"), |n| *n >= 1);
+                    a.cq_entries = Some(n.unwrap_or_else(|| fail("bad --cq-entries (at least 1)")))
                 }
                 "--stall-recv-at" if name == "send_recv" => {
-                    stall_at = Some(
-                        val("--stall-recv-at")
-                            .parse::<usize>()
-                            .unwrap_or_else(|_| fail("bad --stall-recv-at")),
-                    )
+                    stall_at = Some(num!("--stall-recv-at", usize))
                 }
-                "--stall-ms" if name == "send_recv" => {
-                    stall_ms = Some(
-                        val("--stall-ms")
-                            .parse::<u64>()
-                            .unwrap_or_else(|_| fail("bad --stall-ms")),
-                    )
-                }
-                "--port" | "-p" => {
-                    a.port = val("--port").parse().unwrap_or_else(|_| fail("bad --port"))
-                }
+                "--stall-ms" if name == "send_recv" => stall_ms = Some(num!("--stall-ms", u64)),
+                "--port" | "-p" => a.port = num!("--port", u16),
                 "--help" | "-h" => {
                     println!("{usage}");
                     std::process::exit(0)
@@ -165,19 +127,33 @@ impl Args {
                 other => fail(&format!("unknown argument `{other}`")),
             }
         }
-        if server == a.client.is_some() {
-            fail("say exactly one of --server or --client HOST");
+        if let Err(msg) = a.check(server, stall_at, stall_ms) {
+            fail(msg);
         }
-        if a.size == 0 || a.iters == 0 {
-            fail("--size and --iters must be at least 1");
+        a
+    }
+
+    /// The rules between the options: exactly one role, sizes of at least 1,
+    /// and the stall's two options together, on the server.
+    fn check(
+        &mut self,
+        server: bool,
+        stall_at: Option<usize>,
+        stall_ms: Option<u64>,
+    ) -> std::result::Result<(), &'static str> {
+        if server == self.client.is_some() {
+            return Err("say exactly one of --server or --client HOST");
+        }
+        if self.size == 0 || self.iters == 0 {
+            return Err("--size and --iters must be at least 1");
         }
         match (stall_at, stall_ms) {
             (None, None) => {}
-            (Some(at), Some(ms)) if server => a.stall = Some((at, Duration::from_millis(ms))),
-            (Some(_), Some(_)) => fail("--stall-recv-at is the server's option"),
-            _ => fail("--stall-recv-at and --stall-ms go together"),
+            (Some(at), Some(ms)) if server => self.stall = Some((at, Duration::from_millis(ms))),
+            (Some(_), Some(_)) => return Err("--stall-recv-at is the server's option"),
+            _ => return Err("--stall-recv-at and --stall-ms go together"),
         }
-        a
+        Ok(())
     }
 
     /// "server" or "client", for messages.

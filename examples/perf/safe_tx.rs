@@ -1,0 +1,156 @@
+//! The safe path's sender state: shared sources per (QP, slot), owned READ
+//! and atomic destinations, and one post call of `-l` requests.
+
+use rdma_verbs::qp::{Rts, Sges};
+use rdma_verbs::{AccessFlags, Completion, Error, Mr, Qp, Rc, RemoteMr, Result, SendWr, SharedMr};
+
+use super::{
+    ATOMIC_ADD_VALUE, ATOMIC_CMP_VALUE, ATOMIC_SWAP_VALUE, POLL_BATCH, QP_SHIFT, SAFE_POOL_CAP,
+    Shape, SigClock, split_pool,
+};
+use crate::conn::{self, Device};
+use crate::opts::{AtomicOp, Opts, Verb};
+
+/// Safe-path state: shared sources per (QP, slot), READ/atomic destinations,
+/// inline bytes, and the completion array.
+pub(super) struct SafeTx {
+    pub(super) src: Vec<Vec<SharedMr>>,
+    pub(super) pool: Vec<Mr>,
+    pub(super) inline: Option<Vec<u8>>,
+    pub(super) out: Vec<Completion>,
+    /// READ/atomic: the destinations of unsignaled requests, handed back by
+    /// `Cq::poll_with_retired` and recycled into `pool`.
+    pub(super) retired: Vec<(u64, Sges)>,
+}
+
+impl SafeTx {
+    /// One safe post call: `-l` requests; sources are shared slices (an `Arc`
+    /// clone each), READ and atomic destinations owned pieces from the pool.
+    #[inline]
+    pub(super) fn post(
+        &mut self,
+        shape: Shape,
+        qp: &mut Qp<Rc, Rts>,
+        qi: usize,
+        first: u64,
+        remote: RemoteMr,
+        clock: &mut SigClock,
+    ) -> Result<()> {
+        let SafeTx {
+            src, pool, inline, ..
+        } = self;
+        // No sources for READ/atomics (their buffers are destinations from `pool`).
+        let src = src.get(qi).map_or(&[][..], Vec::as_slice);
+        let inline = inline.as_deref();
+        // The request for sequence number `$k`, built where it is consumed: a
+        // closure returning a 232-byte SendWr would copy it on the way out.
+        macro_rules! request {
+            ($k:expr) => {{
+                let k: u64 = $k;
+                let wr_id = ((qi as u64) << QP_SHIFT) | k;
+                let slot = (k % shape.nslots as u64) as usize;
+                let off = (slot * shape.stride) as u64;
+                let signaled = clock.at(k);
+                // `.signaled` in every arm: on the match's value it would copy it.
+                match (shape.verb, inline) {
+                    (Verb::Write, Some(data)) => {
+                        SendWr::write_inline(wr_id, data, remote, off).signaled(signaled)
+                    }
+                    (Verb::Write, None) => {
+                        SendWr::write_from(wr_id, src[slot].clone(), remote, off).signaled(signaled)
+                    }
+                    (Verb::Send, Some(data)) => SendWr::send_inline(wr_id, data).signaled(signaled),
+                    (Verb::Send, None) => {
+                        SendWr::send_from(wr_id, src[slot].clone()).signaled(signaled)
+                    }
+                    (Verb::Read, _) => {
+                        let dest = pool.pop().expect("READ destination pool sized for the run");
+                        SendWr::read(wr_id, dest, remote, off).signaled(signaled)
+                    }
+                    // `off` is a multiple of the 64-byte slot stride: 8-byte aligned.
+                    (Verb::Atomic, _) => {
+                        let dest = pool.pop().expect("atomic result pool sized for the run");
+                        match shape.atomic {
+                            AtomicOp::FetchAdd => {
+                                SendWr::fetch_add(wr_id, dest, remote, off, ATOMIC_ADD_VALUE)
+                                    .signaled(signaled)
+                            }
+                            AtomicOp::CmpSwap => SendWr::compare_swap(
+                                wr_id,
+                                dest,
+                                remote,
+                                off,
+                                ATOMIC_CMP_VALUE,
+                                ATOMIC_SWAP_VALUE,
+                            )
+                            .signaled(signaled),
+                        }
+                    }
+                }
+            }};
+        }
+        if shape.post_list == 1 {
+            qp.post_send(request!(first)).map_err(Error::from)
+        } else {
+            qp.post_send_list((0..shape.post_list).map(|j| request!(first + j)))
+                .map_err(Error::from)
+        }
+    }
+
+    pub(super) fn new(
+        o: &Opts,
+        dev: &Device,
+        size: usize,
+        nslots: usize,
+        stride: usize,
+        inline: bool,
+    ) -> Result<SafeTx> {
+        let nq = o.num_qps as usize;
+        let verb = o.test.verb();
+        let mut src = Vec::with_capacity(nq);
+        let mut pool = Vec::new();
+        if verb.writes_local() {
+            // Every READ's destination / atomic's result buffer comes back
+            // (unsignaled ones through poll_with_retired), and at most
+            // tx_depth are in flight per QP.
+            let count = o.tx_depth as usize * nq;
+            if count.saturating_mul(size) > SAFE_POOL_CAP {
+                return Err(Error::InvalidArgument {
+                    what: o.test.name(),
+                    reason: format!(
+                        "needs {count} destination buffers of {size} bytes ({} MiB); \
+                         lower -t or use --raw",
+                        (count * size) >> 20
+                    ),
+                });
+            }
+            pool = split_pool(dev, size, count)?;
+        } else if !inline {
+            let buff = conn::buff_size(size);
+            let region = dev
+                .pd
+                .alloc_mr(buff * nq, AccessFlags::LOCAL_WRITE)?
+                .freeze();
+            for qi in 0..nq {
+                let mut slots = Vec::with_capacity(nslots);
+                for s in 0..nslots {
+                    slots.push(region.slice(qi * buff + s * stride, size)?);
+                }
+                src.push(slots);
+            }
+        }
+        Ok(SafeTx {
+            src,
+            pool,
+            inline: inline.then(|| vec![0xa5u8; size]),
+            out: Vec::with_capacity(POLL_BATCH),
+            // One completion retires at most tx_depth requests; a poll returns
+            // up to POLL_BATCH completions: this never reallocates.
+            retired: Vec::with_capacity(if verb.writes_local() {
+                o.tx_depth as usize * nq + POLL_BATCH
+            } else {
+                0
+            }),
+        })
+    }
+}
