@@ -256,6 +256,11 @@ pub fn grh_source_gid(grh: &[u8]) -> Option<Gid> {
 /// The IPv4 header checksum of a 20-byte header holds (rdma-core trusts the
 /// IPv4 reading of a GRH buffer only then).
 fn ipv4_checksum_ok(h: &[u8]) -> bool {
+    ones_complement_sum(h) == 0xffff
+}
+
+/// The 16-bit ones' complement sum of `h`'s big-endian words (RFC 1071).
+fn ones_complement_sum(h: &[u8]) -> u16 {
     let mut sum: u32 = h
         .chunks_exact(2)
         .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
@@ -263,7 +268,7 @@ fn ipv4_checksum_ok(h: &[u8]) -> bool {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    sum == 0xffff
+    sum as u16
 }
 
 #[cfg(test)]
@@ -276,14 +281,8 @@ mod tests {
         ];
         h[12..16].copy_from_slice(&src);
         h[16..20].copy_from_slice(&dst);
-        let mut sum: u32 = h
-            .chunks_exact(2)
-            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-            .sum();
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let checksum = !ones_complement_sum(&h);
+        h[10..12].copy_from_slice(&checksum.to_be_bytes());
         h
     }
 

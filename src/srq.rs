@@ -46,6 +46,7 @@ use crate::ledger::ring::{Ring, SrqProducer};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 use crate::ledger::wr::{PostError, RecvWr};
 use crate::pd::Pd;
+use crate::qp::attr::QpCaps;
 use crate::qp::post;
 use crate::sys::call::verb;
 
@@ -144,10 +145,25 @@ impl SrqInner {
                 .into(),
         })
     }
+
+    /// Admits a QP of `pd` whose receives complete on `recv_cq`: refused
+    /// unless both are the SRQ's; the QP's caps then ask for no receive
+    /// queue of its own (the SRQ reserved its depth on the CQ).
+    pub(crate) fn admit_qp(&self, pd: &Pd, recv_cq: &Cq, caps: QpCaps) -> Result<QpCaps> {
+        if !Arc::ptr_eq(&self.cq, &recv_cq.inner) {
+            return Err(Error::SrqCqMismatch);
+        }
+        self.check_qp_pd(pd)?;
+        Ok(QpCaps {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..caps
+        })
+    }
 }
 
 // SAFETY: ibv_srq may be used from any thread; posting needs &mut Srq (one
-// producer), the ring is Send + Sync (see qp/ring.rs).
+// producer), the ring is Send + Sync (see ledger/ring.rs).
 unsafe impl Send for SrqInner {}
 // SAFETY: &SrqInner reaches only thread-safe verbs (modify/query) and the ring.
 unsafe impl Sync for SrqInner {}

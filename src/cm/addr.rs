@@ -2,26 +2,17 @@
 
 use super::*;
 
-/// Waits until `fd` is readable or `timeout` passes (EINTR restarts).
+/// Waits until `fd` is readable or `timeout` passes; the caller's loop
+/// checks its event and its deadline again either way.
 pub(super) fn poll_readable(fd: RawFd, timeout: Duration) -> Result<()> {
-    let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc < 0 {
-        let e = last_errno();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(Error::Io {
-                what: "polling the rdma_cm event channel",
-                source: e,
-            });
-        }
+    let deadline = crate::sys::fd::deadline_after(timeout);
+    match crate::sys::fd::poll_readable(fd, Some(deadline)) {
+        Ok(_) => Ok(()),
+        Err(source) => Err(Error::Io {
+            what: "polling the rdma_cm event channel",
+            source,
+        }),
     }
-    Ok(())
 }
 
 pub(super) fn ms(timeout: Duration) -> i32 {

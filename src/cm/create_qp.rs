@@ -163,15 +163,7 @@ fn srq_and_caps(
         return Ok((None, caps));
     };
     let srq = srq.inner();
-    if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
-        return Err(Error::SrqCqMismatch);
-    }
-    srq.check_qp_pd(pd)?;
-    let caps = QpCaps {
-        max_recv_wr: 0,
-        max_recv_sge: 0,
-        ..caps
-    };
+    let caps = srq.admit_qp(pd, recv_cq, caps)?;
     Ok((Some(srq.clone()), caps))
 }
 

@@ -52,15 +52,7 @@ impl Qp<Rc, Reset> {
         caps: QpCaps,
     ) -> Result<Qp<Rc, Reset>> {
         let srq = srq.inner();
-        if !Arc::ptr_eq(&srq.cq, &recv_cq.inner) {
-            return Err(Error::SrqCqMismatch);
-        }
-        srq.check_qp_pd(pd)?;
-        let caps = QpCaps {
-            max_recv_wr: 0,
-            max_recv_sge: 0,
-            ..caps
-        };
+        let caps = srq.admit_qp(pd, recv_cq, caps)?;
         let raw_srq = srq.raw.as_ptr();
         Qp::create_with(
             pd,

@@ -26,39 +26,29 @@ pub(crate) trait ChainedWr: Copy + Default {
     unsafe fn set_wr_id(wr: *mut Self, id: u64);
 }
 
-impl ChainedWr for ffi::ibv_send_wr {
-    #[inline]
-    unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            (*wr).next = next;
-            (*wr).sg_list = sges;
-        }
-    }
+// `ibv_send_wr` and `ibv_recv_wr` chain the same way: `next`, `sg_list`, `wr_id`.
+macro_rules! chained_wr {
+    ($($wr:ty),*) => {$(
+        impl ChainedWr for $wr {
+            #[inline]
+            unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
+                // SAFETY: guaranteed by the caller.
+                unsafe {
+                    (*wr).next = next;
+                    (*wr).sg_list = sges;
+                }
+            }
 
-    #[inline]
-    unsafe fn set_wr_id(wr: *mut Self, id: u64) {
-        // SAFETY: guaranteed by the caller.
-        unsafe { (*wr).wr_id = id };
-    }
+            #[inline]
+            unsafe fn set_wr_id(wr: *mut Self, id: u64) {
+                // SAFETY: guaranteed by the caller.
+                unsafe { (*wr).wr_id = id };
+            }
+        }
+    )*};
 }
 
-impl ChainedWr for ffi::ibv_recv_wr {
-    #[inline]
-    unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            (*wr).next = next;
-            (*wr).sg_list = sges;
-        }
-    }
-
-    #[inline]
-    unsafe fn set_wr_id(wr: *mut Self, id: u64) {
-        // SAFETY: guaranteed by the caller.
-        unsafe { (*wr).wr_id = id };
-    }
-}
+chained_wr!(ffi::ibv_send_wr, ffi::ibv_recv_wr);
 
 /// Writes the SGEs of `bufs` into `out`, skipping empty buffers (some hardware
 /// reads a zero length as 2 GiB), and returns how many were written.
