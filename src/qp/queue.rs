@@ -25,10 +25,6 @@ pub(crate) trait WorkQueue {
     type Wr;
     /// Its C form.
     type CWr: ChainedWr;
-    /// "send" or "receive", for errors.
-    const NAME: &'static str;
-    /// `ibv_post_send` or `ibv_post_recv`, for errors.
-    const VERB: &'static str;
 
     /// The queue's slot ring and head (its producer's sequence number).
     fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64);
@@ -76,8 +72,6 @@ pub(crate) struct SendQueue<'a>(PhantomData<SendWr<'a>>);
 impl<'a> WorkQueue for SendQueue<'a> {
     type Wr = SendWr<'a>;
     type CWr = ffi::ibv_send_wr;
-    const NAME: &'static str = "send";
-    const VERB: &'static str = "ibv_post_send";
 
     #[inline(always)]
     fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
@@ -151,8 +145,6 @@ pub(crate) struct RecvQueue;
 impl WorkQueue for RecvQueue {
     type Wr = RecvWr;
     type CWr = ffi::ibv_recv_wr;
-    const NAME: &'static str = "receive";
-    const VERB: &'static str = "ibv_post_recv";
 
     #[inline(always)]
     fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
@@ -260,7 +252,7 @@ fn full<Q: WorkQueue>(core: &QpCore, depth: u64) -> Error {
         return Error::QpUsesSrq { qp_num };
     }
     Error::QueueFull {
-        queue: Q::NAME,
+        queue: Q::CWr::QUEUE,
         depth: depth as u32,
     }
 }
@@ -309,7 +301,7 @@ fn refused<Q: WorkQueue>(
     // SAFETY: producer side; the device refused these requests.
     let unposted = unsafe { ring.unfill_from(from, head) };
     PostError {
-        error: Error::verb(Q::VERB, errno(rc)),
+        error: Error::verb(Q::CWr::POST_VERB, errno(rc)),
         unposted,
     }
 }

@@ -388,8 +388,6 @@ struct UdSendQueue<'a>(std::marker::PhantomData<UdSendWr<'a>>);
 impl<'a> WorkQueue for UdSendQueue<'a> {
     type Wr = UdSendWr<'a>;
     type CWr = ffi::ibv_send_wr;
-    const NAME: &'static str = "send";
-    const VERB: &'static str = "ibv_post_send";
 
     #[inline(always)]
     fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
@@ -478,8 +476,6 @@ struct UdRecvQueue;
 impl WorkQueue for UdRecvQueue {
     type Wr = UdRecvWr;
     type CWr = ffi::ibv_recv_wr;
-    const NAME: &'static str = "receive";
-    const VERB: &'static str = "ibv_post_recv";
 
     #[inline(always)]
     fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {

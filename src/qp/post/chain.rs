@@ -13,6 +13,11 @@ use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 
 /// A C work request that can be chained (`ibv_send_wr`, `ibv_recv_wr`).
 pub(crate) trait ChainedWr: Copy + Default {
+    /// The queue it goes to, "send" or "receive", for errors.
+    const QUEUE: &'static str;
+    /// The verb that posts it, `ibv_post_send` or `ibv_post_recv`, for errors.
+    const POST_VERB: &'static str;
+
     /// Sets `next` and `sg_list` of the request at `wr`.
     ///
     /// # Safety
@@ -28,8 +33,11 @@ pub(crate) trait ChainedWr: Copy + Default {
 
 // `ibv_send_wr` and `ibv_recv_wr` chain the same way: `next`, `sg_list`, `wr_id`.
 macro_rules! chained_wr {
-    ($($wr:ty),*) => {$(
+    ($($wr:ty => $queue:literal, $verb:literal;)*) => {$(
         impl ChainedWr for $wr {
+            const QUEUE: &'static str = $queue;
+            const POST_VERB: &'static str = $verb;
+
             #[inline]
             unsafe fn link(wr: *mut Self, next: *mut Self, sges: *mut ffi::ibv_sge) {
                 // SAFETY: guaranteed by the caller.
@@ -48,7 +56,10 @@ macro_rules! chained_wr {
     )*};
 }
 
-chained_wr!(ffi::ibv_send_wr, ffi::ibv_recv_wr);
+chained_wr! {
+    ffi::ibv_send_wr => "send", "ibv_post_send";
+    ffi::ibv_recv_wr => "receive", "ibv_post_recv";
+}
 
 /// Writes the SGEs of `bufs` into `out`, skipping empty buffers (some hardware
 /// reads a zero length as 2 GiB), and returns how many were written.
