@@ -21,7 +21,8 @@
 //!   [`Error::QpUsesSrq`]).
 //! * Receives of an SRQ complete out of posting order across the QPs that
 //!   consume them; each one completes exactly once and retires exactly its
-//!   own slot (the design and what it relies on are in [`crate::qp`]).
+//!   own slot (the design and what it relies on: `docs/soundness.md`,
+//!   "Shared receive queues").
 //! * QPs keep the SRQ alive: `ibv_destroy_srq` runs only after the last QP on
 //!   it was destroyed and the `Srq` handle dropped, and the buffers still
 //!   posted are released after it returns.
