@@ -43,6 +43,11 @@ impl RunDir {
         let path = runs.join(format!("{}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).context(|| format!("cannot create {}", path.display()))?;
+        // The guest binds this path inside its view of the host before it chroots there, so
+        // a symlink on the way (a cache directory that is a link) must be resolved here.
+        let path = path
+            .canonicalize()
+            .context(|| format!("cannot resolve {}", path.display()))?;
         Ok(Self { path, keep: false })
     }
 
