@@ -102,9 +102,7 @@ impl Summary {
             Err(e) => self.problems.push(format!("{step}: {e}")),
         }
     }
-}
 
-impl Summary {
     /// Prints one line per step with its wall time, the problems and the totals; returns the
     /// exit status (0 when nothing failed).
     fn report(&self) -> u8 {

@@ -8,6 +8,10 @@
 //! guest's device variables, under the same time limit. Between binaries, what a binary
 //! left running is killed and the RDMA port must be ACTIVE again, as after a fresh boot.
 //!
+//! On a host with an RDMA device the same script runs on the host (as `vm-exec` would run
+//! each binary there), and each binary gets the same variables as in a guest rather than
+//! the whole host environment.
+//!
 //! cargo keeps its own meaning of every argument (filters, `--` harness arguments,
 //! `--no-fail-fast`), since it is cargo that decides what to run; only where it runs changes.
 
