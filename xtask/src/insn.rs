@@ -278,14 +278,52 @@ fn job_name(k: &Key, n: u64, rep: u32) -> String {
 /// client's total instructions to `OUTDIR/NAME.insn`. The plans share the side and the send
 /// API (see [`parse_plans`]); a job two plans both name runs once.
 fn script(plans: &[Plan]) -> String {
+    let mut s = job_function(&plans[0].side, plans[0].legacy_send);
+    let mut named = std::collections::BTreeSet::new();
+    let mut jobs = Vec::new();
+    for plan in plans {
+        // Repetitions run one after the other, so that a slow stretch of the
+        // host does not land on every run of one figure.
+        for rep in 0..plan.reps {
+            for k in keys(plan) {
+                for n in [plan.iters.0, plan.iters.1] {
+                    let name = job_name(&k, n, rep);
+                    if named.insert(name.clone()) {
+                        jobs.push(format!(
+                            "job {name} {} {} {} {} {n}",
+                            k.path, k.test, k.size, k.post_list
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let at_once = plans.iter().map(|p| p.jobs).max().unwrap_or(1) as usize;
+    for group in jobs.chunks(at_once) {
+        if let [only] = group {
+            let _ = writeln!(s, "{only} {BASE_PORT}");
+            continue;
+        }
+        // Each job of a group on its own exchange port; the group ends before the next.
+        for (slot, job) in (0u16..).zip(group) {
+            let _ = writeln!(s, "{job} {} &", BASE_PORT + slot);
+        }
+        s.push_str("wait\n");
+    }
+    s.push_str("echo '[insn] done'\n");
+    s
+}
+
+/// The script's settings and its `listening` and `job` functions: `side` under callgrind,
+/// `legacy_send` for `--use_old_post_send` on both tools.
+fn job_function(side: &str, legacy_send: bool) -> String {
     let t = SIDE_TIMEOUT_SECS;
-    let side = &plans[0].side;
-    let old = if plans[0].legacy_send {
+    let old = if legacy_send {
         " --use_old_post_send"
     } else {
         ""
     };
-    let mut s = format!(
+    format!(
         "set -u\n\
          OUT=$1; PERF=$2; SIDE={side}\n\
          DEV=${{RDMA_VERBS_DEVICE:-rxe0}}; ADDR=${{RDMA_VERBS_ADDR:-10.99.0.1}}\n\
@@ -323,40 +361,7 @@ fn script(plans: &[Plan]) -> String {
          \x20 rm -f /tmp/$name.cg\n\
          \x20 echo \"[insn] $name: client $crc, server $src, $(( ($(date +%s%N) - began) / 1000000 )) ms\"\n\
          }}\n"
-    );
-    let mut named = std::collections::BTreeSet::new();
-    let mut jobs = Vec::new();
-    for plan in plans {
-        // Repetitions run one after the other, so that a slow stretch of the
-        // host does not land on every run of one figure.
-        for rep in 0..plan.reps {
-            for k in keys(plan) {
-                for n in [plan.iters.0, plan.iters.1] {
-                    let name = job_name(&k, n, rep);
-                    if named.insert(name.clone()) {
-                        jobs.push(format!(
-                            "job {name} {} {} {} {} {n}",
-                            k.path, k.test, k.size, k.post_list
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    let at_once = plans.iter().map(|p| p.jobs).max().unwrap_or(1) as usize;
-    for group in jobs.chunks(at_once) {
-        if let [only] = group {
-            let _ = writeln!(s, "{only} {BASE_PORT}");
-            continue;
-        }
-        // Each job of a group on its own exchange port; the group ends before the next.
-        for (slot, job) in (0u16..).zip(group) {
-            let _ = writeln!(s, "{job} {} &", BASE_PORT + slot);
-        }
-        s.push_str("wait\n");
-    }
-    s.push_str("echo '[insn] done'\n");
-    s
+    )
 }
 
 /// `cargo xtask insn`: measures every plan in one guest, then prints each plan's table and
@@ -396,7 +401,14 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
         plans[0].side
     );
     let timeout = plans.iter().map(|p| p.timeout).max().unwrap_or_default();
-    let code = run::execute(inv, timeout)?;
+    let code = match run::execute(inv, timeout) {
+        Ok(code) => code,
+        Err(e) => {
+            // The runs' files, for the error's diagnosis; `work` goes either way.
+            let _ = keep_logs(&work);
+            return Err(e);
+        }
+    };
 
     let mut calibration = Vec::new();
     let measured: Vec<Measured> = plans
