@@ -6,7 +6,7 @@
 //! 10.99.0.1. Either way it runs in the caller's working directory, its output streams as it
 //! comes, and the runner exits with its exit status.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,13 @@ const PASS_NAMES: &[&str] = &[
 /// for a test binary it runs (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...).
 const PASS_PREFIXES: &[&str] = &["RDMA_VERBS_", "CARGO_"];
 
+/// Whether the host variable `name` reaches the command in the guest: `PATH`, `HOME`,
+/// `RUST_BACKTRACE`, `RUST_LOG`, `RUST_TEST_THREADS` and every `RDMA_VERBS_*` and `CARGO_*`.
+pub fn passes_to_guest(name: &OsStr) -> bool {
+    name.to_str()
+        .is_some_and(|n| PASS_NAMES.contains(&n) || PASS_PREFIXES.iter().any(|p| n.starts_with(p)))
+}
+
 /// When set, `run` appends one line per guest failure ("timeout" or "boot") to the file it
 /// names; this project's `cargo xtask test` uses it to count guests that did not boot.
 pub const REPORT_ENV: &str = "RDMA_VERBS_VM_REPORT";
@@ -53,11 +60,7 @@ impl Invocation {
     pub fn new(program: OsString, args: Vec<OsString>) -> Result<Self> {
         let cwd = std::env::current_dir().context(|| "cannot read the current directory".into())?;
         let env = std::env::vars_os()
-            .filter(|(name, _)| {
-                name.to_str().is_some_and(|n| {
-                    PASS_NAMES.contains(&n) || PASS_PREFIXES.iter().any(|p| n.starts_with(p))
-                })
-            })
+            .filter(|(name, _)| passes_to_guest(name))
             .collect();
         Ok(Self {
             program,

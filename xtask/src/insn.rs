@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ const USAGE: &str = "\
 usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
                         [--iters N1,N2] [--side client|server] [--check RATIO]
                         [--check-scoped RATIO] [--reps N] [--timeout SECS]
-                        [--send-api extended|legacy]
+                        [--send-api extended|legacy] [--jobs N] [--then OPTIONS...]
 
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
@@ -52,12 +52,20 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --send-api   extended (default): perf posts with the ibv_wr_* API where the
                provider has it (our Qp::new), perftest as it chooses (Debian 12's
                perftest 4.5 keeps ibv_post_send on rxe: \"ibv_wr* API : OFF\" in its
-               banner); legacy: both with ibv_post_send (--use_old_post_send on both)";
+               banner); legacy: both with ibv_post_send (--use_old_post_send on both)
+  --jobs       jobs (client and server pairs) the guest runs at the same time, 1 to 4
+               (default 1); with --then, the largest given
+  --then       a further set of the options above, measured in the same guest and
+               reported and checked on its own (same --side and --send-api; the guest's
+               limit is the largest --timeout)";
 
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
 const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped"];
 /// Per client or server process.
 const SIDE_TIMEOUT_SECS: u32 = 300;
+/// TCP port of the endpoint exchange of the first job running at a time (perftest's
+/// default); the others take the next ports.
+const BASE_PORT: u16 = 18515;
 
 struct Plan {
     tests: Vec<String>,
@@ -74,6 +82,8 @@ struct Plan {
     timeout: Duration,
     /// `--use_old_post_send` on both tools.
     legacy_send: bool,
+    /// Jobs the guest runs at the same time.
+    jobs: u32,
 }
 
 fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
@@ -98,6 +108,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         side: "client".into(),
         timeout: Duration::from_secs(1800),
         legacy_send: false,
+        jobs: 1,
     };
     let mut it = args.into_iter().map(|a| a.to_string_lossy().into_owned());
     while let Some(flag) = it.next() {
@@ -133,6 +144,13 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
                     plan.check_scoped = Some(ratio);
                 }
             }
+            "--jobs" => {
+                plan.jobs = value
+                    .parse()
+                    .ok()
+                    .filter(|j: &u32| (1..=4).contains(j))
+                    .ok_or_else(|| Error::usage("--jobs needs 1 to 4"))?
+            }
             "--reps" => {
                 plan.reps = value
                     .parse()
@@ -147,6 +165,12 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
             other => return Err(Error::usage(format!("unknown option {other:?}\n\n{USAGE}"))),
         }
     }
+    validate(&plan)?;
+    Ok(Some(plan))
+}
+
+/// Refuses unknown tests and paths and zero sizes or post lists.
+fn validate(plan: &Plan) -> Result<()> {
     if let Some(bad) = plan
         .tests
         .iter()
@@ -164,7 +188,37 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
     if plan.sizes.contains(&0) || plan.post_lists.contains(&0) {
         return Err(Error::usage("sizes and post lists must be positive"));
     }
-    Ok(Some(plan))
+    Ok(())
+}
+
+/// The plans of `args`: groups of options separated by `--then`, measured in one guest.
+/// They must agree on `--side` and `--send-api` (the guest script's settings); the guest's
+/// time limit is the largest `--timeout`. `None` after `--help`.
+fn parse_plans(args: Vec<OsString>) -> Result<Option<Vec<Plan>>> {
+    let mut groups: Vec<Vec<OsString>> = vec![Vec::new()];
+    for arg in args {
+        if arg == "--then" {
+            groups.push(Vec::new());
+        } else if let Some(group) = groups.last_mut() {
+            group.push(arg);
+        }
+    }
+    let mut plans = Vec::new();
+    for group in groups {
+        let Some(plan) = parse_args(group)? else {
+            return Ok(None);
+        };
+        plans.push(plan);
+    }
+    if plans
+        .iter()
+        .any(|p| p.side != plans[0].side || p.legacy_send != plans[0].legacy_send)
+    {
+        return Err(Error::usage(
+            "plans joined with --then must use the same --side and --send-api",
+        ));
+    }
+    Ok(Some(plans))
 }
 
 /// One measured configuration.
@@ -221,36 +275,76 @@ fn job_name(k: &Key, n: u64, rep: u32) -> String {
 }
 
 /// The guest script: `sh -c SCRIPT insn OUTDIR PERF`. Each job writes the
-/// client's total instructions to `OUTDIR/NAME.insn`.
-fn script(plan: &Plan) -> String {
+/// client's total instructions to `OUTDIR/NAME.insn`. The plans share the side and the send
+/// API (see [`parse_plans`]); a job two plans both name runs once.
+fn script(plans: &[Plan]) -> String {
+    let mut s = job_function(&plans[0].side, plans[0].legacy_send);
+    let mut named = std::collections::BTreeSet::new();
+    let mut jobs = Vec::new();
+    for plan in plans {
+        // Repetitions run one after the other, so that a slow stretch of the
+        // host does not land on every run of one figure.
+        for rep in 0..plan.reps {
+            for k in keys(plan) {
+                for n in [plan.iters.0, plan.iters.1] {
+                    let name = job_name(&k, n, rep);
+                    if named.insert(name.clone()) {
+                        jobs.push(format!(
+                            "job {name} {} {} {} {} {n}",
+                            k.path, k.test, k.size, k.post_list
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let at_once = plans.iter().map(|p| p.jobs).max().unwrap_or(1) as usize;
+    for group in jobs.chunks(at_once) {
+        if let [only] = group {
+            let _ = writeln!(s, "{only} {BASE_PORT}");
+            continue;
+        }
+        // Each job of a group on its own exchange port; the group ends before the next.
+        for (slot, job) in (0u16..).zip(group) {
+            let _ = writeln!(s, "{job} {} &", BASE_PORT + slot);
+        }
+        s.push_str("wait\n");
+    }
+    s.push_str("echo '[insn] done'\n");
+    s
+}
+
+/// The script's settings and its `listening` and `job` functions: `side` under callgrind,
+/// `legacy_send` for `--use_old_post_send` on both tools.
+fn job_function(side: &str, legacy_send: bool) -> String {
     let t = SIDE_TIMEOUT_SECS;
-    let side = &plan.side;
-    let old = if plan.legacy_send {
+    let old = if legacy_send {
         " --use_old_post_send"
     } else {
         ""
     };
-    let mut s = format!(
+    format!(
         "set -u\n\
          OUT=$1; PERF=$2; SIDE={side}\n\
          DEV=${{RDMA_VERBS_DEVICE:-rxe0}}; ADDR=${{RDMA_VERBS_ADDR:-10.99.0.1}}\n\
+         # listening PORT: waits until a server listens on TCP port PORT.\n\
          listening() {{\n\
-         \x20 i=0\n\
-         \x20 until grep -q ':4853 00000000:0000 0A' /proc/net/tcp; do\n\
+         \x20 hex=$(printf '%04X' $1); i=0\n\
+         \x20 until grep -q \":$hex 00000000:0000 0A\" /proc/net/tcp; do\n\
          \x20   i=$((i + 1)); [ $i -lt 600 ] || return 1; sleep 0.05\n\
          \x20 done\n\
          }}\n\
-         # job NAME PATH TEST SIZE POSTLIST ITERS\n\
+         # job NAME PATH TEST SIZE POSTLIST ITERS PORT\n\
          job() {{\n\
-         \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6\n\
-         \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l{old}\"\n\
+         \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6; port=$7; began=$(date +%s%N)\n\
+         \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l -p $port{old}\"\n\
          \x20 if [ \"$t\" = atomic_bw ]; then common=\"$common -A FETCH_AND_ADD\"; fi\n\
          \x20 if [ \"$path\" = perftest ]; then prog=\"ib_$t\"; else prog=\"$PERF $t --$path\"; fi\n\
          \x20 cg=\"valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.cg\"\n\
          \x20 if [ $SIDE = client ]; then scg=; ccg=$cg; else scg=$cg; ccg=; fi\n\
          \x20 timeout {t} $scg $prog $common > \"$OUT/$name.server.txt\" 2>&1 &\n\
          \x20 spid=$!\n\
-         \x20 if listening; then\n\
+         \x20 if listening $port; then\n\
          \x20   timeout {t} $ccg $prog $common $ADDR > \"$OUT/$name.client.txt\" 2>&1; crc=$?\n\
          \x20 else\n\
          \x20   crc=98; kill $spid 2>/dev/null\n\
@@ -265,32 +359,95 @@ fn script(plan: &Plan) -> String {
          \x20   : > \"$OUT/$name.callers\"\n\
          \x20 fi\n\
          \x20 rm -f /tmp/$name.cg\n\
-         \x20 echo \"[insn] $name: client $crc, server $src\"\n\
+         \x20 echo \"[insn] $name: client $crc, server $src, $(( ($(date +%s%N) - began) / 1000000 )) ms\"\n\
          }}\n"
-    );
-    // Repetitions run one after the other, so that a slow stretch of the
-    // host does not land on every run of one figure.
-    for rep in 0..plan.reps {
-        for k in keys(plan) {
-            for n in [plan.iters.0, plan.iters.1] {
-                let name = job_name(&k, n, rep);
-                let _ = writeln!(
-                    s,
-                    "job {name} {} {} {} {} {n}",
-                    k.path, k.test, k.size, k.post_list
-                );
-            }
-        }
-    }
-    s.push_str("echo '[insn] done'\n");
-    s
+    )
 }
 
+/// `cargo xtask insn`: measures every plan in one guest, then prints each plan's table and
+/// applies its checks; returns 1 when a check failed or a figure is missing.
 pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
-    let Some(plan) = parse_args(args)? else {
-        return Ok(0);
+    let passed = checked_plans(args)?;
+    Ok(u8::from(passed.contains(&false)))
+}
+
+/// [`insn_command`]'s work: whether each plan passed its checks with all its figures, in
+/// order (none after `--help`).
+pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
+    let Some(plans) = parse_plans(args)? else {
+        return Ok(Vec::new());
     };
-    let root = crate::workspace_root();
+    let perf = build_perf()?;
+    let work = PathBuf::from(format!("/tmp/rdma-verbs-insn.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).context(|| format!("cannot create {}", work.display()))?;
+    let mut inv = Invocation::new(
+        "sh".into(),
+        vec![
+            "-c".into(),
+            script(&plans).into(),
+            "insn".into(),
+            work.clone().into(),
+            perf.into(),
+        ],
+    )?;
+    inv.cwd = crate::workspace_root().to_path_buf();
+    let runs: usize = plans
+        .iter()
+        .map(|p| keys(p).len() * 2 * p.reps as usize)
+        .sum();
+    eprintln!(
+        "xtask insn: {runs} {} runs under callgrind in one guest",
+        plans[0].side
+    );
+    let timeout = plans.iter().map(|p| p.timeout).max().unwrap_or_default();
+    let code = match run::execute(inv, timeout) {
+        Ok(code) => code,
+        Err(e) => {
+            // The runs' files, for the error's diagnosis; `work` goes either way.
+            let _ = keep_logs(&work);
+            return Err(e);
+        }
+    };
+
+    let mut calibration = Vec::new();
+    let measured: Vec<Measured> = plans
+        .iter()
+        .map(|plan| per_message(plan, &work, &mut calibration))
+        .collect();
+    let logs = keep_logs(&work)?;
+    let mut rows = BTreeMap::new();
+    for m in &measured {
+        rows.extend(m.per_msg.iter().map(|(k, v)| (k.clone(), *v)));
+    }
+    let json = crate::target_dir()
+        .join("compare")
+        .join(if plans[0].side == "client" {
+            "insn.json"
+        } else {
+            "insn-server.json"
+        });
+    fs::write(&json, to_json(&rows, &plans[0].side))
+        .context(|| format!("cannot write {}", json.display()))?;
+
+    if let (Some(lo), Some(hi)) = (calibration.iter().min(), calibration.iter().max()) {
+        say!(
+            "xtask insn: excluded a clock calibration loop (the callers of gettimeofday) \
+             from {} runs: {lo}..{hi} instructions each",
+            calibration.len()
+        );
+    }
+    let passed = plans
+        .iter()
+        .zip(&measured)
+        .map(|(plan, m)| judge(plan, m, code, &logs))
+        .collect();
+    say!("wrote {}", json.display());
+    Ok(passed)
+}
+
+/// `cargo build --release --example perf --features gdr`; returns the binary.
+fn build_perf() -> Result<PathBuf> {
     let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     build
         .args([
@@ -301,33 +458,23 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
             "--features",
             "gdr",
         ])
-        .current_dir(root);
+        .current_dir(crate::workspace_root());
     eprintln!("xtask insn: {}", cmd::display(&build));
     run_checked(&mut build)?;
-    let perf = crate::target_dir().join("release/examples/perf");
+    Ok(crate::target_dir().join("release/examples/perf"))
+}
 
-    let work = PathBuf::from(format!("/tmp/rdma-verbs-insn.{}", std::process::id()));
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&work).context(|| format!("cannot create {}", work.display()))?;
-    let mut inv = Invocation::new(
-        "sh".into(),
-        vec![
-            "-c".into(),
-            script(&plan).into(),
-            "insn".into(),
-            work.clone().into(),
-            perf.into(),
-        ],
-    )?;
-    inv.cwd = root.to_path_buf();
-    eprintln!(
-        "xtask insn: {} {} runs under callgrind in one guest",
-        keys(&plan).len() * 2 * plan.reps as usize,
-        plan.side
-    );
-    let code = run::execute(inv, plan.timeout)?;
+/// One plan's figures.
+struct Measured {
+    /// Instructions per message of each configuration measured.
+    per_msg: BTreeMap<Key, f64>,
+    /// Jobs without a result.
+    missing: Vec<String>,
+}
 
-    let mut calibration = Vec::new();
+/// The instructions per message of each of `plan`'s configurations, from the jobs' files
+/// in `work`; adds the clock calibration loops it left out to `calibration`.
+fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured {
     let mut total = |k: &Key, n: u64, rep: u32| -> Option<u64> {
         let name = job_name(k, n, rep);
         let all: u64 = fs::read_to_string(work.join(format!("{name}.insn")))
@@ -345,7 +492,7 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
     };
     let mut per_msg: BTreeMap<Key, f64> = BTreeMap::new();
     let mut missing = Vec::new();
-    for k in keys(&plan) {
+    for k in keys(plan) {
         let (n1, n2) = plan.iters;
         let mut figures = Vec::new();
         for rep in 0..plan.reps {
@@ -358,47 +505,43 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
             per_msg.insert(k, median(&mut figures));
         }
     }
+    Measured { per_msg, missing }
+}
+
+/// Copies the jobs' files from `work` to `target/compare/insn-runs` and removes `work`;
+/// returns the copy.
+fn keep_logs(work: &Path) -> Result<PathBuf> {
     let out_dir = crate::target_dir().join("compare");
     fs::create_dir_all(&out_dir).context(|| format!("cannot create {}", out_dir.display()))?;
     let logs = out_dir.join("insn-runs");
     let _ = fs::remove_dir_all(&logs);
     let _ = fs::create_dir_all(&logs);
-    if let Ok(entries) = fs::read_dir(&work) {
+    if let Ok(entries) = fs::read_dir(work) {
         for e in entries.flatten() {
             let _ = fs::copy(e.path(), logs.join(e.file_name()));
         }
     }
-    let _ = fs::remove_dir_all(&work);
-    let json = out_dir.join(if plan.side == "client" {
-        "insn.json"
-    } else {
-        "insn-server.json"
-    });
-    fs::write(&json, to_json(&per_msg, &plan.side))
-        .context(|| format!("cannot write {}", json.display()))?;
+    let _ = fs::remove_dir_all(work);
+    Ok(logs)
+}
 
-    if let (Some(lo), Some(hi)) = (calibration.iter().min(), calibration.iter().max()) {
-        say!(
-            "xtask insn: excluded a clock calibration loop (the callers of gettimeofday) \
-             from {} runs: {lo}..{hi} instructions each",
-            calibration.len()
-        );
-    }
-    let (worst, worst_scoped) = print_table(&plan, &per_msg);
-    say!("wrote {}", json.display());
-    if !missing.is_empty() || code != 0 {
+/// Prints `plan`'s table and applies its checks; false when a check failed or a figure is
+/// missing (`code`: the guest's exit status).
+fn judge(plan: &Plan, measured: &Measured, code: u8, logs: &Path) -> bool {
+    let (worst, worst_scoped) = print_table(plan, &measured.per_msg);
+    if !measured.missing.is_empty() || code != 0 {
         eprintln!(
             "xtask insn: no result for {} (guest status {code}); logs in {}",
-            if missing.is_empty() {
+            if measured.missing.is_empty() {
                 "-".to_owned()
             } else {
-                missing.join(", ")
+                measured.missing.join(", ")
             },
             logs.display()
         );
-        return Ok(1);
+        return false;
     }
-    let mut failed = false;
+    let mut ok = true;
     for (what, limit, worst) in [
         ("safe/raw", plan.check, worst),
         ("scoped/raw", plan.check_scoped, worst_scoped),
@@ -406,19 +549,19 @@ pub fn insn_command(args: Vec<OsString>) -> Result<u8> {
         match (limit, worst) {
             (Some(limit), Some(worst)) if worst > limit => {
                 eprintln!("xtask insn: FAILED: {what} {worst:.3} exceeds the guard {limit}");
-                failed = true;
+                ok = false;
             }
             (Some(limit), Some(worst)) => {
                 say!("xtask insn: {what} at most {worst:.3} (guard {limit}): ok")
             }
             (Some(_), None) => {
                 eprintln!("xtask insn: FAILED: no {what} figure for its guard");
-                failed = true;
+                ok = false;
             }
             _ => {}
         }
     }
-    Ok(u8::from(failed))
+    ok
 }
 
 /// Prints the table; returns the largest safe/raw and scoped/raw ratios.
@@ -610,7 +753,7 @@ Ir________________ file:function
         )
         .unwrap()
         .unwrap();
-        let s = script(&plan);
+        let s = script(std::slice::from_ref(&plan));
         for name in [
             "write_bw_2_l1_raw_2000",
             "write_bw_2_l1_raw_8000_r1",
@@ -620,5 +763,37 @@ Ir________________ file:function
         }
         assert_eq!(s.matches("\njob ").count(), 6);
         assert!(parse_args(["--reps", "0"].map(OsString::from).to_vec()).is_err());
+    }
+
+    #[test]
+    fn plans_joined_with_then_share_one_script() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        let plans = parse_plans(args(&[
+            "--tests",
+            "send_bw",
+            "--post-list",
+            "1",
+            "--paths",
+            "raw,scoped",
+            "--check-scoped",
+            "1.10",
+            "--then",
+            "--tests",
+            "send_bw",
+            "--post-list",
+            "8,1",
+            "--paths",
+            "raw",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(plans.len(), 2);
+        assert_eq!(plans[0].check_scoped, Some(1.10));
+        assert_eq!(plans[1].check_scoped, None);
+        let s = script(&plans);
+        // send_bw raw with lists of 1 is in both plans: measured once.
+        assert_eq!(s.matches("\njob send_bw_2_l1_raw_2000 ").count(), 1);
+        assert_eq!(s.matches("\njob ").count(), 6);
+        assert!(parse_plans(args(&["--side", "server", "--then", "--tests", "send_bw"])).is_err());
     }
 }

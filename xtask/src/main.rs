@@ -65,8 +65,12 @@ commands:
                                  prefixed [node1]/[node2]; exits non-zero if either fails
   vm-exec CMD [ARGS...]          the same as `run`, without options; meant as a cargo target
                                  runner (CARGO_TARGET_<TRIPLE>_RUNNER=\"<xtask> vm-exec\")
-  test [CARGO TEST ARGS...]      layers, host tests, examples build, then tests/vm_*.rs in
-                                 guests
+  test [--quick] [CARGO TEST ARGS...]
+                                 the whole suite: layers, host and doc tests, examples build,
+                                 tests/vm_*.rs and the library's device tests in one guest,
+                                 the runner crate, the two-node set, soak, instruction guard;
+                                 --quick: layers, host tests (compile-fail included) and the core
+                                 device tests in one guest, for the edit-test loop
   faults [--short | --set SET]   the fault matrix on two guests on a virtual wire: SIGKILLed
                                  peers, netem loss/reorder/duplication/corruption, RNR, long
                                  runs; prints a table, writes target/faults/faults.json

@@ -4,42 +4,54 @@
 //! code is built and tested too, while the FFI comes from the checked-in bindings: the
 //! `bindgen` feature, which regenerates them, is `cargo xtask matrix`'s) and the extra
 //! arguments:
+//! 0. `cargo xtask layers` (the layer rule of ARCHITECTURE.md; one test), also in `--quick`;
 //! 1. host tests: `cargo test --workspace --lib --bins --test <t>...` for every `tests/<t>.rs`
-//!    not named `vm_*`, then `cargo test --workspace --doc` (cargo cannot mix the two);
+//!    not named `vm_*` (the compile-fail tests among them), then `cargo test --workspace
+//!    --doc` (cargo cannot mix the two);
 //! 2. `cargo build --examples`, so the examples never rot;
-//! 3. device tests: `cargo test --test vm_a --test vm_b ...` with this binary's `vm-exec` as
-//!    the target runner, so each device test binary boots one guest (or runs on the host when
-//!    it has an RDMA device); then the library's own unit tests that need a device, which
-//!    are `#[ignore]`d on the host, with `cargo test --lib -- --ignored` in one guest;
+//! 3. device tests, in one guest: cargo builds `--test vm_a --test vm_b ...` and the
+//!    library's unit tests and hands each test binary to a recording runner instead of
+//!    running it; then one guest runs every recorded binary in turn, each with its arguments,
+//!    working directory and environment as cargo gave them, its own time limit, and the
+//!    RDMA port ACTIVE again before it ([`shared_guest`]). The library's binary runs with
+//!    `--ignored --test-threads 1`: its unit tests that need a device are `#[ignore]`d on
+//!    the host. Each binary's `test result:` lines count; one that exits non-zero, times out
+//!    or never runs fails the step (on a host with an RDMA device, the same runs there);
 //! 4. the runner for everyone: `cargo build -p rdma-verbs-vm`, then `cargo test` in
 //!    `tests/vm_runner_crate` (a crate outside the workspace that depends on rdma-verbs by
-//!    path and names `rdma-verbs-vm` as its runner in its `.cargo/config.toml`), with
-//!    target/debug first on PATH, its own target directory `<target>/vm-runner-crate`, and the
-//!    guest image of `target/rxe-vm`; then the runner's boot watchdog: with
-//!    `RDMA_VERBS_VM_BOOT_TIMEOUT=1` a run must give up on the boot, retry it once and exit
-//!    with the boot failure status (one test).
-//!
+//!    path and names `rdma-verbs-vm` as its runner in its `.cargo/config.toml`, so there each
+//!    test binary boots its own guest, as a user's would), with target/debug first on PATH,
+//!    its own target directory `<target>/vm-runner-crate`, and the guest image of
+//!    `target/rxe-vm`; then the runner's boot watchdog: with `RDMA_VERBS_VM_BOOT_TIMEOUT=1`
+//!    a run must give up on the boot, retry it once and exit with the boot failure status
+//!    (one test);
 //! 5. the two-node set `ci` (`crate::faults`): two guests on a virtual wire run the interop set
 //!    (our examples against rdma-core's C tools in both roles, and against themselves) and
 //!    the short fault matrix (SIGKILLed peers, 1% loss, a link cut with a short ACK timeout,
 //!    rdma_cm to a closed port, a garbage exchange peer); each case counts as one test.
-//!
 //!    Then `cargo xtask soak --seconds 40 --max-size 65536`: 4 QPs of verified
 //!    SEND/WRITE/READ of 1 B to 64 KiB across the wire under 1% loss (one test); it fails
 //!    on any lost, duplicated or corrupted message and when either process's anonymous
-//!    memory grew by more than 1 MiB after warm-up.
+//!    memory grew by more than 1 MiB after warm-up;
+//! 6. the instruction-count guards, one `cargo xtask insn` of two plans in one guest
+//!    ([`insn_guard_args`]): write_bw, send_bw and read_bw at 2 B, safe, raw and scoped
+//!    paths with one request per post, then raw and scoped with post lists of 8 for
+//!    send_bw; fails when safe/raw exceeds [`INSN_GUARD`] or scoped/raw exceeds
+//!    [`INSN_GUARD_SCOPED`] ([`INSN_GUARD_SCOPED_LISTS`] with lists; each plan counts as one
+//!    test). Instruction counts move only by a few percent between runs (empty polls), so
+//!    this catches regressions of the safe paths' cost that timing under TCG cannot see.
 //!
-//! 6. the instruction-count guards: `cargo xtask insn` for write_bw, send_bw and read_bw at
-//!    2 B, safe, raw and scoped paths with one request per post, then raw and scoped with
-//!    post lists of 8 for send_bw; fails when safe/raw exceeds [`INSN_GUARD`] or scoped/raw exceeds
-//!    [`INSN_GUARD_SCOPED`] ([`INSN_GUARD_SCOPED_LISTS`] with lists; each run counted as
-//!    one test). Instruction counts move only by a few percent between runs (empty
-//!    polls), so this catches regressions of the safe paths' cost that timing under TCG
-//!    cannot see.
+//! `cargo xtask test --quick` is the edit-test loop: step 1 without the doc tests, step 2
+//! (the device tests run the examples), then step 3 with the device tests of
+//! [`QUICK_DEVICE_TESTS`] (device queries, QP transitions, the data path and its CQ, the
+//! safe data path's edge cases, SRQ, rdma_cm) and the library's device unit tests, in one
+//! guest; no doc tests, runner crate, two-node set, soak or instruction guard. `.ci/run`
+//! runs the whole suite.
 //!
 //! cargo's output is shown as it comes; the `test result:` lines are summed into a final
 //! `xtask test: N passed, M failed` line, after one line per step with its wall time (the
-//! suite is to stay under 15 minutes on a 2-core machine; these lines show where it goes).
+//! suite is to stay under 10 minutes on a quiet 2-core machine, `--quick` under 3; these
+//! lines show where the time goes).
 
 use std::ffi::OsString;
 use std::fs;
@@ -54,6 +66,9 @@ use crate::run::REPORT_ENV;
 use crate::setup::{self, Verbosity};
 use crate::{Context, Error, Result};
 use rdma_verbs_vm::vm::BOOT_TIMEOUT_ENV;
+
+mod shared_guest;
+use shared_guest::{EXIT_MARKER, Recorder};
 
 /// Prefix of the integration tests (`tests/vm_*.rs`) that need an RDMA device.
 pub const DEVICE_TEST_PREFIX: &str = "vm_";
@@ -88,6 +103,19 @@ impl Summary {
             Err(e) => self.problems.push(format!("{step}: {e}")),
         }
     }
+
+    /// Prints one line per step with its wall time, the problems and the totals; returns the
+    /// exit status (0 when nothing failed).
+    fn report(&self) -> u8 {
+        for (step, secs) in &self.times {
+            eprintln!("xtask test: {secs:>4} s  {step}");
+        }
+        for problem in &self.problems {
+            eprintln!("xtask test: FAILED: {problem}");
+        }
+        say!("xtask test: {} passed, {} failed", self.passed, self.failed);
+        u8::from(!(self.problems.is_empty() && self.failed == 0))
+    }
 }
 
 /// What one cargo invocation reported.
@@ -107,14 +135,72 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         started: Some(Instant::now()),
         ..Summary::default()
     };
-
+    let (quick, extra) = take_quick_flag(extra);
     let layers = crate::layers::check(root).map(|ok| Counts {
         passed: u64::from(ok),
         failed: u64::from(!ok),
         success: true,
     });
     summary.add("layers", layers);
+    host_steps(root, &host_tests, &extra, quick, &mut summary);
+    if quick {
+        let core: Vec<String> = device_tests
+            .into_iter()
+            .filter(|t| QUICK_DEVICE_TESTS.contains(&t.as_str()))
+            .collect();
+        if core.len() != QUICK_DEVICE_TESTS.len() {
+            summary.problems.push(format!(
+                "--quick: some of {QUICK_DEVICE_TESTS:?} are missing under tests/"
+            ));
+        }
+        device_steps(root, &core, &extra, &mut summary);
+    } else {
+        device_steps(root, &device_tests, &extra, &mut summary);
+        runner_steps(root, &mut summary);
+        two_node_steps(&mut summary);
+        summary.add("instruction guard", insn_guard());
+    }
+    Ok(summary.report())
+}
 
+/// The device tests `--quick` runs: device and port queries (the guest works), every QP
+/// transition, the data path with its CQ (every opcode, post lists, signaling), the safe
+/// data path's edge cases, SRQs (with rdma-core's srq_pingpong) and rdma_cm: 72 tests, about
+/// 20 s of test time in the guest.
+pub const QUICK_DEVICE_TESTS: &[&str] = &[
+    "vm_device",
+    "vm_qp",
+    "vm_data_path",
+    "vm_soundness",
+    "vm_srq",
+    "vm_cm",
+];
+
+/// `--quick` (anywhere before a `--`) and the other arguments, in order.
+fn take_quick_flag(extra: Vec<OsString>) -> (bool, Vec<OsString>) {
+    let mut quick = false;
+    let mut seen_separator = false;
+    let rest = extra
+        .into_iter()
+        .filter(|arg| {
+            seen_separator |= arg == "--";
+            let is_quick = !seen_separator && arg == "--quick";
+            quick |= is_quick;
+            !is_quick
+        })
+        .collect();
+    (quick, rest)
+}
+
+/// Steps 1 and 2: host tests (with compile-fail), then, unless `quick`, the doc tests; then
+/// the examples build.
+fn host_steps(
+    root: &Path,
+    host_tests: &[String],
+    extra: &[OsString],
+    quick: bool,
+    summary: &mut Summary,
+) {
     let mut host = cargo(root);
     host.args([
         "test",
@@ -126,49 +212,52 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         "--bins",
         "--examples",
     ]);
-    for name in &host_tests {
+    for name in host_tests {
         host.args(["--test", name]);
     }
-    summary.add("host tests", cargo_test(host.args(&extra)));
-
-    let mut doc = cargo(root);
-    doc.args([
-        "test",
-        "--workspace",
-        "--features",
-        "rdma-verbs/gdr,rdma-verbs/tokio",
-        "--no-fail-fast",
-        "--doc",
-    ]);
-    summary.add("doc tests", cargo_test(doc.args(&extra)));
-
+    summary.add("host tests", cargo_test(host.args(extra)));
+    if !quick {
+        let mut doc = cargo(root);
+        doc.args([
+            "test",
+            "--workspace",
+            "--features",
+            "rdma-verbs/gdr,rdma-verbs/tokio",
+            "--no-fail-fast",
+            "--doc",
+        ]);
+        summary.add("doc tests", cargo_test(doc.args(extra)));
+    }
+    // The device tests run the examples.
     summary.add("examples build", build_examples_counts(root));
+}
 
+/// Step 3: `device_tests` and the library's device unit tests, in one guest.
+fn device_steps(root: &Path, device_tests: &[String], extra: &[OsString], summary: &mut Summary) {
     if device_tests.is_empty() {
         summary.problems.push(format!(
             "no device tests found (tests/{DEVICE_TEST_PREFIX}*.rs)"
         ));
-    } else {
-        let mut targets: Vec<OsString> = Vec::new();
-        for name in &device_tests {
-            targets.extend(["--test".into(), name.into()]);
-        }
-        targets.extend(extra.iter().cloned());
-        let outcome = device_step(root, &targets, &mut summary.problems);
-        summary.add("device tests", outcome);
-        // Unit tests inside the library that need a device are #[ignore]d on the
-        // host; run exactly those in the guest.
-        let lib: Vec<OsString> = ["--lib", "--", "--ignored", "--test-threads", "1"]
-            .map(OsString::from)
-            .into();
-        let outcome = device_step(root, &lib, &mut summary.problems);
-        summary.add("library device tests", outcome);
+        return;
     }
+    let mut targets: Vec<OsString> = Vec::new();
+    for name in device_tests {
+        targets.extend(["--test".into(), name.into()]);
+    }
+    targets.extend(extra.iter().cloned());
+    let outcome = device_tests_in_one_guest(root, &targets, &mut summary.problems);
+    summary.add("device tests (one guest)", outcome);
+}
 
+/// Step 4: the runner crate, then the stuck-boot check.
+fn runner_steps(root: &Path, summary: &mut Summary) {
     let outcome = runner_crate_step(root, &mut summary.problems);
     summary.add("runner crate (tests/vm_runner_crate)", outcome);
     summary.add("stuck boot retried", stuck_boot_check());
+}
 
+/// Step 5: the two-node interop and fault set, then the soak.
+fn two_node_steps(summary: &mut Summary) {
     // One boot of two guests: the interop set, then the short fault matrix.
     eprintln!("xtask test: two-node interop and short fault set (two guests on a wire)");
     let outcome = crate::faults::run_and_report("ci", "ci.json").map(|(passed, failed)| Counts {
@@ -189,22 +278,6 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         success: true,
     });
     summary.add("soak (40 s, 1% loss)", outcome);
-
-    summary.add("instruction guard", insn_guard());
-
-    for (step, secs) in &summary.times {
-        eprintln!("xtask test: {secs:>4} s  {step}");
-    }
-    for problem in &summary.problems {
-        eprintln!("xtask test: FAILED: {problem}");
-    }
-    say!(
-        "xtask test: {} passed, {} failed",
-        summary.passed,
-        summary.failed
-    );
-    let ok = summary.problems.is_empty() && summary.failed == 0;
-    Ok(if ok { 0 } else { 1 })
 }
 
 /// `cargo build --features gdr --examples` in the workspace.
@@ -250,24 +323,37 @@ fn discover_tests(dir: &Path) -> Result<(Vec<String>, Vec<String>)> {
         .partition(|n| !n.starts_with(DEVICE_TEST_PREFIX)))
 }
 
-/// The device tests: cargo runs each test binary through `<this binary> vm-exec`.
-fn device_step(root: &Path, targets: &[OsString], problems: &mut Vec<String>) -> Result<Counts> {
-    let exe = std::env::current_exe().context(|| "cannot find the xtask binary".into())?;
-    let exe = exe
-        .to_str()
-        .filter(|s| !s.contains(char::is_whitespace))
-        .ok_or_else(|| {
-            Error::new(format!(
-                "cannot use {} as a cargo runner: cargo splits the runner on whitespace",
-                exe.display()
-            ))
-        })?;
-    let mut device = cargo(root);
-    device.args(["test", "--features", "gdr,tokio", "--no-fail-fast"]);
-    device
-        .args(targets)
-        .env(runner_env_var()?, format!("{exe} vm-exec"));
-    cargo_test_in_guests(&mut device, problems)
+/// The device tests: cargo builds `targets` and the library's unit tests and records how it
+/// would run each binary (the library's with `--ignored --test-threads 1`: the unit tests
+/// that need a device are `#[ignore]`d on the host); then one guest runs them all
+/// ([`shared_guest`]).
+fn device_tests_in_one_guest(
+    root: &Path,
+    targets: &[OsString],
+    problems: &mut Vec<String>,
+) -> Result<Counts> {
+    let work = crate::target_dir()
+        .join("xtask-device-tests")
+        .join(std::process::id().to_string());
+    let recorder = Recorder::create(&work)?;
+    let runner_var = runner_env_var()?;
+    let library: [&str; 5] = ["--lib", "--", "--ignored", "--test-threads", "1"];
+    for args in [targets.to_vec(), library.map(OsString::from).into()] {
+        let mut build = cargo(root);
+        build
+            .args(["test", "--features", "gdr,tokio", "--no-fail-fast"])
+            .args(&args)
+            .env(&runner_var, recorder.runner()?);
+        let built = cargo_build(&mut build)?;
+        if !built.success {
+            let _ = fs::remove_dir_all(&work);
+            return Ok(built);
+        }
+    }
+    let runs = recorder.runs()?;
+    let outcome = shared_guest::run_recorded(&runs, &work, crate::timeout_from_env()?, problems);
+    let _ = fs::remove_dir_all(&work);
+    outcome
 }
 
 /// Directory of the crate that tests `rdma-verbs-vm` as a user's cargo runner.
@@ -297,11 +383,21 @@ pub const INSN_GUARD_SCOPED: &str = "1.10";
 /// instructions per list).
 pub const INSN_GUARD_SCOPED_LISTS: &str = "1.12";
 
-/// Step 5: the instruction-count regression guards: safe, raw and scoped
-/// with one request per post, then raw and scoped with post lists of 8 (the
-/// scoped path's prepared lists, send_bw). Each counts as one test.
-fn insn_guard() -> Result<Counts> {
-    let single = [
+/// The iteration counts N1,N2 of every guard run: the figure is (I(N2) - I(N1)) / (N2 - N1).
+pub const INSN_GUARD_ITERS: &str = "1000,3000";
+
+/// Guard runs the guest makes at the same time: each run's time is mostly callgrind's
+/// start-up (~6 s under TCG, whatever the iteration count), which two runs on the guest's
+/// two CPUs share; the counts stayed within the run-to-run spread of one at a time (0.0-1.0%
+/// per row, the spread between sequential runs being ~0.5%, up to 3% for send_bw with lists).
+pub const INSN_GUARD_JOBS: &str = "2";
+
+/// The arguments of the guard's `cargo xtask insn`: two plans measured in one guest. First
+/// safe, raw and scoped with one request per post (write_bw, send_bw, read_bw); then raw
+/// and scoped with post lists of 8 for send_bw only (its ratio is the highest of the three;
+/// write_bw and read_bw post through the same prepared lists).
+pub fn insn_guard_args() -> Vec<&'static str> {
+    vec![
         "--tests",
         "write_bw,send_bw,read_bw",
         "--post-list",
@@ -309,16 +405,14 @@ fn insn_guard() -> Result<Counts> {
         "--paths",
         "safe,raw,scoped",
         "--iters",
-        "1000,3000",
+        INSN_GUARD_ITERS,
         "--check",
         INSN_GUARD,
         "--check-scoped",
         INSN_GUARD_SCOPED,
-    ];
-    // Lists of 8 for send_bw only (its ratio is the highest of the three;
-    // write_bw and read_bw post through the same prepared lists): 4 runs
-    // instead of 12, about 70 s less on a 2-core machine.
-    let lists = [
+        "--jobs",
+        INSN_GUARD_JOBS,
+        "--then",
         "--tests",
         "send_bw",
         "--post-list",
@@ -326,22 +420,25 @@ fn insn_guard() -> Result<Counts> {
         "--paths",
         "raw,scoped",
         "--iters",
-        "1000,3000",
+        INSN_GUARD_ITERS,
         "--check-scoped",
         INSN_GUARD_SCOPED_LISTS,
-    ];
-    let mut counts = Counts {
+    ]
+}
+
+/// Step 6: the instruction-count regression guards ([`insn_guard_args`]), in one guest;
+/// each of the two plans counts as one test.
+fn insn_guard() -> Result<Counts> {
+    let args = insn_guard_args();
+    eprintln!("xtask test: cargo xtask insn {}", args.join(" "));
+    // insn prints why a plan failed; the failed count fails the suite.
+    let passed = crate::insn::checked_plans(args.into_iter().map(OsString::from).collect())?;
+    let ok = passed.iter().filter(|p| **p).count();
+    Ok(Counts {
+        passed: ok as u64,
+        failed: (passed.len() - ok) as u64,
         success: true,
-        ..Counts::default()
-    };
-    for args in [&single[..], &lists[..]] {
-        eprintln!("xtask test: cargo xtask insn {}", args.join(" "));
-        let ok = crate::insn::insn_command(args.iter().map(OsString::from).collect())? == 0;
-        // insn prints why it failed; the failed count fails the suite.
-        counts.passed += u64::from(ok);
-        counts.failed += u64::from(!ok);
-    }
-    Ok(counts)
+    })
 }
 
 /// `cargo test` in [`RUNNER_CRATE`], with the freshly built `rdma-verbs-vm` first on PATH
@@ -374,7 +471,7 @@ fn runner_crate_step(root: &Path, problems: &mut Vec<String>) -> Result<Counts> 
         .env(setup::DIR_ENV, setup::vm_dir())
         // The crate's own config must choose the runner, not an inherited override.
         .env_remove(runner_env_var()?);
-    cargo_test_in_guests(&mut test, problems)
+    cargo_test_in_guests(&mut test, problems, &mut Vec::new())
 }
 
 /// The runner's boot watchdog: with a 1 s boot timeout (a boot takes ~3 s) `rdma-verbs-vm
@@ -409,12 +506,16 @@ fn stuck_boot_check() -> Result<Counts> {
     })
 }
 
-/// [`cargo_test`] of a command whose test binaries run in guests: guests that did not boot
-/// or timed out become problems.
-fn cargo_test_in_guests(command: &mut Command, problems: &mut Vec<String>) -> Result<Counts> {
+/// [`stream_test_output`] of a command whose test binaries run in guests: guests that did
+/// not boot or timed out become problems.
+fn cargo_test_in_guests(
+    command: &mut Command,
+    problems: &mut Vec<String>,
+    markers: &mut Vec<String>,
+) -> Result<Counts> {
     let report = setup::vm_dir().join(format!("test-report-{}", std::process::id()));
     let _ = fs::remove_file(&report);
-    let counts = cargo_test(command.env(REPORT_ENV, &report));
+    let counts = stream_test_output(command.env(REPORT_ENV, &report), markers);
 
     let failures = fs::read_to_string(&report).unwrap_or_default();
     let _ = fs::remove_file(&report);
@@ -424,7 +525,7 @@ fn cargo_test_in_guests(command: &mut Command, problems: &mut Vec<String>) -> Re
         problems.push(format!("{boots} guest(s) failed to boot"));
     }
     if timeouts > 0 {
-        problems.push(format!("{timeouts} device test binary(ies) timed out"));
+        problems.push(format!("{timeouts} guest run(s) timed out"));
     }
     counts
 }
@@ -466,6 +567,12 @@ fn cargo_build(command: &mut Command) -> Result<Counts> {
 /// Runs a `cargo test`, copying its stdout through line by line and summing its
 /// `test result:` lines; stderr (cargo's progress) is inherited.
 fn cargo_test(command: &mut Command) -> Result<Counts> {
+    stream_test_output(command, &mut Vec::new())
+}
+
+/// [`cargo_test`] for any command that prints test output; what follows [`EXIT_MARKER`] on a
+/// line goes to `markers` instead of our stdout.
+fn stream_test_output(command: &mut Command, markers: &mut Vec<String>) -> Result<Counts> {
     eprintln!("xtask test: {}", cmd::display(command));
     let mut child = command
         .stdout(Stdio::piped())
@@ -477,9 +584,20 @@ fn cargo_test(command: &mut Command) -> Result<Counts> {
         let mut stdout = std::io::stdout();
         let mut line = Vec::new();
         while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
-            let _ = stdout.write_all(&line);
-            let _ = stdout.flush();
-            if let Some((passed, failed)) = parse_result_line(&String::from_utf8_lossy(&line)) {
+            let text = String::from_utf8_lossy(&line).into_owned();
+            let shown = match text.split_once(EXIT_MARKER) {
+                Some((before, marker)) => {
+                    markers.push(marker.trim().to_owned());
+                    // A binary whose output did not end with a newline.
+                    (!before.is_empty()).then(|| format!("{before}\n").into_bytes())
+                }
+                None => Some(line.clone()),
+            };
+            if let Some(shown) = shown {
+                let _ = stdout.write_all(&shown);
+                let _ = stdout.flush();
+            }
+            if let Some((passed, failed)) = parse_result_line(&text) {
                 counts.passed += passed;
                 counts.failed += failed;
             }

@@ -4,7 +4,7 @@ use std::net::UdpSocket;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{BOOT_ATTEMPTS, Failure, Output, Topology, boot_timeout, start};
+use super::{BOOT_ATTEMPTS, Failure, Guest, Output, Topology, boot_timeout, start};
 use crate::cmd::Waited;
 use crate::run::Invocation;
 use crate::setup::VmAssets;
@@ -50,6 +50,9 @@ pub fn run_pair(assets: &VmAssets, invs: [&Invocation; 2], timeout: Duration) ->
     }
 }
 
+/// A guest of the pair: started, or why it could not start.
+type Started = std::result::Result<Option<Guest>, (Failure, Error)>;
+
 /// One try of [`run_pair`]; `None` when a guest was stuck before its command and `retry`
 /// allows another try (both guests are killed then).
 fn run_pair_once(
@@ -72,9 +75,7 @@ fn run_pair_once(
         peer_port: ports[usize::from(2 - node)],
     };
     let started_at = Instant::now();
-    let deadline = started_at + timeout;
-    let boot_deadline = started_at + boot;
-    let mut guests = [1u8, 2].map(|node| {
+    let mut guests: [Started; 2] = [1u8, 2].map(|node| {
         start(
             assets,
             invs[usize::from(node - 1)],
@@ -83,6 +84,27 @@ fn run_pair_once(
         )
         .map(Some)
     });
+    let (waited, stuck) = watch(&mut guests, started_at + timeout, started_at + boot);
+    let [first, second] = outcomes(guests, waited, stuck, timeout, boot);
+    if stuck && retry {
+        for (node, outcome) in [(1, &first), (2, &second)] {
+            if let Err((_, e)) = outcome {
+                eprintln!("rdma-verbs-vm: node{node}: {}", e.message);
+            }
+        }
+        return None;
+    }
+    Some([first, second])
+}
+
+/// Waits until both guests have exited, killing those still running at `deadline`, or
+/// until one is still before its command at `boot_deadline` (then `stuck` is true). Returns
+/// how each guest ended (`None`: still running) and `stuck`.
+fn watch(
+    guests: &mut [Started; 2],
+    deadline: Instant,
+    boot_deadline: Instant,
+) -> ([Option<Waited>; 2], bool) {
     let mut waited: [Option<Waited>; 2] = [None, None];
     let mut stuck = false;
     loop {
@@ -113,10 +135,20 @@ fn run_pair_once(
             }
         }
         if !running || stuck {
-            break;
+            return (waited, stuck);
         }
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Each node's outcome once [`watch`] returned.
+fn outcomes(
+    guests: [Started; 2],
+    waited: [Option<Waited>; 2],
+    stuck: bool,
+    timeout: Duration,
+    boot: Duration,
+) -> [Outcome; 2] {
     let mut outcomes = guests
         .into_iter()
         .zip(waited)
@@ -139,18 +171,9 @@ fn run_pair_once(
                 Ok(Some(g)) => g.finish(w.unwrap_or(Waited::TimedOut), timeout),
             }
         });
-    let [first, second] = [0, 1].map(|_| {
+    [0, 1].map(|_| {
         outcomes
             .next()
             .unwrap_or_else(|| Err((Failure::Boot, Error::new("node missing"))))
-    });
-    if stuck && retry {
-        for (node, outcome) in [(1, &first), (2, &second)] {
-            if let Err((_, e)) = outcome {
-                eprintln!("rdma-verbs-vm: node{node}: {}", e.message);
-            }
-        }
-        return None;
-    }
-    Some([first, second])
+    })
 }

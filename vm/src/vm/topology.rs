@@ -1,0 +1,116 @@
+//! How a guest is wired ([`Topology`]): its QEMU network devices, the network setup inside
+//! it and the addresses its command is told about.
+
+/// How a guest is wired. The network setup, the QEMU network devices and the addresses the
+/// command is told about all come from here.
+#[derive(Clone, Copy, Debug)]
+pub enum Topology {
+    /// One guest, one veth pair (veth0 = 10.99.0.1/24), rxe0 on veth0; client and server run
+    /// in the same guest and share rxe0, which loops packets back to itself.
+    Loopback,
+    /// One of two guests on a virtual wire (see [`run_pair`](super::run_pair)): a virtio-net NIC (eth0 =
+    /// 10.99.1.`node`/24) joined to the other guest's by QEMU's UDP socket netdev on
+    /// 127.0.0.1, rxe0 on eth0. RoCE v2 packets cross both guests' network stacks, so
+    /// `tc qdisc ... netem` and `ip link set eth0 down` on either side act on them.
+    Wire {
+        /// 1 or 2.
+        node: u8,
+        /// The UDP port on 127.0.0.1 this guest's NIC receives on.
+        local_port: u16,
+        /// The UDP port on 127.0.0.1 the other guest's NIC receives on.
+        peer_port: u16,
+    },
+}
+
+/// The address of node `node` (1 or 2) of a two-guest wire.
+pub fn wire_addr(node: u8) -> String {
+    format!("10.99.1.{node}")
+}
+
+impl Topology {
+    /// Extra QEMU arguments for the guest's network devices: none for [`Topology::Loopback`]
+    /// (`-nic none` stays), one virtio-net NIC on the UDP socket wire for [`Topology::Wire`]
+    /// (only ever to 127.0.0.1, never to the outside).
+    pub(super) fn qemu_net_args(self) -> Vec<String> {
+        match self {
+            Topology::Loopback => Vec::new(),
+            Topology::Wire {
+                node,
+                local_port,
+                peer_port,
+            } => vec![
+                "-netdev".into(),
+                format!("socket,id=n0,udp=127.0.0.1:{peer_port},localaddr=127.0.0.1:{local_port}"),
+                "-device".into(),
+                format!("virtio-net-pci,netdev=n0,romfile=,mac=52:54:00:99:01:{node:02x}"),
+            ],
+        }
+    }
+
+    /// CPUs of the guest: two for the lone guest, one each for two guests on a wire (the
+    /// 2-core hosts this runs on would otherwise be oversubscribed).
+    pub(super) fn cpus(self) -> &'static str {
+        match self {
+            Topology::Loopback => "2",
+            Topology::Wire { .. } => "1",
+        }
+    }
+
+    /// `network.sh`: run by busybox sh in the initramfs before the command; brings the RDMA
+    /// device up. Busybox does what it can (its static binary starts much faster under
+    /// emulation than the host's dynamic ones); creating the veth pair (busybox's `ip` cannot)
+    /// and the rxe link (rxe turns ACTIVE when its netdev goes up later) use the host's
+    /// iproute2 through one chroot. Output goes to the console log.
+    pub(super) fn setup_script(self) -> String {
+        let wait_active = "i=0\n\
+             until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do\n\
+             \x20 i=$((i + 1)); [ $i -lt 50 ] || { echo 'rxe0 port 1 is not ACTIVE'; exit 1; }\n\
+             \x20 sleep 0.1\n\
+             done\n";
+        match self {
+            Topology::Loopback => format!(
+                "set -e\n\
+                 ip link set lo up\n\
+                 chroot /host /bin/sh -ec 'PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
+                 \x20 ip link add veth0 type veth peer name veth1\n\
+                 \x20 rdma link add rxe0 type rxe netdev veth0'\n\
+                 ip addr add 10.99.0.1/24 dev veth0\n\
+                 ip link set veth0 up\n\
+                 ip link set veth1 up\n\
+                 {wait_active}"
+            ),
+            Topology::Wire { node, .. } => format!(
+                "set -e\n\
+                 ip link set lo up\n\
+                 i=0\n\
+                 until [ -e /sys/class/net/eth0 ]; do\n\
+                 \x20 i=$((i + 1)); [ $i -lt 50 ] || {{ echo 'no eth0'; exit 1; }}\n\
+                 \x20 sleep 0.1\n\
+                 done\n\
+                 chroot /host /bin/sh -ec 'PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
+                 \x20 rdma link add rxe0 type rxe netdev eth0'\n\
+                 ip addr add {}/24 dev eth0\n\
+                 ip link set eth0 up\n\
+                 {wait_active}",
+                wire_addr(node)
+            ),
+        }
+    }
+
+    /// Environment the command gets to find the device: name and local address, and on a
+    /// wire the node number and the peer's address.
+    pub fn guest_env(self) -> Vec<(&'static str, String)> {
+        match self {
+            Topology::Loopback => vec![
+                ("RDMA_VERBS_DEVICE", "rxe0".into()),
+                ("RDMA_VERBS_ADDR", "10.99.0.1".into()),
+            ],
+            Topology::Wire { node, .. } => vec![
+                ("RDMA_VERBS_DEVICE", "rxe0".into()),
+                ("RDMA_VERBS_NODE", node.to_string()),
+                ("RDMA_VERBS_ADDR", wire_addr(node)),
+                ("RDMA_VERBS_PEER", wire_addr(3 - node)),
+            ],
+        }
+    }
+}
