@@ -3,8 +3,9 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use super::side_table::PostedRange;
 use super::{Dst, PreparedSends, ScopedBuffers};
-use super::{Posted, SIGNALED, ScopedSend};
+use super::{SIGNALED, ScopedSend};
 use crate::error::{Error, Result, errno};
 use crate::ffi;
 use crate::mr::Mr;
@@ -17,8 +18,8 @@ use crate::qp::{Qp, QpCore};
 /// for `'scope`.
 pub struct ScopedQp<'scope, S: QpState> {
     core: NonNull<QpCore>,
-    sq_ok: bool,
-    rq_ok: bool,
+    sq_in_scope: bool,
+    rq_in_scope: bool,
     _qp: PhantomData<&'scope mut Qp<Rc, S>>,
     /// Invariant in `'scope`: were it covariant, the handle could be
     /// shortened to a lifetime inside the closure and post buffers borrowed
@@ -48,13 +49,17 @@ impl From<ScopedListError> for Error {
 }
 
 impl<'scope, S: QpState> ScopedQp<'scope, S> {
-    /// The handle of a QP the scope attached; `sq_ok` / `rq_ok`: its send /
+    /// The handle of a QP the scope attached; `sq_in_scope` / `rq_in_scope`: its send /
     /// receive queue completes on the scope's CQ.
-    pub(super) fn new(core: NonNull<QpCore>, sq_ok: bool, rq_ok: bool) -> ScopedQp<'scope, S> {
+    pub(super) fn new(
+        core: NonNull<QpCore>,
+        sq_in_scope: bool,
+        rq_in_scope: bool,
+    ) -> ScopedQp<'scope, S> {
         ScopedQp {
             core,
-            sq_ok,
-            rq_ok,
+            sq_in_scope,
+            rq_in_scope,
             _qp: PhantomData,
             _invariant: PhantomData,
             _not_send: PhantomData,
@@ -82,7 +87,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let ring = &*core.sq;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
         let tables = match core.scoped.as_deref_mut() {
-            Some(t) if self.sq_ok && in_flight < depth && req.plainly_valid() => t,
+            Some(t) if self.sq_in_scope && in_flight < depth && req.plainly_valid() => t,
             // By value: a reference escaping into the cold call would keep
             // the request in memory on the hot path too.
             _ => return Err(self.send_refused(*req)),
@@ -94,7 +99,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
         let i = ring.index(head);
         // SAFETY: `index` masks with the ring's slot count, the table's length.
-        unsafe { *tables.sq.get_unchecked_mut(i) = Posted::send(head, req.wr_id, req.opcode) };
+        unsafe { *tables.sq.get_unchecked_mut(i) = PostedRange::send(head, req.wr_id, req.opcode) };
         if let Some(ex) = core.send_ex.as_ref() {
             // SAFETY: one well-formed request whose SGE names memory
             // borrowed for 'scope, which outlives every request posted in the
@@ -110,7 +115,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 // All or nothing: refused, so not posted.
                 Some(rc) => {
                     // SAFETY: the entry written above, for the head.
-                    unsafe { Posted::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
+                    unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
                     return Err(Error::verb("ibv_post_send", errno(rc)));
                 }
                 None => {}
@@ -139,7 +144,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 core.sq_head = head + 1;
             } else {
                 // SAFETY: the entry written above, for the head.
-                unsafe { Posted::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
+                unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
                 tables.sig_end = sig_end;
             }
             return Err(Error::verb("ibv_post_send", errno(rc)));
@@ -154,7 +159,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn send_refused(&self, req: ScopedSend<'scope>) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.sq_ok || core.scoped.is_none() {
+        if !self.sq_in_scope || core.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
         }
         let depth = core.sq.depth();
@@ -184,7 +189,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     where
         S: CanPostSend,
     {
-        if !self.sq_ok {
+        if !self.sq_in_scope {
             return Err(not_on_scope_cq("send", 0));
         }
         let mut reqs = reqs.into_iter();
@@ -239,15 +244,15 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let n = list.len() as u64;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
         let tables = match core.scoped.as_deref_mut() {
-            Some(t) if self.sq_ok && in_flight + n <= depth => t,
+            Some(t) if self.sq_in_scope && in_flight + n <= depth => t,
             _ => return Err(self.prepared_refused(n)),
         };
         let side = tables.sq.as_mut_ptr();
         match list.uniform_opcode() {
-            // One side entry for the whole list (see `Posted`).
+            // One side entry for the whole list (see `PostedRange`).
             // SAFETY: `index` masks with the ring's slot count, the table's length.
             Some(wc_opcode) => unsafe {
-                *side.add(ring.index(head)) = Posted {
+                *side.add(ring.index(head)) = PostedRange {
                     wr_id: first_wr_id,
                     seq: head,
                     wc_opcode,
@@ -259,7 +264,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                     let seq = head + j as u64;
                     // SAFETY: as above.
                     unsafe {
-                        *side.add(ring.index(seq)) = Posted {
+                        *side.add(ring.index(seq)) = PostedRange {
                             wr_id: first_wr_id.wrapping_add(j as u64),
                             seq,
                             wc_opcode,
@@ -305,7 +310,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 // Nothing was posted (ibv_wr_complete is all or nothing).
                 Some(rc) => {
                     // SAFETY: the entries written above, from the head.
-                    unsafe { Posted::unstage(side, ring, head, head + n) };
+                    unsafe { PostedRange::unstage(side, ring, head, head + n) };
                     tables.sig_end = sig_end;
                     return Err(Error::verb("ibv_post_send", errno(rc)));
                 }
@@ -341,7 +346,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                     (*side.add(ring.index(head))).len = ok as u32;
                 },
                 // SAFETY: the entries written above for the refused ones.
-                Some(ok) => unsafe { Posted::unstage(side, ring, head + ok as u64, head + n) },
+                Some(ok) => unsafe { PostedRange::unstage(side, ring, head + ok as u64, head + n) },
                 None => {}
             }
             let posted = ok.unwrap_or(wrs.len());
@@ -364,7 +369,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn prepared_refused(&self, n: u64) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.sq_ok || core.scoped.is_none() {
+        if !self.sq_in_scope || core.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
         }
         let depth = core.sq.depth();
@@ -397,7 +402,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let head = core.rq_head;
         let ring = &*core.rq;
         let tables = match core.scoped.as_deref_mut() {
-            Some(t) if self.rq_ok && ring.in_flight(head) < ring.depth() => t,
+            Some(t) if self.rq_in_scope && ring.in_flight(head) < ring.depth() => t,
             _ => return Err(self.recv_refused()),
         };
         // SAFETY: `index` masks with the ring's slot count, the table's length.
@@ -431,7 +436,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// registered in another PD than the QP's, holds no buffer of `buf_len`
     /// bytes (1 to 4 GiB − 1) or more than [`MAX_SCOPED_BUFFERS`](super::MAX_SCOPED_BUFFERS).
     pub fn buffers(&self, mr: &'scope mut Mr, buf_len: usize) -> Result<ScopedBuffers<'scope, S>> {
-        ScopedBuffers::new(self.core, self.sq_ok, self.rq_ok, mr, buf_len)
+        ScopedBuffers::new(self.core, self.sq_in_scope, self.rq_in_scope, mr, buf_len)
     }
 
     /// Why [`post_recv`](ScopedQp::post_recv) refused.
@@ -440,7 +445,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn recv_refused(&self) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.rq_ok || core.scoped.is_none() {
+        if !self.rq_in_scope || core.scoped.is_none() {
             return not_on_scope_cq("receive", 0).error;
         }
         Error::QueueFull {
@@ -488,8 +493,8 @@ fn post_send_chunk<'s>(
         return Err(not_on_scope_cq("send", 0));
     }
     // Takes back the side entries of staged requests that are not posted,
-    // also when the iterator panics (see `Posted`).
-    let mut staged = Staged {
+    // also when the iterator panics (see `PostedRange`).
+    let mut staged = StagedEntries {
         core,
         from: head,
         to: head,
@@ -540,7 +545,7 @@ fn post_send_chunk<'s>(
         // QP's tables and nothing else references now.
         unsafe {
             *tables.sq.get_unchecked_mut(ring.index(seq)) =
-                Posted::send(seq, req.wr_id, req.opcode);
+                PostedRange::send(seq, req.wr_id, req.opcode);
             sges.add(n).write(req.sge);
             req.fill(&mut *wrs.add(n), ring.token(seq), flags, sges.add(n));
             (*wrs.add(n)).next = wrs.add(n + 1);
@@ -595,13 +600,13 @@ fn post_send_chunk<'s>(
 
 /// Side entries written for requests `from..to` of a chunk that are not
 /// (yet) posted: taken back when dropped.
-struct Staged {
+struct StagedEntries {
     core: NonNull<QpCore>,
     from: u64,
     to: u64,
 }
 
-impl Drop for Staged {
+impl Drop for StagedEntries {
     fn drop(&mut self) {
         if self.from == self.to {
             return;
@@ -612,7 +617,7 @@ impl Drop for Staged {
         let c = unsafe { &mut *self.core.as_ptr() };
         if let Some(tables) = c.scoped.as_deref_mut() {
             // SAFETY: the entries of staged requests, at or after the head.
-            unsafe { Posted::unstage(tables.sq.as_mut_ptr(), &c.sq, self.from, self.to) };
+            unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), &c.sq, self.from, self.to) };
         }
     }
 }
