@@ -43,6 +43,7 @@
 
 mod buf;
 mod buffers;
+mod chunk;
 mod drain;
 mod poll;
 mod post;

@@ -3,6 +3,10 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use super::chunk::post_send_chunk;
+use super::prepared::{
+    post_prepared_chain, post_prepared_ex, settle_refused_prepared, stage_prepared,
+};
 use super::side_table::PostedRange;
 use super::{Dst, PreparedSends, ScopedBuffers};
 use super::{SIGNALED, ScopedSend};
@@ -10,7 +14,6 @@ use crate::error::{Error, Result, errno};
 use crate::ffi;
 use crate::mr::Mr;
 use crate::qp::post;
-use crate::qp::queue::POST_CHUNK;
 use crate::qp::state::{CanPostRecv, CanPostSend, QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
@@ -248,33 +251,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             _ => return Err(self.prepared_refused(n)),
         };
         let side = tables.sq.as_mut_ptr();
-        match list.uniform_opcode() {
-            // One side entry for the whole list (see `PostedRange`).
-            // SAFETY: `index` masks with the ring's slot count, the table's length.
-            Some(wc_opcode) => unsafe {
-                *side.add(ring.index(head)) = PostedRange {
-                    wr_id: first_wr_id,
-                    seq: head,
-                    wc_opcode,
-                    len: n as u32,
-                };
-            },
-            None => {
-                for (j, &(wc_opcode, _)) in list.ops().iter().enumerate() {
-                    let seq = head + j as u64;
-                    // SAFETY: as above.
-                    unsafe {
-                        *side.add(ring.index(seq)) = PostedRange {
-                            wr_id: first_wr_id.wrapping_add(j as u64),
-                            seq,
-                            wc_opcode,
-                            len: 1,
-                        };
-                    }
-                }
-            }
-        }
-        let last = list.len() - 1;
+        // SAFETY: the QP's side table, which nothing else references now;
+        // the list fits in the free slots from the head.
+        unsafe { stage_prepared(side, ring, list, head, first_wr_id) };
         // Ask for a completion when the same list would not fit again until
         // one comes (this one taking the last free slot among them): a queue
         // holding only unsignaled requests would never drain.
@@ -289,20 +268,8 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let low = head as u32;
         debug_assert_eq!(tag | u64::from(low), ring.token(head));
         if let Some(ex) = core.send_ex.as_ref() {
-            // SAFETY: this call is the only user of the list's requests (the
-            // list is not Sync and no user code runs until it returns).
-            let reqs = unsafe { list.requests() };
-            if force {
-                reqs[last].flags |= SIGNALED;
-            }
-            // SAFETY: requests checked when the list was built, whose SGEs
-            // name memory borrowed for at least 'scope, which outlives every
-            // request posted in the scope; ex is the QP's extended interface.
-            let rc = unsafe { ex.post_list(reqs, list.uniform_wr_opcode(), tag, low) };
-            if force {
-                reqs[last].flags = list.flags(last);
-            }
-            match rc {
+            // SAFETY: ex is the QP's extended interface.
+            match unsafe { post_prepared_ex(ex, list, force, tag, low) } {
                 Some(0) => {
                     core.sq_head = head + n;
                     return Ok(());
@@ -319,44 +286,11 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 None => {}
             }
         }
-        // SAFETY: as for the requests above.
-        let wrs = unsafe { list.chain() };
-        for (j, wr) in wrs.iter_mut().enumerate() {
-            wr.wr_id = tag | u64::from(low.wrapping_add(j as u32));
-        }
-        if force {
-            wrs[last].send_flags |= SIGNALED;
-        }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: valid QP; a chain of well-formed requests (checked when
-        // the list was built) whose SGEs name memory borrowed for at least
-        // 'scope, which outlives every request posted in the scope.
-        let rc = unsafe { core.post_send_chain(wrs.as_mut_ptr(), &mut bad) };
-        if force {
-            wrs[last].send_flags = list.flags(last);
-        }
-        if rc != 0 {
-            // As in a list chunk: a provider that does not say which request
-            // it refused may own some of them; count them all as posted.
-            let ok = post::bad_index(bad, wrs.as_mut_ptr(), wrs.len());
-            match ok {
-                // The list's range covers the posted requests only.
-                // SAFETY: as above.
-                Some(ok) if ok > 0 && list.uniform_opcode().is_some() => unsafe {
-                    (*side.add(ring.index(head))).len = ok as u32;
-                },
-                // SAFETY: the entries written above for the refused ones.
-                Some(ok) => unsafe { PostedRange::unstage(side, ring, head + ok as u64, head + n) },
-                None => {}
-            }
-            let posted = ok.unwrap_or(wrs.len());
-            core.sq_head = head + posted as u64;
-            if posted < wrs.len() {
-                let sig = (0..posted).rev().find(|&j| list.is_signaled(j));
-                if let Some(t) = core.scoped.as_deref_mut() {
-                    t.sig_end = sig.map_or(sig_end, |j| head + j as u64 + 1);
-                }
-            }
+        // SAFETY: the core is the QP's, valid for the scope.
+        if let Err((rc, ok)) = unsafe { post_prepared_chain(core, list, force, tag, low) } {
+            // SAFETY: `side` is the QP's side table, with the entries
+            // written above.
+            unsafe { settle_refused_prepared(core, side, list, head, sig_end, ok) };
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
         core.sq_head = head + n;
@@ -463,162 +397,6 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             core.sq.in_flight(core.sq_head),
             core.rq.in_flight(core.rq_head),
         )
-    }
-}
-
-/// Posts up to [`POST_CHUNK`] requests of `reqs` with one verb call;
-/// returns how many were posted and whether `reqs` may have more, or why the
-/// next was not posted.
-///
-/// References into the QP's core live only between calls of `reqs.next()`,
-/// which may poll the scope (and so use the core itself): `core` is the
-/// QP's core, borrowed for the scope by the `ScopedQp` that calls.
-#[inline(always)]
-fn post_send_chunk<'s>(
-    core: NonNull<QpCore>,
-    reqs: &mut impl Iterator<Item = ScopedSend<'s>>,
-) -> std::result::Result<(usize, bool), ScopedListError> {
-    // SAFETY: see above; no reference into the core is live, and a poll
-    // from the iterator changes neither the head nor the depth.
-    let (head, depth, sig_all, tables_ok) = unsafe {
-        let c = core.as_ref();
-        (
-            c.sq_head,
-            c.sq.depth(),
-            c.caps.sq_sig_all,
-            c.scoped.is_some(),
-        )
-    };
-    if !tables_ok {
-        return Err(not_on_scope_cq("send", 0));
-    }
-    // Takes back the side entries of staged requests that are not posted,
-    // also when the iterator panics (see `PostedRange`).
-    let mut staged = StagedEntries {
-        core,
-        from: head,
-        to: head,
-    };
-    let mut n = 0;
-    // One past the chunk's last signaled request (0: none).
-    let mut last_sig = 0;
-    let mut refused = None;
-    let mut more = true;
-    while n < POST_CHUNK {
-        let Some(req) = reqs.next() else {
-            more = false;
-            break;
-        };
-        // SAFETY: as above; the iterator has returned, so this is the only
-        // reference until the next call of it.
-        let c = unsafe { &mut *core.as_ptr() };
-        let ring = &*c.sq;
-        let Some(tables) = c.scoped.as_deref_mut() else {
-            break; // not reached: attached QPs keep their tables
-        };
-        let seq = head + n as u64;
-        // Polls from the iterator may have retired requests since.
-        let in_flight = ring.in_flight(head);
-        if in_flight + n as u64 >= depth {
-            refused = Some(Error::QueueFull {
-                queue: "send",
-                depth: depth as u32,
-            });
-            break;
-        }
-        if !req.plainly_valid() {
-            refused = Some(req.refusal());
-            break;
-        }
-        let mut flags = req.flags;
-        if in_flight + n as u64 + 1 == depth && !sig_all {
-            // The last free slot: ask for a completion so the queue drains.
-            flags |= SIGNALED;
-        }
-        if flags & SIGNALED != 0 {
-            last_sig = n + 1;
-        }
-        let wrs = tables.send_wrs.as_mut_ptr();
-        let sges = tables.sges.as_mut_ptr();
-        // SAFETY: `index` masks with the ring's slot count, the table's
-        // length; n < POST_CHUNK: inside both arrays, which live in the
-        // QP's tables and nothing else references now.
-        unsafe {
-            *tables.sq.get_unchecked_mut(ring.index(seq)) =
-                PostedRange::send(seq, req.wr_id, req.opcode);
-            sges.add(n).write(req.sge);
-            req.fill(&mut *wrs.add(n), ring.token(seq), flags, sges.add(n));
-            (*wrs.add(n)).next = wrs.add(n + 1);
-        }
-        n += 1;
-        staged.to = seq + 1;
-    }
-    if n > 0 {
-        // SAFETY: as above; the iterator is not called again in this chunk.
-        let c = unsafe { &mut *core.as_ptr() };
-        let Some(tables) = c.scoped.as_deref_mut() else {
-            unreachable!("checked above");
-        };
-        let wrs = tables.send_wrs.as_mut_ptr();
-        // SAFETY: entry n - 1 was written above.
-        unsafe { (*wrs.add(n - 1)).next = std::ptr::null_mut() };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: valid QP; a chain of n well-formed requests whose SGEs
-        // name memory borrowed for 'scope (outliving every request posted
-        // in the scope) and live in the QP's tables during the call.
-        let rc = unsafe { c.post_send_chain(wrs, &mut bad) };
-        if rc != 0 {
-            // Requests from `bad` on were refused. A provider that did not
-            // say which may own some of them: count them all as posted, so
-            // that the scope waits for (or flushes) them.
-            let ok = post::bad_index(bad, wrs, n).unwrap_or(n);
-            c.sq_head = head + ok as u64;
-            staged.from = head + ok as u64;
-            // SAFETY: entries below n were written above.
-            let sig = (0..ok)
-                .rev()
-                .find(|&j| unsafe { (*wrs.add(j)).send_flags } & SIGNALED != 0);
-            if let (Some(j), Some(t)) = (sig, c.scoped.as_deref_mut()) {
-                t.sig_end = head + j as u64 + 1;
-            }
-            return Err(ScopedListError {
-                posted: ok,
-                error: Error::verb("ibv_post_send", errno(rc)),
-            });
-        }
-        c.sq_head = head + n as u64;
-        staged.from = staged.to;
-        if let (true, Some(t)) = (last_sig > 0, c.scoped.as_deref_mut()) {
-            t.sig_end = head + last_sig as u64;
-        }
-    }
-    match refused {
-        None => Ok((n, more)),
-        Some(error) => Err(ScopedListError { posted: n, error }),
-    }
-}
-
-/// Side entries written for requests `from..to` of a chunk that are not
-/// (yet) posted: taken back when dropped.
-struct StagedEntries {
-    core: NonNull<QpCore>,
-    from: u64,
-    to: u64,
-}
-
-impl Drop for StagedEntries {
-    fn drop(&mut self) {
-        if self.from == self.to {
-            return;
-        }
-        // SAFETY: as in `post_send_chunk`; no other reference into the core
-        // is live when the guard drops (after the chunk, or in an unwind
-        // from the iterator).
-        let c = unsafe { &mut *self.core.as_ptr() };
-        if let Some(tables) = c.scoped.as_deref_mut() {
-            // SAFETY: the entries of staged requests, at or after the head.
-            unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), &c.sq, self.from, self.to) };
-        }
     }
 }
 
