@@ -194,6 +194,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// [`Error::QueueFull`] when the receive queue is full (poll first);
     /// [`Error::Verb`] when the provider refuses it.
     #[inline(always)]
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_recv(&mut self, k: usize, wr_id: u64) -> Result<()>
     where
         S: CanPostRecv,
@@ -242,6 +243,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// [`buf_len`](Self::buf_len), while a receive of the buffer is in
     /// flight, or when the QP's send queue does not complete on the scope's
     /// CQ; else as [`ScopedQp::post_send`].
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send(&mut self, k: usize, len: usize, wr_id: u64) -> Result<()>
     where
         S: CanPostSend,
@@ -256,6 +258,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// # Errors
     /// As [`post_send`](Self::post_send), and [`Error::RemoteOutOfBounds`]
     /// when the write does not fit `remote`.
+    #[doc(alias = "ibv_post_send")]
     pub fn post_write(
         &mut self,
         k: usize,

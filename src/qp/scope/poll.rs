@@ -25,6 +25,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// after [`Cq::poll_raw`]) found beside completions of the scope is
     /// reported by the CQ's next poll after the scope instead, so that those
     /// are returned here.
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll(&self, out: &mut Vec<ScopedCompletion>) -> Result<usize> {
         make_room(out);
         self.poll_up_to(out, out.capacity() - out.len())
@@ -38,6 +39,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     ///
     /// # Errors
     /// [`Error::Timeout { .. }`](Error::Timeout), or as [`Cq::poll`].
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_n(
         &self,
         out: &mut Vec<ScopedCompletion>,
@@ -63,6 +65,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// other requests that [`Cq::poll_raw`] took
     /// ([`Error::CompletionsLost`]) returns the completion; the loss is
     /// reported by the CQ's next poll after the scope.
+    #[doc(alias = "ibv_poll_cq")]
     pub fn poll_one(&self, timeout: Duration) -> Result<ScopedCompletion> {
         let mut out = Vec::with_capacity(1);
         match self.poll_n(&mut out, 1, timeout) {

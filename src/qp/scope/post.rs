@@ -78,6 +78,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// [`Error::InvalidArgument`] when the QP's send queue does not complete
     /// on the scope's CQ; [`Error::Verb`] when the provider refuses it.
     #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send(&mut self, req: &ScopedSend<'scope>) -> Result<()>
     where
         S: CanPostSend,
@@ -185,6 +186,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// # Errors
     /// As [`post_send`](ScopedQp::post_send), with how many were posted.
     #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send_list(
         &mut self,
         reqs: impl IntoIterator<Item = ScopedSend<'scope>>,
@@ -236,6 +238,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// provider refuses it (with the extended send API nothing was posted;
     /// with `ibv_post_send` the requests before the refused one were).
     #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
     pub fn post_prepared(&mut self, list: &PreparedSends<'scope>, first_wr_id: u64) -> Result<()>
     where
         S: CanPostSend,
@@ -327,6 +330,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// the scope's CQ (or come from a shared receive queue);
     /// [`Error::Verb`] when the provider refuses it.
     #[inline(always)]
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_recv(&mut self, wr_id: u64, dst: Dst<'scope>) -> Result<()>
     where
         S: CanPostRecv,
