@@ -64,8 +64,8 @@ pub struct ScopedBuffers<'scope, S: QpState> {
     /// The QP, attached to the scope (borrowed for `'scope`).
     core: NonNull<QpCore>,
     /// Its send / receive queue completes on the scope's CQ.
-    sq_ok: bool,
-    rq_ok: bool,
+    sq_in_scope: bool,
+    rq_in_scope: bool,
     /// One C receive per buffer; each `sg_list` points at its entry of
     /// `sges`, and `next` is null. Only `wr_id` changes, per post.
     recv_wrs: Box<[ffi::ibv_recv_wr]>,
@@ -93,11 +93,11 @@ enum Busy {
 
 impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// The buffers of `mr` (`mr.len() / buf_len` of them) for `core`, whose
-    /// send / receive queue completes on the scope's CQ per `sq_ok` / `rq_ok`.
+    /// send / receive queue completes on the scope's CQ per `sq_in_scope` / `rq_in_scope`.
     pub(super) fn new(
         core: NonNull<QpCore>,
-        sq_ok: bool,
-        rq_ok: bool,
+        sq_in_scope: bool,
+        rq_in_scope: bool,
         mr: &'scope mut Mr,
         buf_len: usize,
     ) -> Result<ScopedBuffers<'scope, S>> {
@@ -156,8 +156,8 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
             .collect();
         Ok(ScopedBuffers {
             core,
-            sq_ok,
-            rq_ok,
+            sq_in_scope,
+            rq_in_scope,
             recv_wrs,
             sges,
             recv_end: vec![0; count].into_boxed_slice(),
@@ -194,6 +194,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// [`Error::QueueFull`] when the receive queue is full (poll first);
     /// [`Error::Verb`] when the provider refuses it.
     #[inline(always)]
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_recv(&mut self, k: usize, wr_id: u64) -> Result<()>
     where
         S: CanPostRecv,
@@ -211,7 +212,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         ) else {
             return Err(self.refused(k));
         };
-        if !self.rq_ok
+        if !self.rq_in_scope
             || ring.in_flight(head) >= ring.depth()
             || (send_end != 0 && send_end > core.sq.tail())
         {
@@ -242,6 +243,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// [`buf_len`](Self::buf_len), while a receive of the buffer is in
     /// flight, or when the QP's send queue does not complete on the scope's
     /// CQ; else as [`ScopedQp::post_send`].
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send(&mut self, k: usize, len: usize, wr_id: u64) -> Result<()>
     where
         S: CanPostSend,
@@ -256,6 +258,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// # Errors
     /// As [`post_send`](Self::post_send), and [`Error::RemoteOutOfBounds`]
     /// when the write does not fit `remote`.
+    #[doc(alias = "ibv_post_send")]
     pub fn post_write(
         &mut self,
         k: usize,
@@ -294,12 +297,12 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         // SAFETY: as in `post_recv`; read-only, and no reference into the
         // core lives across the post below.
         let head = unsafe { self.core.as_ref().sq_head };
-        let mut q = ScopedQp::<'scope, S>::new(self.core, self.sq_ok, self.rq_ok);
+        let mut q = ScopedQp::<'scope, S>::new(self.core, self.sq_in_scope, self.rq_in_scope);
         let r = q.post_send(&req.signaled(true));
         // SAFETY: as above.
         let after = unsafe { self.core.as_ref().sq_head };
         if after > head {
-            // Posted, or possibly owned by the provider after a refusal: the
+            // PostedRange, or possibly owned by the provider after a refusal: the
             // NIC may read the buffer until the request is retired.
             self.send_end[k] = head + 1;
         }
@@ -318,7 +321,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         if self.busy(k) == Some(Busy::Sending) {
             return busy_error(k, "send");
         }
-        if !self.rq_ok || core.scoped.is_none() {
+        if !self.rq_in_scope || core.scoped.is_none() {
             return super::post::not_on_scope_cq("receive", 0).error;
         }
         Error::QueueFull {

@@ -3,13 +3,17 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use super::chunk::post_send_chunk;
+use super::prepared::{
+    post_prepared_chain, post_prepared_ex, settle_refused_prepared, stage_prepared,
+};
+use super::side_table::PostedRange;
 use super::{Dst, PreparedSends, ScopedBuffers};
-use super::{Posted, SIGNALED, ScopedSend};
+use super::{SIGNALED, ScopedSend};
 use crate::error::{Error, Result, errno};
 use crate::ffi;
 use crate::mr::Mr;
 use crate::qp::post;
-use crate::qp::queue::POST_CHUNK;
 use crate::qp::state::{CanPostRecv, CanPostSend, QpState, Rc};
 use crate::qp::{Qp, QpCore};
 
@@ -17,8 +21,8 @@ use crate::qp::{Qp, QpCore};
 /// for `'scope`.
 pub struct ScopedQp<'scope, S: QpState> {
     core: NonNull<QpCore>,
-    sq_ok: bool,
-    rq_ok: bool,
+    sq_in_scope: bool,
+    rq_in_scope: bool,
     _qp: PhantomData<&'scope mut Qp<Rc, S>>,
     /// Invariant in `'scope`: were it covariant, the handle could be
     /// shortened to a lifetime inside the closure and post buffers borrowed
@@ -48,13 +52,17 @@ impl From<ScopedListError> for Error {
 }
 
 impl<'scope, S: QpState> ScopedQp<'scope, S> {
-    /// The handle of a QP the scope attached; `sq_ok` / `rq_ok`: its send /
+    /// The handle of a QP the scope attached; `sq_in_scope` / `rq_in_scope`: its send /
     /// receive queue completes on the scope's CQ.
-    pub(super) fn new(core: NonNull<QpCore>, sq_ok: bool, rq_ok: bool) -> ScopedQp<'scope, S> {
+    pub(super) fn new(
+        core: NonNull<QpCore>,
+        sq_in_scope: bool,
+        rq_in_scope: bool,
+    ) -> ScopedQp<'scope, S> {
         ScopedQp {
             core,
-            sq_ok,
-            rq_ok,
+            sq_in_scope,
+            rq_in_scope,
             _qp: PhantomData,
             _invariant: PhantomData,
             _not_send: PhantomData,
@@ -70,6 +78,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// [`Error::InvalidArgument`] when the QP's send queue does not complete
     /// on the scope's CQ; [`Error::Verb`] when the provider refuses it.
     #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send(&mut self, req: &ScopedSend<'scope>) -> Result<()>
     where
         S: CanPostSend,
@@ -82,7 +91,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let ring = &*core.sq;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
         let tables = match core.scoped.as_deref_mut() {
-            Some(t) if self.sq_ok && in_flight < depth && req.plainly_valid() => t,
+            Some(t) if self.sq_in_scope && in_flight < depth && req.plainly_valid() => t,
             // By value: a reference escaping into the cold call would keep
             // the request in memory on the hot path too.
             _ => return Err(self.send_refused(*req)),
@@ -94,7 +103,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
         let i = ring.index(head);
         // SAFETY: `index` masks with the ring's slot count, the table's length.
-        unsafe { *tables.sq.get_unchecked_mut(i) = Posted::send(head, req.wr_id, req.opcode) };
+        unsafe { *tables.sq.get_unchecked_mut(i) = PostedRange::send(head, req.wr_id, req.opcode) };
         if let Some(ex) = core.send_ex.as_ref() {
             // SAFETY: one well-formed request whose SGE names memory
             // borrowed for 'scope, which outlives every request posted in the
@@ -110,7 +119,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 // All or nothing: refused, so not posted.
                 Some(rc) => {
                     // SAFETY: the entry written above, for the head.
-                    unsafe { Posted::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
+                    unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
                     return Err(Error::verb("ibv_post_send", errno(rc)));
                 }
                 None => {}
@@ -139,7 +148,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 core.sq_head = head + 1;
             } else {
                 // SAFETY: the entry written above, for the head.
-                unsafe { Posted::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
+                unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
                 tables.sig_end = sig_end;
             }
             return Err(Error::verb("ibv_post_send", errno(rc)));
@@ -154,7 +163,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn send_refused(&self, req: ScopedSend<'scope>) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.sq_ok || core.scoped.is_none() {
+        if !self.sq_in_scope || core.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
         }
         let depth = core.sq.depth();
@@ -177,6 +186,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// # Errors
     /// As [`post_send`](ScopedQp::post_send), with how many were posted.
     #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
     pub fn post_send_list(
         &mut self,
         reqs: impl IntoIterator<Item = ScopedSend<'scope>>,
@@ -184,7 +194,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     where
         S: CanPostSend,
     {
-        if !self.sq_ok {
+        if !self.sq_in_scope {
             return Err(not_on_scope_cq("send", 0));
         }
         let mut reqs = reqs.into_iter();
@@ -228,6 +238,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// provider refuses it (with the extended send API nothing was posted;
     /// with `ibv_post_send` the requests before the refused one were).
     #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
     pub fn post_prepared(&mut self, list: &PreparedSends<'scope>, first_wr_id: u64) -> Result<()>
     where
         S: CanPostSend,
@@ -239,37 +250,13 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let n = list.len() as u64;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
         let tables = match core.scoped.as_deref_mut() {
-            Some(t) if self.sq_ok && in_flight + n <= depth => t,
+            Some(t) if self.sq_in_scope && in_flight + n <= depth => t,
             _ => return Err(self.prepared_refused(n)),
         };
         let side = tables.sq.as_mut_ptr();
-        match list.uniform_opcode() {
-            // One side entry for the whole list (see `Posted`).
-            // SAFETY: `index` masks with the ring's slot count, the table's length.
-            Some(wc_opcode) => unsafe {
-                *side.add(ring.index(head)) = Posted {
-                    wr_id: first_wr_id,
-                    seq: head,
-                    wc_opcode,
-                    len: n as u32,
-                };
-            },
-            None => {
-                for (j, &(wc_opcode, _)) in list.ops().iter().enumerate() {
-                    let seq = head + j as u64;
-                    // SAFETY: as above.
-                    unsafe {
-                        *side.add(ring.index(seq)) = Posted {
-                            wr_id: first_wr_id.wrapping_add(j as u64),
-                            seq,
-                            wc_opcode,
-                            len: 1,
-                        };
-                    }
-                }
-            }
-        }
-        let last = list.len() - 1;
+        // SAFETY: the QP's side table, which nothing else references now;
+        // the list fits in the free slots from the head.
+        unsafe { stage_prepared(side, ring, list, head, first_wr_id) };
         // Ask for a completion when the same list would not fit again until
         // one comes (this one taking the last free slot among them): a queue
         // holding only unsignaled requests would never drain.
@@ -284,20 +271,8 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let low = head as u32;
         debug_assert_eq!(tag | u64::from(low), ring.token(head));
         if let Some(ex) = core.send_ex.as_ref() {
-            // SAFETY: this call is the only user of the list's requests (the
-            // list is not Sync and no user code runs until it returns).
-            let reqs = unsafe { list.requests() };
-            if force {
-                reqs[last].flags |= SIGNALED;
-            }
-            // SAFETY: requests checked when the list was built, whose SGEs
-            // name memory borrowed for at least 'scope, which outlives every
-            // request posted in the scope; ex is the QP's extended interface.
-            let rc = unsafe { ex.post_list(reqs, list.uniform_wr_opcode(), tag, low) };
-            if force {
-                reqs[last].flags = list.flags(last);
-            }
-            match rc {
+            // SAFETY: ex is the QP's extended interface.
+            match unsafe { post_prepared_ex(ex, list, force, tag, low) } {
                 Some(0) => {
                     core.sq_head = head + n;
                     return Ok(());
@@ -305,7 +280,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 // Nothing was posted (ibv_wr_complete is all or nothing).
                 Some(rc) => {
                     // SAFETY: the entries written above, from the head.
-                    unsafe { Posted::unstage(side, ring, head, head + n) };
+                    unsafe { PostedRange::unstage(side, ring, head, head + n) };
                     tables.sig_end = sig_end;
                     return Err(Error::verb("ibv_post_send", errno(rc)));
                 }
@@ -314,44 +289,11 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 None => {}
             }
         }
-        // SAFETY: as for the requests above.
-        let wrs = unsafe { list.chain() };
-        for (j, wr) in wrs.iter_mut().enumerate() {
-            wr.wr_id = tag | u64::from(low.wrapping_add(j as u32));
-        }
-        if force {
-            wrs[last].send_flags |= SIGNALED;
-        }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: valid QP; a chain of well-formed requests (checked when
-        // the list was built) whose SGEs name memory borrowed for at least
-        // 'scope, which outlives every request posted in the scope.
-        let rc = unsafe { core.post_send_chain(wrs.as_mut_ptr(), &mut bad) };
-        if force {
-            wrs[last].send_flags = list.flags(last);
-        }
-        if rc != 0 {
-            // As in a list chunk: a provider that does not say which request
-            // it refused may own some of them; count them all as posted.
-            let ok = post::bad_index(bad, wrs.as_mut_ptr(), wrs.len());
-            match ok {
-                // The list's range covers the posted requests only.
-                // SAFETY: as above.
-                Some(ok) if ok > 0 && list.uniform_opcode().is_some() => unsafe {
-                    (*side.add(ring.index(head))).len = ok as u32;
-                },
-                // SAFETY: the entries written above for the refused ones.
-                Some(ok) => unsafe { Posted::unstage(side, ring, head + ok as u64, head + n) },
-                None => {}
-            }
-            let posted = ok.unwrap_or(wrs.len());
-            core.sq_head = head + posted as u64;
-            if posted < wrs.len() {
-                let sig = (0..posted).rev().find(|&j| list.is_signaled(j));
-                if let Some(t) = core.scoped.as_deref_mut() {
-                    t.sig_end = sig.map_or(sig_end, |j| head + j as u64 + 1);
-                }
-            }
+        // SAFETY: the core is the QP's, valid for the scope.
+        if let Err((rc, ok)) = unsafe { post_prepared_chain(core, list, force, tag, low) } {
+            // SAFETY: `side` is the QP's side table, with the entries
+            // written above.
+            unsafe { settle_refused_prepared(core, side, list, head, sig_end, ok) };
             return Err(Error::verb("ibv_post_send", errno(rc)));
         }
         core.sq_head = head + n;
@@ -364,7 +306,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn prepared_refused(&self, n: u64) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.sq_ok || core.scoped.is_none() {
+        if !self.sq_in_scope || core.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
         }
         let depth = core.sq.depth();
@@ -388,6 +330,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// the scope's CQ (or come from a shared receive queue);
     /// [`Error::Verb`] when the provider refuses it.
     #[inline(always)]
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_recv(&mut self, wr_id: u64, dst: Dst<'scope>) -> Result<()>
     where
         S: CanPostRecv,
@@ -397,7 +340,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let head = core.rq_head;
         let ring = &*core.rq;
         let tables = match core.scoped.as_deref_mut() {
-            Some(t) if self.rq_ok && ring.in_flight(head) < ring.depth() => t,
+            Some(t) if self.rq_in_scope && ring.in_flight(head) < ring.depth() => t,
             _ => return Err(self.recv_refused()),
         };
         // SAFETY: `index` masks with the ring's slot count, the table's length.
@@ -431,7 +374,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// registered in another PD than the QP's, holds no buffer of `buf_len`
     /// bytes (1 to 4 GiB − 1) or more than [`MAX_SCOPED_BUFFERS`](super::MAX_SCOPED_BUFFERS).
     pub fn buffers(&self, mr: &'scope mut Mr, buf_len: usize) -> Result<ScopedBuffers<'scope, S>> {
-        ScopedBuffers::new(self.core, self.sq_ok, self.rq_ok, mr, buf_len)
+        ScopedBuffers::new(self.core, self.sq_in_scope, self.rq_in_scope, mr, buf_len)
     }
 
     /// Why [`post_recv`](ScopedQp::post_recv) refused.
@@ -440,7 +383,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn recv_refused(&self) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.rq_ok || core.scoped.is_none() {
+        if !self.rq_in_scope || core.scoped.is_none() {
             return not_on_scope_cq("receive", 0).error;
         }
         Error::QueueFull {
@@ -458,162 +401,6 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             core.sq.in_flight(core.sq_head),
             core.rq.in_flight(core.rq_head),
         )
-    }
-}
-
-/// Posts up to [`POST_CHUNK`] requests of `reqs` with one verb call;
-/// returns how many were posted and whether `reqs` may have more, or why the
-/// next was not posted.
-///
-/// References into the QP's core live only between calls of `reqs.next()`,
-/// which may poll the scope (and so use the core itself): `core` is the
-/// QP's core, borrowed for the scope by the `ScopedQp` that calls.
-#[inline(always)]
-fn post_send_chunk<'s>(
-    core: NonNull<QpCore>,
-    reqs: &mut impl Iterator<Item = ScopedSend<'s>>,
-) -> std::result::Result<(usize, bool), ScopedListError> {
-    // SAFETY: see above; no reference into the core is live, and a poll
-    // from the iterator changes neither the head nor the depth.
-    let (head, depth, sig_all, tables_ok) = unsafe {
-        let c = core.as_ref();
-        (
-            c.sq_head,
-            c.sq.depth(),
-            c.caps.sq_sig_all,
-            c.scoped.is_some(),
-        )
-    };
-    if !tables_ok {
-        return Err(not_on_scope_cq("send", 0));
-    }
-    // Takes back the side entries of staged requests that are not posted,
-    // also when the iterator panics (see `Posted`).
-    let mut staged = Staged {
-        core,
-        from: head,
-        to: head,
-    };
-    let mut n = 0;
-    // One past the chunk's last signaled request (0: none).
-    let mut last_sig = 0;
-    let mut refused = None;
-    let mut more = true;
-    while n < POST_CHUNK {
-        let Some(req) = reqs.next() else {
-            more = false;
-            break;
-        };
-        // SAFETY: as above; the iterator has returned, so this is the only
-        // reference until the next call of it.
-        let c = unsafe { &mut *core.as_ptr() };
-        let ring = &*c.sq;
-        let Some(tables) = c.scoped.as_deref_mut() else {
-            break; // not reached: attached QPs keep their tables
-        };
-        let seq = head + n as u64;
-        // Polls from the iterator may have retired requests since.
-        let in_flight = ring.in_flight(head);
-        if in_flight + n as u64 >= depth {
-            refused = Some(Error::QueueFull {
-                queue: "send",
-                depth: depth as u32,
-            });
-            break;
-        }
-        if !req.plainly_valid() {
-            refused = Some(req.refusal());
-            break;
-        }
-        let mut flags = req.flags;
-        if in_flight + n as u64 + 1 == depth && !sig_all {
-            // The last free slot: ask for a completion so the queue drains.
-            flags |= SIGNALED;
-        }
-        if flags & SIGNALED != 0 {
-            last_sig = n + 1;
-        }
-        let wrs = tables.send_wrs.as_mut_ptr();
-        let sges = tables.sges.as_mut_ptr();
-        // SAFETY: `index` masks with the ring's slot count, the table's
-        // length; n < POST_CHUNK: inside both arrays, which live in the
-        // QP's tables and nothing else references now.
-        unsafe {
-            *tables.sq.get_unchecked_mut(ring.index(seq)) =
-                Posted::send(seq, req.wr_id, req.opcode);
-            sges.add(n).write(req.sge);
-            req.fill(&mut *wrs.add(n), ring.token(seq), flags, sges.add(n));
-            (*wrs.add(n)).next = wrs.add(n + 1);
-        }
-        n += 1;
-        staged.to = seq + 1;
-    }
-    if n > 0 {
-        // SAFETY: as above; the iterator is not called again in this chunk.
-        let c = unsafe { &mut *core.as_ptr() };
-        let Some(tables) = c.scoped.as_deref_mut() else {
-            unreachable!("checked above");
-        };
-        let wrs = tables.send_wrs.as_mut_ptr();
-        // SAFETY: entry n - 1 was written above.
-        unsafe { (*wrs.add(n - 1)).next = std::ptr::null_mut() };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: valid QP; a chain of n well-formed requests whose SGEs
-        // name memory borrowed for 'scope (outliving every request posted
-        // in the scope) and live in the QP's tables during the call.
-        let rc = unsafe { c.post_send_chain(wrs, &mut bad) };
-        if rc != 0 {
-            // Requests from `bad` on were refused. A provider that did not
-            // say which may own some of them: count them all as posted, so
-            // that the scope waits for (or flushes) them.
-            let ok = post::bad_index(bad, wrs, n).unwrap_or(n);
-            c.sq_head = head + ok as u64;
-            staged.from = head + ok as u64;
-            // SAFETY: entries below n were written above.
-            let sig = (0..ok)
-                .rev()
-                .find(|&j| unsafe { (*wrs.add(j)).send_flags } & SIGNALED != 0);
-            if let (Some(j), Some(t)) = (sig, c.scoped.as_deref_mut()) {
-                t.sig_end = head + j as u64 + 1;
-            }
-            return Err(ScopedListError {
-                posted: ok,
-                error: Error::verb("ibv_post_send", errno(rc)),
-            });
-        }
-        c.sq_head = head + n as u64;
-        staged.from = staged.to;
-        if let (true, Some(t)) = (last_sig > 0, c.scoped.as_deref_mut()) {
-            t.sig_end = head + last_sig as u64;
-        }
-    }
-    match refused {
-        None => Ok((n, more)),
-        Some(error) => Err(ScopedListError { posted: n, error }),
-    }
-}
-
-/// Side entries written for requests `from..to` of a chunk that are not
-/// (yet) posted: taken back when dropped.
-struct Staged {
-    core: NonNull<QpCore>,
-    from: u64,
-    to: u64,
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        if self.from == self.to {
-            return;
-        }
-        // SAFETY: as in `post_send_chunk`; no other reference into the core
-        // is live when the guard drops (after the chunk, or in an unwind
-        // from the iterator).
-        let c = unsafe { &mut *self.core.as_ptr() };
-        if let Some(tables) = c.scoped.as_deref_mut() {
-            // SAFETY: the entries of staged requests, at or after the head.
-            unsafe { Posted::unstage(tables.sq.as_mut_ptr(), &c.sq, self.from, self.to) };
-        }
     }
 }
 

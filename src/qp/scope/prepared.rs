@@ -1,14 +1,17 @@
-//! Prepared lists of scoped requests: [`PreparedSends`], posted with
-//! [`ScopedQp::post_prepared`](super::ScopedQp::post_prepared).
+//! Prepared lists of scoped requests: [`PreparedSends`], and the steps of
+//! posting one with [`ScopedQp::post_prepared`](super::ScopedQp::post_prepared).
 
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 
+use super::side_table::PostedRange;
 use super::{SIGNALED, ScopedSend};
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::ledger::ring::SlotMeta;
-use crate::qp::send_ex::Request;
+use crate::ledger::ring::{Ring, SlotMeta};
+use crate::qp::QpCore;
+use crate::qp::post;
+use crate::qp::send_ex::{Request, SendEx};
 
 /// A list of scoped send requests checked and laid out once (as a C chain
 /// and in the extended send API's form), to be posted many times, each time
@@ -186,5 +189,159 @@ impl std::fmt::Debug for PreparedSends<'_> {
         f.debug_struct("PreparedSends")
             .field("len", &self.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// Writes the side entries of `list` posted from `head`: one range for a
+/// list whose requests share an opcode, else one entry per request (see
+/// [`PostedRange`]).
+///
+/// # Safety
+/// `side` has `ring.slot_count()` entries and no other reference to it is
+/// live; `list` fits in the free slots from `head`.
+#[inline(always)]
+pub(super) unsafe fn stage_prepared(
+    side: *mut PostedRange,
+    ring: &Ring,
+    list: &PreparedSends<'_>,
+    head: u64,
+    first_wr_id: u64,
+) {
+    let n = list.len() as u64;
+    match list.uniform_opcode() {
+        // One side entry for the whole list (see `PostedRange`).
+        // SAFETY: `index` masks with the ring's slot count, the table's length.
+        Some(wc_opcode) => unsafe {
+            *side.add(ring.index(head)) = PostedRange {
+                wr_id: first_wr_id,
+                seq: head,
+                wc_opcode,
+                len: n as u32,
+            };
+        },
+        None => {
+            for (j, &(wc_opcode, _)) in list.ops().iter().enumerate() {
+                let seq = head + j as u64;
+                // SAFETY: as above.
+                unsafe {
+                    *side.add(ring.index(seq)) = PostedRange {
+                        wr_id: first_wr_id.wrapping_add(j as u64),
+                        seq,
+                        wc_opcode,
+                        len: 1,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Posts `list` with the extended send API in one critical region, request
+/// `j` with the token `tag | (low + j)` and the last one signaled if
+/// `force`. Returns what [`SendEx::post_list`] returns: `None` when a
+/// request has no builder (nothing posted), else the verb's result.
+///
+/// # Safety
+/// `ex` is the extended interface of the QP the list is posted on.
+#[inline(always)]
+pub(super) unsafe fn post_prepared_ex(
+    ex: &SendEx,
+    list: &PreparedSends<'_>,
+    force: bool,
+    tag: u64,
+    low: u32,
+) -> Option<i32> {
+    let last = list.len() - 1;
+    // SAFETY: this call is the only user of the list's requests (the list is
+    // not Sync and no user code runs until it returns).
+    let reqs = unsafe { list.requests() };
+    if force {
+        reqs[last].flags |= SIGNALED;
+    }
+    // SAFETY: requests checked when the list was built, whose SGEs name
+    // memory borrowed for at least 'scope, which outlives every request
+    // posted in the scope; ex is the QP's extended interface (contract).
+    let rc = unsafe { ex.post_list(reqs, list.uniform_wr_opcode(), tag, low) };
+    if force {
+        reqs[last].flags = list.flags(last);
+    }
+    rc
+}
+
+/// Posts `list`'s C chain with one `ibv_post_send`, request `j` with the
+/// token `tag | (low + j)` and the last one signaled if `force`. When the
+/// provider refuses it: its error code and the index of the first request
+/// refused (`None` when it does not say).
+///
+/// # Safety
+/// `core` is the core of a QP attached to the scope the list is posted in.
+#[inline(always)]
+pub(super) unsafe fn post_prepared_chain(
+    core: &QpCore,
+    list: &PreparedSends<'_>,
+    force: bool,
+    tag: u64,
+    low: u32,
+) -> std::result::Result<(), (i32, Option<usize>)> {
+    let last = list.len() - 1;
+    // SAFETY: as for the requests in `post_prepared_ex`.
+    let wrs = unsafe { list.chain() };
+    for (j, wr) in wrs.iter_mut().enumerate() {
+        wr.wr_id = tag | u64::from(low.wrapping_add(j as u32));
+    }
+    if force {
+        wrs[last].send_flags |= SIGNALED;
+    }
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: valid QP; a chain of well-formed requests (checked when the
+    // list was built) whose SGEs name memory borrowed for at least 'scope,
+    // which outlives every request posted in the scope.
+    let rc = unsafe { core.post_send_chain(wrs.as_mut_ptr(), &mut bad) };
+    if force {
+        wrs[last].send_flags = list.flags(last);
+    }
+    if rc != 0 {
+        return Err((rc, post::bad_index(bad, wrs.as_mut_ptr(), wrs.len())));
+    }
+    Ok(())
+}
+
+/// Commits what a refused `ibv_post_send` of `list` (posted from `head`)
+/// did post: the requests before `ok`, the first refused one, or all of
+/// them when the provider did not say which it refused (it may own some:
+/// the scope then waits for, or flushes, them all). `sig_end` is the QP's
+/// last signaled send before the post.
+///
+/// # Safety
+/// `side` is `core`'s send side table, with `list`'s entries from `head`
+/// written by [`stage_prepared`]; no other reference to it is live.
+#[inline(always)]
+pub(super) unsafe fn settle_refused_prepared(
+    core: &mut QpCore,
+    side: *mut PostedRange,
+    list: &PreparedSends<'_>,
+    head: u64,
+    sig_end: u64,
+    ok: Option<usize>,
+) {
+    let ring = &*core.sq;
+    let n = list.len();
+    match ok {
+        // The list's range covers the posted requests only.
+        // SAFETY: `index` masks with the ring's slot count, the table's length.
+        Some(ok) if ok > 0 && list.uniform_opcode().is_some() => unsafe {
+            (*side.add(ring.index(head))).len = ok as u32;
+        },
+        // SAFETY: the entries written for the refused ones.
+        Some(ok) => unsafe { PostedRange::unstage(side, ring, head + ok as u64, head + n as u64) },
+        None => {}
+    }
+    let posted = ok.unwrap_or(n);
+    core.sq_head = head + posted as u64;
+    if posted < n {
+        let sig = (0..posted).rev().find(|&j| list.is_signaled(j));
+        if let Some(t) = core.scoped.as_deref_mut() {
+            t.sig_end = sig.map_or(sig_end, |j| head + j as u64 + 1);
+        }
     }
 }
