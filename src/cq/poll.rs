@@ -242,7 +242,7 @@ impl Cq {
     ///
     /// # Safety
     /// As [`complete_into`](Cq::complete_into) for `wc`.
-    pub(crate) unsafe fn stash(
+    pub(crate) unsafe fn keep_for_next_poll(
         &mut self,
         wc: *const ffi::ibv_wc,
         caught: &mut HeldPanic,
@@ -267,7 +267,7 @@ impl Cq {
     }
 
     /// What earlier polls left for this one: a loss a `poll_one` deferred
-    /// (reported first, alone), else up to `want` stashed completions moved
+    /// (reported first, alone), else up to `want` kept completions moved
     /// into `out` (oldest first).
     #[cold]
     #[inline(never)]

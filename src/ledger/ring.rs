@@ -105,9 +105,6 @@ pub(crate) struct Retired {
 /// A panic caught while dropping buffers, re-raised once bookkeeping is done.
 pub(crate) type HeldPanic = Option<Box<dyn Any + Send>>;
 
-// The scope still names it by its old name until its split lands.
-pub(crate) type Caught = HeldPanic;
-
 /// A ring of slots for one queue.
 pub(crate) struct Ring {
     /// A power of two (at least `cap`) so that a sequence number maps to its

@@ -226,7 +226,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         // borrowed exclusively for 'scope, which outlives every request
         // posted in the scope; only this type reaches it, and it lends the
         // buffer to Rust only while no request of it is in flight.
-        let rc = unsafe { ffi::ibv_post_recv(core.raw.as_ptr(), wr, &mut bad) };
+        let rc = unsafe { crate::qp::post::ibv_post_recv(core.raw.as_ptr(), wr, &mut bad) };
         if rc != 0 {
             return Err(Error::verb("ibv_post_recv", errno(rc)));
         }

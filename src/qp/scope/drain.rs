@@ -9,7 +9,7 @@ use super::{DEFAULT_DRAIN_TIMEOUT, Scope, ScopedCompletion};
 use crate::cq::POLL_BATCH;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::ledger::ring::{Caught, Ring};
+use crate::ledger::ring::{HeldPanic, Ring};
 use crate::qp::QpCore;
 
 /// How long flushes may take after the move to the error state.
@@ -19,7 +19,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// Waits for every scoped request, flushing QPs that do not finish in
     /// time. Returns the outcome and a panic caught while releasing
     /// buffers of the ownership-passing path on the way.
-    pub(super) fn drain(&self) -> (Result<()>, Caught) {
+    pub(super) fn drain(&self) -> (Result<()>, HeldPanic) {
         let mut attached = self.attached.borrow_mut();
         let mut caught = None;
         // Allocated only if something is left to wait for.
@@ -101,7 +101,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         &self,
         attached: &[AttachedQp],
         scratch: &mut Vec<ScopedCompletion>,
-        caught: &mut Caught,
+        caught: &mut HeldPanic,
         mut failed: Option<&mut Option<Error>>,
         deadline: Option<Instant>,
     ) -> bool {

@@ -10,7 +10,7 @@ use super::{Scope, ScopedCompletion};
 use crate::cq::{Cq, WcOpcode, WcStatus, make_room, poll_exactly, poll_in_batches};
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::ledger::ring::Caught;
+use crate::ledger::ring::HeldPanic;
 
 impl<'scope, 'env> Scope<'scope, 'env> {
     /// Polls up to `out.capacity() - out.len()` completions of the scope's
@@ -102,7 +102,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         attached: &[AttachedQp],
         out: &mut Vec<ScopedCompletion>,
         want: usize,
-        caught: &mut Caught,
+        caught: &mut HeldPanic,
     ) -> Result<usize> {
         // SAFETY: Cq::scope holds `&mut Cq` for the whole scope and this is
         // the only place that dereferences it mutably; no user code runs
@@ -145,7 +145,7 @@ unsafe fn interpret(
     cq: &mut Cq,
     attached: &[AttachedQp],
     wc: *const ffi::ibv_wc,
-    caught: &mut Caught,
+    caught: &mut HeldPanic,
     lost: &mut u64,
     out: *mut ScopedCompletion,
 ) -> bool {
@@ -164,7 +164,7 @@ unsafe fn interpret(
                 _ => {}
             }
         }
-        cq.stash(wc, caught, lost);
+        cq.keep_for_next_poll(wc, caught, lost);
         false
     }
 }
@@ -180,7 +180,7 @@ unsafe fn interpret_on<const RECV: bool>(
     a: &AttachedQp,
     w: &ScopedQueue,
     wc: *const ffi::ibv_wc,
-    caught: &mut Caught,
+    caught: &mut HeldPanic,
     lost: &mut u64,
     out: *mut ScopedCompletion,
 ) -> bool {
@@ -201,7 +201,7 @@ unsafe fn interpret_on<const RECV: bool>(
         if w.qp_num != (*wc).qp_num || dist >= head - tail || seq < w.start {
             // Not a scoped request: an earlier request of the
             // ownership-passing path, or a stale or forged token.
-            cq.stash(wc, caught, lost);
+            cq.keep_for_next_poll(wc, caught, lost);
             return false;
         }
         if ring.retire_through(seq, w.owned_end, caught, lost) {

@@ -140,7 +140,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // which outlives every request posted in the scope.
         // (An extended QP took the request above unless its opcode has no
         // builder here: then this is the right verb for it too.)
-        let rc = unsafe { ffi::ibv_post_send(core.raw.as_ptr(), wr, &mut bad) };
+        let rc = unsafe { post::ibv_post_send(core.raw.as_ptr(), wr, &mut bad) };
         if rc != 0 {
             // As in a list: a provider that does not say it refused the
             // request may own it; count it as posted.
@@ -355,7 +355,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let mut bad = std::ptr::null_mut();
         // SAFETY: valid QP; the SGE names memory borrowed exclusively for
         // 'scope, which outlives every request posted in the scope.
-        let rc = unsafe { ffi::ibv_post_recv(core.raw.as_ptr(), &mut wr, &mut bad) };
+        let rc = unsafe { post::ibv_post_recv(core.raw.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             return Err(Error::verb("ibv_post_recv", errno(rc)));
         }
