@@ -152,8 +152,8 @@ impl<T: QpType> Qp<T, Reset> {
         if extended {
             // SAFETY: created by create_rc with RC_SEND_OPS; the SendEx lives
             // in the QP's core, which destroys the QP only when dropped.
-            qp.core.send_ex = unsafe { send_ex::SendEx::load(qp.core.raw) };
-            if qp.core.send_ex.is_none() && api == Some(SendApi::Extended) {
+            qp.core.ext.send_ex = unsafe { send_ex::SendEx::load(qp.core.raw) };
+            if qp.core.ext.send_ex.is_none() && api == Some(SendApi::Extended) {
                 return Err(Error::verb("ibv_qp_to_qp_ex", errno(libc::EOPNOTSUPP)));
             }
         }
@@ -222,13 +222,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 send_cq: send_cq.inner.clone(),
                 recv_cq: recv_cq.inner.clone(),
                 pd: pd.clone(),
-                ud: None,
-                srq,
-                _keepalive: keepalive,
-                scoped: None,
-                send_ex: None,
-                #[cfg(feature = "tokio")]
-                async_next_id: 1,
+                ext: QpExtensions::new(srq, keepalive),
                 raw_posted: false,
             },
             _marker: PhantomData,

@@ -94,7 +94,7 @@ pub use ud::{UdMessage, UdRecvWr, UdSendWr};
 use crate::ledger::ring::Ring;
 pub use post::RAW_WR_ID_RESERVED;
 use post::check_raw_wr_ids;
-use qp_core::QpCore;
+use qp_core::{QpCore, QpExtensions};
 use queue::{RecvQueue, SendQueue};
 pub use transition::TransitionError;
 use transition::check_bits;
@@ -112,7 +112,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// [`SendApi::Legacy`] (`ibv_post_send`) otherwise. The safe API is the
     /// same over both.
     pub fn send_api(&self) -> SendApi {
-        if self.core.send_ex.is_some() {
+        if self.core.ext.send_ex.is_some() {
             SendApi::Extended
         } else {
             SendApi::Legacy
@@ -213,13 +213,13 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// The next `wr_id` of the `AsyncQp` numbering (see `QpCore`).
     #[cfg(feature = "tokio")]
     pub(crate) fn async_next_id(&self) -> u64 {
-        self.core.async_next_id
+        self.core.ext.async_next_id
     }
 
     /// Keeps where an `AsyncQp` left its numbering, for the next wrapper.
     #[cfg(feature = "tokio")]
     pub(crate) fn set_async_next_id(&mut self, id: u64) {
-        self.core.async_next_id = id;
+        self.core.ext.async_next_id = id;
     }
 
     /// Work requests posted and not yet retired by a polled completion, as

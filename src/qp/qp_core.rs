@@ -16,6 +16,18 @@ pub(super) struct QpCore {
     pub(super) send_cq: Arc<CqInner>,
     pub(super) recv_cq: Arc<CqInner>,
     pub(super) pd: Pd,
+    /// What the transport and the features add (UD addressing, an SRQ, the
+    /// extended send API, scoped requests, the async numbering).
+    pub(super) ext: QpExtensions,
+    /// A raw post (`post_send_raw`, `post_recv_raw`) was made: its
+    /// completions are not counted by the rings, so the CQ entries stay
+    /// reserved after the QP is destroyed until a poll finds the CQ empty.
+    pub(super) raw_posted: bool,
+}
+
+/// What a transport or a feature adds to a QP, apart from the core's books:
+/// a new feature adds its state here.
+pub(super) struct QpExtensions {
     /// UD only: the address handles of posted sends and the largest payload.
     pub(super) ud: Option<Box<ud::UdState>>,
     /// The shared receive queue the QP takes its receives from (its own
@@ -33,14 +45,29 @@ pub(super) struct QpCore {
     /// of a later one's.
     #[cfg(feature = "tokio")]
     pub(super) async_next_id: u64,
-    /// A raw post (`post_send_raw`, `post_recv_raw`) was made: its
-    /// completions are not counted by the rings, so the CQ entries stay
-    /// reserved after the QP is destroyed until a poll finds the CQ empty.
-    pub(super) raw_posted: bool,
+}
+
+impl QpExtensions {
+    /// A QP's extensions at creation: its SRQ, if any, and what to keep alive
+    /// until it is destroyed; the rest is set up by its constructor or later.
+    pub(super) fn new(
+        srq: Option<Arc<SrqInner>>,
+        keepalive: Option<Box<dyn Any + Send + Sync>>,
+    ) -> QpExtensions {
+        QpExtensions {
+            ud: None,
+            srq,
+            _keepalive: keepalive,
+            scoped: None,
+            send_ex: None,
+            #[cfg(feature = "tokio")]
+            async_next_id: 1,
+        }
+    }
 }
 
 // SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
-// thread posts at a time, and the rings are Send + Sync (see ring.rs).
+// thread posts at a time, and the rings are Send + Sync (see ledger/ring.rs).
 unsafe impl Send for QpCore {}
 
 // SAFETY: &Qp only reaches query verbs, which libibverbs makes thread-safe.
@@ -56,7 +83,7 @@ impl Drop for QpCore {
             // must too: leak them.
             std::mem::forget(self.sq.clone());
             std::mem::forget(self.rq.clone());
-            std::mem::forget(self.ud.take());
+            std::mem::forget(self.ext.ud.take());
             return;
         }
         // A queue with nothing in flight (and no raw posts) has no completion
@@ -87,7 +114,9 @@ impl QpCore {
     ) -> i32 {
         // SAFETY: raw is live and send_ex (if any) is its extended interface;
         // the chain is the caller's promise.
-        unsafe { send_ex::post_chain::<false>(self.raw.as_ptr(), self.send_ex.as_ref(), head, bad) }
+        unsafe {
+            send_ex::post_chain::<false>(self.raw.as_ptr(), self.ext.send_ex.as_ref(), head, bad)
+        }
     }
 
     /// After a move to ERR: when sends are outstanding (and a slot is free),
@@ -101,7 +130,7 @@ impl QpCore {
     /// Not on UD: a UD send needs an address handle, and UD sends are always
     /// signaled, so every one of them completes (or is flushed) anyway.
     pub(super) fn post_drain_marker(&mut self) {
-        if self.ud.is_some() {
+        if self.ext.ud.is_some() {
             return;
         }
         let (ring, head) = (&self.sq, &mut self.sq_head);
@@ -131,7 +160,7 @@ impl QpCore {
         let rc = unsafe {
             send_ex::post_chain::<false>(
                 self.raw.as_ptr(),
-                self.send_ex.as_ref(),
+                self.ext.send_ex.as_ref(),
                 &mut wr,
                 &mut bad,
             )

@@ -235,7 +235,7 @@ unsafe fn stage<Q: WorkQueue>(
 #[cold]
 #[inline(never)]
 fn recv_refused(core: &QpCore, e: Error) -> Error {
-    if core.srq.is_some() {
+    if core.ext.srq.is_some() {
         return full::<RecvQueue>(core, 0);
     }
     e
@@ -246,7 +246,7 @@ fn recv_refused(core: &QpCore, e: Error) -> Error {
 #[cold]
 #[inline(never)]
 fn full<Q: WorkQueue>(core: &QpCore, depth: u64) -> Error {
-    if depth == 0 && core.srq.is_some() {
+    if depth == 0 && core.ext.srq.is_some() {
         // SAFETY: raw is a live QP; qp_num is a plain field.
         let qp_num = unsafe { (*core.raw.as_ptr()).qp_num };
         return Error::QpUsesSrq { qp_num };

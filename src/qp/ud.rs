@@ -264,7 +264,7 @@ impl Qp<Ud, Reset> {
         };
         let mut qp: Qp<Ud, Reset> = Qp::create(pd, send_cq, recv_cq, caps)?;
         let slots = qp.core.sq.depth().next_power_of_two() as usize;
-        qp.core.ud = Some(Box::new(UdState {
+        qp.core.ext.ud = Some(Box::new(UdState {
             ahs: (0..slots).map(|_| None).collect(),
             mtu: 0,
         }));
@@ -282,7 +282,7 @@ impl Qp<Ud, Reset> {
             Ok(p) => p.active_mtu.bytes(),
             Err(error) => return Err(TransitionError { qp: self, error }),
         };
-        if let Some(ud) = self.core.ud.as_mut() {
+        if let Some(ud) = self.core.ext.ud.as_mut() {
             ud.mtu = mtu;
         }
         self.init_on(attr.port, attr.to_ffi())
@@ -324,7 +324,7 @@ impl<S: QpState> Qp<Ud, S> {
     /// The largest payload one send may carry: the port's active MTU (0
     /// before INIT).
     pub fn max_message(&self) -> u32 {
-        self.core.ud.as_ref().map_or(0, |u| u.mtu)
+        self.core.ext.ud.as_ref().map_or(0, |u| u.mtu)
     }
 
     /// Posts one datagram; its buffers return with the completion, and the
@@ -396,7 +396,7 @@ impl<'a> WorkQueue for UdSendQueue<'a> {
 
     fn validate(core: &QpCore, wr: &UdSendWr<'a>) -> Result<(), Error> {
         SendQueue::validate(core, &wr.wr)?;
-        let Some(ud) = core.ud.as_ref() else {
+        let Some(ud) = core.ext.ud.as_ref() else {
             return Err(Error::InvalidArgument {
                 what: "UD send",
                 reason: "this QP was not created as a UD QP".into(),
@@ -462,7 +462,7 @@ impl<'a> WorkQueue for UdSendQueue<'a> {
         // SAFETY: the caller forgets `wr`, so the handle moves out exactly once.
         let ah = unsafe { std::ptr::read(&wr.ah) };
         // `validate` refused the request if there were no UdState.
-        if let Some(ud) = core.ud.as_mut() {
+        if let Some(ud) = core.ext.ud.as_mut() {
             let i = seq as usize & (ud.ahs.len() - 1);
             // The previous occupant's send retired (see UdState::ahs).
             ud.ahs[i] = Some(ah);

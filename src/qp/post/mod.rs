@@ -183,7 +183,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         // upholds the buffer contract and promises a well-formed chain.
         // Reserved wr_ids are refused before anything is posted.
         let rc = unsafe {
-            send_ex::post_chain::<true>(core.raw.as_ptr(), core.send_ex.as_ref(), wr, &mut bad)
+            send_ex::post_chain::<true>(core.raw.as_ptr(), core.ext.send_ex.as_ref(), wr, &mut bad)
         };
         match rc {
             0 => Ok(()),

@@ -208,7 +208,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         let (Some(wr), Some(&send_end), Some(tables)) = (
             self.recv_wrs.get_mut(k),
             self.send_end.get(k),
-            core.scoped.as_deref_mut(),
+            core.ext.scoped.as_deref_mut(),
         ) else {
             return Err(self.refused(k));
         };
@@ -321,7 +321,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         if self.busy(k) == Some(Busy::Sending) {
             return busy_error(k, "send");
         }
-        if !self.rq_in_scope || core.scoped.is_none() {
+        if !self.rq_in_scope || core.ext.scoped.is_none() {
             return super::post::not_on_scope_cq("receive", 0).error;
         }
         Error::QueueFull {

@@ -34,7 +34,7 @@ pub(super) fn post_send_chunk<'s>(
             c.sq_head,
             c.sq.depth(),
             c.caps.sq_sig_all,
-            c.scoped.is_some(),
+            c.ext.scoped.is_some(),
         )
     };
     if !tables_ok {
@@ -60,7 +60,7 @@ pub(super) fn post_send_chunk<'s>(
         // SAFETY: as above; the iterator has returned, so this is the only
         // reference until the next call of it.
         let c = unsafe { &mut *core.as_ptr() };
-        let Some(tables) = c.scoped.as_deref_mut() else {
+        let Some(tables) = c.ext.scoped.as_deref_mut() else {
             break; // not reached: attached QPs keep their tables
         };
         // SAFETY: n < POST_CHUNK; the QP's own tables and send ring.
@@ -157,7 +157,7 @@ unsafe fn post_staged_chunk(
 ) -> std::result::Result<(), ScopedListError> {
     // SAFETY: per the contract.
     let c = unsafe { &mut *core.as_ptr() };
-    let Some(tables) = c.scoped.as_deref_mut() else {
+    let Some(tables) = c.ext.scoped.as_deref_mut() else {
         unreachable!("checked above");
     };
     let wrs = tables.send_wrs.as_mut_ptr();
@@ -179,7 +179,7 @@ unsafe fn post_staged_chunk(
         let sig = (0..ok)
             .rev()
             .find(|&j| unsafe { (*wrs.add(j)).send_flags } & SIGNALED != 0);
-        if let (Some(j), Some(t)) = (sig, c.scoped.as_deref_mut()) {
+        if let (Some(j), Some(t)) = (sig, c.ext.scoped.as_deref_mut()) {
             t.sig_end = head + j as u64 + 1;
         }
         return Err(ScopedListError {
@@ -189,7 +189,7 @@ unsafe fn post_staged_chunk(
     }
     c.sq_head = head + n as u64;
     staged.from = staged.to;
-    if let (true, Some(t)) = (last_sig > 0, c.scoped.as_deref_mut()) {
+    if let (true, Some(t)) = (last_sig > 0, c.ext.scoped.as_deref_mut()) {
         t.sig_end = head + last_sig as u64;
     }
     Ok(())
@@ -212,7 +212,7 @@ impl Drop for StagedEntries {
         // is live when the guard drops (after the chunk, or in an unwind
         // from the iterator).
         let c = unsafe { &mut *self.core.as_ptr() };
-        if let Some(tables) = c.scoped.as_deref_mut() {
+        if let Some(tables) = c.ext.scoped.as_deref_mut() {
             // SAFETY: the entries of staged requests, at or after the head.
             unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), &c.sq, self.from, self.to) };
         }

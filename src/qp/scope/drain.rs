@@ -177,6 +177,7 @@ fn abort_with(why: std::fmt::Arguments<'_>) -> ! {
 fn unsignaled_tail(core: &QpCore) -> bool {
     !core.caps.sq_sig_all
         && core
+            .ext
             .scoped
             .as_ref()
             .is_some_and(|t| t.sig_end <= core.sq.tail())

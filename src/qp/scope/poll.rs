@@ -207,7 +207,7 @@ unsafe fn interpret_on<const RECV: bool>(
         if ring.retire_through(seq, w.owned_end, caught, lost) {
             return false; // the drain marker
         }
-        let Some(tables) = core.scoped.as_deref_mut() else {
+        let Some(tables) = core.ext.scoped.as_deref_mut() else {
             return false;
         };
         // The side tables have the ring's slot count; `seq` is in flight and

@@ -90,7 +90,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let head = core.sq_head;
         let ring = &*core.sq;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
-        let tables = match core.scoped.as_deref_mut() {
+        let tables = match core.ext.scoped.as_deref_mut() {
             Some(t) if self.sq_in_scope && in_flight < depth && req.plainly_valid() => t,
             // By value: a reference escaping into the cold call would keep
             // the request in memory on the hot path too.
@@ -104,7 +104,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let i = ring.index(head);
         // SAFETY: `index` masks with the ring's slot count, the table's length.
         unsafe { *tables.sq.get_unchecked_mut(i) = PostedRange::send(head, req.wr_id, req.opcode) };
-        if let Some(ex) = core.send_ex.as_ref() {
+        if let Some(ex) = core.ext.send_ex.as_ref() {
             // SAFETY: one well-formed request whose SGE names memory
             // borrowed for 'scope, which outlives every request posted in the
             // scope.
@@ -163,7 +163,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn send_refused(&self, req: ScopedSend<'scope>) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.sq_in_scope || core.scoped.is_none() {
+        if !self.sq_in_scope || core.ext.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
         }
         let depth = core.sq.depth();
@@ -249,7 +249,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let ring = &*core.sq;
         let n = list.len() as u64;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
-        let tables = match core.scoped.as_deref_mut() {
+        let tables = match core.ext.scoped.as_deref_mut() {
             Some(t) if self.sq_in_scope && in_flight + n <= depth => t,
             _ => return Err(self.prepared_refused(n)),
         };
@@ -270,7 +270,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let tag = u64::from(ring.tag()) << 32;
         let low = head as u32;
         debug_assert_eq!(tag | u64::from(low), ring.token(head));
-        if let Some(ex) = core.send_ex.as_ref() {
+        if let Some(ex) = core.ext.send_ex.as_ref() {
             // SAFETY: ex is the QP's extended interface.
             match unsafe { post_prepared_ex(ex, list, force, tag, low) } {
                 Some(0) => {
@@ -306,7 +306,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn prepared_refused(&self, n: u64) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.sq_in_scope || core.scoped.is_none() {
+        if !self.sq_in_scope || core.ext.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
         }
         let depth = core.sq.depth();
@@ -339,7 +339,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let core = unsafe { self.core.as_mut() };
         let head = core.rq_head;
         let ring = &*core.rq;
-        let tables = match core.scoped.as_deref_mut() {
+        let tables = match core.ext.scoped.as_deref_mut() {
             Some(t) if self.rq_in_scope && ring.in_flight(head) < ring.depth() => t,
             _ => return Err(self.recv_refused()),
         };
@@ -383,7 +383,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     fn recv_refused(&self) -> Error {
         // SAFETY: as in `post_send`; read-only.
         let core = unsafe { self.core.as_ref() };
-        if !self.rq_in_scope || core.scoped.is_none() {
+        if !self.rq_in_scope || core.ext.scoped.is_none() {
             return not_on_scope_cq("receive", 0).error;
         }
         Error::QueueFull {

@@ -340,7 +340,7 @@ pub(super) unsafe fn settle_refused_prepared(
     core.sq_head = head + posted as u64;
     if posted < n {
         let sig = (0..posted).rev().find(|&j| list.is_signaled(j));
-        if let Some(t) = core.scoped.as_deref_mut() {
+        if let Some(t) = core.ext.scoped.as_deref_mut() {
             t.sig_end = sig.map_or(sig_end, |j| head + j as u64 + 1);
         }
     }

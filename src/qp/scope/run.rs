@@ -119,7 +119,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let core = &mut qp.core;
         let sq_in_scope = std::ptr::eq(std::sync::Arc::as_ptr(&core.send_cq), cq_inner);
         let rq_in_scope =
-            std::ptr::eq(std::sync::Arc::as_ptr(&core.recv_cq), cq_inner) && core.srq.is_none();
+            std::ptr::eq(std::sync::Arc::as_ptr(&core.recv_cq), cq_inner) && core.ext.srq.is_none();
         if !sq_in_scope && !rq_in_scope {
             return Err(Error::InvalidArgument {
                 what: "scoped QP",
@@ -134,8 +134,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 reason: "its send queue takes no scatter/gather entry (max_send_sge 0)".into(),
             });
         }
-        if core.scoped.is_none() {
-            core.scoped = Some(Box::new(ScopedTables::new(core)));
+        if core.ext.scoped.is_none() {
+            core.ext.scoped = Some(Box::new(ScopedTables::new(core)));
         }
         let scoped_queue = |in_scope: bool, ring: &Ring, head: u64| {
             in_scope.then(|| ScopedQueue {
