@@ -169,23 +169,9 @@ unsafe fn post_staged_chunk(
     // scope) and live in the QP's tables during the call.
     let rc = unsafe { c.post_send_chain(wrs, &mut bad) };
     if rc != 0 {
-        // Requests from `bad` on were refused. A provider that did not say
-        // which may own some of them: count them all as posted, so that the
-        // scope waits for (or flushes) them.
-        let ok = post::bad_index(bad, wrs, n).unwrap_or(n);
-        c.sq_head = head + ok as u64;
-        staged.from = head + ok as u64;
-        // SAFETY: entries below n were staged.
-        let sig = (0..ok)
-            .rev()
-            .find(|&j| unsafe { (*wrs.add(j)).send_flags } & SIGNALED != 0);
-        if let (Some(j), Some(t)) = (sig, c.ext.scoped.as_deref_mut()) {
-            t.sig_end = head + j as u64 + 1;
-        }
-        return Err(ScopedListError {
-            posted: ok,
-            error: Error::verb("ibv_post_send", errno(rc)),
-        });
+        // SAFETY: `wrs` heads the chain of `n` requests the provider refused
+        // from `bad` on.
+        return Err(unsafe { settle_refused_chunk(c, wrs, bad, head, n, rc, staged) });
     }
     c.sq_head = head + n as u64;
     staged.from = staged.to;
@@ -193,6 +179,39 @@ unsafe fn post_staged_chunk(
         t.sig_end = head + last_sig as u64;
     }
     Ok(())
+}
+
+/// The books after the provider refused a chunk from `bad` on. A provider
+/// that did not say which may own some of them: count them all as posted, so
+/// that the scope waits for (or flushes) them.
+///
+/// # Safety
+/// `wrs` heads the chain of `n` staged requests just handed to the provider.
+#[cold]
+#[inline(never)]
+unsafe fn settle_refused_chunk(
+    c: &mut QpCore,
+    wrs: *mut crate::ffi::ibv_send_wr,
+    bad: *mut crate::ffi::ibv_send_wr,
+    head: u64,
+    n: usize,
+    rc: i32,
+    staged: &mut StagedEntries,
+) -> ScopedListError {
+    let ok = post::bad_index(bad, wrs, n).unwrap_or(n);
+    c.sq_head = head + ok as u64;
+    staged.from = head + ok as u64;
+    // SAFETY: entries below n were staged.
+    let sig = (0..ok)
+        .rev()
+        .find(|&j| unsafe { (*wrs.add(j)).send_flags } & SIGNALED != 0);
+    if let (Some(j), Some(t)) = (sig, c.ext.scoped.as_deref_mut()) {
+        t.sig_end = head + j as u64 + 1;
+    }
+    ScopedListError {
+        posted: ok,
+        error: Error::verb("ibv_post_send", errno(rc)),
+    }
 }
 
 /// Side entries written for requests `from..to` of a chunk that are not

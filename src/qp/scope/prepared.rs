@@ -315,7 +315,8 @@ pub(super) unsafe fn post_prepared_chain(
 /// # Safety
 /// `side` is `core`'s send side table, with `list`'s entries from `head`
 /// written by [`stage_prepared`]; no other reference to it is live.
-#[inline(always)]
+#[cold]
+#[inline(never)]
 pub(super) unsafe fn settle_refused_prepared(
     core: &mut QpCore,
     side: *mut PostedRange,
