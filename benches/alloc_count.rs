@@ -22,10 +22,11 @@
 mod harness;
 
 use harness::{CountingAlloc, Pair, allocs, pair, require_bench_flag};
-use rdma_verbs::{
-    AccessFlags, Completion, Cq, Dst, PreparedSends, QpCaps, RecvWr, RemoteMr, Result, Scope,
-    ScopedCompletion, ScopedSend, SendWr, SharedMr, Src,
-};
+use rdma_verbs::Result;
+use rdma_verbs::cq::{Completion, Cq};
+use rdma_verbs::mr::{AccessFlags, RemoteMr, SharedMr};
+use rdma_verbs::qp::scope::{Dst, PreparedSends, Scope, ScopedCompletion, ScopedSend, Src};
+use rdma_verbs::qp::{QpCaps, RecvWr, SendWr};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -175,7 +176,7 @@ fn read_send_poll_cases(
     let pd = p.pd.clone();
     let lw = AccessFlags::LOCAL_WRITE;
     // READ: each destination comes back with its (signaled) completion.
-    let mut dests: Vec<rdma_verbs::Mr> = Vec::with_capacity(8);
+    let mut dests: Vec<rdma_verbs::mr::Mr> = Vec::with_capacity(8);
     for _ in 0..8 {
         dests.push(pd.alloc_mr(64, lw).expect("dest"));
     }

@@ -34,10 +34,10 @@ use std::time::Duration;
 use divan::counter::ItemsCount;
 use divan::{AllocProfiler, Bencher, black_box};
 use harness::{Pair, pair};
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{
-    AccessFlags, Completion, Cq, Mr, Qp, QpCaps, Rc, RecvWr, RemoteMr, SendWr, SharedMr, ffi,
-};
+use rdma_verbs::cq::{Completion, Cq};
+use rdma_verbs::ffi;
+use rdma_verbs::mr::{AccessFlags, Mr, RemoteMr, SharedMr};
+use rdma_verbs::qp::{Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
 
 #[global_allocator]
 static ALLOC: AllocProfiler = AllocProfiler::system();

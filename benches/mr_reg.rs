@@ -31,7 +31,10 @@ use std::sync::LazyLock;
 use divan::Bencher;
 use divan::counter::ItemsCount;
 use harness::ctx;
-use rdma_verbs::{AccessFlags, Context, Mr, Pd, ffi};
+use rdma_verbs::context::Context;
+use rdma_verbs::ffi;
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::pd::Pd;
 
 const PAGE: usize = 4096;
 

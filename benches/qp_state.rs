@@ -18,8 +18,11 @@ use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
 use divan::Bencher;
 use harness::{all_remote, ctx, gid_index};
-use rdma_verbs::qp::{Init, Reset, Rtr, Rts};
-use rdma_verbs::{Context, Cq, Endpoint, InitAttr, Mtu, Pd, Qp, QpCaps, Rc, RtrAttr, RtsAttr};
+use rdma_verbs::context::Context;
+use rdma_verbs::cq::Cq;
+use rdma_verbs::device::Mtu;
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{Endpoint, Init, InitAttr, Qp, QpCaps, Rc, Reset, Rtr, RtrAttr, Rts, RtsAttr};
 
 fn main() {
     harness::divan_main("qp_state");

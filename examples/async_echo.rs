@@ -26,13 +26,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::cm::{CmEventKind, ConnParam, ConnectRequest};
-use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, ConnectRequest};
+use rdma_verbs::prelude::*;
 use rdma_verbs::tokio::{AsyncCmId, AsyncCq, AsyncQp, Listener};
-use rdma_verbs::{
-    AccessFlags, CmId, Completion, CompletionChannel, CompletionSource, Context, Cq, Error, Mr, Pd,
-    Qp, QpCaps, Rc, RecvWr, Result, SendWr, Srq, SrqAttr, WcOpcode,
-};
 
 /// Entries of the server's one CQ: the shared receive queue reserves its
 /// depth on it and every connection its send depth ([`SEND_DEPTH`]): room for

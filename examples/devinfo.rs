@@ -5,8 +5,8 @@
 
 use std::process::ExitCode;
 
-use rdma_verbs::device::format_guid;
-use rdma_verbs::{Context, DeviceAttr, PortAttr, Transport, devices};
+use rdma_verbs::context::{Context, DeviceAttr, PortAttr};
+use rdma_verbs::device::{Transport, devices, format_guid};
 
 fn main() -> ExitCode {
     match run() {

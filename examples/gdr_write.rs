@@ -22,8 +22,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use rdma_verbs::gdr::{self, DeviceAlloc, GdrMode, GpuBuffer};
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{AccessFlags, Context, Cq, Endpoint, Gid, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr};
+use rdma_verbs::prelude::*;
 
 const USAGE: &str = "usage: gdr_write (--server | --client HOST) [--port N] [--size BYTES] \
                      [--device RDMA_DEV] [--gid-index N] [--gpu N] [--mode auto|dmabuf|peermem|staging] \

@@ -20,15 +20,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdma_verbs::device::{GidType, PortState};
 use rdma_verbs::gdr::cudarc::driver::CudaContext;
 use rdma_verbs::gdr::cudarc::driver::sys::CUdevice_attribute as Attr;
 use rdma_verbs::gdr::{
     self, DeviceAlloc, DeviceMemory, GdrError, GdrMode, GdrPath, GpuBuffer, MemoryKind, Missing,
 };
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{
-    AccessFlags, Context, Cq, Error, GidType, InitAttr, Pd, PortState, Qp, QpCaps, Rc,
-};
+use rdma_verbs::prelude::*;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Status {

@@ -2,7 +2,7 @@
 // the client SENDs "ping", the server receives it and RDMA WRITEs "hello" into
 // the region the client advertised, then SENDs "done".
 use rdma_verbs::exchange::{self, DEFAULT_PORT, ExchangeListener};
-use rdma_verbs::{AccessFlags, Context, Cq, Error, InitAttr, Pd, Qp, QpCaps, RecvWr, SendWr};
+use rdma_verbs::prelude::*;
 use std::process::ExitCode;
 use std::time::Duration;
 

@@ -53,7 +53,7 @@ mod report;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use rdma_verbs::{AccessFlags, Mr, RemoteMr, Result};
+use rdma_verbs::prelude::*;
 
 use crate::opts::Opts;
 

@@ -34,8 +34,8 @@ use pingpong::{
     Common, LoopParams, Resources, arm, caps, exchange_printed, getopt, local_endpoint, long_opts,
     main_with, post_receives, print_option_lines, print_usage_head, run_loop, setup,
 };
-use rdma_verbs::qp::Init;
-use rdma_verbs::{AccessFlags, Endpoint, InitAttr, Qp, Rc, RtrAttr, RtsAttr, ffi};
+use rdma_verbs::ffi;
+use rdma_verbs::prelude::*;
 
 /// The C program's options: the common ones, ODP and the data check.
 struct Opts {
@@ -167,7 +167,7 @@ fn run(o: &Opts) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_verbs::Mtu;
+    use rdma_verbs::device::Mtu;
 
     fn args(s: &str) -> Vec<String> {
         pingpong::test_args("rc_pingpong", s)

@@ -13,7 +13,7 @@ mod app;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use rdma_verbs::{AccessFlags, Error, RecvWr, Result, SendWr, WcOpcode};
+use rdma_verbs::prelude::*;
 
 fn main() -> ExitCode {
     let args = app::Args::parse("rdma_read", 18517);

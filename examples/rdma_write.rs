@@ -14,8 +14,7 @@ mod app;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use rdma_verbs::qp::Init;
-use rdma_verbs::{AccessFlags, Error, Qp, Rc, RecvWr, Result, SendWr, WcOpcode};
+use rdma_verbs::prelude::*;
 
 fn main() -> ExitCode {
     let args = app::Args::parse("rdma_write", 18516);

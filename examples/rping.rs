@@ -25,10 +25,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{
-    AccessFlags, Completion, Cq, Error, Mr, Pd, Qp, QpCaps, Rc, RecvWr, RemoteMr, SendWr, WcOpcode,
-};
+use rdma_verbs::prelude::*;
 
 type Res<T> = std::result::Result<T, Box<dyn StdError>>;
 

@@ -19,8 +19,7 @@ mod app;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{AccessFlags, Error, Mr, Qp, Rc, RecvWr, Result, SendWr, WcOpcode};
+use rdma_verbs::prelude::*;
 
 fn main() -> ExitCode {
     let args = app::Args::parse("send_recv", 18515);

@@ -25,11 +25,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo};
-use rdma_verbs::qp::Init;
-use rdma_verbs::{
-    AccessFlags, Completion, CompletionChannel, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps,
-    Rc, RecvWr, RemoteMr, Result, RtrAttr, RtsAttr, SendWr, WcOpcode,
-};
+use rdma_verbs::prelude::*;
 
 #[path = "soak/memory.rs"]
 mod memory;
@@ -142,7 +138,7 @@ fn resident(n: usize) -> Vec<u8> {
 
 /// One QP with its own CQ and buffers.
 struct Lane {
-    qp: Qp<rdma_verbs::Rc, rdma_verbs::qp::Rts>,
+    qp: Qp<rdma_verbs::qp::Rc, rdma_verbs::qp::Rts>,
     cq: Waiter,
     /// The peer's region (client) / unused (server).
     remote: RemoteMr,

@@ -48,12 +48,9 @@ use pingpong::{
     print_usage_head,
 };
 
+use rdma_verbs::device::LinkLayer;
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream};
-use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{
-    AccessFlags, Context, Cq, Endpoint, Gid, InitAttr, LinkLayer, Mr, Pd, Qp, QpCaps, Rc, RecvWr,
-    RtrAttr, RtsAttr, SendWr, Srq, SrqAttr,
-};
+use rdma_verbs::prelude::*;
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -169,7 +166,7 @@ fn main() -> ExitCode {
 
 /// Sends `buf` on `qp` (inline when it fits: the buffer stays here).
 fn post_send(qp: &mut Qp<Rc, Rts>, buf: Mr, inline: bool) -> Result<Option<Mr>, String> {
-    let err = |e: rdma_verbs::PostError| format!("Couldn't post send: {}", e.error);
+    let err = |e: rdma_verbs::qp::PostError| format!("Couldn't post send: {}", e.error);
     if inline {
         let data = buf.as_slice().map_err(|e| e.to_string())?;
         qp.post_send(SendWr::send_inline(SEND_WRID, data))
@@ -453,7 +450,7 @@ impl Ping<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_verbs::Mtu;
+    use rdma_verbs::device::Mtu;
 
     fn args(s: &str) -> Vec<String> {
         pingpong::test_args("srq_pingpong", s)

@@ -29,8 +29,7 @@ use pingpong::{
     Common, LoopParams, Resources, arm, caps, exchange_printed, local_endpoint, main_with,
     parse_common, post_receives, print_option_lines, print_usage_head, run_loop, setup,
 };
-use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{AccessFlags, Endpoint, Qp, Uc, UcInitAttr, UcRtrAttr};
+use rdma_verbs::prelude::*;
 
 /// The C program's options: the common ones.
 type Opts = Common;
@@ -104,7 +103,7 @@ fn run(o: &Opts) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_verbs::Mtu;
+    use rdma_verbs::device::Mtu;
 
     fn args(s: &str) -> Vec<String> {
         pingpong::test_args("uc_pingpong", s)

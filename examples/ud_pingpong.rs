@@ -33,11 +33,7 @@ use pingpong::{
     main_with, parse_common, print_option_lines, print_usage_head, run_loop, setup,
 };
 use rdma_verbs::ah::GRH_LEN;
-use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{
-    AccessFlags, AddressHandle, AddressVector, Completion, Endpoint, Mr, Pd, Qp, Ud, UdInitAttr,
-    UdRecvWr, UdSendWr,
-};
+use rdma_verbs::prelude::*;
 
 /// The Q_Key `ibv_ud_pingpong` uses on both sides.
 const QKEY: u32 = 0x1111_1111;
@@ -67,7 +63,7 @@ struct UdPing {
 
 impl PingQp for UdPing {
     fn send(&mut self, wr_id: u64, buf: Option<Mr>, inline: bool) -> Result<Option<Mr>, String> {
-        let err = |e: rdma_verbs::PostError| format!("Couldn't post send: {}", e.error);
+        let err = |e: rdma_verbs::qp::PostError| format!("Couldn't post send: {}", e.error);
         let (ah, qpn) = (&self.ah, self.remote_qpn);
         match buf {
             Some(mr) if inline => {

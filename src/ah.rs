@@ -138,7 +138,7 @@ impl AddressHandle {
         if !completion.status.is_success()
             || !matches!(
                 completion.opcode,
-                crate::WcOpcode::Recv | crate::WcOpcode::RecvRdmaWithImm
+                crate::cq::WcOpcode::Recv | crate::cq::WcOpcode::RecvRdmaWithImm
             )
         {
             return Err(Error::InvalidArgument {

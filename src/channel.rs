@@ -3,22 +3,22 @@
 //! A [`CompletionChannel`] is a file descriptor the kernel makes readable when
 //! an *armed* CQ attached to it receives a completion. The cycle is:
 //!
-//! 1. create the CQ on the channel ([`Cq::with_channel`](crate::Cq::with_channel));
-//! 2. arm it ([`Cq::req_notify`](crate::Cq::req_notify)): the next completion will raise one event;
+//! 1. create the CQ on the channel ([`Cq::with_channel`](crate::cq::Cq::with_channel));
+//! 2. arm it ([`Cq::req_notify`](crate::cq::Cq::req_notify)): the next completion will raise one event;
 //! 3. sleep on the channel ([`CompletionChannel::wait`], or `poll`/`epoll` on
 //!    its [readiness handle](CompletionChannel::readiness));
 //! 4. read the event ([`CompletionChannel::try_next`]), poll the CQ, re-arm,
 //!    poll again, sleep again.
 //!
-//! [`Cq::wait_poll`](crate::Cq::wait_poll) does all of that, including the re-arm race: a completion
+//! [`Cq::wait_poll`](crate::cq::Cq::wait_poll) does all of that, including the re-arm race: a completion
 //! that arrives after the last poll but before the arm raises no event, so it
 //! polls once more after arming before it sleeps.
 //!
 //! # Acknowledging events
 //! Every event must be acknowledged (`ibv_ack_cq_events`) before its CQ is
 //! destroyed, or `ibv_destroy_cq` blocks forever. Acknowledging takes a mutex,
-//! so it is batched: each event is counted on its CQ, [`Cq::wait_poll`](crate::Cq::wait_poll) acks
-//! in batches of [`ACK_BATCH`], [`Cq::ack_events`](crate::Cq::ack_events) acks on demand, and the
+//! so it is batched: each event is counted on its CQ, [`Cq::wait_poll`](crate::cq::Cq::wait_poll) acks
+//! in batches of [`ACK_BATCH`], [`Cq::ack_events`](crate::cq::Cq::ack_events) acks on demand, and the
 //! CQ's `Drop` acks whatever is left before destroying it. An event that
 //! races with the CQ's destruction is acknowledged by the thread that read it
 //! (a "closing" flag in the counter decides who does it), so no count is lost
@@ -32,7 +32,7 @@
 //! [`Readiness`] handle instead ([`CompletionChannel::readiness`]), an epoll
 //! instance that is readable when the channel is and cannot consume events.
 //! [`try_next`](CompletionChannel::try_next) counts events only for CQs that
-//! [`Cq::with_channel`](crate::Cq::with_channel) registered; a CQ created on
+//! [`Cq::with_channel`](crate::cq::Cq::with_channel) registered; a CQ created on
 //! the channel through [`as_raw`](CompletionChannel::as_raw) is foreign: its
 //! events are acknowledged at once and only its [`CqId`] is returned. Why
 //! both keep safe code sound is in `docs/soundness.md`.
@@ -51,10 +51,10 @@ use crate::ffi;
 use crate::sys::call::verb;
 pub(crate) use crate::sys::fd::{deadline_after, poll_readable, set_nonblocking};
 
-/// How many events [`Cq::wait_poll`](crate::Cq::wait_poll) lets accumulate before acknowledging them.
+/// How many events [`Cq::wait_poll`](crate::cq::Cq::wait_poll) lets accumulate before acknowledging them.
 pub const ACK_BATCH: u32 = 32;
 
-/// The longest [`Cq::wait_poll`](crate::Cq::wait_poll) sleeps on its channel before it polls the
+/// The longest [`Cq::wait_poll`](crate::cq::Cq::wait_poll) sleeps on its channel before it polls the
 /// CQ again: 1 s.
 pub const WAIT_SLICE: Duration = Duration::from_secs(1);
 
@@ -127,7 +127,7 @@ impl ChannelInner {
 
 /// Identifies a CQ in events (the address of its `ibv_cq`).
 ///
-/// Compare with [`Cq::id`](crate::Cq::id). Only meaningful while that CQ exists (a new CQ
+/// Compare with [`Cq::id`](crate::cq::Cq::id). Only meaningful while that CQ exists (a new CQ
 /// can get a dropped one's address; see [`SrqId`](crate::event::SrqId)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub(crate) usize);
@@ -292,7 +292,7 @@ impl CompletionChannel {
     /// non-blocking fd): `Some(cq)` names the CQ that had a completion, `None`
     /// means no event was pending. The event is counted on that CQ and
     /// acknowledged later (see the [module docs](self)); the CQ is disarmed
-    /// until the next [`Cq::req_notify`](crate::Cq::req_notify). The event of a CQ created on the
+    /// until the next [`Cq::req_notify`](crate::cq::Cq::req_notify). The event of a CQ created on the
     /// channel outside this crate is acknowledged at once.
     #[doc(alias = "ibv_get_cq_event")]
     pub fn try_next(&self) -> Result<Option<CqId>> {

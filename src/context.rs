@@ -52,7 +52,7 @@ impl Context {
     /// (`ibv_get_device_list`, then `ibv_open_device`).
     ///
     /// ```no_run
-    /// let ctx = rdma_verbs::Context::open(Some("rxe0"))?;
+    /// let ctx = rdma_verbs::context::Context::open(Some("rxe0"))?;
     /// println!("{}", ctx.name());
     /// # Ok::<(), rdma_verbs::Error>(())
     /// ```
@@ -213,7 +213,7 @@ impl Context {
     /// else the first RoCE v1 one (what `-g`/`-x` usually select). An
     /// Ethernet port without any GID (no IP address on its netdev) is an error.
     pub fn default_gid_index(&self, port: u8) -> Result<Option<u8>> {
-        if self.query_port(port)?.link_layer != crate::LinkLayer::Ethernet {
+        if self.query_port(port)?.link_layer != crate::device::LinkLayer::Ethernet {
             return Ok(None);
         }
         let table: Vec<GidEntry> = self
@@ -221,7 +221,7 @@ impl Context {
             .into_iter()
             .filter(|e| e.port == port)
             .collect();
-        let v2 = |e: &&GidEntry| e.gid_type == crate::GidType::RoceV2;
+        let v2 = |e: &&GidEntry| e.gid_type == crate::device::GidType::RoceV2;
         table
             .iter()
             .filter(v2)

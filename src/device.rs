@@ -140,8 +140,8 @@ impl Device<'_> {
 
     /// Opens the device (`ibv_open_device`).
     #[doc(alias = "ibv_open_device")]
-    pub fn open(&self) -> Result<crate::Context> {
-        crate::Context::from_device(self.raw)
+    pub fn open(&self) -> Result<crate::context::Context> {
+        crate::context::Context::from_device(self.raw)
     }
 
     /// The raw `ibv_device` pointer, valid while the list lives.

@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! let ctx = rdma_verbs::Context::open(None)?;
+//! let ctx = rdma_verbs::context::Context::open(None)?;
 //! let mut events = ctx.async_events()?;
 //! while let Some(ev) = events.next(Some(Duration::from_secs(1)))? {
 //!     println!("{ev}");
@@ -43,7 +43,7 @@ use crate::sys::call::verb;
 
 /// Identifies a shared receive queue in events (the address of its `ibv_srq`).
 ///
-/// Compare with [`Srq::id`](crate::Srq::id). Only meaningful while that SRQ
+/// Compare with [`Srq::id`](crate::srq::Srq::id). Only meaningful while that SRQ
 /// exists: the allocator hands a dropped SRQ's address to the next one (a
 /// review saw one address for 22 of 40 SRQs created one after another), so
 /// an event read after its SRQ was dropped can match a newer SRQ. Handle an
@@ -72,7 +72,7 @@ impl SrqId {
 pub enum AsyncEvent {
     /// `IBV_EVENT_CQ_ERR`: the CQ overran (more completions than its depth).
     CqErr {
-        /// The CQ (compare with [`crate::Cq::id`]).
+        /// The CQ (compare with [`crate::cq::Cq::id`]).
         cq: CqId,
     },
     /// `IBV_EVENT_QP_FATAL`: the QP hit an error it cannot report in a completion.

@@ -3,45 +3,49 @@
 //!
 //! (This module has no items; it is documentation.)
 //!
+//! Each type is named by its module (`rdma_verbs::qp::Qp`, `rdma_verbs::cq::Cq`);
+//! [`prelude`](crate::prelude) brings in the ones most programs name, and the
+//! snippets below assume `use rdma_verbs::prelude::*;`.
+//!
 //! # 1. A device
-//! [`Context::open(None)`](crate::Context::open) opens the first RDMA device
-//! (`Some("rxe0")` a named one); [`devices`](crate::devices) lists them.
+//! [`Context::open(None)`](crate::context::Context::open) opens the first RDMA device
+//! (`Some("rxe0")` a named one); [`devices`](crate::device::devices) lists them.
 //! Without RDMA hardware, soft-RoCE works: `rdma link add rxe0 type rxe
 //! netdev eth0` on a kernel with `rdma_rxe`, or the project's soft-RoCE VM
 //! runner (README, "Testing your own crate without RDMA hardware").
-//! [`Context::query_port`](crate::Context::query_port) tells the link layer:
+//! [`Context::query_port`](crate::context::Context::query_port) tells the link layer:
 //! InfiniBand, or Ethernet (RoCE), which needs a GID on every connection.
 //!
 //! # 2. Memory
 //! The NIC reads and writes only registered memory:
-//! [`Pd::alloc_mr(len, access)`](crate::Pd::alloc_mr) allocates and registers.
+//! [`Pd::alloc_mr(len, access)`](crate::pd::Pd::alloc_mr) allocates and registers.
 //! `access` says what the NIC may do: `LOCAL_WRITE` for anything the NIC
 //! writes locally (receive buffers, READ and atomic destinations), and
 //! `REMOTE_WRITE` / `REMOTE_READ` / `REMOTE_ATOMIC` for what the *peer* may do
 //! to it (the remote flags that write need `LOCAL_WRITE` too). An `Mr` is
-//! exclusively owned; [`Mr::freeze`](crate::Mr::freeze) turns it into a
-//! cloneable read-only [`SharedMr`](crate::SharedMr) for sources posted many
+//! exclusively owned; [`Mr::freeze`](crate::mr::Mr::freeze) turns it into a
+//! cloneable read-only [`SharedMr`](crate::mr::SharedMr) for sources posted many
 //! times. Memory a peer may write is never handed out as a slice: copy with
-//! [`Mr::read_at`](crate::Mr::read_at) / [`Mr::to_vec`](crate::Mr::to_vec).
-//! [`Mr::remote`](crate::Mr::remote) is what a peer needs to reach it
+//! [`Mr::read_at`](crate::mr::Mr::read_at) / [`Mr::to_vec`](crate::mr::Mr::to_vec).
+//! [`Mr::remote`](crate::mr::Mr::remote) is what a peer needs to reach it
 //! (address, length, rkey).
 //!
 //! # 3. Queues
-//! A [`Cq`](crate::Cq) collects completions; a [`Qp`](crate::Qp) has a send
+//! A [`Cq`](crate::cq::Cq) collects completions; a [`Qp`](crate::qp::Qp) has a send
 //! and a receive queue. Size the CQ for every queue on it: each queue needs as
 //! many entries as its depth (`max_send_wr`, `max_recv_wr`), or
-//! [`Qp::new`](crate::Qp::new) refuses with [`Error::CqTooSmall`](crate::Error::CqTooSmall).
-//! A QP goes RESET → [`init`](crate::Qp::init) → [`rtr`](crate::Qp::rtr) →
-//! [`rts`](crate::Qp::rts); receives may be posted from INIT on, sends only
+//! [`Qp::new`](crate::qp::Qp::new) refuses with [`Error::CqTooSmall`](crate::Error::CqTooSmall).
+//! A QP goes RESET → [`init`](crate::qp::Qp::init) → [`rtr`](crate::qp::Qp::rtr) →
+//! [`rts`](crate::qp::Qp::rts); receives may be posted from INIT on, sends only
 //! in RTS, and the compiler enforces both.
 //!
 //! # 4. Connecting
-//! Each side needs the other's [`Endpoint`](crate::Endpoint) (LID, QP number,
+//! Each side needs the other's [`Endpoint`](crate::qp::Endpoint) (LID, QP number,
 //! PSN, GID), exchanged out of band. [`exchange::connect_client`](crate::exchange::connect_client)
 //! and [`exchange::serve`](crate::exchange::serve) do it over TCP and bring
 //! the QP to RTS (the server before it answers), also handing over the
 //! regions each side advertises. With `gid_index` `None` they pick
-//! [`Context::default_gid_index`](crate::Context::default_gid_index): the
+//! [`Context::default_gid_index`](crate::context::Context::default_gid_index): the
 //! RoCE v2 GID of the interface's IPv4 address on RoCE, none on InfiniBand.
 //! The crate docs have a complete two-process program; `examples/rdma_write.rs`
 //! is a longer one.
@@ -50,8 +54,8 @@
 //! Posting *moves* buffers into the QP; polling gives them back:
 //!
 //! ```no_run
-//! # use rdma_verbs::*;
-//! # fn f(qp: &mut Qp<Rc, qp::Rts>, cq: &mut Cq, pd: &Pd, peer: RemoteMr) -> Result<()> {
+//! # use rdma_verbs::prelude::*;
+//! # fn f(qp: &mut Qp<Rc, Rts>, cq: &mut Cq, pd: &Pd, peer: RemoteMr) -> Result<()> {
 //! let mut src = pd.alloc_mr(4096, AccessFlags::empty())?;
 //! src.fill(7)?;
 //! qp.post_send(SendWr::write_from(1, src, peer, 0))?; // `src` now belongs to the QP
@@ -63,14 +67,14 @@
 //!
 //! Unsignaled requests (`.signaled(false)`) produce no completion of their
 //! own; a later completion retires them. For a stream of small messages,
-//! signal every Nth and poll in batches ([`Cq::poll`](crate::Cq::poll) into a
+//! signal every Nth and poll in batches ([`Cq::poll`](crate::cq::Cq::poll) into a
 //! `Vec` whose capacity is the batch).
 //!
 //! Moving buffers costs a little per request. For tight loops,
-//! [`Cq::scope`](crate::Cq::scope) lends them instead, like
-//! `std::thread::scope`: requests borrow [`Src`](crate::Src) and
-//! [`Dst`](crate::Dst) for the whole scope, which waits for them at its end,
-//! and [`ScopedQp::buffers`](crate::ScopedQp::buffers) carves a region into
+//! [`Cq::scope`](crate::cq::Cq::scope) lends them instead, like
+//! `std::thread::scope`: requests borrow [`Src`](crate::qp::scope::Src) and
+//! [`Dst`](crate::qp::scope::Dst) for the whole scope, which waits for them at its end,
+//! and [`ScopedQp::buffers`](crate::qp::scope::ScopedQp::buffers) carves a region into
 //! buffers lent one request at a time, to read what arrived and write what
 //! to send without leaving the scope (the `qp::scope` module docs).
 //!
@@ -106,13 +110,13 @@
 //! **MTU.** `modify_qp INIT -> RTR failed: Invalid argument (os error 22)
 //! (attr_mask ...); hint: check the remote QPN, the GID index ..., the path
 //! MTU (at most the port's active_mtu) ...`: the path MTU must not exceed
-//! either port's `active_mtu` ([`Qp::connect`](crate::Qp::connect) uses the
+//! either port's `active_mtu` ([`Qp::connect`](crate::qp::Qp::connect) uses the
 //! local one; the peers must agree).
 //!
 //! **RNR.** `work request N completed with IBV_WC_RNR_RETRY_EXC_ERR ...;
 //! hint: the peer had no receive posted ...`: a SEND arrived when the peer
 //! had no receive buffer. Post receives before the sender starts (pre-post a
-//! few hundred for streams) and raise `rnr_retry` ([`RtsAttr`](crate::RtsAttr))
+//! few hundred for streams) and raise `rnr_retry` ([`RtsAttr`](crate::qp::RtsAttr))
 //! if the receiver can fall behind.
 //!
 //! **Retry exceeded.** `work request N completed with IBV_WC_RETRY_EXC_ERR
@@ -128,7 +132,7 @@
 //! **Access.** `IBV_WC_REM_ACCESS_ERR`: wrong rkey, a range outside the
 //! peer's region, or a region without the needed `REMOTE_*` flag.
 //! `IBV_WC_REM_INV_REQ_ERR`: the peer's *QP* was not granted the access
-//! (the flags given to its [`InitAttr`](crate::InitAttr)). A receive, READ
+//! (the flags given to its [`InitAttr`](crate::qp::InitAttr)). A receive, READ
 //! or atomic destination without `LOCAL_WRITE` is refused when posted.
 //!
 //! **Flushes.** `IBV_WC_WR_FLUSH_ERR`: the QP is in the error state, so

@@ -2,15 +2,20 @@
 //!
 //! Safe Rust bindings to RDMA verbs (libibverbs) and librdmacm.
 //!
-//! * RAII handles: [`Context`], [`Pd`], [`Mr`], [`Cq`], [`Qp`]; children keep
-//!   their parents alive, `Drop` never panics.
+//! * RAII handles: [`Context`](context::Context), [`Pd`](pd::Pd), [`Mr`](mr::Mr),
+//!   [`Cq`](cq::Cq), [`Qp`](qp::Qp); children keep their parents alive, `Drop`
+//!   never panics.
 //! * The QP state machine in the type system: `post_send` on a QP that is not
 //!   in RTS does not compile ([`qp`]).
 //! * A data path that safe code cannot misuse: posting moves buffers into the
 //!   QP, polling the completion gives them back ([`qp`] explains why it is sound).
-//! * RC, UC and UD transports ([`Rc`], [`Uc`], [`Ud`]): each takes only the
-//!   requests it can carry (no READ on UC, every UD send names its
-//!   [`AddressHandle`], remote QPN and Q_Key; UD receives keep the GRH apart).
+//! * RC, UC and UD transports ([`Rc`](qp::Rc), [`Uc`](qp::Uc), [`Ud`](qp::Ud)):
+//!   each takes only the requests it can carry (no READ on UC, every UD send
+//!   names its [`AddressHandle`](ah::AddressHandle), remote QPN and Q_Key; UD
+//!   receives keep the GRH apart).
+//! * One path per type: its module (`rdma_verbs::qp::Qp`, `rdma_verbs::cq::Cq`);
+//!   the crate root holds the modules, [`Error`] and [`Result`];
+//!   `use rdma_verbs::prelude::*` brings in the types most programs name.
 //! * [`ffi`]: the raw bindings, generated from rdma-core's headers.
 //!
 //! The [`guide`] walks from opening a device to an RDMA WRITE application and
@@ -50,28 +55,4 @@ mod sys;
 pub mod tokio;
 mod values;
 
-pub use ah::AddressHandle;
-pub use channel::{CompletionChannel, CqId, Readiness};
-pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel};
-pub use context::{Context, DeviceAttr, PortAttr};
-pub use cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
-pub use device::{
-    Device, DeviceList, Gid, GidEntry, GidType, LinkLayer, Mtu, NodeType, PortState, Transport,
-    devices,
-};
 pub use error::{Error, Result};
-pub use event::{AsyncEvent, AsyncEvents};
-#[cfg(feature = "gdr")]
-pub use gdr::{GdrMode, GdrPath, GpuBuffer};
-pub use mr::{AccessFlags, Mr, RemoteMr, SharedMr};
-pub use pd::Pd;
-pub use qp::scope::{
-    Dst, PreparedSends, Scope, ScopedBuffers, ScopedCompletion, ScopedListError, ScopedQp,
-    ScopedSend, Src,
-};
-pub use qp::{
-    AddressVector, Endpoint, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr,
-    TransitionError, Uc, UcInitAttr, UcRtrAttr, UcSendWr, Ud, UdInitAttr, UdMessage, UdRecvWr,
-    UdSendWr,
-};
-pub use srq::{Srq, SrqAttr};

@@ -8,16 +8,16 @@
 //! so that no sender meets an RNR NAK).
 //!
 //! * [`Srq::post_recv`] / [`Srq::post_recv_list`] **move** the buffers in;
-//!   they come back in the [`Completion`](crate::Completion) of whichever QP
+//!   they come back in the [`Completion`](crate::cq::Completion) of whichever QP
 //!   consumed the receive (its `qp_num` says which), polled from the one CQ
 //!   the SRQ is bound to.
 //! * The SRQ is bound to one CQ at creation ([`Srq::new`]): it reserves its
 //!   depth there, and every QP created on it with
-//!   [`Qp::new_with_srq`](crate::Qp::new_with_srq) (or, for rdma_cm,
+//!   [`Qp::new_with_srq`](crate::qp::Qp::new_with_srq) (or, for rdma_cm,
 //!   [`CmId::create_qp_with_srq`](crate::cm::CmId::create_qp_with_srq)) must
 //!   use that CQ as its receive CQ ([`Error::SrqCqMismatch`] otherwise). Such a QP reserves no
 //!   receive entries and has no receive queue of its own
-//!   ([`Qp::post_recv`](crate::Qp::post_recv) on it is refused with
+//!   ([`Qp::post_recv`](crate::qp::Qp::post_recv) on it is refused with
 //!   [`Error::QpUsesSrq`]).
 //! * Receives of an SRQ complete out of posting order across the QPs that
 //!   consume them; each one completes exactly once and retires exactly its
@@ -27,7 +27,7 @@
 //!   it was destroyed and the `Srq` handle dropped, and the buffers still
 //!   posted are released after it returns.
 //! * [`Srq::arm_limit`] arms `IBV_EVENT_SRQ_LIMIT_REACHED`
-//!   ([`AsyncEvent::SrqLimitReached`](crate::AsyncEvent::SrqLimitReached),
+//!   ([`AsyncEvent::SrqLimitReached`](crate::event::AsyncEvent::SrqLimitReached),
 //!   matched with [`Srq::id`]); the event disarms the limit, arm it again to
 //!   hear about the next time.
 //! * [`Srq::refill`] tops the SRQ up to its depth from a buffer source.
@@ -47,7 +47,7 @@ use crate::ledger::ring::{Ring, SrqProducer};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 use crate::ledger::wr::{PostError, RecvWr};
 use crate::pd::Pd;
-use crate::qp::attr::QpCaps;
+use crate::qp::QpCaps;
 use crate::qp::post;
 use crate::sys::call::verb;
 
@@ -81,8 +81,7 @@ impl SrqAttr {
 /// A shared receive queue; see the [module docs](self).
 ///
 /// ```no_run
-/// use rdma_verbs::srq::{Srq, SrqAttr};
-/// use rdma_verbs::{AccessFlags, Context, Cq, Mr, Pd, Qp, QpCaps, RecvWr};
+/// use rdma_verbs::prelude::*;
 ///
 /// # fn main() -> rdma_verbs::Result<()> {
 /// let ctx = Context::open(None)?;
@@ -280,8 +279,8 @@ impl Srq {
     }
 
     /// The id async events name this SRQ by
-    /// ([`AsyncEvent::SrqLimitReached`](crate::AsyncEvent::SrqLimitReached),
-    /// [`AsyncEvent::SrqErr`](crate::AsyncEvent::SrqErr)).
+    /// ([`AsyncEvent::SrqLimitReached`](crate::event::AsyncEvent::SrqLimitReached),
+    /// [`AsyncEvent::SrqErr`](crate::event::AsyncEvent::SrqErr)).
     pub fn id(&self) -> SrqId {
         SrqId::from_raw(self.as_raw())
     }
@@ -306,7 +305,7 @@ impl Srq {
     /// still above the limit.
     ///
     /// A receive whose completion was consumed by
-    /// [`Cq::poll_raw`](crate::Cq::poll_raw), or that a QP had taken when it
+    /// [`Cq::poll_raw`](crate::cq::Cq::poll_raw), or that a QP had taken when it
     /// was destroyed mid-message (if the provider neither completes nor
     /// flushes it), stays counted here and keeps its slot; its buffer is
     /// released when the SRQ is destroyed.
@@ -317,7 +316,7 @@ impl Srq {
     /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): when fewer
     /// than `limit` receives are left posted, the device raises
     /// `IBV_EVENT_SRQ_LIMIT_REACHED` once
-    /// ([`AsyncEvent::SrqLimitReached`](crate::AsyncEvent::SrqLimitReached)
+    /// ([`AsyncEvent::SrqLimitReached`](crate::event::AsyncEvent::SrqLimitReached)
     /// with this SRQ's [`id`](Srq::id)) and disarms it; call again to re-arm.
     /// `limit` must be below [`depth`](Srq::depth), the most receives this
     /// SRQ ever holds ([`Error::InvalidArgument`] otherwise: the event would

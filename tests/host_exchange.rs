@@ -10,11 +10,13 @@ use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rdma_verbs::Error;
 use rdma_verbs::exchange::{
     self, ENDPOINT_MSG_LEN, ExchangeListener, ExchangeStream, PeerInfo, client_exchange,
     server_exchange,
 };
-use rdma_verbs::{Endpoint, Error, RemoteMr};
+use rdma_verbs::mr::RemoteMr;
+use rdma_verbs::qp::Endpoint;
 
 const T: Duration = Duration::from_secs(10);
 

@@ -11,11 +11,13 @@
 use std::io::Cursor;
 use std::time::{Duration, Instant};
 
+use rdma_verbs::device::Gid;
 use rdma_verbs::exchange::{
     self, ENDPOINT_MSG_LEN, MR_HEADER_LEN, MR_RECORD_LEN, PeerInfo, WireMessage, encode_endpoint,
     encode_peer_info, parse_endpoint, parse_mr_header, parse_mr_record, parse_peer_info,
 };
-use rdma_verbs::{Endpoint, Gid, RemoteMr};
+use rdma_verbs::mr::RemoteMr;
+use rdma_verbs::qp::Endpoint;
 
 struct XorShift(u64);
 

@@ -7,13 +7,14 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use rdma_verbs::Error;
 use rdma_verbs::gdr::cudarc::driver::CudaStream;
 use rdma_verbs::gdr::cudarc::driver::sys::CUdeviceptr;
 use rdma_verbs::gdr::{
     self, Capabilities, Decision, DeviceMemory, GdrError, GdrMode, GdrPath, MemoryKind, Missing,
     StagingConfig, decide,
 };
-use rdma_verbs::{AccessFlags, Error};
+use rdma_verbs::mr::AccessFlags;
 
 const MODES: [GdrMode; 4] = [
     GdrMode::Auto,
@@ -295,9 +296,9 @@ fn without_libcuda_every_entry_point_returns_the_typed_error() {
 
     // The entry points that also need an RDMA protection domain: checked when
     // this machine has an RDMA device (the driver check comes first).
-    match rdma_verbs::Context::open(None) {
+    match rdma_verbs::context::Context::open(None) {
         Ok(ctx) => {
-            let pd = rdma_verbs::Pd::new(&ctx).expect("pd");
+            let pd = rdma_verbs::pd::Pd::new(&ctx).expect("pd");
             for mode in MODES {
                 let e =
                     gdr::register(&pd, Unreachable, AccessFlags::LOCAL_WRITE, mode).unwrap_err();
@@ -374,8 +375,8 @@ fn bad_sizes_are_typed_errors_not_panics() {
         None
     );
     // GpuBuffer refuses a bad config first, driver or not (needs a PD).
-    if let Ok(ctx) = rdma_verbs::Context::open(None) {
-        let pd = rdma_verbs::Pd::new(&ctx).expect("pd");
+    if let Ok(ctx) = rdma_verbs::context::Context::open(None) {
+        let pd = rdma_verbs::pd::Pd::new(&ctx).expect("pd");
         let bad = StagingConfig {
             buffers: usize::MAX,
             ..StagingConfig::default()

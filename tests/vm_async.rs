@@ -14,12 +14,12 @@ use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::cm::{CmEventKind, ConnParam};
-use rdma_verbs::qp::{Init, Rts};
+use rdma_verbs::cq::{Completion, CompletionSource, WcOpcode, WcStatus};
+use rdma_verbs::event::AsyncEvent;
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{Init, InitAttr, Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
 use rdma_verbs::tokio::{AsyncChannel, AsyncCmId, AsyncCq, AsyncEventStream, AsyncQp, Listener};
-use rdma_verbs::{
-    AccessFlags, AsyncEvent, Completion, CompletionSource, InitAttr, Mr, Pd, Qp, QpCaps, Rc,
-    RecvWr, SendWr, WcOpcode, WcStatus,
-};
 
 static SERIAL: StdMutex<()> = StdMutex::new(());
 
@@ -803,7 +803,8 @@ fn misuse_and_shutdown_end_in_errors_not_hangs() {
         let ctx = common::ctx();
         let pd = Pd::new(&ctx).unwrap();
         let cq = AsyncCq::new(&ctx, 64).unwrap();
-        let srq = rdma_verbs::Srq::new(&pd, &cq.cq(), rdma_verbs::SrqAttr::new(8, 1)).unwrap();
+        let srq =
+            rdma_verbs::srq::Srq::new(&pd, &cq.cq(), rdma_verbs::srq::SrqAttr::new(8, 1)).unwrap();
         let qp = {
             let c = cq.cq();
             Qp::new_with_srq(&pd, &c, &c, &srq, caps(4)).unwrap()

@@ -13,12 +13,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{readable, wait};
+use rdma_verbs::Error;
+use rdma_verbs::channel::CompletionChannel;
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
-use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{
-    AccessFlags, CompletionChannel, Context, Cq, Error, Pd, Qp, QpCaps, Rc, RecvWr, SendWr,
-    WcOpcode,
-};
+use rdma_verbs::context::Context;
+use rdma_verbs::cq::{Cq, WcOpcode};
+use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{Init, Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
 
 /// Upper bound for any handshake step in these tests (TCG is slow).
 const T: Duration = Duration::from_secs(20);

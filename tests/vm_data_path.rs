@@ -4,7 +4,9 @@
 mod common;
 
 use common::{pair, pair_with, pattern, wait};
-use rdma_verbs::{AccessFlags, Mr, QpCaps, RecvWr, SendWr, WcOpcode, WcStatus};
+use rdma_verbs::cq::{WcOpcode, WcStatus};
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::qp::{QpCaps, RecvWr, SendWr};
 
 const SIZES: [usize; 5] = [0, 1, 4096, 1 << 20, 12_345];
 
@@ -150,12 +152,12 @@ fn polls_into_a_vec_without_room_take_completions() {
     }
     assert_eq!((out[1].wr_id, out[1].status), (1, WcStatus::Success));
     let src = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    let lent = rdma_verbs::Src::new(&src).unwrap();
+    let lent = rdma_verbs::qp::scope::Src::new(&src).unwrap();
     let (cq_a, a) = (&mut p.cq_a, &mut p.a);
     let scoped = cq_a
         .scope(|s| {
             s.attach(a)?
-                .post_send(&rdma_verbs::ScopedSend::send(2, lent))?;
+                .post_send(&rdma_verbs::qp::scope::ScopedSend::send(2, lent))?;
             let mut scoped = Vec::new();
             while scoped.is_empty() && std::time::Instant::now() < deadline {
                 s.poll(&mut scoped)?;
@@ -631,7 +633,7 @@ fn unsignaled_reads_hand_their_destinations_back_through_poll_with_retired() {
 #[test]
 fn buffers_of_another_pd_are_refused_and_the_qp_lives() {
     let mut p = pair(caps(2));
-    let other = rdma_verbs::Pd::new(&p.ctx).unwrap();
+    let other = rdma_verbs::pd::Pd::new(&p.ctx).unwrap();
     let refused = |e: rdma_verbs::qp::PostError, id: u64| {
         assert!(
             matches!(e.error, rdma_verbs::Error::InvalidArgument { .. }),
@@ -657,8 +659,9 @@ fn buffers_of_another_pd_are_refused_and_the_qp_lives() {
     assert_eq!(e.unposted[0].1.len(), 2);
     let foreign = other.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     refused(p.b.post_recv(RecvWr::new(3, foreign)).unwrap_err(), 3);
-    let srq_cq = rdma_verbs::Cq::new(&p.ctx, 16).unwrap();
-    let mut srq = rdma_verbs::Srq::new(&p.pd, &srq_cq, rdma_verbs::SrqAttr::new(4, 1)).unwrap();
+    let srq_cq = rdma_verbs::cq::Cq::new(&p.ctx, 16).unwrap();
+    let mut srq =
+        rdma_verbs::srq::Srq::new(&p.pd, &srq_cq, rdma_verbs::srq::SrqAttr::new(4, 1)).unwrap();
     let foreign = other.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     refused(srq.post_recv(RecvWr::new(4, foreign)).unwrap_err(), 4);
 

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::process::Command;
 
 use common::ctx;
-use rdma_verbs::device::format_guid;
-use rdma_verbs::{Cq, Error, GidType, LinkLayer, PortState, devices};
+use rdma_verbs::Error;
+use rdma_verbs::cq::Cq;
+use rdma_verbs::device::{GidType, LinkLayer, PortState, devices, format_guid};
 
 /// `ibv_devinfo -v -d DEV` parsed into (device-level fields, per-port fields, GID lines).
 struct DevInfo {
@@ -68,8 +69,8 @@ fn device_list_finds_the_soft_roce_device() {
     assert!(!list.is_empty());
     let d = list.find(Some(&want)).expect("device by name");
     assert_eq!(d.name(), want);
-    assert_eq!(d.transport(), rdma_verbs::Transport::Ib);
-    assert_eq!(d.node_type(), rdma_verbs::NodeType::Ca);
+    assert_eq!(d.transport(), rdma_verbs::device::Transport::Ib);
+    assert_eq!(d.node_type(), rdma_verbs::device::NodeType::Ca);
     match list.find(Some("no_such_dev0")) {
         Err(Error::DeviceNotFound { name, available }) => {
             assert_eq!(name, "no_such_dev0");
@@ -243,7 +244,7 @@ fn the_default_gid_is_the_roce_v2_ipv4_mapped_one() {
         .unwrap()
         .expect("rxe is RoCE: a GID is needed");
     let e = ctx.query_gid_entry(1, i).unwrap();
-    assert_eq!(e.gid_type, rdma_verbs::GidType::RoceV2);
+    assert_eq!(e.gid_type, rdma_verbs::device::GidType::RoceV2);
     assert!(e.gid.is_ipv4_mapped(), "{e:?}");
     let addr = std::env::var("RDMA_VERBS_ADDR").unwrap_or_else(|_| "10.99.0.1".into());
     assert_eq!(e.gid.to_ipv6().to_ipv4_mapped().unwrap().to_string(), addr);

@@ -5,7 +5,10 @@
 mod common;
 
 use common::{all_remote, ctx, res_counts as counts};
-use rdma_verbs::{AccessFlags, Cq, InitAttr, Pd, Qp, QpCaps, RecvWr};
+use rdma_verbs::cq::Cq;
+use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{InitAttr, Qp, QpCaps, RecvWr};
 
 #[test]
 fn every_drop_order_releases_every_kernel_object() {

@@ -31,12 +31,14 @@ use common::readable;
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use rdma_verbs::channel::Readiness;
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{
-    AccessFlags, AsyncEvent, AsyncEvents, CompletionChannel, Context, Cq, InitAttr, Pd, PortState,
-    Qp, QpCaps, Rc, RecvWr, RemoteMr, SendWr, WcOpcode,
-};
+use rdma_verbs::channel::{CompletionChannel, Readiness};
+use rdma_verbs::context::Context;
+use rdma_verbs::cq::{Cq, WcOpcode};
+use rdma_verbs::device::PortState;
+use rdma_verbs::event::{AsyncEvent, AsyncEvents};
+use rdma_verbs::mr::{AccessFlags, RemoteMr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{InitAttr, Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -476,7 +478,7 @@ fn qp_errors_raise_no_qp_event_on_rxe() {
     };
     p.a.post_send(SendWr::write(1, bad, 0).sge(mr)).unwrap();
     let c = common::wait(&mut p.cq_a, 1);
-    assert_eq!(c[0].status, rdma_verbs::WcStatus::RemAccessErr);
+    assert_eq!(c[0].status, rdma_verbs::cq::WcStatus::RemAccessErr);
     let got = events_for(&mut evs, "bad rkey", Duration::from_secs(1));
     let (qa, qb) = (p.a.qp_num(), p.b.qp_num());
     assert!(

@@ -17,12 +17,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{all_remote, ctx, gid_index, res_counts};
-use rdma_verbs::ffi;
-use rdma_verbs::qp::{Buffer, Init, Reset, Rts, Sges, state};
-use rdma_verbs::{
-    AccessFlags, Completion, CompletionSource, Context, Cq, Error, InitAttr, Mr, Pd, PostError, Qp,
-    QpCaps, Rc, RecvWr, RtrAttr, RtsAttr, SendWr, SharedMr, WcOpcode, WcStatus,
+use rdma_verbs::context::Context;
+use rdma_verbs::cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
+use rdma_verbs::mr::{AccessFlags, Mr, SharedMr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{
+    Buffer, Init, InitAttr, PostError, Qp, QpCaps, Rc, RecvWr, Reset, RtrAttr, Rts, RtsAttr,
+    SendWr, Sges,
 };
+use rdma_verbs::{Error, ffi};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static SEED: AtomicU64 = AtomicU64::new(0);
@@ -108,7 +111,7 @@ enum AnyQp {
     Reset(Qp<Rc, Reset>),
     Init(Qp<Rc, Init>),
     Rts(Qp<Rc, Rts>),
-    Err(Qp<Rc, state::Error>),
+    Err(Qp<Rc, rdma_verbs::qp::Error>),
 }
 
 macro_rules! each {
@@ -681,7 +684,7 @@ impl Model {
             }
         }
         let gid = self.gid;
-        let ep = |m: &Model, s: usize| -> rdma_verbs::Endpoint {
+        let ep = |m: &Model, s: usize| -> rdma_verbs::qp::Endpoint {
             each!(&m.qps[s].as_ref().unwrap().qp, q => q.endpoint(Some(gid)))
                 .unwrap_or_else(|e| fail!("endpoint: {e}"))
         };

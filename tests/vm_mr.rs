@@ -5,7 +5,9 @@ mod common;
 use std::process::Command;
 
 use common::ctx;
-use rdma_verbs::{AccessFlags, Error, Pd};
+use rdma_verbs::Error;
+use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::pd::Pd;
 
 fn combos() -> Vec<AccessFlags> {
     let bits = [

@@ -5,11 +5,12 @@
 mod common;
 
 use common::{all_remote, ctx, gid_index, pair, pair_with, wait};
-use rdma_verbs::qp::QpStateKind;
-use rdma_verbs::{
-    AccessFlags, Cq, Error, InitAttr, Mtu, Pd, Qp, QpCaps, RecvWr, RemoteMr, RtrAttr, RtsAttr,
-    SendWr, WcStatus,
-};
+use rdma_verbs::Error;
+use rdma_verbs::cq::{Cq, WcStatus};
+use rdma_verbs::device::Mtu;
+use rdma_verbs::mr::{AccessFlags, RemoteMr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{InitAttr, Qp, QpCaps, QpStateKind, RecvWr, RtrAttr, RtsAttr, SendWr};
 
 fn caps() -> QpCaps {
     QpCaps {
@@ -167,7 +168,7 @@ fn refused_transitions_hand_the_qp_back() {
     );
 
     // A destination QPN wider than 24 bits is refused before the kernel.
-    let bogus = rdma_verbs::Endpoint {
+    let bogus = rdma_verbs::qp::Endpoint {
         qpn: 0x0100_0000,
         ..peer
     };
@@ -212,8 +213,8 @@ fn refused_transitions_hand_the_qp_back() {
         err.error
     );
     // And so is a peer endpoint without a GID.
-    let no_gid = rdma_verbs::Endpoint {
-        gid: rdma_verbs::Gid::ZERO,
+    let no_gid = rdma_verbs::qp::Endpoint {
+        gid: rdma_verbs::device::Gid::ZERO,
         ..peer
     };
     let err = err
@@ -259,7 +260,7 @@ fn a_dest_qpn_nobody_owns_ends_in_retry_exc_err() {
         .init(InitAttr::new(1, all_remote()))
         .unwrap();
     let me = qp.endpoint(Some(gid)).unwrap();
-    let nobody = rdma_verbs::Endpoint {
+    let nobody = rdma_verbs::qp::Endpoint {
         qpn: 0xff_fff0,
         ..me
     };
@@ -356,7 +357,7 @@ fn send_without_receive_and_rnr_retry_0_is_rnr_retry_exc_err() {
 }
 
 fn expect_remote_access_error(
-    wr: impl FnOnce(&rdma_verbs::Pd, RemoteMr) -> SendWr<'static>,
+    wr: impl FnOnce(&rdma_verbs::pd::Pd, RemoteMr) -> SendWr<'static>,
     target_access: AccessFlags,
     tweak: impl FnOnce(RemoteMr) -> RemoteMr,
 ) {
@@ -370,7 +371,7 @@ fn expect_remote_access_error(
     drop(target);
 }
 
-fn write_wr(pd: &rdma_verbs::Pd, remote: RemoteMr) -> SendWr<'static> {
+fn write_wr(pd: &rdma_verbs::pd::Pd, remote: RemoteMr) -> SendWr<'static> {
     SendWr::write(1, remote, 0).sge(pd.alloc_mr(64, AccessFlags::empty()).unwrap())
 }
 

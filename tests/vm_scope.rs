@@ -9,12 +9,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use common::{all_remote, caps_sr, pair, pair_api, pattern, scope_poll_n, wait};
-use rdma_verbs::qp::scope::DEFAULT_DRAIN_TIMEOUT;
-use rdma_verbs::qp::{QpStateKind, SendApi};
-use rdma_verbs::{
-    AccessFlags, CompletionSource, Cq, Dst, Error, Mr, PreparedSends, RecvWr, Result,
-    ScopedCompletion, ScopedSend, SendWr, Src, WcOpcode, WcStatus,
+use rdma_verbs::cq::{CompletionSource, Cq, WcOpcode, WcStatus};
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::qp::scope::{
+    DEFAULT_DRAIN_TIMEOUT, Dst, PreparedSends, ScopedCompletion, ScopedSend, Src,
 };
+use rdma_verbs::qp::{QpStateKind, RecvWr, SendApi, SendWr};
+use rdma_verbs::{Error, Result};
 
 /// How long a scope may take to flush after its drain timeout (the module
 /// docs' bound).
@@ -494,7 +495,7 @@ fn bad_scoped_requests_get_typed_errors() {
         matches!(other, Err(Error::InvalidArgument { .. })),
         "{other:?}"
     );
-    let bad_rkey = rdma_verbs::RemoteMr {
+    let bad_rkey = rdma_verbs::mr::RemoteMr {
         rkey: remote.rkey ^ 0x5a5a,
         ..remote
     };
@@ -737,7 +738,7 @@ fn report_each_requests_wr_id_and_opcode(api: SendApi) {
     .unwrap();
     // Entry 1 has a wrong rkey: it fails at the peer and the QP flushes
     // the rest of the list, each with its own wr_id.
-    let bad_rkey = rdma_verbs::RemoteMr {
+    let bad_rkey = rdma_verbs::mr::RemoteMr {
         rkey: remote.rkey ^ 0x5a5a,
         ..remote
     };
@@ -1055,7 +1056,7 @@ fn scope_poll_returns_its_completion_and_defers_a_loss() {
 #[test]
 fn a_qp_asked_for_no_send_sge_takes_a_scoped_send() {
     for api in [SendApi::Extended, SendApi::Legacy] {
-        let caps = rdma_verbs::QpCaps {
+        let caps = rdma_verbs::qp::QpCaps {
             max_send_sge: 0,
             ..caps_sr(8, 4)
         };

@@ -8,9 +8,12 @@ mod common;
 use std::time::Duration;
 
 use common::{all_remote, caps_sr, pair, pattern, wait};
-use rdma_verbs::qp::Rts;
+use rdma_verbs::Error;
+use rdma_verbs::cq::{WcOpcode, WcStatus};
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::pd::Pd;
 use rdma_verbs::qp::scope::MAX_SCOPED_BUFFERS;
-use rdma_verbs::{AccessFlags, Error, Mr, Pd, Qp, Rc, RecvWr, SendWr, WcOpcode, WcStatus};
+use rdma_verbs::qp::{Qp, Rc, RecvWr, Rts, SendWr};
 
 const POLL: Duration = Duration::from_secs(20);
 

@@ -10,8 +10,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::time::{Duration, Instant};
 
 use common::{WAIT, all_remote, caps_sr, pair_api, scope_poll_n};
-use rdma_verbs::qp::SendApi;
-use rdma_verbs::{AccessFlags, Dst, PreparedSends, ScopedSend, SendWr, Src, WcOpcode, WcStatus};
+use rdma_verbs::cq::{WcOpcode, WcStatus};
+use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::qp::scope::{Dst, PreparedSends, ScopedSend, Src};
+use rdma_verbs::qp::{SendApi, SendWr};
 
 /// `Duration::MAX` means no limit: the scope waits for its receive (which a
 /// peer fills 300 ms later) instead of panicking on `Instant + Duration`,

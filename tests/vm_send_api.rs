@@ -7,11 +7,12 @@
 mod common;
 
 use common::{ctx, pair_api, pattern, wait};
-use rdma_verbs::qp::SendApi;
-use rdma_verbs::{
-    AccessFlags, Completion, Cq, Mr, Pd, Qp, QpCaps, RecvWr, SendWr, Srq, SrqAttr, WcOpcode,
-    WcStatus, ffi,
-};
+use rdma_verbs::cq::{Completion, Cq, WcOpcode, WcStatus};
+use rdma_verbs::ffi;
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{Qp, QpCaps, RecvWr, SendApi, SendWr};
+use rdma_verbs::srq::{Srq, SrqAttr};
 
 fn caps() -> QpCaps {
     QpCaps {

@@ -11,11 +11,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::{WAIT, all_remote, caps_sr, ctx, pair, pair_with, res_counts, wait};
-use rdma_verbs::ffi;
-use rdma_verbs::{
-    AccessFlags, Completion, CompletionSource, Cq, Error, InitAttr, Pd, Qp, RecvWr, SendWr,
-    WcOpcode, WcStatus,
-};
+use rdma_verbs::cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
+use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{InitAttr, Qp, RecvWr, SendWr};
+use rdma_verbs::{Error, ffi};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

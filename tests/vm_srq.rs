@@ -15,11 +15,14 @@ use std::time::{Duration, Instant};
 
 use common::procs::{Proc, example, finish};
 use common::{WAIT, all_remote, ctx, gid_index, pattern, res_counts, wait};
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{
-    AccessFlags, AsyncEvent, Completion, Context, Cq, Error, InitAttr, Mr, Pd, Qp, QpCaps, Rc,
-    RecvWr, SendWr, Srq, SrqAttr, WcOpcode, WcStatus,
-};
+use rdma_verbs::Error;
+use rdma_verbs::context::Context;
+use rdma_verbs::cq::{Completion, Cq, WcOpcode, WcStatus};
+use rdma_verbs::event::AsyncEvent;
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{InitAttr, Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
+use rdma_verbs::srq::{Srq, SrqAttr};
 
 /// Tests count kernel objects (`rdma resource show`): one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -14,11 +14,15 @@ use std::time::{Duration, Instant};
 
 use common::procs::{Proc, example, finish};
 use common::{ctx, gid_index, pattern, wait};
-use rdma_verbs::ah::GRH_LEN;
-use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{
-    AccessFlags, AddressHandle, AddressVector, Cq, Error, Gid, Mr, Pd, Qp, QpCaps, RecvWr, Uc,
-    UcInitAttr, UcSendWr, Ud, UdInitAttr, UdRecvWr, UdSendWr, WcOpcode, WcStatus,
+use rdma_verbs::Error;
+use rdma_verbs::ah::{AddressHandle, GRH_LEN};
+use rdma_verbs::cq::{Cq, WcOpcode, WcStatus};
+use rdma_verbs::device::Gid;
+use rdma_verbs::mr::{AccessFlags, Mr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{
+    AddressVector, Init, Qp, QpCaps, RecvWr, Rts, Uc, UcInitAttr, UcSendWr, Ud, UdInitAttr,
+    UdRecvWr, UdSendWr,
 };
 
 const QKEY: u32 = 0x1111_1111;

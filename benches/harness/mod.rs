@@ -10,7 +10,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rdma_verbs::QpCaps;
+use rdma_verbs::qp::QpCaps;
 
 /// Counts allocations; install with `#[global_allocator]`.
 pub struct CountingAlloc;

@@ -12,8 +12,8 @@
 //! (libibverbs' soft-RoCE provider rings its doorbell with a `write(2)` per
 //! post call, on both paths, as for perftest.)
 
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{AccessFlags, Error, Mr, Qp, Rc, RemoteMr, Result, WcStatus, ffi};
+use rdma_verbs::ffi;
+use rdma_verbs::prelude::*;
 
 use crate::Bufs;
 use crate::clock::{self, Phase, Rate, Timer};

@@ -11,11 +11,8 @@
 use std::time::Duration;
 
 use rdma_verbs::exchange::{ExchangeListener, ExchangeStream, PeerInfo, WireMessage};
-use rdma_verbs::qp::{Init, Rts, SendApi};
-use rdma_verbs::{
-    AccessFlags, CompletionChannel, Context, Cq, Error, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr,
-    Result, RtrAttr, RtsAttr,
-};
+use rdma_verbs::prelude::*;
+use rdma_verbs::qp::SendApi;
 
 use crate::opts::{DataPath, Opts, Verb};
 use crate::report::Fingerprint;

@@ -6,8 +6,8 @@
 //! samples are the differences between consecutive posts (a full round trip,
 //! halved for the ping-pong tests).
 
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Completion, Error, Mr, Qp, Rc, RecvWr, RemoteMr, Result, SendWr, SharedMr, ffi};
+use rdma_verbs::ffi;
+use rdma_verbs::prelude::*;
 
 use crate::Bufs;
 use crate::bw::{Stall, split_pool, wc_error};
@@ -177,13 +177,13 @@ impl Lat {
                 Test::WriteLat => {
                     self.src = Some(
                         dev.pd
-                            .alloc_mr(size, rdma_verbs::AccessFlags::LOCAL_WRITE)?,
+                            .alloc_mr(size, rdma_verbs::mr::AccessFlags::LOCAL_WRITE)?,
                     )
                 }
                 Test::SendLat => {
                     self.shared_src = Some(
                         dev.pd
-                            .alloc_mr(size, rdma_verbs::AccessFlags::LOCAL_WRITE)?
+                            .alloc_mr(size, rdma_verbs::mr::AccessFlags::LOCAL_WRITE)?
                             .freeze(),
                     )
                 }
@@ -193,7 +193,7 @@ impl Lat {
         if o.path == DataPath::Safe && o.test == Test::ReadLat {
             self.dest = Some(
                 dev.pd
-                    .alloc_mr(size, rdma_verbs::AccessFlags::LOCAL_WRITE)?,
+                    .alloc_mr(size, rdma_verbs::mr::AccessFlags::LOCAL_WRITE)?,
             );
         }
         Ok(())

@@ -1,8 +1,8 @@
 //! The raw path's sender state: one prepared, chained C list per QP, reused
 //! for every post call (like perftest's `ctx->wr`).
 
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Qp, Rc, RemoteMr, Result, ffi};
+use rdma_verbs::ffi;
+use rdma_verbs::prelude::*;
 
 use super::{ATOMIC_ADD_VALUE, ATOMIC_CMP_VALUE, ATOMIC_SWAP_VALUE, POLL_BATCH, Shape, SigClock};
 use crate::Bufs;

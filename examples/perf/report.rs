@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 
 use rdma_verbs::exchange::WireMessage;
+use rdma_verbs::prelude::*;
 use rdma_verbs::qp::SendApi;
-use rdma_verbs::{Error, Result};
 
 use crate::clock::Rate;
 use crate::conn::Device;

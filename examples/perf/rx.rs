@@ -3,8 +3,8 @@
 //! re-posted as its completion is polled. The scoped receiver is
 //! `super::scoped::receive`.
 
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Completion, Error, Qp, Rc, RecvWr, Result, ffi};
+use rdma_verbs::ffi;
+use rdma_verbs::prelude::*;
 
 use super::{POLL_BATCH, QP_SHIFT, SAFE_POOL_CAP, split_pool, wc_error};
 use crate::Bufs;

@@ -1,8 +1,8 @@
 //! The safe path's sender state: shared sources per (QP, slot), owned READ
 //! and atomic destinations, and one post call of `-l` requests.
 
-use rdma_verbs::qp::{Rts, Sges};
-use rdma_verbs::{AccessFlags, Completion, Error, Mr, Qp, Rc, RemoteMr, Result, SendWr, SharedMr};
+use rdma_verbs::prelude::*;
+use rdma_verbs::qp::Sges;
 
 use super::{
     ATOMIC_ADD_VALUE, ATOMIC_CMP_VALUE, ATOMIC_SWAP_VALUE, POLL_BATCH, QP_SHIFT, SAFE_POOL_CAP,

@@ -4,11 +4,8 @@
 //! one region like the raw path's), wr_ids and signaling are the same, and
 //! the completions are the scope's light ones.
 
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{
-    AccessFlags, Dst, Error, PreparedSends, Result, Scope, ScopedCompletion, ScopedQp, ScopedSend,
-    Src,
-};
+use rdma_verbs::prelude::*;
+use rdma_verbs::qp::scope::{PreparedSends, Scope, ScopedCompletion, ScopedQp, ScopedSend};
 
 use super::{ATOMIC_ADD_VALUE, ATOMIC_CMP_VALUE, ATOMIC_SWAP_VALUE, POLL_BATCH, QP_SHIFT};
 use super::{Counts, PathState, SEQ_MASK, Shape, Stall, Tx};

@@ -4,11 +4,7 @@
 use std::time::Duration;
 
 use rdma_verbs::exchange::{self, ExchangeListener, ExchangeStream, PeerInfo};
-use rdma_verbs::qp::{Init, Rts};
-use rdma_verbs::{
-    AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc, RemoteMr, Result, RtrAttr,
-    RtsAttr,
-};
+use rdma_verbs::prelude::*;
 
 /// Options every example takes.
 pub struct Args {

@@ -36,7 +36,7 @@ pub fn test_args(name: &str, line: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_verbs::Gid;
+    use rdma_verbs::device::Gid;
 
     #[test]
     fn c_long_reads_like_strtol() {

@@ -7,10 +7,10 @@
 use std::io::Cursor;
 
 use libfuzzer_sys::fuzz_target;
-use rdma_verbs::Endpoint;
 use rdma_verbs::exchange::{
     self, PeerInfo, WireMessage, encode_endpoint, encode_peer_info, parse_endpoint, parse_peer_info,
 };
+use rdma_verbs::qp::Endpoint;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(ep) = parse_endpoint(data) {

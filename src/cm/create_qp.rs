@@ -14,7 +14,7 @@ impl CmId {
     /// and REMOTE_ATOMIC when this side accepts READs/atomics as target
     /// (responder resources above 0; the default [`ConnParam`] asks the
     /// device maximum). What a peer may touch is still decided by each
-    /// [`Mr`](crate::Mr)'s own access flags.
+    /// [`Mr`](crate::mr::Mr)'s own access flags.
     #[doc(alias = "rdma_create_qp")]
     pub fn create_qp(
         &self,
@@ -37,7 +37,7 @@ impl CmId {
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
-        srq: &crate::Srq,
+        srq: &crate::srq::Srq,
         caps: QpCaps,
     ) -> Result<Qp<Rc, Init>> {
         self.create_qp_on(pd, send_cq, recv_cq, Some(srq), caps)
@@ -49,7 +49,7 @@ impl CmId {
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
-        srq: Option<&crate::Srq>,
+        srq: Option<&crate::srq::Srq>,
         caps: QpCaps,
     ) -> Result<Qp<Rc, Init>> {
         let (srq, caps) = srq_and_caps(pd, recv_cq, srq, caps)?;
@@ -156,7 +156,7 @@ pub(super) fn check_qp_device(verbs: *mut ffi::ibv_context, qp: &Qp<Rc, Init>) -
 fn srq_and_caps(
     pd: &Pd,
     recv_cq: &Cq,
-    srq: Option<&crate::Srq>,
+    srq: Option<&crate::srq::Srq>,
     caps: QpCaps,
 ) -> Result<(Option<Arc<SrqInner>>, QpCaps)> {
     let Some(srq) = srq else {

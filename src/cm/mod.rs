@@ -8,7 +8,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_verbs::cm::{CmId, ConnParam};
-//! use rdma_verbs::{AccessFlags, Cq, Pd, QpCaps, RecvWr};
+//! use rdma_verbs::prelude::*;
 //! let t = Duration::from_secs(5);
 //! let id = CmId::new()?;
 //! id.resolve("10.99.0.1:7174".parse().unwrap(), t)?; // ADDR_RESOLVED, ROUTE_RESOLVED

@@ -24,12 +24,12 @@ impl ConnParam {
     /// librdmacm (the device maximum on connect, the smaller of the peer's
     /// request and the device maximum on accept); 6 transport retries (7
     /// means "retry forever" on soft-RoCE, so a dead peer would never be
-    /// reported, as with [`RtsAttr::new`](crate::RtsAttr::new)) and 7 RNR
+    /// reported, as with [`RtsAttr::new`](crate::qp::RtsAttr::new)) and 7 RNR
     /// retries (forever: a slow receiver is not an error).
     ///
     /// How soon a dead peer shows: the ACK timeout of a QP connected by
     /// rdma_cm is the kernel CM's (from the path's packet lifetime), not the
-    /// ~0.5 s of [`RtsAttr::new`](crate::RtsAttr::new): on soft-RoCE
+    /// ~0.5 s of [`RtsAttr::new`](crate::qp::RtsAttr::new): on soft-RoCE
     /// `RETRY_EXC_ERR` comes about 14 s after the peer dies. A
     /// side that only receives learns nothing until it sends (or the peer's
     /// DISCONNECTED arrives); that is RC, not this crate.

@@ -111,7 +111,7 @@ impl Completion {
     /// Takes the first exclusively owned buffer: a receive buffer, READ or
     /// atomic destination, or an `Mr` that was the source of a SEND/WRITE.
     #[inline]
-    pub fn take_mr(&mut self) -> Option<crate::Mr> {
+    pub fn take_mr(&mut self) -> Option<crate::mr::Mr> {
         self.bufs.take_first_owned()
     }
 

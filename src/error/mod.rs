@@ -144,7 +144,7 @@ pub enum Error {
         depth: u32,
     },
 
-    /// A [`Cq::scope`](crate::Cq::scope) ended with requests still
+    /// A [`Cq::scope`](crate::cq::Cq::scope) ended with requests still
     /// outstanding after its drain timeout: their QP was moved to the error
     /// state, which flushed them, before the scope returned.
     #[error(

@@ -47,7 +47,7 @@ pub fn server_exchange<M: WireMessage, T>(
 /// endpoint and `mrs`, receives the server's, moves the QP to RTS, and
 /// returns it with what the server advertised (its regions to WRITE/READ).
 ///
-/// `gid_index` `None` picks [`Context::default_gid_index`](crate::Context::default_gid_index)
+/// `gid_index` `None` picks [`Context::default_gid_index`](crate::context::Context::default_gid_index)
 /// (the RoCE v2 GID on RoCE). Connecting retries until `timeout`; every
 /// message sent or received is bounded by it too.
 ///

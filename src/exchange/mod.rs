@@ -1,7 +1,7 @@
 //! Out-of-band endpoint exchange over TCP, wire-compatible with `ibv_rc_pingpong`.
 //!
 //! Before two RC queue pairs can talk, each side must learn the other's
-//! [`Endpoint`](crate::Endpoint) (LID, QP number, PSN, GID). rdma-core's example
+//! [`Endpoint`](crate::qp::Endpoint) (LID, QP number, PSN, GID). rdma-core's example
 //! programs send it over a TCP connection as text; this module speaks exactly that
 //! protocol, so a Rust program can connect to a C `ibv_rc_pingpong` and the reverse.
 //! Its extended form, [`PeerInfo`], also carries the memory regions a peer may
@@ -24,7 +24,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_verbs::exchange::{client_exchange, DEFAULT_PORT};
-//! # fn f(local: rdma_verbs::Endpoint) -> rdma_verbs::Result<()> {
+//! # fn f(local: rdma_verbs::qp::Endpoint) -> rdma_verbs::Result<()> {
 //! let remote = client_exchange("10.99.0.1", DEFAULT_PORT, &local, Duration::from_secs(10))?;
 //! println!("remote: {remote}");
 //! # Ok(()) }

@@ -464,13 +464,14 @@ mod rdma_tests {
     use cudarc::driver::CudaStream;
 
     use super::*;
+    use crate::context::Context;
+    use crate::device::GidType;
     use crate::gdr::GdrError;
     use crate::gdr::direct::MAX_WRITE;
     use crate::gdr::ledger::{NEXT_WR_SEQ, TAG_MASK, WR_ID_TAG};
     use crate::gdr::staging::StagingConfig;
     use crate::qp::{Buffer, SendWr};
     use crate::qp::{InitAttr, QpCaps};
-    use crate::{Context, GidType};
 
     /// Host memory posing as device memory.
     struct HostMem(Box<[u8]>);
@@ -745,7 +746,7 @@ mod rdma_tests {
             let mut buf = GpuBuffer::for_host_test(&p.pd, pattern(500_000, 9), path, small(3));
             let e = buf.write(&mut p.a, &mut p.cq_a, bad, 0).unwrap_err();
             assert!(
-                matches!(e, Error::WorkCompletion { status, .. } if status != crate::WcStatus::Success),
+                matches!(e, Error::WorkCompletion { status, .. } if status != crate::cq::WcStatus::Success),
                 "{path:?}: {e:?}"
             );
             assert!(buf.buffers_home(), "{path:?}: buffers lost after an error");

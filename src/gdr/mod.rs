@@ -9,9 +9,9 @@
 //! addresses are checked: bad input is a typed error, never a panic.
 //!
 //! # Two ways in
-//! * [`register`]: device memory as an [`Mr`](crate::Mr) (dma-buf or peer-mem)
+//! * [`register`]: device memory as an [`Mr`](crate::mr::Mr) (dma-buf or peer-mem)
 //!   for peers to READ/WRITE or for your own work requests; its
-//!   [`addr`](crate::Mr::addr) is the device address. **Synchronize the stream
+//!   [`addr`](crate::mr::Mr::addr) is the device address. **Synchronize the stream
 //!   that wrote the data before posting it**, and launch consumers of a peer's
 //!   WRITE only after its completion.
 //! * [`GpuBuffer`]: "send this device buffer to that remote MR", over GPUDirect
@@ -22,8 +22,8 @@
 //!
 //! ```no_run
 //! use rdma_verbs::gdr::{self, DeviceAlloc, GdrMode, GpuBuffer};
-//! # fn f(pd: &rdma_verbs::Pd, qp: &mut rdma_verbs::Qp<rdma_verbs::Rc, rdma_verbs::qp::Rts>,
-//! #      cq: &mut rdma_verbs::Cq, remote: rdma_verbs::RemoteMr) -> rdma_verbs::Result<()> {
+//! # fn f(pd: &rdma_verbs::pd::Pd, qp: &mut rdma_verbs::qp::Qp<rdma_verbs::qp::Rc, rdma_verbs::qp::Rts>,
+//! #      cq: &mut rdma_verbs::cq::Cq, remote: rdma_verbs::mr::RemoteMr) -> rdma_verbs::Result<()> {
 //! let ctx = gdr::cuda_context(0)?; // typed error, not a panic, without a GPU
 //! let mut mem = DeviceAlloc::new(&ctx.default_stream(), 1 << 20)?;
 //! gdr::copy_to_device(&mut mem, 0, &[7u8; 1 << 20])?;

@@ -10,4 +10,4 @@
 pub(crate) mod ring;
 pub(crate) mod sges;
 pub(crate) mod table;
-pub mod wr;
+pub(crate) mod wr;

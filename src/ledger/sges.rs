@@ -44,7 +44,7 @@ impl Buffer {
 
     /// Whether the buffer is registered in `pd`.
     #[inline(always)]
-    pub(crate) fn in_pd(&self, pd: &crate::Pd) -> bool {
+    pub(crate) fn in_pd(&self, pd: &crate::pd::Pd) -> bool {
         let own = match self {
             Buffer::Owned(m) => m.pd(),
             Buffer::Shared(s) => s.pd(),
@@ -207,7 +207,7 @@ impl Sges {
     /// Refuses a buffer registered in another PD than `pd` (the QP's): its
     /// lkey would fail the request on the NIC and move the QP to ERR.
     #[inline]
-    pub(crate) fn check_pd(&self, pd: &crate::Pd) -> crate::Result<()> {
+    pub(crate) fn check_pd(&self, pd: &crate::pd::Pd) -> crate::Result<()> {
         if self.iter().all(|b| b.in_pd(pd)) {
             return Ok(());
         }
@@ -224,7 +224,7 @@ impl Sges {
     #[inline]
     pub(crate) fn all_locally_writable(&self) -> bool {
         self.iter().all(|b| match b {
-            Buffer::Owned(m) => m.access().contains(crate::AccessFlags::LOCAL_WRITE),
+            Buffer::Owned(m) => m.access().contains(crate::mr::AccessFlags::LOCAL_WRITE),
             Buffer::Shared(_) => false,
         })
     }

@@ -235,7 +235,7 @@ impl Drop for Reservation<'_> {
 
 /// The poller's lock-free copy of a table: ring pointers by index.
 ///
-/// Lives in the [`Cq`](crate::Cq) (single consumer). The rings it points to
+/// Lives in the [`Cq`](crate::cq::Cq) (single consumer). The rings it points to
 /// are kept alive by the table until [`RingTable::unregister_destroyed`], which only the
 /// poller calls and which clears the cache entries first.
 #[derive(Default)]

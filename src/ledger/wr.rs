@@ -39,7 +39,7 @@ pub(crate) enum SendOp {
 ///
 /// Buffers are moved in and come back with the completion. READ and atomic
 /// destinations must be exclusively owned [`Mr`]s (the NIC writes them);
-/// SEND/WRITE sources may also be [`SharedMr`](crate::SharedMr)s.
+/// SEND/WRITE sources may also be [`SharedMr`](crate::mr::SharedMr)s.
 #[derive(Debug)]
 pub struct SendWr<'a> {
     pub(crate) wr_id: u64,

@@ -41,7 +41,7 @@ impl Mr {
 
     /// Bytes `offset..offset + len`, for memory no peer can write, while the
     /// NIC may be using other parts of the range (a scope's
-    /// [`ScopedBuffers`](crate::ScopedBuffers)).
+    /// [`ScopedBuffers`](crate::qp::scope::ScopedBuffers)).
     ///
     /// # Safety
     /// Nothing writes `offset..offset + len` while the returned slice lives:

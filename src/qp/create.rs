@@ -1,6 +1,8 @@
 //! Creating QPs: the RC constructors and the one path every transport builds through.
 
 use super::*;
+// The crate's error; `super::*` also brings in `Error`, the ERR state.
+use crate::error::Error;
 
 impl Qp<Rc, Reset> {
     /// Creates an RC QP in `pd` whose sends complete on `send_cq` and receives
@@ -10,7 +12,7 @@ impl Qp<Rc, Reset> {
     ///
     /// The QP posts its sends with the extended work request API where the
     /// provider supports it, with `ibv_post_send` otherwise; see
-    /// [`send_api`](Qp::send_api) and [`send_ex`].
+    /// [`send_api`](Qp::send_api) and [`SendApi`].
     #[doc(alias = "ibv_create_qp")]
     #[doc(alias = "ibv_create_qp_ex")]
     pub fn new(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp<Rc, Reset>> {

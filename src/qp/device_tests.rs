@@ -8,9 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::context::Context;
+use crate::cq::{Cq, WcStatus};
+use crate::device::GidType;
+use crate::ffi;
 use crate::mr::Region;
+use crate::mr::{AccessFlags, Mr};
+use crate::pd::Pd;
 use crate::qp::{InitAttr, Qp, QpCaps, RecvWr, SendWr};
-use crate::{AccessFlags, Context, Cq, GidType, Mr, Pd, WcStatus, ffi};
 
 /// Counts its drops, and panics in each.
 struct PanicOnDrop {
@@ -166,8 +171,9 @@ fn counted_mr(pd: &Pd, len: usize, drops: &Arc<AtomicUsize>) -> Mr {
 #[test]
 #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
 fn a_ud_qp_keeps_its_address_handles_until_done_and_drops_everything_once() {
+    use crate::ah::AddressHandle;
+    use crate::qp::AddressVector;
     use crate::qp::{UdInitAttr, UdRecvWr, UdSendWr};
-    use crate::{AddressHandle, AddressVector};
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let gid_ix = ctx.default_gid_index(1).unwrap().unwrap_or(0);

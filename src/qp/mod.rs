@@ -1,65 +1,62 @@
 //! Queue pairs: the state machine in types, and a data path safe code cannot misuse.
 //!
 //! # The state machine
-//! `Qp<Rc, Reset>` → [`init`](Qp::init) → `Qp<Rc, Init>` → [`rtr`](Qp::rtr) →
-//! `Qp<Rc, Rtr>` → [`rts`](Qp::rts) → `Qp<Rc, Rts>`; [`to_error`](Qp::to_error)
-//! and [`reset`](Qp::reset) from any state (ERR not from RESET). Each transition consumes the QP and
-//! takes exactly the attributes the kernel requires; a refused transition
-//! hands the QP back in its old state inside [`TransitionError`].
+//! `Qp<Rc, Reset>` → [`init`](Qp::init) → `Qp<Rc, Init>` → [`rtr`](Qp::rtr) → `Qp<Rc, Rtr>` →
+//! [`rts`](Qp::rts) → `Qp<Rc, Rts>`; [`to_error`](Qp::to_error) (to the ERR state [`Error`]) and
+//! [`reset`](Qp::reset) from any state (ERR not from RESET). Each transition consumes the QP and
+//! takes exactly the attributes the kernel requires for that step ([`InitAttr`], [`RtrAttr`],
+//! [`RtsAttr`] for RC: the constructor takes the required ones, builder methods the optional ones;
+//! defaults follow `ibv_rc_pingpong` and perftest; [`AddressVector`] says where packets go); a
+//! refused transition hands the QP back in its old state inside [`TransitionError`]. [`Qp::query`]
+//! reports every attribute ([`QpAttr`]), and the real state ([`QpState`] says why it may differ
+//! from the type's).
 //!
-//! UC ([`Uc`]) and UD ([`Ud`]) have the same states with their own
-//! constructors ([`Qp::new_uc`], [`Qp::new_ud`]), attributes and request types
-//! ([`UcSendWr`], [`UdSendWr`], [`UdRecvWr`]); what a transport cannot do has
-//! no constructor, so it does not compile (see `tests/ui`).
-//! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send)
-//! only in RTS; misuse does not compile:
+//! UC ([`Uc`]) and UD ([`Ud`]) have the same states with their own constructors ([`Qp::new_uc`],
+//! [`Qp::new_ud`]), attributes and request types ([`UcSendWr`], [`UdSendWr`], [`UdRecvWr`]); what a
+//! transport cannot do has no constructor, so it does not compile (see `tests/ui`).
+//! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send) only in RTS;
+//! misuse does not compile:
 //!
 //! ```compile_fail
-//! # fn f(qp: &mut rdma_verbs::Qp<rdma_verbs::Rc, rdma_verbs::qp::Rtr>) {
-//! qp.post_send(rdma_verbs::SendWr::send(1)); // no post_send before RTS
+//! # fn f(qp: &mut rdma_verbs::qp::Qp<rdma_verbs::qp::Rc, rdma_verbs::qp::Rtr>) {
+//! qp.post_send(rdma_verbs::qp::SendWr::send(1)); // no post_send before RTS
 //! # }
 //! ```
 //!
 //! # Posting and completing
-//! Posting **moves** the request's buffers ([`Mr`](crate::Mr), or a read-only
-//! [`SharedMr`](crate::SharedMr) for what the NIC only reads) into a slot of
-//! the queue's ring; the `wr_id` the NIC carries is a token naming that slot.
-//! [`Cq::poll`](crate::Cq::poll) validates each token before touching
-//! anything and hands the buffers back in the [`Completion`](crate::Completion);
-//! anything it cannot validate comes back `Foreign` or `Stale`, without
-//! buffers. A QP reserves its queues' depths on its CQs, so the safe path
-//! cannot overrun a CQ; [`to_error`](Qp::to_error) flushes what is posted and
-//! [`reset`](Qp::reset) needs a drained QP. Inside
-//! [`Cq::scope`](crate::Cq::scope) requests borrow their buffers instead
+//! Posting **moves** the request's buffers ([`Mr`](crate::mr::Mr), or a read-only
+//! [`SharedMr`](crate::mr::SharedMr) for what the NIC only reads) into a slot of the queue's ring;
+//! the `wr_id` the NIC carries is a token naming that slot. [`Cq::poll`](crate::cq::Cq::poll)
+//! validates each token before touching anything and hands the buffers back in the
+//! [`Completion`](crate::cq::Completion); anything it cannot validate comes back `Foreign` or
+//! `Stale`, without buffers. A QP reserves its queues' depths on its CQs, so the safe path cannot
+//! overrun a CQ; [`to_error`](Qp::to_error) flushes what is posted and [`reset`](Qp::reset) needs a
+//! drained QP. Inside [`Cq::scope`](crate::cq::Cq::scope) requests borrow their buffers instead
 //! ([`scope`]), at the raw path's cost.
 //!
-//! The `unsafe` [`post_send_raw`](Qp::post_send_raw) /
-//! [`post_recv_raw`](Qp::post_recv_raw) take C work requests (contract in their
-//! `# Safety` sections). RC sends go through the extended API (`ibv_wr_*`)
-//! where the provider has it ([`Qp::send_api`], [`send_ex`]).
+//! The `unsafe` [`post_send_raw`](Qp::post_send_raw) / [`post_recv_raw`](Qp::post_recv_raw) take C
+//! work requests (contract in their `# Safety` sections). RC sends go through the extended API
+//! (`ibv_wr_*`) where the provider has it ([`Qp::send_api`], [`SendApi`]).
 //!
-//! Why this is sound, and each provider behaviour it relies on with its test,
-//! is written down in `docs/soundness.md`; what a request costs, in
-//! `docs/performance.md`. A [`SendWr`] is about 230 bytes: build it in the
-//! `post_send` call rather than passing it through variables.
+//! Why this is sound, and each provider behaviour it relies on with its test, is written down in
+//! `docs/soundness.md`; what a request costs, in `docs/performance.md`. A [`SendWr`] is about 230
+//! bytes: build it in the `post_send` call rather than passing it through variables.
 
 // A refused transition hands the whole QP back by value (that is the point);
 // the error path is cold, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
-pub mod attr;
+mod attr;
 mod create;
 pub(crate) mod post;
 mod qp_core;
 mod queue;
 pub mod scope;
-pub mod send_ex;
-pub mod state;
+mod send_ex;
+mod state;
 mod transition;
 mod uc;
 mod ud;
-
-pub use crate::ledger::wr;
 
 #[cfg(test)]
 mod device_tests;
@@ -72,7 +69,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::cq::{Cq, CqInner};
-use crate::error::{Error, Result, errno, last_errno};
+use crate::error::{Result, errno, last_errno};
 use crate::ffi;
 use crate::pd::Pd;
 use crate::srq::{Srq, SrqInner};
@@ -86,7 +83,7 @@ pub use attr::{
 };
 pub use send_ex::SendApi;
 pub use state::{
-    CanPostRecv, CanPostSend, Connected, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
+    CanPostRecv, CanPostSend, Connected, Error, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
 };
 pub use uc::UcSendWr;
 pub use ud::{UdMessage, UdRecvWr, UdSendWr};
@@ -153,7 +150,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
 
     /// This side's endpoint for the peer: the LID of the QP's port (the one
     /// given to [`init`](Qp::init); 1 before that), its QPN and PSN, and the
-    /// GID at `gid_index`. With `None`, [`Context::default_gid_index`](crate::Context::default_gid_index)
+    /// GID at `gid_index`. With `None`, [`Context::default_gid_index`](crate::context::Context::default_gid_index)
     /// chooses: the RoCE v2 IPv4-mapped GID on RoCE, no GID (zero) on
     /// InfiniBand, like `ibv_rc_pingpong` without `-g`.
     #[doc(alias = "ibv_query_gid")]
@@ -167,7 +164,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         };
         let gid = match index {
             Some(i) => ctx.query_gid(port, i)?,
-            None => crate::Gid::ZERO,
+            None => crate::device::Gid::ZERO,
         };
         Ok(Endpoint {
             lid,

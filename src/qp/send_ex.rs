@@ -32,6 +32,19 @@ use crate::error::last_errno;
 use crate::ffi;
 
 /// How a QP posts its send requests; see [`Qp::send_api`](super::Qp::send_api).
+///
+/// An RC QP made by [`Qp::new`](super::Qp::new) or
+/// [`Qp::new_with_srq`](super::Qp::new_with_srq) is created with
+/// `ibv_create_qp_ex` and the RC send operations (SEND, SEND with immediate,
+/// RDMA WRITE, WRITE with immediate, READ, both atomics) when the provider
+/// supports that, and with `ibv_create_qp` otherwise
+/// ([`Qp::new_with_send_api`](super::Qp::new_with_send_api) chooses). The safe
+/// API is the same over both: an extended QP replays a list of requests as
+/// `ibv_wr_*` calls between one `ibv_wr_start` and one `ibv_wr_complete`, which
+/// posts all or nothing. A list with a request the builders cannot express
+/// exactly (another opcode, more than one SGE, more than one inline piece) is
+/// posted whole with `ibv_post_send` instead: `ibv_wr_post(3)` allows the two
+/// APIs on one QP outside each other's critical region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SendApi {
     /// The extended work request API (`ibv_wr_start`, `ibv_wr_rdma_write`,

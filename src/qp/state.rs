@@ -10,6 +10,11 @@ mod sealed {
 }
 
 /// A QP state marker.
+///
+/// The state parameter of [`Qp`](super::Qp) is the last state this process
+/// moved the QP to. The hardware may still move it to ERR on its own (a failed
+/// work request, a fatal event): that shows up as error completions and async
+/// events, and [`Qp::query`](super::Qp::query) reports the real state.
 pub trait QpState: sealed::Sealed + Send + Sync + 'static {
     /// The state's name, as in `ibv_qp_state`.
     const NAME: &'static str;
@@ -93,7 +98,7 @@ impl QpType for Uc {
 }
 
 /// Unreliable Datagram: SENDs of at most one path MTU to any UD QP, each
-/// addressed by an [`AddressHandle`](crate::AddressHandle), remote QPN and
+/// addressed by an [`AddressHandle`](crate::ah::AddressHandle), remote QPN and
 /// Q_Key; receives carry a 40-byte GRH before the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ud;

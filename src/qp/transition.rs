@@ -1,6 +1,8 @@
 //! Moving a QP between states: RESET → INIT → RTR → RTS, ERR and back to RESET.
 
 use super::*;
+// The crate's error; `super::*` also brings in `Error`, the ERR state.
+use crate::error::Error;
 
 /// A refused transition: the error and the QP, still in its old state.
 pub struct TransitionError<Q> {
@@ -74,11 +76,11 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     ///
     /// An unsignaled send that already completed successfully has no
     /// completion to flush, and a completion consumed by
-    /// [`Cq::poll_raw`](crate::Cq::poll_raw) never reaches the safe path. So
+    /// [`Cq::poll_raw`](crate::cq::Cq::poll_raw) never reaches the safe path. So
     /// when sends are outstanding, a signaled zero-length request is posted
     /// after the move to ERR (it is flushed at once and never reaches the
     /// wire, like the kernel's `ib_drain_sq`); its completion retires the sends
-    /// before it and is not handed out by [`Cq::poll`](crate::Cq::poll). Once
+    /// before it and is not handed out by [`Cq::poll`](crate::cq::Cq::poll). Once
     /// the flushes are polled, [`outstanding`](Qp::outstanding) is `(0, 0)`
     /// and [`reset`](Qp::reset) succeeds. Not when `poll_raw` consumed
     /// completions of this QP: receives whose completions it took stay
@@ -189,7 +191,7 @@ impl Qp<Rc, Init> {
 
     /// INIT → RTR → RTS towards `remote` with the defaults of `ibv_rc_pingpong`:
     /// path MTU = the port's active MTU, a GRH from `gid_index` (with `None`,
-    /// [`Context::default_gid_index`](crate::Context::default_gid_index)
+    /// [`Context::default_gid_index`](crate::context::Context::default_gid_index)
     /// chooses: the RoCE v2 GID on RoCE, no GRH on InfiniBand).
     /// A failure destroys the QP (its buffers are released) and returns the error.
     ///
@@ -224,7 +226,7 @@ impl<T: QpType> Qp<T, Init> {
     pub(super) fn connect_defaults(
         &self,
         gid_index: Option<u8>,
-    ) -> Result<(crate::Mtu, Option<u8>)> {
+    ) -> Result<(crate::device::Mtu, Option<u8>)> {
         let port = self.core.port;
         let ctx = self.core.pd.context();
         let mtu = ctx.query_port(port)?.active_mtu;
@@ -238,7 +240,7 @@ impl<T: QpType> Qp<T, Init> {
     /// On an Ethernet (RoCE) port: a GRH, towards a non-zero GID.
     pub(super) fn check_roce_grh(&self, av: &AddressVector) -> Option<Error> {
         let port = self.core.pd.context().query_port(av.port).ok()?;
-        if port.link_layer != crate::LinkLayer::Ethernet {
+        if port.link_layer != crate::device::LinkLayer::Ethernet {
             return None;
         }
         let reason = match &av.grh {

@@ -5,8 +5,8 @@
 //! queue takes [`UcSendWr`], which has no READ or atomic constructor:
 //!
 //! ```compile_fail
-//! # fn f(qp: &mut rdma_verbs::Qp<rdma_verbs::Uc, rdma_verbs::qp::Rts>, m: rdma_verbs::Mr, r: rdma_verbs::RemoteMr) {
-//! qp.post_send(rdma_verbs::UcSendWr::read(1, m, r, 0)); // UC has no RDMA READ
+//! # fn f(qp: &mut rdma_verbs::qp::Qp<rdma_verbs::qp::Uc, rdma_verbs::qp::Rts>, m: rdma_verbs::mr::Mr, r: rdma_verbs::mr::RemoteMr) {
+//! qp.post_send(rdma_verbs::qp::UcSendWr::read(1, m, r, 0)); // UC has no RDMA READ
 //! # }
 //! ```
 //!
@@ -144,7 +144,7 @@ impl Qp<Uc, Init> {
 
     /// INIT → RTR → RTS towards `remote` with the defaults of
     /// `ibv_uc_pingpong`: path MTU = the port's active MTU, a GRH from
-    /// `gid_index` (`None`: [`Context::default_gid_index`](crate::Context::default_gid_index)).
+    /// `gid_index` (`None`: [`Context::default_gid_index`](crate::context::Context::default_gid_index)).
     /// A failure destroys the QP (its buffers are released) and returns the error.
     #[doc(alias = "ibv_modify_qp")]
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Uc, Rts>> {

@@ -9,8 +9,8 @@
 //!   ([`Error::MessageTooLong`]). An RC-style request does not compile:
 //!
 //! ```compile_fail
-//! # fn f(qp: &mut rdma_verbs::Qp<rdma_verbs::Ud, rdma_verbs::qp::Rts>) {
-//! qp.post_send(rdma_verbs::SendWr::send(1)); // no address handle
+//! # fn f(qp: &mut rdma_verbs::qp::Qp<rdma_verbs::qp::Ud, rdma_verbs::qp::Rts>) {
+//! qp.post_send(rdma_verbs::qp::SendWr::send(1)); // no address handle
 //! # }
 //! ```
 //!

@@ -12,7 +12,7 @@ use super::{ReadinessFd, watch};
 use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest};
 use crate::error::{Error, Result};
 use crate::qp::Rc;
-use crate::qp::state::{Init, Rts};
+use crate::qp::{Init, Rts};
 
 /// How long after its own timeout the kernel's resolution is given to report.
 const RESOLVE_GRACE: Duration = Duration::from_secs(2);

@@ -10,9 +10,10 @@ use std::task::{Context as TaskContext, Poll, Waker};
 use ::tokio::sync::Notify;
 
 use super::driver::AsyncChannel;
+use crate::channel::CqId;
+use crate::context::Context;
 use crate::cq::{Completion, CompletionSource, Cq, CqInner, WcOpcode};
 use crate::error::{Error, Result};
-use crate::{Context, CqId};
 
 /// Which queue a completion came from: sends and receives of one QP are
 /// waited for separately, so a receive can never satisfy a send's waiter.
@@ -223,7 +224,7 @@ impl Shared {
 /// channel's driver task polls each CQ that has work; when one is empty it
 /// arms it, polls once more (a completion that arrived before the arm raised
 /// no event), and the driver sleeps on the channel's
-/// [readiness](crate::Readiness) handle through tokio's `AsyncFd`. Events are
+/// [readiness](crate::channel::Readiness) handle through tokio's `AsyncFd`. Events are
 /// acknowledged in batches of [`ACK_BATCH`](crate::channel::ACK_BATCH).
 ///
 /// Each completion goes to the future of the operation that posted it

@@ -11,10 +11,11 @@ use ::tokio::task::JoinHandle;
 use super::cq::Shared;
 use super::timer::FdTimer;
 use super::{ReadinessFd, watch};
+use crate::channel::CqId;
 use crate::channel::{ACK_BATCH, CompletionChannel};
+use crate::context::Context;
 use crate::cq::Completion;
 use crate::error::{Error, Result};
-use crate::{Context, CqId};
 
 /// How many completions the driver takes per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 64;

@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use ::tokio::io::unix::AsyncFd;
 
 use super::{ReadinessFd, watch};
-use crate::Context;
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::event::{AsyncEvent, AsyncEvents};
 

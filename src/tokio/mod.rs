@@ -4,12 +4,12 @@
 //! ```no_run
 //! # async fn f() -> rdma_verbs::Result<()> {
 //! use rdma_verbs::tokio::{AsyncCq, AsyncQp};
-//! use rdma_verbs::{AccessFlags, Context, InitAttr, Pd, Qp, QpCaps};
+//! use rdma_verbs::prelude::*;
 //! let ctx = Context::open(None)?;
 //! let pd = Pd::new(&ctx)?;
 //! let cq = AsyncCq::new(&ctx, 256)?;
 //! let qp = Qp::new(&pd, &cq.cq(), &cq.cq(), QpCaps::default())?;
-//! # let remote: rdma_verbs::Endpoint = todo!();
+//! # let remote: rdma_verbs::qp::Endpoint = todo!();
 //! let qp = qp.init(InitAttr::new(1, AccessFlags::empty()))?.connect(&remote, None)?;
 //! // (or with rdma_cm: AsyncCmId::connect / accept)
 //! let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _qp)| e)?;

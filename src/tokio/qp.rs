@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context as TaskContext, Poll};
 
 use super::cq::{AsyncCq, Key, Queue, Shared};
-use crate::CqId;
+use crate::channel::CqId;
 use crate::cq::Completion;
 use crate::error::Error;
 use crate::mr::{Mr, RemoteMr};
-use crate::qp::state::{CanPostRecv, CanPostSend, Connected};
+use crate::qp::{CanPostRecv, CanPostSend, Connected};
 use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr, Sges};
 
 /// A QP whose operations are futures that resolve to their [`Completion`]
@@ -129,7 +129,7 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
 
     /// Moves the QP to ERR ([`Qp::to_error`]): every outstanding request is
     /// flushed; awaited ones resolve with `WR_FLUSH_ERR` and their buffers.
-    pub fn to_error(self) -> Result<AsyncQp<T, crate::qp::state::Error>, Error> {
+    pub fn to_error(self) -> Result<AsyncQp<T, crate::qp::Error>, Error> {
         let (qp, parts) = self.into_parts();
         let qp = qp.to_error().map_err(|e| e.error)?;
         Ok(AsyncQp::from_parts(qp, parts))

@@ -7,11 +7,13 @@ pub mod procs;
 
 use std::time::Duration;
 
-use rdma_verbs::qp::{Init, Rts, SendApi};
-use rdma_verbs::{
-    AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, Rc, Result, Scope,
-    ScopedCompletion,
-};
+use rdma_verbs::Result;
+use rdma_verbs::context::Context;
+use rdma_verbs::cq::{Completion, Cq};
+use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::scope::{Scope, ScopedCompletion};
+use rdma_verbs::qp::{Init, InitAttr, Qp, QpCaps, Rc, Rts, SendApi};
 
 /// How long a test waits for completions before failing.
 pub const WAIT: Duration = Duration::from_secs(20);

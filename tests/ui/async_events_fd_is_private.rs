@@ -4,7 +4,7 @@
 // names then waits forever. Event loops use `AsyncEvents::readiness()`.
 use std::os::fd::AsFd;
 
-use rdma_verbs::Context;
+use rdma_verbs::context::Context;
 
 fn main() {
     let ctx = Context::open(None).unwrap();

@@ -4,7 +4,7 @@
 // Drop) then waits forever. Event loops use `EventChannel::readiness()`.
 use std::os::fd::AsFd;
 
-use rdma_verbs::CmId;
+use rdma_verbs::cm::CmId;
 
 fn main() {
     let id = CmId::new().unwrap();

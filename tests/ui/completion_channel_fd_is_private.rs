@@ -4,7 +4,8 @@
 // CQ's Drop (ibv_destroy_cq) wait forever. Event loops use `readiness()`.
 use std::os::fd::AsFd;
 
-use rdma_verbs::{CompletionChannel, Context};
+use rdma_verbs::channel::CompletionChannel;
+use rdma_verbs::context::Context;
 
 fn main() {
     let ctx = Context::open(None).unwrap();

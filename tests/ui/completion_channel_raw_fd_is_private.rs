@@ -2,7 +2,8 @@
 // Not as a raw descriptor either (see completion_channel_fd_is_private.rs).
 use std::os::fd::AsRawFd;
 
-use rdma_verbs::{CompletionChannel, Context};
+use rdma_verbs::channel::CompletionChannel;
+use rdma_verbs::context::Context;
 
 fn main() {
     let ctx = Context::open(None).unwrap();

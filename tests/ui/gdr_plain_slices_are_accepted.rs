@@ -3,8 +3,10 @@
 // Control for the gdr_* cases: slices of plain-bytes types are device memory.
 use std::sync::Arc;
 
-use rdma_verbs::gdr::{self, GdrMode, GpuBuffer, cudarc::driver::CudaSlice};
-use rdma_verbs::{AccessFlags, Pd};
+use rdma_verbs::gdr::{self, GdrMode, GpuBuffer};
+use rdma_verbs::gdr::cudarc::driver::CudaSlice;
+use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::pd::Pd;
 
 fn f(
     pd: &Pd,

@@ -1,7 +1,7 @@
 //~ ERROR E0308 expected `UcSendWr<'_>`, found `SendWr<'_>`
 #![allow(unused_imports, unused_variables, unused_mut)]
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Mr, Qp, RemoteMr, SendWr, Uc};
+use rdma_verbs::mr::{Mr, RemoteMr};
+use rdma_verbs::qp::{Qp, Rts, SendWr, Uc};
 
 fn f(qp: &mut Qp<Uc, Rts>, dest: Mr, remote: RemoteMr) {
     // An RC READ request does not sneak onto a UC QP either.

@@ -1,7 +1,11 @@
 //~ ERROR E0597 does not live long enough
 #![allow(unused_imports, unused_variables, unused_mut)]
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{AccessFlags, Cq, Mr, Pd, Qp, Rc, RemoteMr, Result, ScopedSend, Src};
+use rdma_verbs::Result;
+use rdma_verbs::cq::Cq;
+use rdma_verbs::mr::{AccessFlags, Mr, RemoteMr};
+use rdma_verbs::pd::Pd;
+use rdma_verbs::qp::{Qp, Rc, Rts};
+use rdma_verbs::qp::scope::{ScopedSend, Src};
 
 // A buffer created inside the scope could be dropped while the NIC reads it.
 fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, pd: &Pd, remote: RemoteMr) -> Result<()> {

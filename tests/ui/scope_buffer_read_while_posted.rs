@@ -1,7 +1,9 @@
 //~ ERROR E0502 as mutable because it is also borrowed as immutable
 #![allow(unused_imports, unused_variables, unused_mut)]
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Cq, Mr, Qp, Rc, Result};
+use rdma_verbs::Result;
+use rdma_verbs::cq::Cq;
+use rdma_verbs::mr::Mr;
+use rdma_verbs::qp::{Qp, Rc, Rts};
 
 // A received buffer's bytes cannot be held while it is lent to the NIC again.
 fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, mr: &mut Mr) -> Result<()> {

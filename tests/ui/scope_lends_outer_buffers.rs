@@ -1,7 +1,10 @@
 //@ check-pass
 #![allow(unused_imports, unused_variables, unused_mut)]
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Cq, Dst, Mr, Qp, Rc, RemoteMr, Result, ScopedSend, Src};
+use rdma_verbs::Result;
+use rdma_verbs::cq::Cq;
+use rdma_verbs::mr::{Mr, RemoteMr};
+use rdma_verbs::qp::{Qp, Rc, Rts};
+use rdma_verbs::qp::scope::{Dst, ScopedSend, Src};
 
 // Control: buffers borrowed from outside the scope can be lent, and read
 // again once it has ended.

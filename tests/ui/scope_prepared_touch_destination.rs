@@ -1,7 +1,10 @@
 //~ ERROR E0499 more than once at a time
 #![allow(unused_imports, unused_variables, unused_mut)]
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Cq, Dst, Mr, PreparedSends, Qp, Rc, RemoteMr, Result, ScopedSend};
+use rdma_verbs::Result;
+use rdma_verbs::cq::Cq;
+use rdma_verbs::mr::{Mr, RemoteMr};
+use rdma_verbs::qp::{Qp, Rc, Rts};
+use rdma_verbs::qp::scope::{Dst, PreparedSends, ScopedSend};
 
 // A list prepared before the scope keeps its destination lent: the closure
 // cannot write it while READs may be landing there.

@@ -1,7 +1,10 @@
 //~ ERROR E0499 more than once at a time
 #![allow(unused_imports, unused_variables, unused_mut)]
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Cq, Dst, Mr, Qp, Rc, RemoteMr, Result, ScopedSend};
+use rdma_verbs::Result;
+use rdma_verbs::cq::Cq;
+use rdma_verbs::mr::{Mr, RemoteMr};
+use rdma_verbs::qp::{Qp, Rc, Rts};
+use rdma_verbs::qp::scope::{Dst, ScopedSend};
 
 // The NIC may write a lent destination until the scope ends: no Rust access.
 fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, mut mr: Mr, remote: RemoteMr) -> Result<()> {

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use rdma_verbs::Mtu;
+use rdma_verbs::device::Mtu;
 
 /// `strtol(s, NULL, 0)`: decimal, `0x` hex or `0` octal, optional sign.
 pub fn c_long(s: &str) -> Option<i64> {

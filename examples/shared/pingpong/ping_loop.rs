@@ -3,8 +3,7 @@
 
 use std::time::Instant;
 
-use rdma_verbs::qp::Rts;
-use rdma_verbs::{Completion, Cq, Mr, Qp, Rc, RecvWr, SendWr, Uc, UcSendWr};
+use rdma_verbs::prelude::*;
 
 use super::{Common, RECV_WRID, SEND_WRID, page_size};
 
@@ -62,7 +61,7 @@ macro_rules! connected_ping_qp {
                 buf: Option<Mr>,
                 inline: bool,
             ) -> Result<Option<Mr>, String> {
-                let err = |e: rdma_verbs::PostError| format!("Couldn't post send: {}", e.error);
+                let err = |e: rdma_verbs::qp::PostError| format!("Couldn't post send: {}", e.error);
                 match buf {
                     Some(mr) if inline => {
                         let data = mr.as_slice().map_err(|e| e.to_string())?;

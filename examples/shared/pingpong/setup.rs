@@ -2,12 +2,10 @@
 //! with their messages: device, channel, PD, CQ, buffers, the local endpoint
 //! and the TCP exchange of endpoints.
 
+use rdma_verbs::device::LinkLayer;
 use rdma_verbs::exchange::{self, ExchangeListener};
-use rdma_verbs::qp::{Connected, Init, QpState, QpType};
-use rdma_verbs::{
-    AccessFlags, CompletionChannel, Context, Cq, Endpoint, Gid, LinkLayer, Mr, Pd, Qp, QpCaps,
-    RecvWr,
-};
+use rdma_verbs::prelude::*;
+use rdma_verbs::qp::{Connected, QpState, QpType};
 
 use super::{CONNECT_TIMEOUT, Common, RECV_WRID};
 

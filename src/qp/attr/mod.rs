@@ -62,7 +62,7 @@ c_enum! {
 
 /// What identifies one side of an RC connection: exchanged out of band.
 ///
-/// A UD (or UC) QP is named the same way ([`Qp::endpoint`](crate::Qp::endpoint)
+/// A UD (or UC) QP is named the same way ([`Qp::endpoint`](crate::qp::Qp::endpoint)
 /// works on every transport, and [`crate::exchange`] carries it): a UD peer
 /// needs `qpn` and `gid` (`lid` on InfiniBand) for its address handle and
 /// sends; `psn` is its own send PSN. The Q_Key is not in it: both sides agree

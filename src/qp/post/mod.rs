@@ -8,6 +8,8 @@ pub(crate) use chain::{ChainedWr, bad_index, fill_sges, link};
 pub(crate) use verbs::{ibv_post_recv, ibv_post_send, ibv_post_srq_recv};
 
 use super::*;
+// The crate's error; `super::*` also brings in `Error`, the ERR state.
+use crate::error::Error;
 use crate::sys::call::verb;
 
 /// Bit 63 of a `wr_id`: set in every token of the safe path, so raw posts
@@ -94,9 +96,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// the request's completion is polled (or the QP is destroyed). Safe-path
     /// requests in flight plus raw ones must not exceed the QP's
     /// `max_recv_wr`, or the CQ may overrun. The completion comes back from
-    /// [`Cq::poll`](crate::Cq::poll) as
-    /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
-    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)). `wr`
+    /// [`Cq::poll`](crate::cq::Cq::poll) as
+    /// [`CompletionSource::Foreign`](crate::cq::CompletionSource::Foreign) with
+    /// your `wr_id` (or from [`Cq::poll_raw`](crate::cq::Cq::poll_raw)). `wr`
     /// heads a well-formed chain (`next` null-terminated).
     ///
     /// # Errors
@@ -161,9 +163,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// else meanwhile, and memory it reads must not be written. Remote addresses
     /// are not checked. Safe-path requests in flight plus raw ones must not
     /// exceed the QP's `max_send_wr`, or the CQ may overrun. The completion
-    /// comes back from [`Cq::poll`](crate::Cq::poll) as
-    /// [`CompletionSource::Foreign`](crate::CompletionSource::Foreign) with
-    /// your `wr_id` (or from [`Cq::poll_raw`](crate::Cq::poll_raw)). `wr`
+    /// comes back from [`Cq::poll`](crate::cq::Cq::poll) as
+    /// [`CompletionSource::Foreign`](crate::cq::CompletionSource::Foreign) with
+    /// your `wr_id` (or from [`Cq::poll_raw`](crate::cq::Cq::poll_raw)). `wr`
     /// heads a well-formed chain (`next` null-terminated). Leave one slot of
     /// `max_send_wr` for the drain marker [`to_error`](Qp::to_error) may post.
     ///

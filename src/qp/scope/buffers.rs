@@ -36,13 +36,12 @@ pub const MAX_SCOPED_BUFFERS: usize = 1 << 16;
 /// consume, or keep the scope open as long as the QP receives. After a
 /// failed request has moved the QP to the error state, a receive posted
 /// anyway is not flushed by rxe until that drain (see
-/// [`Qp::to_error`](crate::Qp::to_error)).
+/// [`Qp::to_error`](crate::qp::Qp::to_error)).
 ///
 /// An echo of one message (the peer sends it, then waits for the answer):
 ///
 /// ```no_run
-/// # use rdma_verbs::*;
-/// # use rdma_verbs::qp::Rts;
+/// # use rdma_verbs::prelude::*;
 /// # use std::time::Duration;
 /// # fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, mr: &mut Mr) -> Result<()> {
 /// cq.scope(|s| -> Result<()> {
@@ -107,7 +106,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
                 reason,
             })
         };
-        if !mr.access().contains(crate::AccessFlags::LOCAL_WRITE) {
+        if !mr.access().contains(crate::mr::AccessFlags::LOCAL_WRITE) {
             return refuse(
                 "the NIC writes them, so their Mr needs AccessFlags::LOCAL_WRITE".into(),
             );
@@ -384,7 +383,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
 
     /// The bytes of buffer `k` (all [`buf_len`](Self::buf_len) of them; a
     /// receive's completion says in `byte_len` how many its message wrote,
-    /// for [`WcOpcode::Recv`](crate::WcOpcode::Recv): an RDMA WRITE with
+    /// for [`WcOpcode::Recv`](crate::cq::WcOpcode::Recv): an RDMA WRITE with
     /// immediate consumes a receive but writes elsewhere). Readable while a
     /// SEND or WRITE of it is in flight (the NIC only reads it then).
     ///

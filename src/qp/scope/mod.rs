@@ -1,15 +1,15 @@
 //! Scoped borrowing: posting borrowed buffers inside a scope that cannot end
 //! before the NIC is done with them.
 //!
-//! The ownership-passing path ([`Qp::post_send`](crate::Qp::post_send))
+//! The ownership-passing path ([`Qp::post_send`](crate::qp::Qp::post_send))
 //! moves each request's buffers into the QP and back out of its completion.
-//! Inside [`Cq::scope`](crate::Cq::scope) requests *borrow* their buffers
+//! Inside [`Cq::scope`](crate::cq::Cq::scope) requests *borrow* their buffers
 //! instead ([`Src`] from `&Mr`, [`Dst`] from `&mut Mr`), the QP keeps only
 //! the request's `wr_id`, and [`Scope::poll`] hands back a small
 //! [`ScopedCompletion`]: posting a request costs little more than the C verb.
 //!
 //! As with `std::thread::scope`, what a scope lends stays borrowed until
-//! [`Cq::scope`](crate::Cq::scope) returns, and it returns only once every
+//! [`Cq::scope`](crate::cq::Cq::scope) returns, and it returns only once every
 //! request posted in it has completed, also after a panic in the closure.
 //! Requests still outstanding after [`Scope::set_drain_timeout`] are flushed
 //! by moving their QP to the error state
@@ -26,11 +26,11 @@
 //!   readable and writable between requests.
 //! - Completions that are not the scope's (other QPs on the CQ, requests
 //!   posted before the scope) are kept for the next
-//!   [`Cq::poll`](crate::Cq::poll).
+//!   [`Cq::poll`](crate::cq::Cq::poll).
 //!
 //! ```no_run
-//! # use rdma_verbs::*;
-//! # use rdma_verbs::qp::Rts;
+//! # use rdma_verbs::prelude::*;
+//! # use rdma_verbs::qp::scope::ScopedSend;
 //! # fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, src: &Mr, remote: RemoteMr) -> Result<()> {
 //! let src = Src::new(src)?;
 //! cq.scope(|s| -> Result<()> {
@@ -67,7 +67,7 @@ pub(crate) use side_table::ScopedTables;
 /// How long [`Cq::scope`] waits for the scope's requests by default before
 /// moving their QPs to the error state.
 ///
-/// [`Cq::scope`]: crate::Cq::scope
+/// [`Cq::scope`]: crate::cq::Cq::scope
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The `IBV_SEND_SIGNALED` flag of a send request.

@@ -370,7 +370,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `mr` lacks
-    /// [`AccessFlags::LOCAL_WRITE`](crate::AccessFlags::LOCAL_WRITE), is
+    /// [`AccessFlags::LOCAL_WRITE`](crate::mr::AccessFlags::LOCAL_WRITE), is
     /// registered in another PD than the QP's, holds no buffer of `buf_len`
     /// bytes (1 to 4 GiB − 1) or more than [`MAX_SCOPED_BUFFERS`](super::MAX_SCOPED_BUFFERS).
     pub fn buffers(&self, mr: &'scope mut Mr, buf_len: usize) -> Result<ScopedBuffers<'scope, S>> {

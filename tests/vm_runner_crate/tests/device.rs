@@ -1,7 +1,7 @@
 //! Runs in the soft-RoCE guest through the cargo runner `rdma-verbs-vm run --` (or on the
 //! host, when it has an RDMA device).
 
-use rdma_verbs::PortState;
+use rdma_verbs::device::PortState;
 
 #[test]
 fn runner_sets_the_environment() {
