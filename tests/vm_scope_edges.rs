@@ -1,19 +1,21 @@
 //! Scoped borrowing at its edges: a drain timeout
 //! too long to add to the clock, side entries of requests that were staged
-//! but never posted (an iterator that panics half-way through a list), and an
-//! iterator that polls the scope while its list is being posted. Runs in the
-//! soft-RoCE guest.
+//! but never posted (an iterator that panics half-way through a list), an
+//! iterator that polls the scope while its list is being posted, scope polls
+//! that meet a completion lost to `poll_raw`, and a QP asked for no send SGE.
+//! Runs in the soft-RoCE guest.
 
 mod common;
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::time::{Duration, Instant};
 
-use common::{WAIT, all_remote, caps_sr, pair_api, scope_poll_n};
+use common::{WAIT, all_remote, caps_sr, pair, pair_api, pattern, scope_poll_n, wait};
+use rdma_verbs::Error;
 use rdma_verbs::cq::{WcOpcode, WcStatus};
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::qp::scope::{Dst, PreparedSends, ScopedSend, Src};
-use rdma_verbs::qp::{SendApi, SendWr};
+use rdma_verbs::qp::{RecvWr, SendApi, SendWr};
 
 /// `Duration::MAX` means no limit: the scope waits for its receive (which a
 /// peer fills 300 ms later) instead of panicking on `Instant + Duration`,
@@ -148,4 +150,123 @@ fn an_iterator_that_polls_the_scope_posts_every_request() {
         .unwrap();
     ids.sort_unstable();
     assert_eq!(ids, (0..24).collect::<Vec<_>>());
+}
+
+/// A pair whose `a` sent one SEND (to `b`, which has two receives posted)
+/// whose completion `poll_raw` took: the CQ counts it as lost.
+fn pair_with_a_lost_completion() -> common::Pair {
+    let mut p = pair(caps_sr(8, 8));
+    p.b.post_recv_list(
+        (0..2).map(|i| RecvWr::new(i, p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())),
+    )
+    .unwrap();
+    p.a.post_send(SendWr::send(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut raw = [rdma_verbs::ffi::ibv_wc::default(); 4];
+    assert_eq!(p.cq_a.poll_raw(&mut raw).unwrap(), 1);
+    p
+}
+
+/// `Scope::poll_one` returns the scope's completion whose poll exposed the
+/// loss of an earlier send's completion (taken by `poll_raw` before the
+/// scope); the CQ's next poll after the scope reports the loss (the
+/// completion is not dropped).
+#[test]
+fn scope_poll_one_keeps_its_completion_when_a_loss_shows() {
+    let mut p = pair_with_a_lost_completion();
+    let mut src = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, b"scoped and kept!").unwrap();
+    let qp = &mut p.a;
+    let c = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            q.post_send(&ScopedSend::send(77, Src::new(&src)?))?;
+            s.poll_one(Duration::from_secs(10))
+        })
+        .expect("the scope's completion, not the loss");
+    assert_eq!((c.wr_id, c.status), (77, WcStatus::Success));
+    let mut out = Vec::with_capacity(4);
+    match p.cq_a.poll(&mut out) {
+        Err(Error::CompletionsLost { count: 1 }) => assert!(out.is_empty()),
+        other => panic!("expected the deferred CompletionsLost, got {other:?}"),
+    }
+    let mut got = wait(&mut p.cq_b, 2);
+    let second = got
+        .iter_mut()
+        .find(|c| c.byte_len == 16)
+        .expect("the scoped send");
+    assert_eq!(
+        &second.take_mr().unwrap().to_vec().unwrap()[..16],
+        b"scoped and kept!"
+    );
+}
+
+/// `Scope::poll` returns the scope's completion found beside the loss of an
+/// earlier send's completion (taken by `poll_raw` before the scope), and the
+/// loss waits for the CQ's next poll after the scope (failing `poll` with
+/// `CompletionsLost` while the completion is in `out` would let a `?` skip it).
+#[test]
+fn scope_poll_returns_its_completion_and_defers_a_loss() {
+    let mut p = pair_with_a_lost_completion();
+    let src = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    let qp = &mut p.a;
+    let got = p
+        .cq_a
+        .scope(|s| {
+            let mut q = s.attach(qp)?;
+            q.post_send(&ScopedSend::send(78, Src::new(&src)?))?;
+            let mut out = Vec::with_capacity(4);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while out.is_empty() && Instant::now() < deadline {
+                s.poll(&mut out)?;
+            }
+            Ok(out)
+        })
+        .expect("the scope's completion, not the loss");
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].wr_id, got[0].status), (78, WcStatus::Success));
+    let mut out = Vec::with_capacity(4);
+    match p.cq_a.poll(&mut out) {
+        Err(Error::CompletionsLost { count: 1 }) => assert!(out.is_empty()),
+        other => panic!("expected the deferred CompletionsLost, got {other:?}"),
+    }
+    wait(&mut p.cq_b, 2);
+}
+
+/// A QP asked for no send SGE gets one anyway (`QpCaps::max_send_sge` is
+/// raised to 1): a scoped send on the extended API writes its SGE through
+/// `ibv_wr_set_sge`, unchecked by the provider, into a WQE sized for none
+/// (the QP would go to ERR with LOC_QP_OP_ERR).
+#[test]
+fn a_qp_asked_for_no_send_sge_takes_a_scoped_send() {
+    for api in [SendApi::Extended, SendApi::Legacy] {
+        let caps = rdma_verbs::qp::QpCaps {
+            max_send_sge: 0,
+            ..caps_sr(8, 4)
+        };
+        let mut p = pair_api(caps, api);
+        assert!(p.a.caps().max_send_sge >= 1, "{api:?}: {:?}", p.a.caps());
+        let mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        p.b.post_recv(RecvWr::new(7, mr)).unwrap();
+        let data = pattern(48, 9);
+        let mut src = p.pd.alloc_mr(48, AccessFlags::LOCAL_WRITE).unwrap();
+        src.write_at(0, &data).unwrap();
+        let qp = &mut p.a;
+        let c = p
+            .cq_a
+            .scope(|s| {
+                let mut q = s.attach(qp)?;
+                q.post_send(&ScopedSend::send(5, Src::new(&src)?))?;
+                s.poll_one(Duration::from_secs(10))
+            })
+            .unwrap();
+        assert_eq!((c.wr_id, c.status), (5, WcStatus::Success), "{api:?}");
+        let mut r = wait(&mut p.cq_b, 1);
+        assert_eq!(
+            &r[0].take_mr().unwrap().to_vec().unwrap()[..48],
+            &data[..],
+            "{api:?}"
+        );
+    }
 }

@@ -3,14 +3,17 @@
 //! Without a device they fail with the library's error: they never skip.
 #![allow(dead_code)]
 
+#[cfg(feature = "tokio")]
+pub mod async_pair;
 pub mod procs;
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use rdma_verbs::Result;
 use rdma_verbs::context::Context;
-use rdma_verbs::cq::{Completion, Cq};
-use rdma_verbs::mr::AccessFlags;
+use rdma_verbs::cq::{Completion, Cq, WcOpcode, WcStatus};
+use rdma_verbs::mr::{AccessFlags, Mr};
 use rdma_verbs::pd::Pd;
 use rdma_verbs::qp::scope::{Scope, ScopedCompletion};
 use rdma_verbs::qp::{Init, InitAttr, Qp, QpCaps, Rc, Rts, SendApi};
@@ -183,4 +186,25 @@ pub fn readable(r: &rdma_verbs::channel::Readiness, timeout: Duration) -> bool {
     let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
     assert!(rc >= 0, "poll: {}", std::io::Error::last_os_error());
     rc == 1 && pfd.revents & libc::POLLIN != 0
+}
+
+/// Tests that count kernel objects (`rdma resource show`) run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Holds this test binary's lock of tests that count kernel objects (a test that panicked
+/// while holding it leaves it usable).
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A registered receive buffer of `len` bytes, zeroed.
+pub fn buffer(pd: &Pd, len: usize) -> Mr {
+    let mut mr = Mr::new(pd, len, AccessFlags::LOCAL_WRITE).expect("mr");
+    mr.fill(0).expect("fill");
+    mr
+}
+
+/// A scoped completion's wr_id, status, opcode and byte length, to compare in one assert.
+pub fn summary(c: &ScopedCompletion) -> (u64, WcStatus, WcOpcode, u32) {
+    (c.wr_id, c.status, c.opcode, c.byte_len)
 }

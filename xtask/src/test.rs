@@ -173,6 +173,7 @@ pub const QUICK_DEVICE_TESTS: &[&str] = &[
     "vm_data_path",
     "vm_soundness",
     "vm_srq",
+    "vm_srq_interop",
     "vm_cm",
 ];
 
