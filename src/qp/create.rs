@@ -1,7 +1,6 @@
 //! Creating QPs: the RC constructors and the one path every transport builds through.
 
 use super::*;
-// The crate's error; `super::*` also brings in `Error`, the ERR state.
 use crate::error::Error;
 
 impl Qp<Rc, Reset> {

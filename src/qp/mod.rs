@@ -2,7 +2,7 @@
 //!
 //! # The state machine
 //! `Qp<Rc, Reset>` → [`init`](Qp::init) → `Qp<Rc, Init>` → [`rtr`](Qp::rtr) → `Qp<Rc, Rtr>` →
-//! [`rts`](Qp::rts) → `Qp<Rc, Rts>`; [`to_error`](Qp::to_error) (to the ERR state [`Error`]) and
+//! [`rts`](Qp::rts) → `Qp<Rc, Rts>`; [`to_error`](Qp::to_error) (to the ERR state [`ErrorState`]) and
 //! [`reset`](Qp::reset) from any state (ERR not from RESET). Each transition consumes the QP and
 //! takes exactly the attributes the kernel requires for that step ([`InitAttr`], [`RtrAttr`],
 //! [`RtsAttr`] for RC: the constructor takes the required ones, builder methods the optional ones;
@@ -83,7 +83,8 @@ pub use attr::{
 };
 pub use send_ex::SendApi;
 pub use state::{
-    CanPostRecv, CanPostSend, Connected, Error, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
+    CanPostRecv, CanPostSend, Connected, ErrorState, Init, QpState, QpType, Rc, Reset, Rtr, Rts,
+    Uc, Ud,
 };
 pub use uc::UcSendWr;
 pub use ud::{UdMessage, UdRecvWr, UdSendWr};

@@ -2,7 +2,6 @@
 //! its rings and heads, its CQs, and what the transport and features add.
 
 use super::*;
-// The crate's error; `super::*` also brings in `Error`, the ERR state.
 use crate::error::Error;
 
 pub(super) struct QpCore {

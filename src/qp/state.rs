@@ -72,7 +72,7 @@ marker!(
 );
 marker!(
     /// ERR: every outstanding work request is flushed with WR_FLUSH_ERR.
-    Error, "ERR"
+    ErrorState, "ERR"
 );
 
 impl CanPostRecv for Init {}

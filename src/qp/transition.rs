@@ -1,7 +1,6 @@
 //! Moving a QP between states: RESET → INIT → RTR → RTS, ERR and back to RESET.
 
 use super::*;
-// The crate's error; `super::*` also brings in `Error`, the ERR state.
 use crate::error::Error;
 
 /// A refused transition: the error and the QP, still in its old state.
@@ -92,7 +91,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// while they are still typed `Rts`) is not flushed until the next
     /// `to_error`; call it again before polling for that receive.
     #[doc(alias = "ibv_modify_qp")]
-    pub fn to_error(self) -> Result<Qp<T, state::Error>, TransitionError<Qp<T, S>>> {
+    pub fn to_error(self) -> Result<Qp<T, state::ErrorState>, TransitionError<Qp<T, S>>> {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,
             ..Default::default()

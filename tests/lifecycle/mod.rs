@@ -41,7 +41,7 @@ enum AnyQp {
     Reset(Qp<Rc, Reset>),
     Init(Qp<Rc, Init>),
     Rts(Qp<Rc, Rts>),
-    Err(Qp<Rc, rdma_verbs::qp::Error>),
+    Err(Qp<Rc, rdma_verbs::qp::ErrorState>),
 }
 
 macro_rules! each {

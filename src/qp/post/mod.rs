@@ -8,7 +8,6 @@ pub(crate) use chain::{ChainedWr, bad_index, fill_sges, link};
 pub(crate) use verbs::{ibv_post_recv, ibv_post_send, ibv_post_srq_recv};
 
 use super::*;
-// The crate's error; `super::*` also brings in `Error`, the ERR state.
 use crate::error::Error;
 use crate::sys::call::verb;
 
