@@ -489,3 +489,61 @@ mod mapped_files {
         drop(mr);
     }
 }
+
+/// A field of `/proc/self/status` or `/proc/meminfo`, in its unit (kB or pages).
+fn proc_field(file: &str, name: &str) -> u64 {
+    let text = std::fs::read_to_string(file).unwrap();
+    let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+    line[name.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Registration time and pinned memory on 4 KiB against 2 MiB pages, for
+/// docs/performance.md: `--ignored --nocapture measure_registration`.
+#[test]
+#[ignore = "a measurement; prints figures"]
+fn measure_registration() {
+    use std::time::Instant;
+    let _g = serial();
+    let p = pair(caps_sr(1, 1));
+    let avail_kb = proc_field("/proc/meminfo", "MemAvailable:");
+    // One kind at a time (huge pages reserved only for their rounds): at most 1 GiB.
+    let len = ((avail_kb * 1024 * 3 / 5) as usize).min(1 << 30) & !((2 << 20) - 1);
+    println!("MemAvailable {avail_kb} kB; registering {} MiB", len >> 20);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    for round in 0..5 {
+        for huge in [false, true] {
+            let _h = huge.then(|| HugePages::set((len / (2 << 20)) as u64));
+            let m = if huge {
+                AnonMemory::huge(len, HugePageSize::Size2M).unwrap()
+            } else {
+                AnonMemory::new(len).unwrap()
+            };
+            let pin0 = proc_field("/proc/self/status", "VmPin:");
+            let t = Instant::now();
+            let mr = Mr::register(&p.pd, m, access).unwrap();
+            let reg = t.elapsed();
+            let pin = proc_field("/proc/self/status", "VmPin:") - pin0;
+            let t = Instant::now();
+            let m: AnonMemory = mr.into_buffer().unwrap();
+            let dereg = t.elapsed();
+            println!(
+                "MEASURE round {round} pages {} reg_ms {:.1} dereg_ms {:.1} vmpin_kb {pin} \
+                 huge_pages_in_use {}",
+                if huge { "2M" } else { "4K" },
+                reg.as_secs_f64() * 1e3,
+                dereg.as_secs_f64() * 1e3,
+                if huge {
+                    (len / (2 << 20)) as u64 - free_2m()
+                } else {
+                    0
+                },
+            );
+            drop(m);
+        }
+    }
+}
