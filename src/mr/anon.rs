@@ -209,3 +209,44 @@ impl Mr {
         Mr::register(pd, AnonMemory::huge(len, size)?, access)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anonymous_memory_is_zeroed_writable_and_page_aligned() {
+        let mut m = AnonMemory::new(5000).unwrap();
+        assert_eq!((m.len(), m.huge_pages()), (5000, None));
+        assert_eq!(m.as_ptr() as usize % page_size(), 0);
+        assert!(m.iter().all(|&b| b == 0));
+        m[4999] = 7;
+        assert_eq!(m[4999], 7);
+        assert!(matches!(
+            AnonMemory::new(0),
+            Err(Error::InvalidArgument {
+                what: "mapping length",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn huge_page_refusal_names_the_command() {
+        let e = Error::HugePagesUnavailable {
+            len: 5 << 20,
+            page_size: 2 << 20,
+            pages: 3,
+            free: 1,
+            total: 4,
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("echo 6 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"),
+            "{msg}"
+        );
+        // Whatever the host has reserved, the fallback maps something.
+        let m = AnonMemory::huge_or_base(3 << 20, HugePageSize::Size2M).unwrap();
+        assert_eq!(m.len(), 3 << 20);
+    }
+}
