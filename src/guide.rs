@@ -33,6 +33,8 @@
 //! [`Mr::into_buffer`](crate::mr::Mr::into_buffer) gives it back with what the
 //! NIC wrote. [`Mr::new_huge`](crate::mr::Mr::new_huge) puts a registration on
 //! 2 MiB or 1 GiB huge pages; its error says how to reserve them.
+//! [`MrPool`](crate::mr::MrPool) hands out fixed-size buffers of one
+//! registration, so the data path never registers.
 //!
 //! # 3. Queues
 //! A [`Cq`](crate::Cq) collects completions; a [`Qp`](crate::Qp) has a send

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{Pair, all_remote, caps_sr, pair, pattern, res_counts, wait};
-use rdma_verbs::mr::{AnonMemory, HugePageSize, IntoBufferError};
+use rdma_verbs::mr::{AnonMemory, HugePageSize, MrRefused};
 use rdma_verbs::prelude::*;
 
 /// The tests compare the device's MR count: one at a time.
@@ -161,7 +161,7 @@ fn empty_buffers_are_refused_and_nothing_is_registered() {
 }
 
 /// `mr.into_buffer::<Vec<u8>>()` must refuse with this reason fragment.
-fn refused(r: Result<Vec<u8>, IntoBufferError>, why: &str) -> Mr {
+fn refused(r: Result<Vec<u8>, MrRefused>, why: &str) -> Mr {
     let e = r.expect_err("into_buffer should refuse");
     assert!(
         matches!(

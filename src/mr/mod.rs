@@ -21,6 +21,7 @@
 //! with the `memmap2` feature, a file mapping (see [`OwnedMemory`]). The `Mr`
 //! owns the buffer while registered; [`Mr::into_buffer`] gives it back.
 //! [`Mr::register_raw`] is the `unsafe` path for memory the caller manages.
+//! [`MrPool`] hands out fixed-size `Mr` buffers of one registration.
 //!
 //! # Remotely writable memory
 //! A region registered with `REMOTE_WRITE` or `REMOTE_ATOMIC` can be changed
@@ -37,6 +38,7 @@
 mod anon;
 mod bytes;
 mod owned;
+mod pool;
 mod racy;
 mod region;
 mod shared;
@@ -52,7 +54,8 @@ use crate::pd::Pd;
 use crate::sys::call::verb;
 
 pub use anon::{AnonMemory, HugePageSize};
-pub use owned::{IntoBufferError, OwnedMemory};
+pub use owned::{MrRefused, OwnedMemory};
+pub use pool::MrPool;
 pub(crate) use region::{Backing, Region, page_size, reg_error};
 pub use shared::{RemoteMr, SharedMr};
 

@@ -197,9 +197,9 @@ impl Mr {
     /// [`SharedMr`](super::SharedMr) clone or posted request holds it. Otherwise,
     /// or when `B` is not the registered type, or the memory is not an owned
     /// buffer, the `Mr` comes back in the error, still registered.
-    pub fn into_buffer<B: OwnedMemory>(self) -> Result<B, IntoBufferError> {
+    pub fn into_buffer<B: OwnedMemory>(self) -> Result<B, MrRefused> {
         if let Err(error) = self.check_whole::<B>() {
-            return Err(IntoBufferError { mr: self, error });
+            return Err(MrRefused { mr: self, error });
         }
         let Mr { region, off, len } = self;
         let region = match Arc::try_unwrap(region) {
@@ -212,7 +212,7 @@ impl Mr {
                         .into(),
                 };
                 let mr = Mr { region, off, len };
-                return Err(IntoBufferError { mr, error });
+                return Err(MrRefused { mr, error });
             }
         };
         match region.deregister_into_backing() {
@@ -222,7 +222,7 @@ impl Mr {
                 Err(_) => unreachable!("check_whole saw a {}", std::any::type_name::<B>()),
             },
             Ok(_) => unreachable!("check_whole saw an owned backing"),
-            Err((region, error)) => Err(IntoBufferError {
+            Err((region, error)) => Err(MrRefused {
                 mr: Mr { region, off, len },
                 error,
             }),
@@ -289,38 +289,40 @@ fn file_hint(e: Error) -> Error {
     }
 }
 
-/// [`Mr::into_buffer`] refused: the error and the `Mr`, still registered.
-pub struct IntoBufferError {
-    /// The `Mr` that was to be given up, unchanged.
+/// A call that takes an `Mr` ([`Mr::into_buffer`],
+/// [`MrPool::put`](super::MrPool::put)) refused it: the error, and the `Mr`
+/// back, unchanged and still registered.
+pub struct MrRefused {
+    /// The `Mr` that was handed in.
     pub mr: Mr,
-    /// Why: a split or shared registration, another buffer type, or a failed
-    /// deregistration.
+    /// Why: a split or shared registration, another buffer type, a failed
+    /// deregistration, a buffer of another pool.
     pub error: Error,
 }
 
-impl fmt::Debug for IntoBufferError {
+impl fmt::Debug for MrRefused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IntoBufferError")
+        f.debug_struct("MrRefused")
             .field("mr", &self.mr)
             .field("error", &self.error)
             .finish()
     }
 }
 
-impl fmt::Display for IntoBufferError {
+impl fmt::Display for MrRefused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.error.fmt(f)
     }
 }
 
-impl std::error::Error for IntoBufferError {
+impl std::error::Error for MrRefused {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.error)
     }
 }
 
-impl From<IntoBufferError> for Error {
-    fn from(e: IntoBufferError) -> Error {
+impl From<MrRefused> for Error {
+    fn from(e: MrRefused) -> Error {
         e.error
     }
 }
