@@ -30,6 +30,16 @@
 //! [`Mr::remote`](crate::mr::Mr::remote) is what a peer needs to reach it
 //! (address, length, rkey).
 //!
+//! Data you already hold need not be copied in:
+//! [`Mr::register(pd, buf, access)`](crate::mr::Mr::register) registers a
+//! `Vec<u8>`, a `Box<[u8]>`, an [`AnonMemory`](crate::mr::AnonMemory) or
+//! (feature `memmap2`) a memory-mapped file in place, and
+//! [`Mr::into_buffer`](crate::mr::Mr::into_buffer) gives it back with what the
+//! NIC wrote. [`Mr::new_huge`](crate::mr::Mr::new_huge) puts a registration on
+//! 2 MiB or 1 GiB huge pages; its error says how to reserve them.
+//! [`MrPool`](crate::mr::MrPool) hands out fixed-size buffers of one
+//! registration, so the data path never registers.
+//!
 //! # 3. Queues
 //! A [`Cq`](crate::cq::Cq) collects completions; a [`Qp`](crate::qp::Qp) has a send
 //! and a receive queue. Size the CQ for every queue on it: each queue needs as

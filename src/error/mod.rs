@@ -235,6 +235,40 @@ pub enum Error {
     )]
     RemotelyWritable,
 
+    /// A write to memory the process can only read (a read-only mapping), by
+    /// the CPU or, through the access flags asked for, by the NIC.
+    #[error(
+        "{op} needs write access, but this memory is read-only (e.g. a read-only file mapping); \
+         register it with REMOTE_READ and no LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC or MW_BIND, \
+         read it with as_slice()/read_at(), or map it writable (memmap2::MmapMut)"
+    )]
+    ReadOnlyMemory {
+        /// What needed to write, e.g. `Mr::write_at`.
+        op: &'static str,
+    },
+
+    /// No free huge pages of the size asked for.
+    #[error(
+        "{len} bytes on {} KiB huge pages need {pages} of them but {free} of {total} reserved are free: \
+         reserve more with `echo {} > /sys/kernel/mm/hugepages/hugepages-{}kB/nr_hugepages` as root \
+         (2 MiB pages: also /proc/sys/vm/nr_hugepages; 1 GiB pages usually only at boot, \
+         with `hugepagesz=1G hugepages=N` on the kernel command line), or ask for the fallback \
+         to ordinary pages",
+        page_size / 1024, total + pages.saturating_sub(*free), page_size / 1024
+    )]
+    HugePagesUnavailable {
+        /// Bytes asked for.
+        len: usize,
+        /// The huge page size in bytes.
+        page_size: usize,
+        /// Huge pages the request needs.
+        pages: u64,
+        /// Free huge pages of that size (0 when unknown).
+        free: u64,
+        /// Reserved huge pages of that size (0 when unknown).
+        total: u64,
+    },
+
     /// A QP state transition was refused by the kernel.
     #[error(
         "modify_qp {from} -> {to} failed: {source} (attr_mask {mask:#x}: {mask_names}){}",

@@ -9,12 +9,27 @@ use crate::error::{Error, Result};
 impl Mr {
     fn host_ptr(&self) -> Result<*mut u8> {
         match self.region.backing {
-            // SAFETY: off <= region len, so the result stays inside the allocation.
-            Backing::Heap(_) => Ok(unsafe { self.region.ptr.as_ptr().add(self.off) }),
+            Backing::Heap(_) | Backing::Owned { .. } => {
+                // SAFETY: off <= region len, so the result stays inside the
+                // allocation (or the owned buffer's memory).
+                Ok(unsafe { self.region.ptr.as_ptr().add(self.off) })
+            }
             Backing::Device(_) | Backing::Leaked => Err(Error::InvalidArgument {
                 what: "memory access",
                 reason: "this region is device (GPU) memory; copy it with the CUDA API".into(),
             }),
+        }
+    }
+
+    /// [`Mr::host_ptr`] for a write by the CPU: refused for memory the
+    /// process can only read (a read-only mapping), where a store would fault.
+    fn host_ptr_mut(&self, op: &'static str) -> Result<*mut u8> {
+        let p = self.host_ptr()?;
+        match self.region.backing {
+            Backing::Owned {
+                writable: false, ..
+            } => Err(Error::ReadOnlyMemory { op }),
+            _ => Ok(p),
         }
     }
 
@@ -63,13 +78,18 @@ impl Mr {
     /// meanwhile.
     pub(crate) unsafe fn part_mut(&mut self, offset: usize, len: usize) -> Result<&mut [u8]> {
         self.range_check(offset, len)?;
+        self.host_ptr_mut("a mutable slice of the bytes")?;
         let p = self.slice_check()?;
         // SAFETY: as in `part`, and `&mut self` makes the borrow unique.
         Ok(unsafe { std::slice::from_raw_parts_mut(p.add(offset), len) })
     }
 
     /// The bytes, mutably, for memory no peer can write. See [`Mr::as_slice`].
+    ///
+    /// Errors with [`Error::ReadOnlyMemory`] for memory the process can only
+    /// read (a registered read-only mapping).
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.host_ptr_mut("Mr::as_mut_slice")?;
         let p = self.slice_check()?;
         // SAFETY: as in as_slice, and &mut self makes the borrow unique.
         Ok(unsafe { std::slice::from_raw_parts_mut(p, self.len) })
@@ -114,10 +134,11 @@ impl Mr {
         Ok(())
     }
 
-    /// Copies `src` into the range at `offset`. Works for remotely writable memory.
+    /// Copies `src` into the range at `offset`. Works for remotely writable
+    /// memory; errors with [`Error::ReadOnlyMemory`] for read-only memory.
     pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.range_check(offset, src.len())?;
-        let p = self.host_ptr()?;
+        let p = self.host_ptr_mut("Mr::write_at")?;
         // SAFETY: (both arms) the destination lies inside this exclusively owned
         // piece (range_check; pieces are disjoint and `&mut self` is unique), and
         // `src` is a distinct Rust buffer.
@@ -134,9 +155,9 @@ impl Mr {
         Ok(())
     }
 
-    /// Sets every byte of the range to `byte`.
+    /// Sets every byte of the range to `byte` (not for read-only memory).
     pub fn fill(&mut self, byte: u8) -> Result<()> {
-        let p = self.host_ptr()?;
+        let p = self.host_ptr_mut("Mr::fill")?;
         // SAFETY: (both arms) [p, p+len) is this exclusively owned piece of the
         // allocation (see write_at).
         unsafe {

@@ -15,6 +15,14 @@
 //! be posted many times at once; [`SharedMr::try_unfreeze`] recovers the `Mr`
 //! when every clone has come back.
 //!
+//! # Memory the application owns
+//! [`Mr::register`] registers a buffer in place, without copying: a `Vec<u8>`,
+//! a `Box<[u8]>`, an [`AnonMemory`] mapping (huge pages: [`Mr::new_huge`]) or,
+//! with the `memmap2` feature, a file mapping (see [`OwnedMemory`]). The `Mr`
+//! owns the buffer while registered; [`Mr::into_buffer`] gives it back.
+//! [`Mr::register_raw`] is the `unsafe` path for memory the caller manages.
+//! [`MrPool`] hands out fixed-size `Mr` buffers of one registration.
+//!
 //! # Remotely writable memory
 //! A region registered with `REMOTE_WRITE` or `REMOTE_ATOMIC` can be changed
 //! by a peer at any moment, outside Rust's knowledge. Handing out `&[u8]` or
@@ -27,7 +35,10 @@
 //! writing may observe a mix of old and new bytes; order it after the
 //! completion that announces the data (e.g. a WRITE_WITH_IMM receive).
 
+mod anon;
 mod bytes;
+mod owned;
+mod pool;
 mod racy;
 mod region;
 mod shared;
@@ -42,6 +53,9 @@ use crate::ffi;
 use crate::pd::Pd;
 use crate::sys::call::verb;
 
+pub use anon::{AnonMemory, HugePageSize};
+pub use owned::{MrRefused, OwnedMemory};
+pub use pool::MrPool;
 pub(crate) use region::{Backing, Region, page_size, reg_error};
 pub use shared::{RemoteMr, SharedMr};
 
@@ -100,22 +114,7 @@ impl Mr {
     /// limit the error is [`Error::MemlockLimit`] with what to do.
     #[doc(alias("ibv_reg_mr", "ibv_reg_mr_iova2"))]
     pub fn new(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
-        if len == 0 {
-            return Err(Error::InvalidArgument {
-                what: "MR length",
-                reason: "must be at least 1 byte".into(),
-            });
-        }
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            // ibv_reg_mr(3): the kernel refuses this with a bare EINVAL.
-            return Err(Error::InvalidArgument {
-                what: "MR access flags",
-                reason: "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too (ibv_reg_mr(3))"
-                    .into(),
-            });
-        }
+        check_len_access(len, access)?;
         let page = page_size();
         let alloc_len =
             len.checked_next_multiple_of(page)
@@ -139,24 +138,14 @@ impl Mr {
                 ),
             });
         };
-        // SAFETY: valid PD; [ptr, ptr+len) is memory we own for the registration's life.
-        let registered = verb!(ptr: unsafe {
-            ffi::ibv_reg_mr_iova2(
-                pd.as_raw(),
-                ptr.as_ptr().cast(),
-                len,
-                ptr.as_ptr() as u64,
-                access.bits(),
-            )
-        });
-        let raw = match registered {
+        // SAFETY: [ptr, ptr+len) is memory allocated above, freed only after
+        // the registration ends (Region's drop) or right below on failure.
+        let raw = match unsafe { reg_mr(pd, ptr, len, access) } {
             Ok(raw) => raw,
-            Err(failed) => {
+            Err(e) => {
                 // SAFETY: allocated above with this layout, not registered.
                 unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
-                // Named as users call it: ibv_reg_mr(3) is the header's macro
-                // that reaches ibv_reg_mr_iova2 for optional access flags.
-                return Err(reg_error("ibv_reg_mr", len, failed.source));
+                return Err(e);
             }
         };
         let region = Region {
@@ -275,6 +264,55 @@ impl Mr {
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         range_sge(self.addr(), self.len, self.lkey())
     }
+}
+
+/// Refuses an empty registration and access flags the kernel would refuse
+/// with a bare EINVAL.
+fn check_len_access(len: usize, access: AccessFlags) -> Result<()> {
+    if len == 0 {
+        return Err(Error::InvalidArgument {
+            what: "MR length",
+            reason: "must be at least 1 byte".into(),
+        });
+    }
+    if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        && !access.contains(AccessFlags::LOCAL_WRITE)
+    {
+        // ibv_reg_mr(3): the kernel refuses this with a bare EINVAL.
+        return Err(Error::InvalidArgument {
+            what: "MR access flags",
+            reason: "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too (ibv_reg_mr(3))".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Registers `[ptr, ptr+len)` with `access` (`ibv_reg_mr_iova2`, IOVA = address,
+/// so optional flags like RELAXED_ORDERING are honoured).
+///
+/// # Safety
+/// `[ptr, ptr+len)` is memory of this process that stays mapped until the
+/// returned registration is deregistered.
+unsafe fn reg_mr(
+    pd: &Pd,
+    ptr: NonNull<u8>,
+    len: usize,
+    access: AccessFlags,
+) -> Result<NonNull<ffi::ibv_mr>> {
+    // SAFETY: valid PD; the memory stays mapped for the registration's life
+    // (caller).
+    let registered = verb!(ptr: unsafe {
+        ffi::ibv_reg_mr_iova2(
+            pd.as_raw(),
+            ptr.as_ptr().cast(),
+            len,
+            ptr.as_ptr() as u64,
+            access.bits(),
+        )
+    });
+    // Named as users call it: ibv_reg_mr(3) is the header's macro that
+    // reaches ibv_reg_mr_iova2 for optional access flags.
+    registered.map_err(|failed| reg_error("ibv_reg_mr", len, failed.source))
 }
 
 /// The scatter/gather entry for `len` bytes at `addr` under `lkey`.

@@ -3,11 +3,12 @@
 
 use std::alloc::{self, Layout};
 use std::any::Any;
-use std::ptr::NonNull;
+use std::mem::ManuallyDrop;
+use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use super::{AccessFlags, Mr};
-use crate::error::{Error, memlock_limit};
+use crate::error::{Error, errno, memlock_limit};
 use crate::ffi;
 use crate::pd::Pd;
 
@@ -18,6 +19,15 @@ pub(crate) enum Backing {
     /// Memory owned elsewhere (e.g. a CUDA allocation), kept alive by the box.
     /// Not host-accessible.
     Device(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+    /// Host memory handed over by the application ([`Mr::register`]): the
+    /// buffer that owns it, its type's name (for [`Mr::into_buffer`]'s
+    /// errors), and whether the process may write it (false for a read-only
+    /// mapping).
+    Owned {
+        buf: Box<dyn Any + Send + Sync>,
+        type_name: &'static str,
+        writable: bool,
+    },
     /// Deregistration failed: the memory was deliberately leaked.
     Leaked,
 }
@@ -57,6 +67,25 @@ impl Drop for Region {
 }
 
 impl Region {
+    /// Deregisters and hands back what backs the memory, without freeing it;
+    /// on failure the region is returned (ready for a new `Mr`), still
+    /// registered, with the error.
+    pub(super) fn deregister_into_backing(self) -> Result<Backing, (Arc<Region>, Error)> {
+        // SAFETY: raw came from a reg_mr call; `self` is the only handle to the
+        // region (moved in), so no piece is posted and the NIC no longer
+        // touches the memory.
+        let rc = unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+        if rc != 0 {
+            return Err((Arc::new(self), Error::verb("ibv_dereg_mr", errno(rc))));
+        }
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so each field with a
+        // destructor is read out exactly once; the others are `Copy`.
+        let (backing, pd) = unsafe { (ptr::read(&this.backing), ptr::read(&this.pd)) };
+        drop(pd);
+        Ok(backing)
+    }
+
     /// Wraps a registration of memory that this crate did not allocate.
     ///
     /// # Safety

@@ -1,9 +1,9 @@
 //! `cargo xtask test`: the whole test suite, with the device tests inside soft-RoCE guests.
 //!
-//! Steps, all run even when an earlier one fails, each with `--features gdr,tokio` (so the `gdr` and `tokio`
-//! code is built and tested too, while the FFI comes from the checked-in bindings: the
-//! `bindgen` feature, which regenerates them, is `cargo xtask matrix`'s) and the extra
-//! arguments:
+//! Steps, all run even when an earlier one fails, each with `--features gdr,tokio,memmap2`
+//! (so the `gdr`, `tokio` and `memmap2` code is built and tested too, while the FFI comes
+//! from the checked-in bindings: the `bindgen` feature, which regenerates them, is
+//! `cargo xtask matrix`'s) and the extra arguments:
 //! 0. `cargo xtask layers` (the layer rule of ARCHITECTURE.md; one test), also in `--quick`;
 //! 1. host tests: `cargo test --workspace --lib --bins --test <t>...` for every `tests/<t>.rs`
 //!    not named `vm_*` (the compile-fail tests among them), then `cargo test --workspace
@@ -207,7 +207,7 @@ fn host_steps(
         "test",
         "--workspace",
         "--features",
-        "rdma-verbs/gdr,rdma-verbs/tokio",
+        "rdma-verbs/gdr,rdma-verbs/tokio,rdma-verbs/memmap2",
         "--no-fail-fast",
         "--lib",
         "--bins",
@@ -223,7 +223,7 @@ fn host_steps(
             "test",
             "--workspace",
             "--features",
-            "rdma-verbs/gdr,rdma-verbs/tokio",
+            "rdma-verbs/gdr,rdma-verbs/tokio,rdma-verbs/memmap2",
             "--no-fail-fast",
             "--doc",
         ]);
@@ -284,7 +284,7 @@ fn two_node_steps(summary: &mut Summary) {
 /// `cargo build --features gdr --examples` in the workspace.
 fn build_examples_counts(root: &Path) -> Result<Counts> {
     let mut examples = cargo(root);
-    examples.args(["build", "--features", "gdr,tokio", "--examples"]);
+    examples.args(["build", "--features", "gdr,tokio,memmap2", "--examples"]);
     cargo_build(&mut examples)
 }
 
@@ -342,7 +342,7 @@ fn device_tests_in_one_guest(
     for args in [targets.to_vec(), library.map(OsString::from).into()] {
         let mut build = cargo(root);
         build
-            .args(["test", "--features", "gdr,tokio", "--no-fail-fast"])
+            .args(["test", "--features", "gdr,tokio,memmap2", "--no-fail-fast"])
             .args(&args)
             .env(&runner_var, recorder.runner()?);
         let built = cargo_build(&mut build)?;
