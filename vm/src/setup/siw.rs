@@ -129,7 +129,11 @@ fn build(work: &Path, kernel: &KernelPackage, source: &AptSource, make: &Path) -
             .arg(&tree)
             .arg(format!("M={}", src.display()))
             // BTF for an out-of-tree module needs pahole and the vmlinux; the guest needs neither.
-            .args(["CONFIG_RDMA_SIW=m", "CONFIG_DEBUG_INFO_BTF_MODULES=", "modules"]),
+            .args([
+                "CONFIG_RDMA_SIW=m",
+                "CONFIG_DEBUG_INFO_BTF_MODULES=",
+                "modules",
+            ]),
     )?;
     Ok(src.join("siw.ko"))
 }
