@@ -105,6 +105,33 @@ impl Context {
         &self.inner.name
     }
 
+    /// Whether the device speaks iWARP (`IBV_TRANSPORT_IWARP`, as siw and the iWARP
+    /// RNICs): its QPs are RC only, connect through rdma_cm only, and carry neither
+    /// immediate data nor atomics.
+    pub(crate) fn is_iwarp(&self) -> bool {
+        // SAFETY: an open context's `device` points at its ibv_device, which the
+        // device list's owner keeps alive as long as the context is open; the field
+        // is plain data set when the device was found.
+        unsafe { (*(*self.inner.raw.as_ptr()).device).transport_type == ffi::IBV_TRANSPORT_IWARP }
+    }
+
+    /// [`Error::Unsupported`] for `verb` on an iWARP device, saying what it lacks
+    /// (`missing`) and what to do instead.
+    pub(crate) fn iwarp_unsupported(&self, verb: &'static str, missing: &str) -> Error {
+        Error::Unsupported {
+            verb,
+            hint: format!(
+                "{} is an iWARP device (provider {}), which has no {missing}",
+                self.name(),
+                if self.name().starts_with("siw") {
+                    "siw"
+                } else {
+                    "iWARP"
+                }
+            ),
+        }
+    }
+
     /// The raw `ibv_context`, valid while this `Context` (or any clone) lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_context {
         self.inner.raw.as_ptr()

@@ -224,7 +224,8 @@ fn verbs_missing_from_the_loaded_library_are_unsupported() {
                 },
             ) => {
                 assert!(
-                    e.to_string().contains("not supported by this rdma-core"),
+                    e.to_string()
+                        .contains("is not supported: the libibverbs loaded"),
                     "{e}"
                 );
             }

@@ -348,12 +348,16 @@ pub enum Error {
     Other(String),
 
     /// The libibverbs loaded at run time is older than this verb (the crate
-    /// resolves verbs newer than its oldest supported rdma-core at run time).
-    #[error("{verb} is not supported by this rdma-core: {hint}")]
+    /// resolves verbs newer than its oldest supported rdma-core at run time),
+    /// or the device's provider lacks the capability (an iWARP device such as
+    /// siw has no UD or UC QPs, no immediate data, no atomics, and connects
+    /// its QPs through rdma_cm only).
+    #[error("{verb} is not supported: {hint}")]
     Unsupported {
-        /// The verb, e.g. `ibv_reg_dmabuf_mr`.
+        /// The verb or capability, e.g. `ibv_reg_dmabuf_mr`.
         verb: &'static str,
-        /// Which rdma-core added it and what to do.
+        /// What is missing (which rdma-core added the verb, which provider
+        /// lacks the capability) and what to do.
         hint: String,
     },
 

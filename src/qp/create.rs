@@ -111,6 +111,12 @@ impl<T: QpType> Qp<T, Reset> {
                 reason: "the PD and both CQs must come from the same Context (device open)".into(),
             });
         }
+        // iWARP has RC only; siw would fail the create with a bare EOPNOTSUPP.
+        if T::RAW != ffi::IBV_QPT_RC && pd.context().is_iwarp() {
+            return Err(pd
+                .context()
+                .iwarp_unsupported("ibv_create_qp", "UD or UC QPs: use RC (through rdma_cm)"));
+        }
         let try_extended = T::RAW == ffi::IBV_QPT_RC && api != Some(SendApi::Legacy);
         let mut extended = false;
         // SAFETY: ibv_create_qp and create_rc create a QP of type T from

@@ -211,9 +211,18 @@ impl Qp<Rc, Init> {
 }
 
 impl<T: QpType> Qp<T, Init> {
-    /// The checks of INIT → RTR common to RC and UC: wire field widths and
-    /// the GRH RoCE needs.
+    /// The checks of INIT → RTR common to RC and UC: a device that can take a
+    /// QP connected by hand (iWARP cannot), wire field widths and the GRH RoCE
+    /// needs.
     pub(super) fn check_rtr(&self, attr: &RtrAttr) -> Option<Error> {
+        let ctx = self.core.pd.context();
+        if ctx.is_iwarp() {
+            return Some(ctx.iwarp_unsupported(
+                "ibv_modify_qp(RTR)",
+                "QPs connected by hand (an exchanged Endpoint): iWARP connects through \
+                 rdma_cm only (cm::CmId: connect, or get_request and accept)",
+            ));
+        }
         check_bits("dest QPN", attr.dest_qpn, 24)
             .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
             .or_else(|| attr.av.check_widths())

@@ -38,6 +38,7 @@ macro_rules! say {
     }};
 }
 
+pub mod choice;
 pub mod cmd;
 mod cpio;
 pub mod run;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::choice::{Choice, GuestKernel, Provider};
 use crate::cmd::{self, Waited};
 use crate::setup::{self, Verbosity};
 use crate::vm::{self, Failure, Topology};
@@ -87,12 +88,16 @@ impl Invocation {
     }
 }
 
-/// `run [--timeout SECS] [--nodes 1|2] [--node1 SHELL] [--node2 SHELL] [--] [CMD [ARGS...]]`.
+/// `run [--timeout SECS] [--kernel K] [--provider P] [--nodes 1|2] [--node1 SHELL]
+/// [--node2 SHELL] [--] [CMD [ARGS...]]`.
 ///
 /// With `--nodes 2`, two guests on a virtual wire each run the command (see [`execute_pair`]);
 /// `--node1 SHELL` / `--node2 SHELL` give a node its own command, run as `sh -c SHELL`.
+/// `--kernel` and `--provider` override `RDMA_VERBS_VM_KERNEL` and `RDMA_VERBS_VM_PROVIDER`
+/// (see [`Choice`]).
 pub fn run_command(args: Vec<OsString>) -> Result<u8> {
     let mut timeout = None;
+    let mut choice = Choice::from_env()?;
     let mut nodes = 1u8;
     let mut per_node: [Option<OsString>; 2] = [None, None];
     let mut rest = args.into_iter().peekable();
@@ -134,6 +139,12 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
                     }
                 }
             }
+            "--kernel" => {
+                choice.kernel = GuestKernel::parse(&value("6.1 or 6.12")?.to_string_lossy())?
+            }
+            "--provider" => {
+                choice.provider = Provider::parse(&value("rxe or siw")?.to_string_lossy())?
+            }
             "--node1" => per_node[0] = Some(value("a shell command")?),
             "--node2" => per_node[1] = Some(value("a shell command")?),
             _ => return Err(Error::usage(format!("unknown option {flag:?} for run"))),
@@ -153,7 +164,7 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
         let Some(program) = program else {
             return Err(Error::usage("run: missing the command to run"));
         };
-        return execute(Invocation::new(program, args)?, timeout);
+        return execute_choice(Invocation::new(program, args)?, timeout, choice);
     }
     let mut invs = Vec::new();
     for own in per_node {
@@ -167,7 +178,7 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
             }
         });
     }
-    execute_pair([&invs[0], &invs[1]], timeout)
+    execute_pair_choice([&invs[0], &invs[1]], timeout, choice)
 }
 
 /// `vm-exec CMD [ARGS...]`: like `run` without options, for use as a cargo target runner
@@ -188,9 +199,15 @@ fn parse_timeout(value: &str) -> Result<Duration> {
     crate::parse_secs(value).map_err(|e| Error::usage(format!("--timeout: {e}")))
 }
 
-/// Runs `inv` on the host if it has an RDMA device, else in a guest; returns its exit status.
+/// Runs `inv` on the host if it has an RDMA device, else in a guest of the [`Choice`] the
+/// environment makes; returns its exit status.
 pub fn execute(inv: Invocation, timeout: Duration) -> Result<u8> {
-    let assets = setup::setup(Verbosity::Quiet, &[])?;
+    execute_choice(inv, timeout, Choice::from_env()?)
+}
+
+/// [`execute`] in a guest of `choice` (when the host has no RDMA device of its own).
+pub fn execute_choice(inv: Invocation, timeout: Duration, choice: Choice) -> Result<u8> {
+    let assets = setup::setup_choice(Verbosity::Quiet, &[], choice)?;
     let devices = host_rdma_devices();
     if let Some(first) = devices.first() {
         return run_on_host(&inv, first, timeout);
@@ -208,7 +225,16 @@ pub fn execute(inv: Invocation, timeout: Duration) -> Result<u8> {
 /// on stderr; returns 0 when both exited with 0, else the first failure's status (124 for
 /// a timeout, 125 for a guest that failed, else the command's).
 pub fn execute_pair(invs: [&Invocation; 2], timeout: Duration) -> Result<u8> {
-    let assets = setup::setup(Verbosity::Quiet, &[])?;
+    execute_pair_choice(invs, timeout, Choice::from_env()?)
+}
+
+/// [`execute_pair`] on guests of `choice` (`RDMA_VERBS_DEVICE` then names its device).
+pub fn execute_pair_choice(
+    invs: [&Invocation; 2],
+    timeout: Duration,
+    choice: Choice,
+) -> Result<u8> {
+    let assets = setup::setup_choice(Verbosity::Quiet, &[], choice)?;
     let outcomes = vm::run_pair(&assets, invs, timeout);
     let mut worst: Option<u8> = None;
     for (i, outcome) in outcomes.into_iter().enumerate() {
@@ -306,5 +332,7 @@ mod tests {
         );
         assert!(usage_error(&["--nodes"]).is_some_and(|m| m.contains("needs")));
         assert!(usage_error(&["--bogus"]).is_some_and(|m| m.contains("unknown option")));
+        assert!(usage_error(&["--kernel", "5.10", "true"]).is_some_and(|m| m.contains("6.12")));
+        assert!(usage_error(&["--provider=mlx5", "true"]).is_some_and(|m| m.contains("siw")));
     }
 }

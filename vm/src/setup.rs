@@ -7,21 +7,32 @@
 //! linux-image-<ver>-amd64_<debver>_amd64.deb   Debian's kernel package, as downloaded
 //! vmlinux, vmlinux.stamp                       the uncompressed kernel (QEMU boots it as PVH)
 //! initramfs.cpio, initramfs.stamp              busybox + modules + the generic /init
+//! siw.ko, initramfs-siw.cpio (+ stamps)        soft-iWARP, built on first use (`siw`)
+//! bpo/                                         the same files for the backports kernel,
+//!   apt/                                       with its private apt lists and cache
 //! runs/<pid>-<n>/                              one directory per guest run (see `vm`)
 //! ```
+//!
+//! Which kernel and provider a guest gets is a [`Choice`]: the default (Debian 12's 6.1
+//! kernel, rxe) keeps the files at the top level exactly as before.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::choice::{Choice, Provider};
 use crate::{Context, Result, cmd, vm};
 
+mod apt;
 mod initramfs;
 mod kernel;
 mod packages;
+mod siw;
+use apt::AptSource;
 use initramfs::build_initramfs;
 use kernel::{Unpacked, cached_kernel_deb, download_kernel, extract_vmlinux};
 use packages::{busybox, ensure_packages};
+pub use siw::SIW_DEPENDENCIES;
 
 /// Debian packages the host needs: QEMU and busybox for the guest, kmod and xz for building
 /// it, rdma-core and the perftest/rdmacm tools that run inside it, and the headers, clang and
@@ -87,8 +98,12 @@ pub enum Verbosity {
 
 /// The guest image, ready to boot.
 pub struct VmAssets {
-    /// The cache directory, [`vm_dir`].
+    /// The cache directory, [`vm_dir`] (run directories go under its `runs/`).
     pub dir: PathBuf,
+    /// The kernel and the provider this image boots and brings up.
+    pub choice: Choice,
+    /// The kernel package the image was built from (its file name).
+    pub kernel_package: String,
     /// Uncompressed ELF kernel, booted through PVH.
     pub vmlinux: PathBuf,
     /// Uncompressed newc initramfs.
@@ -144,24 +159,56 @@ fn absolute(path: PathBuf) -> PathBuf {
 }
 
 /// Makes sure the packages ([`PACKAGES`] and `extra_packages`) are installed and the guest
-/// image is built; idempotent.
+/// image of the [`Choice`] the environment makes is built; idempotent.
 pub fn setup(verbosity: Verbosity, extra_packages: &[&str]) -> Result<VmAssets> {
+    setup_choice(verbosity, extra_packages, Choice::from_env()?)
+}
+
+/// [`setup`] for an explicit kernel and provider.
+pub fn setup_choice(
+    verbosity: Verbosity,
+    extra_packages: &[&str],
+    choice: Choice,
+) -> Result<VmAssets> {
     ensure_packages(extra_packages)?;
     let dir = vm_dir();
     fs::create_dir_all(&dir).context(|| format!("cannot create {}", dir.display()))?;
     remove_abandoned_scratch(&dir);
+    let kernel_dir = match choice.kernel.subdir() {
+        Some(sub) => {
+            let kernel_dir = dir.join(sub);
+            fs::create_dir_all(&kernel_dir)
+                .context(|| format!("cannot create {}", kernel_dir.display()))?;
+            remove_abandoned_scratch(&kernel_dir);
+            kernel_dir
+        }
+        None => dir.clone(),
+    };
+    let source = AptSource::new(&kernel_dir, choice.kernel.suite());
 
     let busybox = busybox()?;
-    let vmlinux = dir.join("vmlinux");
-    let initramfs = dir.join("initramfs.cpio");
-    let deb = match cached_kernel_deb(&dir)? {
+    let deb = match cached_kernel_deb(&kernel_dir)? {
         Some(deb) => deb,
-        None => download_kernel(&dir)?,
+        None => download_kernel(&kernel_dir, &source)?,
     };
+    let siw = match choice.provider {
+        Provider::Rxe => None,
+        Provider::Siw => Some(siw::ensure_siw(&kernel_dir, &deb, &source)?),
+    };
+    let vmlinux = kernel_dir.join("vmlinux");
+    let initramfs = kernel_dir.join(match choice.provider {
+        Provider::Rxe => "initramfs.cpio",
+        Provider::Siw => "initramfs-siw.cpio",
+    });
     let deb_name = file_name(&deb);
     let vmlinux_stamp = format!("{deb_name}\n");
+    // The rxe image's stamp is what it always was, so an existing cache stays valid.
+    let siw_line = match &siw {
+        Some(_) => format!("siw {SIW_DEPENDENCIES:?} + siw.ko\n"),
+        None => String::new(),
+    };
     let initramfs_stamp = format!(
-        "{deb_name}\nbusybox {} {} bytes\nmodules {GUEST_MODULES:?}\n{}",
+        "{deb_name}\nbusybox {} {} bytes\nmodules {GUEST_MODULES:?}\n{siw_line}{}",
         busybox.display(),
         busybox.metadata().map(|m| m.len()).unwrap_or(0),
         vm::INIT_SCRIPT
@@ -170,7 +217,7 @@ pub fn setup(verbosity: Verbosity, extra_packages: &[&str]) -> Result<VmAssets> 
     let need_initramfs = !is_current(&initramfs, &initramfs_stamp);
 
     if need_vmlinux || need_initramfs {
-        let tree = Unpacked::new(&dir, &deb)?;
+        let tree = Unpacked::new(&kernel_dir, &deb)?;
         if need_vmlinux {
             eprintln!("rdma-verbs-vm setup: extracting the uncompressed kernel");
             extract_vmlinux(&tree.vmlinuz()?, &vmlinux)?;
@@ -178,7 +225,7 @@ pub fn setup(verbosity: Verbosity, extra_packages: &[&str]) -> Result<VmAssets> 
         }
         if need_initramfs {
             eprintln!("rdma-verbs-vm setup: building the initramfs");
-            build_initramfs(&tree, &busybox, &initramfs)?;
+            build_initramfs(&tree, &busybox, siw.as_deref(), &initramfs)?;
             write_stamp(&initramfs, &initramfs_stamp)?;
         }
     }
@@ -189,12 +236,19 @@ pub fn setup(verbosity: Verbosity, extra_packages: &[&str]) -> Result<VmAssets> 
             PACKAGES.len() + extra_packages.len()
         );
         say!("  cache           {}", dir.display());
+        say!(
+            "  guest           kernel {}, provider {}",
+            choice.kernel,
+            choice.provider
+        );
         say!("  kernel package  {}", deb.display());
         say!("  kernel          {}", vmlinux.display());
         say!("  initramfs       {}", initramfs.display());
     }
     Ok(VmAssets {
         dir,
+        choice,
+        kernel_package: deb_name,
         vmlinux,
         initramfs,
     })
@@ -216,7 +270,8 @@ fn remove_abandoned_scratch(dir: &Path) {
         let Some((base, pid)) = name.rsplit_once('-') else {
             continue;
         };
-        let scratch = base == "download" || base == "unpack" || base.ends_with(".tmp");
+        let scratch =
+            base == "download" || base == "unpack" || base == "siw-build" || base.ends_with(".tmp");
         if scratch && !crate::pid_alive(pid) {
             let path = entry.path();
             let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));

@@ -138,14 +138,14 @@ fn start(
     let writable = writable_dirs().map_err(boot)?;
 
     let mut env = inv.env.clone();
-    for (name, value) in topology.guest_env() {
+    for (name, value) in topology.guest_env(assets.choice.provider) {
         env.retain(|(n, _)| n != name);
         env.push((name.into(), value.into()));
     }
     write(&run_dir.path.join("command.sh"), &command_script(inv, &env)).map_err(boot)?;
     write(
         &run_dir.path.join("network.sh"),
-        topology.setup_script().as_bytes(),
+        topology.setup_script(assets.choice.provider).as_bytes(),
     )
     .map_err(boot)?;
     write(
@@ -354,6 +354,7 @@ fn write(path: &Path, bytes: &[u8]) -> std::result::Result<(), Error> {
 mod tests {
     use super::qemu::escape_commas;
     use super::*;
+    use crate::choice::Provider;
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
     use std::path::PathBuf;
@@ -397,15 +398,21 @@ mod tests {
                 .is_ok_and(|st| st.success())
         };
         assert!(sh_n(INIT_SCRIPT.as_bytes()));
-        assert!(sh_n(Topology::Loopback.setup_script().as_bytes()));
+        assert!(sh_n(
+            Topology::Loopback.setup_script(Provider::Rxe).as_bytes()
+        ));
         let wire = Topology::Wire {
             node: 2,
             local_port: 1,
             peer_port: 2,
         };
-        assert!(sh_n(wire.setup_script().as_bytes()));
+        assert!(sh_n(wire.setup_script(Provider::Siw).as_bytes()));
         assert!(
-            wire.setup_script()
+            wire.setup_script(Provider::Siw)
+                .contains("rdma link add siw0 type siw netdev eth0")
+        );
+        assert!(
+            wire.setup_script(Provider::Rxe)
                 .contains("ip addr add 10.99.1.2/24 dev eth0")
         );
         let writable = [PathBuf::from("/w/it's"), PathBuf::from("/tmp/x")];

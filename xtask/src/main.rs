@@ -27,6 +27,7 @@ mod layers;
 mod matrix;
 #[cfg(test)]
 mod pinned;
+mod providers;
 mod test;
 mod wire;
 
@@ -54,7 +55,7 @@ usage: cargo xtask <command> [args]
 commands:
   setup                          install host packages (apt) if missing, download the Debian
                                  kernel and build the guest image under target/rxe-vm/
-  run [--timeout SECS] -- CMD [ARGS...]
+  run [--timeout SECS] [--kernel 6.1|6.12] [--provider rxe|siw] -- CMD [ARGS...]
                                  run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
   run --nodes 2 [--timeout SECS] [--node1 SH] [--node2 SH] [--] [CMD [ARGS...]]
@@ -92,6 +93,10 @@ commands:
                                  (examples/gpu_check.rs, feature gdr), run on the host
   matrix [--no-fetch]            host tests against Debian 11/12/13's rdma-core and each
                                  installed libclang (feature bindgen); target/matrix/matrix.json
+  providers [--cells K/P,..] [--limit SECS] [--tests vm_a,..]
+                                 the device test binaries on each cell, one guest per cell
+                                 (kernels 6.1, 6.12 x providers rxe, siw); one row per test in
+                                 target/providers/providers.json (pass, unsupported, fail)
   layers [--edges]               check src/'s imports against the layer table of
                                  ARCHITECTURE.md (no upward import, no circle of more than
                                  3 files across modules); --edges prints every file's imports
@@ -104,6 +109,8 @@ environment:
   (or RDMA_VERBS_VM_DEBUG)
   RDMA_VERBS_VM_WRITABLE=DIRS    colon-separated host directories the guest may write to
   RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048; at least 1024)
+  RDMA_VERBS_VM_KERNEL=6.1|6.12  guest kernel: Debian 12's (default) or bookworm-backports'
+  RDMA_VERBS_VM_PROVIDER=rxe|siw soft-RoCE rxe0 (default) or soft-iWARP siw0 (built by setup)
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
                                  passed through to the command in the guest
 
@@ -163,6 +170,7 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         Some("fake-peer") => wire::fake_peer_command(rest),
         Some("test") => test::test_command(rest),
         Some("matrix") => matrix::matrix_command(rest),
+        Some("providers") => providers::providers_command(rest),
         Some("gpu-check") => gpu::gpu_check_command(rest),
         Some("layers") => layers::layers_command(rest),
         Some("demo") => {

@@ -5,15 +5,27 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::kernel::Unpacked;
+use super::siw::SIW_DEPENDENCIES;
 use super::{GUEST_MODULES, file_name, private_name};
 use crate::cmd::{output_checked, require_tool};
 use crate::cpio::Archive;
 use crate::{Context, Error, Result, vm};
 
 /// Builds the initramfs: busybox, the generic `/init`, and the [`GUEST_MODULES`] with their
-/// dependencies under `/mods` plus their load order in `/mods/order`.
-pub(super) fn build_initramfs(tree: &Unpacked, busybox: &Path, out: &Path) -> Result<()> {
-    let modules = resolve_modules(tree)?;
+/// dependencies under `/mods` plus their load order in `/mods/order`. With `siw` (a module
+/// built for this kernel), also the [`SIW_DEPENDENCIES`] and then siw itself, last.
+pub(super) fn build_initramfs(
+    tree: &Unpacked,
+    busybox: &Path,
+    siw: Option<&Path>,
+    out: &Path,
+) -> Result<()> {
+    let mut wanted: Vec<&str> = GUEST_MODULES.to_vec();
+    if siw.is_some() {
+        wanted.extend_from_slice(SIW_DEPENDENCIES);
+    }
+    let mut modules = resolve_modules(tree, &wanted)?;
+    modules.extend(siw.map(Path::to_path_buf));
     let mut a = Archive::new();
     for dir in [
         "bin",
@@ -49,7 +61,7 @@ pub(super) fn build_initramfs(tree: &Unpacked, busybox: &Path, out: &Path) -> Re
 }
 
 /// The module files to load, in order, each after its dependencies, without duplicates.
-fn resolve_modules(tree: &Unpacked) -> Result<Vec<PathBuf>> {
+fn resolve_modules(tree: &Unpacked, wanted: &[&str]) -> Result<Vec<PathBuf>> {
     let depmod = require_tool("depmod", "kmod")?;
     let modprobe = require_tool("modprobe", "kmod")?;
     output_checked(
@@ -59,7 +71,7 @@ fn resolve_modules(tree: &Unpacked) -> Result<Vec<PathBuf>> {
             .arg(&tree.release),
     )?;
     let mut order: Vec<PathBuf> = Vec::new();
-    for module in GUEST_MODULES {
+    for module in wanted {
         let out = output_checked(Command::new(&modprobe).arg("-d").arg(&tree.root).args([
             "-S",
             &tree.release,

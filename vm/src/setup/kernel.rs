@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
 
-use super::packages::apt;
+use super::apt::AptSource;
 use super::{file_name, private_name};
 use crate::cmd::{output_checked, require_tool, run_checked};
 use crate::{Context, Error, Result};
@@ -34,14 +34,15 @@ pub(super) fn cached_kernel_deb(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(debs.pop().map(|(_, p)| p))
 }
 
-/// Downloads the package that [`KERNEL_METAPACKAGE`] depends on into `dir`.
-pub(super) fn download_kernel(dir: &Path) -> Result<PathBuf> {
+/// Downloads the package that [`KERNEL_METAPACKAGE`] (as `source` has it) depends on into
+/// `dir`.
+pub(super) fn download_kernel(dir: &Path, source: &AptSource) -> Result<PathBuf> {
     let download = dir.join(private_name("download"));
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download).context(|| format!("cannot create {}", download.display()))?;
 
     eprintln!("rdma-verbs-vm setup: downloading {KERNEL_METAPACKAGE} to find the current kernel");
-    let meta = apt_download(&download, KERNEL_METAPACKAGE)?;
+    let meta = source.download(&download, KERNEL_METAPACKAGE)?;
     let depends = output_checked(Command::new("dpkg-deb").arg("-f").arg(&meta).arg("Depends"))?;
     let depends = String::from_utf8_lossy(&depends.stdout);
     let package = kernel_dependency(&depends).ok_or_else(|| {
@@ -53,7 +54,7 @@ pub(super) fn download_kernel(dir: &Path) -> Result<PathBuf> {
     })?;
 
     eprintln!("rdma-verbs-vm setup: downloading {package}");
-    let deb = apt_download(&download, package)?;
+    let deb = source.download(&download, package)?;
     let cached = dir.join(file_name(&deb));
     fs::rename(&deb, &cached).context(|| format!("cannot move {}", deb.display()))?;
     let _ = fs::remove_dir_all(&download);
@@ -70,37 +71,6 @@ fn kernel_dependency(depends: &str) -> Option<&str> {
                 && name.ends_with("-amd64")
                 && *name != KERNEL_METAPACKAGE
         })
-}
-
-/// `apt-get download PACKAGE` in `dir`, refreshing the package lists once if that fails
-/// (a fresh machine may have none); returns the downloaded file.
-fn apt_download(dir: &Path, package: &str) -> Result<PathBuf> {
-    let download = || {
-        Command::new("apt-get")
-            .args(["download", package])
-            .current_dir(dir)
-            .output()
-    };
-    let out = download().context(|| "cannot run apt-get".into())?;
-    let out = if out.status.success() {
-        out
-    } else {
-        eprintln!("rdma-verbs-vm setup: apt-get download {package} failed; running apt-get update");
-        run_checked(apt(&["update"]).stdout(Stdio::null()))?;
-        download().context(|| "cannot run apt-get".into())?
-    };
-    if !out.status.success() {
-        return Err(Error::new(format!(
-            "apt-get download {package} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        )));
-    }
-    fs::read_dir(dir)
-        .context(|| format!("cannot list {}", dir.display()))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| file_name(p).starts_with(&format!("{package}_")))
-        .ok_or_else(|| Error::new(format!("apt-get download {package} left no .deb behind")))
 }
 
 /// A kernel package unpacked with `dpkg -x` into `<cache>/unpack-<pid>`, removed on drop (it is
@@ -155,51 +125,71 @@ impl Drop for Unpacked {
     }
 }
 
+/// Compressed streams a bzImage may carry its kernel in: (magic, tool, its package).
+/// Debian's 6.1 uses xz, bookworm-backports' 6.12 zstd.
+const COMPRESSIONS: &[(&[u8], &str, &str)] = &[
+    (b"\xfd7zXZ\x00", "xz", "xz-utils"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd"),
+];
+
 /// Writes the ELF kernel inside `vmlinuz` to `out`.
 ///
-/// A bzImage carries the real kernel as an xz stream (magic `fd 37 7a 58 5a 00`) after its
-/// decompressor; QEMU can boot that ELF directly through the PVH entry point, which skips the
-/// slow in-guest decompression under TCG.
+/// A bzImage carries the real kernel as a compressed stream (xz or zstd, found by its
+/// magic) after its decompressor; QEMU can boot that ELF directly through the PVH entry
+/// point, which skips the slow in-guest decompression under TCG.
 pub(super) fn extract_vmlinux(vmlinuz: &Path, out: &Path) -> Result<()> {
-    const XZ_MAGIC: &[u8] = b"\xfd7zXZ\x00";
-    let xz = require_tool("xz", "xz-utils")?;
     let image = fs::read(vmlinuz).context(|| format!("cannot read {}", vmlinuz.display()))?;
-    let image = &image[..];
-    let starts = image
-        .windows(XZ_MAGIC.len())
-        .enumerate()
-        .filter(|(_, w)| *w == XZ_MAGIC)
-        .map(|(i, _)| i);
-    for start in starts {
-        let mut child = Command::new(&xz)
-            .args(["-dc", "--single-stream"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context(|| "cannot run xz".into())?;
-        let Some(mut stdin) = child.stdin.take() else {
+    for (magic, tool, package) in COMPRESSIONS {
+        let starts: Vec<usize> = image
+            .windows(magic.len())
+            .enumerate()
+            .filter(|(_, w)| w == magic)
+            .map(|(i, _)| i)
+            .collect();
+        if starts.is_empty() {
             continue;
-        };
-        let output = thread::scope(|s| {
-            // Feed xz from a second thread so neither pipe fills up and blocks the other.
-            s.spawn(move || {
-                let _ = stdin.write_all(&image[start..]);
-            });
-            child.wait_with_output()
-        })
-        .context(|| "cannot run xz".into())?;
-        if output.stdout.starts_with(b"\x7fELF") {
-            let tmp = out.with_extension(private_name("tmp"));
-            fs::write(&tmp, &output.stdout)
-                .context(|| format!("cannot write {}", tmp.display()))?;
-            return fs::rename(&tmp, out).context(|| format!("cannot write {}", out.display()));
+        }
+        let tool = require_tool(tool, package)?;
+        for start in starts {
+            if let Some(elf) = decompress(&tool, &image[start..])? {
+                let tmp = out.with_extension(private_name("tmp"));
+                fs::write(&tmp, &elf).context(|| format!("cannot write {}", tmp.display()))?;
+                return fs::rename(&tmp, out).context(|| format!("cannot write {}", out.display()));
+            }
         }
     }
     Err(Error::new(format!(
-        "no xz-compressed ELF kernel found inside {}",
+        "no xz- or zstd-compressed ELF kernel found inside {}",
         vmlinuz.display()
     )))
+}
+
+/// What `tool -dc` makes of `stream` (which may have trailing bytes: the tool's complaint
+/// about them is ignored), if that is an ELF file.
+fn decompress(tool: &Path, stream: &[u8]) -> Result<Option<Vec<u8>>> {
+    let mut child = Command::new(tool)
+        .arg("-dc")
+        .args(tool.ends_with("xz").then_some("--single-stream"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context(|| format!("cannot run {}", tool.display()))?;
+    let Some(mut stdin) = child.stdin.take() else {
+        return Ok(None);
+    };
+    let output = thread::scope(|s| {
+        // Feed the tool from a second thread so neither pipe fills up and blocks the other.
+        s.spawn(move || {
+            let _ = stdin.write_all(stream);
+        });
+        child.wait_with_output()
+    })
+    .context(|| format!("cannot run {}", tool.display()))?;
+    Ok(output
+        .stdout
+        .starts_with(b"\x7fELF")
+        .then_some(output.stdout))
 }
 
 #[cfg(test)]

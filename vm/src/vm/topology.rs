@@ -1,6 +1,8 @@
 //! How a guest is wired ([`Topology`]): its QEMU network devices, the network setup inside
 //! it and the addresses its command is told about.
 
+use crate::choice::Provider;
+
 /// How a guest is wired. The network setup, the QEMU network devices and the addresses the
 /// command is told about all come from here.
 #[derive(Clone, Copy, Debug)]
@@ -57,23 +59,27 @@ impl Topology {
     }
 
     /// `network.sh`: run by busybox sh in the initramfs before the command; brings the RDMA
-    /// device up. Busybox does what it can (its static binary starts much faster under
-    /// emulation than the host's dynamic ones); creating the veth pair (busybox's `ip` cannot)
-    /// and the rxe link (rxe turns ACTIVE when its netdev goes up later) use the host's
-    /// iproute2 through one chroot. Output goes to the console log.
-    pub(super) fn setup_script(self) -> String {
-        let wait_active = "i=0\n\
-             until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do\n\
-             \x20 i=$((i + 1)); [ $i -lt 50 ] || { echo 'rxe0 port 1 is not ACTIVE'; exit 1; }\n\
+    /// device of `provider` up. Busybox does what it can (its static binary starts much
+    /// faster under emulation than the host's dynamic ones); creating the veth pair (busybox's
+    /// `ip` cannot) and the RDMA link (rxe and siw turn ACTIVE when their netdev goes up
+    /// later) use the host's iproute2 through one chroot. Output goes to the console log.
+    pub(super) fn setup_script(self, provider: Provider) -> String {
+        let device = provider.device();
+        let kind = provider.name();
+        let wait_active = format!(
+            "i=0\n\
+             until grep -q ACTIVE /sys/class/infiniband/{device}/ports/1/state; do\n\
+             \x20 i=$((i + 1)); [ $i -lt 50 ] || {{ echo '{device} port 1 is not ACTIVE'; exit 1; }}\n\
              \x20 sleep 0.1\n\
-             done\n";
+             done\n"
+        );
         match self {
             Topology::Loopback => format!(
                 "set -e\n\
                  ip link set lo up\n\
                  chroot /host /bin/sh -ec 'PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
                  \x20 ip link add veth0 type veth peer name veth1\n\
-                 \x20 rdma link add rxe0 type rxe netdev veth0'\n\
+                 \x20 rdma link add {device} type {kind} netdev veth0'\n\
                  ip addr add 10.99.0.1/24 dev veth0\n\
                  ip link set veth0 up\n\
                  ip link set veth1 up\n\
@@ -88,7 +94,7 @@ impl Topology {
                  \x20 sleep 0.1\n\
                  done\n\
                  chroot /host /bin/sh -ec 'PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
-                 \x20 rdma link add rxe0 type rxe netdev eth0'\n\
+                 \x20 rdma link add {device} type {kind} netdev eth0'\n\
                  ip addr add {}/24 dev eth0\n\
                  ip link set eth0 up\n\
                  {wait_active}",
@@ -97,16 +103,17 @@ impl Topology {
         }
     }
 
-    /// Environment the command gets to find the device: name and local address, and on a
-    /// wire the node number and the peer's address.
-    pub fn guest_env(self) -> Vec<(&'static str, String)> {
+    /// Environment the command gets to find the device of `provider`: name and local
+    /// address, and on a wire the node number and the peer's address.
+    pub fn guest_env(self, provider: Provider) -> Vec<(&'static str, String)> {
+        let device = provider.device();
         match self {
             Topology::Loopback => vec![
-                ("RDMA_VERBS_DEVICE", "rxe0".into()),
+                ("RDMA_VERBS_DEVICE", device.into()),
                 ("RDMA_VERBS_ADDR", "10.99.0.1".into()),
             ],
             Topology::Wire { node, .. } => vec![
-                ("RDMA_VERBS_DEVICE", "rxe0".into()),
+                ("RDMA_VERBS_DEVICE", device.into()),
                 ("RDMA_VERBS_NODE", node.to_string()),
                 ("RDMA_VERBS_ADDR", wire_addr(node)),
                 ("RDMA_VERBS_PEER", wire_addr(3 - node)),

@@ -198,7 +198,11 @@ fn guest_script(runs: &[RecordedRun], limit: Duration) -> Vec<u8> {
         local_port: 0,
         peer_port: 0,
     };
-    let device_vars: Vec<&str> = wire.guest_env().into_iter().map(|(n, _)| n).collect();
+    let device_vars: Vec<&str> = wire
+        .guest_env(rdma_verbs_vm::choice::Provider::default())
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     for (index, run) in runs.iter().enumerate() {
         s.extend_from_slice(format!("run_binary {index} ").as_bytes());
         push_quoted(&mut s, OsStr::new(&run.label));

@@ -1,0 +1,371 @@
+//! `cargo xtask providers`: the device test binaries on each cell (guest kernel × provider;
+//! the rdma-core is the host's, which the guest runs), one guest per cell, and one row per
+//! test in `target/providers/providers.json`: `{kernel, rdma_core, provider, test, outcome}`.
+//!
+//! Outcomes: `pass`; `unsupported` (the test failed with the crate's `Error::Unsupported`,
+//! "... is not supported: ...", naming what the provider lacks); `fail` (anything else,
+//! a hang past the per-binary limit included: the test that was running is the failure).
+//! `deviation` (the provider behaves otherwise than docs/soundness.md assumes, and the crate
+//! stays sound) is a judgement docs/providers.md records by hand; this command never
+//! writes it.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rdma_verbs_vm::choice::{Choice, GuestKernel, Provider};
+
+use crate::{Context as _, Error, Result, cmd, target_dir, workspace_root};
+
+/// The cells run without `--cells`.
+const CELLS: &[(GuestKernel, Provider)] = &[
+    (GuestKernel::Stable, Provider::Rxe),
+    (GuestKernel::Backports, Provider::Rxe),
+    (GuestKernel::Stable, Provider::Siw),
+    (GuestKernel::Backports, Provider::Siw),
+];
+
+/// Seconds each test binary may run in a cell before it counts as hung.
+const DEFAULT_LIMIT_SECS: u64 = 120;
+
+/// One row of providers.json.
+struct Row {
+    kernel: String,
+    provider: Provider,
+    test: String,
+    outcome: &'static str,
+}
+
+/// `providers [--cells K/P,...] [--limit SECS] [--tests vm_a,vm_b]`.
+pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
+    let mut cells: Vec<Choice> = CELLS
+        .iter()
+        .map(|&(kernel, provider)| Choice { kernel, provider })
+        .collect();
+    let mut limit = DEFAULT_LIMIT_SECS;
+    let mut only: Option<Vec<String>> = None;
+    let mut args = args.into_iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(flag) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| Error::usage(format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "--cells" => cells = parse_cells(&value()?)?,
+            "--limit" => {
+                limit = crate::parse_secs(&value()?)
+                    .map_err(Error::usage)?
+                    .as_secs()
+            }
+            "--tests" => only = Some(value()?.split(',').map(str::to_owned).collect()),
+            other => {
+                return Err(Error::usage(format!(
+                    "unknown option {other:?} for providers"
+                )));
+            }
+        }
+    }
+    let binaries = build_device_tests(only.as_deref())?;
+    let rdma_core = host_rdma_core();
+    let dir = target_dir().join("providers");
+    fs::create_dir_all(&dir).context(|| format!("cannot create {}", dir.display()))?;
+    let mut rows = Vec::new();
+    for choice in cells {
+        let kernel = crate::setup::setup_choice(
+            crate::setup::Verbosity::Quiet,
+            crate::EXTRA_PACKAGES,
+            choice,
+        )?
+        .kernel_package;
+        let kernel = kernel_release(&kernel);
+        say!(
+            "providers: {kernel} / {} ({} binaries)",
+            choice.provider,
+            binaries.len()
+        );
+        let output = run_cell(&dir, choice, &binaries, limit)?;
+        let log = dir.join(format!("{}-{}.log", choice.kernel, choice.provider));
+        fs::write(&log, &output).context(|| format!("cannot write {}", log.display()))?;
+        for (test, outcome) in classify(&output) {
+            rows.push(Row {
+                kernel: kernel.clone(),
+                provider: choice.provider,
+                test,
+                outcome,
+            });
+        }
+        summarize(&rows, &kernel, choice.provider);
+    }
+    let json = dir.join("providers.json");
+    let kept = kept_rows(&json, &rows);
+    fs::write(&json, to_json(&kept, &rows, &rdma_core))
+        .context(|| format!("cannot write {}", json.display()))?;
+    say!("providers: wrote {}", json.display());
+    Ok(u8::from(rows.iter().any(|r| r.outcome == "fail")))
+}
+
+/// `6.1/rxe,6.12/siw`.
+fn parse_cells(value: &str) -> Result<Vec<Choice>> {
+    value
+        .split(',')
+        .map(|cell| {
+            let (kernel, provider) = cell.split_once('/').ok_or_else(|| {
+                Error::usage(format!("--cells: expected KERNEL/PROVIDER, got {cell:?}"))
+            })?;
+            Ok(Choice {
+                kernel: GuestKernel::parse(kernel)?,
+                provider: Provider::parse(provider)?,
+            })
+        })
+        .collect()
+}
+
+/// `6.1.0-57-amd64` from `linux-image-6.1.0-57-amd64_6.1.192-3_amd64.deb`.
+fn kernel_release(package: &str) -> String {
+    package
+        .strip_prefix("linux-image-")
+        .and_then(|p| p.split('_').next())
+        .unwrap_or(package)
+        .to_owned()
+}
+
+/// The version of the host's libibverbs1 (the guest runs the host's userland).
+fn host_rdma_core() -> String {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Version}", "libibverbs1"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Builds the `tests/vm_*.rs` binaries (all, or those `only` names) and returns their paths.
+fn build_device_tests(only: Option<&[String]>) -> Result<Vec<PathBuf>> {
+    let root = workspace_root();
+    let mut names: Vec<String> = fs::read_dir(root.join("tests"))
+        .context(|| "cannot list tests/".into())?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".rs")
+                .map(str::to_owned)
+        })
+        .filter(|n| n.starts_with(crate::test::DEVICE_TEST_PREFIX))
+        .filter(|n| only.is_none_or(|o| o.contains(n)))
+        .collect();
+    names.sort();
+    let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    build.current_dir(root).args([
+        "test",
+        "--features",
+        "gdr,tokio",
+        "--no-run",
+        "--message-format=json",
+    ]);
+    for name in &names {
+        build.args(["--test", name]);
+    }
+    let out = cmd::output_checked(&mut build)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let binaries: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split_once("\"executable\":\"")?.1.split_once('"'))
+        .map(|(path, _)| PathBuf::from(path))
+        .collect();
+    if binaries.is_empty() {
+        return Err(Error::new("cargo built no device test binaries"));
+    }
+    Ok(binaries)
+}
+
+/// Runs every binary in one guest of `choice` (each under `limit` seconds, with its
+/// output framed by `@@binary NAME`) and returns the guest's output.
+fn run_cell(dir: &Path, choice: Choice, binaries: &[PathBuf], limit: u64) -> Result<String> {
+    let mut script = format!(
+        "# generated by cargo xtask providers\ncd {}\n",
+        cmd::quoted(workspace_root())
+    );
+    for binary in binaries {
+        let name = binary_name(binary);
+        let _ = writeln!(
+            script,
+            "echo '@@binary {name}'\n\
+             timeout -k 5 {limit} env CARGO_MANIFEST_DIR={root} {bin} --test-threads 1 2>&1\n\
+             echo \"@@exit {name} $?\"",
+            root = cmd::quoted(workspace_root()),
+            bin = cmd::quoted(binary),
+        );
+    }
+    let path = dir.join(format!("{}-{}.sh", choice.kernel, choice.provider));
+    fs::write(&path, script).context(|| format!("cannot write {}", path.display()))?;
+    let exe = std::env::current_exe().context(|| "cannot find the xtask binary".into())?;
+    let whole = (limit + 10) * u64::try_from(binaries.len()).unwrap_or(1) + 60;
+    let out = Command::new(exe)
+        .args(["run", "--kernel", &choice.kernel.to_string()])
+        .args(["--provider", choice.provider.name()])
+        .args(["--timeout", &whole.to_string(), "--", "sh"])
+        .arg(&path)
+        .output()
+        .context(|| "cannot run the guest".into())?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `vm_qp` for `.../vm_qp-0123abcd`.
+fn binary_name(binary: &Path) -> String {
+    let file = binary
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match file.rsplit_once('-') {
+        Some((name, _)) => name.to_owned(),
+        None => file,
+    }
+}
+
+/// Each test's outcome from a cell's output: `binary::test` and pass, unsupported or fail.
+fn classify(output: &str) -> Vec<(String, &'static str)> {
+    let mut rows: Vec<(String, &'static str)> = Vec::new();
+    let mut binary = String::new();
+    let mut running: Option<String> = None;
+    let mut failure_of: Option<usize> = None;
+    // A hung test's line ("test x ... ") has no newline before the exit marker.
+    let output = output.replace("@@exit ", "\n@@exit ");
+    for line in output.lines() {
+        if let Some(name) = line.strip_prefix("@@binary ") {
+            binary = name.trim().to_owned();
+            failure_of = None;
+        } else if line.starts_with("@@exit ") {
+            // A test that started and never finished hung until the limit.
+            if let Some(test) = running.take() {
+                rows.push((test, "fail"));
+            }
+        } else if let Some(rest) = line.strip_prefix("test ") {
+            let Some((name, result)) = rest.split_once(" ... ") else {
+                if let Some(name) = rest.strip_suffix(" ...") {
+                    running = Some(format!("{binary}::{name}"));
+                }
+                continue;
+            };
+            let test = format!("{binary}::{}", name.trim());
+            running = None;
+            match result.trim() {
+                "ok" => rows.push((test, "pass")),
+                "FAILED" => rows.push((test, "fail")),
+                "" => running = Some(test),
+                _ => {} // ignored
+            }
+        } else if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|l| l.strip_suffix(" stdout ----"))
+        {
+            let test = format!("{binary}::{name}");
+            failure_of = rows.iter().position(|(t, _)| *t == test);
+        } else if line.contains(" is not supported: ")
+            && let Some(row) = failure_of.and_then(|i| rows.get_mut(i))
+        {
+            row.1 = "unsupported";
+        }
+    }
+    rows
+}
+
+/// Prints a cell's counts.
+fn summarize(rows: &[Row], kernel: &str, provider: Provider) {
+    let count = |outcome: &str| {
+        rows.iter()
+            .filter(|r| r.kernel == kernel && r.provider == provider && r.outcome == outcome)
+            .count()
+    };
+    say!(
+        "providers: {kernel} / {provider}: {} pass, {} unsupported, {} fail",
+        count("pass"),
+        count("unsupported"),
+        count("fail")
+    );
+}
+
+/// The rows of an earlier providers.json for cells this run did not run (one row per
+/// line, as [`to_json`] writes them), so cells can be run one at a time.
+fn kept_rows(json: &Path, rows: &[Row]) -> Vec<String> {
+    let ran: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                format!("\"kernel\": \"{}\"", esc(&r.kernel)),
+                format!("\"provider\": \"{}\"", r.provider),
+            )
+        })
+        .collect();
+    fs::read_to_string(json)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .filter(|l| !ran.iter().any(|(k, p)| l.contains(k) && l.contains(p)))
+        .map(|l| l.trim().trim_end_matches(',').to_owned())
+        .collect()
+}
+
+/// The rows (`kept` ones first, already JSON) as a JSON array, one row per line.
+fn to_json(kept: &[String], rows: &[Row], rdma_core: &str) -> String {
+    let mut lines: Vec<String> = kept.to_vec();
+    for r in rows {
+        lines.push(format!(
+            "{{\"kernel\": \"{}\", \"rdma_core\": \"{}\", \"provider\": \"{}\", \"test\": \
+             \"{}\", \"outcome\": \"{}\"}}",
+            esc(&r.kernel),
+            esc(rdma_core),
+            r.provider,
+            esc(&r.test),
+            r.outcome,
+        ));
+    }
+    format!("[\n  {}\n]\n", lines.join(",\n  "))
+}
+
+/// JSON string escaping of quotes and backslashes (names hold nothing else special).
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_pass_fail_unsupported_and_hangs() {
+        let out = "@@binary vm_qp\n\
+                   test a ... ok\n\
+                   test b ... FAILED\n\
+                   test c ... FAILED\n\
+                   test d ... ignored\n\
+                   ---- b stdout ----\n\
+                   Unsupported: ibv_create_qp is not supported: siw0 is an iWARP device\n\
+                   ---- c stdout ----\n\
+                   EINVAL\n\
+                   @@exit vm_qp 101\n\
+                   @@binary vm_cm\n\
+                   test hangs ... \n\
+                   @@exit vm_cm 124\n";
+        let rows = classify(out);
+        assert_eq!(
+            rows,
+            [
+                ("vm_qp::a".to_owned(), "pass"),
+                ("vm_qp::b".to_owned(), "unsupported"),
+                ("vm_qp::c".to_owned(), "fail"),
+                ("vm_cm::hangs".to_owned(), "fail"),
+            ]
+        );
+        assert_eq!(binary_name(Path::new("/t/vm_qp-0a1b")), "vm_qp");
+        assert_eq!(
+            kernel_release("linux-image-6.1.0-57-amd64_6.1.192-3_amd64.deb"),
+            "6.1.0-57-amd64"
+        );
+        assert!(parse_cells("6.12/siw,6.1/rxe").is_ok_and(|c| c.len() == 2));
+        assert!(parse_cells("6.12").is_err());
+    }
+}
