@@ -49,6 +49,7 @@
 
 pub mod attr;
 mod create;
+mod mw;
 pub(crate) mod post;
 mod qp_core;
 mod queue;
