@@ -139,38 +139,64 @@ fn a_revoked_type2_window_binds_again_with_a_new_rkey() {
     assert_eq!(peer_read(&mut p, first, 0, 64).0, WcStatus::RemAccessErr);
 }
 
+/// Whether the device is soft-RoCE, whose deviations the tests pin.
+fn is_rxe(p: &Pair) -> bool {
+    p.ctx.name().starts_with("rxe")
+}
+
 #[test]
-fn access_outside_the_window_fails_with_remote_access_error() {
-    // Past the window's end (inside the region): the peer forges a longer range.
+fn access_past_the_region_through_a_window_fails_with_remote_access_error() {
+    // A window over the region's second half; the peer forges a longer range.
     let mut p = pair(caps_sr(8, 8));
     let region = new_region(&p.pd);
-    let mut mw = Mw::new(&p.pd, MwType::Type2).unwrap();
-    let remote = bind(&mut p, &mut mw, &region, 0..4096, RW);
+    let mut mw = mw_in(&p);
+    let remote = bind(&mut p, &mut mw, &region, 4096..8192, RW);
     let forged = RemoteMr {
-        len: REGION as u64,
+        len: 8192,
         ..remote
     };
     assert_eq!(
         peer_read(&mut p, forged, 4000, 200).0,
         WcStatus::RemAccessErr
     );
-    // The region's bytes past the window were not written either.
     let mut p = pair(caps_sr(8, 8));
     let mut region = new_region(&p.pd);
+    let mut mw = mw_in(&p);
+    let remote = bind(&mut p, &mut mw, &region, 4096..8192, RW);
+    let forged = RemoteMr {
+        len: 8192,
+        ..remote
+    };
+    let status = peer_write(&mut p, forged, 4090, &[0xee; 16]);
+    assert_eq!(status, WcStatus::RemAccessErr);
+    let mut got = [0u8; 6];
+    region.read_at(8186, &mut got).unwrap();
+    assert_eq!(got, pattern(REGION, 3)[8186..], "nothing was written");
+    region.write_at(0, &[1]).unwrap();
+}
+
+/// The IB spec confines a window's accesses to its range. rxe (kernel 6.1) checks the accessed range
+/// against the region the window is bound to instead, so a peer reaches
+/// the region's bytes outside the window: pinned here as the provider's
+/// behaviour (docs/soundness.md: it stays inside registered memory the
+/// window keeps alive, so nothing is unsound).
+#[test]
+fn access_outside_the_window_inside_the_region_follows_the_provider() {
+    let mut p = pair(caps_sr(8, 8));
+    let region = new_region(&p.pd);
     let mut mw = mw_in(&p);
     let remote = bind(&mut p, &mut mw, &region, 0..4096, RW);
     let forged = RemoteMr {
         len: 8192,
         ..remote
     };
-    assert_eq!(
-        peer_write(&mut p, forged, 4096, &[0xee; 16]),
-        WcStatus::RemAccessErr
-    );
-    let mut got = [0u8; 16];
-    region.read_at(4096, &mut got).unwrap();
-    assert_eq!(got, pattern(REGION, 3)[4096..4112]);
-    region.write_at(0, &[1]).unwrap();
+    let (status, bytes) = peer_read(&mut p, forged, 4000, 200);
+    if is_rxe(&p) {
+        assert_eq!(status, WcStatus::Success);
+        assert_eq!(bytes, pattern(REGION, 3)[4000..4200]);
+    } else {
+        assert_eq!(status, WcStatus::RemAccessErr);
+    }
 }
 
 fn mw_in(p: &Pair) -> Mw {
@@ -218,7 +244,15 @@ fn send_with_invalidate_revokes_the_peers_window() {
     );
     let mut c = wait(&mut p.cq_b, 1).pop().unwrap();
     assert_eq!((c.wr_id, c.status), (5, WcStatus::Success));
-    assert_eq!(c.invalidated_rkey, Some(remote.rkey), "wc_flags {:#x} imm {:?}", c.wc_flags, c.imm_data);
+    if is_rxe(&p) {
+        // rxe (kernel 6.1) reports the invalidation with the kernel's flag
+        // value, bit 2 (IBV_WC_IP_CSUM_OK to libibverbs), not
+        // IBV_WC_WITH_INV: the rkey is not reported there.
+        assert_eq!(c.wc_flags & 0b1100, 0b0100, "wc_flags {:#x}", c.wc_flags);
+        assert_eq!(c.invalidated_rkey, None);
+    } else {
+        assert_eq!(c.invalidated_rkey, Some(remote.rkey));
+    }
     assert_eq!(c.imm_data, None);
     assert_eq!(c.byte_len, 48);
     assert_eq!(c.take_mr().unwrap().to_vec().unwrap()[..48], msg);

@@ -1,13 +1,14 @@
 //! Memory windows: a peer's access to a range of a region, granted and
 //! revoked through the send queue.
 //!
-//! A window ([`Mw`], `ibv_alloc_mw`) is allocated in a [`Pd`] and bound to a
-//! range of an [`Mr`] whose registration has [`AccessFlags::MW_BIND`], with
-//! its own rights (a subset of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC) and
-//! its own rkey. The region's rkey is never handed out: the window's is, and
+//! A window ([`Mw`], `ibv_alloc_mw`) is allocated in a [`Pd`](crate::pd::Pd)
+//! and bound to a range of an [`Mr`](crate::mr::Mr) whose registration has
+//! [`MW_BIND`](crate::mr::AccessFlags::MW_BIND), with its own rights (a
+//! subset of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC) and its own rkey. The
+//! region's rkey is never handed out: the window's is, and
 //! revoking the window cuts the peer off without touching the registration.
 //!
-//! - **Type 2** (what RoCE NICs and soft-RoCE implement in full): bound with
+//! - **Type 2** (what RoCE NICs and soft-RoCE implement): bound with
 //!   [`Qp::post_bind_mw`](crate::qp::Qp::post_bind_mw), a BIND_MW work
 //!   request, and revoked with [`Qp::post_local_inv`](crate::qp::Qp::post_local_inv)
 //!   (LOCAL_INV) or by the peer's SEND with invalidate

@@ -117,13 +117,11 @@ impl Mw {
             return Err(unsupported(pd, ty, names));
         }
         // SAFETY: valid PD; `ty` is one of the two types verbs.h defines.
-        let raw =
-            verb!(ptr: unsafe { ffi::ibv_alloc_mw(pd.as_raw(), ty.raw()) }).map_err(|failed| {
-                match failed.errno() {
-                    Some(libc::EOPNOTSUPP) => unsupported(pd, ty, names),
-                    _ => failed.into(),
-                }
-            })?;
+        let allocated = verb!(ptr: unsafe { ffi::ibv_alloc_mw(pd.as_raw(), ty.raw()) });
+        let raw = allocated.map_err(|failed| match failed.errno() {
+            Some(libc::EOPNOTSUPP) => unsupported(pd, ty, names),
+            _ => failed.into(),
+        })?;
         Ok(Mw {
             inner: Arc::new(MwInner {
                 raw,

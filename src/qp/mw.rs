@@ -336,7 +336,8 @@ impl<S: QpState> Qp<Rc, S> {
     /// and the window grants nothing from then on. The buffers come back with
     /// the completion, as [`post_send`](Qp::post_send)'s do. Only type 2
     /// windows can be invalidated; the peer's device fails the receive
-    /// otherwise.
+    /// otherwise. (rxe reports the receive without `IBV_WC_WITH_INV`, so no
+    /// rkey there: see `docs/soundness.md`.)
     #[doc(alias("IBV_WR_SEND_WITH_INV", "ibv_wr_send_inv"))]
     pub fn post_send_inv(&mut self, wr_id: u64, bufs: Sges, rkey: u32) -> Result<(), PostError>
     where
