@@ -300,6 +300,24 @@ mod tests {
     }
 
     #[test]
+    fn a_receive_with_invalidate_reports_the_rkey_not_immediate_data() {
+        let mut wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RECV, 8);
+        let p = wc.as_mut_ptr();
+        // SAFETY: writes into the local's own storage through raw pointers.
+        unsafe {
+            (&raw mut (*p).wc_flags).write(ffi::ibv_wc_flags::IBV_WC_WITH_INV.0);
+            (&raw mut (*p).__bindgen_anon_1.invalidated_rkey).write(0x1234_5678);
+        }
+        let c = complete(&wc, Some((6, ffi::IBV_WC_RECV)), true);
+        assert_eq!((c.invalidated_rkey, c.imm_data), (Some(0x1234_5678), None));
+        let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RECV, 8);
+        assert_eq!(
+            complete(&wc, Some((6, ffi::IBV_WC_RECV)), true).invalidated_rkey,
+            None
+        );
+    }
+
+    #[test]
     fn successful_receives_read_their_fields() {
         let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RECV, 40);
         let c = complete(&wc, Some((6, ffi::IBV_WC_RECV)), true);
