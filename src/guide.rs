@@ -40,6 +40,14 @@
 //! [`MrPool`](crate::mr::MrPool) hands out fixed-size buffers of one
 //! registration, so the data path never registers.
 //!
+//! To grant a peer part of a region for a while and take it back, use a
+//! memory window ([`mw`](crate::mw)): register the region with `LOCAL_WRITE |
+//! MW_BIND` and no remote rights, allocate an [`Mw`](crate::mw::Mw), bind it
+//! with [`Qp::post_bind_mw`](crate::qp::Qp::post_bind_mw) (a range and its
+//! rights), send the returned `RemoteMr` once the bind's completion arrived,
+//! and revoke it with [`Qp::post_local_inv`](crate::qp::Qp::post_local_inv):
+//! the peer's next access fails with `REM_ACCESS_ERR`.
+//!
 //! # 3. Queues
 //! A [`Cq`](crate::cq::Cq) collects completions; a [`Qp`](crate::qp::Qp) has a send
 //! and a receive queue. Size the CQ for every queue on it: each queue needs as

@@ -46,6 +46,7 @@ pub mod gdr;
 pub mod guide;
 mod ledger;
 pub mod mr;
+pub mod mw;
 pub mod pd;
 pub mod prelude;
 pub mod qp;

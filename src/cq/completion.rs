@@ -47,6 +47,10 @@ pub struct Completion {
     pub byte_len: u32,
     /// Immediate data in host order, when a successful receive carried one.
     pub imm_data: Option<u32>,
+    /// The rkey a successful receive of a SEND with invalidate invalidated
+    /// (`IBV_WC_WITH_INV`): that memory window grants nothing any more
+    /// (see [`crate::mw`]).
+    pub invalidated_rkey: Option<u32>,
     /// Local QP number (always reported).
     pub qp_num: u32,
     /// Remote QP number of a successful receive (meaningful on UD); else 0.
@@ -148,6 +152,7 @@ impl Completion {
             };
             let (mut byte_len, mut imm_data, mut src_qp, mut wc_flags, mut vendor_err) =
                 (0, None, 0, 0, 0);
+            let mut invalidated_rkey = None;
             let mut path = 0;
             let status = if success {
                 wc_flags = (*wc).wc_flags;
@@ -157,9 +162,11 @@ impl Completion {
                     path = u32::from((*wc).slid)
                         | u32::from((*wc).sl) << 16
                         | u32::from((*wc).dlid_path_bits) << 24;
+                    // The union member read is the one the flag names valid.
                     if wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-                        // imm_data is the valid union member when WITH_IMM is set.
                         imm_data = Some(u32::from_be((*wc).__bindgen_anon_1.imm_data));
+                    } else if wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 {
+                        invalidated_rkey = Some((*wc).__bindgen_anon_1.invalidated_rkey);
                     }
                 } else if matches!(
                     opcode,
@@ -177,6 +184,7 @@ impl Completion {
             (&raw mut (*dst).opcode).write(WcOpcode::from_raw(opcode));
             (&raw mut (*dst).byte_len).write(byte_len);
             (&raw mut (*dst).imm_data).write(imm_data);
+            (&raw mut (*dst).invalidated_rkey).write(invalidated_rkey);
             (&raw mut (*dst).qp_num).write((*wc).qp_num);
             (&raw mut (*dst).src_qp).write(src_qp);
             (&raw mut (*dst).wc_flags).write(wc_flags);
@@ -195,6 +203,7 @@ impl fmt::Debug for Completion {
             .field("opcode", &self.opcode)
             .field("byte_len", &self.byte_len)
             .field("imm_data", &self.imm_data)
+            .field("invalidated_rkey", &self.invalidated_rkey)
             .field("qp_num", &self.qp_num)
             .field("source", &self.source)
             .field("buffers", &self.bufs.len())
@@ -288,6 +297,24 @@ mod tests {
         let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RDMA_READ, 4096);
         let c = complete(&wc, Some((4, ffi::IBV_WC_RDMA_READ)), false);
         assert_eq!((c.byte_len, c.src_qp, c.vendor_err), (4096, 0, 0));
+    }
+
+    #[test]
+    fn a_receive_with_invalidate_reports_the_rkey_not_immediate_data() {
+        let mut wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RECV, 8);
+        let p = wc.as_mut_ptr();
+        // SAFETY: writes into the local's own storage through raw pointers.
+        unsafe {
+            (&raw mut (*p).wc_flags).write(ffi::ibv_wc_flags::IBV_WC_WITH_INV.0);
+            (&raw mut (*p).__bindgen_anon_1.invalidated_rkey).write(0x1234_5678);
+        }
+        let c = complete(&wc, Some((6, ffi::IBV_WC_RECV)), true);
+        assert_eq!((c.invalidated_rkey, c.imm_data), (Some(0x1234_5678), None));
+        let wc = poisoned_wc(ffi::IBV_WC_SUCCESS, ffi::IBV_WC_RECV, 8);
+        assert_eq!(
+            complete(&wc, Some((6, ffi::IBV_WC_RECV)), true).invalidated_rkey,
+            None
+        );
     }
 
     #[test]

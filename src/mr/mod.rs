@@ -264,6 +264,19 @@ impl Mr {
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         range_sge(self.addr(), self.len, self.lkey())
     }
+
+    /// The registration this range was cut from (a memory window bound to
+    /// the range holds it, so it stays registered while the window lives).
+    pub(crate) fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+}
+
+impl Region {
+    /// The raw `ibv_mr`, valid while the region lives.
+    pub(crate) fn raw_mr(&self) -> *mut ffi::ibv_mr {
+        self.raw.as_ptr()
+    }
 }
 
 /// Refuses an empty registration and access flags the kernel would refuse

@@ -48,6 +48,7 @@
 
 mod attr;
 mod create;
+mod mw;
 pub(crate) mod post;
 mod qp_core;
 mod queue;

@@ -40,6 +40,9 @@ pub(super) struct QpExtensions {
     pub(super) scoped: Option<Box<scope::ScopedTables>>,
     /// The extended send interface, when the QP was created with one.
     pub(super) send_ex: Option<send_ex::SendEx>,
+    /// The memory windows that window requests name, by send slot (see
+    /// `qp/mw.rs`); made by the first such request.
+    pub(super) windows: Option<mw::WindowKeep>,
     /// The next `wr_id` an `AsyncQp` wrapping this QP gives a request: kept
     /// across wrappers, so that no completion of an earlier wrapper's
     /// request (retired, but perhaps not dispatched yet) carries the `wr_id`
@@ -61,6 +64,7 @@ impl QpExtensions {
             _keepalive: keepalive,
             scoped: None,
             send_ex: None,
+            windows: None,
             #[cfg(feature = "tokio")]
             async_next_id: 1,
         }
@@ -85,6 +89,7 @@ impl Drop for QpCore {
             std::mem::forget(self.sq.clone());
             std::mem::forget(self.rq.clone());
             std::mem::forget(self.ext.ud.take());
+            std::mem::forget(self.ext.windows.take());
             return;
         }
         // A queue with nothing in flight (and no raw posts) has no completion
