@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use super::queue::{self, WorkQueue};
 use super::*;
+use crate::error::Error;
 use crate::ledger::ring::SlotMeta;
 use crate::mr::{AccessFlags, Mr, RemoteMr};
 use crate::mw::{BindPlan, Mw, MwInner, MwType};
