@@ -3,36 +3,44 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 
+use crate::ledger::range::MrRange;
 use crate::mr::{Mr, SharedMr};
 
 /// Most scatter/gather entries a safe-path work request can carry.
 pub const MAX_SAFE_SGES: usize = 4;
 
-/// A buffer handed to the NIC: exclusively owned, or a shared read-only range.
+/// A buffer handed to the NIC: exclusively owned, part of an owned `Mr`, or a
+/// shared read-only range.
 #[derive(Debug)]
 pub enum Buffer {
     /// An exclusively owned range (the NIC may write it).
     Owned(Mr),
     /// A shared read-only range (SEND/WRITE sources only).
     Shared(SharedMr),
+    /// Part of an exclusively owned `Mr` ([`Mr::range`]): the NIC sees the
+    /// part, [`into_mr`](Buffer::into_mr) gives back the whole `Mr`.
+    Range(MrRange),
 }
 
 impl Buffer {
-    /// The owned `Mr`, if this is one.
+    /// The owned `Mr`, if this is one; for a [`Range`](Buffer::Range), the
+    /// whole `Mr` it was cut from.
     #[inline]
     pub fn into_mr(self) -> Option<Mr> {
         match self {
             Buffer::Owned(m) => Some(m),
             Buffer::Shared(_) => None,
+            Buffer::Range(r) => Some(r.into_mr()),
         }
     }
 
-    /// Bytes in the buffer.
+    /// Bytes the NIC sees (for a range, the range's length).
     #[inline]
     pub fn len(&self) -> usize {
         match self {
             Buffer::Owned(m) => m.len(),
             Buffer::Shared(s) => s.len(),
+            Buffer::Range(r) => r.window().len(),
         }
     }
 
@@ -48,6 +56,7 @@ impl Buffer {
         let own = match self {
             Buffer::Owned(m) => m.pd(),
             Buffer::Shared(s) => s.pd(),
+            Buffer::Range(r) => r.window().pd(),
         };
         std::sync::Arc::ptr_eq(&own.inner, &pd.inner)
     }
@@ -57,6 +66,7 @@ impl Buffer {
         match self {
             Buffer::Owned(m) => m.sge(),
             Buffer::Shared(s) => s.sge(),
+            Buffer::Range(r) => r.window().sge(),
         }
     }
 }
@@ -216,7 +226,8 @@ impl Sges {
 
     #[inline]
     pub(crate) fn all_owned(&self) -> bool {
-        self.iter().all(|b| matches!(b, Buffer::Owned(_)))
+        self.iter()
+            .all(|b| matches!(b, Buffer::Owned(_) | Buffer::Range(_)))
     }
 
     /// Every buffer is an owned `Mr` registered with LOCAL_WRITE (the NIC may
@@ -225,6 +236,10 @@ impl Sges {
     pub(crate) fn all_locally_writable(&self) -> bool {
         self.iter().all(|b| match b {
             Buffer::Owned(m) => m.access().contains(crate::AccessFlags::LOCAL_WRITE),
+            Buffer::Range(r) => r
+                .window()
+                .access()
+                .contains(crate::AccessFlags::LOCAL_WRITE),
             Buffer::Shared(_) => false,
         })
     }
@@ -237,7 +252,9 @@ impl Sges {
             // SAFETY: entry 0 was initialised; `len` is 0 now, so it is read once.
             return unsafe { self.items[0].assume_init_read() }.into_mr();
         }
-        let i = self.iter().position(|b| matches!(b, Buffer::Owned(_)))?;
+        let i = self
+            .iter()
+            .position(|b| matches!(b, Buffer::Owned(_) | Buffer::Range(_)))?;
         let len = self.len();
         // SAFETY: i < len, so entry i is initialised; it is read out once, the
         // initialised entries after it shift down by one and `len` shrinks, so

@@ -275,6 +275,24 @@ impl Mr {
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         range_sge(self.addr(), self.len, self.lkey())
     }
+
+    /// Narrows this range to `[start, start + len)` of itself; the caller
+    /// keeps what it needs to [`widen`](Self::widen) it back.
+    pub(crate) fn narrow(&mut self, start: usize, len: usize) {
+        debug_assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        self.off += start;
+        self.len = len;
+    }
+
+    /// Grows this range by `head` bytes before and `tail` bytes after.
+    ///
+    /// # Safety
+    /// Those bytes belong to the same registration and to no other `Mr`: they
+    /// are what [`narrow`](Self::narrow) cut off this one.
+    pub(crate) unsafe fn widen(&mut self, head: usize, tail: usize) {
+        self.off -= head;
+        self.len += head + tail;
+    }
 }
 
 /// The scatter/gather entry for `len` bytes at `addr` under `lkey`.

@@ -78,6 +78,7 @@ use crate::pd::Pd;
 use crate::srq::{Srq, SrqInner};
 use crate::sys::call::verb;
 
+pub use crate::ledger::range::{MAX_RANGE_START, MrRange, RangeError};
 pub use crate::ledger::sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
 pub use crate::ledger::wr::{PostError, RecvWr, SendWr};
 pub use attr::{

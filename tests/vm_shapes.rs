@@ -1,0 +1,129 @@
+//! The shapes a new user reaches for, on real soft-RoCE: a SEND or WRITE of part of an
+//! `Mr` (`Mr::range`), one-call UD addressing (`AddressHandle::for_endpoint`) and the
+//! fallible SRQ refill (`Srq::try_refill`). Runs in the guest (`cargo xtask test`).
+
+mod common;
+
+use common::{pair, pattern, wait};
+use rdma_verbs::error::Error;
+use rdma_verbs::prelude::*;
+use rdma_verbs::qp::Buffer;
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    }
+}
+
+/// An `Mr` of `len` bytes holding `pattern(len, seed)`.
+fn filled(pd: &Pd, len: usize, seed: u8, access: AccessFlags) -> Mr {
+    let mut mr = pd.alloc_mr(len, access).expect("alloc mr");
+    mr.write_at(0, &pattern(len, seed)).expect("fill");
+    mr
+}
+
+#[test]
+fn a_send_of_a_range_delivers_its_bytes_and_gives_back_the_whole_mr() {
+    let mut p = pair(caps());
+    for k in 0..3u64 {
+        let dst = p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        p.b.post_recv(RecvWr::new(k, dst)).unwrap();
+    }
+    let src = filled(&p.pd, 4096, 7, AccessFlags::empty());
+    let (addr, data) = (src.addr(), pattern(4096, 7));
+    // The first 100 bytes, then bytes 1000..1300 of the same Mr, then none of it.
+    p.a.post_send(SendWr::send_from(1, src.range(..100).unwrap()))
+        .unwrap();
+    let mut sc = wait(&mut p.cq_a, 1);
+    assert_eq!((sc[0].wr_id, sc[0].status), (1, WcStatus::Success));
+    let src = sc[0].take_mr().expect("the source comes back");
+    assert_eq!(
+        (src.addr(), src.len()),
+        (addr, 4096),
+        "whole, not the range"
+    );
+    p.a.post_send(SendWr::send_from(2, src.range(1000..1300).unwrap()))
+        .unwrap();
+    let mut sc = wait(&mut p.cq_a, 1);
+    let Some(Buffer::Range(r)) = sc[0].take_buffers().pop() else {
+        panic!("the range comes back as a range");
+    };
+    assert_eq!((r.start(), r.len()), (1000, 300));
+    let src = r.into_mr();
+    assert_eq!((src.addr(), src.len()), (addr, 4096));
+    p.a.post_send(SendWr::send_from(3, src.range(..0).unwrap()))
+        .unwrap();
+    let mut sc = wait(&mut p.cq_a, 1);
+    assert_eq!((sc[0].wr_id, sc[0].status), (3, WcStatus::Success));
+    assert_eq!(sc[0].take_mr().unwrap().len(), 4096);
+
+    let mut rc = wait(&mut p.cq_b, 3);
+    let expect: [&[u8]; 3] = [&data[..100], &data[1000..1300], &[]];
+    for (c, want) in rc.iter_mut().zip(expect) {
+        assert_eq!(c.status, WcStatus::Success);
+        assert_eq!(c.byte_len as usize, want.len(), "wr {}", c.wr_id);
+        let got = c.take_mr().unwrap().to_vec().unwrap();
+        assert_eq!(&got[..want.len()], want, "wr {}", c.wr_id);
+        assert!(got[want.len()..].iter().all(|&b| b == 0), "wr {}", c.wr_id);
+    }
+}
+
+#[test]
+fn a_write_of_a_range_lands_exactly_those_bytes() {
+    let mut p = pair(caps());
+    let target =
+        p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let src = filled(&p.pd, 2048, 3, AccessFlags::empty());
+    let data = pattern(2048, 3);
+    let wr = SendWr::write_from(9, src.range(500..=1499).unwrap(), target.remote(), 64);
+    p.a.post_send(wr).unwrap();
+    let mut sc = wait(&mut p.cq_a, 1);
+    assert_eq!((sc[0].wr_id, sc[0].status), (9, WcStatus::Success));
+    assert_eq!(sc[0].take_mr().unwrap().len(), 2048);
+    let got = target.to_vec().unwrap();
+    assert_eq!(&got[64..1064], &data[500..1500]);
+    assert!(got[..64].iter().chain(&got[1064..]).all(|&b| b == 0));
+    // The tail of a RemoteMr is checked against the range's length, not the Mr's:
+    // 1000 bytes fit at the last 1000 bytes of the target.
+    let src = filled(&p.pd, 2048, 4, AccessFlags::empty());
+    let wr = SendWr::write_from(10, src.range(..1000).unwrap(), target.remote(), 4096 - 1000);
+    p.a.post_send(wr).unwrap();
+    let sc = wait(&mut p.cq_a, 1);
+    assert_eq!((sc[0].wr_id, sc[0].status), (10, WcStatus::Success));
+    assert_eq!(&target.to_vec().unwrap()[3096..], &pattern(2048, 4)[..1000]);
+}
+
+#[test]
+fn a_range_outside_the_mr_is_refused_and_the_mr_comes_back() {
+    let p = pair(caps());
+    let mr = p.pd.alloc_mr(100, AccessFlags::empty()).unwrap();
+    let addr = mr.addr();
+    let e = mr.range(50..101).unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::InvalidArgument {
+                what: "Mr range",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!((e.mr.addr(), e.mr.len()), (addr, 100), "the Mr, unchanged");
+    #[allow(clippy::reversed_empty_ranges)]
+    let e = e.mr.range(60..50).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }));
+    let e = e.mr.range(..=usize::MAX).unwrap_err();
+    // `?` turns it into the crate's Error.
+    let as_error: Error = e.into();
+    assert!(matches!(
+        as_error,
+        Error::InvalidArgument {
+            what: "Mr range",
+            ..
+        }
+    ));
+}
