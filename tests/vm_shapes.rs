@@ -127,3 +127,93 @@ fn a_range_outside_the_mr_is_refused_and_the_mr_comes_back() {
         }
     ));
 }
+
+const QKEY: u32 = 0x1111_1111;
+
+/// A UD QP in RTS on port 1 with Q_Key [`QKEY`].
+fn ud_qp(pd: &Pd, cq: &Cq) -> Qp<Ud, Rts> {
+    Qp::new_ud(pd, cq, cq, caps())
+        .unwrap()
+        .init(rdma_verbs::qp::UdInitAttr::new(1, QKEY))
+        .unwrap()
+        .ready()
+        .unwrap()
+}
+
+#[test]
+fn ud_peers_address_each_other_from_their_endpoints_in_one_call() {
+    let ctx = common::ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let (mut cq_a, mut cq_b) = (Cq::new(&ctx, 32).unwrap(), Cq::new(&ctx, 32).unwrap());
+    let (mut a, mut b) = (ud_qp(&pd, &cq_a), ud_qp(&pd, &cq_b));
+    // What each side would send the other over the exchange.
+    let (ea, eb) = (a.endpoint(None).unwrap(), b.endpoint(None).unwrap());
+    let to_b = AddressHandle::for_endpoint(&a, &eb, None).unwrap();
+    let to_a = AddressHandle::for_endpoint(&b, &ea, None).unwrap();
+    let av = to_b.attr();
+    let grh = av.grh.expect("RoCE addresses by GID");
+    let default_ix = ctx.default_gid_index(1).unwrap().expect("a RoCE v2 GID");
+    assert_eq!((av.port, av.sl), (1, 0));
+    assert_eq!(
+        (grh.dgid, grh.sgid_index, grh.hop_limit),
+        (eb.gid, default_ix, 1)
+    );
+    for (qp, k) in [(&mut a, 1u64), (&mut b, 2)] {
+        let mut all = pd
+            .alloc_mr(rdma_verbs::ah::GRH_LEN + 256, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let grh = all.split_to(rdma_verbs::ah::GRH_LEN).unwrap();
+        qp.post_recv(UdRecvWr::new(k, grh, all)).unwrap();
+    }
+    // Each sends the other part of a buffer (a range, as on RC).
+    let src = filled(&pd, 256, 5, AccessFlags::empty());
+    a.post_send(UdSendWr::send_from(
+        10,
+        src.range(16..116).unwrap(),
+        &to_b,
+        eb.qpn,
+        QKEY,
+    ))
+    .unwrap();
+    let src = filled(&pd, 256, 6, AccessFlags::empty());
+    b.post_send(UdSendWr::send_from(
+        20,
+        src.range(..7).unwrap(),
+        &to_a,
+        ea.qpn,
+        QKEY,
+    ))
+    .unwrap();
+    for (cq, qp_from, want) in [
+        (&mut cq_b, a.qp_num(), pattern(256, 5)[16..116].to_vec()),
+        (&mut cq_a, b.qp_num(), pattern(256, 6)[..7].to_vec()),
+    ] {
+        let mut got = wait(cq, 2);
+        got.sort_by_key(|c| c.opcode == WcOpcode::Send);
+        let [recv, send] = &mut got[..] else {
+            unreachable!()
+        };
+        assert_eq!(
+            (send.status, send.take_mr().unwrap().len()),
+            (WcStatus::Success, 256)
+        );
+        assert_eq!(recv.status, WcStatus::Success);
+        let msg = recv.take_ud().unwrap();
+        assert_eq!((msg.len as usize, msg.src_qp), (want.len(), qp_from));
+        assert_eq!(
+            &msg.payload.unwrap().to_vec().unwrap()[..want.len()],
+            &want[..]
+        );
+    }
+    // An endpoint without a GID cannot be reached on RoCE: the error says so.
+    let no_gid = Endpoint {
+        gid: Gid::ZERO,
+        ..eb
+    };
+    match AddressHandle::for_endpoint(&a, &no_gid, None) {
+        Err(Error::InvalidArgument {
+            what: "endpoint", ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}

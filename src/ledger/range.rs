@@ -3,12 +3,13 @@
 //! A range goes to the NIC as the bytes it covers and comes back with the
 //! completion as the whole `Mr` ([`Buffer::into_mr`], [`Completion::take_mr`]).
 //! Its layout keeps [`Buffer`] at 32 bytes, with the sent window at the same
-//! place as an owned `Mr`, so posting a whole `Mr` costs what it did before
-//! ranges existed.
+//! place as an owned `Mr`, so the post path reads both without telling them
+//! apart and posting a whole buffer costs what it did before ranges existed.
 //!
 //! [`Completion::take_mr`]: crate::cq::Completion::take_mr
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::ops::{Bound, RangeBounds};
 
 use crate::error::Error;
@@ -18,23 +19,16 @@ use crate::mr::Mr;
 /// Bytes before the window a range can give back: what its 24-bit field holds.
 pub const MAX_RANGE_START: usize = (1 << 24) - 1;
 
-/// The niche that lets [`Buffer`] tell a range from its other variants
-/// without a tag of its own (one value; the compiler uses the other 255).
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Marker {
-    Range = 0,
-}
-
 /// An `Mr` narrowed to the bytes a SEND, WRITE or READ works on, made by
 /// [`Mr::range`]; it becomes the whole `Mr` again with [`MrRange::into_mr`]
 /// (or [`Buffer::into_mr`]).
 ///
 /// The fields are private: only [`Mr::range`] builds one, from an `Mr` it
 /// owns, so widening the window back reclaims exactly the bytes it cut off.
-#[repr(C)]
+/// Packed, so that inside a [`Buffer`] (`repr(u8)`: the tag, then this at
+/// offset 1) the window sits at offset 8, where an owned `Mr` does.
+#[repr(C, packed)]
 pub struct MrRange {
-    marker: Marker,
     /// Bytes cut off before the window, little-endian.
     head: [u8; 3],
     /// Bytes cut off after the window.
@@ -43,39 +37,37 @@ pub struct MrRange {
     window: Mr,
 }
 
-const _: () = assert!(
-    size_of::<Buffer>() == 32,
-    "a Buffer is 32 bytes: the post and poll paths copy it"
-);
+const _: () = {
+    assert!(
+        size_of::<Buffer>() == 32,
+        "the post and poll paths copy Buffers"
+    );
+    assert!(align_of::<MrRange>() == 1 && size_of::<MrRange>() == 31);
+    assert!(align_of::<Buffer>() == align_of::<Mr>());
+};
 
 impl MrRange {
     /// Bytes the work request sends, writes or reads.
-    #[inline]
     pub fn len(&self) -> usize {
-        self.window.len()
+        self.with_window(Mr::len)
     }
 
     /// True for a zero-byte range (a zero-byte SEND or WRITE).
-    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.window.is_empty()
+        self.len() == 0
     }
 
     /// Where the window starts in the whole `Mr`.
     pub fn start(&self) -> usize {
-        self.head()
-    }
-
-    /// The bytes the NIC sees, as an `Mr` view.
-    #[inline]
-    pub fn window(&self) -> &Mr {
-        &self.window
+        let [a, b, c] = self.head;
+        usize::from(a) | usize::from(b) << 8 | usize::from(c) << 16
     }
 
     /// The whole `Mr` the range was cut from.
     pub fn into_mr(self) -> Mr {
-        let (head, tail) = (self.head(), self.tail as usize);
-        let mut mr = self.window;
+        let (head, tail) = (self.start(), self.tail as usize);
+        let MrRange { window, .. } = self;
+        let mut mr = window;
         // SAFETY: `Mr::range` narrowed this Mr by exactly `head` bytes before
         // and `tail` after, and consumed the Mr that owned them; the fields
         // are private, so no other Mr owns them and widening reclaims them.
@@ -83,20 +75,44 @@ impl MrRange {
         mr
     }
 
-    fn head(&self) -> usize {
-        let [a, b, c] = self.head;
-        usize::from(a) | usize::from(b) << 8 | usize::from(c) << 16
+    /// Lends the window to `f` (a packed field cannot be borrowed in place).
+    fn with_window<R>(&self, f: impl FnOnce(&Mr) -> R) -> R {
+        // SAFETY: a bitwise copy of the live window, read unaligned as the
+        // field may be; ManuallyDrop keeps it from being dropped, so the
+        // registration's reference count is untouched.
+        let w = ManuallyDrop::new(unsafe { std::ptr::read_unaligned(&raw const self.window) });
+        f(&w)
+    }
+}
+
+impl Buffer {
+    /// The `Mr` the NIC sees of an `Owned` or `Range` buffer, without a
+    /// branch between the two.
+    ///
+    /// # Safety
+    /// `self` is not [`Buffer::Shared`].
+    #[inline(always)]
+    pub(crate) unsafe fn nic_mr(&self) -> &Mr {
+        // SAFETY: `Buffer` is `repr(u8)`: each variant is laid out as a
+        // `repr(C)` struct of the tag and its field. `Owned`'s Mr is at
+        // offset 8 (its alignment); `Range`'s MrRange (alignment 1) at offset
+        // 1, and its window, after 3 + 4 packed bytes, at 8 as well. A Buffer
+        // is aligned as an Mr, so either is an aligned, live Mr borrowed for
+        // `self`'s lifetime; the caller excluded `Shared`.
+        unsafe { &*(self as *const Buffer).cast::<u8>().add(8).cast::<Mr>() }
     }
 }
 
 impl fmt::Debug for MrRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MrRange")
-            .field("start", &self.head())
-            .field("len", &self.window.len())
-            .field("after", &self.tail)
-            .field("window", &self.window)
-            .finish()
+        let tail = self.tail;
+        self.with_window(|w| {
+            f.debug_struct("MrRange")
+                .field("start", &self.start())
+                .field("window", w)
+                .field("after", &tail)
+                .finish()
+        })
     }
 }
 
@@ -168,7 +184,6 @@ impl Mr {
         window.narrow(start, end - start);
         let [a, b, c, _] = (start as u32).to_le_bytes();
         Ok(MrRange {
-            marker: Marker::Range,
             head: [a, b, c],
             tail: tail as u32,
             window,

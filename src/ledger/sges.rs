@@ -11,15 +11,18 @@ pub const MAX_SAFE_SGES: usize = 4;
 
 /// A buffer handed to the NIC: exclusively owned, part of an owned `Mr`, or a
 /// shared read-only range.
+///
+/// `repr(u8)` fixes the layout the post path relies on (see [`MrRange`]).
 #[derive(Debug)]
+#[repr(u8)]
 pub enum Buffer {
     /// An exclusively owned range (the NIC may write it).
-    Owned(Mr),
+    Owned(Mr) = 0,
     /// A shared read-only range (SEND/WRITE sources only).
-    Shared(SharedMr),
+    Shared(SharedMr) = 1,
     /// Part of an exclusively owned `Mr` ([`Mr::range`]): the NIC sees the
     /// part, [`into_mr`](Buffer::into_mr) gives back the whole `Mr`.
-    Range(MrRange),
+    Range(MrRange) = 2,
 }
 
 impl Buffer {
@@ -38,9 +41,9 @@ impl Buffer {
     #[inline]
     pub fn len(&self) -> usize {
         match self {
-            Buffer::Owned(m) => m.len(),
             Buffer::Shared(s) => s.len(),
-            Buffer::Range(r) => r.window().len(),
+            // SAFETY: not Shared.
+            _ => unsafe { self.nic_mr() }.len(),
         }
     }
 
@@ -54,9 +57,9 @@ impl Buffer {
     #[inline(always)]
     pub(crate) fn in_pd(&self, pd: &crate::Pd) -> bool {
         let own = match self {
-            Buffer::Owned(m) => m.pd(),
             Buffer::Shared(s) => s.pd(),
-            Buffer::Range(r) => r.window().pd(),
+            // SAFETY: not Shared.
+            _ => unsafe { self.nic_mr() }.pd(),
         };
         std::sync::Arc::ptr_eq(&own.inner, &pd.inner)
     }
@@ -64,9 +67,9 @@ impl Buffer {
     #[inline]
     pub(crate) fn sge(&self) -> crate::ffi::ibv_sge {
         match self {
-            Buffer::Owned(m) => m.sge(),
             Buffer::Shared(s) => s.sge(),
-            Buffer::Range(r) => r.window().sge(),
+            // SAFETY: not Shared.
+            _ => unsafe { self.nic_mr() }.sge(),
         }
     }
 }
@@ -235,12 +238,11 @@ impl Sges {
     #[inline]
     pub(crate) fn all_locally_writable(&self) -> bool {
         self.iter().all(|b| match b {
-            Buffer::Owned(m) => m.access().contains(crate::AccessFlags::LOCAL_WRITE),
-            Buffer::Range(r) => r
-                .window()
+            Buffer::Shared(_) => false,
+            // SAFETY: not Shared.
+            _ => unsafe { b.nic_mr() }
                 .access()
                 .contains(crate::AccessFlags::LOCAL_WRITE),
-            Buffer::Shared(_) => false,
         })
     }
 
