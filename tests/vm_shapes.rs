@@ -217,3 +217,66 @@ fn ud_peers_address_each_other_from_their_endpoints_in_one_call() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn try_refill_stops_at_the_allocators_error_and_says_how_many_were_posted() {
+    use rdma_verbs::srq::RefillError;
+    let ctx = common::ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let mut cq = Cq::new(&ctx, 64).unwrap();
+    let peer_cq = Cq::new(&ctx, 64).unwrap();
+    let mut srq = Srq::new(&pd, &cq, SrqAttr::new(8, 1)).unwrap();
+    let gid = common::gid_index(&ctx);
+    let qp = Qp::new_with_srq(&pd, &cq, &cq, &srq, caps())
+        .unwrap()
+        .init(InitAttr::new(1, common::all_remote()))
+        .unwrap();
+    let peer = Qp::new(&pd, &peer_cq, &peer_cq, caps())
+        .unwrap()
+        .init(InitAttr::new(1, common::all_remote()))
+        .unwrap();
+    let (e, pe) = (
+        qp.endpoint(Some(gid)).unwrap(),
+        peer.endpoint(Some(gid)).unwrap(),
+    );
+    let _qp = qp.connect(&pe, Some(gid)).unwrap();
+    let mut peer = peer.connect(&e, Some(gid)).unwrap();
+    // An allocator that runs dry after 3 buffers.
+    let mut left = 3;
+    let mut alloc = |id: u64| -> Result<RecvWr, &'static str> {
+        if left == 0 {
+            return Err("pool exhausted");
+        }
+        left -= 1;
+        Ok(RecvWr::new(
+            id,
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+    };
+    match srq.try_refill(|| alloc(1)) {
+        Err(RefillError::Make {
+            error: "pool exhausted",
+            posted: 3,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(srq.posted(), 3);
+    // With room again, it fills the SRQ to its depth and says so.
+    let posted = srq
+        .try_refill(|| {
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)
+                .map(|mr| RecvWr::new(2, mr))
+        })
+        .unwrap();
+    assert_eq!((posted, srq.posted()), (5, 8));
+    // The receives it posted take messages.
+    let src = filled(&pd, 64, 9, AccessFlags::empty());
+    peer.post_send(SendWr::send_from(7, src.range(..40).unwrap()))
+        .unwrap();
+    let mut c = wait(&mut cq, 1).pop().unwrap();
+    assert_eq!((c.wr_id, c.status, c.byte_len), (1, WcStatus::Success, 40));
+    assert_eq!(
+        &c.take_mr().unwrap().to_vec().unwrap()[..40],
+        &pattern(64, 9)[..40]
+    );
+}

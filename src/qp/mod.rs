@@ -87,7 +87,8 @@ pub use attr::{
 };
 pub use send_ex::SendApi;
 pub use state::{
-    CanPostRecv, CanPostSend, Connected, Init, QpState, QpType, Rc, Reset, Rtr, Rts, Uc, Ud,
+    CanMoveToError, CanPostRecv, CanPostSend, Connected, Init, QpState, QpType, Rc, Reset, Rtr,
+    Rts, Uc, Ud,
 };
 pub use uc::UcSendWr;
 pub use ud::{UdMessage, UdRecvWr, UdSendWr};
