@@ -94,10 +94,10 @@
 //! (`--ulimit memlock=-1`), or register less (reuse buffers: registration is
 //! also slow, about 2–3 µs per page).
 //!
-//! **GID and RoCE.** `invalid address vector: RoCE (an Ethernet port) needs a
+//! **GID and RoCE.** `address vector: RoCE (an Ethernet port) needs a
 //! GRH: give a GID index ...`: on Ethernet every address needs a GRH; pass a
 //! GID index, or `None` to the helpers so that the default is used.
-//! `invalid gid index: port 1 of rxe0 has no GID at index 200; valid: 0
+//! `gid index: port 1 of rxe0 has no GID at index 200; valid: 0
 //! (fe80::..., RoCE v2), 1 (::ffff:10.99.0.1, RoCE v2)`: pick one of those;
 //! both sides must use GIDs of the same type (RoCE v2 IPv4-mapped ones across
 //! an IP network). `... is RoCE but has no GID: give its network interface an

@@ -103,7 +103,7 @@ impl Mr {
         if len == 0 {
             return Err(Error::InvalidArgument {
                 what: "MR length",
-                reason: "must be at least 1 byte".into(),
+                reason: "it is 0, and it must be at least 1 byte".into(),
             });
         }
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
