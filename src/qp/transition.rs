@@ -70,7 +70,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
 
     /// Moves the QP to ERR: every outstanding work request completes with
     /// WR_FLUSH_ERR and its buffers come back through the CQ. From every
-    /// state but RESET ([`CanMoveToError`](super::CanMoveToError)): the kernel
+    /// state but RESET ([`CanMoveToError`]): the kernel
     /// refuses RESET → ERR, so a `Qp<_, Reset>` has no `to_error`.
     ///
     /// An unsignaled send that already completed successfully has no

@@ -325,7 +325,7 @@ impl<S: QpState> Qp<Ud, S> {
     /// (and whenever `remote` carries a GID) a GRH towards `remote.gid` from
     /// the local GID at `gid_index` (`None`: the port's default, the RoCE v2
     /// IPv4-mapped GID, as [`Qp::endpoint`] and `connect` choose), hop limit
-    /// 1 and SL 0 like [`AddressVector::global`]; on InfiniBand without a GID,
+    /// 1 and SL 0 like [`AddressVector::global`](super::AddressVector::global); on InfiniBand without a GID,
     /// `remote.lid`. Change SL, hop limit or traffic class on the result
     /// before [`AddressHandle::new`]; [`AddressHandle::for_endpoint`] is both
     /// steps with these defaults.
