@@ -377,8 +377,6 @@ async fn echo(
         let mut srq = dev.srq.lock().unwrap_or_else(|e| e.into_inner());
         srq.post_recv(RecvWr::new(0, buf))
     };
-    // The tail split off a buffer to echo only the bytes received.
-    let mut tails: HashMap<(u32, u64), Mr> = HashMap::new();
     loop {
         let mut c: Completion = tokio::select! {
             c = dev.cq.next() => c?,
@@ -388,12 +386,8 @@ async fn echo(
             continue; // a connection that is gone (its buffers were released)
         }
         if c.opcode != WcOpcode::Recv {
-            // An echo went out (or was flushed): the buffer is free again.
-            let Some(mut buf) = c.take_mr() else { continue };
-            if let Some(tail) = tails.remove(&(c.qp_num, c.wr_id)) {
-                buf.unsplit(tail)
-                    .map_err(|_| Error::Other("echo buffer halves do not join".into()))?;
-            }
+            // An echo went out (or was flushed): the buffer, whole, is free again.
+            let Some(buf) = c.take_mr() else { continue };
             repost(buf)?;
             continue;
         }
@@ -414,35 +408,21 @@ async fn echo(
                 None => None,
             }
         };
-        let Some(mut buf) = c.take_mr() else { continue };
+        let Some(buf) = c.take_mr() else { continue };
         let Some(conn) = conn else {
             repost(buf)?; // the connection is gone
             continue;
         };
-        let len = c.byte_len as usize;
-        let tail = if len < buf.len() {
-            Some(buf.split_off(len.max(1))?)
-        } else {
-            None
-        };
-        match conn.post_send(SendWr::send_from(0, buf)) {
-            Ok(id) => {
-                if let Some(tail) = tail {
-                    tails.insert((c.qp_num, id), tail);
-                }
-            }
-            Err(mut e) => {
-                // Not posted (e.g. the connection went to ERR): keep the buffer.
-                let mut buf = e
-                    .unposted
-                    .pop()
-                    .and_then(|(_, b)| b.into_iter().next()?.into_mr());
-                if let (Some(b), Some(t)) = (buf.as_mut(), tail) {
-                    let _ = b.unsplit(t);
-                }
-                if let Some(b) = buf {
-                    repost(b)?;
-                }
+        // Echo the bytes received: a range of the buffer, whole again on completion.
+        let echo = buf.range(..c.byte_len as usize)?;
+        if let Err(mut e) = conn.post_send(SendWr::send_from(0, echo)) {
+            // Not posted (e.g. the connection went to ERR): keep the buffer.
+            let buf = e
+                .unposted
+                .pop()
+                .and_then(|(_, b)| b.into_iter().next()?.into_mr());
+            if let Some(b) = buf {
+                repost(b)?;
             }
         }
     }
@@ -486,7 +466,6 @@ fn sync_conn(req: ConnectRequest, ctx: &Context, size: usize, depth: u32) -> Res
         qp.post_recv(RecvWr::new(0, pd.alloc_mr(size, AccessFlags::LOCAL_WRITE)?))?;
     }
     let (mut qp, id) = req.accept(qp, &ConnParam::new(), WAIT)?;
-    let mut tail: Option<Mr> = None;
     loop {
         // Sleep on the channel (a thread per connection must not spin);
         // look for DISCONNECTED between waits.
@@ -501,18 +480,10 @@ fn sync_conn(req: ConnectRequest, ctx: &Context, size: usize, depth: u32) -> Res
             }
         };
         c.result()?;
-        let Some(mut buf) = c.take_mr() else { continue };
+        let Some(buf) = c.take_mr() else { continue };
         if c.opcode == WcOpcode::Recv {
-            let len = c.byte_len as usize;
-            if len < buf.len() {
-                tail = Some(buf.split_off(len.max(1))?);
-            }
-            qp.post_send(SendWr::send_from(0, buf))?;
+            qp.post_send(SendWr::send_from(0, buf.range(..c.byte_len as usize)?))?;
         } else {
-            if let Some(t) = tail.take() {
-                buf.unsplit(t)
-                    .map_err(|_| Error::Other("echo buffer halves do not join".into()))?;
-            }
             qp.post_recv(RecvWr::new(0, buf))?;
         }
     }

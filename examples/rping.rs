@@ -438,7 +438,7 @@ fn serve_ping(conn: &mut Conn, o: &Opts, slot: &mut Option<Mr>, ping: u64) -> Re
     let rest = buf.split_off(len)?;
     conn.qp.post_send(SendWr::read(RDMA_ID, buf, src, 0))?;
     conn.dbg(|| "server posted rdma read req".into());
-    let mut rdma_buf = match conn.next("the RDMA READ")? {
+    let rdma_buf = match conn.next("the RDMA READ")? {
         Ev::Rdma(WcOpcode::RdmaRead, mut mr) => {
             mr.unsplit(rest).map_err(|_| "buffer pieces do not join")?;
             mr
@@ -468,14 +468,11 @@ fn serve_ping(conn: &mut Conn, o: &Opts, slot: &mut Option<Mr>, ping: u64) -> Re
     if n as u64 > sink.len {
         return Err(format!("the client's sink is {} bytes, the ping {n}", sink.len).into());
     }
-    let rest = rdma_buf.split_off(n)?;
+    // The first n bytes; the whole buffer comes back with the completion.
     conn.qp
-        .post_send(SendWr::write(RDMA_ID, sink, 0).sge(rdma_buf))?;
+        .post_send(SendWr::write_from(RDMA_ID, rdma_buf.range(..n)?, sink, 0))?;
     *slot = Some(match conn.next("the RDMA WRITE")? {
-        Ev::Rdma(WcOpcode::RdmaWrite, mut mr) => {
-            mr.unsplit(rest).map_err(|_| "buffer pieces do not join")?;
-            mr
-        }
+        Ev::Rdma(WcOpcode::RdmaWrite, mr) => mr,
         Ev::Disconnected => return Ok(false),
         _ => return Err("wait for RDMA_WRITE_COMPLETE".into()),
     });

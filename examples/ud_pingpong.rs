@@ -120,7 +120,8 @@ fn post_recv<S: rdma_verbs::qp::CanPostRecv>(
 }
 
 /// RTR, RTS and the address handle towards `dest`, as `pp_connect_ctx` does
-/// it: a GRH only when the peer sent a GID, from our `-g` index.
+/// it: a GRH only when the peer sent a GID, from our `-g` index (without
+/// `-g`, the port's default GID).
 fn connect(
     qp: Qp<Ud, Init>,
     o: &Opts,
@@ -133,11 +134,7 @@ fn connect(
     let qp = qp
         .rts(my_psn)
         .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
-    let av = if dest.gid.interface_id() != 0 {
-        AddressVector::global(o.ib_port, dest.gid, o.gidx.unwrap_or(0))
-    } else {
-        AddressVector::local(o.ib_port, dest.lid)
-    };
+    let av = qp.address_vector(dest, o.gidx).map_err(|e| e.to_string())?;
     let ah = AddressHandle::new(qp.pd(), av.sl(o.sl))
         .map_err(|e| format!("Failed to create AH: {e}"))?;
     Ok((qp, ah))

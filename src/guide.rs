@@ -55,7 +55,10 @@
 //! [`Qp::new`](crate::qp::Qp::new) refuses with [`Error::CqTooSmall`](crate::Error::CqTooSmall).
 //! A QP goes RESET → [`init`](crate::qp::Qp::init) → [`rtr`](crate::qp::Qp::rtr) →
 //! [`rts`](crate::qp::Qp::rts); receives may be posted from INIT on, sends only
-//! in RTS, and the compiler enforces both.
+//! in RTS, and the compiler enforces both, as it does that `to_error` is not
+//! called in RESET (the kernel refuses it). A shared receive queue
+//! ([`Srq`](crate::srq::Srq)) is topped up with `refill`, or with `try_refill`
+//! when the buffers come from an allocator that can fail.
 //!
 //! # 4. Connecting
 //! Each side needs the other's [`Endpoint`](crate::qp::Endpoint) (LID, QP number,
@@ -66,7 +69,20 @@
 //! [`Context::default_gid_index`](crate::context::Context::default_gid_index): the
 //! RoCE v2 GID of the interface's IPv4 address on RoCE, none on InfiniBand.
 //! The crate docs have a complete two-process program; `examples/rdma_write.rs`
-//! is a longer one.
+//! is a longer one. With rdma_cm (IP addresses and ports, the `cm` module), a
+//! tokio server accepts with
+//! [`AsyncCmId::accept`](crate::tokio::AsyncCmId::accept); the blocking
+//! [`ConnectRequest::accept`](crate::cm::ConnectRequest::accept) is for
+//! threads.
+//!
+//! UD has no connection: each send names an
+//! [`AddressHandle`](crate::ah::AddressHandle).
+//! [`AddressHandle::for_endpoint(&qp, &peer, None)`](crate::ah::AddressHandle::for_endpoint)
+//! builds it from the peer's `Endpoint` in one call (the QP's port and PD, the
+//! default GID index); [`Qp::address_vector`](crate::qp::Qp::address_vector)
+//! gives the address to adjust (SL, hop limit) before
+//! [`AddressHandle::new`](crate::ah::AddressHandle::new). (rdma_cm here is RC
+//! only: its UD port space is not wrapped.)
 //!
 //! # 5. Posting and polling
 //! Posting *moves* buffers into the QP; polling gives them back:
@@ -82,6 +98,13 @@
 //! let src = c.take_mr(); // and the buffer is back
 //! # Ok(()) }
 //! ```
+//!
+//! To send part of a buffer, post a range of it:
+//! `SendWr::send_from(id, mr.range(..n)?)` sends the first `n` bytes (also
+//! `write_from`, UD and UC sends, and `sge`); the completion gives back the
+//! whole `Mr` (`take_mr`), and `..0` is a zero-byte SEND. A range outside the
+//! `Mr` is refused with [`RangeError`](crate::qp::RangeError), which hands the
+//! `Mr` back.
 //!
 //! Unsignaled requests (`.signaled(false)`) produce no completion of their
 //! own; a later completion retires them. For a stream of small messages,
@@ -116,10 +139,10 @@
 //! (`--ulimit memlock=-1`), or register less (reuse buffers: registration is
 //! also slow, about 2–3 µs per page).
 //!
-//! **GID and RoCE.** `invalid address vector: RoCE (an Ethernet port) needs a
+//! **GID and RoCE.** `address vector: RoCE (an Ethernet port) needs a
 //! GRH: give a GID index ...`: on Ethernet every address needs a GRH; pass a
 //! GID index, or `None` to the helpers so that the default is used.
-//! `invalid gid index: port 1 of rxe0 has no GID at index 200; valid: 0
+//! `gid index: port 1 of rxe0 has no GID at index 200; valid: 0
 //! (fe80::..., RoCE v2), 1 (::ffff:10.99.0.1, RoCE v2)`: pick one of those;
 //! both sides must use GIDs of the same type (RoCE v2 IPv4-mapped ones across
 //! an IP network). `... is RoCE but has no GID: give its network interface an

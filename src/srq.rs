@@ -441,6 +441,41 @@ impl Srq {
         Ok(made)
     }
 
+    /// [`refill`](Srq::refill) with a fallible `make`, such as an allocator:
+    /// tops the SRQ up to its depth with the receives `make` returns, stops
+    /// at its first error and returns it with how many receives were posted
+    /// before it ([`RefillError::Make`]); `Ok` is the count when the SRQ is
+    /// full.
+    ///
+    /// ```no_run
+    /// # use rdma_verbs::prelude::*;
+    /// # fn f(srq: &mut Srq, pd: &Pd) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// let posted = srq.try_refill(|| {
+    ///     pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).map(|mr| RecvWr::new(0, mr))
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub fn try_refill<E>(
+        &mut self,
+        mut make: impl FnMut() -> Result<RecvWr, E>,
+    ) -> Result<usize, RefillError<E>> {
+        let mut failed = None;
+        let posted = self
+            .refill(|| match make() {
+                Ok(wr) => Some(wr),
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            })
+            .map_err(RefillError::Post)?;
+        match failed {
+            Some(error) => Err(RefillError::Make { error, posted }),
+            None => Ok(posted),
+        }
+    }
+
     /// Checks `wr`, writes its C form into `c` and its SGEs into `sges`, and
     /// moves its buffers into a free slot; returns the token (its `wr_id`).
     /// On refusal nothing changed.
@@ -543,5 +578,40 @@ impl fmt::Debug for Srq {
             .field("max_sge", &self.max_sge())
             .field("posted", &self.posted())
             .finish()
+    }
+}
+
+/// Why [`Srq::try_refill`] stopped before the SRQ was full.
+#[derive(Debug)]
+pub enum RefillError<E> {
+    /// `make` failed; the receives it made before were posted.
+    Make {
+        /// `make`'s error.
+        error: E,
+        /// Receives posted before it.
+        posted: usize,
+    },
+    /// Posting was refused (as [`Srq::refill`]'s error).
+    Post(PostError),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for RefillError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RefillError::Make { error, posted } => write!(
+                f,
+                "making a receive for the SRQ failed after {posted} were posted: {error}"
+            ),
+            RefillError::Post(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RefillError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RefillError::Make { error, .. } => Some(error),
+            RefillError::Post(e) => Some(e),
+        }
     }
 }

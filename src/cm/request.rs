@@ -9,6 +9,11 @@ pub const REJECT_PRIVATE_DATA_MAX: usize = 148;
 
 /// A connection request taken on a listener: accept or reject it.
 /// Dropping it unanswered rejects it.
+///
+/// In async code (feature `tokio`), accept with
+/// [`AsyncCmId::accept`](crate::tokio::AsyncCmId::accept), which awaits the
+/// peer's confirmation; [`accept`](ConnectRequest::accept) here blocks the
+/// thread until it comes (up to its timeout), which stalls a tokio worker.
 pub struct ConnectRequest {
     pub(super) id: Option<CmId>,
     pub(super) private_data: Vec<u8>,
@@ -45,6 +50,10 @@ impl ConnectRequest {
     /// and waits up to `timeout` for ESTABLISHED. librdmacm moves the QP to
     /// RTR and RTS; receives posted in INIT stay posted. Returns the QP and
     /// the connection's id (QP first, as [`CmId::connect`] does).
+    ///
+    /// Blocking: it parks the calling thread until the peer confirms. From
+    /// async code use [`AsyncCmId::accept`](crate::tokio::AsyncCmId::accept)
+    /// (feature `tokio`) instead.
     #[doc(alias = "rdma_accept")]
     pub fn accept(
         mut self,

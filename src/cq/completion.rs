@@ -113,7 +113,8 @@ impl Completion {
     }
 
     /// Takes the first exclusively owned buffer: a receive buffer, READ or
-    /// atomic destination, or an `Mr` that was the source of a SEND/WRITE.
+    /// atomic destination, or an `Mr` that was the source of a SEND/WRITE
+    /// (the whole `Mr` when the request carried a range of it, [`Mr::range`](crate::mr::Mr::range)).
     #[inline]
     pub fn take_mr(&mut self) -> Option<crate::mr::Mr> {
         self.bufs.take_first_owned()

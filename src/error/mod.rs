@@ -88,9 +88,13 @@ pub enum Error {
     },
 
     /// An argument is out of the range the device or the API accepts.
-    #[error("invalid {what}: {reason}")]
+    ///
+    /// Displayed as "`what`: `reason`", e.g. "MR length: an MR needs at least
+    /// 1 byte".
+    #[error("{what}: {reason}")]
     InvalidArgument {
-        /// Which argument.
+        /// The argument refused, or the operation that refused it (e.g.
+        /// "registering a completion channel with tokio").
         what: &'static str,
         /// Why it is refused and what would be accepted.
         reason: String,

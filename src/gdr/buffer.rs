@@ -178,7 +178,7 @@ impl GpuBuffer {
         if len == 0 {
             return Err(Error::InvalidArgument {
                 what: "device memory length",
-                reason: "must be at least 1 byte".into(),
+                reason: "it is 0, and it must be at least 1 byte".into(),
             });
         }
         if ptr.checked_add(len as u64).is_none() {

@@ -135,7 +135,7 @@ impl DeviceAlloc {
         if len == 0 {
             return Err(Error::InvalidArgument {
                 what: "device allocation length",
-                reason: "must be at least 1 byte".into(),
+                reason: "it is 0, and it must be at least 1 byte".into(),
             });
         }
         let rounded = len

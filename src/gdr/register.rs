@@ -105,7 +105,7 @@ pub fn export_dma_buf<D: DeviceMemory + ?Sized>(
     if len == 0 {
         return Err(Error::InvalidArgument {
             what: "dma-buf length",
-            reason: "must be at least 1 byte".into(),
+            reason: "it is 0, and it must be at least 1 byte".into(),
         });
     }
     if !state.dma_buf_symbol {
@@ -278,7 +278,7 @@ pub(crate) fn register_shared(
     if len == 0 {
         return Err(Error::InvalidArgument {
             what: "device memory length",
-            reason: "must be at least 1 byte".into(),
+            reason: "it is 0, and it must be at least 1 byte".into(),
         });
     }
     let plan = PathPlan::for_memory(&*mem, mode)?.direct_only()?;
@@ -307,7 +307,7 @@ pub(crate) fn register_direct(
 ) -> Result<Mr> {
     let host_ptr = NonNull::new(ptr as usize as *mut u8).ok_or(Error::InvalidArgument {
         what: "device pointer",
-        reason: "is null".into(),
+        reason: "it is null; pass the pointer of a live device allocation".into(),
     })?;
     let raw = match path {
         GdrPath::DmaBuf => {

@@ -7,6 +7,7 @@
 //! object owns this layer: the QP's queues produce into it, the CQ's poll consumes
 //! from it, and neither imports the other.
 
+pub(crate) mod range;
 pub(crate) mod ring;
 pub(crate) mod sges;
 pub(crate) mod table;

@@ -3,36 +3,47 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 
+use crate::ledger::range::MrRange;
 use crate::mr::{Mr, SharedMr};
 
 /// Most scatter/gather entries a safe-path work request can carry.
 pub const MAX_SAFE_SGES: usize = 4;
 
-/// A buffer handed to the NIC: exclusively owned, or a shared read-only range.
+/// A buffer handed to the NIC: exclusively owned, part of an owned `Mr`, or a
+/// shared read-only range.
+///
+/// `repr(u8)` fixes the layout the post path relies on (see [`MrRange`]).
 #[derive(Debug)]
+#[repr(u8)]
 pub enum Buffer {
     /// An exclusively owned range (the NIC may write it).
-    Owned(Mr),
+    Owned(Mr) = 0,
     /// A shared read-only range (SEND/WRITE sources only).
-    Shared(SharedMr),
+    Shared(SharedMr) = 1,
+    /// Part of an exclusively owned `Mr` ([`Mr::range`]): the NIC sees the
+    /// part, [`into_mr`](Buffer::into_mr) gives back the whole `Mr`.
+    Range(MrRange) = 2,
 }
 
 impl Buffer {
-    /// The owned `Mr`, if this is one.
+    /// The owned `Mr`, if this is one; for a [`Range`](Buffer::Range), the
+    /// whole `Mr` it was cut from.
     #[inline]
     pub fn into_mr(self) -> Option<Mr> {
         match self {
             Buffer::Owned(m) => Some(m),
             Buffer::Shared(_) => None,
+            Buffer::Range(r) => Some(r.into_mr()),
         }
     }
 
-    /// Bytes in the buffer.
+    /// Bytes the NIC sees (for a range, the range's length).
     #[inline]
     pub fn len(&self) -> usize {
         match self {
-            Buffer::Owned(m) => m.len(),
             Buffer::Shared(s) => s.len(),
+            // SAFETY: not Shared.
+            _ => unsafe { self.nic_mr() }.len(),
         }
     }
 
@@ -46,8 +57,9 @@ impl Buffer {
     #[inline(always)]
     pub(crate) fn in_pd(&self, pd: &crate::pd::Pd) -> bool {
         let own = match self {
-            Buffer::Owned(m) => m.pd(),
             Buffer::Shared(s) => s.pd(),
+            // SAFETY: not Shared.
+            _ => unsafe { self.nic_mr() }.pd(),
         };
         std::sync::Arc::ptr_eq(&own.inner, &pd.inner)
     }
@@ -55,8 +67,9 @@ impl Buffer {
     #[inline]
     pub(crate) fn sge(&self) -> crate::ffi::ibv_sge {
         match self {
-            Buffer::Owned(m) => m.sge(),
             Buffer::Shared(s) => s.sge(),
+            // SAFETY: not Shared.
+            _ => unsafe { self.nic_mr() }.sge(),
         }
     }
 }
@@ -216,7 +229,8 @@ impl Sges {
 
     #[inline]
     pub(crate) fn all_owned(&self) -> bool {
-        self.iter().all(|b| matches!(b, Buffer::Owned(_)))
+        self.iter()
+            .all(|b| matches!(b, Buffer::Owned(_) | Buffer::Range(_)))
     }
 
     /// Every buffer is an owned `Mr` registered with LOCAL_WRITE (the NIC may
@@ -224,8 +238,11 @@ impl Sges {
     #[inline]
     pub(crate) fn all_locally_writable(&self) -> bool {
         self.iter().all(|b| match b {
-            Buffer::Owned(m) => m.access().contains(crate::mr::AccessFlags::LOCAL_WRITE),
             Buffer::Shared(_) => false,
+            // SAFETY: not Shared.
+            _ => unsafe { b.nic_mr() }
+                .access()
+                .contains(crate::mr::AccessFlags::LOCAL_WRITE),
         })
     }
 
@@ -237,7 +254,9 @@ impl Sges {
             // SAFETY: entry 0 was initialised; `len` is 0 now, so it is read once.
             return unsafe { self.items[0].assume_init_read() }.into_mr();
         }
-        let i = self.iter().position(|b| matches!(b, Buffer::Owned(_)))?;
+        let i = self
+            .iter()
+            .position(|b| matches!(b, Buffer::Owned(_) | Buffer::Range(_)))?;
         let len = self.len();
         // SAFETY: i < len, so entry i is initialised; it is read out once, the
         // initialised entries after it shift down by one and `len` shrinks, so

@@ -270,6 +270,24 @@ impl Mr {
     pub(crate) fn region(&self) -> &Arc<Region> {
         &self.region
     }
+
+    /// Narrows this range to `[start, start + len)` of itself; the caller
+    /// keeps what it needs to [`widen`](Self::widen) it back.
+    pub(crate) fn narrow(&mut self, start: usize, len: usize) {
+        debug_assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        self.off += start;
+        self.len = len;
+    }
+
+    /// Grows this range by `head` bytes before and `tail` bytes after.
+    ///
+    /// # Safety
+    /// Those bytes belong to the same registration and to no other `Mr`: they
+    /// are what [`narrow`](Self::narrow) cut off this one.
+    pub(crate) unsafe fn widen(&mut self, head: usize, tail: usize) {
+        self.off -= head;
+        self.len += head + tail;
+    }
 }
 
 impl Region {
@@ -285,7 +303,7 @@ fn check_len_access(len: usize, access: AccessFlags) -> Result<()> {
     if len == 0 {
         return Err(Error::InvalidArgument {
             what: "MR length",
-            reason: "must be at least 1 byte".into(),
+            reason: "it is 0, and it must be at least 1 byte".into(),
         });
     }
     if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)

@@ -81,7 +81,11 @@ impl SharedMr {
         {
             return Err(Error::InvalidArgument {
                 what: "offset",
-                reason: "outside the shared range".into(),
+                reason: format!(
+                    "{} bytes at {offset} run past the end of this {}-byte shared range",
+                    dst.len(),
+                    self.len
+                ),
             });
         }
         self.base.read_at(self.off + offset, dst)

@@ -76,6 +76,7 @@ use crate::pd::Pd;
 use crate::srq::{Srq, SrqInner};
 use crate::sys::call::verb;
 
+pub use crate::ledger::range::{MAX_RANGE_START, MrRange, RangeError};
 pub use crate::ledger::sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
 pub use crate::ledger::wr::{PostError, RecvWr, SendWr};
 pub use attr::{
@@ -84,8 +85,8 @@ pub use attr::{
 };
 pub use send_ex::SendApi;
 pub use state::{
-    CanPostRecv, CanPostSend, Connected, ErrorState, Init, QpState, QpType, Rc, Reset, Rtr, Rts,
-    Uc, Ud,
+    CanMoveToError, CanPostRecv, CanPostSend, Connected, ErrorState, Init, QpState, QpType, Rc,
+    Reset, Rtr, Rts, Uc, Ud,
 };
 pub use uc::UcSendWr;
 pub use ud::{UdMessage, UdRecvWr, UdSendWr};

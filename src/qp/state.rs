@@ -36,6 +36,15 @@ pub trait CanPostRecv: QpState {}
 )]
 pub trait CanPostSend: QpState {}
 
+/// States the kernel lets a QP move to ERR from: every one but RESET (INIT,
+/// RTR, RTS and ERR itself), as the IB spec's state diagram has it.
+#[diagnostic::on_unimplemented(
+    message = "a QP in `{Self}` cannot be moved to ERR: the kernel refuses RESET -> ERR",
+    label = "a QP in RESET has no work to flush; `init` it first, or just drop it",
+    note = "every state but RESET can move to ERR (INIT, RTR, RTS, ERR)"
+)]
+pub trait CanMoveToError: QpState {}
+
 /// A QP transport type marker.
 pub trait QpType: sealed::Sealed + Send + Sync + 'static {
     /// The `ibv_qp_type` value.
@@ -79,6 +88,10 @@ impl CanPostRecv for Init {}
 impl CanPostRecv for Rtr {}
 impl CanPostRecv for Rts {}
 impl CanPostSend for Rts {}
+impl CanMoveToError for Init {}
+impl CanMoveToError for Rtr {}
+impl CanMoveToError for Rts {}
+impl CanMoveToError for ErrorState {}
 
 /// Reliable Connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

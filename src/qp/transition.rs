@@ -70,8 +70,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 
     /// Moves the QP to ERR: every outstanding work request completes with
-    /// WR_FLUSH_ERR and its buffers come back through the CQ. Not from RESET
-    /// (the kernel refuses RESET → ERR; the QP comes back unchanged).
+    /// WR_FLUSH_ERR and its buffers come back through the CQ. From every
+    /// state but RESET ([`CanMoveToError`]): the kernel
+    /// refuses RESET → ERR, so a `Qp<_, Reset>` has no `to_error`.
     ///
     /// An unsignaled send that already completed successfully has no
     /// completion to flush, and a completion consumed by
@@ -91,7 +92,10 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// while they are still typed `Rts`) is not flushed until the next
     /// `to_error`; call it again before polling for that receive.
     #[doc(alias = "ibv_modify_qp")]
-    pub fn to_error(self) -> Result<Qp<T, state::ErrorState>, TransitionError<Qp<T, S>>> {
+    pub fn to_error(self) -> Result<Qp<T, state::ErrorState>, TransitionError<Qp<T, S>>>
+    where
+        S: state::CanMoveToError,
+    {
         let attr = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_ERR,
             ..Default::default()

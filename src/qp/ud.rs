@@ -321,6 +321,44 @@ impl Qp<Ud, Rtr> {
 }
 
 impl<S: QpState> Qp<Ud, S> {
+    /// Where this QP's datagrams to `remote` go, from the QP's port: on RoCE
+    /// (and whenever `remote` carries a GID) a GRH towards `remote.gid` from
+    /// the local GID at `gid_index` (`None`: the port's default, the RoCE v2
+    /// IPv4-mapped GID, as [`Qp::endpoint`] and `connect` choose), hop limit
+    /// 1 and SL 0 like [`AddressVector::global`](super::AddressVector::global); on InfiniBand without a GID,
+    /// `remote.lid`. Change SL, hop limit or traffic class on the result
+    /// before [`AddressHandle::new`]; [`AddressHandle::for_endpoint`] is both
+    /// steps with these defaults.
+    ///
+    /// # Errors
+    /// The port or GID queries' errors, and on RoCE a `remote` without a GID
+    /// ([`Error::InvalidArgument`]: the peer must send its endpoint from
+    /// [`Qp::endpoint`], which includes one).
+    pub fn address_vector(
+        &self,
+        remote: &super::Endpoint,
+        gid_index: Option<u8>,
+    ) -> Result<super::AddressVector> {
+        let port = self.core.port;
+        let ctx = self.core.pd.context();
+        let ethernet = ctx.query_port(port)?.link_layer == crate::values::LinkLayer::Ethernet;
+        if remote.gid.is_zero() {
+            if ethernet {
+                return Err(Error::InvalidArgument {
+                    what: "endpoint",
+                    reason: "the peer's endpoint carries no GID (all zero), and RoCE addresses                              by GID: have the peer send the endpoint Qp::endpoint returns"
+                        .into(),
+                });
+            }
+            return Ok(super::AddressVector::local(port, remote.lid));
+        }
+        let index = match gid_index {
+            Some(i) => i,
+            None => ctx.default_gid_index(port)?.unwrap_or(0),
+        };
+        Ok(super::AddressVector::global(port, remote.gid, index))
+    }
+
     /// The largest payload one send may carry: the port's active MTU (0
     /// before INIT).
     pub fn max_message(&self) -> u32 {
@@ -384,6 +422,31 @@ impl<S: QpState> Qp<Ud, S> {
 
 /// The send queue of a UD QP: RC's, plus the datagram's address.
 struct UdSendQueue<'a>(std::marker::PhantomData<UdSendWr<'a>>);
+
+impl AddressHandle {
+    /// The address handle towards the peer whose endpoint is `remote`, for
+    /// the UD QP `qp` (in its PD, from its port): [`Qp::address_vector`] and
+    /// [`AddressHandle::new`] in one call.
+    ///
+    /// ```no_run
+    /// # use rdma_verbs::prelude::*;
+    /// # fn f(qp: &Qp<Ud, Rts>, peer: &Endpoint, buf: Mr) -> Result<()> {
+    /// let ah = AddressHandle::for_endpoint(qp, peer, None)?;
+    /// let wr = UdSendWr::send_from(1, buf, &ah, peer.qpn, 0x1111_1111);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Qp::address_vector`] and [`AddressHandle::new`].
+    #[doc(alias = "ibv_create_ah")]
+    pub fn for_endpoint<S: QpState>(
+        qp: &Qp<Ud, S>,
+        remote: &super::Endpoint,
+        gid_index: Option<u8>,
+    ) -> Result<AddressHandle> {
+        AddressHandle::new(qp.pd(), qp.address_vector(remote, gid_index)?)
+    }
+}
 
 impl<'a> WorkQueue for UdSendQueue<'a> {
     type Wr = UdSendWr<'a>;

@@ -129,7 +129,10 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
 
     /// Moves the QP to ERR ([`Qp::to_error`]): every outstanding request is
     /// flushed; awaited ones resolve with `WR_FLUSH_ERR` and their buffers.
-    pub fn to_error(self) -> Result<AsyncQp<T, crate::qp::ErrorState>, Error> {
+    pub fn to_error(self) -> Result<AsyncQp<T, crate::qp::ErrorState>, Error>
+    where
+        S: crate::qp::CanMoveToError,
+    {
         let (qp, parts) = self.into_parts();
         let qp = qp.to_error().map_err(|e| e.error)?;
         Ok(AsyncQp::from_parts(qp, parts))

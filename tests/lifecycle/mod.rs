@@ -65,7 +65,13 @@ impl AnyQp {
         }
     }
     pub(super) fn into_error(self) -> AnyQp {
-        match each!(self, q => q.to_error().map_err(|e| e.error)) {
+        let moved = match self {
+            AnyQp::Reset(_) => fail!("to_error from RESET (the types do not offer it)"),
+            AnyQp::Init(q) => q.to_error().map_err(|e| e.error),
+            AnyQp::Rts(q) => q.to_error().map_err(|e| e.error),
+            AnyQp::Err(q) => q.to_error().map_err(|e| e.error),
+        };
+        match moved {
             Ok(q) => AnyQp::Err(q),
             Err(e) => fail!("to_error refused: {e}"),
         }

@@ -205,24 +205,8 @@ impl Model {
             return;
         }
         if matches!(self.qps[slot].as_ref().unwrap().qp, AnyQp::Reset(_)) {
-            // The type allows RESET -> ERR, the kernel does not
-            // (ib_modify_qp_is_ok): refused, and the QP comes back unchanged.
-            let mut q = self.qps[slot].take().unwrap();
-            let AnyQp::Reset(r) = q.qp else {
-                unreachable!()
-            };
-            q.qp = match r.to_error() {
-                Ok(_) => fail!("RESET -> ERR was accepted"),
-                Err(e) => {
-                    check!(
-                        matches!(e.error, Error::Transition { .. }),
-                        "RESET -> ERR: {}",
-                        e.error
-                    );
-                    AnyQp::Reset(e.qp)
-                }
-            };
-            self.qps[slot] = Some(q);
+            // The kernel refuses RESET -> ERR (ib_modify_qp_is_ok), and the types
+            // say so: `Qp<_, Reset>` has no `to_error` (tests/ui/to_error_in_reset.rs).
             return;
         }
         self.err_now(slot);
