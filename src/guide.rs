@@ -28,9 +28,13 @@
 //!
 //! # 3. Queues
 //! A [`Cq`](crate::Cq) collects completions; a [`Qp`](crate::Qp) has a send
-//! and a receive queue. Size the CQ for every queue on it: each queue needs as
-//! many entries as its depth (`max_send_wr`, `max_recv_wr`), or
-//! [`Qp::new`](crate::Qp::new) refuses with [`Error::CqTooSmall`](crate::Error::CqTooSmall).
+//! and a receive queue. Each queue needs as many CQ entries as its depth
+//! (`max_send_wr`, `max_recv_wr`): a QP created on a CQ too small for its
+//! queues grows the CQ ([`Cq::resize`](crate::cq::Cq::resize)), so any size
+//! works to start with; only a CQ that cannot grow (past the device's
+//! `max_cqe`, or after [`set_auto_grow(false)`](crate::cq::Cq::set_auto_grow))
+//! makes [`Qp::new`](crate::Qp::new) refuse with
+//! [`Error::CqTooSmall`](crate::Error::CqTooSmall).
 //! A QP goes RESET → [`init`](crate::Qp::init) → [`rtr`](crate::Qp::rtr) →
 //! [`rts`](crate::Qp::rts); receives may be posted from INIT on, sends only
 //! in RTS, and the compiler enforces both.
