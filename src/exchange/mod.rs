@@ -41,8 +41,8 @@ mod wire;
 pub use connect::{
     client_exchange, connect_client, connect_client_kept, serve, serve_kept, server_exchange,
 };
-pub use listener::{ExchangeListener, PEER_MESSAGE_TIMEOUT};
-pub use stream::ExchangeStream;
+pub use listener::{ExchangeListener, Incoming, PEER_MESSAGE_TIMEOUT};
+pub use stream::{ExchangeStream, READY_MSG};
 pub use wire::{
     DONE_MSG, ENDPOINT_MSG_LEN, MAX_REMOTE_MRS, MR_HEADER_LEN, MR_RECORD_LEN, PeerInfo,
     WireMessage, encode_endpoint, encode_peer_info, parse_endpoint, parse_mr_header,
