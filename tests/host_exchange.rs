@@ -631,3 +631,79 @@ fn the_barrier_reports_a_vanished_silent_or_confused_peer() {
         "{e:?}"
     );
 }
+
+/// The async listener on a single-threaded runtime: tasks accept at once,
+/// their barriers are awaited without holding the runtime's one thread (a
+/// stalled client fails its own task at the message limit while the others
+/// finish at once), a peer that closes is `PeerClosed`, and an accept with
+/// no client times out.
+#[cfg(feature = "tokio")]
+#[test]
+fn async_accept_and_barrier_hold_no_task_up() {
+    use rdma_verbs::tokio::exchange as aexchange;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let blocking = ExchangeListener::bind_addr("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = Arc::new(aexchange::ExchangeListener::from_blocking(blocking).unwrap());
+        let port = l.local_addr().unwrap().port();
+        let limit = Duration::from_millis(1500);
+        let t = Instant::now();
+        let e = l
+            .accept(Some(Duration::from_millis(200)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        // Four tasks waiting for a client each, then the clients: one stalls.
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    let conn = l.accept(Some(limit)).await?;
+                    let start = Instant::now();
+                    aexchange::barrier(conn).await.map(|_| start.elapsed())
+                })
+            })
+            .collect();
+        let stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let clients: Vec<_> = (0..3)
+            .map(|_| {
+                thread::spawn(move || {
+                    let start = Instant::now();
+                    let mut c = ExchangeStream::connect("127.0.0.1", port, T).unwrap();
+                    c.barrier().map(|()| start.elapsed())
+                })
+            })
+            .collect();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        for c in clients {
+            let took = c.join().unwrap().unwrap();
+            assert!(
+                took < limit / 2,
+                "a client waited {took:?} behind the stalled one"
+            );
+        }
+        let (ok, err): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.is_ok());
+        assert_eq!((ok.len(), err.len()), (3, 1), "{ok:?} {err:?}");
+        for took in ok {
+            assert!(
+                took.unwrap() < limit / 2,
+                "a barrier waited behind the stalled client"
+            );
+        }
+        assert!(matches!(err[0], Err(Error::Timeout { .. })), "{err:?}");
+        drop(stalled);
+        // A peer that closes instead of signalling.
+        let closer = thread::spawn(move || drop(TcpStream::connect(("127.0.0.1", port)).unwrap()));
+        let conn = l.accept(Some(T)).await.unwrap();
+        closer.join().unwrap();
+        let e = aexchange::wait_ready(conn).await.unwrap_err();
+        assert!(matches!(e, Error::PeerClosed { .. }), "{e:?}");
+    });
+}

@@ -1,7 +1,7 @@
 //! [`ExchangeListener`]: the server side's listening socket.
 
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,12 @@ impl ExchangeListener {
             source,
         })?;
         Ok(ExchangeListener { listener })
+    }
+
+    /// The listening socket (non-blocking), for the async listener.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_std(self) -> TcpListener {
+        self.listener
     }
 
     /// The address listened on.
@@ -139,12 +145,7 @@ impl ExchangeListener {
         let start = Instant::now();
         loop {
             match self.listener.accept() {
-                Ok((stream, _)) => {
-                    let mut s = ExchangeStream::from_tcp(stream)?;
-                    let limit = timeout.filter(|t| !t.is_zero());
-                    s.set_timeout(Some(limit.unwrap_or(PEER_MESSAGE_TIMEOUT)))?;
-                    return Ok(s);
-                }
+                Ok((stream, _)) => return accepted(stream, timeout),
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -191,6 +192,16 @@ impl ExchangeListener {
             }
         }
     }
+}
+
+/// A connection just accepted, as [`ExchangeListener::accept`] returns it:
+/// blocking, each message bounded by `timeout` (with `None` or zero,
+/// [`PEER_MESSAGE_TIMEOUT`]).
+pub(crate) fn accepted(stream: TcpStream, timeout: Option<Duration>) -> Result<ExchangeStream> {
+    let mut s = ExchangeStream::from_tcp(stream)?;
+    let limit = timeout.filter(|t| !t.is_zero());
+    s.set_timeout(Some(limit.unwrap_or(PEER_MESSAGE_TIMEOUT)))?;
+    Ok(s)
 }
 
 /// The clients of an [`ExchangeListener`] as they connect; see

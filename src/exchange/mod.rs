@@ -41,6 +41,8 @@ mod wire;
 pub use connect::{
     client_exchange, connect_client, connect_client_kept, serve, serve_kept, server_exchange,
 };
+#[cfg(feature = "tokio")]
+pub(crate) use listener::accepted;
 pub use listener::{ExchangeListener, Incoming, PEER_MESSAGE_TIMEOUT};
 pub use stream::{ExchangeStream, READY_MSG};
 pub use wire::{
