@@ -50,6 +50,22 @@
 //! The crate docs have a complete two-process program; `examples/rdma_write.rs`
 //! is a longer one.
 //!
+//! A server of many clients accepts them concurrently:
+//! [`ExchangeListener::serve_each`](crate::exchange::ExchangeListener::serve_each)
+//! runs each client's exchange ([`ExchangeStream::serve`](crate::exchange::ExchangeStream::serve))
+//! on a thread of its own, and
+//! [`incoming`](crate::exchange::ExchangeListener::incoming) hands out
+//! connections as `std::net::TcpListener::incoming` does; under `tokio`,
+//! [`tokio::exchange::ExchangeListener`](crate::tokio::exchange::ExchangeListener)
+//! serves a client per task. A client that stalls fails its own exchange at the
+//! message limit, not the others'. Keep the connection (the `_kept` forms,
+//! or the one `serve` ran on) and call
+//! [`ready`](crate::exchange::ExchangeStream::ready) once the receives are
+//! posted; the peer calls [`wait_ready`](crate::exchange::ExchangeStream::wait_ready)
+//! before its first SEND (or both call
+//! [`barrier`](crate::exchange::ExchangeStream::barrier)). A peer gone
+//! meanwhile is [`Error::PeerClosed`](crate::error::Error::PeerClosed).
+//!
 //! # 5. Posting and polling
 //! Posting *moves* buffers into the QP; polling gives them back:
 //!

@@ -139,3 +139,93 @@ fn several_rc_clients_are_served_concurrently_and_wait_for_the_receives() {
     }
     assert_eq!(seen, [MSGS; CLIENTS]);
 }
+
+/// The same with the async listener: a task per client serves it
+/// (`tokio::exchange::ExchangeListener::serve`), all on one `AsyncCq`
+/// created too small, which grows while its driver task polls it; each task
+/// posts its receives and then signals ready.
+#[cfg(feature = "tokio")]
+#[test]
+fn rc_clients_are_served_by_async_tasks_at_once() {
+    use std::sync::Arc;
+
+    use rdma_verbs::tokio::exchange::{self as aexchange, ExchangeListener as AsyncListener};
+    use rdma_verbs::tokio::{AsyncCq, AsyncQp};
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ctx = ctx();
+    let gid = gid_index(&ctx);
+    let pd = Pd::new(&ctx).unwrap();
+    let start = Arc::new(Barrier::new(CLIENTS));
+    rt.block_on(async {
+        let cq = Arc::new(AsyncCq::new(&ctx, 4).unwrap());
+        let blocking = ExchangeListener::bind_addr("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = Arc::new(AsyncListener::from_blocking(blocking).unwrap());
+        let port = listener.local_addr().unwrap().port();
+        let tasks: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let (pd, cq, listener) = (pd.clone(), cq.clone(), listener.clone());
+                tokio::spawn(async move {
+                    let qp = Qp::new(&pd, &cq.cq(), &cq.cq(), caps())?
+                        .init(InitAttr::new(1, all_remote()))?;
+                    let (qp, peer, conn) = listener.serve(qp, Some(gid), &[], Some(WAIT)).await?;
+                    let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e)?;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    for _ in 0..MSGS {
+                        qp.post_recv(RecvWr::new(0, pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE)?))
+                            .map_err(Error::from)?;
+                    }
+                    let posted_at = Instant::now();
+                    let conn = aexchange::ready(conn).await?;
+                    Ok::<_, Error>((qp, conn, posted_at, peer.endpoint.qpn))
+                })
+            })
+            .collect();
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|i| {
+                let start = start.clone();
+                std::thread::spawn(move || client(port, i, &start))
+            })
+            .collect();
+        let mut served = Vec::new();
+        for t in tasks {
+            served.push(t.await.unwrap().unwrap());
+        }
+        let clients: Vec<(u32, Instant)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+        assert_eq!(cq.cq().reserved(), (CLIENTS * 16) as u64);
+        assert!(cq.cq().depth() as usize >= CLIENTS * 16);
+        let by_client: HashMap<u32, usize> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, (qpn, _))| (*qpn, i))
+            .collect();
+        let mut seen = vec![0usize; CLIENTS];
+        for _ in 0..CLIENTS * MSGS {
+            let mut c = tokio::time::timeout(WAIT, cq.next())
+                .await
+                .expect("a receive completion")
+                .unwrap();
+            assert_eq!((c.status, c.byte_len), (WcStatus::Success, LEN as u32));
+            let (_, _, posted_at, client_qpn) = served
+                .iter()
+                .find(|(qp, ..)| qp.qp_num() == c.qp_num)
+                .expect("a served QP");
+            let i = by_client[client_qpn];
+            assert!(
+                clients[i].1 >= *posted_at,
+                "client {i} started before the receives"
+            );
+            let mr = c.take_mr().unwrap();
+            assert_eq!(
+                mr.to_vec().unwrap(),
+                pattern(LEN, (i * MSGS + seen[i]) as u8)
+            );
+            seen[i] += 1;
+        }
+        assert_eq!(seen, [MSGS; CLIENTS]);
+    });
+}

@@ -12,6 +12,13 @@
 //!   exchange, then INIT → RTR → RTS on each side (the server before it answers).
 //!   Their `_kept` forms also return the TCP connection, whose
 //!   [`ExchangeStream::peer_closed`] tells a dead peer from a slow one.
+//! * Many clients: [`ExchangeListener::serve_each`] serves each on a thread of
+//!   its own, [`ExchangeListener::incoming`] hands out the connections, and
+//!   [`ExchangeStream::serve`] runs the server's exchange on one (the async
+//!   form is `rdma_verbs::tokio::exchange`). On a kept connection,
+//!   [`ExchangeStream::ready`] / [`ExchangeStream::wait_ready`] (or
+//!   [`ExchangeStream::barrier`]) keep a sender from starting before its
+//!   peer's receives are posted.
 //! * [`client_exchange`] and [`server_exchange`] only exchange the messages, in
 //!   `ibv_rc_pingpong`'s order; [`ExchangeStream`] and [`ExchangeListener`] are the
 //!   pieces for other orders.
