@@ -105,9 +105,10 @@ impl RingTable {
     ///
     /// When the free entries are too few, `grow(want, depth)` is called with
     /// the table locked: `want` is the least depth that takes the queue,
-    /// `depth` the current one. It returns the CQ's new depth (at least
-    /// `want`) after resizing it, `None` where the CQ cannot grow (then
-    /// [`Error::CqTooSmall`]), or an error, which is returned as is.
+    /// `depth` the current one. It returns the CQ's depth after resizing it
+    /// (a provider that gave less than `want` makes the queue refused),
+    /// `None` where the CQ cannot grow (then [`Error::CqTooSmall`]), or an
+    /// error, which is returned as is.
     pub(crate) fn reserve(
         &self,
         n: u64,
@@ -132,7 +133,8 @@ impl RingTable {
         if n > free {
             let want = st.reserved.saturating_add(n);
             if let Some(depth) = grow(want, st.depth)? {
-                st.depth = st.depth.max(depth);
+                // The depth the CQ has now, as the provider reports it.
+                st.depth = depth;
                 free = st.depth.saturating_sub(st.reserved);
             }
         }
@@ -375,6 +377,25 @@ mod tests {
             matches!(err, Error::InvalidArgument { what: "CQ", .. }),
             "{err}"
         );
+        // A provider that grew the CQ by less than asked: the queue is
+        // refused, and the books keep the depth the CQ has.
+        let err = table
+            .reserve(10, "send", |want, _| Ok(Some(want - 1)))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                err,
+                Error::CqTooSmall {
+                    needed: 10,
+                    free: 9,
+                    depth: 140,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(table.depth(), 140);
         // A resize below what is reserved is the caller's to refuse; the
         // table takes what it returns.
         assert_eq!(table.resize(|reserved| Ok(reserved + 1)).unwrap(), 132);
