@@ -657,6 +657,20 @@ fn async_accept_and_barrier_hold_no_task_up() {
             .unwrap_err();
         assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
         assert!(t.elapsed() >= Duration::from_millis(200));
+        // Zero: only a client already waiting.
+        let e = l.accept(Some(Duration::ZERO)).await.unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        let waiting = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let t = Instant::now();
+        let conn = loop {
+            match l.accept(Some(Duration::ZERO)).await {
+                Ok(conn) => break conn,
+                Err(Error::Timeout { .. }) if t.elapsed() < T => tokio::task::yield_now().await,
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        assert_eq!(conn.timeout(), Some(exchange::PEER_MESSAGE_TIMEOUT));
+        drop((conn, waiting));
         // Four tasks waiting for a client each, then the clients: one stalls.
         let tasks: Vec<_> = (0..4)
             .map(|_| {

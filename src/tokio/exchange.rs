@@ -78,11 +78,12 @@ impl ExchangeListener {
             })
     }
 
-    /// Waits for a client for at most `timeout` (`None`: forever) and returns
-    /// its connection, as [`exchange::ExchangeListener::accept`] does (each
-    /// later message bounded the same way). Cancel safe: a client is taken
-    /// from the backlog only when returned. Tasks may accept on one listener
-    /// at once (share it in an `Arc`).
+    /// Waits for a client for at most `timeout` (`None`: forever; zero: only
+    /// a client already waiting) and returns its connection, as
+    /// [`exchange::ExchangeListener::accept`] does (each later message
+    /// bounded the same way). Cancel safe: a client is taken from the backlog
+    /// only when returned. Tasks may accept on one listener at once (share it
+    /// in an `Arc`).
     pub async fn accept(&self, timeout: Option<Duration>) -> Result<ExchangeStream> {
         let accept = async {
             loop {
@@ -90,29 +91,43 @@ impl ExchangeListener {
                     what: "waiting for the exchange client",
                     source,
                 })?;
-                match self.listener.get_ref().accept() {
-                    Ok((stream, _)) => return exchange::accepted(stream, timeout),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => ready.clear_ready(),
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
-                        ) => {}
-                    Err(source) => {
-                        return Err(Error::Io {
-                            what: "accepting the exchange connection",
-                            source,
-                        });
-                    }
+                match self.try_accept(timeout)? {
+                    Some(conn) => return Ok(conn),
+                    None => ready.clear_ready(),
                 }
             }
         };
-        match timeout.filter(|t| !t.is_zero()) {
+        let timed_out = |after| Error::Timeout {
+            what: "waiting for the exchange client to connect",
+            after,
+        };
+        match timeout {
             None => accept.await,
-            Some(t) => within(t, accept).await?.unwrap_or(Err(Error::Timeout {
-                what: "waiting for the exchange client to connect",
-                after: t,
-            })),
+            Some(t) if t.is_zero() => self.try_accept(timeout)?.ok_or_else(|| timed_out(t)),
+            Some(t) => within(t, accept)
+                .await?
+                .unwrap_or_else(|| Err(timed_out(t))),
+        }
+    }
+
+    /// A client already waiting, if any (`None` when the backlog is empty).
+    fn try_accept(&self, timeout: Option<Duration>) -> Result<Option<ExchangeStream>> {
+        loop {
+            match self.listener.get_ref().accept() {
+                Ok((stream, _)) => return exchange::accepted(stream, timeout).map(Some),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(source) => {
+                    return Err(Error::Io {
+                        what: "accepting the exchange connection",
+                        source,
+                    });
+                }
+            }
         }
     }
 
