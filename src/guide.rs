@@ -50,9 +50,13 @@
 //!
 //! # 3. Queues
 //! A [`Cq`](crate::cq::Cq) collects completions; a [`Qp`](crate::qp::Qp) has a send
-//! and a receive queue. Size the CQ for every queue on it: each queue needs as
-//! many entries as its depth (`max_send_wr`, `max_recv_wr`), or
-//! [`Qp::new`](crate::qp::Qp::new) refuses with [`Error::CqTooSmall`](crate::Error::CqTooSmall).
+//! and a receive queue. Each queue needs as many CQ entries as its depth
+//! (`max_send_wr`, `max_recv_wr`): a QP created on a CQ too small for its
+//! queues grows the CQ ([`Cq::resize`](crate::cq::Cq::resize)), so any size
+//! works to start with; only a CQ that cannot grow (past the device's
+//! `max_cqe`, or after [`set_auto_grow(false)`](crate::cq::Cq::set_auto_grow))
+//! makes [`Qp::new`](crate::qp::Qp::new) refuse with
+//! [`Error::CqTooSmall`](crate::Error::CqTooSmall).
 //! A QP goes RESET → [`init`](crate::qp::Qp::init) → [`rtr`](crate::qp::Qp::rtr) →
 //! [`rts`](crate::qp::Qp::rts); receives may be posted from INIT on, sends only
 //! in RTS, and the compiler enforces both, as it does that `to_error` is not
@@ -83,6 +87,22 @@
 //! gives the address to adjust (SL, hop limit) before
 //! [`AddressHandle::new`](crate::ah::AddressHandle::new). (rdma_cm here is RC
 //! only: its UD port space is not wrapped.)
+//!
+//! A server of many clients accepts them concurrently:
+//! [`ExchangeListener::serve_each`](crate::exchange::ExchangeListener::serve_each)
+//! runs each client's exchange ([`ExchangeStream::serve`](crate::exchange::ExchangeStream::serve))
+//! on a thread of its own, and
+//! [`incoming`](crate::exchange::ExchangeListener::incoming) hands out
+//! connections as `std::net::TcpListener::incoming` does; under `tokio`,
+//! [`tokio::exchange::ExchangeListener`](crate::tokio::exchange::ExchangeListener)
+//! serves a client per task. A client that stalls fails its own exchange at the
+//! message limit, not the others'. Keep the connection (the `_kept` forms,
+//! or the one `serve` ran on) and call
+//! [`ready`](crate::exchange::ExchangeStream::ready) once the receives are
+//! posted; the peer calls [`wait_ready`](crate::exchange::ExchangeStream::wait_ready)
+//! before its first SEND (or both call
+//! [`barrier`](crate::exchange::ExchangeStream::barrier)). A peer gone
+//! meanwhile is [`Error::PeerClosed`](crate::error::Error::PeerClosed).
 //!
 //! # 5. Posting and polling
 //! Posting *moves* buffers into the QP; polling gives them back:

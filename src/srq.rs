@@ -225,7 +225,7 @@ impl Srq {
             return Err(limit_refused(attr.limit, attr.max_wr));
         }
         let reservation =
-            (cq.inner.rings.reserve(attr.max_wr.into(), "shared receive")).map_err(|e| {
+            (cq.inner.reserve(attr.max_wr.into(), "shared receive")).map_err(|e| {
                 let ctx = pd.context();
                 ctx.over_limit(e, "SRQ max_wr", attr.max_wr, "max_srq_wr", |a| a.max_srq_wr)
             })?;

@@ -410,3 +410,316 @@ fn a_reader_claiming_more_than_it_was_given_gets_no_panic() {
     let e = exchange::read_done(&mut Liar(b'x')).unwrap_err();
     assert!(matches!(e, Error::Protocol(_)), "{e:?}");
 }
+
+/// The server side of a plain (`Endpoint`) exchange on an accepted connection.
+fn answer(conn: &mut ExchangeStream, qpn: u32) -> Result<Endpoint, Error> {
+    let remote: Endpoint = conn.recv()?;
+    conn.send(&ep(qpn))?;
+    conn.recv_done()?;
+    Ok(remote)
+}
+
+/// Eight clients connecting at once are served at once: every handler runs
+/// while all eight are in progress (served one after another, the first
+/// would wait for the others in vain and report it), and each client gets
+/// its own answer.
+#[test]
+fn serve_each_serves_clients_concurrently() {
+    const N: usize = 8;
+    let (l, port) = listener();
+    let clients: Vec<_> = (0..N as u32)
+        .map(|i| thread::spawn(move || client_exchange("127.0.0.1", port, &ep(0x100 + i), T)))
+        .collect();
+    let running = AtomicU16::new(0);
+    let served = l.serve_each(N, Some(T), |i, mut conn| {
+        running.fetch_add(1, Ordering::SeqCst);
+        let start = Instant::now();
+        while usize::from(running.load(Ordering::SeqCst)) < N && start.elapsed() < T {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let together = usize::from(running.load(Ordering::SeqCst)) == N;
+        let remote = answer(&mut conn, 0x200 + i as u32)?;
+        Ok((together, remote.qpn))
+    });
+    assert_eq!(served.len(), N);
+    let mut qpns = Vec::new();
+    for r in served {
+        let (together, qpn) = r.unwrap();
+        assert!(together, "a handler ran while not all eight were running");
+        qpns.push(qpn);
+    }
+    qpns.sort_unstable();
+    assert_eq!(qpns, (0x100..0x100 + N as u32).collect::<Vec<_>>());
+    let mut answers: Vec<u32> = clients
+        .into_iter()
+        .map(|c| c.join().unwrap().unwrap().qpn)
+        .collect();
+    answers.sort_unstable();
+    assert_eq!(answers, (0x200..0x200 + N as u32).collect::<Vec<_>>());
+}
+
+/// A client that connects first and then says nothing fails its own
+/// exchange at the message limit; the clients after it are answered at
+/// once, not after it.
+#[test]
+fn a_stalled_client_does_not_hold_up_the_others() {
+    let limit = Duration::from_millis(1500);
+    let (l, port) = listener();
+    let stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let server = thread::spawn(move || {
+        l.serve_each(4, Some(limit), |i, mut conn| {
+            answer(&mut conn, 0x300 + i as u32)
+        })
+    });
+    // Let the stalled client be accepted first.
+    thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            thread::spawn(move || {
+                let r = client_exchange("127.0.0.1", port, &ep(0x10 + i), T);
+                (r, start.elapsed())
+            })
+        })
+        .collect();
+    for c in clients {
+        let (r, took) = c.join().unwrap();
+        assert!(r.is_ok(), "{r:?}");
+        assert!(
+            took < limit / 2,
+            "a client waited {took:?} behind the stalled one"
+        );
+    }
+    let served = server.join().unwrap();
+    assert_eq!(served.len(), 4);
+    assert!(
+        matches!(served[0], Err(Error::Timeout { .. })),
+        "{:?}",
+        served[0]
+    );
+    assert!(served[1..].iter().all(|r| r.is_ok()), "{served:?}");
+    drop(stalled);
+}
+
+/// A client that never comes stops the accepting after `timeout`: the
+/// clients served before it are returned, then the timeout.
+#[test]
+fn serve_each_returns_the_served_and_the_error_that_stopped_it() {
+    let (l, port) = listener();
+    let client = thread::spawn(move || client_exchange("127.0.0.1", port, &ep(1), T));
+    let t = Instant::now();
+    let served = l.serve_each(3, Some(Duration::from_millis(300)), |_, mut conn| {
+        answer(&mut conn, 2)
+    });
+    assert!(t.elapsed() < T);
+    assert_eq!(client.join().unwrap().unwrap().qpn, 2);
+    assert_eq!(served.len(), 2, "{served:?}");
+    assert_eq!(served[0].as_ref().unwrap().qpn, 1);
+    assert!(
+        matches!(served[1], Err(Error::Timeout { .. })),
+        "{:?}",
+        served[1]
+    );
+}
+
+/// `incoming` hands out each client as it connects, to be served on a
+/// thread of its own.
+#[test]
+fn incoming_hands_out_each_client() {
+    let (l, port) = listener();
+    let clients: Vec<_> = (0..3)
+        .map(|i| thread::spawn(move || client_exchange("127.0.0.1", port, &ep(0x40 + i), T)))
+        .collect();
+    let servers: Vec<_> = l
+        .incoming()
+        .take(3)
+        .map(|conn| {
+            let mut conn = conn.unwrap();
+            assert_eq!(conn.timeout(), Some(exchange::PEER_MESSAGE_TIMEOUT));
+            thread::spawn(move || answer(&mut conn, 0x50).map(|e| e.qpn))
+        })
+        .collect();
+    let mut got: Vec<u32> = servers
+        .into_iter()
+        .map(|s| s.join().unwrap().unwrap())
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, [0x40, 0x41, 0x42]);
+    for c in clients {
+        assert_eq!(c.join().unwrap().unwrap().qpn, 0x50);
+    }
+}
+
+/// Two ends of one connection: (accepted, connected).
+fn connected_pair() -> (ExchangeStream, ExchangeStream) {
+    let (l, port) = listener();
+    let client = thread::spawn(move || ExchangeStream::connect("127.0.0.1", port, T).unwrap());
+    let server = l.accept(Some(T)).unwrap();
+    (server, client.join().unwrap())
+}
+
+/// The barrier returns on each side only once the other side reached it;
+/// `ready` sent early is waited for later.
+#[test]
+fn the_barrier_waits_for_the_peer() {
+    let (mut a, mut b) = connected_pair();
+    let late = Duration::from_millis(300);
+    let peer = thread::spawn(move || {
+        thread::sleep(late);
+        b.barrier().unwrap();
+        b.ready().unwrap();
+        b
+    });
+    let t = Instant::now();
+    a.barrier().unwrap();
+    assert!(t.elapsed() >= late, "returned after {:?}", t.elapsed());
+    let mut b = peer.join().unwrap();
+    a.wait_ready().unwrap();
+    // Nothing left over on either side.
+    a.set_timeout(Some(Duration::from_millis(100))).unwrap();
+    b.set_timeout(Some(Duration::from_millis(100))).unwrap();
+    assert!(matches!(a.wait_ready(), Err(Error::Timeout { .. })));
+    assert!(matches!(b.wait_ready(), Err(Error::Timeout { .. })));
+}
+
+/// A peer that vanishes, stays silent or sends something else gets a typed
+/// error, within the stream's time limit.
+#[test]
+fn the_barrier_reports_a_vanished_silent_or_confused_peer() {
+    // Closed (a process exiting or killed closes its sockets).
+    let (mut a, b) = connected_pair();
+    let t = Instant::now();
+    let closer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(100));
+        drop(b);
+    });
+    let e = a.barrier().unwrap_err();
+    closer.join().unwrap();
+    assert!(
+        matches!(
+            e,
+            Error::PeerClosed {
+                waiting_for: "its ready signal"
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < T);
+    // Silent: the stream's limit.
+    let (mut a, _b) = connected_pair();
+    a.set_timeout(Some(Duration::from_millis(200))).unwrap();
+    let t = Instant::now();
+    let e = a.wait_ready().unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(t.elapsed() >= Duration::from_millis(200) && t.elapsed() < T);
+    // Something else, then closed.
+    let (mut a, b) = connected_pair();
+    let mut raw = b.into_inner();
+    raw.write_all(b"done\0").unwrap();
+    drop(raw);
+    let e = a.wait_ready().unwrap_err();
+    assert!(
+        matches!(e, Error::Protocol(ref m) if m.contains("done")),
+        "{e:?}"
+    );
+    // Half a signal, then closed.
+    let (mut a, b) = connected_pair();
+    let mut raw = b.into_inner();
+    raw.write_all(b"rea").unwrap();
+    drop(raw);
+    let e = a.wait_ready().unwrap_err();
+    assert!(
+        matches!(e, Error::Protocol(ref m) if m.contains("closed")),
+        "{e:?}"
+    );
+}
+
+/// The async listener on a single-threaded runtime: tasks accept at once,
+/// their barriers are awaited without holding the runtime's one thread (a
+/// stalled client fails its own task at the message limit while the others
+/// finish at once), a peer that closes is `PeerClosed`, and an accept with
+/// no client times out.
+#[cfg(feature = "tokio")]
+#[test]
+fn async_accept_and_barrier_hold_no_task_up() {
+    use rdma_verbs::tokio::exchange as aexchange;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let blocking = ExchangeListener::bind_addr("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = Arc::new(aexchange::ExchangeListener::from_blocking(blocking).unwrap());
+        let port = l.local_addr().unwrap().port();
+        let limit = Duration::from_millis(1500);
+        let t = Instant::now();
+        let e = l
+            .accept(Some(Duration::from_millis(200)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        // Zero: only a client already waiting.
+        let e = l.accept(Some(Duration::ZERO)).await.unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        let waiting = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let t = Instant::now();
+        let conn = loop {
+            match l.accept(Some(Duration::ZERO)).await {
+                Ok(conn) => break conn,
+                Err(Error::Timeout { .. }) if t.elapsed() < T => tokio::task::yield_now().await,
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        assert_eq!(conn.timeout(), Some(exchange::PEER_MESSAGE_TIMEOUT));
+        drop((conn, waiting));
+        // Four tasks waiting for a client each, then the clients: one stalls.
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    let conn = l.accept(Some(limit)).await?;
+                    let start = Instant::now();
+                    aexchange::barrier(conn).await.map(|_| start.elapsed())
+                })
+            })
+            .collect();
+        let stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let clients: Vec<_> = (0..3)
+            .map(|_| {
+                thread::spawn(move || {
+                    let start = Instant::now();
+                    let mut c = ExchangeStream::connect("127.0.0.1", port, T).unwrap();
+                    c.barrier().map(|()| start.elapsed())
+                })
+            })
+            .collect();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        for c in clients {
+            let took = c.join().unwrap().unwrap();
+            assert!(
+                took < limit / 2,
+                "a client waited {took:?} behind the stalled one"
+            );
+        }
+        let (ok, err): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.is_ok());
+        assert_eq!((ok.len(), err.len()), (3, 1), "{ok:?} {err:?}");
+        for took in ok {
+            assert!(
+                took.unwrap() < limit / 2,
+                "a barrier waited behind the stalled client"
+            );
+        }
+        assert!(matches!(err[0], Err(Error::Timeout { .. })), "{err:?}");
+        drop(stalled);
+        // A peer that closes instead of signalling.
+        let closer = thread::spawn(move || drop(TcpStream::connect(("127.0.0.1", port)).unwrap()));
+        let conn = l.accept(Some(T)).await.unwrap();
+        closer.join().unwrap();
+        let e = aexchange::wait_ready(conn).await.unwrap_err();
+        assert!(matches!(e, Error::PeerClosed { .. }), "{e:?}");
+    });
+}

@@ -345,6 +345,8 @@ struct SmallCqPair {
 
 fn small_cq_pair(ctx: &Context, pd: &Pd) -> SmallCqPair {
     let small = Cq::new(ctx, 1).unwrap();
+    // The pair needs a CQ that stays small.
+    small.set_auto_grow(false);
     let big = Cq::new(ctx, 64).unwrap();
     let gid = common::gid_index(ctx);
     let a_caps = QpCaps {

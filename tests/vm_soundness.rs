@@ -10,11 +10,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{WAIT, all_remote, caps_sr, ctx, pair, pair_with, res_counts, wait};
+use common::{
+    WAIT, all_remote, caps_sr, ctx, pair, pair_sized, pair_with, pattern, res_counts, wait,
+};
 use rdma_verbs::cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::pd::Pd;
-use rdma_verbs::qp::{InitAttr, Qp, RecvWr, SendWr};
+use rdma_verbs::qp::{InitAttr, Qp, QpCaps, RecvWr, SendWr};
 use rdma_verbs::{Error, ffi};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -115,6 +117,8 @@ fn queues_that_would_overrun_the_cq_are_refused() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let mut cq = Cq::new(&ctx, 64).unwrap();
+    // A CQ that does not grow: the queues that do not fit are refused.
+    cq.set_auto_grow(false);
     let depth = u64::from(cq.depth());
     let first = Qp::new(&pd, &cq, &cq, caps_sr(16, 16)).unwrap();
     assert_eq!(cq.reserved(), 32);
@@ -182,6 +186,107 @@ fn queues_that_would_overrun_the_cq_are_refused() {
     assert_eq!(cq.poll(&mut out).unwrap(), 0);
     assert_eq!(cq.reserved(), 32);
     drop(first);
+}
+
+/// `Cq::new(&ctx, 16)` with the default caps (128 sends, 128 receives), as C
+/// programs size CQs: the CQ grows to hold both queues, and a full send
+/// queue's worth of messages, left in the CQs before polling, comes back
+/// whole and in order.
+#[test]
+fn a_cq_too_small_for_the_default_caps_grows_and_carries_traffic() {
+    let _g = serial();
+    const N: u64 = 128;
+    let mut p = pair_sized(QpCaps::default(), 16, |pd, _, b| {
+        let mr = |_| pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv_list((0..N).map(|i| RecvWr::new(i, mr(i))))
+            .unwrap();
+    });
+    for cq in [&p.cq_a, &p.cq_b] {
+        assert_eq!(cq.reserved(), 2 * N, "both queues of one QP");
+        assert!(cq.depth() >= 2 * N as u32, "grew to {}", cq.depth());
+    }
+    for i in 0..N {
+        let mut mr = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap();
+        mr.as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&pattern(64, i as u8));
+        p.a.post_send(SendWr::send_from(i, mr)).unwrap();
+    }
+    // Every completion in the CQs before the first poll: more than the 16
+    // they were created with.
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = wait(&mut p.cq_a, N as usize);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    let got = wait(&mut p.cq_b, N as usize);
+    for (i, c) in got.into_iter().enumerate() {
+        let mut c = c;
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i as u64, WcStatus::Success, 64)
+        );
+        let mr = c.take_mr().expect("the receive's buffer");
+        assert_eq!(mr.as_slice().unwrap(), &pattern(64, i as u8)[..]);
+    }
+}
+
+/// `Cq::resize` grows and shrinks within what the queues reserve, and a QP
+/// whose queues would take the CQ past the device's `max_cqe` is refused,
+/// its reservations given back.
+#[test]
+fn resize_respects_the_reservations_and_the_device_limit() {
+    let _g = serial();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 8).unwrap();
+    let qp = Qp::new(&pd, &cq, &cq, caps_sr(64, 64)).unwrap();
+    assert_eq!(cq.reserved(), 128);
+    let grown = cq.depth();
+    assert!(grown >= 128, "{grown}");
+    assert_eq!(cq.resize(1000).unwrap(), cq.depth());
+    assert!(cq.depth() >= 1000);
+    match cq.resize(127) {
+        Err(Error::InvalidArgument {
+            what: "CQ depth",
+            reason,
+        }) => assert!(reason.contains("below the 128 entries"), "{reason}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    let back = cq.resize(128).unwrap();
+    assert!((128..1000).contains(&back), "shrunk to {back}");
+    let max = ctx.query_device().unwrap().max_cqe as u32;
+    assert!(matches!(
+        cq.resize(max + 1),
+        Err(Error::InvalidArgument {
+            what: "CQ depth",
+            ..
+        })
+    ));
+    // Queues that need more than max_cqe in all: no resize can take them.
+    // (One send queue where the device allows queues that deep, else a
+    // full send queue and a receive queue.)
+    let max_wr = ctx.query_device().unwrap().max_qp_wr as u32;
+    let need = max + 1 - 128;
+    let (queue, caps, needed) = if need <= max_wr {
+        ("send", caps_sr(need, 1), need)
+    } else {
+        ("receive", caps_sr(max_wr, need - max_wr), need - max_wr)
+    };
+    match Qp::new(&pd, &cq, &cq, caps) {
+        Err(Error::CqTooSmall {
+            queue: q,
+            needed: n,
+            ..
+        }) => assert_eq!((q, n), (queue, u64::from(needed))),
+        other => panic!("expected CqTooSmall, got {other:?}"),
+    }
+    // A send queue that fit may have grown the CQ; its reservation went
+    // with the refused QP.
+    assert!(cq.depth() >= back);
+    assert_eq!(cq.reserved(), 128);
+    drop(qp);
 }
 
 #[test]

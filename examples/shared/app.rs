@@ -25,8 +25,8 @@ pub struct Args {
     /// `--min-rnr-timer`: the RNR NAK timer code this side asks its senders to wait (IB spec
     /// table; 12 = 0.64 ms); `None`: the crate's default.
     pub min_rnr_timer: Option<u8>,
-    /// `--cq-entries`: the CQ's size instead of what the QP's queues need (to show the
-    /// refusal of a CQ too small for them).
+    /// `--cq-entries`: the CQ's size instead of what the QP's queues need, fixed (to
+    /// show the refusal of a CQ too small for them).
     pub cq_entries: Option<u32>,
     /// `--stall-recv-at N --stall-ms M` (send_recv's server): after answering message N,
     /// post the next receive only M ms later, so the peer's next SEND meets no receive.
@@ -247,8 +247,10 @@ pub fn open(args: &Args, depth: u32) -> Result<Side> {
     let pd = Pd::new(&ctx)?;
     // Every completion the QP's queues may produce must fit: `depth` for the
     // send queue plus `depth` for the receive queue.
-    // (`--cq-entries` overrides it: the QP is then refused with `Error::CqTooSmall`.)
+    // (`--cq-entries` overrides it with a CQ that does not grow: a QP whose queues do
+    // not fit is then refused with `Error::CqTooSmall`. A CQ that grows takes any QP.)
     let cq = Cq::new(&ctx, args.cq_entries.unwrap_or(2 * depth))?;
+    cq.set_auto_grow(args.cq_entries.is_none());
     // Like `-g`/`-x` on soft-RoCE: the RoCE v2 IPv4-mapped GID by default.
     let gid_index = match args.gid_index {
         // Checked now, before waiting for a peer: an empty or missing slot is an error

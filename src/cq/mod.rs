@@ -6,13 +6,14 @@
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::channel::{CompletionChannel, CqEvents};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::ledger::table::{RingCache, RingTable};
-use crate::sys::call::verb;
+use crate::ledger::table::{Reservation, RingCache, RingTable};
+use crate::sys::call::{VerbFailure, verb};
 
 mod completion;
 mod notify;
@@ -29,8 +30,13 @@ pub(crate) use poll::{POLL_BATCH, make_room, poll_exactly, poll_in_batches};
 /// underlying CQ alive, so it is destroyed after the last of them.
 ///
 /// A QP is only created on a CQ that can hold every completion its queues
-/// may produce together with those of the other queues already on it (see
-/// [`Error::CqTooSmall`]), so the CQ cannot overrun through the safe path.
+/// may produce together with those of the other queues already on it, so
+/// the CQ cannot overrun through the safe path. A CQ too small for a new
+/// QP's queues grows (`ibv_resize_cq`) to take them, doubling at least, up
+/// to the device's `max_cqe`; only where the provider cannot resize, the
+/// device's limit is reached, or growing is turned off
+/// ([`set_auto_grow`](Cq::set_auto_grow)), is the QP refused
+/// ([`Error::CqTooSmall`]). [`depth`](Cq::depth) reports the depth it has now.
 #[doc(alias = "ibv_cq")]
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
@@ -46,7 +52,10 @@ pub struct Cq {
 
 pub(crate) struct CqInner {
     raw: NonNull<ffi::ibv_cq>,
-    depth: u32,
+    /// The device's `max_cqe`: the CQ never grows past it.
+    max_cqe: u32,
+    /// Whether a QP whose queues do not fit grows the CQ (see [`Cq::set_auto_grow`]).
+    auto_grow: AtomicBool,
     /// The slot rings whose completions this CQ carries, and the entries they reserve.
     pub(crate) rings: RingTable,
     /// Completion events read and not yet acknowledged; its address is the
@@ -63,9 +72,13 @@ pub(crate) struct CqInner {
 unsafe impl Send for CqInner {}
 // SAFETY: through &CqInner other threads reach: QP creation and destruction
 // (the mutex-protected ring table), the event counter (atomics, see
-// crate::channel), the channel (itself Sync), and `ibv_req_notify_cq` through
+// crate::channel), the channel (itself Sync), `ibv_req_notify_cq` through
 // `&Cq`, which libibverbs allows concurrently with polling (providers take
-// the CQ lock for it). Polling itself needs `&mut Cq`.
+// the CQ lock for it), and `ibv_resize_cq` (QP creation, `Cq::resize`),
+// which runs with the ring table locked, so never two at once, and which
+// providers serialise with polling under the same CQ lock (rxe and mlx5
+// take it around the whole resize and the whole poll; docs/soundness.md,
+// "Provider assumptions"). Polling itself needs `&mut Cq`.
 unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
@@ -98,6 +111,50 @@ impl Drop for CqInner {
 impl CqInner {
     pub(crate) fn as_raw(&self) -> *mut ffi::ibv_cq {
         self.raw.as_ptr()
+    }
+
+    /// Sets aside room for `n` completions of a `queue` queue (see
+    /// [`RingTable::reserve`]), growing the CQ when they do not fit: to
+    /// twice its depth or what they need, whichever is more, within the
+    /// device's `max_cqe` (doubling keeps a CQ that many QPs join from being
+    /// resized for each). Refused with [`Error::CqTooSmall`] where the
+    /// provider cannot resize a CQ or the device's limit is too low.
+    pub(crate) fn reserve(&self, n: u64, queue: &'static str) -> Result<Reservation<'_>> {
+        self.rings.reserve(n, queue, |want, depth| {
+            let max = u64::from(self.max_cqe);
+            if want > max || !self.auto_grow.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            match self.resize_locked(want.max(depth.saturating_mul(2)).min(max)) {
+                Ok(depth) => Ok(Some(depth.into())),
+                Err(f) if matches!(f.errno(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => Ok(None),
+                Err(f) => Err(f.into()),
+            }
+        })
+    }
+
+    /// `ibv_resize_cq` to at least `depth` entries, returning the depth the
+    /// provider gave the CQ. Called with the ring table locked (the only
+    /// callers are [`RingTable::reserve`]'s and [`RingTable::resize`]'s
+    /// closures), so no two resizes overlap and the table's depth is set
+    /// from the result before anyone reserves against it. `depth` is at
+    /// least the entries reserved, so at least the completions the CQ may
+    /// hold now, as `ibv_resize_cq` requires.
+    fn resize_locked(&self, depth: u64) -> std::result::Result<u32, VerbFailure> {
+        let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
+        // SAFETY: the CQ is live (self owns it); no other resize runs (the
+        // table is locked); a poll or notify request running on another
+        // thread meets the provider's CQ lock, which it holds around the
+        // whole resize (rxe `rxe_resize_cq`, mlx5 `mlx5_resize_cq`), and the
+        // provider moves the completions already in the CQ to the new queue.
+        verb!(rc: unsafe { ffi::ibv_resize_cq(self.as_raw(), cqe) })?;
+        // SAFETY: the CQ is live; `cqe` was written by the resize that just
+        // returned on this thread (no other runs, see above), and the
+        // provider may have rounded it up.
+        let actual = unsafe { (*self.as_raw()).cqe };
+        // What the provider reports, even below what was asked: the books
+        // must never count entries the CQ does not have.
+        Ok(u32::try_from(actual).unwrap_or(0))
     }
 }
 
@@ -145,7 +202,8 @@ impl Cq {
         Ok(Cq {
             inner: Arc::new(CqInner {
                 raw,
-                depth,
+                max_cqe: u32::try_from(max).unwrap_or(depth).max(depth),
+                auto_grow: AtomicBool::new(true),
                 rings: RingTable::new(depth),
                 events,
                 channel: channel.cloned(),
@@ -170,9 +228,72 @@ impl Cq {
         }
     }
 
-    /// The depth the device gave the CQ (may exceed what was asked).
+    /// The depth the device gave the CQ (may exceed what was asked), now:
+    /// it grows when a QP's queues need more (see [`Cq`]) or on
+    /// [`resize`](Cq::resize).
     pub fn depth(&self) -> u32 {
-        self.inner.depth
+        u32::try_from(self.inner.rings.depth()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether a QP (or SRQ) whose queues do not fit the CQ grows it (the
+    /// default), or is refused with [`Error::CqTooSmall`] (`false`: the CQ
+    /// keeps the depth it has, for a program that bounds its memory or
+    /// sizes its CQs itself).
+    pub fn set_auto_grow(&self, on: bool) {
+        self.inner.auto_grow.store(on, Ordering::Relaxed);
+    }
+
+    /// Resizes the CQ to at least `depth` entries (`ibv_resize_cq`) and
+    /// returns the depth the provider gave it (it may round up; asking for
+    /// less than the depth now may leave the CQ as it is).
+    ///
+    /// Growing in advance saves the resize a QP created later would make;
+    /// shrinking gives memory back once QPs are gone.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`] for 0, a depth past the device's
+    ///   `max_cqe`, or one below [`reserved`](Cq::reserved) (the entries
+    ///   the queues on the CQ may fill: destroy QPs, and poll the CQ empty
+    ///   after destroying QPs with work in flight, first);
+    /// - [`Error::Verb`] for `ibv_resize_cq` where the provider refuses
+    ///   (`EOPNOTSUPP` where it cannot resize CQs: create the CQ with the
+    ///   depth it needs).
+    #[doc(alias = "ibv_resize_cq")]
+    pub fn resize(&self, depth: u32) -> Result<u32> {
+        let max = self.inner.max_cqe;
+        if depth == 0 || depth > max {
+            return Err(Error::InvalidArgument {
+                what: "CQ depth",
+                reason: format!("{depth} is outside 1..={max} (the device's max_cqe)"),
+            });
+        }
+        let depth = self.inner.rings.resize(|reserved| {
+            if u64::from(depth) < reserved {
+                return Err(Error::InvalidArgument {
+                    what: "CQ depth",
+                    reason: format!(
+                        "{depth} is below the {reserved} entries the queues on the CQ reserve; \
+                         destroy QPs first (and poll the CQ empty if they had work in flight), \
+                         or resize to at least {reserved}"
+                    ),
+                });
+            }
+            match self.inner.resize_locked(depth.into()) {
+                Ok(d) => Ok(d.into()),
+                Err(f) if matches!(f.errno(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {
+                    Err(Error::Verb {
+                        verb: f.verb,
+                        source: f.source,
+                        hint: Some(
+                            "this provider cannot resize a CQ: create it with the depth it needs"
+                                .into(),
+                        ),
+                    })
+                }
+                Err(f) => Err(f.into()),
+            }
+        })?;
+        Ok(u32::try_from(depth).unwrap_or(u32::MAX))
     }
 
     /// CQ entries the queues of the QPs on this CQ may still fill: the sum of

@@ -114,12 +114,35 @@ pub fn serve_kept(
     mrs: &[RemoteMr],
     timeout: Option<Duration>,
 ) -> Result<(Qp<Rc, Rts>, PeerInfo, ExchangeStream)> {
-    let local = local_peer_info(&qp, gid_index, mrs)?;
     let mut s = listener.accept(timeout)?;
-    let (remote, qp) = exchange_as_server(&mut s, &local, |remote: &PeerInfo| {
-        qp.connect(&remote.endpoint, gid_index)
-    })?;
+    let (qp, remote) = s.serve(qp, gid_index, mrs)?;
     Ok((qp, remote, s))
+}
+
+impl ExchangeStream {
+    /// The server side of [`connect_client`] on a connection already
+    /// accepted ([`ExchangeListener::accept`], [`ExchangeListener::incoming`]):
+    /// what [`serve`] does after accepting. The connection stays open for
+    /// [`ready`](Self::ready) / [`wait_ready`](Self::wait_ready) and
+    /// [`peer_closed`](Self::peer_closed).
+    ///
+    /// Each message waits at most the stream's [`timeout`](Self::timeout), so
+    /// a client that connects and stalls fails only its own call (with
+    /// [`Error::Timeout`](crate::Error::Timeout)): serving each accepted
+    /// client on a thread of its own
+    /// ([`ExchangeListener::serve_each`]) keeps it from holding up the others.
+    pub fn serve(
+        &mut self,
+        qp: Qp<Rc, Init>,
+        gid_index: Option<u8>,
+        mrs: &[RemoteMr],
+    ) -> Result<(Qp<Rc, Rts>, PeerInfo)> {
+        let local = local_peer_info(&qp, gid_index, mrs)?;
+        let (remote, qp) = exchange_as_server(self, &local, |remote: &PeerInfo| {
+            qp.connect(&remote.endpoint, gid_index)
+        })?;
+        Ok((qp, remote))
+    }
 }
 
 /// The client's half of the four steps on a connected stream: send `local`,

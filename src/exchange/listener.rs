@@ -1,7 +1,7 @@
 //! [`ExchangeListener`]: the server side's listening socket.
 
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -47,11 +47,93 @@ impl ExchangeListener {
         Ok(ExchangeListener { listener })
     }
 
+    /// The listening socket (non-blocking), for the async listener.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_std(self) -> TcpListener {
+        self.listener
+    }
+
     /// The address listened on.
     pub fn local_addr(&self) -> Result<SocketAddr> {
         self.listener.local_addr().map_err(|source| Error::Io {
             what: "reading the listening address",
             source,
+        })
+    }
+
+    /// The clients as they connect, one [`accept`](Self::accept) without a
+    /// time limit each (their messages then get [`PEER_MESSAGE_TIMEOUT`]), as
+    /// [`TcpListener::incoming`]: the iterator never ends. Hand each
+    /// connection to a thread of its own to run its exchange
+    /// ([`ExchangeStream::serve`]), so a slow client does not hold up the
+    /// next `accept`; [`serve_each`](Self::serve_each) does that for a
+    /// known number of clients.
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self }
+    }
+
+    /// Accepts `clients` clients, running `handle(i, connection)` for the
+    /// `i`-th on a thread of its own as soon as it connects, and returns what
+    /// each returned, in the order they connected.
+    ///
+    /// Accepting never waits for a client's messages, so clients are served
+    /// concurrently, and one that stalls fails only its own `handle` (each
+    /// message waits at most `timeout`, or [`PEER_MESSAGE_TIMEOUT`] with
+    /// `None`, as [`accept`](Self::accept)). `timeout` also bounds the wait
+    /// for each next client: if one does not come, no more are accepted,
+    /// the clients already accepted are still waited for, and the last entry
+    /// of the result is the error that stopped accepting (so the result has
+    /// fewer than `clients` entries only then). A panic in `handle` is
+    /// propagated once every thread has ended.
+    ///
+    /// `handle` may borrow from the caller (the threads are scoped): a PD and
+    /// CQ to create each client's QP with, then [`ExchangeStream::serve`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use rdma_verbs::prelude::*;
+    /// # use rdma_verbs::exchange::{ExchangeListener, DEFAULT_PORT};
+    /// # fn f(pd: &Pd, cq: &Cq) -> rdma_verbs::error::Result<()> {
+    /// let listener = ExchangeListener::bind(DEFAULT_PORT)?;
+    /// let served = listener.serve_each(8, Some(Duration::from_secs(10)), |_, mut conn| {
+    ///     let qp = Qp::new(pd, cq, cq, QpCaps::default())?
+    ///         .init(InitAttr::new(1, AccessFlags::empty()))?;
+    ///     let (qp, _peer) = conn.serve(qp, None, &[])?;
+    ///     Ok((qp, conn))
+    /// });
+    /// for client in served {
+    ///     let (qp, mut conn) = client?;
+    ///     // post the receives of `qp`, then tell the client it may send:
+    ///     conn.ready()?;
+    ///     # drop(qp);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn serve_each<T: Send>(
+        &self,
+        clients: usize,
+        timeout: Option<Duration>,
+        handle: impl Fn(usize, ExchangeStream) -> Result<T> + Sync,
+    ) -> Vec<Result<T>> {
+        let handle = &handle;
+        std::thread::scope(|scope| {
+            let mut threads = Vec::with_capacity(clients);
+            let mut stopped = None;
+            for i in 0..clients {
+                match self.accept(timeout) {
+                    Ok(conn) => threads.push(scope.spawn(move || handle(i, conn))),
+                    Err(e) => {
+                        stopped = Some(e);
+                        break;
+                    }
+                }
+            }
+            let mut out: Vec<Result<T>> = threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect();
+            out.extend(stopped.map(Err));
+            out
         })
     }
 
@@ -63,12 +145,7 @@ impl ExchangeListener {
         let start = Instant::now();
         loop {
             match self.listener.accept() {
-                Ok((stream, _)) => {
-                    let mut s = ExchangeStream::from_tcp(stream)?;
-                    let limit = timeout.filter(|t| !t.is_zero());
-                    s.set_timeout(Some(limit.unwrap_or(PEER_MESSAGE_TIMEOUT)))?;
-                    return Ok(s);
-                }
+                Ok((stream, _)) => return accepted(stream, timeout),
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -114,5 +191,30 @@ impl ExchangeListener {
                 }
             }
         }
+    }
+}
+
+/// A connection just accepted, as [`ExchangeListener::accept`] returns it:
+/// blocking, each message bounded by `timeout` (with `None` or zero,
+/// [`PEER_MESSAGE_TIMEOUT`]).
+pub(crate) fn accepted(stream: TcpStream, timeout: Option<Duration>) -> Result<ExchangeStream> {
+    let mut s = ExchangeStream::from_tcp(stream)?;
+    let limit = timeout.filter(|t| !t.is_zero());
+    s.set_timeout(Some(limit.unwrap_or(PEER_MESSAGE_TIMEOUT)))?;
+    Ok(s)
+}
+
+/// The clients of an [`ExchangeListener`] as they connect; see
+/// [`ExchangeListener::incoming`].
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    listener: &'a ExchangeListener,
+}
+
+impl Iterator for Incoming<'_> {
+    type Item = Result<ExchangeStream>;
+
+    fn next(&mut self) -> Option<Result<ExchangeStream>> {
+        Some(self.listener.accept(None))
     }
 }

@@ -12,6 +12,13 @@
 //!   exchange, then INIT → RTR → RTS on each side (the server before it answers).
 //!   Their `_kept` forms also return the TCP connection, whose
 //!   [`ExchangeStream::peer_closed`] tells a dead peer from a slow one.
+//! * Many clients: [`ExchangeListener::serve_each`] serves each on a thread of
+//!   its own, [`ExchangeListener::incoming`] hands out the connections, and
+//!   [`ExchangeStream::serve`] runs the server's exchange on one (the async
+//!   form is `rdma_verbs::tokio::exchange`). On a kept connection,
+//!   [`ExchangeStream::ready`] / [`ExchangeStream::wait_ready`] (or
+//!   [`ExchangeStream::barrier`]) keep a sender from starting before its
+//!   peer's receives are posted.
 //! * [`client_exchange`] and [`server_exchange`] only exchange the messages, in
 //!   `ibv_rc_pingpong`'s order; [`ExchangeStream`] and [`ExchangeListener`] are the
 //!   pieces for other orders.
@@ -41,8 +48,10 @@ mod wire;
 pub use connect::{
     client_exchange, connect_client, connect_client_kept, serve, serve_kept, server_exchange,
 };
-pub use listener::{ExchangeListener, PEER_MESSAGE_TIMEOUT};
-pub use stream::ExchangeStream;
+#[cfg(feature = "tokio")]
+pub(crate) use listener::accepted;
+pub use listener::{ExchangeListener, Incoming, PEER_MESSAGE_TIMEOUT};
+pub use stream::{ExchangeStream, READY_MSG};
 pub use wire::{
     DONE_MSG, ENDPOINT_MSG_LEN, MAX_REMOTE_MRS, MR_HEADER_LEN, MR_RECORD_LEN, PeerInfo,
     WireMessage, encode_endpoint, encode_peer_info, parse_endpoint, parse_mr_header,

@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 /// How long [`ExchangeStream::connect`] waits between attempts.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The ready signal of [`ExchangeStream::ready`]: `"ready"` and a NUL, in the
+/// style of the closing `"done"`.
+pub const READY_MSG: &[u8; 6] = b"ready\0";
+
 /// One TCP connection of an exchange, with a time limit on each message.
 #[derive(Debug)]
 pub struct ExchangeStream {
@@ -146,6 +150,81 @@ impl ExchangeStream {
         read_done(&mut self.for_one_message()).map_err(|e| map_timeout(e, self.timeout))
     }
 
+    /// Tells the peer that this side is ready (sends [`READY_MSG`]): for a
+    /// receiver, that its receives are posted, so the peer's sends find them.
+    /// The peer waits for it with [`wait_ready`](Self::wait_ready).
+    ///
+    /// Use it on the connection kept after the exchange
+    /// ([`serve_kept`](super::serve_kept), [`connect_client_kept`](super::connect_client_kept),
+    /// [`ExchangeStream::serve`]), once the QP is connected: a sender that
+    /// starts before the peer's receives are posted meets RNR NAKs, or, with
+    /// `rnr_retry` 0, an `RNR_RETRY_EXC_ERR` completion.
+    pub fn ready(&mut self) -> Result<()> {
+        let mut w = self.for_one_message();
+        w.write_all(READY_MSG)
+            .and_then(|()| w.flush())
+            .map_err(|source| {
+                let e = Error::Io {
+                    what: "sending the ready signal",
+                    source,
+                };
+                closed_as_peer_closed(map_timeout(e, self.timeout))
+            })
+    }
+
+    /// Waits for the peer's [`ready`](Self::ready), at most the stream's
+    /// [`timeout`](Self::timeout) (none: without a limit).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the signal does not come in time;
+    /// [`Error::PeerClosed`] when the peer closed the connection (its process
+    /// exited or was killed) instead; [`Error::Protocol`] for anything but
+    /// [`READY_MSG`].
+    pub fn wait_ready(&mut self) -> Result<()> {
+        let mut buf = [0u8; READY_MSG.len()];
+        let mut got = 0;
+        let mut r = self.for_one_message();
+        while got < buf.len() {
+            match r.read(&mut buf[got..]) {
+                Ok(0) => break,
+                // `min`: a `Read` that claims more than the buffer held.
+                Ok(n) => got = got.saturating_add(n).min(buf.len()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    let e = Error::Io {
+                        what: "waiting for the peer's ready signal",
+                        source,
+                    };
+                    return Err(closed_as_peer_closed(map_timeout(e, self.timeout)));
+                }
+            }
+        }
+        match &buf[..got] {
+            b if b == READY_MSG => Ok(()),
+            [] => Err(Error::PeerClosed {
+                waiting_for: "its ready signal",
+            }),
+            other => Err(Error::Protocol(format!(
+                "expected the ready signal \"ready\\0\", got {:?}{}",
+                String::from_utf8_lossy(other),
+                if got < buf.len() {
+                    " and then the connection closed"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+
+    /// A barrier of both sides: [`ready`](Self::ready), then
+    /// [`wait_ready`](Self::wait_ready). When both sides call it, neither
+    /// returns before the other has called it (the signal is a few bytes, so
+    /// sending it first never waits for the peer to read).
+    pub fn barrier(&mut self) -> Result<()> {
+        self.ready()?;
+        self.wait_ready()
+    }
+
     /// The peer's address.
     pub fn peer_addr(&self) -> Result<SocketAddr> {
         self.stream.peer_addr().map_err(|source| Error::Io {
@@ -210,6 +289,26 @@ impl ExchangeStream {
             stream: &self.stream,
             deadline: self.timeout.and_then(|t| Instant::now().checked_add(t)),
         }
+    }
+}
+
+/// A reset or broken connection met while waiting for the peer: it closed
+/// its end (a killed process's socket is reset when data is unread).
+fn closed_as_peer_closed(e: Error) -> Error {
+    match e {
+        Error::Io { source, .. }
+            if matches!(
+                source.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            Error::PeerClosed {
+                waiting_for: "its ready signal",
+            }
+        }
+        e => e,
     }
 }
 

@@ -8,8 +8,11 @@
 //!
 //! The table also keeps the books of the CQ's capacity: a queue of depth `d`
 //! can have at most `d` completions in the CQ at once (one per posted request,
-//! signaled or flushed), so registering it *reserves* `d` entries, and a queue
-//! that does not fit is refused. A destroyed QP's rings stay registered (their
+//! signaled or flushed), so registering it *reserves* `d` entries. A queue
+//! that does not fit asks the CQ to grow (the caller's `grow`, which resizes
+//! the CQ under the table's lock, so reservations and resizes are
+//! serialised and the depth only changes together with the books), and is
+//! refused only when the CQ cannot grow. A destroyed QP's rings stay registered (their
 //! buffers already released) until a poll finds the CQ empty, because until
 //! then completions naming them may still sit in the CQ; only then are their
 //! entries given back. Their reservation goes with them, unless the queue was
@@ -99,7 +102,19 @@ impl RingTable {
 
     /// Sets aside room for `n` completions of a `queue` ("send"/"receive")
     /// queue, or explains why the CQ cannot take them.
-    pub(crate) fn reserve(&self, n: u64, queue: &'static str) -> Result<Reservation<'_>> {
+    ///
+    /// When the free entries are too few, `grow(want, depth)` is called with
+    /// the table locked: `want` is the least depth that takes the queue,
+    /// `depth` the current one. It returns the CQ's depth after resizing it
+    /// (a provider that gave less than `want` makes the queue refused),
+    /// `None` where the CQ cannot grow (then [`Error::CqTooSmall`]), or an
+    /// error, which is returned as is.
+    pub(crate) fn reserve(
+        &self,
+        n: u64,
+        queue: &'static str,
+        grow: impl FnOnce(u64, u64) -> Result<Option<u64>>,
+    ) -> Result<Reservation<'_>> {
         let mut st = self.lock();
         // Every ring takes an index, including those that reserve no entry
         // (the receive queue of a QP on an SRQ): the index must fit the
@@ -114,7 +129,15 @@ impl RingTable {
                 ),
             });
         }
-        let free = st.depth.saturating_sub(st.reserved);
+        let mut free = st.depth.saturating_sub(st.reserved);
+        if n > free {
+            let want = st.reserved.saturating_add(n);
+            if let Some(depth) = grow(want, st.depth)? {
+                // The depth the CQ has now, as the provider reports it.
+                st.depth = depth;
+                free = st.depth.saturating_sub(st.reserved);
+            }
+        }
         if n > free {
             return Err(Error::CqTooSmall {
                 queue,
@@ -187,6 +210,21 @@ impl RingTable {
     /// Completions the registered queues may still produce (for tests and `Debug`).
     pub(crate) fn reserved(&self) -> u64 {
         self.lock().reserved
+    }
+
+    /// Completions the CQ can hold.
+    pub(crate) fn depth(&self) -> u64 {
+        self.lock().depth
+    }
+
+    /// Sets the CQ's depth to what `resize(reserved)` returns, with the
+    /// table locked so that no reservation runs in between: `reserved` is
+    /// what the registered queues need, and `resize` refuses to go below it.
+    pub(crate) fn resize(&self, resize: impl FnOnce(u64) -> Result<u64>) -> Result<u64> {
+        let mut st = self.lock();
+        let depth = resize(st.reserved)?;
+        st.depth = depth;
+        Ok(depth)
     }
 
     /// Gives up every ring without dropping it: the CQ could not be destroyed,
@@ -287,6 +325,84 @@ impl RingCache {
 mod tests {
     use super::*;
 
+    /// A CQ that cannot grow.
+    fn no_growth(_: u64, _: u64) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    /// A queue that does not fit asks the CQ to grow by what it lacks; the
+    /// new depth counts from then on, and a CQ that cannot grow refuses with
+    /// the entries it has.
+    #[test]
+    fn a_queue_that_does_not_fit_grows_the_cq_or_is_refused() {
+        let table = RingTable::new(16);
+        let mut asked = Vec::new();
+        let a = table
+            .reserve(128, "send", |want, depth| {
+                asked.push((want, depth));
+                Ok(Some(want + 3))
+            })
+            .unwrap()
+            .publish(|tag| Ring::new(128, tag, 7));
+        assert_eq!(asked, [(128, 16)]);
+        assert_eq!((table.depth(), table.reserved()), (131, 128));
+        // Fits without growing: `grow` is not called.
+        let b = table
+            .reserve(3, "receive", |_, _| panic!("no growth needed"))
+            .unwrap()
+            .publish(|tag| Ring::new(3, tag, 7));
+        let err = table.reserve(1, "receive", no_growth).err().unwrap();
+        assert!(
+            matches!(
+                err,
+                Error::CqTooSmall {
+                    needed: 1,
+                    free: 0,
+                    depth: 131,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = table
+            .reserve(1, "receive", |_, _| {
+                Err(Error::InvalidArgument {
+                    what: "CQ",
+                    reason: "refused".into(),
+                })
+            })
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, Error::InvalidArgument { what: "CQ", .. }),
+            "{err}"
+        );
+        // A provider that grew the CQ by less than asked: the queue is
+        // refused, and the books keep the depth the CQ has.
+        let err = table
+            .reserve(10, "send", |want, _| Ok(Some(want - 1)))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                err,
+                Error::CqTooSmall {
+                    needed: 10,
+                    free: 9,
+                    depth: 140,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(table.depth(), 140);
+        // A resize below what is reserved is the caller's to refuse; the
+        // table takes what it returns.
+        assert_eq!(table.resize(|reserved| Ok(reserved + 1)).unwrap(), 132);
+        assert_eq!(table.depth(), 132);
+        drop((a, b));
+    }
+
     /// Rings that reserve no CQ entry (a QP on an SRQ) still take an index:
     /// past the limit the table refuses them instead of handing out a tag
     /// that aliases another ring's, and a unregistered index is used again.
@@ -296,11 +412,11 @@ mod tests {
         table.max_rings = 3;
         let mut cache = RingCache::default();
         // A reservation dropped unpublished gives its index back.
-        drop(table.reserve(0, "receive").unwrap());
+        drop(table.reserve(0, "receive", no_growth).unwrap());
         let rings: Vec<Arc<Ring>> = (0..3)
             .map(|_| {
                 table
-                    .reserve(0, "receive")
+                    .reserve(0, "receive", no_growth)
                     .unwrap()
                     .publish(|tag| Ring::new(0, tag, 7))
             })
@@ -309,19 +425,22 @@ mod tests {
         tags.sort_unstable();
         tags.dedup();
         assert_eq!(tags.len(), 3);
-        let err = table.reserve(0, "receive").err().expect("past the limit");
+        let err = table
+            .reserve(0, "receive", no_growth)
+            .err()
+            .expect("past the limit");
         assert!(
             matches!(err, Error::InvalidArgument { what: "CQ", .. }),
             "{err}"
         );
         table.retire_destroyed(&rings[1], false);
         assert!(
-            table.reserve(0, "receive").is_err(),
+            table.reserve(0, "receive", no_growth).is_err(),
             "destroyed rings keep their index"
         );
         assert_eq!(table.unregister_destroyed(1, &mut cache).len(), 1);
         let again = table
-            .reserve(0, "receive")
+            .reserve(0, "receive", no_growth)
             .unwrap()
             .publish(|tag| Ring::new(0, tag, 7));
         assert_eq!(index_of(again.tag()), index_of(rings[1].tag()));
@@ -336,7 +455,7 @@ mod tests {
         let mut cache = RingCache::default();
         let ring = |n: u64| {
             table
-                .reserve(n, "send")
+                .reserve(n, "send", no_growth)
                 .unwrap()
                 .publish(|tag| Ring::new(n as u32, tag, 7))
         };

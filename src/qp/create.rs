@@ -200,9 +200,9 @@ impl<T: QpType, S: QpState> Qp<T, S> {
             caps.max_recv_wr.max(1)
         };
         let ctx = pd.context();
-        let sq_res = (send_cq.inner.rings.reserve(sq_want.into(), "send"))
+        let sq_res = (send_cq.inner.reserve(sq_want.into(), "send"))
             .map_err(|e| ctx.over_limit(e, "max_send_wr", sq_want, "max_qp_wr", |a| a.max_qp_wr))?;
-        let rq_res = (recv_cq.inner.rings.reserve(rq_want.into(), "receive"))
+        let rq_res = (recv_cq.inner.reserve(rq_want.into(), "receive"))
             .map_err(|e| ctx.over_limit(e, "max_recv_wr", rq_want, "max_qp_wr", |a| a.max_qp_wr))?;
         let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
         let raw = create(&mut init)?;

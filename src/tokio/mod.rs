@@ -40,6 +40,7 @@ mod cm;
 mod cq;
 mod driver;
 mod events;
+pub mod exchange;
 mod qp;
 mod timer;
 
@@ -47,6 +48,7 @@ pub use cm::{AsyncCmId, Listener};
 pub use cq::{AsyncCq, CqRef, Next};
 pub use driver::AsyncChannel;
 pub use events::AsyncEventStream;
+pub use exchange::ExchangeListener;
 pub use qp::{AsyncQp, QpRef};
 
 use std::os::fd::{AsRawFd, RawFd};

@@ -7,6 +7,8 @@ impl Model {
     pub(super) fn create_cq(&mut self, i: usize) {
         let depth = self.rng.range(24, 112) as u32;
         let cq = Cq::new(&self.ctx, depth).unwrap_or_else(|e| fail!("create cq: {e}"));
+        // The model keeps the books of fixed depths.
+        cq.set_auto_grow(false);
         check!(cq.reserved() == 0, "fresh CQ has reservations");
         self.cqs[i] = Some(CqSlot {
             cq,
