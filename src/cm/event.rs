@@ -227,7 +227,8 @@ impl Awaited {
         what: "rdma_accept: waiting for ESTABLISHED",
         grace: Duration::ZERO,
     };
-    /// `rdma_disconnect`'s DISCONNECTED.
+    /// `rdma_disconnect`'s DISCONNECTED (only the futures wait for it).
+    #[cfg(feature = "tokio")]
     pub(crate) const DISCONNECTED: Awaited = Awaited {
         kind: CmEventKind::Disconnected,
         op: "rdma_disconnect",
