@@ -280,18 +280,18 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
 
 /// How a finished comparison ends: what to print, and the exit status.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Verdict {
+struct Verdict {
     /// Warnings and errors, one a line.
-    pub(super) lines: Vec<String>,
+    lines: Vec<String>,
     /// 1 when a (test, size, path) combination has no median or the guest
     /// script did not finish; 0 otherwise, also when single repetitions gave
     /// no result (the medians use the others; a warning names them).
-    pub(super) code: u8,
+    code: u8,
 }
 
 /// Judges a comparison from its primary rows, the runs that produced no result and
 /// the guest script's exit status.
-pub(super) fn judge(plan: &Plan, rows: &[Row], failed: &[String], script_code: u8) -> Verdict {
+fn judge(plan: &Plan, rows: &[Row], failed: &[String], script_code: u8) -> Verdict {
     let mut lines = Vec::new();
     if !failed.is_empty() {
         lines.push(format!(
