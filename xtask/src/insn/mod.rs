@@ -29,6 +29,9 @@ use std::time::Duration;
 use crate::cmd::{self, run_checked};
 use crate::run::{self, Invocation};
 use crate::{Context, Error, Result};
+use polls::Run;
+
+mod polls;
 
 const USAGE: &str = "\
 usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
@@ -351,9 +354,10 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          \x20 fi\n\
          \x20 wait $spid; src=$?\n\
          \x20 sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg 2>/dev/null | head -1 > \"$OUT/$name.insn\"\n\
-         \x20 # The calibration rule needs the callers of gettimeofday; annotating takes\n\
-         \x20 # ~3 s under TCG, so only runs that call it (perftest's) are annotated.\n\
-         \x20 if grep -q gettimeofday /tmp/$name.cg 2>/dev/null; then\n\
+         \x20 # The calibration rule needs the callers of gettimeofday, the poll count\n\
+         \x20 # the callers of the poll function; annotating takes ~3 s under TCG, so\n\
+         \x20 # client runs are annotated only when they call gettimeofday (perftest's).\n\
+         \x20 if [ $SIDE = server ] || grep -q gettimeofday /tmp/$name.cg 2>/dev/null; then\n\
          \x20   callgrind_annotate --tree=caller --inclusive=yes /tmp/$name.cg > \"$OUT/$name.callers\" 2>/dev/null\n\
          \x20 else\n\
          \x20   : > \"$OUT/$name.callers\"\n\
@@ -417,8 +421,14 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
         .collect();
     let logs = keep_logs(&work)?;
     let mut rows = BTreeMap::new();
+    let mut receiver = BTreeMap::new();
     for m in &measured {
         rows.extend(m.per_msg.iter().map(|(k, v)| (k.clone(), *v)));
+        receiver.extend(
+            m.runs
+                .iter()
+                .filter_map(|(k, r)| Some((k.clone(), polls::figures(r)?))),
+        );
     }
     let json = crate::target_dir()
         .join("compare")
@@ -427,7 +437,7 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
         } else {
             "insn-server.json"
         });
-    fs::write(&json, to_json(&rows, &plans[0].side))
+    fs::write(&json, to_json(&rows, &receiver, &plans[0].side))
         .context(|| format!("cannot write {}", json.display()))?;
 
     if let (Some(lo), Some(hi)) = (calibration.iter().min(), calibration.iter().max()) {
@@ -470,11 +480,15 @@ struct Measured {
     per_msg: BTreeMap<Key, f64>,
     /// Jobs without a result.
     missing: Vec<String>,
+    /// Server side: every run of each configuration whose poll calls were counted.
+    runs: BTreeMap<Key, Vec<Run>>,
 }
 
 /// The instructions per message of each of `plan`'s configurations, from the jobs' files
 /// in `work`; adds the clock calibration loops it left out to `calibration`.
 fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured {
+    let poll_fn = polls::find_poll_fn(work);
+    let mut runs: BTreeMap<Key, Vec<Run>> = BTreeMap::new();
     let mut total = |k: &Key, n: u64, rep: u32| -> Option<u64> {
         let name = job_name(k, n, rep);
         let all: u64 = fs::read_to_string(work.join(format!("{name}.insn")))
@@ -488,7 +502,18 @@ fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured
         if clock > 0 {
             calibration.push(clock);
         }
-        Some(all.saturating_sub(clock))
+        let insn = all.saturating_sub(clock);
+        let counted = poll_fn
+            .as_ref()
+            .and_then(|(file, offset)| polls::calls(&callers, file, *offset));
+        if let Some(p) = counted {
+            runs.entry(k.clone()).or_default().push(Run {
+                n: n as f64,
+                insn: insn as f64,
+                polls: p as f64,
+            });
+        }
+        Some(insn)
     };
     let mut per_msg: BTreeMap<Key, f64> = BTreeMap::new();
     let mut missing = Vec::new();
@@ -505,7 +530,11 @@ fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured
             per_msg.insert(k, median(&mut figures));
         }
     }
-    Measured { per_msg, missing }
+    Measured {
+        per_msg,
+        missing,
+        runs,
+    }
 }
 
 /// Copies the jobs' files from `work` to `target/compare/insn-runs` and removes `work`;
@@ -529,6 +558,9 @@ fn keep_logs(work: &Path) -> Result<PathBuf> {
 /// missing (`code`: the guest's exit status).
 fn judge(plan: &Plan, measured: &Measured, code: u8, logs: &Path) -> bool {
     let (worst, worst_scoped) = print_table(plan, &measured.per_msg);
+    if !measured.runs.is_empty() {
+        polls::print_table(&measured.runs);
+    }
     if !measured.missing.is_empty() || code != 0 {
         eprintln!(
             "xtask insn: no result for {} (guest status {code}); logs in {}",
@@ -684,13 +716,23 @@ fn clock_calibration(annotate: &str) -> u64 {
         .sum()
 }
 
-fn to_json(per_msg: &BTreeMap<Key, f64>, side: &str) -> String {
+/// The rows of `insn.json` / `insn-server.json`; `receiver`: the poll figures of the
+/// server side's configurations.
+fn to_json(
+    per_msg: &BTreeMap<Key, f64>,
+    receiver: &BTreeMap<Key, polls::Figures>,
+    side: &str,
+) -> String {
     let rows: Vec<String> = per_msg
         .iter()
         .map(|(k, v)| {
             format!(
-                "  {{\"test\": \"{}\", \"path\": \"{}\", \"size\": {}, \"post_list\": {}, \"side\": \"{side}\", \"insn_per_msg\": {v:.1}}}",
-                k.test, k.path, k.size, k.post_list
+                "  {{\"test\": \"{}\", \"path\": \"{}\", \"size\": {}, \"post_list\": {}, \"side\": \"{side}\", \"insn_per_msg\": {v:.1}{}}}",
+                k.test,
+                k.path,
+                k.size,
+                k.post_list,
+                receiver.get(k).map(polls::json_fields).unwrap_or_default()
             )
         })
         .collect();
