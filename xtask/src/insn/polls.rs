@@ -59,10 +59,11 @@ pub(super) fn calls(annotate: &str, file: &str, offset: u64) -> Option<u64> {
                     .and_then(|(_, c)| c.split_once("x)"))
                     .and_then(|(n, _)| n.replace(',', "").parse::<u64>().ok());
                 sum += count.unwrap_or(0);
-            } else if let Some(f) = rest.strip_prefix('*') {
-                if f.contains(&me) && f.trim_end().ends_with(&in_file) {
-                    return Some(sum);
-                }
+            } else if let Some(f) = rest.strip_prefix('*')
+                && f.contains(&me)
+                && f.trim_end().ends_with(&in_file)
+            {
+                return Some(sum);
             }
         }
     }
