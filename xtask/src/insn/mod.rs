@@ -433,9 +433,9 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
     for m in &measured {
         rows.extend(m.per_msg.iter().map(|(k, v)| (k.clone(), *v)));
         receiver.extend(
-            m.runs
-                .iter()
-                .filter_map(|(k, r)| Some((k.clone(), polls::figures(r)?))),
+            m.runs.iter().filter_map(|(k, r)| {
+                Some((k.clone(), polls::figures(r, m.per_msg.get(k).copied())?))
+            }),
         );
     }
     let json = crate::target_dir()
@@ -567,7 +567,7 @@ fn keep_logs(work: &Path) -> Result<PathBuf> {
 fn judge(plan: &Plan, measured: &Measured, code: u8, logs: &Path) -> bool {
     let (worst, worst_scoped) = print_table(plan, &measured.per_msg);
     if !measured.runs.is_empty() {
-        polls::print_table(&measured.runs);
+        polls::print_table(&measured.runs, &measured.per_msg);
     }
     if !measured.missing.is_empty() || code != 0 {
         eprintln!(

@@ -12,8 +12,11 @@
 //! callgrind's call count of the function `ibv_poll_cq` lands in (`perf` prints its place
 //! in the provider library in its banner; perftest loads the same library). a, b and c
 //! are fitted by least squares over a program's runs (two iteration counts, several
-//! repetitions: timing moves P independently of N). b is the deterministic figure; b + c
-//! is a message received with one poll call of its own, no empty polls.
+//! repetitions: timing moves P independently of N). The figure without empty polls is
+//! b + c/16: every poll takes a full batch of 16 completions (perftest's and `perf`'s
+//! batch), the fewest polls N messages need. A configuration whose runs all polled that
+//! few times has no empty polls to take out (and no spread to fit c from): its plain
+//! figure is that one.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -108,6 +111,9 @@ pub(super) fn fit(runs: &[Run]) -> Option<(f64, f64)> {
     Some((b, c))
 }
 
+/// Completions one poll asks for: perftest's `CTX_POLL_BATCH` and `perf`'s `POLL_BATCH`.
+const POLL_BATCH: f64 = 16.0;
+
 /// A configuration's receiver figures.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Figures {
@@ -116,27 +122,40 @@ pub(super) struct Figures {
     /// The fit's (b, c): instructions per message with the poll calls out, and per poll
     /// call; `None` when the runs do not determine them.
     pub(super) fit: Option<(f64, f64)>,
+    /// Instructions per message without empty polls: every poll takes a full batch
+    /// (b + c / 16). Where the fit is undetermined because every run polled exactly that
+    /// often, the plain figure is that already.
+    pub(super) full_batches: Option<f64>,
 }
 
-/// [`Figures`] of one configuration's runs.
-pub(super) fn figures(runs: &[Run]) -> Option<Figures> {
+/// [`Figures`] of one configuration's runs; `plain`: its (I(N2) − I(N1)) / (N2 − N1).
+pub(super) fn figures(runs: &[Run], plain: Option<f64>) -> Option<Figures> {
     let per_msg = runs.iter().map(|r| r.polls / r.n);
     let lo = per_msg.clone().fold(f64::INFINITY, f64::min);
     let hi = per_msg.fold(f64::NEG_INFINITY, f64::max);
-    (!runs.is_empty()).then(|| Figures {
+    let fit = fit(runs);
+    let full = |r: &Run| r.polls <= (r.n / POLL_BATCH).ceil();
+    let full_batches = match fit {
+        Some((b, c)) => Some(b + c / POLL_BATCH),
+        None if runs.iter().all(full) => plain,
+        None => None,
+    };
+    (!runs.is_empty()).then_some(Figures {
         polls_per_msg: (lo, hi),
-        fit: fit(runs),
+        fit,
+        full_batches,
     })
 }
 
-/// Prints the receiver's poll figures of every configuration with counted runs.
-pub(super) fn print_table(runs: &BTreeMap<Key, Vec<Run>>) {
+/// Prints the receiver's poll figures of every configuration with counted runs; `plain`:
+/// each one's (I(N2) − I(N1)) / (N2 − N1).
+pub(super) fn print_table(runs: &BTreeMap<Key, Vec<Run>>, plain: &BTreeMap<Key, f64>) {
     say!(
-        "receiver polls (I = a + b*N + c*P fitted over each configuration's runs; b + c: \
-         one poll call per message, no empty polls):"
+        "receiver polls (I = a + b*N + c*P fitted over each configuration's runs; \
+         no empty polls: b + c/16, every poll a full batch):"
     );
     say!(
-        "{:<10} {:>8} {:>3} {:<9} {:>5} {:>15} {:>10} {:>12} {:>10}",
+        "{:<10} {:>8} {:>3} {:<9} {:>5} {:>15} {:>10} {:>10} {:>15}",
         "test",
         "size",
         "-l",
@@ -144,31 +163,25 @@ pub(super) fn print_table(runs: &BTreeMap<Key, Vec<Run>>) {
         "runs",
         "polls/msg",
         "insn/poll",
-        "b (insn/msg)",
-        "b + c"
+        "b",
+        "no empty polls"
     );
+    let num = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
     for (k, r) in runs {
-        let Some(f) = figures(r) else { continue };
-        let (b, c, bc) = f
-            .fit
-            .map_or(("-".into(), "-".into(), "-".into()), |(b, c)| {
-                (
-                    format!("{b:.1}"),
-                    format!("{c:.1}"),
-                    format!("{:.1}", b + c),
-                )
-            });
+        let Some(f) = figures(r, plain.get(k).copied()) else {
+            continue;
+        };
         say!(
-            "{:<10} {:>8} {:>3} {:<9} {:>5} {:>15} {:>10} {:>12} {:>10}",
+            "{:<10} {:>8} {:>3} {:<9} {:>5} {:>15} {:>10} {:>10} {:>15}",
             k.test,
             k.size,
             k.post_list,
             k.path,
             r.len(),
             format!("{:.3}..{:.3}", f.polls_per_msg.0, f.polls_per_msg.1),
-            c,
-            b,
-            bc
+            num(f.fit.map(|(_, c)| c)),
+            num(f.fit.map(|(b, _)| b)),
+            num(f.full_batches)
         );
     }
 }
@@ -183,6 +196,9 @@ pub(super) fn json_fields(f: &Figures) -> String {
         s.push_str(&format!(
             ", \"insn_per_msg_polls_out\": {b:.1}, \"insn_per_poll\": {c:.1}"
         ));
+    }
+    if let Some(v) = f.full_batches {
+        s.push_str(&format!(", \"insn_per_msg_no_empty_polls\": {v:.1}"));
     }
     s
 }
@@ -241,5 +257,19 @@ mod tests {
         ];
         assert_eq!(fit(&same), None);
         assert_eq!(fit(&runs[..3]), None);
+
+        // No empty polls: b + c/16.
+        let f = figures(&runs, Some(999.0)).unwrap();
+        assert!((f.full_batches.unwrap() - 255.0).abs() < 1e-6, "{f:?}");
+        assert_eq!(f.polls_per_msg, (0.375, 0.75));
+        // Every run at the fewest polls (a full batch each): the plain figure.
+        let full = [run(1000.0, 63.0), run(1000.0, 63.0), run(3000.0, 188.0)];
+        assert_eq!(
+            figures(&full, Some(300.0)).unwrap().full_batches,
+            Some(300.0)
+        );
+        // Too few runs to fit, and empty polls among them: nothing to say.
+        assert_eq!(figures(&runs[..3], Some(300.0)).unwrap().full_batches, None);
+        assert_eq!(figures(&[], Some(300.0)), None);
     }
 }
