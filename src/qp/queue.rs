@@ -129,11 +129,7 @@ impl<'a> WorkQueue for SendQueue<'a> {
     }
 
     #[inline(always)]
-    unsafe fn post(
-        core: &QpCore,
-        head: *mut ffi::ibv_send_wr,
-        bad: *mut *mut ffi::ibv_send_wr,
-    ) -> i32 {
+    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
         // SAFETY: per this function's contract.
         unsafe { core.post_send_chain(head, bad) }
     }
@@ -187,11 +183,7 @@ impl WorkQueue for RecvQueue {
     }
 
     #[inline(always)]
-    unsafe fn post(
-        core: &QpCore,
-        head: *mut ffi::ibv_recv_wr,
-        bad: *mut *mut ffi::ibv_recv_wr,
-    ) -> i32 {
+    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
         // SAFETY: valid QP; the chain per this function's contract.
         unsafe { post::ibv_post_recv(core.raw.as_ptr(), head, bad) }
     }
