@@ -119,6 +119,33 @@ impl Device {
             max_rd_atomic,
         })
     }
+
+    /// Where `ibv_poll_cq` lands: the provider library's file name and the
+    /// function's offset in it, as callgrind names a function of a library
+    /// without symbols (`cargo xtask insn --side server` counts its calls).
+    pub fn poll_fn(&self) -> Option<(String, usize)> {
+        // SAFETY: the context is open while `self` lives; `ops.poll_cq` is a
+        // plain function pointer that libibverbs set when it opened it.
+        let f = unsafe { (*self.ctx.as_raw()).ops.poll_cq }? as usize;
+        let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+        // SAFETY: `info` is valid for a write; dladdr only reads the
+        // loader's tables for the address.
+        if unsafe { libc::dladdr(f as *const libc::c_void, info.as_mut_ptr()) } == 0 {
+            return None;
+        }
+        // SAFETY: dladdr succeeded, so it filled `info`; `dli_fname` is a
+        // C string the loader owns while the library stays loaded (the
+        // context keeps it).
+        let info = unsafe { info.assume_init() };
+        if info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated (dladdr's contract).
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+        let file = name.to_string_lossy();
+        let file = file.rsplit('/').next().unwrap_or_default().to_owned();
+        Some((file, f - info.dli_fbase as usize))
+    }
 }
 
 /// The CQs and QPs of one side.

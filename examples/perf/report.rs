@@ -339,6 +339,9 @@ pub fn banner(o: &Opts, dev: &Device, rate: &Rate, api: Option<SendApi>) {
         println!(" ibv_wr* API     : {on}");
     }
     println!(" Events          : {}", if o.events { "ON" } else { "OFF" });
+    if let Some((file, offset)) = dev.poll_fn() {
+        println!(" Poll function   : {file}+{offset:#x}");
+    }
     let cpuinfo = rate
         .cpuinfo_mhz
         .map_or("unknown".to_owned(), |m| format!("{m:.3}"));

@@ -180,6 +180,81 @@ impl CmEvent {
     }
 }
 
+/// How long past its own timeout a resolution may take before the wait gives
+/// up (the kernel reports a resolution's timeout only after it).
+const RESOLVE_GRACE: Duration = Duration::from_secs(2);
+
+/// An event a call waits for, and how the wait names itself: one per call,
+/// shared by the blocking calls and their futures (`crate::tokio`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Awaited {
+    /// The event that ends the wait.
+    kind: CmEventKind,
+    /// The call, as another event's error names it.
+    op: &'static str,
+    /// The wait, as a timeout names it.
+    pub(crate) what: &'static str,
+    /// How much longer than the call's timeout the wait lasts.
+    grace: Duration,
+}
+
+impl Awaited {
+    /// `rdma_resolve_addr`'s ADDR_RESOLVED.
+    pub(crate) const ADDR_RESOLVED: Awaited = Awaited {
+        kind: CmEventKind::AddrResolved,
+        op: "rdma_resolve_addr",
+        what: "rdma_resolve_addr: waiting for ADDR_RESOLVED",
+        grace: RESOLVE_GRACE,
+    };
+    /// `rdma_resolve_route`'s ROUTE_RESOLVED.
+    pub(crate) const ROUTE_RESOLVED: Awaited = Awaited {
+        kind: CmEventKind::RouteResolved,
+        op: "rdma_resolve_route",
+        what: "rdma_resolve_route: waiting for ROUTE_RESOLVED",
+        grace: RESOLVE_GRACE,
+    };
+    /// `rdma_connect`'s ESTABLISHED.
+    pub(crate) const CONNECTED: Awaited = Awaited {
+        kind: CmEventKind::Established,
+        op: "rdma_connect",
+        what: "rdma_connect: waiting for ESTABLISHED",
+        grace: Duration::ZERO,
+    };
+    /// `rdma_accept`'s ESTABLISHED.
+    pub(crate) const ACCEPTED: Awaited = Awaited {
+        kind: CmEventKind::Established,
+        op: "rdma_accept",
+        what: "rdma_accept: waiting for ESTABLISHED",
+        grace: Duration::ZERO,
+    };
+    /// `rdma_disconnect`'s DISCONNECTED (only the futures wait for it).
+    #[cfg(feature = "tokio")]
+    pub(crate) const DISCONNECTED: Awaited = Awaited {
+        kind: CmEventKind::Disconnected,
+        op: "rdma_disconnect",
+        what: "rdma_disconnect: waiting for DISCONNECTED",
+        grace: Duration::ZERO,
+    };
+
+    /// How long to wait for a call given `timeout`.
+    pub(crate) fn limit(&self, timeout: Duration) -> Duration {
+        timeout.saturating_add(self.grace)
+    }
+
+    /// What `ev` does to the wait: the awaited event ends it (`Some(Ok)`),
+    /// the harmless ADDR_CHANGE / TIMEWAIT_EXIT leave it waiting (`None`),
+    /// any other ends it with its error.
+    pub(crate) fn judge(&self, ev: CmEvent) -> Option<Result<CmEvent>> {
+        if ev.kind == self.kind {
+            return Some(Ok(ev));
+        }
+        if matches!(ev.kind, CmEventKind::AddrChange | CmEventKind::TimewaitExit) {
+            return None;
+        }
+        Some(Err(ev.into_error(self.op)))
+    }
+}
+
 impl fmt::Debug for CmEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CmEvent")

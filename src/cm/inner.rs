@@ -103,39 +103,28 @@ impl IdInner {
         }
     }
 
-    /// Waits for an event of `kind`; any other event (but the harmless
-    /// ADDR_CHANGE / TIMEWAIT_EXIT) ends the wait with its error. `locked` as
-    /// in [`IdInner::next_event`].
+    /// Waits for the event `awaited` names, up to its limit for `timeout`;
+    /// any other event (but the harmless ones) ends the wait with its error.
+    /// `locked` as in [`IdInner::next_event`].
     pub(super) fn expect(
         &self,
-        kind: CmEventKind,
-        op: &'static str,
-        what: &'static str,
+        awaited: Awaited,
         timeout: Duration,
         locked: bool,
     ) -> Result<CmEvent> {
-        let deadline = deadline_after(timeout);
+        let limit = awaited.limit(timeout);
+        let deadline = deadline_after(limit);
         loop {
-            let ev = self.next_event(deadline, what, timeout, locked)?;
-            if ev.kind == kind {
-                return Ok(ev);
+            let ev = self.next_event(deadline, awaited.what, limit, locked)?;
+            if let Some(r) = awaited.judge(ev) {
+                return r;
             }
-            if matches!(ev.kind, CmEventKind::AddrChange | CmEventKind::TimewaitExit) {
-                continue;
-            }
-            return Err(ev.into_error(op));
         }
     }
 
     /// [`IdInner::expect`] with the lock held by the caller throughout.
-    pub(super) fn expect_locked(
-        &self,
-        kind: CmEventKind,
-        op: &'static str,
-        what: &'static str,
-        timeout: Duration,
-    ) -> Result<CmEvent> {
-        self.expect(kind, op, what, timeout, true)
+    pub(super) fn expect_locked(&self, awaited: Awaited, timeout: Duration) -> Result<CmEvent> {
+        self.expect(awaited, timeout, true)
     }
 
     /// Whether a blocking connect or resolve owns the id's events now. Call

@@ -56,7 +56,7 @@ use crate::qp::{Init, Qp, QpCaps, Rc, Rts};
 
 mod addr;
 mod create_qp;
-mod event;
+pub(crate) mod event;
 mod handshake;
 mod id;
 mod inner;
@@ -77,9 +77,6 @@ pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
 /// How long an event reader sleeps between looks while a blocking connect on
 /// another thread owns the id's events.
 const CONNECTING_SLICE: Duration = Duration::from_millis(10);
-
-/// How long past its own timeout a resolution may take before the wait gives up.
-const RESOLVE_GRACE: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

@@ -72,12 +72,7 @@ impl ConnectRequest {
             // the QP outlives it.
             let attach =
                 unsafe { attach_and_call(id, &qp, param, ffi::rdma_accept, "rdma_accept")? };
-            cm.inner.expect_locked(
-                CmEventKind::Established,
-                "rdma_accept",
-                "rdma_accept: waiting for ESTABLISHED",
-                timeout,
-            )?;
+            cm.inner.expect_locked(Awaited::ACCEPTED, timeout)?;
             drop(attach);
             // SAFETY: rdma_accept returned 0 only after moving the attached QP
             // to RTR and RTS, and the peer confirmed (ESTABLISHED).

@@ -21,13 +21,7 @@ impl CmId {
             BlockingWaitGuard::mark(&self.inner)
         };
         self.inner
-            .expect(
-                CmEventKind::AddrResolved,
-                "rdma_resolve_addr",
-                "rdma_resolve_addr: waiting for ADDR_RESOLVED",
-                timeout.saturating_add(RESOLVE_GRACE),
-                false,
-            )
+            .expect(Awaited::ADDR_RESOLVED, timeout, false)
             .map(drop)
     }
 
@@ -76,13 +70,7 @@ impl CmId {
             BlockingWaitGuard::mark(&self.inner)
         };
         self.inner
-            .expect(
-                CmEventKind::RouteResolved,
-                "rdma_resolve_route",
-                "rdma_resolve_route: waiting for ROUTE_RESOLVED",
-                timeout.saturating_add(RESOLVE_GRACE),
-                false,
-            )
+            .expect(Awaited::ROUTE_RESOLVED, timeout, false)
             .map(drop)
     }
 

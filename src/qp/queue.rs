@@ -129,11 +129,7 @@ impl<'a> WorkQueue for SendQueue<'a> {
     }
 
     #[inline(always)]
-    unsafe fn post(
-        core: &QpCore,
-        head: *mut ffi::ibv_send_wr,
-        bad: *mut *mut ffi::ibv_send_wr,
-    ) -> i32 {
+    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
         // SAFETY: per this function's contract.
         unsafe { core.post_send_chain(head, bad) }
     }
@@ -187,13 +183,99 @@ impl WorkQueue for RecvQueue {
     }
 
     #[inline(always)]
-    unsafe fn post(
-        core: &QpCore,
-        head: *mut ffi::ibv_recv_wr,
-        bad: *mut *mut ffi::ibv_recv_wr,
-    ) -> i32 {
+    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
         // SAFETY: valid QP; the chain per this function's contract.
         unsafe { post::ibv_post_recv(core.raw.as_ptr(), head, bad) }
+    }
+}
+
+/// A queue that posts on `Base` with more to check per request and, for a
+/// send, more to write and to keep (UD's address): only what differs is
+/// written for it, [`Extended`] forwards the rest.
+pub(crate) trait Extension {
+    /// The queue it posts on.
+    type Base: WorkQueue;
+    /// Its work request: the base queue's and more.
+    type Wr;
+
+    /// The base queue's request inside `wr`.
+    fn base(wr: &Self::Wr) -> &<Self::Base as WorkQueue>::Wr;
+
+    /// Takes the base queue's request out of `wr`.
+    fn into_base(wr: Self::Wr) -> <Self::Base as WorkQueue>::Wr;
+
+    /// Everything that can be checked before the NIC sees `wr`, the base
+    /// queue's checks included (in the order whose error comes first).
+    fn validate(core: &QpCore, wr: &Self::Wr) -> Result<(), Error>;
+
+    /// Writes into `c` what the base queue's C form lacks. Nothing by default.
+    ///
+    /// # Safety
+    /// `c` points to the entry the base queue's `write_c` just initialised.
+    #[inline(always)]
+    unsafe fn complete_c(_wr: &Self::Wr, _c: *mut <Self::Base as WorkQueue>::CWr) {}
+
+    /// As [`WorkQueue::staged`], after the base queue's. Nothing by default.
+    ///
+    /// # Safety
+    /// As [`WorkQueue::staged`].
+    #[inline(always)]
+    unsafe fn staged(_core: &mut QpCore, _seq: u64, _wr: &Self::Wr) {}
+}
+
+/// The work queue of an [`Extension`].
+pub(crate) struct Extended<E>(PhantomData<E>);
+
+impl<E: Extension> WorkQueue for Extended<E> {
+    type Wr = E::Wr;
+    type CWr = <E::Base as WorkQueue>::CWr;
+
+    #[inline(always)]
+    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
+        E::Base::ring_and_head(core)
+    }
+
+    #[inline(always)]
+    fn validate(core: &QpCore, wr: &Self::Wr) -> Result<(), Error> {
+        E::validate(core, wr)
+    }
+
+    #[inline(always)]
+    fn write_c(
+        core: &QpCore,
+        wr: &Self::Wr,
+        c: &mut MaybeUninit<Self::CWr>,
+        sges: &mut [MaybeUninit<ffi::ibv_sge>],
+        last_slot: bool,
+    ) -> (*mut Self::CWr, SlotMeta) {
+        let (p, meta) = E::Base::write_c(core, E::base(wr), c, sges, last_slot);
+        // SAFETY: `p` points to the entry the base's write_c just initialised.
+        unsafe { E::complete_c(wr, p) };
+        (p, meta)
+    }
+
+    #[inline(always)]
+    fn id_and_bufs(wr: &Self::Wr) -> (u64, *const Sges) {
+        E::Base::id_and_bufs(E::base(wr))
+    }
+
+    fn into_parts(wr: Self::Wr) -> (u64, Sges) {
+        E::Base::into_parts(E::into_base(wr))
+    }
+
+    #[inline(always)]
+    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
+        // SAFETY: per this function's contract.
+        unsafe { E::Base::post(core, head, bad) }
+    }
+
+    #[inline(always)]
+    unsafe fn staged(core: &mut QpCore, seq: u64, wr: &Self::Wr) {
+        // SAFETY: per this function's contract, for both parts of `wr`.
+        unsafe {
+            E::Base::staged(core, seq, E::base(wr));
+            E::staged(core, seq, wr);
+        }
     }
 }
 

@@ -32,10 +32,8 @@
 //! [`to_error`](Qp::to_error) drain a UD QP without posting a marker (a
 //! marker would need an address handle).
 
-use std::mem::MaybeUninit;
-
 use super::attr::{UdInitAttr, sq_psn_only};
-use super::queue::{self, RecvQueue, SendQueue, WorkQueue};
+use super::queue::{self, Extended, Extension, RecvQueue, SendQueue, WorkQueue};
 use super::state::{CanPostRecv, CanPostSend, Init, QpState, Reset, Rtr, Rts, Ud};
 use super::{PostError, Qp, QpCaps, QpCore, TransitionError, check_bits};
 use crate::ah::{AddressHandle, GRH_LEN, grh_source_gid};
@@ -43,7 +41,6 @@ use crate::cq::{Completion, CompletionSource, Cq, WcOpcode};
 use crate::device::Gid;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::ledger::ring::{Ring, SlotMeta};
 use crate::ledger::sges::{Buffer, Sges};
 use crate::ledger::wr::{RecvWr, SendWr};
 use crate::mr::Mr;
@@ -346,7 +343,7 @@ impl<S: QpState> Qp<Ud, S> {
             if ethernet {
                 return Err(Error::InvalidArgument {
                     what: "endpoint",
-                    reason: "the peer's endpoint carries no GID (all zero), and RoCE addresses                              by GID: have the peer send the endpoint Qp::endpoint returns"
+                    reason: "the peer's endpoint carries no GID (all zero), and RoCE addresses by GID: have the peer send the endpoint that Qp::endpoint returns"
                         .into(),
                 });
             }
@@ -421,7 +418,7 @@ impl<S: QpState> Qp<Ud, S> {
 }
 
 /// The send queue of a UD QP: RC's, plus the datagram's address.
-struct UdSendQueue<'a>(std::marker::PhantomData<UdSendWr<'a>>);
+type UdSendQueue<'a> = Extended<UdSend<'a>>;
 
 impl AddressHandle {
     /// The address handle towards the peer whose endpoint is `remote`, for
@@ -448,13 +445,21 @@ impl AddressHandle {
     }
 }
 
-impl<'a> WorkQueue for UdSendQueue<'a> {
+/// What a UD send adds to RC's: see [`UdSendQueue`].
+struct UdSend<'a>(std::marker::PhantomData<UdSendWr<'a>>);
+
+impl<'a> Extension for UdSend<'a> {
+    type Base = SendQueue<'a>;
     type Wr = UdSendWr<'a>;
-    type CWr = ffi::ibv_send_wr;
 
     #[inline(always)]
-    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
-        SendQueue::ring_and_head(core)
+    fn base<'w>(wr: &'w UdSendWr<'a>) -> &'w SendWr<'a> {
+        &wr.wr
+    }
+
+    #[inline(always)]
+    fn into_base(wr: UdSendWr<'a>) -> SendWr<'a> {
+        wr.wr
     }
 
     fn validate(core: &QpCore, wr: &UdSendWr<'a>) -> Result<(), Error> {
@@ -482,42 +487,15 @@ impl<'a> WorkQueue for UdSendQueue<'a> {
     }
 
     #[inline(always)]
-    fn write_c(
-        core: &QpCore,
-        wr: &UdSendWr<'a>,
-        c: &mut MaybeUninit<ffi::ibv_send_wr>,
-        sges: &mut [MaybeUninit<ffi::ibv_sge>],
-        last_slot: bool,
-    ) -> (*mut ffi::ibv_send_wr, SlotMeta) {
-        let (p, meta) = SendQueue::write_c(core, &wr.wr, c, sges, last_slot);
-        // SAFETY: `p` points to the entry SendQueue::write_c just initialised.
+    unsafe fn complete_c(wr: &UdSendWr<'a>, c: *mut ffi::ibv_send_wr) {
+        // SAFETY: `c` points to an initialised entry (this function's contract).
         unsafe {
-            (*p).wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            (*c).wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
                 ah: wr.ah.as_raw(),
                 remote_qpn: wr.remote_qpn,
                 remote_qkey: wr.qkey,
             };
         }
-        (p, meta)
-    }
-
-    #[inline(always)]
-    fn id_and_bufs(wr: &UdSendWr<'a>) -> (u64, *const Sges) {
-        SendQueue::id_and_bufs(&wr.wr)
-    }
-
-    fn into_parts(wr: UdSendWr<'a>) -> (u64, Sges) {
-        SendQueue::into_parts(wr.wr)
-    }
-
-    #[inline(always)]
-    unsafe fn post(
-        core: &QpCore,
-        head: *mut ffi::ibv_send_wr,
-        bad: *mut *mut ffi::ibv_send_wr,
-    ) -> i32 {
-        // SAFETY: per this function's contract.
-        unsafe { SendQueue::post(core, head, bad) }
     }
 
     #[inline(always)]
@@ -534,15 +512,23 @@ impl<'a> WorkQueue for UdSendQueue<'a> {
 }
 
 /// The receive queue of a UD QP: RC's, with the GRH buffer checked.
-struct UdRecvQueue;
+type UdRecvQueue = Extended<UdRecv>;
 
-impl WorkQueue for UdRecvQueue {
+/// What a UD receive adds to RC's: see [`UdRecvQueue`].
+struct UdRecv;
+
+impl Extension for UdRecv {
+    type Base = RecvQueue;
     type Wr = UdRecvWr;
-    type CWr = ffi::ibv_recv_wr;
 
     #[inline(always)]
-    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
-        RecvQueue::ring_and_head(core)
+    fn base(wr: &UdRecvWr) -> &RecvWr {
+        &wr.wr
+    }
+
+    #[inline(always)]
+    fn into_base(wr: UdRecvWr) -> RecvWr {
+        wr.wr
     }
 
     fn validate(core: &QpCore, wr: &UdRecvWr) -> Result<(), Error> {
@@ -557,35 +543,5 @@ impl WorkQueue for UdRecvQueue {
             });
         }
         RecvQueue::validate(core, &wr.wr)
-    }
-
-    #[inline(always)]
-    fn write_c(
-        core: &QpCore,
-        wr: &UdRecvWr,
-        c: &mut MaybeUninit<ffi::ibv_recv_wr>,
-        sges: &mut [MaybeUninit<ffi::ibv_sge>],
-        last_slot: bool,
-    ) -> (*mut ffi::ibv_recv_wr, SlotMeta) {
-        RecvQueue::write_c(core, &wr.wr, c, sges, last_slot)
-    }
-
-    #[inline(always)]
-    fn id_and_bufs(wr: &UdRecvWr) -> (u64, *const Sges) {
-        RecvQueue::id_and_bufs(&wr.wr)
-    }
-
-    fn into_parts(wr: UdRecvWr) -> (u64, Sges) {
-        RecvQueue::into_parts(wr.wr)
-    }
-
-    #[inline(always)]
-    unsafe fn post(
-        core: &QpCore,
-        head: *mut ffi::ibv_recv_wr,
-        bad: *mut *mut ffi::ibv_recv_wr,
-    ) -> i32 {
-        // SAFETY: per this function's contract.
-        unsafe { RecvQueue::post(core, head, bad) }
     }
 }

@@ -9,13 +9,11 @@ use ::tokio::io::unix::AsyncFd;
 
 use super::qp::AsyncQp;
 use super::{ReadinessFd, watch};
+use crate::cm::event::Awaited;
 use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest};
 use crate::error::{Error, Result};
 use crate::qp::Rc;
 use crate::qp::{Init, Rts};
-
-/// How long after its own timeout the kernel's resolution is given to report.
-const RESOLVE_GRACE: Duration = Duration::from_secs(2);
 
 /// A [`CmId`] whose events are awaited through its channel's readiness handle.
 struct Watched {
@@ -68,31 +66,22 @@ impl Watched {
         }
     }
 
-    /// Waits up to `timeout` for an event of `kind`; any other event (but
-    /// ADDR_CHANGE / TIMEWAIT_EXIT) is returned as its error.
-    async fn expect(
-        &self,
-        kind: CmEventKind,
-        op: &'static str,
-        what: &'static str,
-        timeout: Duration,
-    ) -> Result<CmEvent> {
+    /// Waits for the event `awaited` names, up to its limit for `timeout`;
+    /// any other event (but the harmless ones) is returned as its error.
+    async fn expect(&self, awaited: Awaited, timeout: Duration) -> Result<CmEvent> {
         let wait = async {
             loop {
-                let ev = self.event().await?;
-                if ev.kind == kind {
-                    return Ok(ev);
-                }
-                if !matches!(ev.kind, CmEventKind::AddrChange | CmEventKind::TimewaitExit) {
-                    return Err(ev.into_error(op));
+                if let Some(r) = awaited.judge(self.event().await?) {
+                    return r;
                 }
             }
         };
-        super::timer::timeout(timeout, wait)
+        let limit = awaited.limit(timeout);
+        super::timer::timeout(limit, wait)
             .await?
             .unwrap_or(Err(Error::Timeout {
-                what,
-                after: timeout,
+                what: awaited.what,
+                after: limit,
             }))
     }
 }
@@ -158,21 +147,9 @@ impl AsyncCmId {
     pub async fn resolve(dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
         let w = Watched::new(CmId::new()?)?;
         w.id.start_resolve_addr(dst, timeout)?;
-        w.expect(
-            CmEventKind::AddrResolved,
-            "rdma_resolve_addr",
-            "rdma_resolve_addr: waiting for ADDR_RESOLVED",
-            timeout.saturating_add(RESOLVE_GRACE),
-        )
-        .await?;
+        w.expect(Awaited::ADDR_RESOLVED, timeout).await?;
         w.id.start_resolve_route(timeout)?;
-        w.expect(
-            CmEventKind::RouteResolved,
-            "rdma_resolve_route",
-            "rdma_resolve_route: waiting for ROUTE_RESOLVED",
-            timeout.saturating_add(RESOLVE_GRACE),
-        )
-        .await?;
+        w.expect(Awaited::ROUTE_RESOLVED, timeout).await?;
         Ok(AsyncCmId { inner: w })
     }
 
@@ -198,15 +175,7 @@ impl AsyncCmId {
         // SAFETY: `qp` lives in this frame until after `handshake` is dropped
         // (declared after it, so dropped first, also on cancellation).
         let handshake = unsafe { self.inner.id.start_connect(&qp, param)? };
-        let ev = self
-            .inner
-            .expect(
-                CmEventKind::Established,
-                "rdma_connect",
-                "rdma_connect: waiting for ESTABLISHED",
-                timeout,
-            )
-            .await?;
+        let ev = self.inner.expect(Awaited::CONNECTED, timeout).await?;
         drop(handshake);
         // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm
         // moved the QP to RTR and RTS (else it reports CONNECT_ERROR).
@@ -228,13 +197,7 @@ impl AsyncCmId {
         // SAFETY: as in connect: `qp` outlives `handshake`.
         let (id, handshake) = unsafe { request.start_accept(&qp, param)? };
         let w = Watched::new(id)?;
-        w.expect(
-            CmEventKind::Established,
-            "rdma_accept",
-            "rdma_accept: waiting for ESTABLISHED",
-            timeout,
-        )
-        .await?;
+        w.expect(Awaited::ACCEPTED, timeout).await?;
         drop(handshake);
         // SAFETY: rdma_accept moved the attached QP to RTR and RTS, and the
         // peer confirmed (ESTABLISHED).
@@ -266,12 +229,7 @@ impl AsyncCmId {
         }
         self.inner.id.disconnect()?;
         self.inner
-            .expect(
-                CmEventKind::Disconnected,
-                "rdma_disconnect",
-                "rdma_disconnect: waiting for DISCONNECTED",
-                timeout,
-            )
+            .expect(Awaited::DISCONNECTED, timeout)
             .await
             .map(drop)
     }

@@ -27,6 +27,11 @@
 //! The printed table has a value and a ratio to perftest per path, and the ratios between
 //! paths (safe/raw, scoped/safe, scoped/raw) of those `--paths` names.
 //!
+//! Exit status: 1 when a (test, size, path) combination has no median (no repetition of
+//! it or of its perftest run gave a result) or the guest script did not finish; a single
+//! repetition without a result is a printed warning naming the run, and the medians use
+//! the other repetitions (exit 0).
+//!
 //! The guest writes its logs to a directory under the host's `/tmp`, which `cargo xtask
 //! run` shares read-write with the guest whenever a command argument lies there.
 
@@ -45,7 +50,7 @@ mod tests;
 use crate::cmd::{self, run_checked};
 use crate::run::{self, Invocation};
 use crate::{Context, Error, Result};
-use render::{print_table, rows, svg, to_json};
+use render::{Row, print_table, rows, svg, to_json};
 use runner::{collect, script};
 
 /// Default message sizes.
@@ -266,23 +271,43 @@ pub fn compare_command(args: Vec<OsString>) -> Result<u8> {
     fs::write(&svg_path, svg(&plan, &rows))
         .context(|| format!("cannot write {}", svg_path.display()))?;
     say!("wrote {} and {}", json_path.display(), svg_path.display());
-    let missing = path_combinations(&plan) - rows.iter().filter(|r| r.primary).count();
+    let verdict = judge(&plan, &rows, &failed, code);
+    for line in &verdict.lines {
+        eprintln!("xtask compare: {line}; logs in {}", runs_dir.display());
+    }
+    Ok(verdict.code)
+}
+
+/// How a finished comparison ends: what to print, and the exit status.
+#[derive(Debug, PartialEq, Eq)]
+struct Verdict {
+    /// Warnings and errors, one a line.
+    lines: Vec<String>,
+    /// 1 when a (test, size, path) combination has no median or the guest
+    /// script did not finish; 0 otherwise, also when single repetitions gave
+    /// no result (the medians use the others; a warning names them).
+    code: u8,
+}
+
+/// Judges a comparison from its primary rows, the runs that produced no result and
+/// the guest script's exit status.
+fn judge(plan: &Plan, rows: &[Row], failed: &[String], script_code: u8) -> Verdict {
+    let mut lines = Vec::new();
     if !failed.is_empty() {
-        eprintln!(
-            "xtask compare: {} run(s) produced no result (medians use the others): {}; logs in {}",
+        lines.push(format!(
+            "warning: {} run(s) produced no result (medians use the other repetitions): {}",
             failed.len(),
-            failed.join(", "),
-            runs_dir.display()
-        );
+            failed.join(", ")
+        ));
     }
-    if missing > 0 || !failed.is_empty() {
-        eprintln!(
-            "xtask compare: {missing} (test, size, path) combinations have no result; see {}",
-            runs_dir.display()
-        );
-        return Ok(1);
+    let missing = path_combinations(plan) - rows.iter().filter(|r| r.primary).count();
+    if missing > 0 {
+        lines.push(format!(
+            "error: {missing} (test, size, path) combinations have no result"
+        ));
     }
-    Ok(if code == 0 { 0 } else { 1 })
+    let code = u8::from(missing > 0 || script_code != 0);
+    Verdict { lines, code }
 }
 
 /// Builds the `perf` example (release); its path.

@@ -269,3 +269,64 @@ fn iterations_scale_with_size() {
     assert_eq!(iters("send_lat", 1 << 20), 20);
     assert_eq!(iters("send_lat", 4096), 1000);
 }
+
+#[test]
+fn a_missing_repetition_warns_and_a_missing_combination_fails() {
+    let args = |s: &str| s.split_whitespace().map(OsString::from).collect();
+    let plan = parse_args(args("--reps 3 --tests write_bw --sizes 2 --paths safe,raw"))
+        .unwrap()
+        .unwrap();
+    let mut results = Results::new();
+    // The second repetition of `raw` gave no result: the median uses the other two.
+    for (imp, reps) in [("perftest", 3), ("safe", 3), ("raw", 2)] {
+        let n = vec![[1.0, 0.5]; reps];
+        results.insert(("write_bw".to_owned(), 2, imp.to_owned()), n);
+    }
+    let failed = vec!["write_bw_2_raw_1".to_owned()];
+    let v = judge(&plan, &rows(&plan, &results), &failed, 0);
+    assert_eq!(v.code, 0, "{v:?}");
+    assert_eq!(
+        v.lines,
+        [
+            "warning: 1 run(s) produced no result (medians use the other repetitions): write_bw_2_raw_1"
+        ]
+    );
+
+    // No repetition of `raw` gave a result: that combination has no median.
+    results.remove(&("write_bw".to_owned(), 2, "raw".to_owned()));
+    let failed: Vec<String> = (0..3).map(|r| format!("write_bw_2_raw_{r}")).collect();
+    let v = judge(&plan, &rows(&plan, &results), &failed, 0);
+    assert_eq!(v.code, 1, "{v:?}");
+    assert_eq!(v.lines.len(), 2);
+    assert!(v.lines[0].starts_with("warning: 3 run(s) produced no result"));
+    assert_eq!(
+        v.lines[1],
+        "error: 1 (test, size, path) combinations have no result"
+    );
+
+    // Every combination has a median, but the guest script did not finish.
+    let v = judge(&plan, &rows(&plan, &results_all(&plan)), &[], 137);
+    assert_eq!((v.code, v.lines.len()), (1, 0));
+    // ... and all is well when it did.
+    assert_eq!(
+        judge(&plan, &rows(&plan, &results_all(&plan)), &[], 0),
+        Verdict {
+            lines: vec![],
+            code: 0
+        }
+    );
+}
+
+/// A result for every repetition of every implementation `plan` runs.
+fn results_all(plan: &Plan) -> Results {
+    let mut results = Results::new();
+    for test in &plan.tests {
+        for &size in sizes_for(plan, test) {
+            for imp in impls_for(plan, test) {
+                let n = vec![[1.0, 0.5]; plan.reps as usize];
+                results.insert((test.clone(), size, imp.to_owned()), n);
+            }
+        }
+    }
+    results
+}

@@ -17,6 +17,12 @@
 //! `scoped`, and prints a table with safe/raw, scoped/raw and raw/perftest.
 //! `--check RATIO` (`--check-scoped RATIO`) exits 1 when any safe/raw
 //! (scoped/raw) exceeds RATIO (the regression guard `cargo xtask test` runs).
+//!
+//! With `--side server` the receiver's figure includes its empty polls, whose number
+//! depends on timing: each run's poll calls are counted too, and a fit over the runs
+//! takes their cost out (see [`polls`]); the table and the JSON rows add polls per
+//! message, instructions per poll call and per message without them. Give `--reps 2` or
+//! more: the fit needs four runs of a configuration.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -29,6 +35,9 @@ use std::time::Duration;
 use crate::cmd::{self, run_checked};
 use crate::run::{self, Invocation};
 use crate::{Context, Error, Result};
+use polls::Run;
+
+mod polls;
 
 const USAGE: &str = "\
 usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
@@ -42,7 +51,8 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --paths      perftest,safe,raw,scoped (default all four; scoped: perf --scoped, Cq::scope)
   --iters      the two iteration counts (default 2000,8000)
   --side       which side runs under callgrind (default client; server: the receiver
-               of send_bw, the only test whose server works per message)
+               of send_bw, the only test whose server works per message; its poll
+               calls are counted and their cost fitted out, which needs --reps 2 or more)
   --check      exit 1 if safe/raw instructions per message exceed RATIO anywhere
   --check-scoped  the same for scoped/raw
   --reps       runs of each pair (default 1): the figure is the median of their
@@ -351,10 +361,12 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          \x20 fi\n\
          \x20 wait $spid; src=$?\n\
          \x20 sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg 2>/dev/null | head -1 > \"$OUT/$name.insn\"\n\
-         \x20 # The calibration rule needs the callers of gettimeofday; annotating takes\n\
-         \x20 # ~3 s under TCG, so only runs that call it (perftest's) are annotated.\n\
-         \x20 if grep -q gettimeofday /tmp/$name.cg 2>/dev/null; then\n\
-         \x20   callgrind_annotate --tree=caller --inclusive=yes /tmp/$name.cg > \"$OUT/$name.callers\" 2>/dev/null\n\
+         \x20 # The calibration rule needs the callers of gettimeofday, the poll count\n\
+         \x20 # the callers of the poll function; annotating takes ~3 s under TCG, so\n\
+         \x20 # client runs are annotated only when they call gettimeofday (perftest's).\n\
+         \x20 # Every function: the poll function is below the default 99% threshold.\n\
+         \x20 if [ $SIDE = server ] || grep -q gettimeofday /tmp/$name.cg 2>/dev/null; then\n\
+         \x20   callgrind_annotate --tree=caller --inclusive=yes --threshold=100 /tmp/$name.cg > \"$OUT/$name.callers\" 2>/dev/null\n\
          \x20 else\n\
          \x20   : > \"$OUT/$name.callers\"\n\
          \x20 fi\n\
@@ -417,8 +429,14 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
         .collect();
     let logs = keep_logs(&work)?;
     let mut rows = BTreeMap::new();
+    let mut receiver = BTreeMap::new();
     for m in &measured {
         rows.extend(m.per_msg.iter().map(|(k, v)| (k.clone(), *v)));
+        receiver.extend(
+            m.runs.iter().filter_map(|(k, r)| {
+                Some((k.clone(), polls::figures(r, m.per_msg.get(k).copied())?))
+            }),
+        );
     }
     let json = crate::target_dir()
         .join("compare")
@@ -427,7 +445,7 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
         } else {
             "insn-server.json"
         });
-    fs::write(&json, to_json(&rows, &plans[0].side))
+    fs::write(&json, to_json(&rows, &receiver, &plans[0].side))
         .context(|| format!("cannot write {}", json.display()))?;
 
     if let (Some(lo), Some(hi)) = (calibration.iter().min(), calibration.iter().max()) {
@@ -470,11 +488,15 @@ struct Measured {
     per_msg: BTreeMap<Key, f64>,
     /// Jobs without a result.
     missing: Vec<String>,
+    /// Server side: every run of each configuration whose poll calls were counted.
+    runs: BTreeMap<Key, Vec<Run>>,
 }
 
 /// The instructions per message of each of `plan`'s configurations, from the jobs' files
 /// in `work`; adds the clock calibration loops it left out to `calibration`.
 fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured {
+    let poll_fn = polls::find_poll_fn(work);
+    let mut runs: BTreeMap<Key, Vec<Run>> = BTreeMap::new();
     let mut total = |k: &Key, n: u64, rep: u32| -> Option<u64> {
         let name = job_name(k, n, rep);
         let all: u64 = fs::read_to_string(work.join(format!("{name}.insn")))
@@ -488,7 +510,18 @@ fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured
         if clock > 0 {
             calibration.push(clock);
         }
-        Some(all.saturating_sub(clock))
+        let insn = all.saturating_sub(clock);
+        let counted = poll_fn
+            .as_ref()
+            .and_then(|(file, offset)| polls::calls(&callers, file, *offset));
+        if let Some(p) = counted {
+            runs.entry(k.clone()).or_default().push(Run {
+                n: n as f64,
+                insn: insn as f64,
+                polls: p as f64,
+            });
+        }
+        Some(insn)
     };
     let mut per_msg: BTreeMap<Key, f64> = BTreeMap::new();
     let mut missing = Vec::new();
@@ -505,7 +538,11 @@ fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured
             per_msg.insert(k, median(&mut figures));
         }
     }
-    Measured { per_msg, missing }
+    Measured {
+        per_msg,
+        missing,
+        runs,
+    }
 }
 
 /// Copies the jobs' files from `work` to `target/compare/insn-runs` and removes `work`;
@@ -529,6 +566,9 @@ fn keep_logs(work: &Path) -> Result<PathBuf> {
 /// missing (`code`: the guest's exit status).
 fn judge(plan: &Plan, measured: &Measured, code: u8, logs: &Path) -> bool {
     let (worst, worst_scoped) = print_table(plan, &measured.per_msg);
+    if !measured.runs.is_empty() {
+        polls::print_table(&measured.runs, &measured.per_msg);
+    }
     if !measured.missing.is_empty() || code != 0 {
         eprintln!(
             "xtask insn: no result for {} (guest status {code}); logs in {}",
@@ -684,13 +724,23 @@ fn clock_calibration(annotate: &str) -> u64 {
         .sum()
 }
 
-fn to_json(per_msg: &BTreeMap<Key, f64>, side: &str) -> String {
+/// The rows of `insn.json` / `insn-server.json`; `receiver`: the poll figures of the
+/// server side's configurations.
+fn to_json(
+    per_msg: &BTreeMap<Key, f64>,
+    receiver: &BTreeMap<Key, polls::Figures>,
+    side: &str,
+) -> String {
     let rows: Vec<String> = per_msg
         .iter()
         .map(|(k, v)| {
             format!(
-                "  {{\"test\": \"{}\", \"path\": \"{}\", \"size\": {}, \"post_list\": {}, \"side\": \"{side}\", \"insn_per_msg\": {v:.1}}}",
-                k.test, k.path, k.size, k.post_list
+                "  {{\"test\": \"{}\", \"path\": \"{}\", \"size\": {}, \"post_list\": {}, \"side\": \"{side}\", \"insn_per_msg\": {v:.1}{}}}",
+                k.test,
+                k.path,
+                k.size,
+                k.post_list,
+                receiver.get(k).map(polls::json_fields).unwrap_or_default()
             )
         })
         .collect();
@@ -698,102 +748,4 @@ fn to_json(per_msg: &BTreeMap<Key, f64>, side: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(&mut [7.5]), 7.5);
-    }
-
-    #[test]
-    fn clock_calibration_is_the_inclusive_cost_of_gettimeofdays_callers() {
-        // Shaped like `callgrind_annotate --tree=caller --inclusive=yes` of ib_write_bw.
-        let annotate = "\
---------------------------------------------------------------------------------
-Ir________________ file:function
-
-5,084,931 (100.0%)  *  ???:0x0000000000005360 [/usr/bin/ib_write_bw]
-
-  553,475 (10.88%)  < ???:0x0000000000028a30 (1x) [/usr/bin/ib_write_bw]
-  553,475 (10.88%)  *  ???:0x0000000000028690 [/usr/bin/ib_write_bw]
-
-  166,607 ( 3.28%)  < ???:0x0000000000028690 (23,801x) [/usr/bin/ib_write_bw]
-  166,607 ( 3.28%)  *  ./time/../sysdeps/unix/sysv/linux/gettimeofday.c:__gettimeofday_syscall [/usr/lib/x86_64-linux-gnu/libc.so.6]
-
-  120,000 ( 2.36%)  < ???:0x000000000001ea90 (3,000x) [/usr/bin/ib_write_bw]
-  120,000 ( 2.36%)  *  ???:0x0000000000003cc0 [/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so]
-";
-        assert_eq!(clock_calibration(annotate), 553_475);
-        // perf's runs: nothing calls gettimeofday.
-        let perf = "\
-  322,800 (50.0%)  < /work/main/examples/perf/bw.rs:perf::bw::run (1x) [/tmp/perf]
-  322,800 (50.0%)  *  /work/main/examples/perf/bw.rs:perf::bw::run_size [/tmp/perf]
-";
-        assert_eq!(clock_calibration(perf), 0);
-    }
-
-    #[test]
-    fn repetitions_get_their_own_jobs() {
-        let plan = parse_args(
-            [
-                "--tests",
-                "write_bw",
-                "--post-list",
-                "1",
-                "--paths",
-                "raw",
-                "--reps",
-                "3",
-            ]
-            .map(OsString::from)
-            .to_vec(),
-        )
-        .unwrap()
-        .unwrap();
-        let s = script(std::slice::from_ref(&plan));
-        for name in [
-            "write_bw_2_l1_raw_2000",
-            "write_bw_2_l1_raw_8000_r1",
-            "write_bw_2_l1_raw_2000_r2",
-        ] {
-            assert!(s.contains(&format!("job {name} ")), "{name} in:\n{s}");
-        }
-        assert_eq!(s.matches("\njob ").count(), 6);
-        assert!(parse_args(["--reps", "0"].map(OsString::from).to_vec()).is_err());
-    }
-
-    #[test]
-    fn plans_joined_with_then_share_one_script() {
-        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
-        let plans = parse_plans(args(&[
-            "--tests",
-            "send_bw",
-            "--post-list",
-            "1",
-            "--paths",
-            "raw,scoped",
-            "--check-scoped",
-            "1.10",
-            "--then",
-            "--tests",
-            "send_bw",
-            "--post-list",
-            "8,1",
-            "--paths",
-            "raw",
-        ]))
-        .unwrap()
-        .unwrap();
-        assert_eq!(plans.len(), 2);
-        assert_eq!(plans[0].check_scoped, Some(1.10));
-        assert_eq!(plans[1].check_scoped, None);
-        let s = script(&plans);
-        // send_bw raw with lists of 1 is in both plans: measured once.
-        assert_eq!(s.matches("\njob send_bw_2_l1_raw_2000 ").count(), 1);
-        assert_eq!(s.matches("\njob ").count(), 6);
-        assert!(parse_plans(args(&["--side", "server", "--then", "--tests", "send_bw"])).is_err());
-    }
-}
+mod tests;
