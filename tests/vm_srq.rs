@@ -206,13 +206,16 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
     // arrive; each completes when its message has arrived whole. QP 0's peer
     // sends a long message while QP 1's peer sends short ones from another
     // thread at the same time: QP 0 takes a receive with its first packet,
-    // and QP 1's messages take later receives and complete first. Repeat
-    // until that order was seen (each round checks every byte either way).
+    // and QP 1's messages take later receives and complete first. rxe sends
+    // a message in the posting thread's system call, so the two threads run
+    // on different CPUs (on one they take turns and the order is posting
+    // order). Repeat until that order was seen (each round checks every byte
+    // either way).
     const BIG: usize = 1 << 20;
     const SMALL: usize = 4;
     let mut s = setup(2, 8);
     let mut out_of_order = false;
-    for round in 0..5u64 {
+    for round in 0..20u64 {
         let first = round * 100;
         let posted = post_receives(&mut s, first, 1 + SMALL as u64, BIG);
         let big = message(0, round as usize, BIG);
@@ -231,11 +234,13 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
         let (p0, p1) = s.peers.split_at_mut(1);
         std::thread::scope(|sc| {
             sc.spawn(|| {
+                pin_to_cpu(1);
                 barrier.wait();
                 p0[0]
                     .post_send(SendWr::send(0).sge(big_buf))
                     .expect("big send");
             });
+            pin_to_cpu(0);
             barrier.wait();
             for (k, mr) in bufs.enumerate() {
                 p1[0]
@@ -264,10 +269,28 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
             break;
         }
     }
+    pin_to_cpu(usize::MAX);
     assert!(
         out_of_order,
         "the receives always completed in posting order"
     );
+}
+
+/// Runs the calling thread on `cpu` only (`usize::MAX`: on every CPU again).
+/// A guest with one CPU leaves it where it is.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for c in 0..cpus {
+        if cpu == usize::MAX || c == cpu % cpus {
+            // SAFETY: c is below CPU_SETSIZE (the guest has a few CPUs).
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+    }
+    // SAFETY: pid 0 is the calling thread; set is a valid cpu_set_t.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
 }
 
 /// `refill` counts the receives it posted, also when the CQ is polled while
