@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use super::wire::{WireMessage, read_done, write_done};
+use super::wire::{WireMessage, read_done, read_up_to, write_done};
 use crate::error::{Error, Result};
 
 /// How long [`ExchangeStream::connect`] waits between attempts.
@@ -182,23 +182,14 @@ impl ExchangeStream {
     /// [`READY_MSG`].
     pub fn wait_ready(&mut self) -> Result<()> {
         let mut buf = [0u8; READY_MSG.len()];
-        let mut got = 0;
-        let mut r = self.for_one_message();
-        while got < buf.len() {
-            match r.read(&mut buf[got..]) {
-                Ok(0) => break,
-                // `min`: a `Read` that claims more than the buffer held.
-                Ok(n) => got = got.saturating_add(n).min(buf.len()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    let e = Error::Io {
-                        what: "waiting for the peer's ready signal",
-                        source,
-                    };
-                    return Err(closed_as_peer_closed(map_timeout(e, self.timeout)));
-                }
-            }
-        }
+        let timeout = self.timeout;
+        let got = read_up_to(&mut self.for_one_message(), &mut buf).map_err(|source| {
+            let e = Error::Io {
+                what: "waiting for the peer's ready signal",
+                source,
+            };
+            closed_as_peer_closed(map_timeout(e, timeout))
+        })?;
         match &buf[..got] {
             b if b == READY_MSG => Ok(()),
             [] => Err(Error::PeerClosed {

@@ -420,9 +420,9 @@ pub fn write_done<W: Write + ?Sized>(w: &mut W) -> Result<()> {
     write_all(w, DONE_MSG, "sending \"done\"")
 }
 
-/// Reads the closing `"done"`: `"done\0"`, or `"done"` followed by EOF.
-pub fn read_done<R: Read + ?Sized>(r: &mut R) -> Result<()> {
-    let mut buf = [0u8; DONE_MSG.len()];
+/// Reads until `buf` is full or the peer closes, and returns how many bytes
+/// came (fewer than `buf.len()` only at the end of the stream).
+pub(super) fn read_up_to<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match r.read(&mut buf[got..]) {
@@ -430,14 +430,19 @@ pub fn read_done<R: Read + ?Sized>(r: &mut R) -> Result<()> {
             // `min`: a `Read` that claims more than the buffer held.
             Ok(n) => got = got.saturating_add(n).min(buf.len()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(Error::Io {
-                    what: "receiving \"done\"",
-                    source,
-                });
-            }
+            Err(e) => return Err(e),
         }
     }
+    Ok(got)
+}
+
+/// Reads the closing `"done"`: `"done\0"`, or `"done"` followed by EOF.
+pub fn read_done<R: Read + ?Sized>(r: &mut R) -> Result<()> {
+    let mut buf = [0u8; DONE_MSG.len()];
+    let got = read_up_to(r, &mut buf).map_err(|source| Error::Io {
+        what: "receiving \"done\"",
+        source,
+    })?;
     match &buf[..got] {
         b"done\0" | b"done" => Ok(()),
         // Closed before a byte: the peer exited (or was killed), it did not
