@@ -222,9 +222,9 @@ fn client(args: &app::Args) -> Result<()> {
     let c = side.poll("the READ through the revoked window")?;
     match (c.wr_id, c.status) {
         (3, WcStatus::RemAccessErr) => println!(
-            "client: READ through the revoked window failed with {}, as expected; \
-             the QP is in the error state now",
-            c.status
+            "client: READ through the revoked window failed with {} (WcStatus::{:?}), as \
+             expected; the QP is in the error state now",
+            c.status, c.status
         ),
         (3, WcStatus::Success) => {
             return Err(Error::Other(
