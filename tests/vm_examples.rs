@@ -293,8 +293,9 @@ impl Drop for HugePages {
 /// `file_read` copies a 64 MiB file: into ordinary pages in 1 MiB READs, then
 /// into huge pages in READs of 1,000,000 bytes (the last one shorter); both
 /// sides print the file's checksum and the copy is the file, byte for byte.
-/// With no huge pages reserved, `--hugepages` fails on both sides, the
-/// client saying how to reserve them.
+/// Over the memlock limit the server fails naming the limit; with no huge
+/// pages reserved, `--hugepages` fails on both sides, the client saying how
+/// to reserve them.
 #[test]
 fn file_read_copies_a_64_mib_file_with_and_without_huge_pages() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -350,6 +351,7 @@ fn file_read_copies_a_64_mib_file_with_and_without_huge_pages() {
         );
         eprintln!("file_read {extra:?}: ok in {took:?}");
     }
+    memlock_refusal(&src);
     // No huge pages: the client's error says how to reserve them; the server sees it go.
     let _h = HugePages::set(0);
     let out = TempFile::path("file_read-out-refused");
@@ -390,6 +392,41 @@ fn file_read_copies_a_64_mib_file_with_and_without_huge_pages() {
         "client: no way to reserve them:\n{cout}"
     );
     assert!(sout.contains("file_read: error: "), "server:\n{sout}");
+}
+
+/// Run as nobody under an 8 MiB RLIMIT_MEMLOCK (root is never limited), the
+/// server cannot register the 64 MiB file and says so, naming the limit.
+fn memlock_refusal(src: &TempFile) {
+    let bin = example("file_read");
+    let args = [
+        "--memlock=8388608:8388608",
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let args: Vec<String> = strings(&args)
+        .into_iter()
+        .chain([bin.display().to_string()])
+        .chain(strings(&["--server", &src.arg(), "--port", "19573"]))
+        .collect();
+    let mut p = Proc::spawn(
+        "prlimit",
+        std::path::Path::new("/usr/bin/prlimit"),
+        &args,
+        "memlock",
+    );
+    let status = p.wait_until(Instant::now() + LIMIT);
+    let out = p.output();
+    assert!(
+        status.is_some_and(|s| s.code() == Some(1)),
+        "{status:?}\n{out}"
+    );
+    assert!(out.contains("file_read: error: "), "{out}");
+    assert!(
+        out.contains("8388608 bytes") && out.contains("ulimit -l"),
+        "{out}"
+    );
 }
 
 /// Pseudo-random bytes (xorshift64), so that a misplaced chunk changes the checksum.
