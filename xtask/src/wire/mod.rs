@@ -283,35 +283,22 @@ fn interop() -> Vec<Case> {
             "ex:mw_grant --client {peer} --port 18610",
             Some(18610),
         ),
-        // The client fails unless its copy's checksum equals the server's.
+        // The client fails unless its copy's checksum equals the server's. One case only:
+        // 64 MiB over the virtual wire takes 20-50 s (the huge-page destination is
+        // covered in one guest by tests/vm_examples.rs).
         Case {
             server: shell(
                 "head -c 67108864 /dev/urandom > /dev/shm/file_read.src && \
                  exec \"$RDMA_VERBS_EXAMPLES/file_read\" --server /dev/shm/file_read.src --port 18611",
             ),
+            // Twice the slowest run seen, not the other cases' 60 s.
+            limit: Duration::from_secs(120),
             ..case(
                 i,
                 "file_read 64 MiB (checksummed)",
                 "",
                 "ex:file_read --client {peer} --port 18611 --out /dev/shm/file_read.copy",
                 Some(18611),
-            )
-        },
-        // The server serves the file the case before made, still in node 1's tmpfs; the
-        // client's node reserves the 32 huge pages for the copy and frees them after.
-        Case {
-            client: shell(
-                "echo 32 > /proc/sys/vm/nr_hugepages && \
-                 \"$RDMA_VERBS_EXAMPLES/file_read\" --client {peer} --port 18612 \
-                 --out /dev/shm/file_read.copy --hugepages; rc=$?; \
-                 echo 0 > /proc/sys/vm/nr_hugepages; exit $rc",
-            ),
-            ..case(
-                i,
-                "file_read 64 MiB into huge pages (checksummed)",
-                "ex:file_read --server /dev/shm/file_read.src --port 18612",
-                "",
-                Some(18612),
             )
         },
     ]
