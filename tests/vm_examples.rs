@@ -352,14 +352,19 @@ fn file_read_copies_a_64_mib_file_with_and_without_huge_pages() {
         eprintln!("file_read {extra:?}: ok in {took:?}");
     }
     memlock_refusal(&src);
-    // No huge pages: the client's error says how to reserve them; the server sees it go.
+    huge_page_refusal(&src);
+}
+
+/// With no huge pages reserved, `--hugepages` fails on both sides: the
+/// client's error says how to reserve them, and the server sees it go.
+fn huge_page_refusal(src: &TempFile) {
     let _h = HugePages::set(0);
     let out = TempFile::path("file_read-out-refused");
     let port = 19572u16;
     let p = port.to_string();
     let bin = example("file_read");
     let deadline = Instant::now() + LIMIT;
-    let server = Proc::server(
+    let mut server = Proc::server(
         "file_read",
         &bin,
         &strings(&["--server", &src.arg(), "--port", &p]),
@@ -376,7 +381,6 @@ fn file_read_copies_a_64_mib_file_with_and_without_huge_pages() {
         "--hugepages",
     ]);
     let mut client = Proc::spawn("file_read", &bin, &args, "refused-client");
-    let mut server = server;
     let (cst, sst) = (client.wait_until(deadline), server.wait_until(deadline));
     let (cout, sout) = (client.output(), server.output());
     assert!(
