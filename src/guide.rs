@@ -37,6 +37,8 @@
 //! [`Mr::into_buffer`](crate::mr::Mr::into_buffer) gives it back with what the
 //! NIC wrote. [`Mr::new_huge`](crate::mr::Mr::new_huge) puts a registration on
 //! 2 MiB or 1 GiB huge pages; its error says how to reserve them.
+//! `examples/file_read.rs` serves a memory-mapped file for remote READ this
+//! way (and why its mapping is private on kernels before 6.2).
 //! [`MrPool`](crate::mr::MrPool) hands out fixed-size buffers of one
 //! registration, so the data path never registers.
 //!
@@ -47,6 +49,7 @@
 //! rights), send the returned `RemoteMr` once the bind's completion arrived,
 //! and revoke it with [`Qp::post_local_inv`](crate::qp::Qp::post_local_inv):
 //! the peer's next access fails with `REM_ACCESS_ERR`.
+//! `examples/mw_grant.rs` walks through every step across two processes.
 //!
 //! # 3. Queues
 //! A [`Cq`](crate::cq::Cq) collects completions; a [`Qp`](crate::qp::Qp) has a send

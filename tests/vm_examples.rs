@@ -187,7 +187,7 @@ fn perf_send_bw_server_reports_its_sampling_window_in_duration_mode() {
 fn bad_arguments_end_in_errors_not_panics() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let a = addr();
-    let cases: [(&str, Vec<&str>, &str); 6] = [
+    let cases: [(&str, Vec<&str>, &str); 8] = [
         ("devinfo", vec!["-i", "5"], "has port(s)"),
         // The error's Display form (not the Debug form `main` returning a
         // `Result` prints).
@@ -208,6 +208,16 @@ fn bad_arguments_end_in_errors_not_panics() {
             vec!["write_bw", "-D", "18446744073709551615"],
             "-D must be at most",
         ),
+        (
+            "file_read",
+            vec!["--server", "/nonexistent/file"],
+            "file_read: error: /nonexistent/file: No such file or directory",
+        ),
+        (
+            "file_read",
+            vec!["--client", &a, "--out", "/nonexistent/dir/copy"],
+            "file_read: error: /nonexistent/dir/copy: No such file or directory",
+        ),
     ];
     for (i, (name, args, says)) in cases.iter().enumerate() {
         let mut p = Proc::spawn(name, &example(name), &strings(args), &format!("bad-{i}"));
@@ -224,4 +234,254 @@ fn bad_arguments_end_in_errors_not_panics() {
             "{name} {args:?} does not say `{says}`:\n{out}"
         );
     }
+}
+
+/// FNV-1a 64, as `file_read` prints it.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A file in the guest's tmpfs, removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn path(name: &str) -> TempFile {
+        let name = format!("vm_examples-{name}-{}", std::process::id());
+        TempFile(std::env::temp_dir().join(name))
+    }
+
+    fn arg(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Sets `/proc/sys/vm/nr_hugepages` (the guest runs the tests as root) and
+/// restores it when dropped.
+struct HugePages(String);
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+impl HugePages {
+    fn set(n: u64) -> HugePages {
+        let old = std::fs::read_to_string(NR_HUGEPAGES).expect("this kernel has hugetlbfs");
+        std::fs::write(NR_HUGEPAGES, n.to_string()).unwrap();
+        let free = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
+        let free: u64 = std::fs::read_to_string(free)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(free, n, "the guest could not reserve {n} huge pages");
+        HugePages(old)
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, self.0.trim());
+    }
+}
+
+/// `file_read` copies a 64 MiB file: into ordinary pages in 1 MiB READs, then
+/// into huge pages in READs of 1,000,000 bytes (the last one shorter); both
+/// sides print the file's checksum and the copy is the file, byte for byte.
+/// Over the memlock limit the server fails naming the limit; with no huge
+/// pages reserved, `--hugepages` fails on both sides, the client saying how
+/// to reserve them.
+#[test]
+fn file_read_copies_a_64_mib_file_with_and_without_huge_pages() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    const LEN: usize = 64 << 20;
+    let src = TempFile::path("file_read-src");
+    let data = random_bytes(LEN);
+    std::fs::write(&src.0, &data).unwrap();
+    let want = format!("fnv1a64 {:016x}", fnv1a(&data));
+    let runs: [(&[&str], &str, u64); 2] = [
+        (&[], "64 READs of up to 1048576 bytes", 0),
+        (
+            &["--hugepages", "--chunk", "1000000"],
+            "68 READs of up to 1000000 bytes",
+            32,
+        ),
+    ];
+    for (k, (extra, reads, huge)) in runs.into_iter().enumerate() {
+        let _h = (huge > 0).then(|| HugePages::set(huge));
+        let out = TempFile::path(&format!("file_read-out{k}"));
+        let port = (19570 + k as u16).to_string();
+        let server = strings(&["--server", &src.arg(), "--port", &port]);
+        let (host, out_arg) = (addr(), out.arg());
+        let client = [
+            &["--client", &host, "--port", &port, "--out", &out_arg][..],
+            extra,
+        ];
+        let (sout, cout, took) = run_pair(
+            "file_read",
+            19570 + k as u16,
+            &server,
+            &strings(&client.concat()),
+        );
+        assert_line(
+            &sout,
+            "server",
+            &format!("server: serving {} ({LEN} bytes, {want})", src.arg()),
+        );
+        assert_line(
+            &sout,
+            "server",
+            &format!("server: client done; {LEN} bytes served"),
+        );
+        assert_line(
+            &cout,
+            "client",
+            &format!("client: read {LEN} bytes in {reads}"),
+        );
+        assert!(cout.contains(&want), "client: no `{want}`:\n{cout}");
+        assert_eq!(cout.contains("into 2 MiB huge pages"), huge > 0, "{cout}");
+        assert!(
+            std::fs::read(&out.0).unwrap() == data,
+            "the copy differs from the file"
+        );
+        eprintln!("file_read {extra:?}: ok in {took:?}");
+    }
+    memlock_refusal(&src);
+    huge_page_refusal(&src);
+}
+
+/// With no huge pages reserved, `--hugepages` fails on both sides: the
+/// client's error says how to reserve them, and the server sees it go.
+fn huge_page_refusal(src: &TempFile) {
+    let _h = HugePages::set(0);
+    let out = TempFile::path("file_read-out-refused");
+    let port = 19572u16;
+    let p = port.to_string();
+    let bin = example("file_read");
+    let deadline = Instant::now() + LIMIT;
+    let mut server = Proc::server(
+        "file_read",
+        &bin,
+        &strings(&["--server", &src.arg(), "--port", &p]),
+        port,
+        deadline,
+    );
+    let args = strings(&[
+        "--client",
+        &addr(),
+        "--port",
+        &p,
+        "--out",
+        &out.arg(),
+        "--hugepages",
+    ]);
+    let mut client = Proc::spawn("file_read", &bin, &args, "refused-client");
+    let (cst, sst) = (client.wait_until(deadline), server.wait_until(deadline));
+    let (cout, sout) = (client.output(), server.output());
+    assert!(
+        cst.is_some_and(|s| s.code() == Some(1)),
+        "client: {cst:?}\n{cout}"
+    );
+    assert!(
+        sst.is_some_and(|s| s.code() == Some(1)),
+        "server: {sst:?}\n{sout}"
+    );
+    assert!(
+        cout.contains("/nr_hugepages"),
+        "client: no way to reserve them:\n{cout}"
+    );
+    assert!(sout.contains("file_read: error: "), "server:\n{sout}");
+}
+
+/// Run as nobody under an 8 MiB RLIMIT_MEMLOCK (root is never limited), the
+/// server cannot register the 64 MiB file and says so, naming the limit.
+fn memlock_refusal(src: &TempFile) {
+    let bin = example("file_read");
+    let args = [
+        "--memlock=8388608:8388608",
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let args: Vec<String> = strings(&args)
+        .into_iter()
+        .chain([bin.display().to_string()])
+        .chain(strings(&["--server", &src.arg(), "--port", "19573"]))
+        .collect();
+    let mut p = Proc::spawn(
+        "prlimit",
+        std::path::Path::new("/usr/bin/prlimit"),
+        &args,
+        "memlock",
+    );
+    let status = p.wait_until(Instant::now() + LIMIT);
+    let out = p.output();
+    assert!(
+        status.is_some_and(|s| s.code() == Some(1)),
+        "{status:?}\n{out}"
+    );
+    assert!(out.contains("file_read: error: "), "{out}");
+    assert!(
+        out.contains("8388608 bytes") && out.contains("ulimit -l"),
+        "{out}"
+    );
+}
+
+/// Pseudo-random bytes (xorshift64), so that a misplaced chunk changes the checksum.
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// `mw_grant`: the client READs and WRITEs through the granted window, the
+/// server sees the WRITE and revokes the window, and the client's next READ
+/// fails with REM_ACCESS_ERR.
+#[test]
+fn mw_grant_grants_then_revokes_a_window() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let port = 19580u16;
+    let p = port.to_string();
+    let (sout, cout, took) = run_pair(
+        "mw_grant",
+        port,
+        &strings(&["--server", "--port", &p]),
+        &strings(&["--client", &addr(), "--port", &p]),
+    );
+    assert_line(
+        &sout,
+        "server",
+        "server: the client's 256-byte WRITE through the window arrived",
+    );
+    assert_line(
+        &sout,
+        "server",
+        "server: window revoked (LOCAL_INV completed)",
+    );
+    assert_line(&sout, "server", "server: every step behaved as stated");
+    assert_line(
+        &cout,
+        "client",
+        "client: READ 4096 bytes through the window, verified",
+    );
+    assert_line(
+        &cout,
+        "client",
+        "client: READ through the revoked window failed with IBV_WC_REM_ACCESS_ERR (WcStatus::RemAccessErr)",
+    );
+    assert_line(&cout, "client", "client: every step behaved as stated");
+    eprintln!("mw_grant: ok in {took:?}");
 }

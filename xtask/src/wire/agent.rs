@@ -243,11 +243,9 @@ impl Agent {
         let first = argv.first().ok_or("empty command")?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut args: Vec<String> = argv[1..].iter().map(fill).collect();
+        let examples = exe.parent().ok_or("no binary directory")?.join("examples");
         let program = if let Some(name) = first.strip_prefix("ex:") {
-            exe.parent()
-                .ok_or("no binary directory")?
-                .join("examples")
-                .join(name)
+            examples.join(name)
         } else if let Some(sub) = first.strip_prefix("self:") {
             // This binary's own helpers (the fake exchange peer).
             args.insert(0, sub.to_owned());
@@ -263,6 +261,7 @@ impl Agent {
         let err = file.try_clone().map_err(|e| e.to_string())?;
         let mut c = Command::new(program);
         c.args(args).stdin(Stdio::null()).stdout(file).stderr(err);
+        c.env("RDMA_VERBS_EXAMPLES", examples);
         Ok(c)
     }
 

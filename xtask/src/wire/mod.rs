@@ -171,8 +171,9 @@ pub struct Case {
     pub scenario: String,
     /// The programs, e.g. `rc_pingpong (ours) <- ibv_rc_pingpong`.
     pub program: String,
-    /// Server command (node 1); `ex:NAME` is our example NAME, else a program in PATH.
-    /// `{peer}` is replaced by the other node's address, `{addr}` by the own one.
+    /// Server command (node 1); `ex:NAME` is our example NAME, else a program in PATH
+    /// (which finds the examples' directory in `$RDMA_VERBS_EXAMPLES`). `{peer}` is
+    /// replaced by the other node's address, `{addr}` by the own one.
     pub server: Vec<String>,
     /// Client command (node 2), the same way.
     pub client: Vec<String>,
@@ -275,7 +276,37 @@ fn interop() -> Vec<Case> {
             "ex:rdma_read --client {peer} --port 18609 --iters 200 --size 65536",
             Some(18609),
         ),
+        case(
+            i,
+            "mw_grant (window granted, used, revoked)",
+            "ex:mw_grant --server --port 18610",
+            "ex:mw_grant --client {peer} --port 18610",
+            Some(18610),
+        ),
+        // The client fails unless its copy's checksum equals the server's. One case only:
+        // 64 MiB over the virtual wire takes 20-50 s (the huge-page destination is
+        // covered in one guest by tests/vm_examples.rs).
+        Case {
+            server: shell(
+                "head -c 67108864 /dev/urandom > /dev/shm/file_read.src && \
+                 exec \"$RDMA_VERBS_EXAMPLES/file_read\" --server /dev/shm/file_read.src --port 18611",
+            ),
+            // Twice the slowest run seen, not the other cases' 60 s.
+            limit: Duration::from_secs(120),
+            ..case(
+                i,
+                "file_read 64 MiB (checksummed)",
+                "",
+                "ex:file_read --client {peer} --port 18611 --out /dev/shm/file_read.copy",
+                Some(18611),
+            )
+        },
     ]
+}
+
+/// A command run by `sh -c`, where `$RDMA_VERBS_EXAMPLES` is the examples' directory.
+fn shell(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
 }
 
 /// The cases of a set: `interop`, `faults-short` (the short fault matrix), `ci` (both:
