@@ -100,6 +100,9 @@ pub use transition::TransitionError;
 use transition::check_bits;
 
 /// A queue pair of transport `T` in state `S`.
+// Transparent: a scope that adopted a QP holds it by a pointer to its core
+// and re-types it in place (`scope/adopt.rs`).
+#[repr(transparent)]
 pub struct Qp<T: QpType, S: QpState> {
     core: QpCore,
     _marker: PhantomData<(T, S)>,

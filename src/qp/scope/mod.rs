@@ -41,6 +41,7 @@
 //! # }
 //! ```
 
+mod adopt;
 mod buf;
 mod buffers;
 mod chunk;
@@ -56,6 +57,7 @@ use std::time::Duration;
 
 use crate::ffi;
 
+pub use adopt::AdoptedQp;
 pub use buf::{Dst, Src};
 pub use buffers::{MAX_SCOPED_BUFFERS, ScopedBuffers};
 pub use post::{ScopedListError, ScopedQp};
