@@ -54,6 +54,7 @@ mod qp_core;
 mod queue;
 pub mod scope;
 mod send_ex;
+mod split;
 mod state;
 mod transition;
 mod uc;
@@ -84,6 +85,7 @@ pub use attr::{
     UcInitAttr, UcRtrAttr, UdInitAttr,
 };
 pub use send_ex::SendApi;
+pub use split::{RecvHalf, SendHalf};
 pub use state::{
     CanMoveToError, CanPostRecv, CanPostSend, Connected, ErrorState, Init, QpState, QpType, Rc,
     Reset, Rtr, Rts, Uc, Ud,

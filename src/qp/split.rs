@@ -1,0 +1,222 @@
+//! A connected QP split into a send half and a receive half ([`Qp::split`]),
+//! which post from two threads at once, as a socket's halves do.
+//!
+//! Each half holds borrows of disjoint fields of the QP's core: the send
+//! half the send ring and its head (and the extended send interface), the
+//! receive half the receive ring and its head; both read the QP's fixed
+//! attributes (verbs handle, capabilities, PD). The borrow checker proves the
+//! split; why the verbs allow it is in `docs/soundness.md`, "Send and
+//! receive halves".
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use super::queue::{self, QueueCore, RecvCore, RecvQueue, SendCore, SendQueue};
+use super::send_ex::SendEx;
+use super::*;
+
+/// What both halves read of the QP: attributes fixed while it is split.
+#[derive(Clone, Copy)]
+struct Fixed<'q> {
+    raw: NonNull<ffi::ibv_qp>,
+    caps: &'q QpCaps,
+    pd: &'q Pd,
+    uses_srq: bool,
+}
+
+/// A half's share of the QP's core: [`Fixed`], one ring and its head.
+struct Part<'q> {
+    fixed: Fixed<'q>,
+    ring: &'q Ring,
+    head: &'q mut u64,
+}
+
+/// The send half's share: a [`Part`] and the extended send interface.
+struct SendPart<'q> {
+    part: Part<'q>,
+    send_ex: Option<&'q SendEx>,
+}
+
+// SAFETY: a half is the only producer of its ring (it holds `&mut` to the
+// head) and the only user of what else it names mutably; what it shares with
+// the other half (the verbs handle, capabilities, PD) is only read, and
+// libibverbs lets one thread post sends while another posts receives on the
+// same QP (providers lock the two queues apart: see docs/soundness.md,
+// "Provider assumptions"). The send interface is used by the send half alone.
+unsafe impl Send for SendPart<'_> {}
+
+// SAFETY: as for `SendPart`, for the receive queue.
+unsafe impl Send for Part<'_> {}
+
+macro_rules! queue_core {
+    ($ty:ty, $($part:ident).+) => {
+        impl QueueCore for $ty {
+            #[inline(always)]
+            fn raw(&self) -> *mut ffi::ibv_qp {
+                self.$($part).+.raw.as_ptr()
+            }
+
+            #[inline(always)]
+            fn caps(&self) -> &QpCaps {
+                self.$($part).+.caps
+            }
+
+            #[inline(always)]
+            fn pd(&self) -> &Pd {
+                self.$($part).+.pd
+            }
+
+            #[inline(always)]
+            fn uses_srq(&self) -> bool {
+                self.$($part).+.uses_srq
+            }
+        }
+    };
+}
+
+queue_core!(Part<'_>, fixed);
+queue_core!(SendPart<'_>, part.fixed);
+
+impl RecvCore for Part<'_> {
+    #[inline(always)]
+    fn rq(&mut self) -> (&Ring, &mut u64) {
+        (self.ring, self.head)
+    }
+}
+
+impl SendCore for SendPart<'_> {
+    #[inline(always)]
+    fn sq(&mut self) -> (&Ring, &mut u64) {
+        (self.part.ring, self.part.head)
+    }
+
+    #[inline(always)]
+    fn send_ex(&self) -> Option<&SendEx> {
+        self.send_ex
+    }
+}
+
+/// The send half of a split QP ([`Qp::split`]): posts send-queue requests
+/// while the [`RecvHalf`] posts receives, from another thread if need be.
+pub struct SendHalf<'q, T: QpType, S: QpState> {
+    part: SendPart<'q>,
+    _qp: PhantomData<fn() -> (T, S)>,
+}
+
+/// The receive half of a split QP ([`Qp::split`]): posts receives while the
+/// [`SendHalf`] posts sends, from another thread if need be.
+pub struct RecvHalf<'q, T: QpType, S: QpState> {
+    part: Part<'q>,
+    _qp: PhantomData<fn() -> (T, S)>,
+}
+
+impl<T: Connected, S: QpState> Qp<T, S> {
+    /// Splits the QP into a send half and a receive half that post at the
+    /// same time, each from its own thread (e.g. in `std::thread::scope`),
+    /// without a lock around the QP; like `TcpStream`'s halves. The halves
+    /// borrow the QP, so it cannot change state or be dropped while they
+    /// live. Completions come from the QP's CQs as usual.
+    ///
+    /// RC and UC; a UD QP keeps its address handles with its sends, and
+    /// posts through the whole QP.
+    pub fn split(&mut self) -> (SendHalf<'_, T, S>, RecvHalf<'_, T, S>) {
+        let core = &mut self.core;
+        let fixed = Fixed {
+            raw: core.raw,
+            caps: &core.caps,
+            pd: &core.pd,
+            uses_srq: core.ext.srq.is_some(),
+        };
+        let send = SendHalf {
+            part: SendPart {
+                part: Part {
+                    fixed,
+                    ring: &core.sq,
+                    head: &mut core.sq_head,
+                },
+                send_ex: core.ext.send_ex.as_ref(),
+            },
+            _qp: PhantomData,
+        };
+        let recv = RecvHalf {
+            part: Part {
+                fixed,
+                ring: &core.rq,
+                head: &mut core.rq_head,
+            },
+            _qp: PhantomData,
+        };
+        (send, recv)
+    }
+}
+
+impl<T: QpType, S: QpState> SendHalf<'_, T, S> {
+    /// Send-queue requests posted and not yet retired by a polled completion.
+    pub fn outstanding(&self) -> u64 {
+        self.part.part.ring.in_flight(*self.part.part.head)
+    }
+}
+
+impl<T: QpType, S: QpState> RecvHalf<'_, T, S> {
+    /// Receives posted and not yet retired by a polled completion.
+    pub fn outstanding(&self) -> u64 {
+        self.part.ring.in_flight(*self.part.head)
+    }
+}
+
+impl<S: QpState> SendHalf<'_, Rc, S> {
+    /// Posts one send-queue request, as [`Qp::post_send`].
+    #[inline]
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
+        queue::post_one_on::<_, SendQueue>(&mut self.part, wr)
+    }
+
+    /// Posts send-queue requests as chained lists, as [`Qp::post_send_list`].
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send_list<'a>(
+        &mut self,
+        wrs: impl IntoIterator<Item = SendWr<'a>>,
+    ) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
+        queue::post_list_on::<_, SendQueue<'a>, _>(&mut self.part, wrs)
+    }
+}
+
+impl<S: QpState> SendHalf<'_, Uc, S> {
+    /// Posts one SEND or RDMA WRITE, as a UC QP's `post_send`.
+    #[inline]
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send(&mut self, wr: UcSendWr<'_>) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
+        queue::post_one_on::<_, SendQueue>(&mut self.part, wr.0)
+    }
+}
+
+impl<T: Connected, S: QpState> RecvHalf<'_, T, S> {
+    /// Posts one receive, as [`Qp::post_recv`].
+    #[inline]
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>
+    where
+        S: CanPostRecv,
+    {
+        queue::post_one_on::<_, RecvQueue>(&mut self.part, wr)
+    }
+
+    /// Posts receives as chained lists, as [`Qp::post_recv_list`].
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv_list(&mut self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostError>
+    where
+        S: CanPostRecv,
+    {
+        queue::post_list_on::<_, RecvQueue, _>(&mut self.part, wrs)
+    }
+}
