@@ -34,6 +34,9 @@
 //! drained QP. Inside [`Cq::scope`](crate::cq::Cq::scope) requests borrow their buffers instead
 //! ([`scope`]), at the raw path's cost.
 //!
+//! [`Qp::split`] gives a [`SendHalf`] and a [`RecvHalf`] that post from two threads at once,
+//! like a socket's halves; the QP stays borrowed (no transition) while they live.
+//!
 //! The `unsafe` [`post_send_raw`](Qp::post_send_raw) / [`post_recv_raw`](Qp::post_recv_raw) take C
 //! work requests (contract in their `# Safety` sections). RC sends go through the extended API
 //! (`ibv_wr_*`) where the provider has it ([`Qp::send_api`], [`SendApi`]).
