@@ -147,7 +147,9 @@
 //! [`Qp::split`](crate::qp::Qp::split) gives a
 //! [`SendHalf`](crate::qp::SendHalf) and a [`RecvHalf`](crate::qp::RecvHalf) that
 //! post at the same time without a lock (move them into `std::thread::scope`
-//! threads); give each queue its own CQ so each thread polls its own.
+//! threads), or by value with [`Qp::into_split`](crate::qp::Qp::into_split) for
+//! spawned threads and tasks (`reunite` puts it back together); give each queue
+//! its own CQ so each thread polls its own.
 //!
 //! # 6. Troubleshooting
 //! What the crate prints, and what to do. These are the errors' `Display`

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Instant;
+
 use common::{all_remote, caps_sr, ctx, gid_index, pattern, scope_poll_n, wait};
 use rdma_verbs::cq::{Cq, WcOpcode, WcStatus};
 use rdma_verbs::mr::{AccessFlags, Mr};
@@ -137,21 +139,17 @@ fn message(dir: u8, i: u32) -> Vec<u8> {
     m
 }
 
-/// The send half's thread: posts every message of `dir` from a pool of
-/// buffers, taking each back from the send CQ.
-fn send_all(pd: &Pd, mut half: rdma_verbs::qp::SendHalf<'_, Rc, Rts>, cq: &mut Cq, dir: u8) {
-    let mut pool: Vec<Mr> = (0..HALVES_DEPTH / 2)
-        .map(|_| pd.alloc_mr(HALVES_LEN, AccessFlags::LOCAL_WRITE).unwrap())
-        .collect();
+/// A send half's thread: posts every message of `dir` (through `post`) from
+/// `pool`, taking each buffer back from the send CQ.
+fn send_all(mut post: impl FnMut(SendWr<'static>), mut pool: Vec<Mr>, cq: &mut Cq, dir: u8) {
     let mut done = Vec::new();
     let (mut next, mut completed) = (0, 0);
-    let deadline = std::time::Instant::now() + common::WAIT * 6;
+    let deadline = Instant::now() + common::WAIT * 6;
     while completed < HALVES_MSGS {
         while next < HALVES_MSGS {
             let Some(mut m) = pool.pop() else { break };
             m.write_at(0, &message(dir, next)).unwrap();
-            half.post_send(SendWr::send_from(u64::from(next), m).signaled(true))
-                .unwrap();
+            post(SendWr::send_from(u64::from(next), m).signaled(true));
             next += 1;
         }
         cq.poll(&mut done).unwrap();
@@ -163,20 +161,17 @@ fn send_all(pd: &Pd, mut half: rdma_verbs::qp::SendHalf<'_, Rc, Rts>, cq: &mut C
             pool.push(c.take_mr().expect("the send's buffer"));
             completed += 1;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sends stalled at {completed}"
-        );
+        assert!(Instant::now() < deadline, "sends stalled at {completed}");
     }
-    assert_eq!(half.outstanding(), 0);
 }
 
-/// The receive half's thread: keeps receives posted and checks that every
-/// message of `dir` arrives whole and in order.
-fn recv_all(mut half: rdma_verbs::qp::RecvHalf<'_, Rc, Rts>, cq: &mut Cq, dir: u8) -> u32 {
+/// A receive half's thread: checks that every message of `dir` arrives
+/// whole and in order, and posts each buffer again (through `post`) while
+/// more are to come. Returns how many arrived.
+fn recv_all(mut post: impl FnMut(RecvWr), cq: &mut Cq, dir: u8) -> u32 {
     let mut got = 0;
     let mut done = Vec::new();
-    let deadline = std::time::Instant::now() + common::WAIT * 6;
+    let deadline = Instant::now() + common::WAIT * 6;
     while got < HALVES_MSGS {
         cq.poll(&mut done).unwrap();
         for mut c in done.drain(..) {
@@ -188,22 +183,28 @@ fn recv_all(mut half: rdma_verbs::qp::RecvHalf<'_, Rc, Rts>, cq: &mut Cq, dir: u
             assert_eq!(m.to_vec().unwrap(), message(dir, got), "message {got}");
             let next = got + HALVES_DEPTH;
             if next < HALVES_MSGS {
-                half.post_recv(RecvWr::new(u64::from(next), m)).unwrap();
+                post(RecvWr::new(u64::from(next), m));
             }
             got += 1;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "receives stalled at {got}"
-        );
+        assert!(Instant::now() < deadline, "receives stalled at {got}");
     }
     got
 }
 
+/// Buffers for a sender's pool.
+fn pool(pd: &Pd) -> Vec<Mr> {
+    (0..HALVES_DEPTH / 2)
+        .map(|_| pd.alloc_mr(HALVES_LEN, AccessFlags::LOCAL_WRITE).unwrap())
+        .collect()
+}
+
 /// Each peer's QP is split: one thread posts its sends while another posts
 /// its receives, with no lock around the QP, both directions at once; every
-/// message arrives whole and in order, and both halves end with nothing
-/// outstanding.
+/// message arrives whole and in order. Peer `a` is split by borrowing
+/// (`split`, in `std::thread::scope`), peer `b` by value (`into_split`, in
+/// spawned threads) and put back together (`reunite`); both end with
+/// nothing outstanding.
 #[test]
 fn split_halves_post_sends_and_receives_from_two_threads() {
     let ctx = ctx();
@@ -234,18 +235,31 @@ fn split_halves_post_sends_and_receives_from_two_threads() {
         b.endpoint(Some(gid)).unwrap(),
     );
     let mut a = a.connect(&eb, Some(gid)).unwrap();
-    let mut b = b.connect(&ea, Some(gid)).unwrap();
-    let ((a_send, a_recv), (b_send, b_recv)) = (a.split(), b.split());
-    let pd = &pd;
-    let (got_a, got_b) = std::thread::scope(|t| {
-        let s1 = t.spawn(|| send_all(pd, a_send, &mut sa, 1));
-        let s2 = t.spawn(|| send_all(pd, b_send, &mut sb, 2));
-        let r1 = t.spawn(|| recv_all(a_recv, &mut ra, 2));
-        let r2 = t.spawn(|| recv_all(b_recv, &mut rb, 1));
-        s1.join().unwrap();
-        s2.join().unwrap();
-        (r1.join().unwrap(), r2.join().unwrap())
+    let b = b.connect(&ea, Some(gid)).unwrap();
+    let (mut b_send, mut b_recv) = b.into_split();
+    let b_pool = pool(&pd);
+    let b_sender = std::thread::spawn(move || {
+        send_all(|wr| b_send.post_send(wr).unwrap(), b_pool, &mut sb, 2);
+        b_send
     });
+    let b_receiver = std::thread::spawn(move || {
+        let n = recv_all(|wr| b_recv.post_recv(wr).unwrap(), &mut rb, 1);
+        (n, b_recv)
+    });
+    let (mut a_send, mut a_recv) = a.split();
+    let a_pool = pool(&pd);
+    let got_a = std::thread::scope(|t| {
+        t.spawn(|| send_all(|wr| a_send.post_send(wr).unwrap(), a_pool, &mut sa, 1));
+        let r = t.spawn(|| recv_all(|wr| a_recv.post_recv(wr).unwrap(), &mut ra, 2));
+        r.join().unwrap()
+    });
+    assert_eq!((a_send.outstanding(), a_recv.outstanding()), (0, 0));
+    let b_send = b_sender.join().unwrap();
+    let (got_b, b_recv) = b_receiver.join().unwrap();
     assert_eq!((got_a, got_b), (HALVES_MSGS, HALVES_MSGS));
+    let b: Qp<Rc, Rts> = b_send.reunite(b_recv).unwrap();
     assert_eq!((a.outstanding(), b.outstanding()), ((0, 0), (0, 0)));
+    // Put back together, the QP changes state as a whole again.
+    let b = b.to_error().unwrap();
+    assert_eq!(b.outstanding(), (0, 0));
 }

@@ -36,6 +36,7 @@
 //!
 //! [`Qp::split`] gives a [`SendHalf`] and a [`RecvHalf`] that post from two threads at once,
 //! like a socket's halves; the QP stays borrowed (no transition) while they live.
+//! [`Qp::into_split`] gives owned ones ([`OwnedSendHalf::reunite`] puts the QP back together).
 //!
 //! The `unsafe` [`post_send_raw`](Qp::post_send_raw) / [`post_recv_raw`](Qp::post_recv_raw) take C
 //! work requests (contract in their `# Safety` sections). RC sends go through the extended API
@@ -88,7 +89,7 @@ pub use attr::{
     UcInitAttr, UcRtrAttr, UdInitAttr,
 };
 pub use send_ex::SendApi;
-pub use split::{RecvHalf, SendHalf};
+pub use split::{OwnedRecvHalf, OwnedSendHalf, RecvHalf, ReuniteError, SendHalf};
 pub use state::{
     CanMoveToError, CanPostRecv, CanPostSend, Connected, ErrorState, Init, QpState, QpType, Rc,
     Reset, Rtr, Rts, Uc, Ud,

@@ -120,34 +120,42 @@ impl<T: Connected, S: QpState> Qp<T, S> {
     /// RC and UC; a UD QP keeps its address handles with its sends, and
     /// posts through the whole QP.
     pub fn split(&mut self) -> (SendHalf<'_, T, S>, RecvHalf<'_, T, S>) {
-        let core = &mut self.core;
-        let fixed = Fixed {
-            raw: core.raw,
-            caps: &core.caps,
-            pd: &core.pd,
-            uses_srq: core.ext.srq.is_some(),
-        };
-        let send = SendHalf {
-            part: SendPart {
-                part: Part {
-                    fixed,
-                    ring: &core.sq,
-                    head: &mut core.sq_head,
-                },
-                send_ex: core.ext.send_ex.as_ref(),
+        let (send, recv) = parts(&mut self.core);
+        (
+            SendHalf {
+                part: send,
+                _qp: PhantomData,
             },
-            _qp: PhantomData,
-        };
-        let recv = RecvHalf {
-            part: Part {
-                fixed,
-                ring: &core.rq,
-                head: &mut core.rq_head,
+            RecvHalf {
+                part: recv,
+                _qp: PhantomData,
             },
-            _qp: PhantomData,
-        };
-        (send, recv)
+        )
     }
+}
+
+/// The halves' shares of `core`: borrows of disjoint fields.
+fn parts(core: &mut QpCore) -> (SendPart<'_>, Part<'_>) {
+    let fixed = Fixed {
+        raw: core.raw,
+        caps: &core.caps,
+        pd: &core.pd,
+        uses_srq: core.ext.srq.is_some(),
+    };
+    let send = SendPart {
+        part: Part {
+            fixed,
+            ring: &core.sq,
+            head: &mut core.sq_head,
+        },
+        send_ex: core.ext.send_ex.as_ref(),
+    };
+    let recv = Part {
+        fixed,
+        ring: &core.rq,
+        head: &mut core.rq_head,
+    };
+    (send, recv)
 }
 
 impl<T: QpType, S: QpState> SendHalf<'_, T, S> {
@@ -218,5 +226,187 @@ impl<T: Connected, S: QpState> RecvHalf<'_, T, S> {
         S: CanPostRecv,
     {
         queue::post_list_on::<_, RecvQueue, _>(&mut self.part, wrs)
+    }
+}
+
+/// The QP that owned halves share, boxed: freed (the QP destroyed) when the
+/// last half drops, or handed back whole by [`OwnedSendHalf::reunite`].
+struct SharedQp(NonNull<QpCore>);
+
+impl Drop for SharedQp {
+    fn drop(&mut self) {
+        // SAFETY: a `Box<Qp<_, _>>` leaked by `into_split` (`Qp` is
+        // transparent over its core); the last half is gone, so nothing
+        // refers to it any more.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
+// SAFETY: only the pointer's owner: it is dereferenced once, by the last
+// holder, to free the QP (which is Send).
+unsafe impl Send for SharedQp {}
+
+// SAFETY: `&SharedQp` gives no access to the QP.
+unsafe impl Sync for SharedQp {}
+
+/// The send half of a QP split by value ([`Qp::into_split`]): as
+/// [`SendHalf`], but owning its share, so it can move into a spawned thread
+/// or task; [`reunite`](OwnedSendHalf::reunite) gives the QP back.
+pub struct OwnedSendHalf<T: QpType, S: QpState> {
+    // Before `qp`: the share points into the QP `qp` keeps alive.
+    half: SendHalf<'static, T, S>,
+    qp: Arc<SharedQp>,
+}
+
+/// The receive half of a QP split by value ([`Qp::into_split`]).
+pub struct OwnedRecvHalf<T: QpType, S: QpState> {
+    // Before `qp`, as in `OwnedSendHalf`.
+    half: RecvHalf<'static, T, S>,
+    qp: Arc<SharedQp>,
+}
+
+/// [`OwnedSendHalf::reunite`] was given halves of two different QPs: both
+/// come back.
+pub struct ReuniteError<T: QpType, S: QpState>(pub OwnedSendHalf<T, S>, pub OwnedRecvHalf<T, S>);
+
+impl<T: QpType, S: QpState> fmt::Debug for ReuniteError<T, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReuniteError(..)")
+    }
+}
+
+impl<T: QpType, S: QpState> fmt::Display for ReuniteError<T, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "the send and receive halves are of two different QPs: reunite each with its own",
+        )
+    }
+}
+
+impl<T: QpType, S: QpState> std::error::Error for ReuniteError<T, S> {}
+
+impl<T: Connected, S: QpState> Qp<T, S> {
+    /// Splits the QP by value into halves that own their shares (for
+    /// spawned threads or tokio tasks), as [`split`](Qp::split) does by
+    /// borrowing. The QP is destroyed when both halves are dropped;
+    /// [`OwnedSendHalf::reunite`] gives it back whole, to change its state.
+    pub fn into_split(self) -> (OwnedSendHalf<T, S>, OwnedRecvHalf<T, S>) {
+        let ptr = NonNull::from(Box::leak(Box::new(self))).cast::<QpCore>();
+        // SAFETY: the allocation lives until the last `SharedQp` drops, and
+        // each half drops its share before its `SharedQp` (field order); no
+        // other reference to it is made while the shares live.
+        let core: &'static mut QpCore = unsafe { &mut *ptr.as_ptr() };
+        let (send, recv) = parts(core);
+        let qp = Arc::new(SharedQp(ptr));
+        (
+            OwnedSendHalf {
+                half: SendHalf {
+                    part: send,
+                    _qp: PhantomData,
+                },
+                qp: qp.clone(),
+            },
+            OwnedRecvHalf {
+                half: RecvHalf {
+                    part: recv,
+                    _qp: PhantomData,
+                },
+                qp,
+            },
+        )
+    }
+}
+
+impl<T: QpType, S: QpState> OwnedSendHalf<T, S> {
+    /// Puts the QP back together from its two halves.
+    ///
+    /// # Errors
+    /// [`ReuniteError`], with both halves, when they are of different QPs.
+    pub fn reunite(self, recv: OwnedRecvHalf<T, S>) -> Result<Qp<T, S>, ReuniteError<T, S>> {
+        if !Arc::ptr_eq(&self.qp, &recv.qp) {
+            return Err(ReuniteError(self, recv));
+        }
+        let OwnedSendHalf { half, qp } = self;
+        drop(half);
+        drop(recv.half);
+        drop(recv.qp);
+        let Ok(shared) = Arc::try_unwrap(qp) else {
+            unreachable!("only the two halves hold the QP");
+        };
+        let ptr = shared.0;
+        std::mem::forget(shared);
+        // SAFETY: leaked by `into_split` as a `Box<Qp<T, S>>`; both shares
+        // are dropped and the last `SharedQp` forgotten, so this is the
+        // only owner.
+        Ok(*unsafe { Box::from_raw(ptr.cast::<Qp<T, S>>().as_ptr()) })
+    }
+
+    /// Send-queue requests posted and not yet retired by a polled completion.
+    pub fn outstanding(&self) -> u64 {
+        self.half.outstanding()
+    }
+}
+
+impl<T: QpType, S: QpState> OwnedRecvHalf<T, S> {
+    /// Receives posted and not yet retired by a polled completion.
+    pub fn outstanding(&self) -> u64 {
+        self.half.outstanding()
+    }
+}
+
+impl<S: QpState> OwnedSendHalf<Rc, S> {
+    /// Posts one send-queue request, as [`Qp::post_send`].
+    #[inline]
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
+        self.half.post_send(wr)
+    }
+
+    /// Posts send-queue requests as chained lists, as [`Qp::post_send_list`].
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send_list<'a>(
+        &mut self,
+        wrs: impl IntoIterator<Item = SendWr<'a>>,
+    ) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
+        self.half.post_send_list(wrs)
+    }
+}
+
+impl<S: QpState> OwnedSendHalf<Uc, S> {
+    /// Posts one SEND or RDMA WRITE, as a UC QP's `post_send`.
+    #[inline]
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send(&mut self, wr: UcSendWr<'_>) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
+        self.half.post_send(wr)
+    }
+}
+
+impl<T: Connected, S: QpState> OwnedRecvHalf<T, S> {
+    /// Posts one receive, as [`Qp::post_recv`].
+    #[inline]
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>
+    where
+        S: CanPostRecv,
+    {
+        self.half.post_recv(wr)
+    }
+
+    /// Posts receives as chained lists, as [`Qp::post_recv_list`].
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv_list(&mut self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostError>
+    where
+        S: CanPostRecv,
+    {
+        self.half.post_recv_list(wrs)
     }
 }
