@@ -253,16 +253,14 @@ unsafe impl Sync for SharedQp {}
 /// [`SendHalf`], but owning its share, so it can move into a spawned thread
 /// or task; [`reunite`](OwnedSendHalf::reunite) gives the QP back.
 pub struct OwnedSendHalf<T: QpType, S: QpState> {
-    // Before `qp`: the share points into the QP `qp` keeps alive.
-    half: SendHalf<'static, T, S>,
     qp: Arc<SharedQp>,
+    _qp: PhantomData<fn() -> (T, S)>,
 }
 
 /// The receive half of a QP split by value ([`Qp::into_split`]).
 pub struct OwnedRecvHalf<T: QpType, S: QpState> {
-    // Before `qp`, as in `OwnedSendHalf`.
-    half: RecvHalf<'static, T, S>,
     qp: Arc<SharedQp>,
+    _qp: PhantomData<fn() -> (T, S)>,
 }
 
 /// [`OwnedSendHalf::reunite`] was given halves of two different QPs: both
@@ -285,6 +283,23 @@ impl<T: QpType, S: QpState> fmt::Display for ReuniteError<T, S> {
 
 impl<T: QpType, S: QpState> std::error::Error for ReuniteError<T, S> {}
 
+/// The fixed fields of the core at `p`, each borrowed on its own.
+///
+/// # Safety
+/// `p` is a live core for `'a` whose fixed fields nobody writes meanwhile.
+unsafe fn fixed_of<'a>(p: *mut QpCore) -> Fixed<'a> {
+    // SAFETY: per the contract; each reference covers one field only, so
+    // none overlaps what the other half writes.
+    unsafe {
+        Fixed {
+            raw: (*p).raw,
+            caps: &*std::ptr::addr_of!((*p).caps),
+            pd: &*std::ptr::addr_of!((*p).pd),
+            uses_srq: (*p).ext.srq.is_some(),
+        }
+    }
+}
+
 impl<T: Connected, S: QpState> Qp<T, S> {
     /// Splits the QP by value into halves that own their shares (for
     /// spawned threads or tokio tasks), as [`split`](Qp::split) does by
@@ -292,32 +307,45 @@ impl<T: Connected, S: QpState> Qp<T, S> {
     /// [`OwnedSendHalf::reunite`] gives it back whole, to change its state.
     pub fn into_split(self) -> (OwnedSendHalf<T, S>, OwnedRecvHalf<T, S>) {
         let ptr = NonNull::from(Box::leak(Box::new(self))).cast::<QpCore>();
-        // SAFETY: the allocation lives until the last `SharedQp` drops, and
-        // each half drops its share before its `SharedQp` (field order); no
-        // other reference to it is made while the shares live.
-        let core: &'static mut QpCore = unsafe { &mut *ptr.as_ptr() };
-        let (send, recv) = parts(core);
         let qp = Arc::new(SharedQp(ptr));
         (
             OwnedSendHalf {
-                half: SendHalf {
-                    part: send,
-                    _qp: PhantomData,
-                },
                 qp: qp.clone(),
+                _qp: PhantomData,
             },
             OwnedRecvHalf {
-                half: RecvHalf {
-                    part: recv,
-                    _qp: PhantomData,
-                },
                 qp,
+                _qp: PhantomData,
             },
         )
     }
 }
 
 impl<T: QpType, S: QpState> OwnedSendHalf<T, S> {
+    /// The share of the QP this half posts with, for as long as `&mut self`.
+    fn half(&mut self) -> SendHalf<'_, T, S> {
+        let p = self.qp.0.as_ptr();
+        // SAFETY: the QP lives while `self.qp` does; this half alone
+        // touches the send ring's head and the send interface (and `&mut
+        // self` makes one share at a time), the receive half never writes
+        // what either reads; each reference covers one field, made by
+        // place projection without a reference to the whole core.
+        let part = unsafe {
+            SendPart {
+                part: Part {
+                    fixed: fixed_of(p),
+                    ring: &(*p).sq,
+                    head: &mut *std::ptr::addr_of_mut!((*p).sq_head),
+                },
+                send_ex: (*p).ext.send_ex.as_ref(),
+            }
+        };
+        SendHalf {
+            part,
+            _qp: PhantomData,
+        }
+    }
+
     /// Puts the QP back together from its two halves.
     ///
     /// # Errors
@@ -326,31 +354,52 @@ impl<T: QpType, S: QpState> OwnedSendHalf<T, S> {
         if !Arc::ptr_eq(&self.qp, &recv.qp) {
             return Err(ReuniteError(self, recv));
         }
-        let OwnedSendHalf { half, qp } = self;
-        drop(half);
-        drop(recv.half);
-        drop(recv.qp);
-        let Ok(shared) = Arc::try_unwrap(qp) else {
-            unreachable!("only the two halves hold the QP");
+        drop(recv);
+        let shared = match Arc::try_unwrap(self.qp) {
+            Ok(shared) => shared,
+            // Only the two halves hold it, and the other one is gone.
+            Err(_) => unreachable!("a third owner of a split QP"),
         };
         let ptr = shared.0;
         std::mem::forget(shared);
-        // SAFETY: leaked by `into_split` as a `Box<Qp<T, S>>`; both shares
-        // are dropped and the last `SharedQp` forgotten, so this is the
-        // only owner.
+        // SAFETY: leaked by `into_split` as a `Box<Qp<T, S>>`; the other
+        // half is dropped and the last `SharedQp` forgotten, so this is the
+        // only owner, and no share of it is live.
         Ok(*unsafe { Box::from_raw(ptr.cast::<Qp<T, S>>().as_ptr()) })
     }
 
     /// Send-queue requests posted and not yet retired by a polled completion.
     pub fn outstanding(&self) -> u64 {
-        self.half.outstanding()
+        let p = self.qp.0.as_ptr();
+        // SAFETY: the QP lives while `self.qp` does; only this half writes
+        // the head, and not while `&self` is held; one field each.
+        unsafe { (*p).sq.in_flight(*std::ptr::addr_of!((*p).sq_head)) }
     }
 }
 
 impl<T: QpType, S: QpState> OwnedRecvHalf<T, S> {
+    /// The share of the QP this half posts with, for as long as `&mut self`.
+    fn half(&mut self) -> RecvHalf<'_, T, S> {
+        let p = self.qp.0.as_ptr();
+        // SAFETY: as in `OwnedSendHalf::half`, for the receive ring's head.
+        let part = unsafe {
+            Part {
+                fixed: fixed_of(p),
+                ring: &(*p).rq,
+                head: &mut *std::ptr::addr_of_mut!((*p).rq_head),
+            }
+        };
+        RecvHalf {
+            part,
+            _qp: PhantomData,
+        }
+    }
+
     /// Receives posted and not yet retired by a polled completion.
     pub fn outstanding(&self) -> u64 {
-        self.half.outstanding()
+        let p = self.qp.0.as_ptr();
+        // SAFETY: as in `OwnedSendHalf::outstanding`, for the receive queue.
+        unsafe { (*p).rq.in_flight(*std::ptr::addr_of!((*p).rq_head)) }
     }
 }
 
@@ -362,7 +411,7 @@ impl<S: QpState> OwnedSendHalf<Rc, S> {
     where
         S: CanPostSend,
     {
-        self.half.post_send(wr)
+        self.half().post_send(wr)
     }
 
     /// Posts send-queue requests as chained lists, as [`Qp::post_send_list`].
@@ -374,7 +423,7 @@ impl<S: QpState> OwnedSendHalf<Rc, S> {
     where
         S: CanPostSend,
     {
-        self.half.post_send_list(wrs)
+        self.half().post_send_list(wrs)
     }
 }
 
@@ -386,7 +435,7 @@ impl<S: QpState> OwnedSendHalf<Uc, S> {
     where
         S: CanPostSend,
     {
-        self.half.post_send(wr)
+        self.half().post_send(wr)
     }
 }
 
@@ -398,7 +447,7 @@ impl<T: Connected, S: QpState> OwnedRecvHalf<T, S> {
     where
         S: CanPostRecv,
     {
-        self.half.post_recv(wr)
+        self.half().post_recv(wr)
     }
 
     /// Posts receives as chained lists, as [`Qp::post_recv_list`].
@@ -407,6 +456,6 @@ impl<T: Connected, S: QpState> OwnedRecvHalf<T, S> {
     where
         S: CanPostRecv,
     {
-        self.half.post_recv_list(wrs)
+        self.half().post_recv_list(wrs)
     }
 }
