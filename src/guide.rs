@@ -140,7 +140,19 @@
 //! [`Dst`](crate::qp::scope::Dst) for the whole scope, which waits for them at its end,
 //! and [`ScopedQp::buffers`](crate::qp::scope::ScopedQp::buffers) carves a region into
 //! buffers lent one request at a time, to read what arrived and write what
-//! to send without leaving the scope (the `qp::scope` module docs).
+//! to send without leaving the scope (the `qp::scope` module docs). A scoped
+//! receiver that must have its receives posted before the peer sends hands the
+//! QP to [`Cq::scope_adopt`](crate::cq::Cq::scope_adopt) in INIT, posts, connects
+//! inside the scope ([`AdoptedQp::connect`](crate::qp::scope::AdoptedQp::connect))
+//! and gets it back in RTS.
+//!
+//! To send on one thread and receive on another, split the QP like a socket:
+//! [`Qp::split`](crate::qp::Qp::split) gives a
+//! [`SendHalf`](crate::qp::SendHalf) and a [`RecvHalf`](crate::qp::RecvHalf) that
+//! post at the same time without a lock (move them into `std::thread::scope`
+//! threads), or by value with [`Qp::into_split`](crate::qp::Qp::into_split) for
+//! spawned threads and tasks (`reunite` puts it back together); give each queue
+//! its own CQ so each thread polls its own.
 //!
 //! # 6. Troubleshooting
 //! What the crate prints, and what to do. These are the errors' `Display`

@@ -34,6 +34,10 @@
 //! drained QP. Inside [`Cq::scope`](crate::cq::Cq::scope) requests borrow their buffers instead
 //! ([`scope`]), at the raw path's cost.
 //!
+//! [`Qp::split`] gives a [`SendHalf`] and a [`RecvHalf`] that post from two threads at once,
+//! like a socket's halves; the QP stays borrowed (no transition) while they live.
+//! [`Qp::into_split`] gives owned ones ([`OwnedSendHalf::reunite`] puts the QP back together).
+//!
 //! The `unsafe` [`post_send_raw`](Qp::post_send_raw) / [`post_recv_raw`](Qp::post_recv_raw) take C
 //! work requests (contract in their `# Safety` sections). RC sends go through the extended API
 //! (`ibv_wr_*`) where the provider has it ([`Qp::send_api`], [`SendApi`]).
@@ -54,6 +58,7 @@ mod qp_core;
 mod queue;
 pub mod scope;
 mod send_ex;
+mod split;
 mod state;
 mod transition;
 mod uc;
@@ -84,6 +89,7 @@ pub use attr::{
     UcInitAttr, UcRtrAttr, UdInitAttr,
 };
 pub use send_ex::SendApi;
+pub use split::{OwnedRecvHalf, OwnedSendHalf, RecvHalf, ReuniteError, SendHalf};
 pub use state::{
     CanMoveToError, CanPostRecv, CanPostSend, Connected, ErrorState, Init, QpState, QpType, Rc,
     Reset, Rtr, Rts, Uc, Ud,
@@ -100,6 +106,9 @@ pub use transition::TransitionError;
 use transition::check_bits;
 
 /// A queue pair of transport `T` in state `S`.
+// Transparent: a scope that adopted a QP holds it by a pointer to its core
+// and re-types it in place (`scope/adopt.rs`).
+#[repr(transparent)]
 pub struct Qp<T: QpType, S: QpState> {
     core: QpCore,
     _marker: PhantomData<(T, S)>,

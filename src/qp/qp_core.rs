@@ -71,8 +71,9 @@ impl QpExtensions {
     }
 }
 
-// SAFETY: ibv_qp may be used from any thread; posting needs &mut Qp, so one
-// thread posts at a time, and the rings are Send + Sync (see ledger/ring.rs).
+// SAFETY: ibv_qp may be used from any thread; posting on a queue needs &mut
+// of its head (the whole Qp, or one half of a split one), so one thread posts
+// on each queue at a time, and the rings are Send + Sync (see ledger/ring.rs).
 unsafe impl Send for QpCore {}
 
 // SAFETY: &Qp only reaches query verbs, which libibverbs makes thread-safe.

@@ -13,30 +13,102 @@ use crate::ffi;
 use crate::ledger::ring::{Ring, SlotMeta};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 use crate::ledger::wr::{RecvWr, SendWr};
+use crate::pd::Pd;
 use crate::qp::post::{self, ChainedWr};
-use crate::qp::{PostError, QpCore};
+use crate::qp::send_ex::{self, SendEx};
+use crate::qp::{PostError, QpCaps, QpCore};
 
 /// How many work requests one chained `ibv_post_*` call carries at most.
 pub(crate) const POST_CHUNK: usize = 32;
 
-/// What differs between the send and the receive queue.
-pub(crate) trait WorkQueue {
+/// What posting reads of a QP besides its queue's ring: the whole core, or
+/// one half's share of it (`qp/split.rs`). Only the QP's fixed attributes.
+pub(crate) trait QueueCore {
+    /// The verbs QP.
+    fn raw(&self) -> *mut ffi::ibv_qp;
+    /// The capabilities the device granted.
+    fn caps(&self) -> &QpCaps;
+    /// The QP's PD.
+    fn pd(&self) -> &Pd;
+    /// Whether the QP takes its receives from a shared receive queue.
+    fn uses_srq(&self) -> bool;
+}
+
+/// A [`QueueCore`] that posts sends: the send ring, its head and the
+/// extended send interface.
+pub(crate) trait SendCore: QueueCore {
+    /// The send ring and its head.
+    fn sq(&mut self) -> (&Ring, &mut u64);
+    /// The extended send interface, when the QP has one.
+    fn send_ex(&self) -> Option<&SendEx>;
+}
+
+/// A [`QueueCore`] that posts receives: the receive ring and its head.
+pub(crate) trait RecvCore: QueueCore {
+    /// The receive ring and its head.
+    fn rq(&mut self) -> (&Ring, &mut u64);
+}
+
+impl QueueCore for QpCore {
+    #[inline(always)]
+    fn raw(&self) -> *mut ffi::ibv_qp {
+        self.raw.as_ptr()
+    }
+
+    #[inline(always)]
+    fn caps(&self) -> &QpCaps {
+        &self.caps
+    }
+
+    #[inline(always)]
+    fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    #[inline(always)]
+    fn uses_srq(&self) -> bool {
+        self.ext.srq.is_some()
+    }
+}
+
+impl SendCore for QpCore {
+    #[inline(always)]
+    fn sq(&mut self) -> (&Ring, &mut u64) {
+        (&self.sq, &mut self.sq_head)
+    }
+
+    #[inline(always)]
+    fn send_ex(&self) -> Option<&SendEx> {
+        self.ext.send_ex.as_ref()
+    }
+}
+
+impl RecvCore for QpCore {
+    #[inline(always)]
+    fn rq(&mut self) -> (&Ring, &mut u64) {
+        (&self.rq, &mut self.rq_head)
+    }
+}
+
+/// What differs between the send and the receive queue, for posting on a
+/// core `C` (the whole QP's by default).
+pub(crate) trait WorkQueue<C: QueueCore = QpCore> {
     /// The safe work request.
     type Wr;
     /// Its C form.
     type CWr: ChainedWr;
 
     /// The queue's slot ring and head (its producer's sequence number).
-    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64);
+    fn ring_and_head(core: &mut C) -> (&Ring, &mut u64);
 
     /// Everything that can be checked before the NIC sees `wr`.
-    fn validate(core: &QpCore, wr: &Self::Wr) -> Result<(), Error>;
+    fn validate(core: &C, wr: &Self::Wr) -> Result<(), Error>;
 
     /// The C form of `wr` in `c` (all but `wr_id`, `next` and `sg_list`) and
     /// its SGEs in `sges`; `last_slot`: it takes the ring's last free slot.
     /// Returns the entry and what the poller needs to know of the request.
     fn write_c(
-        core: &QpCore,
+        core: &C,
         wr: &Self::Wr,
         c: &mut MaybeUninit<Self::CWr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
@@ -53,7 +125,7 @@ pub(crate) trait WorkQueue {
     ///
     /// # Safety
     /// As the verb's: a well-formed chain.
-    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32;
+    unsafe fn post(core: &C, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32;
 
     /// Called once `wr` holds sequence number `seq` in the ring, for what
     /// must live with the request besides its buffers (a UD send's address
@@ -63,29 +135,30 @@ pub(crate) trait WorkQueue {
     /// `wr` is forgotten by the caller afterwards (so what this moves out of
     /// it is not dropped twice).
     #[inline(always)]
-    unsafe fn staged(_core: &mut QpCore, _seq: u64, _wr: &Self::Wr) {}
+    unsafe fn staged(_core: &mut C, _seq: u64, _wr: &Self::Wr) {}
 }
 
 /// The send queue of a QP.
 pub(crate) struct SendQueue<'a>(PhantomData<SendWr<'a>>);
 
-impl<'a> WorkQueue for SendQueue<'a> {
+impl<'a, C: SendCore> WorkQueue<C> for SendQueue<'a> {
     type Wr = SendWr<'a>;
     type CWr = ffi::ibv_send_wr;
 
     #[inline(always)]
-    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
-        (&core.sq, &mut core.sq_head)
+    fn ring_and_head(core: &mut C) -> (&Ring, &mut u64) {
+        core.sq()
     }
 
     #[inline(always)]
-    fn validate(core: &QpCore, wr: &SendWr<'a>) -> Result<(), Error> {
-        wr.validate(core.caps.max_send_sge, core.caps.max_inline_data, &core.pd)
+    fn validate(core: &C, wr: &SendWr<'a>) -> Result<(), Error> {
+        let caps = core.caps();
+        wr.validate(caps.max_send_sge, caps.max_inline_data, core.pd())
     }
 
     #[inline(always)]
     fn write_c(
-        core: &QpCore,
+        core: &C,
         wr: &SendWr<'a>,
         c: &mut MaybeUninit<ffi::ibv_send_wr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
@@ -93,14 +166,14 @@ impl<'a> WorkQueue for SendQueue<'a> {
     ) -> (*mut ffi::ibv_send_wr, SlotMeta) {
         let c = c.write(ffi::ibv_send_wr::default());
         wr.fill_ffi(c);
-        if last_slot && !core.caps.sq_sig_all {
+        let sig_all = core.caps().sq_sig_all;
+        if last_slot && !sig_all {
             // The last free slot: ask for a completion so the ring drains.
             c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
         let meta = SlotMeta {
             opcode: c.opcode,
-            signaled: core.caps.sq_sig_all
-                || c.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+            signaled: sig_all || c.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
             drain: false,
         };
         c.num_sge = match wr.inline_data {
@@ -129,33 +202,34 @@ impl<'a> WorkQueue for SendQueue<'a> {
     }
 
     #[inline(always)]
-    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
-        // SAFETY: per this function's contract.
-        unsafe { core.post_send_chain(head, bad) }
+    unsafe fn post(core: &C, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
+        // SAFETY: raw is live and send_ex (if any) is its extended
+        // interface; the chain per this function's contract.
+        unsafe { send_ex::post_chain::<false>(core.raw(), core.send_ex(), head, bad) }
     }
 }
 
 /// The receive queue of a QP.
 pub(crate) struct RecvQueue;
 
-impl WorkQueue for RecvQueue {
+impl<C: RecvCore> WorkQueue<C> for RecvQueue {
     type Wr = RecvWr;
     type CWr = ffi::ibv_recv_wr;
 
     #[inline(always)]
-    fn ring_and_head(core: &mut QpCore) -> (&Ring, &mut u64) {
-        (&core.rq, &mut core.rq_head)
+    fn ring_and_head(core: &mut C) -> (&Ring, &mut u64) {
+        core.rq()
     }
 
     #[inline(always)]
-    fn validate(core: &QpCore, wr: &RecvWr) -> Result<(), Error> {
-        wr.validate(core.caps.max_recv_sge, &core.pd)
+    fn validate(core: &C, wr: &RecvWr) -> Result<(), Error> {
+        wr.validate(core.caps().max_recv_sge, core.pd())
             .map_err(|e| recv_refused(core, e))
     }
 
     #[inline(always)]
     fn write_c(
-        _core: &QpCore,
+        _core: &C,
         wr: &RecvWr,
         c: &mut MaybeUninit<ffi::ibv_recv_wr>,
         sges: &mut [MaybeUninit<ffi::ibv_sge>],
@@ -183,9 +257,9 @@ impl WorkQueue for RecvQueue {
     }
 
     #[inline(always)]
-    unsafe fn post(core: &QpCore, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
+    unsafe fn post(core: &C, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32 {
         // SAFETY: valid QP; the chain per this function's contract.
-        unsafe { post::ibv_post_recv(core.raw.as_ptr(), head, bad) }
+        unsafe { post::ibv_post_recv(core.raw(), head, bad) }
     }
 }
 
@@ -286,8 +360,8 @@ impl<E: Extension> WorkQueue for Extended<E> {
 /// On `Ok` the buffers of `*wr` were moved out: the caller must forget `*wr`
 /// (neither drop nor use it again).
 #[inline(always)]
-unsafe fn stage<Q: WorkQueue>(
-    core: &mut QpCore,
+unsafe fn stage<C: QueueCore, Q: WorkQueue<C>>(
+    core: &mut C,
     wr: &Q::Wr,
     c: &mut MaybeUninit<Q::CWr>,
     sges: &mut [MaybeUninit<ffi::ibv_sge>],
@@ -296,7 +370,7 @@ unsafe fn stage<Q: WorkQueue>(
     let (ring, head) = Q::ring_and_head(core);
     let (in_flight, depth) = (ring.in_flight(*head), ring.depth());
     if in_flight >= depth {
-        return Err(full::<Q>(core, depth));
+        return Err(full::<C, Q>(core, depth));
     }
     let (c, meta) = Q::write_c(core, wr, c, sges, in_flight + 1 == depth);
     let (wr_id, bufs) = Q::id_and_bufs(wr);
@@ -316,9 +390,9 @@ unsafe fn stage<Q: WorkQueue>(
 /// queue of its own, no scatter entries), say so first.
 #[cold]
 #[inline(never)]
-fn recv_refused(core: &QpCore, e: Error) -> Error {
-    if core.ext.srq.is_some() {
-        return full::<RecvQueue>(core, 0);
+fn recv_refused<C: RecvCore>(core: &C, e: Error) -> Error {
+    if core.uses_srq() {
+        return full::<C, RecvQueue>(core, 0);
     }
     e
 }
@@ -327,10 +401,10 @@ fn recv_refused(core: &QpCore, e: Error) -> Error {
 /// receive queue at all (depth 0).
 #[cold]
 #[inline(never)]
-fn full<Q: WorkQueue>(core: &QpCore, depth: u64) -> Error {
-    if depth == 0 && core.ext.srq.is_some() {
+fn full<C: QueueCore, Q: WorkQueue<C>>(core: &C, depth: u64) -> Error {
+    if depth == 0 && core.uses_srq() {
         // SAFETY: raw is a live QP; qp_num is a plain field.
-        let qp_num = unsafe { (*core.raw.as_ptr()).qp_num };
+        let qp_num = unsafe { (*core.raw()).qp_num };
         return Error::QpUsesSrq { qp_num };
     }
     Error::QueueFull {
@@ -342,8 +416,8 @@ fn full<Q: WorkQueue>(core: &QpCore, depth: u64) -> Error {
 /// Posts the `n` staged requests (sequence numbers from `first_seq`) with one
 /// verb call; on refusal takes back what the device did not accept.
 #[inline(always)]
-fn submit<Q: WorkQueue>(
-    core: &mut QpCore,
+fn submit<C: QueueCore, Q: WorkQueue<C>>(
+    core: &mut C,
     c_wrs: &mut [MaybeUninit<Q::CWr>],
     c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
     n: usize,
@@ -358,7 +432,7 @@ fn submit<Q: WorkQueue>(
     if rc == 0 {
         Ok(())
     } else {
-        Err(refused::<Q>(
+        Err(refused::<C, Q>(
             core,
             rc,
             post::bad_index(bad, head, n),
@@ -372,8 +446,8 @@ fn submit<Q: WorkQueue>(
 /// some).
 #[cold]
 #[inline(never)]
-fn refused<Q: WorkQueue>(
-    core: &mut QpCore,
+fn refused<C: QueueCore, Q: WorkQueue<C>>(
+    core: &mut C,
     rc: i32,
     bad: Option<usize>,
     first_seq: u64,
@@ -391,11 +465,20 @@ fn refused<Q: WorkQueue>(
 /// Posts one request: no list machinery, one entry on the stack.
 #[inline(always)]
 pub(crate) fn post_one<Q: WorkQueue>(core: &mut QpCore, wr: Q::Wr) -> Result<(), PostError> {
+    post_one_on::<QpCore, Q>(core, wr)
+}
+
+/// [`post_one`] on any core: the whole QP's or a half's.
+#[inline(always)]
+pub(crate) fn post_one_on<C: QueueCore, Q: WorkQueue<C>>(
+    core: &mut C,
+    wr: Q::Wr,
+) -> Result<(), PostError> {
     let mut c_wr = [const { MaybeUninit::<Q::CWr>::uninit() }; 1];
     let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; MAX_SAFE_SGES];
     let first_seq = *Q::ring_and_head(core).1;
     // SAFETY: `wr` is forgotten once staged, returned whole when refused.
-    match unsafe { stage::<Q>(core, &wr, &mut c_wr[0], &mut c_sges) } {
+    match unsafe { stage::<C, Q>(core, &wr, &mut c_wr[0], &mut c_sges) } {
         Ok(()) => std::mem::forget(wr),
         Err(error) => {
             return Err(PostError {
@@ -404,7 +487,7 @@ pub(crate) fn post_one<Q: WorkQueue>(core: &mut QpCore, wr: Q::Wr) -> Result<(),
             });
         }
     }
-    submit::<Q>(core, &mut c_wr, &mut c_sges, 1, first_seq)
+    submit::<C, Q>(core, &mut c_wr, &mut c_sges, 1, first_seq)
 }
 
 /// Posts requests as chained lists, one verb call per [`POST_CHUNK`]. On
@@ -420,13 +503,22 @@ pub(crate) fn post_list<Q: WorkQueue>(
     core: &mut QpCore,
     wrs: impl IntoIterator<Item = Q::Wr>,
 ) -> Result<(), PostError> {
+    post_list_on::<QpCore, Q, _>(core, wrs)
+}
+
+/// [`post_list`] on any core: the whole QP's or a half's.
+#[inline]
+pub(crate) fn post_list_on<C: QueueCore, Q: WorkQueue<C>, I: IntoIterator<Item = Q::Wr>>(
+    core: &mut C,
+    wrs: I,
+) -> Result<(), PostError> {
     let mut wrs = wrs.into_iter();
     // Uninitialised: only the entries a post uses are written (no memset per call).
     let mut c_wrs = [const { MaybeUninit::<Q::CWr>::uninit() }; POST_CHUNK];
     let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * MAX_SAFE_SGES];
     loop {
         let first_seq = *Q::ring_and_head(core).1;
-        let mut guard = Unstage::<Q> {
+        let mut guard = Unstage::<C, Q> {
             core,
             first_seq,
             armed: true,
@@ -444,12 +536,12 @@ pub(crate) fn post_list<Q: WorkQueue>(
             };
             let sges = &mut c_sges[n * MAX_SAFE_SGES..];
             // SAFETY: `next` is forgotten once staged, returned whole when refused.
-            if let Err(error) = unsafe { stage::<Q>(guard.core, wr, &mut c_wrs[n], sges) } {
+            if let Err(error) = unsafe { stage::<C, Q>(guard.core, wr, &mut c_wrs[n], sges) } {
                 guard.armed = false;
                 let core = &mut *guard.core;
                 // Post what was staged before it, then report.
                 let earlier =
-                    (n > 0).then(|| submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq));
+                    (n > 0).then(|| submit::<C, Q>(core, &mut c_wrs, &mut c_sges, n, first_seq));
                 // The caller's iterator is not pulled any further: what it has
                 // not yielded stays with it (a panic or an endless iterator
                 // there must not hide what was posted).
@@ -465,7 +557,7 @@ pub(crate) fn post_list<Q: WorkQueue>(
         guard.armed = false;
         let core = &mut *guard.core;
         if n > 0 {
-            submit::<Q>(core, &mut c_wrs, &mut c_sges, n, first_seq)?;
+            submit::<C, Q>(core, &mut c_wrs, &mut c_sges, n, first_seq)?;
         }
         if exhausted {
             return Ok(());
@@ -475,14 +567,14 @@ pub(crate) fn post_list<Q: WorkQueue>(
 
 /// While armed (the caller's iterator may still panic), dropping this takes
 /// the requests staged since `first_seq` back out of the ring.
-struct Unstage<'c, Q: WorkQueue> {
-    core: &'c mut QpCore,
+struct Unstage<'c, C: QueueCore, Q: WorkQueue<C>> {
+    core: &'c mut C,
     first_seq: u64,
     armed: bool,
     _queue: PhantomData<fn(Q)>,
 }
 
-impl<Q: WorkQueue> Drop for Unstage<'_, Q> {
+impl<C: QueueCore, Q: WorkQueue<C>> Drop for Unstage<'_, C, Q> {
     fn drop(&mut self) {
         if self.armed {
             let (ring, head) = Q::ring_and_head(self.core);

@@ -184,12 +184,34 @@ impl Qp<Rc, Init> {
     /// (the kernel would only say EINVAL).
     #[doc(alias = "ibv_modify_qp")]
     pub fn rtr(self, attr: RtrAttr) -> Result<Qp<Rc, Rtr>, TransitionError<Qp<Rc, Init>>> {
+        match self.rtr_in_place(attr) {
+            Ok(()) => Ok(self.into_state()),
+            Err(error) => Err(TransitionError { qp: self, error }),
+        }
+    }
+
+    /// INIT → RTR without re-typing (for [`rtr`](Qp::rtr) and a QP a scope
+    /// adopted): on `Ok` the QP is in RTR and the caller re-types it.
+    pub(crate) fn rtr_in_place(&self, attr: RtrAttr) -> Result<()> {
         let error = check_bits("min_rnr_timer", attr.min_rnr_timer.into(), 5)
             .or_else(|| self.check_rtr(&attr));
         if let Some(error) = error {
-            return Err(TransitionError { qp: self, error });
+            return Err(error);
         }
-        self.transition(attr.to_ffi())
+        self.core.modify(attr.to_ffi(), Init::NAME, Rtr::NAME)
+    }
+
+    /// The attributes [`connect`](Qp::connect) moves the QP with.
+    pub(crate) fn connect_attrs(
+        &self,
+        remote: &Endpoint,
+        gid_index: Option<u8>,
+    ) -> Result<(RtrAttr, RtsAttr)> {
+        let (mtu, gid_index) = self.connect_defaults(gid_index)?;
+        Ok((
+            RtrAttr::new(remote, self.core.port, mtu, gid_index),
+            RtsAttr::new(self.core.psn),
+        ))
     }
 
     /// INIT → RTR → RTS towards `remote` with the defaults of `ibv_rc_pingpong`:
@@ -206,11 +228,9 @@ impl Qp<Rc, Init> {
     /// the device's `max_qp_rd_atom`).
     #[doc(alias = "ibv_modify_qp")]
     pub fn connect(self, remote: &Endpoint, gid_index: Option<u8>) -> Result<Qp<Rc, Rts>> {
-        let port = self.core.port;
-        let (mtu, gid_index) = self.connect_defaults(gid_index)?;
-        let sq_psn = self.core.psn;
-        let qp = self.rtr(RtrAttr::new(remote, port, mtu, gid_index))?;
-        Ok(qp.rts(RtsAttr::new(sq_psn))?)
+        let (rtr, rts) = self.connect_attrs(remote, gid_index)?;
+        let qp = self.rtr(rtr)?;
+        Ok(qp.rts(rts)?)
     }
 }
 
@@ -278,14 +298,23 @@ impl Qp<Rc, Rtr> {
     /// 5, retry_cnt and rnr_retry 3) are refused before the kernel sees them.
     #[doc(alias = "ibv_modify_qp")]
     pub fn rts(self, attr: RtsAttr) -> Result<Qp<Rc, Rts>, TransitionError<Qp<Rc, Rtr>>> {
+        match self.rts_in_place(attr) {
+            Ok(()) => Ok(self.into_state()),
+            Err(error) => Err(TransitionError { qp: self, error }),
+        }
+    }
+
+    /// RTR → RTS without re-typing (for [`rts`](Qp::rts) and a QP a scope
+    /// adopted): on `Ok` the QP is in RTS and the caller re-types it.
+    pub(crate) fn rts_in_place(&self, attr: RtsAttr) -> Result<()> {
         let error = check_bits("SQ PSN", attr.sq_psn, 24)
             .or_else(|| check_bits("timeout", attr.timeout.into(), 5))
             .or_else(|| check_bits("retry_cnt", attr.retry_cnt.into(), 3))
             .or_else(|| check_bits("rnr_retry", attr.rnr_retry.into(), 3));
         if let Some(error) = error {
-            return Err(TransitionError { qp: self, error });
+            return Err(error);
         }
-        self.transition(attr.to_ffi())
+        self.core.modify(attr.to_ffi(), Rtr::NAME, Rts::NAME)
     }
 }
 

@@ -24,6 +24,10 @@
 //!   laid out once, posted with one doorbell each time).
 //! - [`ScopedBuffers`] lend the buffers of one region one request at a time,
 //!   readable and writable between requests.
+//! - Start-up: [`Cq::scope_adopt`](crate::cq::Cq::scope_adopt) owns a QP for
+//!   the scope, so a receiver posts its receives in INIT, connects with
+//!   [`AdoptedQp::connect`] (then tells its peer to send) and polls; the QP
+//!   comes back drained, in RTS. Receives posted before a scope are not its.
 //! - Completions that are not the scope's (other QPs on the CQ, requests
 //!   posted before the scope) are kept for the next
 //!   [`Cq::poll`](crate::cq::Cq::poll).
@@ -41,6 +45,7 @@
 //! # }
 //! ```
 
+mod adopt;
 mod buf;
 mod buffers;
 mod chunk;
@@ -56,6 +61,7 @@ use std::time::Duration;
 
 use crate::ffi;
 
+pub use adopt::AdoptedQp;
 pub use buf::{Dst, Src};
 pub use buffers::{MAX_SCOPED_BUFFERS, ScopedBuffers};
 pub use post::{ScopedListError, ScopedQp};

@@ -69,6 +69,17 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         }
     }
 
+    /// The core of the QP this handle posts on.
+    pub(super) fn core_ptr(&self) -> NonNull<QpCore> {
+        self.core
+    }
+
+    /// The same handle for the QP in state `S2`, once a transition moved it
+    /// there (only for a QP the scope owns: see `adopt.rs`).
+    pub(super) fn retype<S2: QpState>(self) -> ScopedQp<'scope, S2> {
+        ScopedQp::new(self.core, self.sq_in_scope, self.rq_in_scope)
+    }
+
     /// Posts one send-queue request.
     ///
     /// # Errors
