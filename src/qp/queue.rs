@@ -380,12 +380,16 @@ fn refused<Q: WorkQueue>(
 ) -> PostError {
     let (ring, head) = Q::ring_and_head(core);
     let from = bad.map_or(*head, |i| first_seq + i as u64);
+    // SAFETY: producer side; the device refused the request at `from`.
+    let opcode = bad.and_then(|_| unsafe { ring.staged_opcode(from) });
     // SAFETY: producer side; the device refused these requests.
     let unposted = unsafe { ring.unfill_from(from, head) };
-    PostError {
-        error: Error::verb(Q::CWr::POST_VERB, errno(rc)),
-        unposted,
-    }
+    let error = if Q::CWr::QUEUE == <ffi::ibv_send_wr as post::ChainedWr>::QUEUE {
+        core.send_refused(rc, opcode)
+    } else {
+        Error::verb(Q::CWr::POST_VERB, errno(rc))
+    };
+    PostError { error, unposted }
 }
 
 /// Posts one request: no list machinery, one entry on the stack.

@@ -264,13 +264,21 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
         {
             let test = format!("{binary}::{name}");
             failure_of = rows.iter().position(|(t, _)| *t == test);
-        } else if line.contains(" is not supported: ")
+        } else if is_unsupported(line)
             && let Some(row) = failure_of.and_then(|i| rows.get_mut(i))
         {
             row.1 = "unsupported";
         }
     }
     rows
+}
+
+/// Whether a line of a failed test's output shows the crate's `Error::Unsupported`: its
+/// message (`... is not supported: ...`, from `{}`) or its `Debug` form (`Unsupported {
+/// verb: ...`, from `unwrap`/`expect` on a `Result` holding it, also inside `PostError` or
+/// `TransitionError`).
+fn is_unsupported(line: &str) -> bool {
+    line.contains(" is not supported: ") || line.contains("Unsupported { verb: ")
 }
 
 /// Prints a cell's counts.
@@ -342,10 +350,13 @@ mod tests {
                    test b ... FAILED\n\
                    test c ... FAILED\n\
                    test d ... ignored\n\
+                   test e ... FAILED\n\
                    ---- b stdout ----\n\
                    Unsupported: ibv_create_qp is not supported: siw0 is an iWARP device\n\
                    ---- c stdout ----\n\
                    EINVAL\n\
+                   ---- e stdout ----\n\
+                   called `Result::unwrap()` on an `Err` value: Transition { error: Unsupported { verb: \"ibv_modify_qp(RTR)\", hint: \"..\" } }\n\
                    @@exit vm_qp 101\n\
                    @@binary vm_cm\n\
                    test hangs ... \n\
@@ -357,6 +368,7 @@ mod tests {
                 ("vm_qp::a".to_owned(), "pass"),
                 ("vm_qp::b".to_owned(), "unsupported"),
                 ("vm_qp::c".to_owned(), "fail"),
+                ("vm_qp::e".to_owned(), "unsupported"),
                 ("vm_cm::hangs".to_owned(), "fail"),
             ]
         );
