@@ -19,6 +19,8 @@ use rdma_verbs_vm::choice::{Choice, GuestKernel, Provider};
 
 use crate::{Context as _, Error, Result, cmd, target_dir, workspace_root};
 
+mod render;
+
 /// The cells run without `--cells`.
 const CELLS: &[(GuestKernel, Provider)] = &[
     (GuestKernel::Stable, Provider::Rxe),
@@ -38,7 +40,8 @@ struct Row {
     outcome: &'static str,
 }
 
-/// `providers [--cells K/P,...] [--limit SECS] [--tests vm_a,vm_b]`.
+/// `providers [--cells K/P,...] [--limit SECS] [--tests vm_a,vm_b]`, or `providers --render`
+/// (docs/providers.md's tables from providers.json, see [`render`]).
 pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
     let mut cells: Vec<Choice> = CELLS
         .iter()
@@ -60,6 +63,10 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
                     .as_secs()
             }
             "--tests" => only = Some(value()?.split(',').map(str::to_owned).collect()),
+            "--render" => {
+                render::render(&target_dir().join("providers").join("providers.json"))?;
+                return Ok(0);
+            }
             other => {
                 return Err(Error::usage(format!(
                     "unknown option {other:?} for providers"
@@ -85,7 +92,9 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
             choice.provider,
             binaries.len()
         );
+        let started = std::time::Instant::now();
         let output = run_cell(&dir, choice, &binaries, limit)?;
+        let took = started.elapsed().as_secs();
         let log = dir.join(format!("{}-{}.log", choice.kernel, choice.provider));
         fs::write(&log, &output).context(|| format!("cannot write {}", log.display()))?;
         for (test, outcome) in classify(&output) {
@@ -97,6 +106,7 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
             });
         }
         summarize(&rows, &kernel, choice.provider);
+        say!("providers: {kernel} / {} took {took} s", choice.provider);
     }
     let json = dir.join("providers.json");
     let kept = kept_rows(&json, &rows);
