@@ -313,14 +313,14 @@ impl Ring {
         self.claim_ptr(seq).map(|d| unsafe { d.read() })
     }
 
-    /// The `ibv_wr_opcode` (or `IBV_WC_RECV`) of the request staged at `seq`, if
-    /// its slot holds it: which operation a provider refused (cold paths only).
+    /// The `ibv_wr_opcode` (or `IBV_WC_RECV`) of the request staged at `seq` and whether
+    /// it has no buffers, if its slot holds it: what a provider refused (cold paths only).
     ///
     /// # Safety
     /// Only the producer calls this, for a slot it filled whose work request the
     /// device did not accept (so no completion can claim it meanwhile).
     #[cold]
-    pub(crate) unsafe fn staged_opcode(&self, seq: u64) -> Option<u32> {
+    pub(crate) unsafe fn staged(&self, seq: u64) -> Option<(u32, bool)> {
         let slot = self.slot(seq);
         if slot.state.load(Ordering::Acquire) != POSTED
             || slot.seq.load(Ordering::Relaxed) != seq as u32
@@ -328,8 +328,9 @@ impl Ring {
             return None;
         }
         // SAFETY: POSTED means the data is initialised; per the contract nobody
-        // claims it while this reads the opcode.
-        Some(unsafe { (*slot.data.get().cast::<SlotData>()).meta.opcode })
+        // claims it while this reads it.
+        let data = unsafe { &*slot.data.get().cast::<SlotData>() };
+        Some((data.meta.opcode, data.bufs.is_empty()))
     }
 
     /// Takes back the slots `from..*head` that were filled but never reached

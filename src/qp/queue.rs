@@ -8,7 +8,7 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use crate::error::{Error, errno};
+use crate::error::Error;
 use crate::ffi;
 use crate::ledger::ring::{Ring, SlotMeta};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
@@ -381,15 +381,13 @@ fn refused<Q: WorkQueue>(
     let (ring, head) = Q::ring_and_head(core);
     let from = bad.map_or(*head, |i| first_seq + i as u64);
     // SAFETY: producer side; the device refused the request at `from`.
-    let opcode = bad.and_then(|_| unsafe { ring.staged_opcode(from) });
+    let staged = bad.and_then(|_| unsafe { ring.staged(from) });
     // SAFETY: producer side; the device refused these requests.
     let unposted = unsafe { ring.unfill_from(from, head) };
-    let error = if Q::CWr::QUEUE == <ffi::ibv_send_wr as post::ChainedWr>::QUEUE {
-        core.send_refused(rc, opcode)
-    } else {
-        Error::verb(Q::CWr::POST_VERB, errno(rc))
-    };
-    PostError { error, unposted }
+    PostError {
+        error: core.post_refused(Q::CWr::POST_VERB, rc, staged),
+        unposted,
+    }
 }
 
 /// Posts one request: no list machinery, one entry on the stack.
