@@ -503,6 +503,20 @@ mod tests {
     }
 
     #[test]
+    fn a_staged_request_names_its_opcode_until_taken_back() {
+        let ring = Ring::new(4, 1, 7);
+        let mut head = 0;
+        post(&ring, &mut head, 1, true);
+        // SAFETY: single producer; the slot was filled above and never posted.
+        unsafe {
+            assert_eq!(ring.staged(0), Some((META.opcode, true)));
+            assert_eq!(ring.staged(1), None, "never filled");
+            assert_eq!(ring.unfill_from(0, &mut head).len(), 1);
+            assert_eq!(ring.staged(0), None, "taken back");
+        }
+    }
+
+    #[test]
     fn tokens_validate_sequence_and_window() {
         let ring = Ring::new(3, 0x0102_0304, 7);
         let mut head = 0;
