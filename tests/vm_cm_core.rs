@@ -257,11 +257,11 @@ fn the_error_state_flushes_every_posted_request_with_its_fields() {
 #[test]
 fn immediate_data_and_atomics_are_unsupported_on_iwarp_and_work_elsewhere() {
     let mut p = cm_pair(21004, 8);
-    p.b.post_recv(RecvWr::new(
-        9,
-        p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
-    ))
-    .unwrap();
+    // The SEND and the WRITE with immediate data each consume a receive.
+    for wr_id in [9, 10] {
+        let mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        p.b.post_recv(RecvWr::new(wr_id, mr)).unwrap();
+    }
     let target = p.pd.alloc_mr(64, all_remote()).unwrap();
     let result = || p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     let refused = [
@@ -316,8 +316,15 @@ fn immediate_data_and_atomics_are_unsupported_on_iwarp_and_work_elsewhere() {
         }
         let old = sent[2].take_mr().unwrap().to_vec().unwrap();
         assert_eq!(old, 0u64.to_ne_bytes(), "fetch-and-add's old value");
-        let r = wait(&mut p.cq_b, 1);
-        assert_eq!((r[0].wr_id, r[0].imm_data), (9, Some(7)));
+        let r = wait(&mut p.cq_b, 2);
+        let got: Vec<_> = r.iter().map(|c| (c.wr_id, c.opcode, c.imm_data)).collect();
+        assert_eq!(
+            got,
+            [
+                (9, WcOpcode::Recv, Some(7)),
+                (10, WcOpcode::RecvRdmaWithImm, Some(8))
+            ]
+        );
         let t = target.to_vec().unwrap();
         assert_eq!(t[8..16], 5u64.to_ne_bytes());
         assert_eq!(t[16..24], 6u64.to_ne_bytes());
