@@ -82,6 +82,13 @@
 //! [`ConnectRequest::accept`](crate::cm::ConnectRequest::accept) is for
 //! threads.
 //!
+//! On an iWARP device (soft-iWARP `siw`, iWARP RNICs) connect through rdma_cm only: QPs
+//! are RC only and carry no immediate data, atomics or memory windows. The crate refuses
+//! the rest with [`Error::Unsupported`](crate::error::Error::Unsupported) naming what
+//! iWARP lacks: UD and UC QPs at creation, a hand-made RTR, and such a request once the
+//! provider has refused its post (its buffers come back in the
+//! [`PostError`](crate::qp::PostError); the QP stays usable).
+//!
 //! UD has no connection: each send names an
 //! [`AddressHandle`](crate::ah::AddressHandle).
 //! [`AddressHandle::for_endpoint(&qp, &peer, None)`](crate::ah::AddressHandle::for_endpoint)

@@ -340,11 +340,26 @@ impl Srq {
     /// The SRQ's attributes as the device reports them (`ibv_query_srq`):
     /// its real depth (may exceed [`depth`](Srq::depth)), scatter entries,
     /// and the armed limit (0 once the limit event fired, or never armed).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where the provider cannot report them (siw).
     #[doc(alias = "ibv_query_srq")]
     pub fn query(&self) -> Result<SrqAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_srq_attr>::zeroed();
         // SAFETY: valid SRQ and out-struct.
-        verb!(rc: unsafe { ffi::ibv_query_srq(self.as_raw(), attr.as_mut_ptr()) })?;
+        verb!(rc: unsafe { ffi::ibv_query_srq(self.as_raw(), attr.as_mut_ptr()) }).map_err(
+            |f| {
+                if f.errno() == Some(libc::EOPNOTSUPP) {
+                    return Error::Unsupported {
+                        verb: f.verb,
+                        hint: "the device's provider does not report SRQ attributes (siw has no \
+                           query_srq): Srq::depth and Srq::max_sge give what creation granted"
+                            .into(),
+                    };
+                }
+                Error::from(f)
+            },
+        )?;
         // SAFETY: zeroed, then filled by the call; plain integers.
         let a = unsafe { attr.assume_init() };
         Ok(SrqAttr {

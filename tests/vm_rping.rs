@@ -199,7 +199,11 @@ fn our_client_without_server_fails_fast() {
         .expect("run rping");
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "nobody listens on 20204: {text}");
-    assert!(text.contains("REJECTED"), "{text}");
+    // rxe reports a REJECTED event; on iWARP (siw) rdma_connect itself is refused.
+    assert!(
+        text.contains("REJECTED") || text.contains("rdma_connect failed: Connection refused"),
+        "{text}"
+    );
     assert!(
         start.elapsed() < Duration::from_secs(20),
         "{:?}",

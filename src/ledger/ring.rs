@@ -313,6 +313,26 @@ impl Ring {
         self.claim_ptr(seq).map(|d| unsafe { d.read() })
     }
 
+    /// The `ibv_wr_opcode` (or `IBV_WC_RECV`) of the request staged at `seq` and whether
+    /// it has no buffers, if its slot holds it: what a provider refused (cold paths only).
+    ///
+    /// # Safety
+    /// Only the producer calls this, for a slot it filled whose work request the
+    /// device did not accept (so no completion can claim it meanwhile).
+    #[cold]
+    pub(crate) unsafe fn staged(&self, seq: u64) -> Option<(u32, bool)> {
+        let slot = self.slot(seq);
+        if slot.state.load(Ordering::Acquire) != POSTED
+            || slot.seq.load(Ordering::Relaxed) != seq as u32
+        {
+            return None;
+        }
+        // SAFETY: POSTED means the data is initialised; per the contract nobody
+        // claims it while this reads it.
+        let data = unsafe { &*slot.data.get().cast::<SlotData>() };
+        Some((data.meta.opcode, data.bufs.is_empty()))
+    }
+
     /// Takes back the slots `from..*head` that were filled but never reached
     /// the NIC (the post failed or unwound), and moves `head` back to `from`.
     ///
@@ -480,6 +500,20 @@ mod tests {
             drop(unsafe { out.assume_init() });
             r.wr_id
         })
+    }
+
+    #[test]
+    fn a_staged_request_names_its_opcode_until_taken_back() {
+        let ring = Ring::new(4, 1, 7);
+        let mut head = 0;
+        post(&ring, &mut head, 1, true);
+        // SAFETY: single producer; the slot was filled above and never posted.
+        unsafe {
+            assert_eq!(ring.staged(0), Some((META.opcode, true)));
+            assert_eq!(ring.staged(1), None, "never filled");
+            assert_eq!(ring.unfill_from(0, &mut head).len(), 1);
+            assert_eq!(ring.staged(0), None, "taken back");
+        }
     }
 
     #[test]

@@ -19,9 +19,10 @@ impl Qp<Rc, Reset> {
     }
 
     /// [`new`](Qp::new) with the send API chosen by the caller: `Legacy`
-    /// always works; `Extended` fails with [`Error::Verb`] for
-    /// `ibv_create_qp_ex` (`EOPNOTSUPP`, or the provider's errno) where the
-    /// provider cannot create an extended RC QP, instead of falling back.
+    /// always works; `Extended` fails where the provider cannot create an
+    /// extended RC QP, instead of falling back: with [`Error::Unsupported`]
+    /// when it says so (`EOPNOTSUPP`, as siw does), else with [`Error::Verb`]
+    /// for `ibv_create_qp_ex` and the provider's errno.
     #[doc(alias = "ibv_create_qp")]
     #[doc(alias = "ibv_create_qp_ex")]
     pub fn new_with_send_api(
@@ -143,7 +144,7 @@ impl<T: QpType> Qp<T, Reset> {
                                 return Ok(raw);
                             }
                             Err(e) if api == Some(SendApi::Extended) => {
-                                return Err(Error::verb("ibv_create_qp_ex", e));
+                                return Err(extended_refused(e));
                             }
                             Err(_) => {}
                         }
@@ -161,7 +162,10 @@ impl<T: QpType> Qp<T, Reset> {
             // in the QP's core, which destroys the QP only when dropped.
             qp.core.ext.send_ex = unsafe { send_ex::SendEx::load(qp.core.raw) };
             if qp.core.ext.send_ex.is_none() && api == Some(SendApi::Extended) {
-                return Err(Error::verb("ibv_qp_to_qp_ex", errno(libc::EOPNOTSUPP)));
+                return Err(Error::Unsupported {
+                    verb: "ibv_qp_to_qp_ex",
+                    hint: NO_EXTENDED_API.into(),
+                });
             }
         }
         Ok(qp)
@@ -250,4 +254,20 @@ pub(super) fn random_psn() -> u32 {
             .unwrap_or(1)
     };
     v & 0x00ff_ffff
+}
+
+/// What an `Extended` QP the provider cannot make is told to do instead.
+const NO_EXTENDED_API: &str = "the device's provider has no extended send API (ibv_wr_*) for RC QPs: \
+     create the QP with SendApi::Legacy, or with Qp::new, which falls back to it";
+
+/// The error of an `Extended` QP whose `ibv_create_qp_ex` failed with `e`.
+#[cold]
+fn extended_refused(e: std::io::Error) -> Error {
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return Error::Unsupported {
+            verb: "ibv_create_qp_ex",
+            hint: NO_EXTENDED_API.into(),
+        };
+    }
+    Error::verb("ibv_create_qp_ex", e)
 }

@@ -217,3 +217,61 @@ impl QpCore {
         })
     }
 }
+
+/// The error of a post (`verb`) the provider refused with `rc`; `staged` is the
+/// refused request's `ibv_wr_opcode` (`IBV_WC_RECV` for a receive) and whether it has
+/// no buffers, when known. An iWARP device (siw, iWARP RNICs) has no immediate data,
+/// atomics or memory-window operations, and libsiw takes no receive without a buffer:
+/// its provider refuses those with a bare `EINVAL`, which becomes
+/// [`Error::Unsupported`] naming what is missing. This runs only after a post
+/// failed, so the requests that succeed pay nothing for the check.
+#[cold]
+#[inline(never)]
+pub(super) fn post_refused(
+    raw: *mut ffi::ibv_qp,
+    verb: &'static str,
+    rc: i32,
+    staged: Option<(u32, bool)>,
+) -> Error {
+    let missing = match staged {
+        Some((ffi::IBV_WR_SEND_WITH_IMM | ffi::IBV_WR_RDMA_WRITE_WITH_IMM, _)) => {
+            "immediate data (SEND or WRITE with imm): carry the value in the payload instead"
+        }
+        Some((ffi::IBV_WR_ATOMIC_CMP_AND_SWP | ffi::IBV_WR_ATOMIC_FETCH_AND_ADD, _)) => {
+            "atomics (its atomic_cap is ATOMIC_NONE): use a two-sided protocol or a device \
+             with atomics"
+        }
+        Some((ffi::IBV_WR_BIND_MW | ffi::IBV_WR_LOCAL_INV, _)) => {
+            "memory-window operations (BIND_MW, LOCAL_INV): grant access with Mr registrations"
+        }
+        Some((ffi::IBV_WC_RECV, true)) => {
+            "receive without a buffer (siw's provider refuses one with no scatter entry): \
+             give the receive a buffer of at least one byte instead of RecvWr::empty"
+        }
+        _ => return Error::verb(verb, errno(rc)),
+    };
+    // SAFETY: `raw` is a live QP (the caller's); its `context` is its open device context, whose `device`
+    // is the ibv_device it was opened on; both are plain fields set at creation.
+    let transport = unsafe { (*(*(*raw).context).device).transport_type };
+    if transport != ffi::IBV_TRANSPORT_IWARP {
+        return Error::verb(verb, errno(rc));
+    }
+    Error::Unsupported {
+        verb,
+        hint: format!("the QP's device speaks iWARP, which has no {missing}"),
+    }
+}
+
+impl QpCore {
+    /// [`post_refused`] for a send of `opcode`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn send_refused(&self, rc: i32, opcode: u32) -> Error {
+        post_refused(
+            self.raw.as_ptr(),
+            "ibv_post_send",
+            rc,
+            Some((opcode, false)),
+        )
+    }
+}

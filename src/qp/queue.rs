@@ -8,7 +8,7 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use crate::error::{Error, errno};
+use crate::error::Error;
 use crate::ffi;
 use crate::ledger::ring::{Ring, SlotMeta};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
@@ -454,10 +454,12 @@ fn refused<C: QueueCore, Q: WorkQueue<C>>(
 ) -> PostError {
     let (ring, head) = Q::ring_and_head(core);
     let from = bad.map_or(*head, |i| first_seq + i as u64);
+    // SAFETY: producer side; the device refused the request at `from`.
+    let staged = bad.and_then(|_| unsafe { ring.staged(from) });
     // SAFETY: producer side; the device refused these requests.
     let unposted = unsafe { ring.unfill_from(from, head) };
     PostError {
-        error: Error::verb(Q::CWr::POST_VERB, errno(rc)),
+        error: super::qp_core::post_refused(core.raw(), Q::CWr::POST_VERB, rc, staged),
         unposted,
     }
 }

@@ -131,7 +131,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 Some(rc) => {
                     // SAFETY: the entry written above, for the head.
                     unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
-                    return Err(Error::verb("ibv_post_send", errno(rc)));
+                    return Err(core.send_refused(rc, req.opcode));
                 }
                 None => {}
             }
@@ -162,7 +162,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
                 tables.sig_end = sig_end;
             }
-            return Err(Error::verb("ibv_post_send", errno(rc)));
+            return Err(core.send_refused(rc, req.opcode));
         }
         core.sq_head = head + 1;
         Ok(())
