@@ -123,6 +123,11 @@ pub(crate) struct Ring {
     qp_num: u32,
     /// A shared receive queue's free slots (`None` for a QP's own queues).
     srq: Option<srq::FreeList>,
+    /// Buffers of signaled requests swept without their completion, kept
+    /// until the ring goes (after the QP is destroyed): a provider that
+    /// completes a queue out of order (siw completes a SEND before an
+    /// earlier READ) may still write them.
+    held: std::sync::Mutex<Vec<Sges>>,
 }
 
 // SAFETY: slot data is only touched by whoever won the slot's POSTED → EMPTY
@@ -153,7 +158,24 @@ impl Ring {
             tag,
             qp_num,
             srq: None,
+            held: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keeps the buffers at `bufs` until the ring is dropped (see `held`).
+    ///
+    /// # Safety
+    /// `bufs` belongs to a slot the caller claimed; they are moved out once.
+    #[cold]
+    #[inline(never)]
+    unsafe fn hold(&self, bufs: *mut Sges) {
+        let mut kept = Sges::default();
+        // SAFETY: per the contract; `kept` holds nothing that needs dropping.
+        unsafe { Sges::move_to(bufs, &mut kept) };
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(kept);
     }
 
     /// Capacity in work requests.
@@ -257,8 +279,12 @@ impl Ring {
             own |= s == target;
             // SAFETY: claimed, so initialised and ours; dropped once.
             unsafe {
-                *lost += u64::from((*d).meta.signaled && s != target);
-                drop_in_place_catching(&raw mut (*d).bufs, caught);
+                if (*d).meta.signaled && s != target {
+                    *lost += 1;
+                    self.hold(&raw mut (*d).bufs);
+                } else {
+                    drop_in_place_catching(&raw mut (*d).bufs, caught);
+                }
             }
         }
         own
@@ -400,7 +426,11 @@ impl Ring {
             // SAFETY: claimed, so initialised and ours; each field is moved out
             // (or dropped) once, and the slot is EMPTY so no one reads it again.
             unsafe {
-                *lost += u64::from((*d).meta.signaled);
+                if (*d).meta.signaled {
+                    *lost += 1;
+                    self.hold(&raw mut (*d).bufs);
+                    continue;
+                }
                 match retired.as_deref_mut() {
                     Some(v) => push_retired(v, d),
                     None => drop_in_place_catching(&raw mut (*d).bufs, caught),

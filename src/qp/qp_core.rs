@@ -81,6 +81,7 @@ unsafe impl Sync for QpCore {}
 
 impl Drop for QpCore {
     fn drop(&mut self) {
+        self.release_retired_windows();
         // SAFETY: raw is a live QP owned by this core. After ibv_destroy_qp returns
         // the NIC no longer touches its buffers and generates no completion for it.
         let rc = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
@@ -108,6 +109,29 @@ impl Drop for QpCore {
 }
 
 impl QpCore {
+    /// Lets go of the windows that only retired requests name, before the
+    /// QP is destroyed: a type 2 window bound through this QP holds a
+    /// reference on it in rxe, whose destroy then waits for it (about 50 s
+    /// on Linux 6.1) before giving up. Letting go of a retired request's
+    /// window is what reusing its slot does anyway; requests still in
+    /// flight keep theirs until the QP is gone.
+    fn release_retired_windows(&mut self) {
+        let Some(table) = self.ext.windows.as_mut() else {
+            return;
+        };
+        let mut in_flight = vec![false; table.len()];
+        let mut seq = self.sq.tail();
+        while seq != self.sq_head {
+            in_flight[self.sq.index(seq)] = true;
+            seq = seq.wrapping_add(1);
+        }
+        for (entry, busy) in table.iter_mut().zip(in_flight) {
+            if !busy {
+                *entry = None;
+            }
+        }
+    }
+
     /// Posts the send chain at `head` (see [`send_ex::post_chain`]).
     ///
     /// # Safety
