@@ -290,7 +290,12 @@ fn pin_to_cpu(cpu: usize) {
     }
     // SAFETY: pid 0 is the calling thread; set is a valid cpu_set_t.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "sched_setaffinity: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// `refill` counts the receives it posted, also when the CQ is polled while

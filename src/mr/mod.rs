@@ -37,6 +37,8 @@
 
 mod anon;
 mod bytes;
+mod cache;
+mod odp;
 mod owned;
 mod pool;
 mod racy;
@@ -54,6 +56,8 @@ use crate::pd::Pd;
 use crate::sys::call::verb;
 
 pub use anon::{AnonMemory, HugePageSize};
+pub use cache::{CachedMr, RegCache};
+pub use odp::{Advice, ImplicitOdpMr};
 pub use owned::{MrRefused, OwnedMemory};
 pub use pool::MrPool;
 pub(crate) use region::{Backing, Region, page_size, reg_error};
@@ -330,6 +334,7 @@ unsafe fn reg_mr(
     len: usize,
     access: AccessFlags,
 ) -> Result<NonNull<ffi::ibv_mr>> {
+    odp::check_odp(pd, access, false)?;
     // SAFETY: valid PD; the memory stays mapped for the registration's life
     // (caller).
     let registered = verb!(ptr: unsafe {
