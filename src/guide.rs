@@ -38,7 +38,13 @@
 //! NIC wrote. [`Mr::new_huge`](crate::mr::Mr::new_huge) puts a registration on
 //! 2 MiB or 1 GiB huge pages; its error says how to reserve them.
 //! [`MrPool`](crate::mr::MrPool) hands out fixed-size buffers of one
-//! registration, so the data path never registers.
+//! registration, so the data path never registers. For memory a C library
+//! hands out again and again, [`RegCache`](crate::mr::RegCache) registers
+//! each (address, length, access) once and serves repeats from a hash map
+//! until you invalidate the range. On-demand paging
+//! ([`AccessFlags::ON_DEMAND`](crate::mr::AccessFlags::ON_DEMAND),
+//! [`Mr::prefetch`](crate::mr::Mr::prefetch)) is refused with
+//! `Error::Unsupported` on devices without it, rxe included.
 //!
 //! To grant a peer part of a region for a while and take it back, use a
 //! memory window ([`mw`](crate::mw)): register the region with `LOCAL_WRITE |

@@ -22,6 +22,10 @@
 //! owns the buffer while registered; [`Mr::into_buffer`] gives it back.
 //! [`Mr::register_raw`] is the `unsafe` path for memory the caller manages.
 //! [`MrPool`] hands out fixed-size `Mr` buffers of one registration.
+//! [`RegCache`] serves repeated registrations of caller-managed memory from
+//! a hash map until the range is invalidated; [`AccessFlags::ON_DEMAND`]
+//! registers without pinning where the device has on-demand paging
+//! ([`Mr::prefetch`], [`ImplicitOdpMr`]).
 //!
 //! # Remotely writable memory
 //! A region registered with `REMOTE_WRITE` or `REMOTE_ATOMIC` can be changed

@@ -8,14 +8,19 @@ impl Model {
     // Kernel resources
     // ------------------------------------------------------------------
 
+    /// Registrations of ours: the templates, every header and receive
+    /// buffer not out of the `MrPool` (in the model's pools or in a ring)
+    /// and the memory model's (the pool's one, regions).
     pub(super) fn expected_mrs(&self) -> u64 {
-        let in_rings: usize = self
+        let in_rings = self
             .qps
             .iter()
             .flatten()
-            .map(|q| q.sq.fifo.len() + q.rq.fifo.len())
-            .sum();
-        (self.templates.len() + self.hdr_pool.len() + self.recv_pool.len() + in_rings) as u64
+            .flat_map(|q| q.sq.fifo.iter().chain(&q.rq.fifo))
+            .filter(|e| !self.mem.from_pool(e.owned_addr))
+            .count();
+        let pooled = self.hdr_pool.len() + self.recv_pool.len();
+        (self.templates.len() + pooled + in_rings) as u64 + self.mem.registrations()
     }
 
     pub(super) fn check_res(&mut self) {
@@ -25,10 +30,11 @@ impl Model {
             cq_ids.insert(q.send_cq);
             cq_ids.insert(q.recv_cq);
         }
+        let (mem_qps, mem_cqs) = self.mem.qps_cqs();
         let want = [
             ("mr", self.expected_mrs()),
-            ("qp", self.qps.iter().flatten().count() as u64),
-            ("cq", cq_ids.len() as u64),
+            ("qp", self.qps.iter().flatten().count() as u64 + mem_qps),
+            ("cq", cq_ids.len() as u64 + mem_cqs),
         ];
         for (k, n) in want {
             let got = now[k] - self.base[k];
@@ -55,7 +61,7 @@ impl Model {
             180..=279 if have => self.post_send(slot, true),
             280..=429 if have => self.post_recv(slot, false),
             430..=529 if have => self.post_recv(slot, true),
-            530..=799 => {
+            530..=789 => {
                 let c = self.rng.below(self.cqs.len() as u64) as usize;
                 if self.cqs[c].is_some() {
                     self.poll(c);
@@ -86,6 +92,7 @@ impl Model {
                     self.connect(l);
                 }
             }
+            790..=799 | 920..=924 => self.memory_step(),
             900..=914 if have => {
                 if matches!(self.qps[slot].as_ref().unwrap().qp, AnyQp::Reset(_)) {
                     self.init(slot);
@@ -126,6 +133,7 @@ impl Model {
                 self.cqs[c] = None;
             }
         }
+        self.mem.finish(&mut self.rng);
         self.check_res();
         for (i, (t, _)) in std::mem::take(&mut self.templates).into_iter().enumerate() {
             match t.try_unfreeze() {
@@ -135,6 +143,7 @@ impl Model {
         }
         self.hdr_pool.clear();
         self.recv_pool.clear();
+        self.mem.drop_pool();
         let now = res_counts(&self.dev);
         for k in ["mr", "qp", "cq", "pd"] {
             check!(
@@ -165,6 +174,7 @@ pub(crate) fn run(seed: u64, steps: u64) {
     }
     STEP.store(steps, Ordering::Relaxed);
     let s = std::mem::take(&mut m.stats);
+    let mem = m.mem.summary();
     m.finish();
     println!(
         "lifecycle: seed={seed} steps={steps} done in {:.1?}: {} sends, {} receives posted; \
@@ -190,4 +200,5 @@ pub(crate) fn run(seed: u64, steps: u64) {
         s.cq_drops,
         s.res_checks + 1,
     );
+    println!("lifecycle: memory: {mem}");
 }
