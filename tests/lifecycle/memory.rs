@@ -80,7 +80,7 @@ impl Memory {
         self.pool = None;
     }
 
-    pub(super) fn from_pool(&self, addr: u64) -> bool {
+    pub(super) fn in_pool(&self, addr: u64) -> bool {
         (self.pool_range.0..self.pool_range.1).contains(&addr)
     }
 
@@ -191,7 +191,7 @@ impl Model {
     /// A receive buffer came back: a pool buffer goes back to the pool; a
     /// buffer of `Mr::new` offered to the pool is refused and kept.
     pub(super) fn put_back_recv(&mut self, mr: Mr) -> Option<Mr> {
-        if self.mem.from_pool(mr.addr()) {
+        if self.mem.in_pool(mr.addr()) {
             if let Err(r) = self.mem.pool().put(mr) {
                 fail!("the pool refused its own buffer: {}", r.error);
             }

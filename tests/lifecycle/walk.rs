@@ -17,7 +17,7 @@ impl Model {
             .iter()
             .flatten()
             .flat_map(|q| q.sq.fifo.iter().chain(&q.rq.fifo))
-            .filter(|e| !self.mem.from_pool(e.owned_addr))
+            .filter(|e| !self.mem.in_pool(e.owned_addr))
             .count();
         let pooled = self.hdr_pool.len() + self.recv_pool.len();
         (self.templates.len() + pooled + in_rings) as u64 + self.mem.registrations()
