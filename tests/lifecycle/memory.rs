@@ -42,6 +42,9 @@ struct WinQp {
 }
 
 pub(super) struct Memory {
+    /// Draws of its own: the rest of the walk is the same for a seed with or
+    /// without these steps, so a failing seed can be replayed without them.
+    rng: Rng,
     pool: Option<MrPool>,
     pool_range: (u64, u64),
     /// Regions windows may be bound to, with their ids.
@@ -54,12 +57,13 @@ pub(super) struct Memory {
 }
 
 impl Memory {
-    pub(super) fn new(pd: &Pd) -> Memory {
+    pub(super) fn new(pd: &Pd, seed: u64) -> Memory {
         let pool = MrPool::new(pd, RECV_LEN, POOL_BUFS, AccessFlags::LOCAL_WRITE).unwrap();
         let first = pool.get().unwrap();
         let start = first.addr();
         pool.put(first).unwrap();
         Memory {
+            rng: Rng(seed ^ 0x6d65_6d6f_7279),
             pool: Some(pool),
             pool_range: (start, start + (RECV_LEN * POOL_BUFS) as u64),
             regions: Vec::new(),
@@ -120,16 +124,16 @@ impl Memory {
     }
 
     /// Drops everything in a random order.
-    pub(super) fn finish(&mut self, rng: &mut Rng) {
+    pub(super) fn finish(&mut self) {
         while self.wqp.is_some() || !self.windows.is_empty() || !self.regions.is_empty() {
-            match rng.below(3) {
+            match self.rng.below(3) {
                 0 => self.wqp = None,
                 1 if !self.windows.is_empty() => {
-                    let i = rng.below(self.windows.len() as u64) as usize;
+                    let i = self.rng.below(self.windows.len() as u64) as usize;
                     self.windows.swap_remove(i);
                 }
                 _ if !self.regions.is_empty() => {
-                    let i = rng.below(self.regions.len() as u64) as usize;
+                    let i = self.rng.below(self.regions.len() as u64) as usize;
                     self.regions.swap_remove(i);
                 }
                 _ => {}
@@ -141,7 +145,7 @@ impl Memory {
 impl Model {
     /// A header buffer: sometimes a `Vec` registered in place.
     pub(super) fn owned_hdr(&mut self) -> Option<Mr> {
-        if !self.rng.chance(20) {
+        if !self.mem.rng.chance(20) {
             return None;
         }
         let mr = Mr::register(&self.pd, vec![0u8; HDR], AccessFlags::empty())
@@ -152,7 +156,7 @@ impl Model {
 
     /// A receive buffer: sometimes one of the pool's.
     pub(super) fn pool_buf(&mut self) -> Option<Mr> {
-        if !self.rng.chance(30) {
+        if !self.mem.rng.chance(30) {
             return None;
         }
         let mr = self.mem.pool().get()?;
@@ -165,7 +169,7 @@ impl Model {
     /// registered in place comes back whole and alone (the ring gave up its
     /// handle); one from `Mr::new` is refused, unchanged.
     pub(super) fn take_back_hdr(&mut self, mr: Mr) -> Option<Mr> {
-        if !self.rng.chance(40) {
+        if !self.mem.rng.chance(40) {
             return Some(mr);
         }
         match mr.into_buffer::<Vec<u8>>() {
@@ -198,7 +202,7 @@ impl Model {
             self.mem.stats.pool_puts += 1;
             return None;
         }
-        if self.rng.chance(10) {
+        if self.mem.rng.chance(10) {
             return match self.mem.pool().put(mr) {
                 Ok(()) => fail!("the pool took a buffer of another registration"),
                 Err(r) => {
@@ -210,9 +214,16 @@ impl Model {
         Some(mr)
     }
 
+    /// After each step of the walk: now and then, one step of the windows.
+    pub(super) fn memory_tick(&mut self) {
+        if self.mem.rng.chance(2) {
+            self.memory_step();
+        }
+    }
+
     /// One random step of the windows.
-    pub(super) fn memory_step(&mut self) {
-        match self.rng.below(10) {
+    fn memory_step(&mut self) {
+        match self.mem.rng.below(10) {
             0 if self.mem.wqp.is_none() => self.mem.wqp = Some(self.win_qp()),
             0 => {
                 for w in &mut self.mem.windows {
@@ -231,12 +242,12 @@ impl Model {
                 self.mem.next_region += 1;
             }
             1 | 2 => {
-                let i = self.rng.below(self.mem.regions.len() as u64) as usize;
+                let i = self.mem.rng.below(self.mem.regions.len() as u64) as usize;
                 self.mem.regions.swap_remove(i);
                 self.mem.stats.region_drops += 1;
             }
             3 if self.mem.windows.len() < 3 => {
-                let ty = if self.rng.chance(50) {
+                let ty = if self.mem.rng.chance(50) {
                     MwType::Type1
                 } else {
                     MwType::Type2
@@ -249,7 +260,7 @@ impl Model {
                 });
             }
             3 | 4 if !self.mem.windows.is_empty() => {
-                let i = self.rng.below(self.mem.windows.len() as u64) as usize;
+                let i = self.mem.rng.below(self.mem.windows.len() as u64) as usize;
                 self.mem.windows.swap_remove(i);
                 self.mem.stats.mw_drops += 1;
             }
@@ -284,10 +295,10 @@ impl Model {
         else {
             return;
         };
-        let wi = self.rng.below(m.windows.len() as u64) as usize;
-        let ri = self.rng.below(m.regions.len() as u64) as usize;
-        let start = self.rng.below(REGION_LEN as u64 / 2) as usize;
-        let end = start + 1 + self.rng.below((REGION_LEN - start) as u64 - 1) as usize;
+        let wi = m.rng.below(m.windows.len() as u64) as usize;
+        let ri = m.rng.below(m.regions.len() as u64) as usize;
+        let start = m.rng.below(REGION_LEN as u64 / 2) as usize;
+        let end = start + 1 + m.rng.below((REGION_LEN - start) as u64 - 1) as usize;
         let (id, region) = &m.regions[ri];
         let win = &mut m.windows[wi];
         if win.orphan || (win.mw.mw_type() == MwType::Type2 && win.mw.remote().is_some()) {
@@ -323,7 +334,7 @@ impl Model {
         let (Some(w), false) = (m.wqp.as_mut(), m.windows.is_empty()) else {
             return;
         };
-        let wi = self.rng.below(m.windows.len() as u64) as usize;
+        let wi = m.rng.below(m.windows.len() as u64) as usize;
         let win = &mut m.windows[wi];
         if win.orphan || win.mw.remote().is_none() {
             return;

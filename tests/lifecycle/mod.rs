@@ -231,7 +231,7 @@ impl Model {
         let dev = ctx.name().to_owned();
         let gid = gid_index(&ctx);
         let base = res_counts(&dev);
-        let mem = memory::Memory::new(&pd);
+        let mem = memory::Memory::new(&pd, seed);
         let mut templates = Vec::new();
         for _ in 0..4 {
             let mut mr = pd.alloc_mr(TEMPLATE_LEN, AccessFlags::empty()).unwrap();

@@ -61,7 +61,7 @@ impl Model {
             180..=279 if have => self.post_send(slot, true),
             280..=429 if have => self.post_recv(slot, false),
             430..=529 if have => self.post_recv(slot, true),
-            530..=789 => {
+            530..=799 => {
                 let c = self.rng.below(self.cqs.len() as u64) as usize;
                 if self.cqs[c].is_some() {
                     self.poll(c);
@@ -92,7 +92,6 @@ impl Model {
                     self.connect(l);
                 }
             }
-            790..=799 | 920..=924 => self.memory_step(),
             900..=914 if have => {
                 if matches!(self.qps[slot].as_ref().unwrap().qp, AnyQp::Reset(_)) {
                     self.init(slot);
@@ -133,7 +132,7 @@ impl Model {
                 self.cqs[c] = None;
             }
         }
-        self.mem.finish(&mut self.rng);
+        self.mem.finish();
         self.check_res();
         for (i, (t, _)) in std::mem::take(&mut self.templates).into_iter().enumerate() {
             match t.try_unfreeze() {
@@ -168,6 +167,7 @@ pub(crate) fn run(seed: u64, steps: u64) {
     for i in 0..steps {
         STEP.store(i, Ordering::Relaxed);
         m.step();
+        m.memory_tick();
         if i % 1000 == 999 {
             m.check_res();
         }
