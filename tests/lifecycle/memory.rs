@@ -51,6 +51,11 @@ pub(super) struct Memory {
     regions: Vec<(u64, Mr)>,
     windows: Vec<Window>,
     wqp: Option<WinQp>,
+    /// Regions of windows dropped while the windows' QP lives: the QP's send
+    /// ring may still hold such a window (a request holds its window until
+    /// its slot is reused or the QP is destroyed), and the window its
+    /// regions, so they may or may not be registered still.
+    lingering: HashSet<u64>,
     next_region: u64,
     next_wr: u64,
     pub(super) stats: MemStats,
@@ -69,6 +74,7 @@ impl Memory {
             regions: Vec::new(),
             windows: Vec::new(),
             wqp: None,
+            lingering: HashSet::new(),
             next_region: 0,
             next_wr: 0,
             stats: MemStats::default(),
@@ -88,14 +94,28 @@ impl Memory {
         (self.pool_range.0..self.pool_range.1).contains(&addr)
     }
 
-    /// Registrations the memory model holds: the pool's, the regions and
-    /// every region a window keeps.
-    pub(super) fn registrations(&self) -> u64 {
+    /// Registrations the memory model holds for certain (the pool's, the
+    /// regions and every region a window keeps), and how many more may be
+    /// alive (lingering in the windows' QP).
+    pub(super) fn registrations(&self) -> (u64, u64) {
         let mut ids: HashSet<u64> = self.regions.iter().map(|r| r.0).collect();
         for w in &self.windows {
             ids.extend(&w.holds);
         }
-        u64::from(self.pool.is_some()) + ids.len() as u64
+        let maybe = self.lingering.difference(&ids).count() as u64;
+        (u64::from(self.pool.is_some()) + ids.len() as u64, maybe)
+    }
+
+    fn drop_wqp(&mut self) {
+        self.wqp = None;
+        self.lingering.clear();
+    }
+
+    fn drop_window(&mut self, i: usize) {
+        let w = self.windows.swap_remove(i);
+        if self.wqp.is_some() {
+            self.lingering.extend(w.holds);
+        }
     }
 
     /// QPs and CQs of the windows.
@@ -127,10 +147,10 @@ impl Memory {
     pub(super) fn finish(&mut self) {
         while self.wqp.is_some() || !self.windows.is_empty() || !self.regions.is_empty() {
             match self.rng.below(3) {
-                0 => self.wqp = None,
+                0 => self.drop_wqp(),
                 1 if !self.windows.is_empty() => {
                     let i = self.rng.below(self.windows.len() as u64) as usize;
-                    self.windows.swap_remove(i);
+                    self.drop_window(i);
                 }
                 _ if !self.regions.is_empty() => {
                     let i = self.rng.below(self.regions.len() as u64) as usize;
@@ -229,7 +249,7 @@ impl Model {
                 for w in &mut self.mem.windows {
                     w.orphan |= w.mw.mw_type() == MwType::Type2 && w.mw.remote().is_some();
                 }
-                self.mem.wqp = None;
+                self.mem.drop_wqp();
                 self.mem.stats.wqp_drops += 1;
             }
             1 | 2 if self.mem.regions.len() < 3 => {
@@ -261,7 +281,7 @@ impl Model {
             }
             3 | 4 if !self.mem.windows.is_empty() => {
                 let i = self.mem.rng.below(self.mem.windows.len() as u64) as usize;
-                self.mem.windows.swap_remove(i);
+                self.mem.drop_window(i);
                 self.mem.stats.mw_drops += 1;
             }
             5..=7 => self.bind(),

@@ -10,8 +10,9 @@ impl Model {
 
     /// Registrations of ours: the templates, every header and receive
     /// buffer not out of the `MrPool` (in the model's pools or in a ring)
-    /// and the memory model's (the pool's one, regions).
-    pub(super) fn expected_mrs(&self) -> u64 {
+    /// and the memory model's (the pool's one, regions); and how many more
+    /// may still be alive (regions of dropped windows a QP may still hold).
+    pub(super) fn expected_mrs(&self) -> (u64, u64) {
         let in_rings = self
             .qps
             .iter()
@@ -20,7 +21,11 @@ impl Model {
             .filter(|e| !self.mem.in_pool(e.owned_addr))
             .count();
         let pooled = self.hdr_pool.len() + self.recv_pool.len();
-        (self.templates.len() + pooled + in_rings) as u64 + self.mem.registrations()
+        let (mem, maybe) = self.mem.registrations();
+        (
+            (self.templates.len() + pooled + in_rings) as u64 + mem,
+            maybe,
+        )
     }
 
     pub(super) fn check_res(&mut self) {
@@ -31,8 +36,13 @@ impl Model {
             cq_ids.insert(q.recv_cq);
         }
         let (mem_qps, mem_cqs) = self.mem.qps_cqs();
+        let (mrs, maybe) = self.expected_mrs();
+        let got = now["mr"] - self.base["mr"];
+        check!(
+            (mrs..=mrs + maybe).contains(&got),
+            "kernel has {got} mrs of ours, model {mrs} (+ up to {maybe} held by dropped windows)"
+        );
         let want = [
-            ("mr", self.expected_mrs()),
             ("qp", self.qps.iter().flatten().count() as u64 + mem_qps),
             ("cq", cq_ids.len() as u64 + mem_cqs),
         ];
