@@ -42,6 +42,10 @@ struct WinQp {
 }
 
 pub(super) struct Memory {
+    /// `RDMA_VERBS_LIFECYCLE_MEMORY`: `0` turns every memory step off, `nowin`
+    /// the windows only (to tell which part a failing seed needs).
+    owned_on: bool,
+    windows_on: bool,
     /// Draws of its own: the rest of the walk is the same for a seed with or
     /// without these steps, so a failing seed can be replayed without them.
     rng: Rng,
@@ -67,7 +71,10 @@ impl Memory {
         let first = pool.get().unwrap();
         let start = first.addr();
         pool.put(first).unwrap();
+        let knob = std::env::var("RDMA_VERBS_LIFECYCLE_MEMORY").unwrap_or_default();
         Memory {
+            owned_on: knob != "0",
+            windows_on: knob != "0" && knob != "nowin",
             rng: Rng(seed ^ 0x6d65_6d6f_7279),
             pool: Some(pool),
             pool_range: (start, start + (RECV_LEN * POOL_BUFS) as u64),
@@ -165,7 +172,7 @@ impl Memory {
 impl Model {
     /// A header buffer: sometimes a `Vec` registered in place.
     pub(super) fn owned_hdr(&mut self) -> Option<Mr> {
-        if !self.mem.rng.chance(20) {
+        if !self.mem.owned_on || !self.mem.rng.chance(20) {
             return None;
         }
         let mr = Mr::register(&self.pd, vec![0u8; HDR], AccessFlags::empty())
@@ -176,7 +183,7 @@ impl Model {
 
     /// A receive buffer: sometimes one of the pool's.
     pub(super) fn pool_buf(&mut self) -> Option<Mr> {
-        if !self.mem.rng.chance(30) {
+        if !self.mem.owned_on || !self.mem.rng.chance(30) {
             return None;
         }
         let mr = self.mem.pool().get()?;
@@ -236,7 +243,7 @@ impl Model {
 
     /// After each step of the walk: now and then, one step of the windows.
     pub(super) fn memory_tick(&mut self) {
-        if self.mem.rng.chance(2) {
+        if self.mem.windows_on && self.mem.rng.chance(2) {
             self.memory_step();
         }
     }
