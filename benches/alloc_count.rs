@@ -14,7 +14,8 @@
 //! receive re-posted by `ScopedQp::post_recv` in the peer's scope (nested on
 //! its CQ), a `PreparedSends` list of 8 WRITEs posted with `post_prepared`,
 //! and polling an empty CQ. What entering a scope allocates (not per
-//! operation) is printed for information and not checked.
+//! operation) is printed for information and not checked. Registered memory:
+//! an `MrPool` get and put, and a `RegCache` hit.
 //! Run inside the soft-RoCE guest:
 //! `cargo bench --no-run`, then `cargo xtask run -- target/release/deps/alloc_count-<hash> --bench`.
 
@@ -24,7 +25,8 @@ mod harness;
 use harness::{CountingAlloc, Pair, allocs, pair, require_bench_flag};
 use rdma_verbs::Result;
 use rdma_verbs::cq::{Completion, Cq};
-use rdma_verbs::mr::{AccessFlags, RemoteMr, SharedMr};
+use rdma_verbs::mr::{AccessFlags, MrPool, RegCache, RemoteMr, SharedMr};
+use rdma_verbs::pd::Pd;
 use rdma_verbs::qp::scope::{Dst, PreparedSends, Scope, ScopedCompletion, ScopedSend, Src};
 use rdma_verbs::qp::{QpCaps, RecvWr, SendWr};
 
@@ -103,6 +105,7 @@ fn main() {
 
     write_cases(&mut p, &src, remote, &mut out, &mut results);
     read_send_poll_cases(&mut p, &src, remote, &mut out, &mut out_b, &mut results);
+    memory_cases(&pd, &mut results);
     drop(p);
     drop(target);
     scoped_cases(caps, &mut results).expect("scoped cases");
@@ -113,6 +116,32 @@ fn main() {
         std::process::exit(1);
     }
     println!("ok: 0 allocations per operation in every case");
+}
+
+/// A pool's get and put, and a registration-cache hit (the warm-up's first
+/// lookup is the miss that registers).
+fn memory_cases(pd: &Pd, results: &mut Vec<f64>) {
+    let pool = MrPool::new(pd, 256, 64, AccessFlags::LOCAL_WRITE).expect("pool");
+    results.push(count("MrPool get + put", |n| {
+        for _ in 0..n {
+            let mr = pool.get().expect("a free buffer");
+            pool.put(mr).expect("put back");
+        }
+    }));
+    // Memory a C library hands out, as the cache's users have.
+    let mut mem = vec![0u8; 4096];
+    let ptr = mem.as_mut_ptr();
+    let cache = RegCache::new(pd);
+    results.push(count("RegCache::get, a hit", |n| {
+        for _ in 0..n {
+            // SAFETY: `mem` outlives the cache (dropped first, below) and
+            // every handle (dropped right away); nothing references it.
+            std::hint::black_box(unsafe { cache.get(ptr, 4096, AccessFlags::LOCAL_WRITE) })
+                .expect("get");
+        }
+    }));
+    drop(cache);
+    drop(mem);
 }
 
 /// The WRITE cases: a shared source, a post list, inline data.

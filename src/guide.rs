@@ -40,7 +40,13 @@
 //! `examples/file_read.rs` serves a memory-mapped file for remote READ this
 //! way (and why its mapping is private on kernels before 6.2).
 //! [`MrPool`](crate::mr::MrPool) hands out fixed-size buffers of one
-//! registration, so the data path never registers.
+//! registration, so the data path never registers. For memory a C library
+//! hands out again and again, [`RegCache`](crate::mr::RegCache) registers
+//! each (address, length, access) once and serves repeats from a hash map
+//! until you invalidate the range. On-demand paging
+//! ([`AccessFlags::ON_DEMAND`](crate::mr::AccessFlags::ON_DEMAND),
+//! [`Mr::prefetch`](crate::mr::Mr::prefetch)) is refused with
+//! `Error::Unsupported` on devices without it, rxe included.
 //!
 //! To grant a peer part of a region for a while and take it back, use a
 //! memory window ([`mw`](crate::mw)): register the region with `LOCAL_WRITE |

@@ -14,10 +14,12 @@ impl Mr {
                 // allocation (or the owned buffer's memory).
                 Ok(unsafe { self.region.ptr.as_ptr().add(self.off) })
             }
-            Backing::Device(_) | Backing::Leaked => Err(Error::InvalidArgument {
-                what: "memory access",
-                reason: "this region is device (GPU) memory; copy it with the CUDA API".into(),
-            }),
+            Backing::Device(_) | Backing::Borrowed | Backing::Leaked => {
+                Err(Error::InvalidArgument {
+                    what: "memory access",
+                    reason: "this region is device (GPU) memory; copy it with the CUDA API".into(),
+                })
+            }
         }
     }
 

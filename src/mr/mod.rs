@@ -22,6 +22,10 @@
 //! owns the buffer while registered; [`Mr::into_buffer`] gives it back.
 //! [`Mr::register_raw`] is the `unsafe` path for memory the caller manages.
 //! [`MrPool`] hands out fixed-size `Mr` buffers of one registration.
+//! [`RegCache`] serves repeated registrations of caller-managed memory from
+//! a hash map until the range is invalidated; [`AccessFlags::ON_DEMAND`]
+//! registers without pinning where the device has on-demand paging
+//! ([`Mr::prefetch`], [`ImplicitOdpMr`]).
 //!
 //! # Remotely writable memory
 //! A region registered with `REMOTE_WRITE` or `REMOTE_ATOMIC` can be changed
@@ -37,6 +41,8 @@
 
 mod anon;
 mod bytes;
+mod cache;
+mod odp;
 mod owned;
 mod pool;
 mod racy;
@@ -54,6 +60,8 @@ use crate::pd::Pd;
 use crate::sys::call::verb;
 
 pub use anon::{AnonMemory, HugePageSize};
+pub use cache::{CachedMr, RegCache};
+pub use odp::{Advice, ImplicitOdpMr};
 pub use owned::{MrRefused, OwnedMemory};
 pub use pool::MrPool;
 pub(crate) use region::{Backing, Region, page_size, reg_error};
@@ -330,6 +338,7 @@ unsafe fn reg_mr(
     len: usize,
     access: AccessFlags,
 ) -> Result<NonNull<ffi::ibv_mr>> {
+    odp::check_odp(pd, access, false)?;
     // SAFETY: valid PD; the memory stays mapped for the registration's life
     // (caller).
     let registered = verb!(ptr: unsafe {

@@ -28,6 +28,10 @@ pub(crate) enum Backing {
         type_name: &'static str,
         writable: bool,
     },
+    /// Memory the caller manages, registered through a
+    /// [`RegCache`](super::RegCache): never freed here, and never reached by
+    /// the CPU through the crate (the cache's handles give out keys only).
+    Borrowed,
     /// Deregistration failed: the memory was deliberately leaked.
     Leaked,
 }

@@ -211,6 +211,8 @@ struct Model {
     next_wr: u64,
     seq: u64,
     stats: Stats,
+    /// Vec headers, pool buffers and memory windows (`memory.rs`).
+    mem: memory::Memory,
 }
 
 fn wr_id(inst: u64, recv: bool, n: u64) -> u64 {
@@ -229,6 +231,7 @@ impl Model {
         let dev = ctx.name().to_owned();
         let gid = gid_index(&ctx);
         let base = res_counts(&dev);
+        let mem = memory::Memory::new(&pd, seed);
         let mut templates = Vec::new();
         for _ in 0..4 {
             let mut mr = pd.alloc_mr(TEMPLATE_LEN, AccessFlags::empty()).unwrap();
@@ -262,6 +265,7 @@ impl Model {
             next_wr: 0,
             seq: 0,
             stats: Stats::default(),
+            mem,
         }
     }
 
@@ -278,12 +282,18 @@ impl Model {
     }
 
     pub(super) fn hdr_mr(&mut self) -> Mr {
+        if let Some(mr) = self.owned_hdr() {
+            return mr;
+        }
         self.hdr_pool
             .pop()
             .unwrap_or_else(|| self.pd.alloc_mr(HDR, AccessFlags::empty()).unwrap())
     }
 
     pub(super) fn recv_mr(&mut self) -> Mr {
+        if let Some(mr) = self.pool_buf() {
+            return mr;
+        }
         self.recv_pool.pop().unwrap_or_else(|| {
             self.pd
                 .alloc_mr(RECV_LEN, AccessFlags::LOCAL_WRITE)
@@ -293,6 +303,14 @@ impl Model {
 
     pub(super) fn give_back(&mut self, mr: Mr) {
         // Keep the pools bounded; the rest is deregistered (and counted).
+        let taken = if mr.len() == HDR {
+            self.take_back_hdr(mr)
+        } else {
+            self.put_back_recv(mr)
+        };
+        let Some(mr) = taken else {
+            return;
+        };
         if mr.len() == HDR {
             if self.hdr_pool.len() < 64 {
                 self.hdr_pool.push(mr);
@@ -310,6 +328,7 @@ impl Model {
 }
 
 // After `each!`, which they use.
+mod memory;
 mod polling;
 mod posting;
 mod resources;

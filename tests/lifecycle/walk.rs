@@ -8,14 +8,24 @@ impl Model {
     // Kernel resources
     // ------------------------------------------------------------------
 
-    pub(super) fn expected_mrs(&self) -> u64 {
-        let in_rings: usize = self
+    /// Registrations of ours: the templates, every header and receive
+    /// buffer not out of the `MrPool` (in the model's pools or in a ring)
+    /// and the memory model's (the pool's one, regions); and how many more
+    /// may still be alive (regions of dropped windows a QP may still hold).
+    pub(super) fn expected_mrs(&self) -> (u64, u64) {
+        let in_rings = self
             .qps
             .iter()
             .flatten()
-            .map(|q| q.sq.fifo.len() + q.rq.fifo.len())
-            .sum();
-        (self.templates.len() + self.hdr_pool.len() + self.recv_pool.len() + in_rings) as u64
+            .flat_map(|q| q.sq.fifo.iter().chain(&q.rq.fifo))
+            .filter(|e| !self.mem.in_pool(e.owned_addr))
+            .count();
+        let pooled = self.hdr_pool.len() + self.recv_pool.len();
+        let (mem, maybe) = self.mem.registrations();
+        (
+            (self.templates.len() + pooled + in_rings) as u64 + mem,
+            maybe,
+        )
     }
 
     pub(super) fn check_res(&mut self) {
@@ -25,10 +35,16 @@ impl Model {
             cq_ids.insert(q.send_cq);
             cq_ids.insert(q.recv_cq);
         }
+        let (mem_qps, mem_cqs) = self.mem.qps_cqs();
+        let (mrs, maybe) = self.expected_mrs();
+        let got = now["mr"] - self.base["mr"];
+        check!(
+            (mrs..=mrs + maybe).contains(&got),
+            "kernel has {got} mrs of ours, model {mrs} (+ up to {maybe} held by dropped windows)"
+        );
         let want = [
-            ("mr", self.expected_mrs()),
-            ("qp", self.qps.iter().flatten().count() as u64),
-            ("cq", cq_ids.len() as u64),
+            ("qp", self.qps.iter().flatten().count() as u64 + mem_qps),
+            ("cq", cq_ids.len() as u64 + mem_cqs),
         ];
         for (k, n) in want {
             let got = now[k] - self.base[k];
@@ -126,6 +142,7 @@ impl Model {
                 self.cqs[c] = None;
             }
         }
+        self.mem.finish();
         self.check_res();
         for (i, (t, _)) in std::mem::take(&mut self.templates).into_iter().enumerate() {
             match t.try_unfreeze() {
@@ -135,6 +152,7 @@ impl Model {
         }
         self.hdr_pool.clear();
         self.recv_pool.clear();
+        self.mem.drop_pool();
         let now = res_counts(&self.dev);
         for k in ["mr", "qp", "cq", "pd"] {
             check!(
@@ -159,12 +177,14 @@ pub(crate) fn run(seed: u64, steps: u64) {
     for i in 0..steps {
         STEP.store(i, Ordering::Relaxed);
         m.step();
+        m.memory_tick();
         if i % 1000 == 999 {
             m.check_res();
         }
     }
     STEP.store(steps, Ordering::Relaxed);
     let s = std::mem::take(&mut m.stats);
+    let mem = m.mem.summary();
     m.finish();
     println!(
         "lifecycle: seed={seed} steps={steps} done in {:.1?}: {} sends, {} receives posted; \
@@ -190,4 +210,5 @@ pub(crate) fn run(seed: u64, steps: u64) {
         s.cq_drops,
         s.res_checks + 1,
     );
+    println!("lifecycle: memory: {mem}");
 }
