@@ -123,10 +123,12 @@ pub(crate) struct Ring {
     qp_num: u32,
     /// A shared receive queue's free slots (`None` for a QP's own queues).
     srq: Option<srq::FreeList>,
-    /// Buffers of signaled requests swept without their completion, kept
-    /// until the ring goes (after the QP is destroyed): a provider that
-    /// completes a queue out of order (siw completes a SEND before an
-    /// earlier READ) may still write them.
+    /// Whether the provider may complete this queue out of order (iWARP:
+    /// siw completes a SEND before an earlier READ), so that a signaled
+    /// request swept without its completion may still be in the NIC's hands.
+    out_of_order: bool,
+    /// Such requests' buffers, kept until the ring goes (after the QP is
+    /// destroyed) instead of being dropped or handed back.
     held: std::sync::Mutex<Vec<Sges>>,
 }
 
@@ -158,8 +160,15 @@ impl Ring {
             tag,
             qp_num,
             srq: None,
+            out_of_order: false,
             held: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// This ring's queue may complete out of order (an iWARP QP's send queue).
+    pub(crate) fn completing_out_of_order(mut self) -> Ring {
+        self.out_of_order = true;
+        self
     }
 
     /// Keeps the buffers at `bufs` until the ring is dropped (see `held`).
@@ -279,8 +288,9 @@ impl Ring {
             own |= s == target;
             // SAFETY: claimed, so initialised and ours; dropped once.
             unsafe {
-                if (*d).meta.signaled && s != target {
-                    *lost += 1;
+                let swept_signaled = (*d).meta.signaled && s != target;
+                *lost += u64::from(swept_signaled);
+                if swept_signaled && self.out_of_order {
                     self.hold(&raw mut (*d).bufs);
                 } else {
                     drop_in_place_catching(&raw mut (*d).bufs, caught);
@@ -426,8 +436,8 @@ impl Ring {
             // SAFETY: claimed, so initialised and ours; each field is moved out
             // (or dropped) once, and the slot is EMPTY so no one reads it again.
             unsafe {
-                if (*d).meta.signaled {
-                    *lost += 1;
+                *lost += u64::from((*d).meta.signaled);
+                if (*d).meta.signaled && self.out_of_order {
                     self.hold(&raw mut (*d).bufs);
                     continue;
                 }

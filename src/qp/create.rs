@@ -214,7 +214,15 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         // SAFETY: `raw` is live (per the contract); qp_num is a plain field.
         let qp_num = unsafe { (*raw.as_ptr()).qp_num };
         // Never more in flight than asked for, even if the device rounded up.
-        let sq = sq_res.publish(|tag| Ring::new(sq_want.min(got.max_send_wr), tag, qp_num));
+        let iwarp = ctx.is_iwarp();
+        let sq = sq_res.publish(|tag| {
+            let ring = Ring::new(sq_want.min(got.max_send_wr), tag, qp_num);
+            if iwarp {
+                ring.completing_out_of_order()
+            } else {
+                ring
+            }
+        });
         let rq = rq_res.publish(|tag| Ring::new(rq_want.min(got.max_recv_wr), tag, qp_num));
         Ok(Qp {
             core: QpCore {
