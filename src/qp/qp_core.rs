@@ -242,7 +242,7 @@ impl QpCore {
     }
 }
 
-/// The error of a post (`verb`) the provider refused with `rc`; `staged` is the
+/// The error of a post (`verb`) on a QP of `pd` the provider refused with `rc`; `staged` is the
 /// refused request's `ibv_wr_opcode` (`IBV_WC_RECV` for a receive) and whether it has
 /// no buffers, when known. An iWARP device (siw, iWARP RNICs) has no immediate data,
 /// atomics or memory-window operations, and libsiw takes no receive without a buffer:
@@ -252,7 +252,7 @@ impl QpCore {
 #[cold]
 #[inline(never)]
 pub(super) fn post_refused(
-    raw: *mut ffi::ibv_qp,
+    pd: &Pd,
     verb: &'static str,
     rc: i32,
     staged: Option<(u32, bool)>,
@@ -274,10 +274,7 @@ pub(super) fn post_refused(
         }
         _ => return Error::verb(verb, errno(rc)),
     };
-    // SAFETY: `raw` is a live QP (the caller's); its `context` is its open device context, whose `device`
-    // is the ibv_device it was opened on; both are plain fields set at creation.
-    let transport = unsafe { (*(*(*raw).context).device).transport_type };
-    if transport != ffi::IBV_TRANSPORT_IWARP {
+    if !pd.context().is_iwarp() {
         return Error::verb(verb, errno(rc));
     }
     Error::Unsupported {
@@ -291,11 +288,6 @@ impl QpCore {
     #[cold]
     #[inline(never)]
     pub(super) fn send_refused(&self, rc: i32, opcode: u32) -> Error {
-        post_refused(
-            self.raw.as_ptr(),
-            "ibv_post_send",
-            rc,
-            Some((opcode, false)),
-        )
+        post_refused(&self.pd, "ibv_post_send", rc, Some((opcode, false)))
     }
 }

@@ -459,7 +459,7 @@ fn refused<C: QueueCore, Q: WorkQueue<C>>(
     // SAFETY: producer side; the device refused these requests.
     let unposted = unsafe { ring.unfill_from(from, head) };
     PostError {
-        error: super::qp_core::post_refused(core.raw(), Q::CWr::POST_VERB, rc, staged),
+        error: super::qp_core::post_refused(core.pd(), Q::CWr::POST_VERB, rc, staged),
         unposted,
     }
 }
