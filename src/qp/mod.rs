@@ -51,6 +51,7 @@
 #![allow(clippy::result_large_err)]
 
 mod attr;
+mod built;
 mod create;
 mod mw;
 pub(crate) mod post;

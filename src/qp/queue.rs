@@ -14,6 +14,7 @@ use crate::ledger::ring::{Ring, SlotMeta};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 use crate::ledger::wr::{RecvWr, SendWr};
 use crate::pd::Pd;
+use crate::qp::built;
 use crate::qp::post::{self, ChainedWr};
 use crate::qp::send_ex::{self, SendEx};
 use crate::qp::{PostError, QpCaps, QpCore};
@@ -127,6 +128,20 @@ pub(crate) trait WorkQueue<C: QueueCore = QpCore> {
     /// As the verb's: a well-formed chain.
     unsafe fn post(core: &C, head: *mut Self::CWr, bad: *mut *mut Self::CWr) -> i32;
 
+    /// The QP's extended builders, when its requests can skip the C form
+    /// ([`request`](WorkQueue::request)). `None` by default.
+    #[inline(always)]
+    fn builders(_core: &C) -> Option<SendEx> {
+        None
+    }
+
+    /// `wr` in the builders' form (its `wr_id` left for the ring's token),
+    /// or `None` when it needs what they lack. `None` by default.
+    #[inline(always)]
+    fn request(_wr: &Self::Wr) -> Option<send_ex::Request> {
+        None
+    }
+
     /// Called once `wr` holds sequence number `seq` in the ring, for what
     /// must live with the request besides its buffers (a UD send's address
     /// handle). Nothing by default.
@@ -190,6 +205,16 @@ impl<'a, C: SendCore> WorkQueue<C> for SendQueue<'a> {
             None => post::fill_sges(&wr.bufs, sges),
         };
         (c, meta)
+    }
+
+    #[inline(always)]
+    fn builders(core: &C) -> Option<SendEx> {
+        core.send_ex().copied()
+    }
+
+    #[inline(always)]
+    fn request(wr: &SendWr<'a>) -> Option<send_ex::Request> {
+        post::send_request(wr)
     }
 
     #[inline(always)]
@@ -401,7 +426,7 @@ fn recv_refused<C: RecvCore>(core: &C, e: Error) -> Error {
 /// receive queue at all (depth 0).
 #[cold]
 #[inline(never)]
-fn full<C: QueueCore, Q: WorkQueue<C>>(core: &C, depth: u64) -> Error {
+pub(super) fn full<C: QueueCore, Q: WorkQueue<C>>(core: &C, depth: u64) -> Error {
     if depth == 0 && core.uses_srq() {
         // SAFETY: raw is a live QP; qp_num is a plain field.
         let qp_num = unsafe { (*core.raw()).qp_num };
@@ -446,7 +471,7 @@ fn submit<C: QueueCore, Q: WorkQueue<C>>(
 /// some).
 #[cold]
 #[inline(never)]
-fn refused<C: QueueCore, Q: WorkQueue<C>>(
+pub(super) fn refused<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     rc: i32,
     bad: Option<usize>,
@@ -476,6 +501,16 @@ pub(crate) fn post_one_on<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     wr: Q::Wr,
 ) -> Result<(), PostError> {
+    if let Some(ex) = Q::builders(core) {
+        if let Some(r) = Q::request(&wr) {
+            // SAFETY: `post_built` moves `wr` out exactly once (into the
+            // ring or back in its error), so it is forgotten here. (Through
+            // a reference: moving the request would copy all of it.)
+            let posted = unsafe { built::post_one::<C, Q>(core, &wr, ex, r) };
+            std::mem::forget(wr);
+            return posted;
+        }
+    }
     let mut c_wr = [const { MaybeUninit::<Q::CWr>::uninit() }; 1];
     let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; MAX_SAFE_SGES];
     let first_seq = *Q::ring_and_head(core).1;
@@ -514,7 +549,21 @@ pub(crate) fn post_list_on<C: QueueCore, Q: WorkQueue<C>, I: IntoIterator<Item =
     core: &mut C,
     wrs: I,
 ) -> Result<(), PostError> {
-    let mut wrs = wrs.into_iter();
+    match Q::builders(core) {
+        Some(ex) => built::post_list::<C, Q, _>(core, ex, wrs.into_iter()),
+        None => post_list_c::<C, Q, _>(core, wrs.into_iter()),
+    }
+}
+
+/// [`post_list_on`] through C forms: chained lists, one verb call per chunk.
+/// Not inlined: next to the builders' loop it would make the send path's
+/// callers too large to inline the caller's iterator (a call per chunk of up
+/// to 32 requests is what this costs).
+#[inline(never)]
+pub(super) fn post_list_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
+    core: &mut C,
+    mut wrs: I,
+) -> Result<(), PostError> {
     // Uninitialised: only the entries a post uses are written (no memset per call).
     let mut c_wrs = [const { MaybeUninit::<Q::CWr>::uninit() }; POST_CHUNK];
     let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * MAX_SAFE_SGES];
@@ -569,11 +618,11 @@ pub(crate) fn post_list_on<C: QueueCore, Q: WorkQueue<C>, I: IntoIterator<Item =
 
 /// While armed (the caller's iterator may still panic), dropping this takes
 /// the requests staged since `first_seq` back out of the ring.
-struct Unstage<'c, C: QueueCore, Q: WorkQueue<C>> {
-    core: &'c mut C,
-    first_seq: u64,
-    armed: bool,
-    _queue: PhantomData<fn(Q)>,
+pub(super) struct Unstage<'c, C: QueueCore, Q: WorkQueue<C>> {
+    pub(super) core: &'c mut C,
+    pub(super) first_seq: u64,
+    pub(super) armed: bool,
+    pub(super) _queue: PhantomData<fn(Q)>,
 }
 
 impl<C: QueueCore, Q: WorkQueue<C>> Drop for Unstage<'_, C, Q> {
@@ -593,7 +642,7 @@ impl<C: QueueCore, Q: WorkQueue<C>> Drop for Unstage<'_, C, Q> {
 /// requests' post result (if any were staged), the refusal, and the requests
 /// from the refused one on.
 #[cold]
-fn list_failed(
+pub(super) fn list_failed(
     earlier: Option<Result<(), PostError>>,
     error: Error,
     rest: impl Iterator<Item = (u64, Sges)>,

@@ -114,7 +114,9 @@ macro_rules! op {
 }
 
 /// The extended interface of one QP: its `ibv_qp_ex`, whose builder and
-/// setter entry points were checked at creation.
+/// setter entry points were checked at creation. A copy is used only while
+/// the QP lives, as the original is.
+#[derive(Clone, Copy)]
 pub(crate) struct SendEx {
     qpx: NonNull<ffi::ibv_qp_ex>,
 }

@@ -1,8 +1,11 @@
 //! Posting work requests: the safe `post_send`/`post_recv` family, the raw
 //! (`unsafe`) posts, and the C chains both hand to the verbs.
 
+mod builder;
 mod chain;
 mod verbs;
+
+pub(crate) use builder::send_request;
 
 pub(crate) use chain::{ChainedWr, bad_index, fill_sges, link};
 pub(crate) use verbs::{ibv_post_recv, ibv_post_send, ibv_post_srq_recv};
@@ -121,7 +124,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
 
 impl<S: QpState> Qp<Rc, S> {
     /// Posts one send-queue work request; its buffers return with the completion.
-    #[inline]
+    #[inline(always)]
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_start")]
     pub fn post_send(&mut self, wr: SendWr<'_>) -> Result<(), PostError>

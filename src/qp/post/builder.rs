@@ -1,0 +1,81 @@
+//! A safe-path send request in the form the extended builders take, so that
+//! a single post on an extended QP skips writing a C request and replaying it.
+
+use crate::ffi;
+use crate::ledger::wr::{SendOp, SendWr};
+use crate::qp::send_ex::Request;
+
+/// `wr` as a builder request (its `wr_id` left 0 for the ring's token), or
+/// `None` when it needs what [`Request`] cannot say: inline data or more
+/// than one buffer. Call it before [`SendWr::validate`] only to decide the
+/// path: the remote address is computed wrapping, as `fill_ffi` does, and
+/// the request is posted only once validated.
+#[inline(always)]
+pub(crate) fn send_request(wr: &SendWr<'_>) -> Option<Request> {
+    if wr.inline_data.is_some() {
+        return None;
+    }
+    // An empty buffer gives a zero-length SGE: posted without one, as
+    // `fill_sges` skips it (some hardware reads a zero length as 2 GiB).
+    let sge = match wr.bufs.as_slice() {
+        [] => ffi::ibv_sge::default(),
+        [b] => b.sge(),
+        _ => return None,
+    };
+    // The immediate travels big-endian in the operand's low half, as the
+    // builders take it (`ibv_wr_send_imm(3)`).
+    let imm = wr.imm.map(|i| u64::from(i.to_be()));
+    let (opcode, rkey, remote_addr, operand, swap) = match wr.op {
+        SendOp::Send => match imm {
+            Some(i) => (ffi::IBV_WR_SEND_WITH_IMM, 0, 0, i, 0),
+            None => (ffi::IBV_WR_SEND, 0, 0, 0, 0),
+        },
+        SendOp::Write { remote, offset } => {
+            let addr = remote.addr.wrapping_add(offset);
+            match imm {
+                Some(i) => (ffi::IBV_WR_RDMA_WRITE_WITH_IMM, remote.rkey, addr, i, 0),
+                None => (ffi::IBV_WR_RDMA_WRITE, remote.rkey, addr, 0, 0),
+            }
+        }
+        SendOp::Read { remote, offset } => (
+            ffi::IBV_WR_RDMA_READ,
+            remote.rkey,
+            remote.addr.wrapping_add(offset),
+            0,
+            0,
+        ),
+        SendOp::CompareSwap {
+            remote,
+            offset,
+            compare,
+            swap,
+        } => (
+            ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
+            remote.rkey,
+            remote.addr.wrapping_add(offset),
+            compare,
+            swap,
+        ),
+        SendOp::FetchAdd {
+            remote,
+            offset,
+            add,
+        } => (
+            ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            remote.rkey,
+            remote.addr.wrapping_add(offset),
+            add,
+            0,
+        ),
+    };
+    Some(Request {
+        wr_id: 0,
+        flags: wr.flags,
+        opcode,
+        rkey,
+        remote_addr,
+        operand,
+        swap,
+        sge,
+    })
+}
