@@ -63,6 +63,7 @@ mod inner;
 mod param;
 mod request;
 mod resolve;
+mod ud;
 
 use addr::*;
 use create_qp::*;
@@ -73,6 +74,8 @@ pub use id::CmId;
 use inner::*;
 pub use param::ConnParam;
 pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
+use ud::check_port_space;
+pub use ud::{UDP_QKEY, UdParam, UdPeer};
 
 /// How long an event reader sleeps between looks while a blocking connect on
 /// another thread owns the id's events.
@@ -117,6 +120,7 @@ mod tests {
             status: 8,
             private_data: vec![],
             conn: ConnInfo::default(),
+            ud: None,
             request: None,
         }
         .into_error("rdma_connect");
@@ -130,6 +134,7 @@ mod tests {
             status: -libc::ETIMEDOUT,
             private_data: vec![],
             conn: ConnInfo::default(),
+            ud: None,
             request: None,
         }
         .into_error("rdma_resolve_addr");
