@@ -388,3 +388,51 @@ fn udaddy_client_against_ours_server() {
     collect(&mut cq, UDADDY_COUNT, WcOpcode::Send);
     udaddy_done(client, deadline);
 }
+
+/// The async layer: a UD listener and an awaited SIDR exchange, then one
+/// datagram each way as in the blocking test.
+#[cfg(feature = "tokio")]
+#[test]
+fn async_connect_ud_against_an_async_listener() {
+    use rdma_verbs::tokio::{AsyncCmId, Listener};
+    let addr = at(20305);
+    let rt = common::async_pair::runtime();
+    rt.block_on(async {
+        let listener = Listener::bind_ud(addr, 4).expect("listen (UD)");
+        let server = tokio::spawn(async move {
+            let req = listener.request().await.expect("UD request");
+            let (pd, cq, mut qp) = setup(req.id(), 4);
+            post_recvs(&pd, &mut qp, 1, 64);
+            let id = req.accept_ud(&qp, &ConnParam::new()).expect("accept");
+            (id, pd, cq, qp)
+        });
+        let mut id = AsyncCmId::resolve_ud(addr, RESOLVE).await.expect("resolve");
+        let (pd, mut cq, mut qp) = setup(id.id(), 4);
+        post_recvs(&pd, &mut qp, 1, 64);
+        let (peer, ev) = id
+            .connect_ud(&qp, &ConnParam::new(), T)
+            .await
+            .expect("connect (UD)");
+        assert_eq!(ev.kind, CmEventKind::Established);
+        let (_sid, spd, mut scq, mut sqp) = server.await.expect("server task");
+        assert_eq!(peer.qpn, sqp.qp_num());
+        qp.post_send(peer.send_inline(1, b"async ping"))
+            .expect("post send");
+        let (c, m) = collect(&mut scq, 1, WcOpcode::Recv).pop().unwrap();
+        let m = m.unwrap();
+        assert_eq!(payload_of(&m), b"async ping");
+        let back = UdPeer::reply_to(&sqp, &c, &m).expect("reply address");
+        sqp.post_send(back.send_from(2, mr_with(&spd, b"async pong")))
+            .expect("post reply");
+        collect(&mut scq, 1, WcOpcode::Send);
+        let mut got = None;
+        while got.is_none() {
+            let mut c = wait(&mut cq, 1).pop().unwrap();
+            c.result().expect("client completion");
+            if c.opcode == WcOpcode::Recv {
+                got = Some(payload_of(&c.take_ud().expect("UD receive")));
+            }
+        }
+        assert_eq!(got.unwrap(), b"async pong");
+    });
+}

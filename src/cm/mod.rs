@@ -75,6 +75,8 @@ use inner::*;
 pub use param::ConnParam;
 pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
 use ud::check_port_space;
+#[cfg(feature = "tokio")]
+pub(crate) use ud::ud_peer;
 pub use ud::{UDP_QKEY, UdParam, UdPeer};
 
 /// How long an event reader sleeps between looks while a blocking connect on

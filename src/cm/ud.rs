@@ -208,36 +208,64 @@ impl CmId {
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<(UdPeer, CmEvent)> {
-        param.validate()?;
         let _own = {
             let _g = self.inner.lock();
             self.inner.refuse_if_waiting()?;
-            let id = self.inner.id();
-            check_ud_qp(id, qp)?;
-            let mut cp = param.to_ffi();
-            cp.qp_num = qp.qp_num();
-            // SAFETY: valid id under its lock, no QP attached (a UD connect
-            // needs none: the QPN travels in `cp`); cp and its private data
-            // live across the call.
-            if unsafe { ffi::rdma_connect(id, &mut cp) } != 0 {
-                return Err(ud_call_error("rdma_connect", last_errno()));
-            }
+            self.start_connect_ud_locked(qp, param)?;
             BlockingWaitGuard::mark(&self.inner)
         };
         let ev = self.inner.expect(Awaited::UD_CONNECTED, timeout, false)?;
-        let Some(p) = ev.ud else {
-            return Err(Error::InvalidArgument {
-                what: "rdma_cm event",
-                reason: "ESTABLISHED on a UD id without its UD parameters".into(),
-            });
-        };
-        let peer = UdPeer {
-            ah: AddressHandle::new(qp.pd(), p.av)?,
-            qpn: p.qp_num,
-            qkey: p.qkey,
-        };
-        Ok((peer, ev))
+        Ok((ud_peer(qp, &ev)?, ev))
     }
+
+    /// The UD `rdma_connect` (a SIDR request; ESTABLISHED or an error event
+    /// follows). Call with the lock held.
+    pub(crate) fn start_connect_ud_locked<S: QpState>(
+        &self,
+        qp: &Qp<Ud, S>,
+        param: &ConnParam,
+    ) -> Result<()> {
+        param.validate()?;
+        let id = self.inner.id();
+        check_ud_qp(id, qp)?;
+        let mut cp = param.to_ffi();
+        cp.qp_num = qp.qp_num();
+        // SAFETY: valid id under its lock (caller), no QP attached (a UD
+        // connect needs none: the QPN travels in `cp`); cp and its private
+        // data live across the call.
+        if unsafe { ffi::rdma_connect(id, &mut cp) } != 0 {
+            return Err(ud_call_error("rdma_connect", last_errno()));
+        }
+        Ok(())
+    }
+
+    /// [`start_connect_ud_locked`](CmId::start_connect_ud_locked) taking the
+    /// lock, for the async layer.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn start_connect_ud<S: QpState>(
+        &self,
+        qp: &Qp<Ud, S>,
+        param: &ConnParam,
+    ) -> Result<()> {
+        let _g = self.inner.lock();
+        self.start_connect_ud_locked(qp, param)
+    }
+}
+
+/// The server a UD connect's ESTABLISHED event names, as a [`UdPeer`] whose
+/// address handle is in `qp`'s PD.
+pub(crate) fn ud_peer<S: QpState>(qp: &Qp<Ud, S>, ev: &CmEvent) -> Result<UdPeer> {
+    let Some(p) = ev.ud else {
+        return Err(Error::InvalidArgument {
+            what: "rdma_cm event",
+            reason: "ESTABLISHED on a UD id without its UD parameters".into(),
+        });
+    };
+    Ok(UdPeer {
+        ah: AddressHandle::new(qp.pd(), p.av)?,
+        qpn: p.qp_num,
+        qkey: p.qkey,
+    })
 }
 
 impl ConnectRequest {
