@@ -145,6 +145,31 @@ mod tests {
     }
 
     #[test]
+    fn unreachable_hints_tell_sidr_statuses_from_errnos() {
+        let unreachable = |status| {
+            CmEvent {
+                kind: CmEventKind::Unreachable,
+                status,
+                private_data: vec![],
+                conn: ConnInfo::default(),
+                ud: None,
+                request: None,
+            }
+            .into_error("rdma_connect (UD)")
+            .to_string()
+        };
+        let s = unreachable(1);
+        assert!(
+            s.contains("nobody listens") && s.contains("SIDR status 1"),
+            "{s}"
+        );
+        let s = unreachable(2);
+        assert!(s.contains("rejected") && s.contains("SIDR status 2"), "{s}");
+        let s = unreachable(-libc::ETIMEDOUT);
+        assert!(s.contains("did not answer") && !s.contains("SIDR"), "{s}");
+    }
+
+    #[test]
     fn huge_timeouts_do_not_overflow() {
         assert!(deadline_after(Duration::MAX) > Instant::now());
         assert_eq!(ms(Duration::MAX), i32::MAX);
