@@ -249,7 +249,7 @@ fn serve(opts: &Opts, file: &PathBuf) -> Result<()> {
         len: mr.len() as u64,
         fnv,
     })?;
-    // The client's READs complete on its side only: wait for its "done", without a
+    // The client's READs complete on its side only: wait for its barrier, without a
     // limit (a slow copy is no error; a client that dies closes the connection,
     // which ends the wait with Error::PeerClosed).
     peer.set_timeout(None)?;

@@ -101,8 +101,20 @@
 //! builds it from the peer's `Endpoint` in one call (the QP's port and PD, the
 //! default GID index); [`Qp::address_vector`](crate::qp::Qp::address_vector)
 //! gives the address to adjust (SL, hop limit) before
-//! [`AddressHandle::new`](crate::ah::AddressHandle::new). (rdma_cm here is RC
-//! only: its UD port space is not wrapped.)
+//! [`AddressHandle::new`](crate::ah::AddressHandle::new).
+//!
+//! rdma_cm does UD too, as `udaddy` does: the client's
+//! [`CmId::new_ud`](crate::cm::CmId::new_ud), `resolve`,
+//! [`create_ud_qp`](crate::cm::CmId::create_ud_qp) (a `Qp<Ud, Rts>` at once),
+//! receives posted, then [`connect_ud`](crate::cm::CmId::connect_ud) asks the
+//! listener ([`CmId::ud_listener`](crate::cm::CmId::ud_listener)) for its QP
+//! and returns it as a [`UdPeer`](crate::cm::UdPeer) to send to
+//! (`qp.post_send(peer.send_from(1, buf))`). The server answers each request
+//! with [`accept_ud`](crate::cm::ConnectRequest::accept_ud) (no wait), and each
+//! client's first datagram with
+//! [`UdPeer::reply_to(&qp, &completion, &msg)`](crate::cm::UdPeer::reply_to):
+//! the request does not name the client's QP. Nobody listening is
+//! [`Error::CmEvent`](crate::error::Error::CmEvent) with UNREACHABLE and status 1.
 //!
 //! A server of many clients accepts them concurrently:
 //! [`ExchangeListener::serve_each`](crate::exchange::ExchangeListener::serve_each)

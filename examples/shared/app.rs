@@ -211,11 +211,7 @@ impl Side {
     /// for an ACK that was lost: the retransmission would then find no QP and end in
     /// RETRY_EXC_ERR (seen under 5% loss).
     pub fn finish(&mut self) -> Result<()> {
-        if let Some(peer) = &mut self.peer {
-            peer.send_done()?;
-            peer.recv_done()?;
-        }
-        Ok(())
+        self.peer.as_mut().map_or(Ok(()), ExchangeStream::barrier)
     }
 
     /// The next completion, waiting at most [`WAIT`]; fails with

@@ -57,7 +57,7 @@ impl CmId {
             .as_ref()
             .map_or(std::ptr::null_mut(), |s| s.raw.as_ptr());
         let _g = self.inner.lock();
-        let (id, port) = self.free_id_on_device_locked(pd, &[send_cq, recv_cq])?;
+        let (id, port) = self.free_id_on_device_locked(pd, &[send_cq, recv_cq], false)?;
         let keepalive: Box<dyn std::any::Any + Send + Sync> = Box::new(self.inner.clone());
         // SAFETY: rdma_create_qp creates an RC QP in `pd` from `init` (its CQs
         // unchanged), moves it to INIT with nothing posted and writes the granted
@@ -86,11 +86,18 @@ impl CmId {
 
     /// The raw id and its port, once it is known to be free for a new QP: no
     /// blocking wait owns it, it is bound to the device of `pd` and `cqs`, and
-    /// no QP is attached to it. Call with the lock held.
-    fn free_id_on_device_locked(&self, pd: &Pd, cqs: &[&Cq]) -> Result<(*mut ffi::rdma_cm_id, u8)> {
+    /// no QP is attached to it, and it is a UD id if `ud`, else an RC one.
+    /// Call with the lock held.
+    pub(super) fn free_id_on_device_locked(
+        &self,
+        pd: &Pd,
+        cqs: &[&Cq],
+        ud: bool,
+    ) -> Result<(*mut ffi::rdma_cm_id, u8)> {
         // A connect waiting on another thread has its QP attached.
         self.inner.refuse_if_waiting()?;
         let id = self.inner.id();
+        check_port_space(id, ud)?;
         // SAFETY: valid id under its lock; plain fields.
         let (verbs, port, cur) = unsafe { ((*id).verbs, (*id).port_num, (*id).qp) };
         check_same_device(verbs, pd, cqs)?;
@@ -174,7 +181,7 @@ fn srq_and_caps(
 /// # Safety
 /// `id` is valid and its lock is held; `pd` and the CQs in `init` belong to
 /// the id's device.
-unsafe fn create_detached_qp(
+pub(super) unsafe fn create_detached_qp(
     id: *mut ffi::rdma_cm_id,
     pd: &Pd,
     init: &mut ffi::ibv_qp_init_attr,

@@ -151,12 +151,18 @@ pub struct ConnInfo {
 pub struct CmEvent {
     /// What happened.
     pub kind: CmEventKind,
-    /// 0, a negative errno, or (REJECTED on InfiniBand/RoCE) the IB CM reject reason.
+    /// 0, a negative errno, or (REJECTED on InfiniBand/RoCE) the IB CM reject
+    /// reason, or (UNREACHABLE answering a UD connect) the SIDR status.
     pub status: i32,
     /// Private data that came with the event (padded; see the [module docs](crate::cm)).
     pub private_data: Vec<u8>,
-    /// The connection parameters that came with it (connection events).
+    /// The connection parameters that came with it (connection events of
+    /// RC ids; all zero on UD ids).
     pub conn: ConnInfo,
+    /// On a UD id ([`CmId::new_ud`]), the peer's address, QP number and Q_Key
+    /// that came with ESTABLISHED (the answer to
+    /// [`connect_ud`](CmId::connect_ud)); `None` otherwise.
+    pub ud: Option<UdParam>,
     pub(super) request: Option<ConnectRequest>,
 }
 
@@ -220,6 +226,13 @@ impl Awaited {
         what: "rdma_connect: waiting for ESTABLISHED",
         grace: Duration::ZERO,
     };
+    /// A UD `rdma_connect`'s ESTABLISHED (the peer's SIDR reply).
+    pub(crate) const UD_CONNECTED: Awaited = Awaited {
+        kind: CmEventKind::Established,
+        op: "rdma_connect (UD)",
+        what: "rdma_connect (UD): waiting for the peer's SIDR reply (ESTABLISHED)",
+        grace: Duration::ZERO,
+    };
     /// `rdma_accept`'s ESTABLISHED.
     pub(crate) const ACCEPTED: Awaited = Awaited {
         kind: CmEventKind::Established,
@@ -262,6 +275,7 @@ impl fmt::Debug for CmEvent {
             .field("status", &self.status)
             .field("private_data", &self.private_data.len())
             .field("conn", &self.conn)
+            .field("ud", &self.ud)
             .field("request", &self.request.is_some())
             .finish()
     }
@@ -292,6 +306,16 @@ fn event_hint(kind: CmEventKind, status: i32) -> Option<String> {
                 .to_owned(),
             s => format!("the connection was refused (IB CM reject reason {s})"),
         },
+        // A UD connect's SIDR reply with a failure status (positive: the IB
+        // CM's SIDR status, where RC's UNREACHABLE carries a negative errno).
+        CmEventKind::Unreachable if status > 0 => match status {
+            1 => "nobody listens for UD (RDMA_PS_UDP) requests on that address and port \
+                  (SIDR status 1: service ID not supported)"
+                .to_owned(),
+            2 => "the peer application rejected the UD request (SIDR status 2)".to_owned(),
+            3 => "the peer accepted without a QP (SIDR status 3)".to_owned(),
+            s => format!("the UD request was refused (SIDR status {s})"),
+        },
         CmEventKind::Unreachable => format!(
             "the peer did not answer the connection request ({}); is the peer up and its port reachable?",
             errno_text()
@@ -306,44 +330,45 @@ fn event_hint(kind: CmEventKind, status: i32) -> Option<String> {
     Some(h)
 }
 
-/// Copies what the crate needs out of a librdmacm event.
+/// Copies what the crate needs out of a librdmacm event: the event
+/// (without its request) and, for a CONNECT_REQUEST, the new id.
 ///
 /// # Safety
-/// `ev` is a valid, not yet acknowledged event of an id with a connected
-/// port space (RDMA_PS_TCP), so `param.conn` is the valid union member except
-/// for multicast events.
+/// `ev` is a valid, not yet acknowledged event.
 pub(super) unsafe fn copy_event(
     ev: *const ffi::rdma_cm_event,
-) -> (
-    CmEventKind,
-    i32,
-    Vec<u8>,
-    ConnInfo,
-    Option<NonNull<ffi::rdma_cm_id>>,
-) {
+) -> (CmEvent, Option<NonNull<ffi::rdma_cm_id>>) {
     // SAFETY: ev is valid (caller).
     let e = unsafe { &*ev };
     let kind = CmEventKind::from_raw(e.event);
-    let mut private_data = Vec::new();
-    let mut conn = ConnInfo::default();
-    if !matches!(
+    let mut out = CmEvent {
+        kind,
+        status: e.status,
+        private_data: Vec::new(),
+        conn: ConnInfo::default(),
+        ud: None,
+        request: None,
+    };
+    // SAFETY: librdmacm points `id` at the event's id (the new one for a
+    // CONNECT_REQUEST, of the listener's port space), valid until the ack.
+    let ud = unsafe { (*e.id).qp_type } == ffi::IBV_QPT_UD;
+    if matches!(
         kind,
         CmEventKind::MulticastJoin | CmEventKind::MulticastError
     ) {
-        // SAFETY: for connected ids librdmacm fills param.conn (caller).
+        // param.ud of a multicast event holds the join's user context.
+    } else if ud {
+        // SAFETY: librdmacm fills param.ud for the ids of UD port spaces.
+        let p = unsafe { e.param.ud };
+        // SAFETY: as below: private_data_len bytes inside the event.
+        out.private_data = unsafe { copy_private_data(p.private_data, p.private_data_len) };
+        out.ud = (kind == CmEventKind::Established).then(|| UdParam::from_ffi(&p));
+    } else {
+        // SAFETY: for connected ids librdmacm fills param.conn.
         let c = unsafe { e.param.conn };
-        if !c.private_data.is_null() && c.private_data_len > 0 {
-            // SAFETY: librdmacm points private_data at private_data_len bytes
-            // inside the event, valid until the ack.
-            private_data = unsafe {
-                std::slice::from_raw_parts(
-                    c.private_data.cast::<u8>(),
-                    usize::from(c.private_data_len),
-                )
-            }
-            .to_vec();
-        }
-        conn = ConnInfo {
+        // SAFETY: as below: private_data_len bytes inside the event.
+        out.private_data = unsafe { copy_private_data(c.private_data, c.private_data_len) };
+        out.conn = ConnInfo {
             responder_resources: c.responder_resources,
             initiator_depth: c.initiator_depth,
             flow_control: c.flow_control,
@@ -358,5 +383,18 @@ pub(super) unsafe fn copy_event(
     } else {
         None
     };
-    (kind, e.status, private_data, conn, child)
+    (out, child)
+}
+
+/// The private data of an event, copied.
+///
+/// # Safety
+/// `data` is NULL or points to `len` readable bytes (librdmacm points it
+/// inside the event, valid until the ack).
+unsafe fn copy_private_data(data: *const libc::c_void, len: u8) -> Vec<u8> {
+    if data.is_null() || len == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }.to_vec()
 }

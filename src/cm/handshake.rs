@@ -149,6 +149,7 @@ pub(super) unsafe fn attach_and_call(
     call: unsafe extern "C" fn(*mut ffi::rdma_cm_id, *mut ffi::rdma_conn_param) -> libc::c_int,
     verb: &'static str,
 ) -> Result<QpAttach> {
+    check_port_space(id, false)?;
     // SAFETY: valid id under its lock (caller); plain fields.
     let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
     check_qp_device(verbs, qp)?;

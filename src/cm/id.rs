@@ -26,16 +26,15 @@ impl CmId {
     /// Creates an id (`rdma_create_id`) on `channel`, which it then owns (one id per channel).
     #[doc(alias = "rdma_create_id")]
     pub fn with_channel(channel: EventChannel) -> Result<CmId> {
+        CmId::create(channel, ffi::RDMA_PS_TCP)
+    }
+
+    /// An id of port space `ps` on `channel`.
+    pub(super) fn create(channel: EventChannel, ps: ffi::rdma_port_space) -> Result<CmId> {
         let mut raw: *mut ffi::rdma_cm_id = std::ptr::null_mut();
         // SAFETY: valid channel; raw is an out-pointer; no user context.
-        let rc = unsafe {
-            ffi::rdma_create_id(
-                channel.as_raw(),
-                &mut raw,
-                std::ptr::null_mut(),
-                ffi::RDMA_PS_TCP,
-            )
-        };
+        let rc =
+            unsafe { ffi::rdma_create_id(channel.as_raw(), &mut raw, std::ptr::null_mut(), ps) };
         let raw = match (rc, NonNull::new(raw)) {
             (0, Some(raw)) => raw,
             _ => return Err(Error::verb("rdma_create_id", last_errno())),

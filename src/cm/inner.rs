@@ -54,25 +54,18 @@ impl IdInner {
             };
         }
         // SAFETY: on success ev is a valid event until acknowledged below.
-        let (kind, status, private_data, conn, child) = unsafe { copy_event(ev) };
+        let (mut event, child) = unsafe { copy_event(ev) };
         // SAFETY: ev came from rdma_get_cm_event and is acknowledged exactly once,
         // after everything needed was copied out of it.
         unsafe { ffi::rdma_ack_cm_event(ev) };
-        let request = match child {
-            Some(child) => Some(ConnectRequest {
+        if let Some(child) = child {
+            event.request = Some(ConnectRequest {
                 id: Some(CmId::adopt_request(child)?),
-                private_data: private_data.clone(),
-                conn,
-            }),
-            None => None,
-        };
-        Ok(Some(CmEvent {
-            kind,
-            status,
-            private_data,
-            conn,
-            request,
-        }))
+                private_data: event.private_data.clone(),
+                conn: event.conn,
+            });
+        }
+        Ok(Some(event))
     }
 
     /// Waits for the next event until `deadline`. With `locked`, the caller

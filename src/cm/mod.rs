@@ -4,7 +4,8 @@
 //! The active side resolves the peer, creates its QP on the id and connects;
 //! the passive side binds and listens, takes a [`ConnectRequest`] with
 //! [`CmId::get_request`], creates its QP on the request's id and accepts it.
-//! Both QPs end in RTS, with receives posted in INIT carried over.
+//! Both QPs end in RTS, with receives posted in INIT carried over. For UD
+//! (`RDMA_PS_UDP`, what `udaddy` does) see [`CmId::new_ud`] and [`UdPeer`].
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_verbs::cm::{CmId, ConnParam};
@@ -63,6 +64,7 @@ mod inner;
 mod param;
 mod request;
 mod resolve;
+mod ud;
 
 use addr::*;
 use create_qp::*;
@@ -73,6 +75,10 @@ pub use id::CmId;
 use inner::*;
 pub use param::ConnParam;
 pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
+use ud::check_port_space;
+#[cfg(feature = "tokio")]
+pub(crate) use ud::ud_peer;
+pub use ud::{UDP_QKEY, UdParam, UdPeer};
 
 /// How long an event reader sleeps between looks while a blocking connect on
 /// another thread owns the id's events.
@@ -117,6 +123,7 @@ mod tests {
             status: 8,
             private_data: vec![],
             conn: ConnInfo::default(),
+            ud: None,
             request: None,
         }
         .into_error("rdma_connect");
@@ -130,10 +137,36 @@ mod tests {
             status: -libc::ETIMEDOUT,
             private_data: vec![],
             conn: ConnInfo::default(),
+            ud: None,
             request: None,
         }
         .into_error("rdma_resolve_addr");
         assert!(e.to_string().contains("ARP"), "{e}");
+    }
+
+    #[test]
+    fn unreachable_hints_tell_sidr_statuses_from_errnos() {
+        let unreachable = |status| {
+            CmEvent {
+                kind: CmEventKind::Unreachable,
+                status,
+                private_data: vec![],
+                conn: ConnInfo::default(),
+                ud: None,
+                request: None,
+            }
+            .into_error("rdma_connect (UD)")
+            .to_string()
+        };
+        let s = unreachable(1);
+        assert!(
+            s.contains("nobody listens") && s.contains("SIDR status 1"),
+            "{s}"
+        );
+        let s = unreachable(2);
+        assert!(s.contains("rejected") && s.contains("SIDR status 2"), "{s}");
+        let s = unreachable(-libc::ETIMEDOUT);
+        assert!(s.contains("did not answer") && !s.contains("SIDR"), "{s}");
     }
 
     #[test]

@@ -259,13 +259,8 @@ impl Qp<Ud, Reset> {
             max_recv_sge: caps.max_recv_sge.max(2),
             ..caps
         };
-        let mut qp: Qp<Ud, Reset> = Qp::create(pd, send_cq, recv_cq, caps)?;
-        let slots = qp.core.sq.depth().next_power_of_two() as usize;
-        qp.core.ext.ud = Some(Box::new(UdState {
-            ahs: (0..slots).map(|_| None).collect(),
-            mtu: 0,
-        }));
-        Ok(qp)
+        let qp: Qp<Ud, Reset> = Qp::create(pd, send_cq, recv_cq, caps)?;
+        Ok(qp.with_ud_state(0))
     }
 
     /// RESET → INIT. Also reads the port's active MTU: the largest payload
@@ -318,6 +313,24 @@ impl Qp<Ud, Rtr> {
 }
 
 impl<S: QpState> Qp<Ud, S> {
+    /// Gives a freshly created UD QP the state its sends need: a slot per
+    /// send queue entry for the address handles, and `mtu` (the port's
+    /// active MTU; 0 until INIT reads it). For every UD constructor,
+    /// including rdma_cm's (`crate::cm`), which creates the QP in RTS.
+    pub(crate) fn with_ud_state(mut self, mtu: u32) -> Qp<Ud, S> {
+        let slots = self.core.sq.depth().next_power_of_two() as usize;
+        self.core.ext.ud = Some(Box::new(UdState {
+            ahs: (0..slots).map(|_| None).collect(),
+            mtu,
+        }));
+        self
+    }
+
+    /// The port the QP sends from and receives on (set at INIT).
+    pub(crate) fn port_num(&self) -> u8 {
+        self.core.port
+    }
+
     /// Where this QP's datagrams to `remote` go, from the QP's port: on RoCE
     /// (and whenever `remote` carries a GID) a GRH towards `remote.gid` from
     /// the local GID at `gid_index` (`None`: the port's default, the RoCE v2

@@ -10,10 +10,10 @@ use ::tokio::io::unix::AsyncFd;
 use super::qp::AsyncQp;
 use super::{ReadinessFd, watch};
 use crate::cm::event::Awaited;
-use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest};
+use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, UdPeer, ud_peer};
 use crate::error::{Error, Result};
 use crate::qp::Rc;
-use crate::qp::{Init, Rts};
+use crate::qp::{Init, Qp, QpState, Rts, Ud};
 
 /// A [`CmId`] whose events are awaited through its channel's readiness handle.
 struct Watched {
@@ -102,6 +102,15 @@ impl Listener {
         })
     }
 
+    /// A UD listener ([`CmId::ud_listener`]): its requests are answered with
+    /// [`ConnectRequest::accept_ud`], which does not wait.
+    #[doc(alias = "rdma_listen")]
+    pub fn bind_ud(addr: SocketAddr, backlog: i32) -> Result<Listener> {
+        Ok(Listener {
+            inner: Watched::new(CmId::ud_listener(addr, backlog)?)?,
+        })
+    }
+
     /// The id, e.g. for its local address.
     pub fn id(&self) -> &CmId {
         &self.inner.id
@@ -145,7 +154,20 @@ impl AsyncCmId {
     #[doc(alias = "rdma_resolve_addr")]
     #[doc(alias = "rdma_resolve_route")]
     pub async fn resolve(dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
-        let w = Watched::new(CmId::new()?)?;
+        AsyncCmId::resolve_on(CmId::new()?, dst, timeout).await
+    }
+
+    /// [`resolve`](Self::resolve) for a UD id ([`CmId::new_ud`]). Next: the
+    /// PD, CQs and [`create_ud_qp`](CmId::create_ud_qp) on
+    /// [`id().context()`](CmId::context), then [`connect_ud`](Self::connect_ud).
+    #[doc(alias = "rdma_resolve_addr")]
+    #[doc(alias = "rdma_resolve_route")]
+    pub async fn resolve_ud(dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
+        AsyncCmId::resolve_on(CmId::new_ud()?, dst, timeout).await
+    }
+
+    async fn resolve_on(id: CmId, dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
+        let w = Watched::new(id)?;
         w.id.start_resolve_addr(dst, timeout)?;
         w.expect(Awaited::ADDR_RESOLVED, timeout).await?;
         w.id.start_resolve_route(timeout)?;
@@ -181,6 +203,22 @@ impl AsyncCmId {
         // moved the QP to RTR and RTS (else it reports CONNECT_ERROR).
         let qp = unsafe { qp.assume_state::<Rts>() };
         Ok((AsyncQp::from_parts(qp, parts), ev))
+    }
+
+    /// [`CmId::connect_ud`], awaited: asks the UD listener for its QP and
+    /// returns it as a [`UdPeer`] (with the ESTABLISHED event). Errors as
+    /// there. Cancel safe: dropping the future abandons the request (drop
+    /// the id then).
+    #[doc(alias = "rdma_connect")]
+    pub async fn connect_ud<S: QpState>(
+        &mut self,
+        qp: &Qp<Ud, S>,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(UdPeer, CmEvent)> {
+        self.inner.id.start_connect_ud(qp, param)?;
+        let ev = self.inner.expect(Awaited::UD_CONNECTED, timeout).await?;
+        Ok((ud_peer(qp, &ev)?, ev))
     }
 
     /// Accepts (`rdma_accept`) `request` with `qp` (created on `request.id()`, wrapped in an
