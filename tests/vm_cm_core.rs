@@ -505,3 +505,48 @@ fn the_tokio_layer_moves_the_bytes_over_cm_qps() {
         assert_eq!(written, data, "WRITE");
     });
 }
+
+/// An unsignaled READ that a later SEND's completion retires: where a queue completes in
+/// posting order (rxe) its destination comes back through `poll_with_retired` with the
+/// bytes read; on iWARP (siw completes a SEND before an earlier READ) the NIC may still be
+/// writing it, so it is kept until the QP is destroyed and never handed back.
+#[test]
+fn an_unsignaled_read_is_handed_back_only_where_the_queue_completes_in_order() {
+    let mut p = cm_pair(21009, 8);
+    let data = pattern(4096, 13);
+    let mut source = p.pd.alloc_mr(4096, all_remote()).unwrap();
+    source.write_at(0, &data).unwrap();
+    let remote = source.remote();
+    p.b.post_recv(RecvWr::new(
+        80,
+        p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+    ))
+    .unwrap();
+    let back = p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_send(SendWr::read(1, back, remote, 0).unsignaled())
+        .unwrap();
+    p.a.post_send(SendWr::send_from(2, mr_with(&p.pd, &data[..64])))
+        .unwrap();
+    let (mut out, mut retired) = (Vec::new(), Vec::new());
+    let start = std::time::Instant::now();
+    while out.is_empty() {
+        p.cq_a.poll_with_retired(&mut out, &mut retired).unwrap();
+        assert!(start.elapsed() < T, "no completion for the SEND");
+    }
+    assert_eq!((out[0].wr_id, out[0].status), (2, WcStatus::Success));
+    if p.iwarp {
+        assert!(
+            retired.is_empty(),
+            "a READ swept on iWARP must not come back while the NIC may write it"
+        );
+    } else {
+        assert_eq!(retired.len(), 1, "the READ is retired by the SEND");
+        let (id, bufs) = retired.pop().unwrap();
+        let mr = bufs.into_iter().next().unwrap().into_mr().unwrap();
+        assert_eq!((id, mr.to_vec().unwrap()), (1, data.clone()));
+    }
+    let r = wait(&mut p.cq_b, 1);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (80, 64));
+    // The QP goes first, then what it held (nothing here may outlive it).
+    drop(p.a);
+}

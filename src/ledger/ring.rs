@@ -58,6 +58,19 @@ impl SlotMeta {
         self.opcode == crate::ffi::IBV_WC_RECV
     }
 
+    /// Whether the NIC writes the request's local buffers (a READ's
+    /// destination, an atomic's result) after it has read its sources.
+    #[inline]
+    pub(crate) fn nic_writes_local(self) -> bool {
+        use crate::ffi;
+        matches!(
+            self.opcode,
+            ffi::IBV_WR_RDMA_READ
+                | ffi::IBV_WR_ATOMIC_CMP_AND_SWP
+                | ffi::IBV_WR_ATOMIC_FETCH_AND_ADD
+        )
+    }
+
     /// The `ibv_wc_opcode` the request completes with.
     #[inline]
     pub(crate) fn completion_opcode(self) -> u32 {
@@ -169,6 +182,15 @@ impl Ring {
     pub(crate) fn completing_out_of_order(mut self) -> Ring {
         self.out_of_order = true;
         self
+    }
+
+    /// On a queue that completes out of order, whether a request swept by a
+    /// later completion may still be in the NIC's hands: one that asked for
+    /// its own completion (which has not come), or one whose buffers the NIC
+    /// writes (siw completes a SEND before an earlier READ, signaled or not).
+    #[cold]
+    fn nic_may_still_use(&self, meta: SlotMeta) -> bool {
+        meta.signaled || meta.nic_writes_local()
     }
 
     /// Keeps the buffers at `bufs` until the ring is dropped (see `held`).
@@ -288,9 +310,10 @@ impl Ring {
             own |= s == target;
             // SAFETY: claimed, so initialised and ours; dropped once.
             unsafe {
-                let swept_signaled = (*d).meta.signaled && s != target;
+                let swept = s != target;
+                let swept_signaled = (*d).meta.signaled && swept;
                 *lost += u64::from(swept_signaled);
-                if swept_signaled && self.out_of_order {
+                if swept && self.out_of_order && self.nic_may_still_use((*d).meta) {
                     self.hold(&raw mut (*d).bufs);
                 } else {
                     drop_in_place_catching(&raw mut (*d).bufs, caught);
@@ -437,7 +460,7 @@ impl Ring {
             // (or dropped) once, and the slot is EMPTY so no one reads it again.
             unsafe {
                 *lost += u64::from((*d).meta.signaled);
-                if (*d).meta.signaled && self.out_of_order {
+                if self.out_of_order && self.nic_may_still_use((*d).meta) {
                     self.hold(&raw mut (*d).bufs);
                     continue;
                 }
