@@ -30,7 +30,10 @@ fn main() {
         .filter(|a| a != "--bench")
         .collect();
     let (mode, n) = match args.as_slice() {
-        [mode, n] => (mode.as_str(), n.parse::<u64>().expect("N: an iteration count")),
+        [mode, n] => (
+            mode.as_str(),
+            n.parse::<u64>().expect("N: an iteration count"),
+        ),
         _ => {
             eprintln!("usage: pool_insn --bench getput|bytes N");
             std::process::exit(2);
@@ -59,7 +62,10 @@ fn bytes_loop(pool: MrPool, n: u64) {
     let pool = std::sync::Arc::new(pool);
     for _ in 0..n {
         let mr = pool.get().expect("a free buffer");
-        let b = pool.to_bytes(mr, 4096).map_err(|r| r.error).expect("to_bytes");
+        let b = pool
+            .to_bytes(mr, 4096)
+            .map_err(|r| r.error)
+            .expect("to_bytes");
         drop(black_box(b));
     }
 }
