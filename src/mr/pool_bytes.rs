@@ -59,7 +59,9 @@ impl MrPool {
     ///   ([`Error::InvalidArgument`], as for `put`);
     /// - `len` is more than the buffer's length ([`Error::InvalidArgument`]).
     ///
-    /// The pool must be in an [`Arc`]: every `Bytes` keeps it alive.
+    /// The pool must be in an [`Arc`]: every `Bytes` keeps it alive. Unlike
+    /// `get` and `put`, the conversion allocates once (the `Bytes`' shared
+    /// header, by `Bytes::from_owner`), freed with the last clone.
     ///
     /// ```no_run
     /// # fn main() -> rdma_verbs::error::Result<()> {
