@@ -40,7 +40,10 @@
 //! `examples/file_read.rs` serves a memory-mapped file for remote READ this
 //! way (and why its mapping is private on kernels before 6.2).
 //! [`MrPool`](crate::mr::MrPool) hands out fixed-size buffers of one
-//! registration, so the data path never registers. For memory a C library
+//! registration, so the data path never registers; with the `bytes` feature,
+//! `MrPool::to_bytes` hands a received buffer
+//! on as `bytes::Bytes` without a copy, back in the pool when the last clone
+//! drops (for pools no peer can write). For memory a C library
 //! hands out again and again, [`RegCache`](crate::mr::RegCache) registers
 //! each (address, length, access) once and serves repeats from a hash map
 //! until you invalidate the range. On-demand paging

@@ -229,17 +229,25 @@ impl Srq {
                 let ctx = pd.context();
                 ctx.over_limit(e, "SRQ max_wr", attr.max_wr, "max_srq_wr", |a| a.max_srq_wr)
             })?;
-        let mut init = ffi::ibv_srq_init_attr {
-            srq_context: std::ptr::null_mut(),
-            attr: ffi::ibv_srq_attr {
-                max_wr: attr.max_wr,
-                max_sge: attr.max_sge,
-                srq_limit: 0,
-            },
-        };
-        // SAFETY: valid PD; init is fully initialised; the provider writes the
-        // granted sizes back.
-        let raw = verb!(ptr: unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut init) })?;
+        // Zeroed in memory, tail padding included, and filled field by field
+        // (a struct literal would leave the padding undefined): libibverbs'
+        // `ibv_cmd_create_srq` copies `sizeof(ibv_srq_init_attr)` bytes into an
+        // `ibv_srq_init_attr_ex`, whose `comp_mask` lies where this struct has
+        // its 4 bytes of tail padding, and then tests bits of `comp_mask`.
+        let mut init = std::mem::MaybeUninit::<ffi::ibv_srq_init_attr>::zeroed();
+        let p = init.as_mut_ptr();
+        // SAFETY: `p` points at the zeroed struct; field stores through it
+        // write those fields only, leaving the padding zero.
+        unsafe {
+            (*p).attr.max_wr = attr.max_wr;
+            (*p).attr.max_sge = attr.max_sge;
+        }
+        // SAFETY: valid PD; `p` is a fully initialised struct (zero is a valid
+        // null context and zero limit); the provider writes the granted sizes
+        // back.
+        let raw = verb!(ptr: unsafe { ffi::ibv_create_srq(pd.as_raw(), p) })?;
+        // SAFETY: every field was initialised above (and by the provider).
+        let init = unsafe { init.assume_init() };
         let granted = SrqAttr {
             // Never more posted than asked for (and reserved), even if the
             // device rounded up.

@@ -161,45 +161,74 @@ fn foreign_and_cut_buffers_are_refused() {
     assert_eq!(res_counts(&dev)["mr"], mrs);
 }
 
+/// A QP taking its receives from an SRQ, connected to a peer QP; the SRQ's
+/// completions arrive on `cq`, the peer's on `peer_cq`.
+struct SrqPair {
+    cq: Cq,
+    peer_cq: Cq,
+    srq: Srq,
+    _qp: Qp<Rc, Rts>,
+    peer: Qp<Rc, Rts>,
+}
+
+fn srq_pair(ctx: &Context, pd: &Pd) -> SrqPair {
+    let cq = Cq::new(ctx, 64).unwrap();
+    let peer_cq = Cq::new(ctx, 64).unwrap();
+    let srq = Srq::new(pd, &cq, SrqAttr::new(16, 1)).unwrap();
+    let caps = common::caps_sr(16, 1);
+    let qp = Qp::new_with_srq(pd, &cq, &cq, &srq, caps)
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
+    let peer = Qp::new(pd, &peer_cq, &peer_cq, caps)
+        .unwrap()
+        .init(InitAttr::new(1, all_remote()))
+        .unwrap();
+    let gid = Some(gid_index(ctx));
+    let (e, pe) = (qp.endpoint(gid).unwrap(), peer.endpoint(gid).unwrap());
+    let qp = qp.connect(&pe, gid).unwrap();
+    let peer = peer.connect(&e, gid).unwrap();
+    SrqPair {
+        cq,
+        peer_cq,
+        srq,
+        _qp: qp,
+        peer,
+    }
+}
+
+/// Sends `count` messages of `len` bytes, message `k` being `pattern(len, k)`.
+fn send_patterns(pd: &Pd, p: &mut SrqPair, count: u8, len: usize) {
+    for k in 0..count {
+        let mut src = pd.alloc_mr(len, AccessFlags::empty()).unwrap();
+        src.as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&pattern(len, k));
+        p.peer
+            .post_send(SendWr::send(u64::from(k)).sge(src))
+            .unwrap();
+    }
+    for c in wait(&mut p.peer_cq, count.into()) {
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    }
+}
+
 #[test]
 fn pool_buffers_are_the_receive_buffers_of_an_srq() {
     let _g = serial();
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
-    let mut cq = Cq::new(&ctx, 64).unwrap();
-    let mut peer_cq = Cq::new(&ctx, 64).unwrap();
-    let mut srq = Srq::new(&pd, &cq, SrqAttr::new(16, 1)).unwrap();
-    let caps = common::caps_sr(16, 1);
-    let qp = Qp::new_with_srq(&pd, &cq, &cq, &srq, caps)
-        .unwrap()
-        .init(InitAttr::new(1, all_remote()))
-        .unwrap();
-    let peer = Qp::new(&pd, &peer_cq, &peer_cq, caps)
-        .unwrap()
-        .init(InitAttr::new(1, all_remote()))
-        .unwrap();
-    let gid = Some(gid_index(&ctx));
-    let (e, pe) = (qp.endpoint(gid).unwrap(), peer.endpoint(gid).unwrap());
-    let _qp = qp.connect(&pe, gid).unwrap();
-    let mut peer = peer.connect(&e, gid).unwrap();
-
+    let mut p = srq_pair(&ctx, &pd);
     let pool = MrPool::new(&pd, 1024, 8, AccessFlags::LOCAL_WRITE).unwrap();
     for id in 0..8 {
-        srq.post_recv(RecvWr::new(id, pool.get().unwrap())).unwrap();
+        p.srq
+            .post_recv(RecvWr::new(id, pool.get().unwrap()))
+            .unwrap();
     }
     assert_eq!(pool.available(), 0);
-    for k in 0..8u8 {
-        let mut src = pd.alloc_mr(1000, AccessFlags::empty()).unwrap();
-        src.as_mut_slice()
-            .unwrap()
-            .copy_from_slice(&pattern(1000, k));
-        peer.post_send(SendWr::send(u64::from(k)).sge(src)).unwrap();
-    }
-    for c in wait(&mut peer_cq, 8) {
-        assert_eq!(c.status, WcStatus::Success, "{c:?}");
-    }
+    send_patterns(&pd, &mut p, 8, 1000);
     let mut got = HashSet::new();
-    for mut c in wait(&mut cq, 8) {
+    for mut c in wait(&mut p.cq, 8) {
         assert_eq!((c.status, c.byte_len), (WcStatus::Success, 1000), "{c:?}");
         let mr = c.take_mr().unwrap();
         let bytes = mr.to_vec().unwrap();
@@ -210,4 +239,147 @@ fn pool_buffers_are_the_receive_buffers_of_an_srq() {
         pool.put(mr).unwrap();
     }
     assert_eq!((got.len(), pool.available()), (8, 8));
+}
+
+/// `MrPool::to_bytes`: received buffers as `bytes::Bytes`, without a copy.
+#[cfg(feature = "bytes")]
+mod bytes_interop {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    #[test]
+    fn received_buffers_read_as_bytes_in_place_and_return_on_the_last_drop() {
+        let _g = serial();
+        let ctx = ctx();
+        let dev = ctx.name().to_owned();
+        let pd = Pd::new(&ctx).unwrap();
+        let mrs = res_counts(&dev)["mr"];
+        let mut p = srq_pair(&ctx, &pd);
+        let pool = Arc::new(MrPool::new(&pd, 1024, 8, AccessFlags::LOCAL_WRITE).unwrap());
+        let first = pool.get().unwrap();
+        let base = first.addr();
+        pool.put(first).unwrap();
+        for id in 0..8 {
+            p.srq
+                .post_recv(RecvWr::new(id, pool.get().unwrap()))
+                .unwrap();
+        }
+        send_patterns(&pd, &mut p, 8, 1000);
+
+        let mut msgs: Vec<Option<Bytes>> = vec![None; 8];
+        for mut c in wait(&mut p.cq, 8) {
+            assert_eq!((c.status, c.byte_len), (WcStatus::Success, 1000), "{c:?}");
+            let mr = c.take_mr().unwrap();
+            let addr = mr.addr();
+            let b = pool.to_bytes(mr, c.byte_len as usize).unwrap();
+            // In place: the Bytes points into the registered buffer.
+            assert_eq!(b.as_ptr() as u64, addr, "no copy");
+            let k = (0..8u8)
+                .find(|&k| b[..] == pattern(1000, k)[..])
+                .expect("one of the messages");
+            assert!(
+                msgs[usize::from(k)].replace(b).is_none(),
+                "message {k} twice"
+            );
+        }
+        let msgs: Vec<Bytes> = msgs.into_iter().map(Option::unwrap).collect();
+        assert_eq!(pool.available(), 0);
+
+        let tails: Vec<Bytes> = msgs.iter().map(|b| b.slice(600..)).collect();
+        let clones = msgs.clone();
+        drop(msgs);
+        // Dropped on another thread: the owner is Send.
+        std::thread::spawn(move || drop(clones)).join().unwrap();
+        assert_eq!(pool.available(), 0, "the slices still hold every buffer");
+        for (k, t) in (0..8u8).zip(&tails) {
+            assert_eq!(t[..], pattern(1000, k)[600..], "slice of message {k}");
+        }
+        drop(tails);
+        assert_eq!(pool.available(), 8, "every buffer back with its last slice");
+
+        let all: Vec<Mr> = std::iter::from_fn(|| pool.get()).collect();
+        let addrs: HashSet<u64> = all.iter().map(Mr::addr).collect();
+        let expect: HashSet<u64> = (0..8).map(|k| base + k * 1024).collect();
+        assert_eq!(addrs, expect, "every buffer back exactly once");
+        for mr in all {
+            pool.put(mr).unwrap();
+        }
+
+        // A Bytes keeps the pool, and so the registration, alive.
+        let b = pool.to_bytes(pool.get().unwrap(), 16).unwrap();
+        assert_eq!(b.len(), 16);
+        drop((pool, p));
+        assert_eq!(res_counts(&dev)["mr"], mrs + 1, "the pool lives on in b");
+        drop(b);
+        assert_eq!(
+            res_counts(&dev)["mr"],
+            mrs,
+            "deregistered with the last Bytes"
+        );
+    }
+
+    #[test]
+    fn bytes_are_refused_where_a_peer_could_write_the_buffer() {
+        let _g = serial();
+        let ctx = ctx();
+        let dev = ctx.name().to_owned();
+        let pd = Pd::new(&ctx).unwrap();
+        let mrs = res_counts(&dev)["mr"];
+        let lw = AccessFlags::LOCAL_WRITE;
+        for access in [
+            lw | AccessFlags::REMOTE_WRITE,
+            lw | AccessFlags::REMOTE_ATOMIC,
+            lw | AccessFlags::MW_BIND,
+        ] {
+            let pool = Arc::new(MrPool::new(&pd, 64, 2, access).unwrap());
+            let refused = pool.to_bytes(pool.get().unwrap(), 64).unwrap_err();
+            assert!(
+                matches!(refused.error, Error::RemotelyWritable),
+                "{access:?}: {}",
+                refused.error
+            );
+            pool.put(refused.mr).unwrap();
+            assert_eq!(pool.available(), 2, "{access:?}");
+        }
+
+        // A peer may read, not write: accepted.
+        let a = Arc::new(MrPool::new(&pd, 64, 2, lw | AccessFlags::REMOTE_READ).unwrap());
+        let b = Arc::new(MrPool::new(&pd, 64, 2, lw).unwrap());
+        let bytes = a.to_bytes(a.get().unwrap(), 64).unwrap();
+        assert_eq!(bytes[..], [0u8; 64], "fresh pool memory is zeroed");
+
+        let refused = b.to_bytes(a.get().unwrap(), 64).unwrap_err();
+        assert!(
+            matches!(
+                refused.error,
+                Error::InvalidArgument {
+                    what: "pool buffer",
+                    ..
+                }
+            ),
+            "{}",
+            refused.error
+        );
+        let refused = a.to_bytes(refused.mr, 65).unwrap_err();
+        assert!(
+            matches!(
+                refused.error,
+                Error::InvalidArgument {
+                    what: "pool buffer length",
+                    ..
+                }
+            ),
+            "{}",
+            refused.error
+        );
+        a.put(refused.mr).unwrap();
+        assert_eq!((a.available(), b.available()), (1, 2));
+        drop(bytes);
+        assert_eq!(a.available(), 2);
+        drop((a, b));
+        assert_eq!(res_counts(&dev)["mr"], mrs);
+    }
 }

@@ -45,6 +45,8 @@ mod cache;
 mod odp;
 mod owned;
 mod pool;
+#[cfg(feature = "bytes")]
+mod pool_bytes;
 mod racy;
 mod region;
 mod shared;

@@ -87,21 +87,8 @@ impl MrPool {
     /// is not one of this pool's buffers as handed out (another pool's or
     /// registration's, or a piece of another length: rejoin the pieces first).
     pub fn put(&self, mr: Mr) -> Result<(), MrRefused> {
-        let ours = Arc::ptr_eq(&mr.region, &self.anchor.region)
-            && mr.len == self.buf_len
-            && mr.off >= self.base
-            && mr.off + mr.len <= self.anchor.off
-            && (mr.off - self.base) % self.buf_len == 0;
-        if !ours {
-            let error = Error::InvalidArgument {
-                what: "pool buffer",
-                reason: format!(
-                    "this {}-byte Mr is not one of this pool's {}-byte buffers (another pool's \
-                     or registration's, or a piece cut from one); return it to the pool it \
-                     came from, whole",
-                    mr.len, self.buf_len
-                ),
-            };
+        if !self.is_ours(&mr) {
+            let error = self.not_ours(&mr);
             return Err(MrRefused { mr, error });
         }
         // Pieces of one registration are disjoint, so at most `count` buffers
@@ -111,6 +98,30 @@ impl MrPool {
         debug_assert!(free.len() < self.count);
         free.push(mr);
         Ok(())
+    }
+
+    /// Whether `mr` is one of this pool's buffers as handed out.
+    #[inline]
+    pub(super) fn is_ours(&self, mr: &Mr) -> bool {
+        Arc::ptr_eq(&mr.region, &self.anchor.region)
+            && mr.len == self.buf_len
+            && mr.off >= self.base
+            && mr.off + mr.len <= self.anchor.off
+            && (mr.off - self.base) % self.buf_len == 0
+    }
+
+    /// The refusal of a buffer that [`MrPool::is_ours`] rejected.
+    #[cold]
+    pub(super) fn not_ours(&self, mr: &Mr) -> Error {
+        Error::InvalidArgument {
+            what: "pool buffer",
+            reason: format!(
+                "this {}-byte Mr is not one of this pool's {}-byte buffers (another pool's \
+                 or registration's, or a piece cut from one); return it to the pool it \
+                 came from, whole",
+                mr.len, self.buf_len
+            ),
+        }
     }
 
     /// Buffers in the pool now (not handed out).

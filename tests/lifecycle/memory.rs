@@ -30,9 +30,15 @@ pub(super) struct MemStats {
 struct Window {
     mw: Mw,
     holds: HashSet<u64>,
-    /// A type 2 window bound through a QP that is gone: the IB spec ties it
-    /// to that QP, so the model only drops it.
-    orphan: bool,
+}
+
+impl Window {
+    /// A type 2 window bound (through the windows' QP) and not invalidated:
+    /// rxe holds a reference to that QP until the window is invalidated or
+    /// deallocated.
+    fn bound_type2(&self) -> bool {
+        self.mw.mw_type() == MwType::Type2 && self.mw.remote().is_some()
+    }
 }
 
 /// The windows' QP (connected to itself) and its CQ.
@@ -42,10 +48,9 @@ struct WinQp {
 }
 
 pub(super) struct Memory {
-    /// `RDMA_VERBS_LIFECYCLE_MEMORY`: `0` turns every memory step off, `all`
-    /// adds the windows, which are off by default: on rxe (6.1) a walk with
-    /// them runs ten to thirty times longer and some seeds wait forever for a
-    /// bind's completion (docs/lifecycle.md).
+    /// `RDMA_VERBS_LIFECYCLE_MEMORY`: unset (or `all`), every memory step;
+    /// `owned`, the Vec headers and pool buffers without the windows; `0`,
+    /// none (docs/lifecycle.md).
     owned_on: bool,
     windows_on: bool,
     /// Draws of its own: the rest of the walk is the same for a seed with or
@@ -76,7 +81,7 @@ impl Memory {
         let knob = std::env::var("RDMA_VERBS_LIFECYCLE_MEMORY").unwrap_or_default();
         Memory {
             owned_on: knob != "0",
-            windows_on: knob == "all",
+            windows_on: knob != "0" && knob != "owned",
             rng: Rng(seed ^ 0x6d65_6d6f_7279),
             pool: Some(pool),
             pool_range: (start, start + (RECV_LEN * POOL_BUFS) as u64),
@@ -115,7 +120,20 @@ impl Memory {
         (u64::from(self.pool.is_some()) + ids.len() as u64, maybe)
     }
 
+    /// Drops the windows' QP, after every type 2 window still bound through
+    /// it: rxe's `ibv_destroy_qp` (kernel 6.1) waits about 50 s for the QP
+    /// reference such a window holds, so an application invalidates or drops
+    /// those windows first (`memory_step` invalidates some of them).
     fn drop_wqp(&mut self) {
+        let mut i = 0;
+        while i < self.windows.len() {
+            if self.windows[i].bound_type2() {
+                self.drop_window(i);
+                self.stats.mw_drops += 1;
+            } else {
+                i += 1;
+            }
+        }
         self.wqp = None;
         self.lingering.clear();
     }
@@ -255,8 +273,12 @@ impl Model {
         match self.mem.rng.below(10) {
             0 if self.mem.wqp.is_none() => self.mem.wqp = Some(self.win_qp()),
             0 => {
-                for w in &mut self.mem.windows {
-                    w.orphan |= w.mw.mw_type() == MwType::Type2 && w.mw.remote().is_some();
+                // Some of the bound type 2 windows are invalidated and live on;
+                // `drop_wqp` drops the others.
+                for wi in 0..self.mem.windows.len() {
+                    if self.mem.windows[wi].bound_type2() && self.mem.rng.chance(50) {
+                        self.revoke_at(wi);
+                    }
                 }
                 self.mem.drop_wqp();
                 self.mem.stats.wqp_drops += 1;
@@ -285,7 +307,6 @@ impl Model {
                 self.mem.windows.push(Window {
                     mw,
                     holds: HashSet::new(),
-                    orphan: false,
                 });
             }
             3 | 4 if !self.mem.windows.is_empty() => {
@@ -330,7 +351,7 @@ impl Model {
         let end = start + 1 + m.rng.below((REGION_LEN - start) as u64 - 1) as usize;
         let (id, region) = &m.regions[ri];
         let win = &mut m.windows[wi];
-        if win.orphan || (win.mw.mw_type() == MwType::Type2 && win.mw.remote().is_some()) {
+        if win.bound_type2() {
             // A bound type 2 window must be invalidated before it is bound again.
             return;
         }
@@ -359,13 +380,20 @@ impl Model {
     /// Revokes a random bound window: LOCAL_INV (type 2) or a zero-length
     /// bind (type 1), and waits for its completion.
     fn revoke(&mut self) {
+        if self.mem.wqp.is_none() || self.mem.windows.is_empty() {
+            return;
+        }
+        let wi = self.mem.rng.below(self.mem.windows.len() as u64) as usize;
+        self.revoke_at(wi);
+    }
+
+    /// Revokes window `wi` if it is bound, and waits for the completion.
+    fn revoke_at(&mut self, wi: usize) {
         let m = &mut self.mem;
-        let (Some(w), false) = (m.wqp.as_mut(), m.windows.is_empty()) else {
+        let (Some(w), win) = (m.wqp.as_mut(), &mut m.windows[wi]) else {
             return;
         };
-        let wi = m.rng.below(m.windows.len() as u64) as usize;
-        let win = &mut m.windows[wi];
-        if win.orphan || win.mw.remote().is_none() {
+        if win.mw.remote().is_none() {
             return;
         }
         let wr = m.next_wr;

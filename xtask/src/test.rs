@@ -207,7 +207,7 @@ fn host_steps(
         "test",
         "--workspace",
         "--features",
-        "rdma-verbs/gdr,rdma-verbs/tokio,rdma-verbs/memmap2",
+        "rdma-verbs/gdr,rdma-verbs/tokio,rdma-verbs/memmap2,rdma-verbs/bytes",
         "--no-fail-fast",
         "--lib",
         "--bins",
@@ -223,7 +223,7 @@ fn host_steps(
             "test",
             "--workspace",
             "--features",
-            "rdma-verbs/gdr,rdma-verbs/tokio,rdma-verbs/memmap2",
+            "rdma-verbs/gdr,rdma-verbs/tokio,rdma-verbs/memmap2,rdma-verbs/bytes",
             "--no-fail-fast",
             "--doc",
         ]);
@@ -342,7 +342,12 @@ fn device_tests_in_one_guest(
     for args in [targets.to_vec(), library.map(OsString::from).into()] {
         let mut build = cargo(root);
         build
-            .args(["test", "--features", "gdr,tokio,memmap2", "--no-fail-fast"])
+            .args([
+                "test",
+                "--features",
+                "gdr,tokio,memmap2,bytes",
+                "--no-fail-fast",
+            ])
             .args(&args)
             .env(&runner_var, recorder.runner()?);
         let built = cargo_build(&mut build)?;
