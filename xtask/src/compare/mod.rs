@@ -51,7 +51,9 @@ use crate::cmd::{self, run_checked};
 use crate::run::{self, Invocation};
 use crate::{Context, Error, Result};
 use render::{Row, print_table, rows, svg, to_json};
+pub(crate) use render::{json_num, median};
 use runner::{collect, script};
+pub(crate) use runner::{job_functions, parse_ours, parse_perftest};
 
 /// Default message sizes.
 pub(super) const DEFAULT_SIZES: &[u64] = &[2, 64, 1024, 4096, 65536, 1 << 20];
@@ -358,7 +360,7 @@ fn run_in_guest(plan: &Plan, perf: &Path, work: &Path) -> Result<u8> {
 }
 
 /// Moves the logs from `work` to `<out_dir>/runs` (emptied first); that folder.
-fn keep_logs(work: &Path, out_dir: &Path) -> Result<PathBuf> {
+pub(crate) fn keep_logs(work: &Path, out_dir: &Path) -> Result<PathBuf> {
     let runs_dir = out_dir.join("runs");
     let _ = fs::remove_dir_all(&runs_dir);
     fs::create_dir_all(&runs_dir).context(|| format!("cannot create {}", runs_dir.display()))?;
