@@ -11,7 +11,7 @@ use rdma_verbs::cm::{CmEventKind, EventChannel};
 use rdma_verbs::prelude::*;
 use rdma_verbs::tokio::{AsyncCmId, AsyncCq, AsyncQp, Listener};
 
-use super::cm::{Run, Steps, WAIT, caps, cq_depth, listen_addr, param, server_addr};
+use super::cm::{Run, Steps, WAIT, caps, cq_depth, listen_addr, param, server_addr, torn_down};
 
 /// Runs the server or the client on a current-thread runtime.
 pub fn run(run: &Run, server: bool, addr: Option<&str>) -> Result<()> {
@@ -59,7 +59,11 @@ async fn serve(run: &Run) -> Result<()> {
         let qp = AsyncQp::new(qp, cq, cq).map_err(|(e, _)| e)?;
         set.spawn(async move {
             let r = async {
-                let (qp, mut id) = AsyncCmId::accept(req, qp, &param(), WAIT).await?;
+                let (qp, mut id) = match AsyncCmId::accept(req, qp, &param(), WAIT).await {
+                    Ok(up) => up,
+                    Err(e) if torn_down(&e) => return Ok(()),
+                    Err(e) => return Err(e),
+                };
                 let ev = id.event().await?;
                 if ev.kind != CmEventKind::Disconnected {
                     return Err(ev.into_error("waiting for the client's disconnect"));
