@@ -41,7 +41,8 @@ async fn all<T: 'static>(mut set: JoinSet<(usize, Result<T>)>) -> Result<Vec<T>>
 }
 
 /// Accepts `conns` connections, each on its own task, which then waits for the
-/// client's disconnect, answers it and destroys the connection.
+/// client's disconnect, answers it and destroys the connection (or finds it torn
+/// down already, see [`torn_down`]).
 async fn serve(run: &Run) -> Result<()> {
     let listener = Listener::bind(listen_addr(run.port), 1024)?;
     let mut dev: Option<(Pd, AsyncCq)> = None;
@@ -61,7 +62,7 @@ async fn serve(run: &Run) -> Result<()> {
             let r = async {
                 let (qp, mut id) = match AsyncCmId::accept(req, qp, &param(), WAIT).await {
                     Ok(up) => up,
-                    Err(e) if torn_down(&e) => return Ok(()),
+                    Err(e) if torn_down(&e) => return Ok(true),
                     Err(e) => return Err(e),
                 };
                 let ev = id.event().await?;
@@ -70,13 +71,14 @@ async fn serve(run: &Run) -> Result<()> {
                 }
                 id.disconnect(WAIT).await?;
                 drop(qp);
-                Ok(())
+                Ok(false)
             };
             (i, r.await)
         });
     }
-    all(set).await?;
+    let gone = all(set).await?.into_iter().filter(|&g| g).count();
     println!("conns {}", run.conns);
+    println!("disconnected_before_established {gone}");
     Ok(())
 }
 
