@@ -30,6 +30,8 @@ mod cm;
 #[cfg(feature = "tokio")]
 #[path = "scale/cm_async.rs"]
 mod cm_async;
+#[path = "shared/fd_limit.rs"]
+mod fd_limit;
 
 const USAGE: &str = "usage:
   scale reg --size BYTES --iters N
@@ -178,7 +180,7 @@ fn qp_life(iters: u64) -> Result<()> {
 
 /// `cm-server` / `cm-client`, blocking or on tokio.
 fn connections(a: &Args) -> Result<()> {
-    cm::raise_fd_limit();
+    fd_limit::raise_fd_limit();
     let run = cm::Run {
         conns: a.conns,
         port: a.port,

@@ -53,22 +53,6 @@ pub fn listen_addr(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
 }
 
-/// Every id owns an event channel (a descriptor; two on tokio): allow as many
-/// descriptors as the hard limit does.
-pub fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write the valid struct `lim` only.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 /// Times the steps of a run and prints each as `step NAME TOTAL_US`.
 pub struct Steps(Instant);
 

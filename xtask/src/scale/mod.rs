@@ -39,7 +39,7 @@ mod script;
 mod tests;
 
 use crate::cmd::{self, run_checked};
-use crate::run::{self, Invocation};
+use crate::compare::{Flags, parse_reps, parse_timeout};
 use crate::{Context, Error, Result};
 
 /// The parts `--only` can name, in run order.
@@ -112,26 +112,10 @@ pub(super) fn parse_args(args: Vec<OsString>) -> Result<Asked> {
         conns: DEFAULT_CONNS.to_vec(),
         timeout: Duration::from_secs(2400),
     };
-    let args: Vec<String> = args
-        .into_iter()
-        .map(|a| {
-            a.into_string()
-                .map_err(|a| Error::usage(format!("bad argument {a:?}")))
-        })
-        .collect::<Result<_>>()?;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) => (f, Some(v.to_owned())),
-            None => (arg.as_str(), None),
-        };
-        let mut value = || -> Result<String> {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| Error::usage(format!("{flag} needs a value\n\n{USAGE}")))
-        };
-        match flag {
+    let mut flags = Flags::new(args, USAGE)?;
+    while let Some((flag, inline)) = flags.next() {
+        let mut value = || flags.value(&flag, inline.clone());
+        match flag.as_str() {
             "--only" => {
                 let asked = list(
                     &value()?,
@@ -144,13 +128,7 @@ pub(super) fn parse_args(args: Vec<OsString>) -> Result<Asked> {
                     .filter(|p| asked.contains(&p))
                     .collect();
             }
-            "--reps" => {
-                plan.reps = value()?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| Error::usage("--reps needs a positive number"))?
-            }
+            "--reps" => plan.reps = parse_reps(&value()?)?,
             "--n" => {
                 plan.conns = list(
                     &value()?,
@@ -158,10 +136,7 @@ pub(super) fn parse_args(args: Vec<OsString>) -> Result<Asked> {
                     "--n takes connection counts of 2 to 4096, comma separated",
                 )?
             }
-            "--timeout" => {
-                plan.timeout = crate::parse_secs(&value()?)
-                    .map_err(|e| Error::usage(format!("--timeout: {e}")))?
-            }
+            "--timeout" => plan.timeout = parse_timeout(&value()?)?,
             "--render" => return Ok(Asked::Render),
             "-h" | "--help" => return Ok(Asked::Help),
             other => {
@@ -260,18 +235,6 @@ fn run_in_guest(plan: &Plan, tools: &Tools, work: &Path) -> Result<u8> {
         plan.parts.join(", "),
         plan.reps
     );
-    let mut inv = Invocation::new(
-        "sh".into(),
-        vec![
-            "-c".into(),
-            script.into(),
-            "scale".into(),
-            work.to_path_buf().into(),
-            tools.perf.clone().into(),
-            tools.scale.clone().into(),
-            tools.c_loop.clone().into(),
-        ],
-    )?;
-    inv.cwd = crate::workspace_root().to_path_buf();
-    run::execute(inv, plan.timeout)
+    let args = [work, &tools.perf, &tools.scale, &tools.c_loop];
+    crate::compare::run_script(script, "scale", &args, plan.timeout)
 }
