@@ -30,6 +30,10 @@ use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, ConnectRequest};
 use rdma_verbs::prelude::*;
 use rdma_verbs::tokio::{AsyncCmId, AsyncCq, AsyncQp, Listener};
 
+#[path = "shared/fd_limit.rs"]
+mod fd_limit;
+use fd_limit::raise_fd_limit;
+
 /// Entries of the server's one CQ: the shared receive queue reserves its
 /// depth on it and every connection its send depth ([`SEND_DEPTH`]): room for
 /// 960 connections with the default `--recv-depth`.
@@ -169,24 +173,6 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("async_echo: {e}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Raises the soft limit on open files to the hard limit: each connection
-/// takes several descriptors (rdma_cm channel, completion channel, their
-/// readiness handles), and the usual soft limit of 1024 runs out at about 250
-/// connections (librdmacm then reports ENODEV from `rdma_get_devices`).
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain syscalls on a valid rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
 }

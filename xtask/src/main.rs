@@ -28,6 +28,7 @@ mod matrix;
 #[cfg(test)]
 mod pinned;
 mod providers;
+mod scale;
 mod test;
 mod wire;
 
@@ -89,6 +90,11 @@ commands:
   compare [--reps N] [--tests ..] [--paths ..]
                                  timing: perftest and perf side by side in one guest, medians;
                                  target/compare/compare.{json,svg} (`compare --help`)
+  scale [--only ..] [--reps R] [--n ..] | --render
+                                 cost at scale against C in one guest: rdma_cm setup of n
+                                 connections (cmtime), registration and QP lifecycle (a C
+                                 loop), 2 B message rate on 1-256 QPs (perftest -q);
+                                 target/scale/scale.{json,md} (`scale --help`)
   gpu-check [ARGS...]            on a machine with an NVIDIA GPU: the GPUDirect check
                                  (examples/gpu_check.rs, feature gdr), run on the host
   matrix [--no-fetch]            host tests against Debian 11/12/13's rdma-core and each
@@ -163,6 +169,7 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         Some("run") => run::run_command(rest),
         Some("compare") => compare::compare_command(rest),
         Some("insn") => insn::insn_command(rest),
+        Some("scale") => scale::scale_command(rest),
         Some("vm-exec") => run::vm_exec_command(rest),
         Some("faults") => faults::faults_command(rest),
         Some("soak") => faults::soak_command(rest),

@@ -19,7 +19,7 @@ use rdma_verbs_vm::choice::{Choice, GuestKernel, Provider};
 
 use crate::{Context as _, Error, Result, cmd, target_dir, workspace_root};
 
-mod render;
+pub(crate) mod render;
 
 /// The cells run without `--cells`.
 const CELLS: &[(GuestKernel, Provider)] = &[

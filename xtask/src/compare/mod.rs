@@ -51,7 +51,9 @@ use crate::cmd::{self, run_checked};
 use crate::run::{self, Invocation};
 use crate::{Context, Error, Result};
 use render::{Row, print_table, rows, svg, to_json};
+pub(crate) use render::{json_num, median};
 use runner::{collect, script};
+pub(crate) use runner::{job_functions, parse_ours, parse_perftest};
 
 /// Default message sizes.
 pub(super) const DEFAULT_SIZES: &[u64] = &[2, 64, 1024, 4096, 65536, 1 << 20];
@@ -130,6 +132,63 @@ fn parse_paths(list: &str) -> Result<Vec<&'static str>> {
         .collect())
 }
 
+/// A command line of `--flag VALUE` and `--flag=VALUE` options, read one flag at a time.
+pub(crate) struct Flags {
+    args: std::vec::IntoIter<String>,
+    usage: &'static str,
+}
+
+impl Flags {
+    /// The arguments, which must be UTF-8; `usage` follows the errors.
+    pub(crate) fn new(args: Vec<OsString>, usage: &'static str) -> Result<Flags> {
+        let args = args
+            .into_iter()
+            .map(|a| {
+                a.into_string()
+                    .map_err(|a| Error::usage(format!("bad argument {a:?}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Flags {
+            args: args.into_iter(),
+            usage,
+        })
+    }
+
+    /// The value of `flag`: `inline` (from `--flag=VALUE`), else the next argument.
+    pub(crate) fn value(&mut self, flag: &str, inline: Option<String>) -> Result<String> {
+        let usage = self.usage;
+        inline
+            .or_else(|| self.args.next())
+            .ok_or_else(|| Error::usage(format!("{flag} needs a value\n\n{usage}")))
+    }
+}
+
+impl Iterator for Flags {
+    /// A flag, and the value written after its `=` if there is one.
+    type Item = (String, Option<String>);
+
+    fn next(&mut self) -> Option<(String, Option<String>)> {
+        let arg = self.args.next()?;
+        Some(match arg.split_once('=') {
+            Some((f, v)) => (f.to_owned(), Some(v.to_owned())),
+            None => (arg, None),
+        })
+    }
+}
+
+/// `--reps N`: a positive number.
+pub(crate) fn parse_reps(v: &str) -> Result<u32> {
+    v.parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Error::usage("--reps needs a positive number"))
+}
+
+/// `--timeout SECS`.
+pub(crate) fn parse_timeout(v: &str) -> Result<Duration> {
+    crate::parse_secs(v).map_err(|e| Error::usage(format!("--timeout: {e}")))
+}
+
 /// The plan of `cargo xtask compare ARGS`; `None` after `--help`.
 fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
     let mut plan = Plan {
@@ -139,40 +198,15 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         paths: DEFAULT_PATHS.to_vec(),
         timeout: Duration::from_secs(2400),
     };
-    let args: Vec<String> = args
-        .into_iter()
-        .map(|a| {
-            a.into_string()
-                .map_err(|a| Error::usage(format!("bad argument {a:?}")))
-        })
-        .collect::<Result<_>>()?;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) => (f, Some(v.to_owned())),
-            None => (arg.as_str(), None),
-        };
-        let mut value = || -> Result<String> {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| Error::usage(format!("{flag} needs a value\n\n{USAGE}")))
-        };
-        match flag {
-            "--reps" => {
-                plan.reps = value()?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| Error::usage("--reps needs a positive number"))?
-            }
+    let mut flags = Flags::new(args, USAGE)?;
+    while let Some((flag, inline)) = flags.next() {
+        let mut value = || flags.value(&flag, inline.clone());
+        match flag.as_str() {
+            "--reps" => plan.reps = parse_reps(&value()?)?,
             "--sizes" => plan.sizes = parse_sizes(&value()?)?,
             "--tests" => plan.tests = parse_tests(&value()?)?,
             "--paths" => plan.paths = parse_paths(&value()?)?,
-            "--timeout" => {
-                plan.timeout = crate::parse_secs(&value()?)
-                    .map_err(|e| Error::usage(format!("--timeout: {e}")))?
-            }
+            "--timeout" => plan.timeout = parse_timeout(&value()?)?,
             "-h" | "--help" => {
                 say!("{USAGE}");
                 return Ok(None);
@@ -337,18 +371,7 @@ fn run_in_guest(plan: &Plan, perf: &Path, work: &Path) -> Result<u8> {
         plan.paths.join(", "),
         plan.reps
     );
-    let mut inv = Invocation::new(
-        "sh".into(),
-        vec![
-            "-c".into(),
-            script.into(),
-            "compare".into(),
-            work.to_path_buf().into(),
-            perf.to_path_buf().into(),
-        ],
-    )?;
-    inv.cwd = crate::workspace_root().to_path_buf();
-    let code = run::execute(inv, plan.timeout)?;
+    let code = run_script(script, "compare", &[work, perf], plan.timeout)?;
     if code != 0 {
         eprintln!(
             "xtask compare: the guest script ended with status {code}; reporting what finished"
@@ -357,8 +380,23 @@ fn run_in_guest(plan: &Plan, perf: &Path, work: &Path) -> Result<u8> {
     Ok(code)
 }
 
+/// Runs `sh -c SCRIPT NAME ARGS...` in one guest (from the workspace root), at most
+/// `timeout`; the script's exit status.
+pub(crate) fn run_script(
+    script: String,
+    name: &str,
+    args: &[&Path],
+    timeout: Duration,
+) -> Result<u8> {
+    let mut argv: Vec<OsString> = vec!["-c".into(), script.into(), name.into()];
+    argv.extend(args.iter().map(|a| a.as_os_str().to_owned()));
+    let mut inv = Invocation::new("sh".into(), argv)?;
+    inv.cwd = crate::workspace_root().to_path_buf();
+    run::execute(inv, timeout)
+}
+
 /// Moves the logs from `work` to `<out_dir>/runs` (emptied first); that folder.
-fn keep_logs(work: &Path, out_dir: &Path) -> Result<PathBuf> {
+pub(crate) fn keep_logs(work: &Path, out_dir: &Path) -> Result<PathBuf> {
     let runs_dir = out_dir.join("runs");
     let _ = fs::remove_dir_all(&runs_dir);
     fs::create_dir_all(&runs_dir).context(|| format!("cannot create {}", runs_dir.display()))?;

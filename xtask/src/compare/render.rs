@@ -27,7 +27,8 @@ impl Row {
     }
 }
 
-pub(super) fn median(v: &[f64]) -> f64 {
+/// The median of `v` (the mean of the middle two for an even count; `v` not empty).
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -298,7 +299,8 @@ pub(super) fn to_json(rows: &[Row]) -> String {
     s
 }
 
-pub(super) fn json_num(v: f64) -> String {
+/// A JSON number, `null` for NaN and infinities.
+pub(crate) fn json_num(v: f64) -> String {
     if v.is_finite() {
         format!("{v}")
     } else {

@@ -11,42 +11,8 @@ use super::{Plan, SIDE_TIMEOUT_SECS, impls_for, is_bw, iters, sizes_for};
 
 /// The guest script: `sh -c SCRIPT compare OUTDIR PERF`.
 pub(super) fn script(plan: &Plan) -> String {
-    let mut s = String::from(
-        "set -u\n\
-         OUT=$1; PERF=$2\n\
-         DEV=${RDMA_VERBS_DEVICE:-rxe0}; ADDR=${RDMA_VERBS_ADDR:-10.99.0.1}\n\
-         # Wait until a server listens on TCP port 18515 (0x4853), at most 30 s.\n\
-         listening() {\n\
-         \x20 i=0\n\
-         \x20 until grep -q ':4853 00000000:0000 0A' /proc/net/tcp; do\n\
-         \x20   i=$((i + 1)); [ $i -lt 600 ] || return 1; sleep 0.05\n\
-         \x20 done\n\
-         }\n\
-         # job NAME IMPL TEST SIZE ITERS\n\
-         job() {\n\
-         \x20 name=$1; impl=$2; t=$3; s=$4; n=$5\n\
-         \x20 common=\"-d $DEV -x 1 -F -s $s -n $n\"\n\
-         \x20 if [ \"$impl\" = perftest ]; then\n\
-         \x20   srv=\"ib_$t $common\"; cli=\"ib_$t $common --out_json --out_json_file=$OUT/$name.json $ADDR\"\n\
-         \x20 else\n\
-         \x20   srv=\"$PERF $t $common --$impl\"; cli=\"$PERF $t $common --$impl --out_json --out_json_file=$OUT/$name.json $ADDR\"\n\
-         \x20 fi\n",
-    );
-    let t = SIDE_TIMEOUT_SECS;
-    let _ = write!(
-        s,
-        "\x20 timeout {t} $srv > \"$OUT/$name.server.txt\" 2>&1 &\n\
-         \x20 spid=$!\n\
-         \x20 if listening; then\n\
-         \x20   timeout {t} $cli > \"$OUT/$name.client.txt\" 2>&1; crc=$?\n\
-         \x20 else\n\
-         \x20   crc=98; kill $spid 2>/dev/null\n\
-         \x20 fi\n\
-         \x20 wait $spid; src=$?\n\
-         \x20 echo \"$name $crc $src\" >> \"$OUT/status\"\n\
-         \x20 echo \"[compare] $name: client $crc, server $src\"\n\
-         }}\n"
-    );
+    let mut s = String::from("set -u\nOUT=$1; PERF=$2\n");
+    s.push_str(&job_functions());
     for rep in 0..plan.reps {
         // The first implementation moves on by one from each (test, size) to the next and
         // from each repetition to the next, so that over the repetitions every one takes
@@ -69,8 +35,53 @@ pub(super) fn script(plan: &Plan) -> String {
     s
 }
 
+/// The shell functions of a side-by-side run, for a script that has set `OUT`
+/// (the log folder) and `PERF` (the `perf` example): `listening` (waits for a
+/// server on TCP port 18515) and `job NAME IMPL TEST SIZE ITERS [FLAGS...]`,
+/// which runs a server and a client of perftest's `ib_TEST` (IMPL `perftest`) or
+/// `perf TEST --IMPL` with the same flags, the client writing `$OUT/NAME.json`
+/// and both their output to `$OUT/NAME.{server,client}.txt`, and appends
+/// `NAME CLIENT_STATUS SERVER_STATUS` to `$OUT/status`.
+pub(crate) fn job_functions() -> String {
+    let mut s = String::from(
+        "DEV=${RDMA_VERBS_DEVICE:-rxe0}; ADDR=${RDMA_VERBS_ADDR:-10.99.0.1}\n\
+         # Wait until a server listens on TCP port 18515 (0x4853), at most 30 s.\n\
+         listening() {\n\
+         \x20 i=0\n\
+         \x20 until grep -q ':4853 00000000:0000 0A' /proc/net/tcp; do\n\
+         \x20   i=$((i + 1)); [ $i -lt 600 ] || return 1; sleep 0.05\n\
+         \x20 done\n\
+         }\n\
+         # job NAME IMPL TEST SIZE ITERS [FLAGS...]\n\
+         job() {\n\
+         \x20 name=$1; impl=$2; t=$3; s=$4; n=$5; shift 5\n\
+         \x20 common=\"-d $DEV -x 1 -F -s $s -n $n $*\"\n\
+         \x20 if [ \"$impl\" = perftest ]; then\n\
+         \x20   srv=\"ib_$t $common\"; cli=\"ib_$t $common --out_json --out_json_file=$OUT/$name.json $ADDR\"\n\
+         \x20 else\n\
+         \x20   srv=\"$PERF $t $common --$impl\"; cli=\"$PERF $t $common --$impl --out_json --out_json_file=$OUT/$name.json $ADDR\"\n\
+         \x20 fi\n",
+    );
+    let t = SIDE_TIMEOUT_SECS;
+    let _ = write!(
+        s,
+        "\x20 timeout {t} $srv > \"$OUT/$name.server.txt\" 2>&1 &\n\
+         \x20 spid=$!\n\
+         \x20 if listening; then\n\
+         \x20   timeout {t} $cli > \"$OUT/$name.client.txt\" 2>&1; crc=$?\n\
+         \x20 else\n\
+         \x20   crc=98; kill $spid 2>/dev/null\n\
+         \x20 fi\n\
+         \x20 wait $spid; src=$?\n\
+         \x20 echo \"$name $crc $src\" >> \"$OUT/status\"\n\
+         \x20 echo \"[compare] $name: client $crc, server $src\"\n\
+         }}\n"
+    );
+    s
+}
+
 /// One run's numbers: bandwidth tests `[bw_avg MiB/s, Mpps]`, latency `[t_typical, p99]`.
-pub(super) type Numbers = [f64; 2];
+pub(crate) type Numbers = [f64; 2];
 
 /// (test, size, impl) -> the numbers of each repetition that finished.
 pub(super) type Results = BTreeMap<(String, u64, String), Vec<Numbers>>;
@@ -110,7 +121,7 @@ pub(super) fn collect(plan: &Plan, dir: &Path) -> (Results, Vec<String>) {
 }
 
 /// perftest's result line (the first line after the `#bytes` header).
-pub(super) fn parse_perftest(text: &str, bw: bool, size: u64) -> Option<Numbers> {
+pub(crate) fn parse_perftest(text: &str, bw: bool, size: u64) -> Option<Numbers> {
     let mut lines = text.lines().skip_while(|l| !l.contains("#bytes"));
     lines.next()?;
     let line = lines.find(|l| !l.trim().is_empty())?;
@@ -143,7 +154,7 @@ pub(super) fn parse_perftest(text: &str, bw: bool, size: u64) -> Option<Numbers>
 }
 
 /// `perf --out_json`'s first result.
-pub(super) fn parse_ours(text: &str, bw: bool) -> Option<Numbers> {
+pub(crate) fn parse_ours(text: &str, bw: bool) -> Option<Numbers> {
     let json = Json::parse(text)?;
     let r = json.get("results")?.index(0)?;
     let n = if bw {

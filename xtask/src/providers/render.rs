@@ -220,15 +220,21 @@ pub fn tables(rows: &[JsonRow], stamp: &str) -> String {
 /// Replaces what lies between the markers of `doc` with `generated` (appending the markers
 /// when the file has none).
 pub fn splice(doc: &str, generated: &str) -> String {
-    let block = format!("{BEGIN}\n{generated}{END}");
-    match (doc.find(BEGIN), doc.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{block}{}", &doc[..b], &doc[e + END.len()..]),
+    splice_between(doc, BEGIN, END, generated)
+}
+
+/// `doc` with the text between the marker lines `begin` and `end` replaced by
+/// `generated`; without the markers, `doc` with the block appended.
+pub fn splice_between(doc: &str, begin: &str, end: &str, generated: &str) -> String {
+    let block = format!("{begin}\n{generated}{end}");
+    match (doc.find(begin), doc.find(end)) {
+        (Some(b), Some(e)) if e > b => format!("{}{block}{}", &doc[..b], &doc[e + end.len()..]),
         _ => format!("{}\n\n{block}\n", doc.trim_end()),
     }
 }
 
 /// The short commit of the workspace, for the stamp.
-fn commit() -> String {
+pub fn commit() -> String {
     Command::new("git")
         .current_dir(workspace_root())
         .args(["rev-parse", "--short=7", "HEAD"])
@@ -240,7 +246,7 @@ fn commit() -> String {
 }
 
 /// Today's date (UTC), from `date`.
-fn today() -> String {
+pub fn today() -> String {
     Command::new("date")
         .args(["-u", "+%Y-%m-%d"])
         .output()

@@ -1,0 +1,163 @@
+//! `scale cm-server` / `scale cm-client` on the blocking rdma_cm API: the steps
+//! `cmtime` times, each over all connections before the next starts.
+//!
+//! The blocking calls wait for their event, so each step handles one connection
+//! after the other (cmtime starts every resolution and connect, then waits for
+//! all events on one channel).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel};
+use rdma_verbs::prelude::*;
+
+/// How long any one event may take before the run fails.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// What both sides agree on.
+pub struct Run {
+    pub conns: usize,
+    pub port: u16,
+}
+
+/// The QP every connection gets: one request each way, as cmtime's.
+pub fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        ..QpCaps::default()
+    }
+}
+
+/// cmtime's connection parameters: one READ in flight each way.
+pub fn param() -> ConnParam {
+    ConnParam::new().responder_resources(1).initiator_depth(1)
+}
+
+/// A CQ deep enough for the one request each way of `conns` QPs.
+pub fn cq_depth(conns: usize) -> u32 {
+    u32::try_from(2 * conns + 16).unwrap_or(u32::MAX)
+}
+
+/// The server's address, `ADDR:port`.
+pub fn server_addr(addr: &str, port: u16) -> Result<SocketAddr> {
+    let ip: IpAddr = addr.parse().map_err(|_| Error::InvalidArgument {
+        what: "server address",
+        reason: format!("`{addr}` is not an IP address"),
+    })?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Where the server listens.
+pub fn listen_addr(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+}
+
+/// Times the steps of a run and prints each as `step NAME TOTAL_US`.
+pub struct Steps(Instant);
+
+impl Steps {
+    pub fn start() -> Steps {
+        Steps(Instant::now())
+    }
+
+    /// Ends the step `name` and starts the next.
+    pub fn done(&mut self, name: &str) {
+        println!("step {name} {}", self.0.elapsed().as_micros());
+        self.0 = Instant::now();
+    }
+}
+
+/// Accepts `conns` connections, then waits for each to be disconnected by the
+/// client, answers the disconnect and destroys it.
+pub fn server(run: &Run) -> Result<()> {
+    let listener = CmId::listener(listen_addr(run.port), 1024)?;
+    let mut dev: Option<(Pd, Cq)> = None;
+    let mut conns = Vec::with_capacity(run.conns);
+    let mut gone = 0;
+    for _ in 0..run.conns {
+        let req = listener.get_request(WAIT)?;
+        if dev.is_none() {
+            let ctx = req.id().context()?;
+            dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, cq_depth(run.conns))?));
+        }
+        let Some((pd, cq)) = &dev else {
+            return Err(Error::Other("no device for the request".into()));
+        };
+        let qp = req.id().create_qp(pd, cq, cq, caps())?;
+        match req.accept(qp, &param(), WAIT) {
+            Ok(conn) => conns.push(conn),
+            Err(e) if torn_down(&e) => gone += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    for (qp, id) in conns {
+        id.expect_event(CmEventKind::Disconnected, WAIT)?;
+        // The reply the client's disconnect waits for; the connection is down either way.
+        let _ = id.disconnect();
+        drop(qp);
+    }
+    println!("conns {}", run.conns);
+    println!("disconnected_before_established {gone}");
+    Ok(())
+}
+
+/// Whether an accept failed because the client had disconnected already: its
+/// last handshake message (RTU) can arrive after its disconnect (a lost RTU is
+/// answered by a REP resent later), so the connection was set up from the
+/// client's side and is torn down already.
+pub fn torn_down(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::CmEvent {
+            event: CmEventKind::Disconnected,
+            ..
+        }
+    )
+}
+
+/// Sets up `conns` connections to `addr` step by step, then tears them down.
+pub fn client(run: &Run, addr: &str) -> Result<()> {
+    let dst = server_addr(addr, run.port)?;
+    // librdmacm opens every device on its first channel; cmtime creates its
+    // channel before it starts timing, so does this.
+    let _warm = EventChannel::new()?;
+    let mut t = Steps::start();
+    let ids = (0..run.conns)
+        .map(|_| CmId::new())
+        .collect::<Result<Vec<_>>>()?;
+    t.done("create_id");
+    for id in &ids {
+        id.resolve_addr(None, dst, WAIT)?;
+    }
+    t.done("resolve_addr");
+    for id in &ids {
+        id.resolve_route(WAIT)?;
+    }
+    t.done("resolve_route");
+    let ctx = ids[0].context()?;
+    let pd = Pd::new(&ctx)?;
+    let cq = Cq::new(&ctx, cq_depth(run.conns))?;
+    let qps = ids
+        .iter()
+        .map(|id| id.create_qp(&pd, &cq, &cq, caps()))
+        .collect::<Result<Vec<_>>>()?;
+    t.done("create_qp");
+    let mut up = Vec::with_capacity(run.conns);
+    for (id, qp) in ids.iter().zip(qps) {
+        up.push(id.connect(qp, &param(), WAIT)?.0);
+    }
+    t.done("connect");
+    for id in &ids {
+        id.disconnect()?;
+    }
+    drop(up);
+    for id in &ids {
+        id.expect_event(CmEventKind::Disconnected, WAIT)?;
+    }
+    t.done("disconnect");
+    drop(ids);
+    t.done("destroy");
+    println!("conns {}", run.conns);
+    Ok(())
+}

@@ -1,0 +1,143 @@
+/* The C side of `cargo xtask scale`'s registration and QP-lifecycle rows:
+ * the same loops as `examples/scale.rs`, on libibverbs directly.
+ *
+ *   scale_c reg SIZE ITERS    ibv_reg_mr + ibv_dereg_mr of one touched buffer
+ *   scale_c qp ITERS GID      ibv_create_qp, INIT, RTR (to a peer QP), RTS, ibv_destroy_qp
+ *
+ * Prints `iters N` and `ops_per_s R`, as the example does. The device is
+ * $RDMA_VERBS_DEVICE, else the first one. */
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static struct ibv_context *open_device(void) {
+    const char *want = getenv("RDMA_VERBS_DEVICE");
+    int n;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    if (!list || n == 0)
+        die("ibv_get_device_list");
+    for (int i = 0; i < n; i++) {
+        if (!want || !*want || strcmp(ibv_get_device_name(list[i]), want) == 0) {
+            struct ibv_context *ctx = ibv_open_device(list[i]);
+            if (!ctx)
+                die("ibv_open_device");
+            ibv_free_device_list(list);
+            return ctx;
+        }
+    }
+    fprintf(stderr, "no device %s\n", want);
+    exit(1);
+}
+
+static void report(long iters, double secs) {
+    printf("iters %ld\nops_per_s %.1f\n", iters, iters / secs);
+}
+
+static void reg(struct ibv_pd *pd, size_t size, long iters) {
+    char *buf = malloc(size);
+    if (!buf)
+        die("malloc");
+    memset(buf, 1, size);
+    double t = now();
+    for (long i = 0; i < iters; i++) {
+        struct ibv_mr *mr = ibv_reg_mr(pd, buf, size, ACCESS);
+        if (!mr)
+            die("ibv_reg_mr");
+        if (ibv_dereg_mr(mr))
+            die("ibv_dereg_mr");
+    }
+    report(iters, now() - t);
+    free(buf);
+}
+
+static struct ibv_qp *create(struct ibv_pd *pd, struct ibv_cq *cq) {
+    struct ibv_qp_init_attr a = {
+        .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+        .cap = {.max_send_wr = 128, .max_recv_wr = 128, .max_send_sge = 1, .max_recv_sge = 1},
+    };
+    struct ibv_qp *qp = ibv_create_qp(pd, &a);
+    if (!qp)
+        die("ibv_create_qp");
+    return qp;
+}
+
+static void to_init(struct ibv_qp *qp) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = ACCESS};
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        die("modify to INIT");
+}
+
+static void qp_life(struct ibv_context *ctx, struct ibv_pd *pd, long iters, int gid_index) {
+    struct ibv_cq *cq = ibv_create_cq(ctx, 512, NULL, NULL, 0);
+    if (!cq)
+        die("ibv_create_cq");
+    struct ibv_port_attr port;
+    union ibv_gid gid;
+    if (ibv_query_port(ctx, 1, &port) || ibv_query_gid(ctx, 1, gid_index, &gid))
+        die("ibv_query_port/gid");
+    struct ibv_qp *peer = create(pd, cq);
+    to_init(peer);
+    double t = now();
+    for (long i = 0; i < iters; i++) {
+        struct ibv_qp *qp = create(pd, cq);
+        to_init(qp);
+        struct ibv_qp_attr r = {
+            .qp_state = IBV_QPS_RTR, .path_mtu = port.active_mtu, .dest_qp_num = peer->qp_num,
+            .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+            .ah_attr = {.dlid = port.lid, .port_num = 1, .is_global = 1,
+                        .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 1}},
+        };
+        if (ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                      IBV_QP_MIN_RNR_TIMER))
+            die("modify to RTR");
+        struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS, .sq_psn = 0, .timeout = 14,
+                                .retry_cnt = 6, .rnr_retry = 7, .max_rd_atomic = 1};
+        if (ibv_modify_qp(qp, &s, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+                                      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                      IBV_QP_MAX_QP_RD_ATOMIC))
+            die("modify to RTS");
+        if (ibv_destroy_qp(qp))
+            die("ibv_destroy_qp");
+    }
+    report(iters, now() - t);
+    ibv_destroy_qp(peer);
+    ibv_destroy_cq(cq);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3 || (strcmp(argv[1], "reg") && strcmp(argv[1], "qp"))) {
+        fprintf(stderr, "usage: scale_c reg SIZE ITERS | scale_c qp ITERS GID_INDEX\n");
+        return 2;
+    }
+    struct ibv_context *ctx = open_device();
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    if (!pd)
+        die("ibv_alloc_pd");
+    if (!strcmp(argv[1], "reg") && argc == 4)
+        reg(pd, strtoull(argv[2], NULL, 0), atol(argv[3]));
+    else if (!strcmp(argv[1], "qp") && argc == 4)
+        qp_life(ctx, pd, atol(argv[2]), atoi(argv[3]));
+    else {
+        fprintf(stderr, "wrong number of arguments\n");
+        return 2;
+    }
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+    return 0;
+}
