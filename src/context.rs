@@ -26,13 +26,27 @@ pub(crate) struct ContextInner {
     /// `Some` for a context this crate did not open ([`Context::borrowed`]):
     /// it is not closed on drop, and this owner keeps it open until then.
     owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// What each port queried so far cannot change while the device is open
+    /// (its link layer, its P_Key table's length): checks on every QP's
+    /// transitions read it here instead of asking the kernel again.
+    port_facts: std::sync::Mutex<Vec<(u8, PortFacts)>>,
+}
+
+/// The attributes of a port that stay as they are while the device is open.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PortFacts {
+    /// Ethernet (RoCE) or InfiniBand.
+    pub(crate) link_layer: LinkLayer,
+    /// Entries of the P_Key table.
+    pub(crate) pkey_tbl_len: u16,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread; the verbs this crate
 // calls through &Context (query_*, alloc_pd, create_cq, ...) are thread-safe per
 // rdma-core's documentation.
 unsafe impl Send for ContextInner {}
-// SAFETY: see Send; no interior state is mutated by this crate through &self.
+// SAFETY: see Send; the only state this crate mutates through &self is
+// behind a Mutex (`port_facts`).
 unsafe impl Sync for ContextInner {}
 
 impl Drop for ContextInner {
@@ -72,6 +86,7 @@ impl Context {
                 raw,
                 name,
                 owner: None,
+                port_facts: Default::default(),
             }),
         })
     }
@@ -96,6 +111,7 @@ impl Context {
                 raw,
                 name,
                 owner: Some(owner),
+                port_facts: Default::default(),
             }),
         }
     }
@@ -173,6 +189,26 @@ impl Context {
         }
     }
 
+    /// The fixed attributes of `port`, queried once per context.
+    pub(crate) fn port_facts(&self, port: u8) -> Result<PortFacts> {
+        let lock = || {
+            self.inner
+                .port_facts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(&(_, f)) = lock().iter().find(|(p, _)| *p == port) {
+            return Ok(f);
+        }
+        let a = self.query_port(port)?;
+        let f = PortFacts {
+            link_layer: a.link_layer,
+            pkey_tbl_len: a.pkey_tbl_len,
+        };
+        lock().push((port, f));
+        Ok(f)
+    }
+
     /// Port attributes (`ibv_query_port`, through the current ABI `___ibv_query_port`).
     #[doc(alias = "ibv_query_port")]
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
@@ -240,7 +276,7 @@ impl Context {
     /// else the first RoCE v1 one (what `-g`/`-x` usually select). An
     /// Ethernet port without any GID (no IP address on its netdev) is an error.
     pub fn default_gid_index(&self, port: u8) -> Result<Option<u8>> {
-        if self.query_port(port)?.link_layer != crate::device::LinkLayer::Ethernet {
+        if self.port_facts(port)?.link_layer != LinkLayer::Ethernet {
             return Ok(None);
         }
         let table: Vec<GidEntry> = self

@@ -249,19 +249,37 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 }
 
+/// A starting PSN: a splitmix64 step over a per-process seed from
+/// `getrandom`, so consecutive QPs get unrelated PSNs (a stale packet of an
+/// earlier connection does not fall into a new one's window) without a
+/// system call per QP.
 pub(super) fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
-    let v = if n == 4 {
-        u32::from_ne_bytes(b)
-    } else {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(1)
-    };
-    v & 0x00ff_ffff
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut b = [0u8; 8];
+        // SAFETY: getrandom writes at most 8 bytes into b.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+        if n == 8 {
+            u64::from_ne_bytes(b)
+        } else {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id())
+        }
+    });
+    let mut z = seed.wrapping_add(
+        COUNT
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    );
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z as u32) & 0x00ff_ffff
 }
 
 /// What an `Extended` QP the provider cannot make is told to do instead.

@@ -151,7 +151,7 @@ impl<T: QpType> Qp<T, Reset> {
         // The port and P_Key index, checked here: the kernel says EINVAL for
         // a missing port, and soft-RoCE takes an index past its table.
         let pkey_index = attr.0.pkey_index;
-        let checked = self.core.pd.context().query_port(port).and_then(|p| {
+        let checked = self.core.pd.context().port_facts(port).and_then(|p| {
             match p.pkey_tbl_len > 0 && pkey_index >= p.pkey_tbl_len {
                 true => Err(Error::InvalidArgument {
                     what: "pkey index",
@@ -271,7 +271,7 @@ impl<T: QpType> Qp<T, Init> {
 
     /// On an Ethernet (RoCE) port: a GRH, towards a non-zero GID.
     pub(super) fn check_roce_grh(&self, av: &AddressVector) -> Option<Error> {
-        let port = self.core.pd.context().query_port(av.port).ok()?;
+        let port = self.core.pd.context().port_facts(av.port).ok()?;
         if port.link_layer != crate::device::LinkLayer::Ethernet {
             return None;
         }
