@@ -122,6 +122,7 @@ fn read_flag(
         "--safe" if !attached => raw.path = Some(DataPath::Safe),
         "--raw" if !attached => raw.path = Some(DataPath::Raw),
         "--scoped" if !attached => raw.path = Some(DataPath::Scoped),
+        "--async" => raw.inflight = Some(num(&value("--async")?, "--async")?),
         "-h" | "--help" => return Ok(Flag::Help),
         _ => return Err(format!("unknown option `{arg}`")),
     }

@@ -225,6 +225,9 @@ pub struct Opts {
     /// `-o`: outstanding READs/atomics per QP (`max_rd_atomic` and
     /// `max_dest_rd_atomic`); `None` or 0: the device's `max_qp_rd_atom`.
     pub outs: Option<u32>,
+    /// `--async N`: the client streams through `rdma_verbs::tokio::AsyncQp`
+    /// with N requests in flight (the server runs the safe path).
+    pub inflight: Option<u32>,
 }
 
 /// The usage text.
@@ -275,6 +278,10 @@ pub fn usage() -> String {
          \x20     --raw                 raw data path: unsafe post_send_raw + Cq::poll_raw\n\
          \x20     --scoped              scoped safe path (bw tests): Cq::scope, borrowed buffers,\n\
          \x20                           light completions; not with -b, -D, -e, -I, --run_infinitely\n\
+         \x20     --async=N             client of write_bw/send_bw through rdma_verbs::tokio (built\n\
+         \x20                           with --features tokio): N tasks on a current-thread runtime,\n\
+         \x20                           each awaiting one signaled request at a time (-Q unused);\n\
+         \x20                           one QP, -l 1, -n only; the server runs the safe path\n\
          \x20 -h, --help                this text",
         tests.join("|")
     )
@@ -310,7 +317,7 @@ impl Opts {
     pub fn fingerprint(&self) -> String {
         format!(
             "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={} \
-             A={} o={:?}",
+             A={} o={:?} async={:?}",
             self.test.name(),
             self.path.name(),
             self.sizes,
@@ -327,7 +334,8 @@ impl Opts {
             self.bidir,
             self.run_infinitely,
             self.atomic.name(),
-            self.outs
+            self.outs,
+            self.inflight
         )
     }
 }
