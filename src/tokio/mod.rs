@@ -41,6 +41,7 @@ mod cq;
 mod driver;
 mod events;
 pub mod exchange;
+mod op;
 mod qp;
 mod timer;
 
