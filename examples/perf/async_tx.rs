@@ -1,20 +1,30 @@
 //! The async path (`--async N`, feature `tokio`): the client of write_bw and
 //! send_bw through `rdma_verbs::tokio::AsyncQp`, on a current-thread runtime.
 //!
-//! N tasks share one QP; each takes the next message number, WRITEs or SENDs
-//! that message's slot (the same shared slices, cycled over the same
-//! cache-line slots, as the safe path) and awaits its completion, checking
-//! its status, before taking the next: N requests in flight. Every request is
-//! signaled (a future resolves on its own completion), so the fair sync
-//! figure to set it against is the safe path's with `-Q 1`.
+//! Each message WRITEs or SENDs its slot (the same shared slices, cycled over
+//! the same cache-line slots, as the safe path) through `AsyncQp::post`, and
+//! its completion is awaited and its status checked; N requests are in
+//! flight, in one of two shapes:
+//! * `--async N`: one task keeps a window of N operations, oldest first (what
+//!   `StreamExt::buffered(N)` does): each new operation is polled once, which
+//!   posts it, and the oldest is awaited;
+//! * `--async-tasks N`: N tasks, each taking the next message number and
+//!   awaiting its operation before taking another.
+//!
+//! Every request is signaled (a future resolves on its own completion), so
+//! the fair sync figure to set it against is the safe path's with `-Q 1`.
 //!
 //! The CQs are `AsyncCq`s on one channel, whose driver task runs on the same
 //! thread as the tasks. The server runs the safe path (its side is not
 //! counted), so the two sides exchange what they always do: barrier, run,
 //! results.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 
 use rdma_verbs::mr::SharedMr;
 use rdma_verbs::prelude::*;
@@ -103,7 +113,11 @@ fn run_size(
     };
     ctrl.barrier(true)?;
     let start = clock::now();
-    rt.block_on(stream.run(inflight))?;
+    if o.async_tasks {
+        rt.block_on(stream.run(inflight))?;
+    } else {
+        rt.block_on(stream.window(inflight as usize))?;
+    }
     let end = clock::now();
     let mine = report::span_row(size, o.iters, start, end, rate, o.report_gbits);
     // The server's row: none from a receiver that does not send.
@@ -125,6 +139,46 @@ struct Stream {
 }
 
 impl Stream {
+    /// The request for message `k`.
+    fn request(&self, k: u64) -> SendWr<'static> {
+        let slot = (k % self.src.len() as u64) as usize;
+        let src = self.src[slot].clone();
+        match self.verb {
+            Verb::Write => SendWr::write_from(0, src, self.remote, slot as u64 * self.stride),
+            _ => SendWr::send_from(0, src),
+        }
+    }
+
+    /// One task, a window of `inflight` operations: new ones are polled once
+    /// (posted) as the oldest complete.
+    async fn window(&self, inflight: usize) -> Result<()> {
+        let mut ring = VecDeque::with_capacity(inflight);
+        let mut k = 0;
+        std::future::poll_fn(|cx| {
+            loop {
+                while ring.len() < inflight && k < self.iters {
+                    let mut op = self.qp.post(self.request(k));
+                    k += 1;
+                    match Pin::new(&mut op).poll(cx) {
+                        Poll::Ready(done) => done.map_err(Error::from)?.result()?,
+                        Poll::Pending => ring.push_back(op),
+                    }
+                }
+                let Some(oldest) = ring.front_mut() else {
+                    return Poll::Ready(Ok(()));
+                };
+                match Pin::new(oldest).poll(cx) {
+                    Poll::Ready(done) => {
+                        ring.pop_front();
+                        done.map_err(Error::from)?.result()?;
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        })
+        .await
+    }
+
     /// Spawns `inflight` tasks and waits for all of them.
     async fn run(self, inflight: u32) -> Result<()> {
         let this = Arc::new(self);
@@ -151,17 +205,11 @@ impl Stream {
             if k >= self.iters {
                 return Ok(());
             }
-            let slot = (k % self.src.len() as u64) as usize;
-            let src = self.src[slot].clone();
-            let done = match self.verb {
-                Verb::Write => {
-                    self.qp
-                        .write(src, self.remote, slot as u64 * self.stride)
-                        .await
-                }
-                _ => self.qp.send(src).await,
-            };
-            done.map_err(Error::from)?.result()?;
+            self.qp
+                .post(self.request(k))
+                .await
+                .map_err(Error::from)?
+                .result()?;
         }
     }
 }

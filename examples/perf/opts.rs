@@ -228,6 +228,9 @@ pub struct Opts {
     /// `--async N`: the client streams through `rdma_verbs::tokio::AsyncQp`
     /// with N requests in flight (the server runs the safe path).
     pub inflight: Option<u32>,
+    /// `--async-tasks N`: N tasks of one request each instead of one task
+    /// with a window of N.
+    pub async_tasks: bool,
 }
 
 /// The usage text.
@@ -279,9 +282,10 @@ pub fn usage() -> String {
          \x20     --scoped              scoped safe path (bw tests): Cq::scope, borrowed buffers,\n\
          \x20                           light completions; not with -b, -D, -e, -I, --run_infinitely\n\
          \x20     --async=N             client of write_bw/send_bw through rdma_verbs::tokio (built\n\
-         \x20                           with --features tokio): N tasks on a current-thread runtime,\n\
-         \x20                           each awaiting one signaled request at a time (-Q unused);\n\
+         \x20                           with --features tokio) on a current-thread runtime: one\n\
+         \x20                           task, N awaited (signaled) requests in flight (-Q unused);\n\
          \x20                           one QP, -l 1, -n only; the server runs the safe path\n\
+         \x20     --async-tasks=N       the same with N tasks of one request at a time each\n\
          \x20 -h, --help                this text",
         tests.join("|")
     )
@@ -317,7 +321,7 @@ impl Opts {
     pub fn fingerprint(&self) -> String {
         format!(
             "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={} \
-             A={} o={:?} async={:?}",
+             A={} o={:?} async={:?}/{}",
             self.test.name(),
             self.path.name(),
             self.sizes,
@@ -335,7 +339,8 @@ impl Opts {
             self.run_infinitely,
             self.atomic.name(),
             self.outs,
-            self.inflight
+            self.inflight,
+            self.async_tasks
         )
     }
 }

@@ -42,6 +42,7 @@ pub struct RawArgs {
     pub old_post_send: bool,
     pub path: Option<DataPath>,
     pub inflight: Option<u32>,
+    pub async_tasks: bool,
 }
 
 /// perftest's defaults (`init_perftest_params`) and rules (`force_dependecies`).
@@ -100,6 +101,7 @@ pub fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         atomic: a.atomic.unwrap_or(AtomicOp::FetchAdd),
         outs: a.outs,
         inflight: a.inflight,
+        async_tasks: a.async_tasks,
     })
 }
 

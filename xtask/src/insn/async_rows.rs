@@ -15,6 +15,14 @@ use crate::{Error, Result};
 /// The tests `perf --async` runs.
 const TESTS: &[&str] = &["write_bw", "send_bw"];
 
+/// The async paths: `perf --async N` and `perf --async-tasks N`.
+const PATHS: &[&str] = &["async", "async-tasks"];
+
+/// Whether `path` (of `--paths`) is one of the async paths.
+pub(super) fn is_async(path: &str) -> bool {
+    PATHS.contains(&path)
+}
+
 /// `--check-async`'s value.
 pub(super) fn ratio_arg(v: &str) -> Result<f64> {
     v.parse()
@@ -26,7 +34,7 @@ pub(super) fn ratio_arg(v: &str) -> Result<f64> {
 /// Adds what a plan with `async` needs: `safe` for the ratio and `-Q 1`; refuses
 /// one where `async` has nothing to run.
 pub(super) fn complete(plan: &mut Plan) -> Result<()> {
-    if !plan.paths.iter().any(|p| p == "async") {
+    if !plan.paths.iter().any(|p| is_async(p)) {
         if plan.check_async.is_some() {
             return Err(Error::usage("--check-async needs async in --paths"));
         }
@@ -48,9 +56,9 @@ pub(super) fn complete(plan: &mut Plan) -> Result<()> {
     Ok(())
 }
 
-/// The async keys of one (test, size, post list): one per in-flight count, where
-/// `perf --async` runs it.
-pub(super) fn keys(plan: &Plan, test: &str, size: u64, post_list: u64) -> Vec<Key> {
+/// The keys of async path `path` for one (test, size, post list): one per in-flight
+/// count (path `async16`, `async-tasks16`), where `perf --async` runs it.
+pub(super) fn keys(plan: &Plan, path: &str, test: &str, size: u64, post_list: u64) -> Vec<Key> {
     if !TESTS.contains(&test) || post_list != 1 {
         return Vec::new();
     }
@@ -60,15 +68,21 @@ pub(super) fn keys(plan: &Plan, test: &str, size: u64, post_list: u64) -> Vec<Ke
             test: test.into(),
             size,
             post_list,
-            path: format!("async{n}"),
+            path: format!("{path}{n}"),
         })
         .collect()
 }
 
 /// Prints the async table of `plan` (if it has async rows) and applies
-/// `--check-async` to the largest in-flight count; false when that fails.
+/// `--check-async` to the largest in-flight count of each async path; false
+/// when that fails.
 pub(super) fn report(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> bool {
-    if !plan.paths.iter().any(|p| p == "async") {
+    let paths: Vec<&str> = PATHS
+        .iter()
+        .copied()
+        .filter(|a| plan.paths.iter().any(|p| p == a))
+        .collect();
+    if paths.is_empty() {
         return true;
     }
     let mut inflight = plan.inflight.clone();
@@ -77,10 +91,15 @@ pub(super) fn report(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> bool {
     let q = plan
         .cq_mod
         .map_or("perftest's default".into(), |q| q.to_string());
-    say!("async (perf --async N, current-thread runtime) against safe, -Q {q} on both:");
+    say!(
+        "async (perf --async N: one task, N in flight; --async-tasks N: N tasks; a \
+         current-thread runtime) against safe, -Q {q} on all:"
+    );
     let mut head = format!("{:<10} {:>8} {:>10}", "test", "size", "safe");
-    for n in &inflight {
-        head += &format!(" {:>10} {:>11}", format!("async N={n}"), "/safe");
+    for path in &paths {
+        for n in &inflight {
+            head += &format!(" {:>16} {:>6}", format!("{path} N={n}"), "/safe");
+        }
     }
     say!("{head}");
     let get = |k: &Key, path: String| per_msg.get(&Key { path, ..k.clone() }).copied();
@@ -97,8 +116,13 @@ pub(super) fn report(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> bool {
         }
         let safe = get(k, "safe".into());
         let mut line = format!("{:<10} {:>8} {:>10}", k.test, k.size, num(safe, 1));
-        for &n in &inflight {
-            let a = get(k, format!("async{n}"));
+        for &(path, n) in paths
+            .iter()
+            .flat_map(|p| inflight.iter().map(move |n| (p, *n)))
+            .collect::<Vec<_>>()
+            .iter()
+        {
+            let a = get(k, format!("{path}{n}"));
             let r = match (a, safe) {
                 (Some(a), Some(s)) if s > 0.0 => Some(a / s),
                 _ => None,
@@ -109,7 +133,7 @@ pub(super) fn report(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> bool {
                     None => missing = true,
                 }
             }
-            line += &format!(" {:>10} {:>11}", num(a, 1), num(r, 3));
+            line += &format!(" {:>16} {:>6}", num(a, 1), num(r, 3));
         }
         say!("{line}");
     }

@@ -53,9 +53,10 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
   --post-list  WRs per post call, perftest's -l (default 1,8)
-  --paths      perftest,safe,raw,scoped,async (default the first four; scoped: perf
-               --scoped, Cq::scope; async: perf --async N, write_bw and send_bw at -l 1
-               through rdma_verbs::tokio on a current-thread runtime, always with safe)
+  --paths      perftest,safe,raw,scoped,async,async-tasks (default the first four; scoped:
+               perf --scoped, Cq::scope; async: perf --async N, write_bw and send_bw at -l 1
+               through rdma_verbs::tokio on a current-thread runtime, one task with N
+               operations in flight; async-tasks: N tasks of one each; safe always with them)
   --inflight   async: requests in flight, a row each (default 1,16)
   --cq-mod     perftest's -Q on every run (default: not given, perftest's 100; with async
                in --paths 1, as every async request is awaited, so signaled)
@@ -81,7 +82,7 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
                limit is the largest --timeout)";
 
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
-const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped", "async"];
+const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped", "async", "async-tasks"];
 /// Per client or server process.
 const SIDE_TIMEOUT_SECS: u32 = 300;
 /// TCP port of the endpoint exchange of the first job running at a time (perftest's
@@ -296,8 +297,8 @@ fn keys(plan: &Plan) -> Vec<Key> {
         for size in sizes {
             for &post_list in &plan.post_lists {
                 for path in &plan.paths {
-                    if path == "async" {
-                        out.extend(async_rows::keys(plan, test, size, post_list));
+                    if async_rows::is_async(path) {
+                        out.extend(async_rows::keys(plan, path, test, size, post_list));
                         continue;
                     }
                     out.push(Key {
@@ -395,6 +396,7 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          \x20 if [ \"$q\" != 0 ]; then common=\"$common -Q $q\"; fi\n\
          \x20 case $path in\n\
          \x20   perftest) prog=\"ib_$t\" ;;\n\
+         \x20   async-tasks*) prog=\"$PERF $t --async-tasks ${{path#async-tasks}}\" ;;\n\
          \x20   async*) prog=\"$PERF $t --async ${{path#async}}\" ;;\n\
          \x20   *) prog=\"$PERF $t --$path\" ;;\n\
          \x20 esac\n\
@@ -702,7 +704,7 @@ fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> (Option<f64>, Optio
         (w, x) => w.or(x),
     };
     // One line per configuration: the keys of the first path with a column here.
-    let first = plan.paths.iter().find(|p| *p != "async");
+    let first = plan.paths.iter().find(|p| !async_rows::is_async(p));
     for k in keys(plan).iter().filter(|k| Some(&k.path) == first) {
         let (p, r, s) = (get(k, "perftest"), get(k, "raw"), get(k, "safe"));
         let sc = get(k, "scoped");
