@@ -157,11 +157,14 @@ impl Stream {
         std::future::poll_fn(|cx| {
             loop {
                 while ring.len() < inflight && k < self.iters {
-                    let mut op = self.qp.post(self.request(k));
+                    // Made in place: moving a made operation into the ring
+                    // would copy its request.
+                    ring.push_back(self.qp.post(self.request(k)));
                     k += 1;
-                    match Pin::new(&mut op).poll(cx) {
-                        Poll::Ready(done) => done.map_err(Error::from)?.result()?,
-                        Poll::Pending => ring.push_back(op),
+                    let Some(op) = ring.back_mut() else { break };
+                    if let Poll::Ready(done) = Pin::new(op).poll(cx) {
+                        ring.pop_back();
+                        done.map_err(Error::from)?.result()?;
                     }
                 }
                 let Some(oldest) = ring.front_mut() else {
