@@ -162,9 +162,11 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
         wakers: Vec::with_capacity(POLL_BATCH),
     };
     let mut pending: Vec<Arc<Shared>> = Vec::new();
+    // The CQs still busy after a turn; swapped with `pending`, so that a
+    // turn allocates nothing.
+    let mut busy: Vec<Arc<Shared>> = Vec::new();
     loop {
         pending.append(&mut registry.added());
-        let mut busy = Vec::new();
         for cq in pending.drain(..) {
             match serve(&cq, &mut done) {
                 // (Locked: another thread holds the CQ's lock, for as long
@@ -174,7 +176,7 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
                 Err(e) => cq.stop(e),
             }
         }
-        pending = busy;
+        std::mem::swap(&mut pending, &mut busy);
         // Events of the other CQs are read between turns, so a busy CQ
         // cannot starve them.
         if let Err(e) = read_events(registry, &watch.channel, &mut pending) {
