@@ -213,7 +213,7 @@ fn operations_beyond_the_queue_depth_wait_for_room() {
         let mut back = Vec::new();
         std::future::poll_fn(|cx| {
             loop {
-                while let Some(src) = sources.next() {
+                for src in sources.by_ref() {
                     let mut op = p.a.write(src, remote, (made * LEN) as u64);
                     made += 1;
                     assert!(Pin::new(&mut op).poll(cx).is_pending(), "posted, not done");

@@ -465,6 +465,19 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "tokio")]
+    fn async_takes_its_count_and_shape() {
+        let o = p("write_bw --async 16");
+        assert_eq!((o.inflight, o.async_tasks), (Some(16), false));
+        let o = p("send_bw --async-tasks=4 -n 100");
+        assert_eq!((o.inflight, o.async_tasks), (Some(4), true));
+        assert_ne!(
+            p("write_bw --async 16").fingerprint(),
+            p("write_bw --async-tasks 16").fingerprint()
+        );
+    }
+
+    #[test]
     fn refuses_what_perftest_refuses() {
         for bad in [
             "write_lat -q 2",
@@ -485,6 +498,15 @@ mod tests {
             "read_lat -r 2",
             "write_bw -e",
             "write_lat -e",
+            "read_bw --async 16",
+            "write_lat --async 1",
+            "write_bw --async 16 -l 2",
+            "write_bw --async 16 -q 2",
+            "write_bw --async 16 -D 2",
+            "send_bw --async 16 -I 8",
+            "write_bw --async 0",
+            "write_bw --async 200",
+            "write_bw --async 16 --raw",
         ] {
             let args: Vec<String> = bad.split_whitespace().map(str::to_owned).collect();
             assert!(parse(&args).is_err(), "{bad}");
