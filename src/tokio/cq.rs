@@ -15,6 +15,7 @@ use crate::channel::CqId;
 use crate::context::Context;
 use crate::cq::{Completion, CompletionSource, Cq, CqInner, WcOpcode};
 use crate::error::{Error, Result};
+use crate::qp::PostError;
 
 /// Which queue a completion came from: sends and receives of one QP are
 /// waited for separately, so a receive can never satisfy a send's waiter.
@@ -262,14 +263,24 @@ impl Shared {
         self.room.notify_waiters();
     }
 
-    /// Polls for the completion of `key`.
-    pub(crate) fn poll_done(&self, key: Key, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
+    /// Polls for the completion of `key`. Errors come as the operation
+    /// future's (nothing unposted), so that the completion is moved straight
+    /// into the future's output.
+    pub(crate) fn poll_done(
+        &self,
+        key: Key,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::result::Result<Completion, PostError>> {
+        let failed = |reason: &str| {
+            Poll::Ready(Err(PostError {
+                error: Error::Other(reason.into()),
+                unposted: Vec::new(),
+            }))
+        };
         let mut st = self.state();
         let st = &mut *st;
         let std::collections::hash_map::Entry::Occupied(mut entry) = st.waiters.entry(key) else {
-            return Poll::Ready(Err(Error::Other(
-                "this request was not registered on the CQ".into(),
-            )));
+            return failed("this request was not registered on the CQ");
         };
         match entry.get_mut() {
             Waiter::Done(slot) => {
@@ -277,16 +288,13 @@ impl Shared {
                 entry.remove();
                 match st.take_done(slot) {
                     Some(c) => Poll::Ready(Ok(c)),
-                    None => Poll::Ready(Err(Error::Other(
-                        "this request's completion was taken twice".into(),
-                    ))),
+                    None => failed("this request's completion was taken twice"),
                 }
             }
-            Waiter::Pending(_) if st.stopped => Poll::Ready(Err(Error::Other(
+            Waiter::Pending(_) if st.stopped => failed(
                 "the CQ's completion driver stopped (see AsyncCq::next for its error); \
-                 this request's completion will not be delivered"
-                    .into(),
-            ))),
+                 this request's completion will not be delivered",
+            ),
             Waiter::Pending(waker) => {
                 if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     *waker = Some(cx.waker().clone());

@@ -154,10 +154,7 @@ impl<T: QpType, S: QpState, R: PostOn<T, S> + Unpin> Future for Operation<'_, T,
         if polled.is_ready() {
             this.waiting = false;
         }
-        polled.map_err(|error| PostError {
-            error,
-            unposted: Vec::new(),
-        })
+        polled
     }
 }
 
