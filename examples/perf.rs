@@ -26,6 +26,10 @@
 //! * **raw**: `unsafe Qp::post_send_raw` of a prepared C `ibv_send_wr` list into
 //!   registered memory, and `Cq::poll_raw`.
 //!
+//! `--scoped` runs the bandwidth tests in a `Cq::scope`; `--async N` (feature
+//! `tokio`) runs the client of write_bw and send_bw through
+//! `rdma_verbs::tokio::AsyncQp`, N awaited requests in flight.
+//!
 //! Differences from perftest, all outside the timed loops: the safe path asks
 //! for one more send queue slot than `-t` (the slot ring signals when its last
 //! slot is taken; the loop still keeps at most `-t` requests in flight);
@@ -37,6 +41,9 @@
 //! this side's value (perftest takes the initiator's from the peer; both sides
 //! must be started with the same flags here anyway).
 
+#[cfg(feature = "tokio")]
+#[path = "perf/async_tx.rs"]
+mod async_tx;
 #[path = "perf/bw.rs"]
 mod bw;
 #[path = "perf/clock.rs"]
@@ -113,6 +120,13 @@ fn run(o: &Opts) -> Result<()> {
             rkey: bufs.target.rkey(),
         })
         .collect();
+    // `--async`'s client makes and drops its own queues (on async CQs).
+    #[cfg(feature = "tokio")]
+    if let (Some(n), false) = (o.inflight, o.is_server()) {
+        report::banner(o, &dev, &rate, None);
+        let table = async_tx::run(o, &rate, &dev, &regions, n)?;
+        return write_json(o, &dev, &rate, &table);
+    }
     let pending = conn::create(o, &dev)?;
     let (mut queues, remote, mut ctrl) = conn::establish(o, &dev, pending, &regions)?;
     report::banner(o, &dev, &rate, queues.qps.first().map(|q| q.send_api()));
@@ -121,14 +135,21 @@ fn run(o: &Opts) -> Result<()> {
     } else {
         lat::run(o, &rate, &dev, &mut queues, &remote, &mut bufs, &mut ctrl)?
     };
-    report::write_json(o, dev.ctx.name(), &rate, &table).map_err(|source| {
-        rdma_verbs::Error::Io {
-            what: "writing the JSON results",
-            source,
-        }
-    })?;
+    write_json(o, &dev, &rate, &table)?;
     // The QPs go first (their requests may still point into `bufs`).
     drop(queues);
     drop(bufs);
     Ok(())
+}
+
+fn write_json(
+    o: &Opts,
+    dev: &conn::Device,
+    rate: &clock::Rate,
+    table: &report::Table,
+) -> Result<()> {
+    report::write_json(o, dev.ctx.name(), rate, table).map_err(|source| rdma_verbs::Error::Io {
+        what: "writing the JSON results",
+        source,
+    })
 }

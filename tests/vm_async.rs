@@ -181,6 +181,82 @@ fn cancelled_operations_return_every_buffer_exactly_once() {
     }
 }
 
+/// More awaited WRITEs than the send queue holds (depth 4), on a
+/// current-thread runtime: a window of 32 operations in one task (each
+/// polled once when made, the oldest awaited) and 8 joined at once. Those
+/// past the depth wait for room, none is refused or lost, each resolves with
+/// its own completion (success, its own buffer back) and every byte lands.
+#[test]
+fn operations_beyond_the_queue_depth_wait_for_room() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+
+    let _g = serial();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let p = async_pair(caps(4));
+        const N: usize = 32;
+        const LEN: usize = 64;
+        let target = p.pd.alloc_mr(N * LEN, common::all_remote()).unwrap();
+        let remote = target.remote();
+        let sources: Vec<Mr> = (0..N)
+            .map(|i| mr_with(&p.pd, &common::pattern(LEN, i as u8)))
+            .collect();
+        let idents: Vec<(u64, u32)> = sources.iter().map(ident).collect();
+        let mut ring = std::collections::VecDeque::new();
+        let mut made = 0;
+        let mut sources = sources.into_iter();
+        let mut back = Vec::new();
+        std::future::poll_fn(|cx| {
+            loop {
+                for src in sources.by_ref() {
+                    let mut op = p.a.write(src, remote, (made * LEN) as u64);
+                    made += 1;
+                    assert!(Pin::new(&mut op).poll(cx).is_pending(), "posted, not done");
+                    ring.push_back(op);
+                }
+                let Some(oldest) = ring.front_mut() else {
+                    return Poll::Ready(());
+                };
+                match Pin::new(oldest).poll(cx) {
+                    Poll::Ready(done) => {
+                        ring.pop_front();
+                        let mut c = done.unwrap();
+                        assert_eq!(
+                            (c.status, c.opcode),
+                            (WcStatus::Success, WcOpcode::RdmaWrite)
+                        );
+                        back.push(ident(&c.take_mr().expect("its buffer comes back")));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        })
+        .await;
+        assert_eq!(
+            back, idents,
+            "each operation returned its own buffer, in order"
+        );
+        let want: Vec<u8> = (0..N).flat_map(|i| common::pattern(LEN, i as u8)).collect();
+        assert_eq!(target.to_vec().unwrap(), want);
+
+        let data: Vec<Vec<u8>> = (0..8).map(|i| common::pattern(LEN, 100 + i)).collect();
+        let w = |i: usize| {
+            p.a.write(mr_with(&p.pd, &data[i]), remote, (i * LEN) as u64)
+        };
+        let done = tokio::join!(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
+        for c in <[_; 8]>::from(done) {
+            assert_eq!(c.unwrap().status, WcStatus::Success);
+        }
+        assert_eq!(target.to_vec().unwrap()[..8 * LEN], data.concat()[..]);
+        assert_eq!(p.cq_a.unclaimed(), 0, "every completion went to its future");
+    });
+}
+
 /// A future waiting on an `AsyncCq` that is dropped fails instead of hanging.
 #[test]
 fn dropping_the_async_cq_fails_its_waiters() {

@@ -122,6 +122,11 @@ fn read_flag(
         "--safe" if !attached => raw.path = Some(DataPath::Safe),
         "--raw" if !attached => raw.path = Some(DataPath::Raw),
         "--scoped" if !attached => raw.path = Some(DataPath::Scoped),
+        "--async" => raw.inflight = Some(num(&value("--async")?, "--async")?),
+        "--async-tasks" => {
+            raw.inflight = Some(num(&value("--async-tasks")?, "--async-tasks")?);
+            raw.async_tasks = true;
+        }
         "-h" | "--help" => return Ok(Flag::Help),
         _ => return Err(format!("unknown option `{arg}`")),
     }

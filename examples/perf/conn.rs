@@ -165,12 +165,14 @@ pub struct Pending {
     recv_cq: Option<EvCq>,
 }
 
-/// Creates the CQs and `-q` QPs in INIT.
+/// What the QPs of a side are created with: their capabilities, the depth of
+/// the send CQ, and of the receive CQ (send tests; else `None`, and the
+/// QPs' receive queues complete on the send CQ).
 ///
 /// Send queue depth: `-t`, plus one slot on the safe path, so that its ring
 /// never forces an extra signaled request (it signals when its last free slot
 /// is taken, and perftest's loop keeps at most `-t` requests in flight).
-pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
+pub fn shape(o: &Opts) -> (QpCaps, u32, Option<u32>) {
     let nq = o.num_qps;
     let max_send_wr = match o.path {
         DataPath::Safe | DataPath::Scoped => o.tx_depth + 1,
@@ -189,30 +191,36 @@ pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
     // receive CQ (the send CQ when receives are not used).
     let sends = max_send_wr.saturating_mul(nq);
     let recvs = o.rx_depth.saturating_mul(nq);
-    let recv_cq = if o.test.verb() == Verb::Send {
-        Some(EvCq::new(&dev.ctx, recvs, o.events)?)
+    if o.test.verb() == Verb::Send {
+        (caps, sends, Some(recvs))
     } else {
-        None
-    };
-    let send_depth = if recv_cq.is_some() {
-        sends
-    } else {
-        sends.saturating_add(recvs)
+        (caps, sends.saturating_add(recvs), None)
+    }
+}
+
+/// The access a QP grants its peer: every test's.
+pub const QP_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+/// Creates the CQs and `-q` QPs in INIT (see [`shape`]).
+pub fn create(o: &Opts, dev: &Device) -> Result<Pending> {
+    let (caps, send_depth, recv_depth) = shape(o);
+    let recv_cq = match recv_depth {
+        Some(d) => Some(EvCq::new(&dev.ctx, d, o.events)?),
+        None => None,
     };
     let send_cq = EvCq::new(&dev.ctx, send_depth, o.events)?;
-    let access = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
-    let mut qps = Vec::with_capacity(nq as usize);
-    for _ in 0..nq {
+    let mut qps = Vec::with_capacity(o.num_qps as usize);
+    for _ in 0..o.num_qps {
         let rcq = recv_cq.as_ref().map_or(&send_cq.cq, |c| &c.cq);
         let qp = if o.old_post_send {
             Qp::new_with_send_api(&dev.pd, &send_cq.cq, rcq, caps, SendApi::Legacy)?
         } else {
             Qp::new(&dev.pd, &send_cq.cq, rcq, caps)?
         };
-        let qp = qp.init(InitAttr::new(o.ib_port, access))?;
+        let qp = qp.init(InitAttr::new(o.ib_port, QP_ACCESS))?;
         qps.push(qp);
     }
     Ok(Pending {
@@ -321,6 +329,26 @@ pub fn establish(
         send_cq,
         recv_cq,
     } = pending;
+    let (qps, regions_out, ctrl) = connect(o, dev, qps, regions)?;
+    Ok((
+        Queues {
+            qps,
+            send_cq,
+            recv_cq,
+        },
+        regions_out,
+        ctrl,
+    ))
+}
+
+/// [`establish`] for QPs on CQs of the caller's: the exchange with the peer,
+/// and `qps` connected.
+pub fn connect(
+    o: &Opts,
+    dev: &Device,
+    qps: Vec<Qp<Rc, Init>>,
+    regions: &[RemoteMr],
+) -> Result<(Vec<ConnectedQp>, Vec<RemoteMr>, Ctrl)> {
     let gid = dev.gid_index;
     let mut local = Vec::with_capacity(qps.len());
     for (qp, region) in qps.iter().zip(regions) {
@@ -333,15 +361,7 @@ pub fn establish(
     let (connected, regions_out) = connect_qps(o, dev, qps, &remote, &local)?;
     // The run itself may take long (-D, --run_infinitely): no time limit from here on.
     stream.set_timeout(None)?;
-    Ok((
-        Queues {
-            qps: connected,
-            send_cq,
-            recv_cq,
-        },
-        regions_out,
-        Ctrl { stream },
-    ))
+    Ok((connected, regions_out, Ctrl { stream }))
 }
 
 /// The control connection: the client connects (waiting for a server started

@@ -225,6 +225,12 @@ pub struct Opts {
     /// `-o`: outstanding READs/atomics per QP (`max_rd_atomic` and
     /// `max_dest_rd_atomic`); `None` or 0: the device's `max_qp_rd_atom`.
     pub outs: Option<u32>,
+    /// `--async N`: the client streams through `rdma_verbs::tokio::AsyncQp`
+    /// with N requests in flight (the server runs the safe path).
+    pub inflight: Option<u32>,
+    /// `--async-tasks N`: N tasks of one request each instead of one task
+    /// with a window of N.
+    pub async_tasks: bool,
 }
 
 /// The usage text.
@@ -275,6 +281,11 @@ pub fn usage() -> String {
          \x20     --raw                 raw data path: unsafe post_send_raw + Cq::poll_raw\n\
          \x20     --scoped              scoped safe path (bw tests): Cq::scope, borrowed buffers,\n\
          \x20                           light completions; not with -b, -D, -e, -I, --run_infinitely\n\
+         \x20     --async=N             client of write_bw/send_bw through rdma_verbs::tokio (built\n\
+         \x20                           with --features tokio) on a current-thread runtime: one\n\
+         \x20                           task, N awaited (signaled) requests in flight (-Q unused);\n\
+         \x20                           one QP, -l 1, -n only; the server runs the safe path\n\
+         \x20     --async-tasks=N       the same with N tasks of one request at a time each\n\
          \x20 -h, --help                this text",
         tests.join("|")
     )
@@ -310,7 +321,7 @@ impl Opts {
     pub fn fingerprint(&self) -> String {
         format!(
             "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={} \
-             A={} o={:?}",
+             A={} o={:?} async={:?}/{}",
             self.test.name(),
             self.path.name(),
             self.sizes,
@@ -327,7 +338,9 @@ impl Opts {
             self.bidir,
             self.run_infinitely,
             self.atomic.name(),
-            self.outs
+            self.outs,
+            self.inflight,
+            self.async_tasks
         )
     }
 }
@@ -452,6 +465,19 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "tokio")]
+    fn async_takes_its_count_and_shape() {
+        let o = p("write_bw --async 16");
+        assert_eq!((o.inflight, o.async_tasks), (Some(16), false));
+        let o = p("send_bw --async-tasks=4 -n 100");
+        assert_eq!((o.inflight, o.async_tasks), (Some(4), true));
+        assert_ne!(
+            p("write_bw --async 16").fingerprint(),
+            p("write_bw --async-tasks 16").fingerprint()
+        );
+    }
+
+    #[test]
     fn refuses_what_perftest_refuses() {
         for bad in [
             "write_lat -q 2",
@@ -472,6 +498,15 @@ mod tests {
             "read_lat -r 2",
             "write_bw -e",
             "write_lat -e",
+            "read_bw --async 16",
+            "write_lat --async 1",
+            "write_bw --async 16 -l 2",
+            "write_bw --async 16 -q 2",
+            "write_bw --async 16 -D 2",
+            "send_bw --async 16 -I 8",
+            "write_bw --async 0",
+            "write_bw --async 200",
+            "write_bw --async 16 --raw",
         ] {
             let args: Vec<String> = bad.split_whitespace().map(str::to_owned).collect();
             assert!(parse(&args).is_err(), "{bad}");

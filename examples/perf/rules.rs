@@ -41,6 +41,8 @@ pub struct RawArgs {
     pub run_infinitely: bool,
     pub old_post_send: bool,
     pub path: Option<DataPath>,
+    pub inflight: Option<u32>,
+    pub async_tasks: bool,
 }
 
 /// perftest's defaults (`init_perftest_params`) and rules (`force_dependecies`).
@@ -65,6 +67,7 @@ pub fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         no_peak = true;
     }
     let path = data_path(bw, duration, inline_size, &a)?;
+    check_async(test, &d, duration, inline_size, &a)?;
     Ok(Opts {
         test,
         path,
@@ -97,6 +100,8 @@ pub fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         old_post_send: a.old_post_send,
         atomic: a.atomic.unwrap_or(AtomicOp::FetchAdd),
         outs: a.outs,
+        inflight: a.inflight,
+        async_tasks: a.async_tasks,
     })
 }
 
@@ -325,4 +330,52 @@ fn data_path(
         );
     }
     Ok(path)
+}
+
+/// `--async N`: one stream of WRITEs or SENDs on one QP, one request per
+/// future (so per post call), for `-n` iterations, at most `-t` in flight.
+fn check_async(
+    test: Test,
+    d: &Depths,
+    duration: Option<u64>,
+    inline_size: u32,
+    a: &RawArgs,
+) -> Result<(), String> {
+    let Some(n) = a.inflight else {
+        return Ok(());
+    };
+    if !cfg!(feature = "tokio") {
+        return Err("--async needs perf built with the tokio feature \
+                    (cargo build --example perf --features tokio)"
+            .into());
+    }
+    if !matches!(test, Test::WriteBw | Test::SendBw) {
+        return Err("--async runs write_bw and send_bw only".into());
+    }
+    if a.path.is_some() {
+        return Err("--async is a data path of its own: not with --safe, --raw or --scoped".into());
+    }
+    if d.num_qps != 1
+        || d.post_list != 1
+        || duration.is_some()
+        || a.bidir
+        || a.events
+        || a.run_infinitely
+    {
+        return Err(
+            "--async streams on one QP, one request per post, for -n iterations \
+             (not with -q, -l, -D, -b, -e or --run_infinitely)"
+                .into(),
+        );
+    }
+    if inline_size > 0 {
+        return Err("--async sends from registered memory (not with -I)".into());
+    }
+    if n == 0 || n > d.tx_depth {
+        return Err(format!(
+            "--async {n}: between 1 and the send queue depth -t ({})",
+            d.tx_depth
+        ));
+    }
+    Ok(())
 }

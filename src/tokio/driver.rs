@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Waker;
 
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::sync::Notify;
@@ -156,11 +157,16 @@ const SAFETY_NET: std::time::Duration = std::time::Duration::from_secs(1);
 /// The driver: serve the CQs with work, then sleep until an event or a new CQ.
 async fn drive(guard: StopOnDrop, watch: Watch) {
     let registry = &*guard.0;
-    let mut done: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+    let mut done = Batch {
+        completions: Vec::with_capacity(POLL_BATCH),
+        wakers: Vec::with_capacity(POLL_BATCH),
+    };
     let mut pending: Vec<Arc<Shared>> = Vec::new();
+    // The CQs still busy after a turn; swapped with `pending`, so that a
+    // turn allocates nothing.
+    let mut busy: Vec<Arc<Shared>> = Vec::new();
     loop {
         pending.append(&mut registry.added());
-        let mut busy = Vec::new();
         for cq in pending.drain(..) {
             match serve(&cq, &mut done) {
                 // (Locked: another thread holds the CQ's lock, for as long
@@ -170,7 +176,7 @@ async fn drive(guard: StopOnDrop, watch: Watch) {
                 Err(e) => cq.stop(e),
             }
         }
-        pending = busy;
+        std::mem::swap(&mut pending, &mut busy);
         // Events of the other CQs are read between turns, so a busy CQ
         // cannot starve them.
         if let Err(e) = read_events(registry, &watch.channel, &mut pending) {
@@ -234,7 +240,7 @@ enum Turn {
 
 /// Polls `cq` for up to [`ROUNDS_PER_TURN`] batches; when it is empty, arms
 /// it and polls once more.
-fn serve(cq: &Shared, done: &mut Vec<Completion>) -> Result<Turn> {
+fn serve(cq: &Shared, done: &mut Batch) -> Result<Turn> {
     for _ in 0..ROUNDS_PER_TURN {
         match poll_into(cq, done)? {
             None => return Ok(Turn::Locked),
@@ -264,23 +270,30 @@ fn serve(cq: &Shared, done: &mut Vec<Completion>) -> Result<Turn> {
 /// dispatched: `AsyncQp::new` checks that a QP has nothing outstanding under
 /// the same lock, so a completion retired by this poll cannot still be on
 /// its way to the waiters when a new wrapper registers its own.
-fn poll_into(cq: &Shared, done: &mut Vec<Completion>) -> Result<Option<usize>> {
+fn poll_into(cq: &Shared, done: &mut Batch) -> Result<Option<usize>> {
     let Some(mut c) = cq.try_cq() else {
         return Ok(None);
     };
-    let n = match c.poll(done) {
+    let n = match c.poll(&mut done.completions) {
         Ok(n) => n,
         Err(e @ Error::CompletionsLost { .. }) => {
             cq.state().errors.push_back(e);
-            done.len()
+            done.completions.len()
         }
         Err(e) => return Err(e),
     };
     if n > 0 {
-        cq.dispatch(done);
+        cq.dispatch(&mut done.completions, &mut done.wakers);
     }
     drop(c);
     Ok(Some(n))
+}
+
+/// The driver's scratch space for one poll, allocated once: the completions
+/// and the wakers of their futures.
+struct Batch {
+    completions: Vec<Completion>,
+    wakers: Vec<Waker>,
 }
 
 /// The channel failed: every CQ on it stops, its waiters fail.

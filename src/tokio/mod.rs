@@ -31,6 +31,9 @@
 //! Cancellation is safe: a posted buffer belongs to the QP, not to the future.
 //! A future dropped after its post leaves the request in flight, and its
 //! completion, with the buffers, comes back from [`AsyncCq::next`].
+//! Operation futures are `Unpin`: to keep N requests in flight from one task,
+//! hold a window of them in a `VecDeque`, poll each new one once (that posts
+//! it) and await the oldest (`examples/perf/async_tx.rs`).
 //! Everything here is `Send` and `Sync`; [`AsyncQp`] methods may run from many
 //! tasks at once, [`AsyncCq::next`] is for one consumer task. rdma_cm
 //! ([`Listener`], [`AsyncCmId`]) and async events ([`AsyncEventStream`]) are
@@ -41,6 +44,7 @@ mod cq;
 mod driver;
 mod events;
 pub mod exchange;
+mod op;
 mod qp;
 mod timer;
 

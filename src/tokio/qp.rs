@@ -1,12 +1,11 @@
 //! [`AsyncQp`]: awaitable operations on a QP whose CQs are [`AsyncCq`]s.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context as TaskContext, Poll};
 
-use super::cq::{AsyncCq, Key, Queue, Shared};
+use super::cq::{AsyncCq, Queue, Shared};
+use super::op::Operation;
 use crate::channel::CqId;
 use crate::cq::Completion;
 use crate::error::Error;
@@ -123,7 +122,7 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         QpRef(self.lock())
     }
 
-    fn lock(&self) -> MutexGuard<'_, Qp<T, S>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Qp<T, S>> {
         self.qp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -178,16 +177,21 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
 impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
     /// Posts a receive and waits for its completion (a message arrived, or
     /// the receive was flushed). Waits for room when the receive queue is full.
-    pub async fn recv(&self, mut wr: RecvWr) -> std::result::Result<Completion, PostError> {
+    pub fn recv(
+        &self,
+        mut wr: RecvWr,
+    ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
         let key = (self.qp_num, Queue::Recv, self.id());
         wr.wr_id = key.2;
-        self.post_when_room(&self.recv, key, wr).await?;
-        Op::new(&self.recv, key).await
+        Operation::new(self, &self.recv, key, wr)
     }
 
     /// A receive into the whole of `buf`: `recv(RecvWr::new(_, buf))`.
-    pub async fn recv_into(&self, buf: Mr) -> std::result::Result<Completion, PostError> {
-        self.recv(RecvWr::new(0, buf)).await
+    pub fn recv_into(
+        &self,
+        buf: Mr,
+    ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
+        self.recv(RecvWr::new(0, buf))
     }
 
     /// Posts a receive whose completion nobody awaits: it comes back from
@@ -203,40 +207,42 @@ impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
 impl<S: CanPostSend> AsyncQp<Rc, S> {
     /// Posts a send-queue request (SEND, WRITE, READ, atomic; made signaled)
     /// and waits for its completion. Waits for room when the send queue is full.
-    pub async fn post(&self, mut wr: SendWr<'_>) -> std::result::Result<Completion, PostError> {
+    pub fn post<'a>(
+        &'a self,
+        mut wr: SendWr<'a>,
+    ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + 'a {
         let key = (self.qp_num, Queue::Send, self.id());
         wr.wr_id = key.2;
         wr.flags |= crate::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        self.post_when_room(&self.send, key, wr).await?;
-        Op::new(&self.send, key).await
+        Operation::new(self, &self.send, key, wr)
     }
 
     /// SENDs the whole of `src` and waits for its completion.
-    pub async fn send(
+    pub fn send(
         &self,
         src: impl Into<crate::qp::Buffer>,
-    ) -> std::result::Result<Completion, PostError> {
-        self.post(SendWr::send_from(0, src)).await
+    ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
+        self.post(SendWr::send_from(0, src))
     }
 
     /// RDMA WRITEs the whole of `src` to `remote` at `offset`.
-    pub async fn write(
+    pub fn write(
         &self,
         src: impl Into<crate::qp::Buffer>,
         remote: RemoteMr,
         offset: u64,
-    ) -> std::result::Result<Completion, PostError> {
-        self.post(SendWr::write_from(0, src, remote, offset)).await
+    ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
+        self.post(SendWr::write_from(0, src, remote, offset))
     }
 
     /// RDMA READs `dest.len()` bytes from `remote` at `offset` into `dest`.
-    pub async fn read(
+    pub fn read(
         &self,
         dest: Mr,
         remote: RemoteMr,
         offset: u64,
-    ) -> std::result::Result<Completion, PostError> {
-        self.post(SendWr::read(0, dest, remote, offset)).await
+    ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
+        self.post(SendWr::read(0, dest, remote, offset))
     }
 
     /// Posts a send-queue request whose completion (if signaled) nobody
@@ -251,7 +257,7 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
 
 /// A request the wrapper can post on a `Qp<T, S>`: sends only on RC,
 /// receives on connected transports.
-trait PostOn<T: QpType, S: QpState> {
+pub(super) trait PostOn<T: QpType, S: QpState> {
     /// Whether it goes to the send queue.
     const SEND: bool;
     fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError>;
@@ -278,45 +284,7 @@ impl<T: Connected, S: CanPostRecv> PostOn<T, S> for RecvWr {
     }
 }
 
-impl<T: QpType, S: QpState> AsyncQp<T, S> {
-    /// Registers `key` on `cq`, waits until the queue has a free slot, and
-    /// posts `req` (which carries `key`'s `wr_id`). Refused, with the buffers
-    /// back, once the CQ's driver has stopped.
-    async fn post_when_room<R: PostOn<T, S>>(
-        &self,
-        cq: &Shared,
-        key: Key,
-        req: R,
-    ) -> std::result::Result<(), PostError> {
-        loop {
-            let room = cq.room().notified();
-            let mut room = std::pin::pin!(room);
-            room.as_mut().enable();
-            if cq.is_stopped() {
-                return Err(PostError {
-                    error: stopped(),
-                    unposted: vec![(key.2, req.into_buffers())],
-                });
-            }
-            {
-                let mut qp = self.lock();
-                if qp.has_room(R::SEND) {
-                    // Registered before posting: the driver may poll the
-                    // completion before the post returns.
-                    cq.expect(key);
-                    let posted = req.post_on(&mut qp);
-                    if posted.is_err() {
-                        cq.forget(key);
-                    }
-                    return posted;
-                }
-            }
-            room.await;
-        }
-    }
-}
-
-fn stopped() -> Error {
+pub(super) fn stopped() -> Error {
     Error::Other(
         "the CQ's completion driver stopped (its AsyncCq was dropped or its runtime shut down)"
             .into(),
@@ -349,45 +317,4 @@ pub(crate) struct Parts {
     recv: Arc<Shared>,
     qp_num: u32,
     next_id: AtomicU64,
-}
-
-/// Waits for the completion of one posted request; hands it to
-/// [`AsyncCq::next`] instead if dropped first.
-struct Op<'a> {
-    cq: &'a Shared,
-    key: Key,
-    done: bool,
-}
-
-impl<'a> Op<'a> {
-    fn new(cq: &'a Shared, key: Key) -> Op<'a> {
-        Op {
-            cq,
-            key,
-            done: false,
-        }
-    }
-}
-
-impl Future for Op<'_> {
-    type Output = std::result::Result<Completion, PostError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        let polled = self.cq.poll_done(self.key, cx);
-        if polled.is_ready() {
-            self.done = true;
-        }
-        polled.map_err(|error| PostError {
-            error,
-            unposted: Vec::new(),
-        })
-    }
-}
-
-impl Drop for Op<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.cq.abandon(self.key);
-        }
-    }
 }

@@ -17,6 +17,9 @@
 //! `scoped`, and prints a table with safe/raw, scoped/raw and raw/perftest.
 //! `--check RATIO` (`--check-scoped RATIO`) exits 1 when any safe/raw
 //! (scoped/raw) exceeds RATIO (the regression guard `cargo xtask test` runs).
+//! Path `async` counts `perf --async N` (write_bw and send_bw through
+//! `rdma_verbs::tokio` with N awaited requests in flight) next to `safe`, at
+//! `-Q 1` on both: see [`async_rows`].
 //!
 //! With `--side server` the receiver's figure includes its empty polls, whose number
 //! depends on timing: each run's poll calls are counted too, and a fit over the runs
@@ -37,18 +40,27 @@ use crate::run::{self, Invocation};
 use crate::{Context, Error, Result};
 use polls::Run;
 
+mod async_rows;
 mod polls;
 
 const USAGE: &str = "\
 usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--paths P,..]
                         [--iters N1,N2] [--side client|server] [--check RATIO]
                         [--check-scoped RATIO] [--reps N] [--timeout SECS]
-                        [--send-api extended|legacy] [--jobs N] [--then OPTIONS...]
+                        [--send-api extended|legacy] [--jobs N] [--inflight N,..]
+                        [--cq-mod Q] [--check-async RATIO] [--then OPTIONS...]
 
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
   --post-list  WRs per post call, perftest's -l (default 1,8)
-  --paths      perftest,safe,raw,scoped (default all four; scoped: perf --scoped, Cq::scope)
+  --paths      perftest,safe,raw,scoped,async,async-tasks (default the first four; scoped:
+               perf --scoped, Cq::scope; async: perf --async N, write_bw and send_bw at -l 1
+               through rdma_verbs::tokio on a current-thread runtime, one task with N
+               operations in flight; async-tasks: N tasks of one each; safe always with them)
+  --inflight   async: requests in flight, a row each (default 1,16)
+  --cq-mod     perftest's -Q on every run (default: not given, perftest's 100; with async
+               in --paths 1, as every async request is awaited, so signaled)
+  --check-async  exit 1 if async/safe at the largest --inflight exceeds RATIO
   --iters      the two iteration counts (default 2000,8000)
   --side       which side runs under callgrind (default client; server: the receiver
                of send_bw, the only test whose server works per message; its poll
@@ -70,7 +82,7 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
                limit is the largest --timeout)";
 
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
-const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped"];
+const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped", "async", "async-tasks"];
 /// Per client or server process.
 const SIDE_TIMEOUT_SECS: u32 = 300;
 /// TCP port of the endpoint exchange of the first job running at a time (perftest's
@@ -94,6 +106,12 @@ struct Plan {
     legacy_send: bool,
     /// Jobs the guest runs at the same time.
     jobs: u32,
+    /// `async`: requests in flight, one row each.
+    inflight: Vec<u32>,
+    /// perftest's `-Q` on every run (`None`: not given).
+    cq_mod: Option<u32>,
+    /// Largest async/safe at the largest in-flight count.
+    check_async: Option<f64>,
 }
 
 fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
@@ -110,7 +128,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
             .to_vec(),
         sizes: vec![2],
         post_lists: vec![1, 8],
-        paths: KNOWN_PATHS.iter().map(|s| s.to_string()).collect(),
+        paths: ["perftest", "safe", "raw", "scoped"]
+            .map(String::from)
+            .to_vec(),
         iters: (2000, 8000),
         reps: 1,
         check: None,
@@ -119,6 +139,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         timeout: Duration::from_secs(1800),
         legacy_send: false,
         jobs: 1,
+        inflight: vec![1, 16],
+        cq_mod: None,
+        check_async: None,
     };
     let mut it = args.into_iter().map(|a| a.to_string_lossy().into_owned());
     while let Some(flag) = it.next() {
@@ -142,6 +165,17 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
                 [a, b] if 0 < a && a < b => plan.iters = (a, b),
                 _ => return Err(Error::usage("--iters needs N1,N2 with 0 < N1 < N2")),
             },
+            "--inflight" => plan.inflight = list(&value, "--inflight")?,
+            "--cq-mod" => {
+                plan.cq_mod = Some(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|&q: &u32| q > 0)
+                        .ok_or_else(|| Error::usage("--cq-mod needs a positive count"))?,
+                )
+            }
+            "--check-async" => plan.check_async = Some(async_rows::ratio_arg(&value)?),
             "--check" | "--check-scoped" => {
                 let ratio = value
                     .parse()
@@ -176,6 +210,7 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         }
     }
     validate(&plan)?;
+    async_rows::complete(&mut plan)?;
     Ok(Some(plan))
 }
 
@@ -262,6 +297,10 @@ fn keys(plan: &Plan) -> Vec<Key> {
         for size in sizes {
             for &post_list in &plan.post_lists {
                 for path in &plan.paths {
+                    if async_rows::is_async(path) {
+                        out.extend(async_rows::keys(plan, path, test, size, post_list));
+                        continue;
+                    }
                     out.push(Key {
                         test: test.clone(),
                         size,
@@ -275,8 +314,9 @@ fn keys(plan: &Plan) -> Vec<Key> {
     out
 }
 
-fn job_name(k: &Key, n: u64, rep: u32) -> String {
-    let base = format!("{}_{}_l{}_{}_{n}", k.test, k.size, k.post_list, k.path);
+fn job_name(k: &Key, q: Option<u32>, n: u64, rep: u32) -> String {
+    let q = q.map_or(String::new(), |q| format!("_q{q}"));
+    let base = format!("{}_{}_l{}{q}_{}_{n}", k.test, k.size, k.post_list, k.path);
     if rep == 0 {
         base
     } else {
@@ -297,11 +337,15 @@ fn script(plans: &[Plan]) -> String {
         for rep in 0..plan.reps {
             for k in keys(plan) {
                 for n in [plan.iters.0, plan.iters.1] {
-                    let name = job_name(&k, n, rep);
+                    let name = job_name(&k, plan.cq_mod, n, rep);
                     if named.insert(name.clone()) {
                         jobs.push(format!(
-                            "job {name} {} {} {} {} {n}",
-                            k.path, k.test, k.size, k.post_list
+                            "job {name} {} {} {} {} {n} {}",
+                            k.path,
+                            k.test,
+                            k.size,
+                            k.post_list,
+                            plan.cq_mod.unwrap_or(0)
                         ));
                     }
                 }
@@ -344,12 +388,18 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          \x20   i=$((i + 1)); [ $i -lt 600 ] || return 1; sleep 0.05\n\
          \x20 done\n\
          }}\n\
-         # job NAME PATH TEST SIZE POSTLIST ITERS PORT\n\
+         # job NAME PATH TEST SIZE POSTLIST ITERS CQMOD PORT (CQMOD 0: perftest's default)\n\
          job() {{\n\
-         \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6; port=$7; began=$(date +%s%N)\n\
+         \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6; q=$7; port=$8; began=$(date +%s%N)\n\
          \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l -p $port{old}\"\n\
          \x20 if [ \"$t\" = atomic_bw ]; then common=\"$common -A FETCH_AND_ADD\"; fi\n\
-         \x20 if [ \"$path\" = perftest ]; then prog=\"ib_$t\"; else prog=\"$PERF $t --$path\"; fi\n\
+         \x20 if [ \"$q\" != 0 ]; then common=\"$common -Q $q\"; fi\n\
+         \x20 case $path in\n\
+         \x20   perftest) prog=\"ib_$t\" ;;\n\
+         \x20   async-tasks*) prog=\"$PERF $t --async-tasks ${{path#async-tasks}}\" ;;\n\
+         \x20   async*) prog=\"$PERF $t --async ${{path#async}}\" ;;\n\
+         \x20   *) prog=\"$PERF $t --$path\" ;;\n\
+         \x20 esac\n\
          \x20 cg=\"valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.cg\"\n\
          \x20 if [ $SIDE = client ]; then scg=; ccg=$cg; else scg=$cg; ccg=; fi\n\
          \x20 timeout {t} $scg $prog $common > \"$OUT/$name.server.txt\" 2>&1 &\n\
@@ -370,6 +420,9 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          \x20 else\n\
          \x20   : > \"$OUT/$name.callers\"\n\
          \x20 fi\n\
+         \x20 # Profiles to annotate on the host: the async runs', every run's with\n\
+         \x20 # RDMA_VERBS_INSN_KEEP_CG=1 (in target/compare/insn-runs).\n\
+         \x20 case $path/${{RDMA_VERBS_INSN_KEEP_CG:-}} in async*|*/1) cp /tmp/$name.cg \"$OUT/\" ;; esac\n\
          \x20 rm -f /tmp/$name.cg\n\
          \x20 echo \"[insn] $name: client $crc, server $src, $(( ($(date +%s%N) - began) / 1000000 )) ms\"\n\
          }}\n"
@@ -464,7 +517,7 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
     Ok(passed)
 }
 
-/// `cargo build --release --example perf --features gdr`; returns the binary.
+/// `cargo build --release --example perf --features gdr,tokio`; returns the binary.
 fn build_perf() -> Result<PathBuf> {
     let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     build
@@ -474,7 +527,7 @@ fn build_perf() -> Result<PathBuf> {
             "--example",
             "perf",
             "--features",
-            "gdr",
+            "gdr,tokio",
         ])
         .current_dir(crate::workspace_root());
     eprintln!("xtask insn: {}", cmd::display(&build));
@@ -498,7 +551,7 @@ fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured
     let poll_fn = polls::find_poll_fn(work);
     let mut runs: BTreeMap<Key, Vec<Run>> = BTreeMap::new();
     let mut total = |k: &Key, n: u64, rep: u32| -> Option<u64> {
-        let name = job_name(k, n, rep);
+        let name = job_name(k, plan.cq_mod, n, rep);
         let all: u64 = fs::read_to_string(work.join(format!("{name}.insn")))
             .ok()?
             .trim()
@@ -531,7 +584,7 @@ fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured
         for rep in 0..plan.reps {
             match (total(&k, n1, rep), total(&k, n2, rep)) {
                 (Some(a), Some(b)) => figures.push((b as f64 - a as f64) / (n2 - n1) as f64),
-                _ => missing.push(job_name(&k, n1, rep)),
+                _ => missing.push(job_name(&k, plan.cq_mod, n1, rep)),
             }
         }
         if figures.len() == plan.reps as usize {
@@ -566,6 +619,7 @@ fn keep_logs(work: &Path) -> Result<PathBuf> {
 /// missing (`code`: the guest's exit status).
 fn judge(plan: &Plan, measured: &Measured, code: u8, logs: &Path) -> bool {
     let (worst, worst_scoped) = print_table(plan, &measured.per_msg);
+    let async_ok = async_rows::report(plan, &measured.per_msg);
     if !measured.runs.is_empty() {
         polls::print_table(&measured.runs, &measured.per_msg);
     }
@@ -601,7 +655,7 @@ fn judge(plan: &Plan, measured: &Measured, code: u8, logs: &Path) -> bool {
             _ => {}
         }
     }
-    ok
+    ok && async_ok
 }
 
 /// Prints the table; returns the largest safe/raw and scoped/raw ratios.
@@ -649,7 +703,9 @@ fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> (Option<f64>, Optio
         (Some(w), Some(x)) => Some(w.max(x)),
         (w, x) => w.or(x),
     };
-    for k in keys(plan).iter().filter(|k| k.path == plan.paths[0]) {
+    // One line per configuration: the keys of the first path with a column here.
+    let first = plan.paths.iter().find(|p| !async_rows::is_async(p));
+    for k in keys(plan).iter().filter(|k| Some(&k.path) == first) {
         let (p, r, s) = (get(k, "perftest"), get(k, "raw"), get(k, "safe"));
         let sc = get(k, "scoped");
         let (sr, scr) = (ratio(s, r), ratio(sc, r));

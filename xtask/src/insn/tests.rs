@@ -97,3 +97,47 @@ fn plans_joined_with_then_share_one_script() {
     assert_eq!(s.matches("\njob ").count(), 6);
     assert!(parse_plans(args(&["--side", "server", "--then", "--tests", "send_bw"])).is_err());
 }
+
+#[test]
+fn async_paths_bring_safe_and_signal_every_request() {
+    let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+    let plan = parse_args(args(&[
+        "--tests",
+        "write_bw,read_bw",
+        "--post-list",
+        "1,8",
+        "--paths",
+        "async,async-tasks",
+        "--inflight",
+        "16",
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        plan.cq_mod,
+        Some(1),
+        "async requests are all signaled: -Q 1 for safe too"
+    );
+    let paths: Vec<String> = keys(&plan).into_iter().map(|k| k.path).collect();
+    // write_bw at -l 1 only: async runs neither read_bw nor post lists.
+    assert_eq!(
+        paths,
+        ["safe", "async16", "async-tasks16", "safe", "safe", "safe"]
+    );
+    let s = script(std::slice::from_ref(&plan));
+    assert!(
+        s.contains("\njob write_bw_2_l1_q1_async16_2000 async16 write_bw 2 1 2000 1 "),
+        "{s}"
+    );
+    assert!(s.contains("async-tasks*) prog=\"$PERF $t --async-tasks ${path#async-tasks}\""));
+    // An explicit -Q stays; a guard needs async in the plan; read_bw alone has no async row.
+    let plan = parse_args(args(&[
+        "--paths", "async", "--cq-mod", "100", "--tests", "send_bw",
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(plan.cq_mod, Some(100));
+    assert!(parse_args(args(&["--paths", "safe", "--check-async", "1.5"])).is_err());
+    assert!(parse_args(args(&["--paths", "async", "--tests", "read_bw"])).is_err());
+    assert!(parse_args(args(&["--paths", "async", "--inflight", "0"])).is_err());
+}
