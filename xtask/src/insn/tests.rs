@@ -1,5 +1,6 @@
 //! Unit tests of `insn`: the median, the clock calibration rule, the guest script.
 
+use super::plan::parse_args;
 use super::*;
 
 #[test]
