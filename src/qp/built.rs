@@ -9,9 +9,10 @@ use std::mem::MaybeUninit;
 use crate::error::Error;
 use crate::ffi;
 use crate::ledger::ring::SlotMeta;
+use crate::ledger::sges::MAX_SAFE_SGES;
 use crate::qp::PostError;
 use crate::qp::queue::{
-    POST_CHUNK, QueueCore, Unstage, WorkQueue, full, list_failed, post_list_c, refused,
+    POST_CHUNK, QueueCore, Unstage, WorkQueue, full, list_failed, refused, stage, submit,
 };
 use crate::qp::send_ex::{Request, SendEx};
 
@@ -98,17 +99,27 @@ unsafe fn stage_built<C: QueueCore, Q: WorkQueue<C>>(
     Ok(seq)
 }
 
-/// [`post_list_on`](crate::qp::queue::post_list_on) on a QP with builders: each chunk goes out without C
-/// forms, in one critical region (`SendEx::post_list`, which picks the
-/// builder once when the chunk shares an opcode). From a request the
-/// builders cannot express on, the rest goes through [`post_list_c`](crate::qp::queue::post_list_c).
+/// [`post_list_on`](crate::qp::queue::post_list_on) on a QP with builders:
+/// each chunk is staged whole before anything of it is posted (so a panic of
+/// the caller's iterator takes the whole chunk back, as on the C path). Its
+/// requests go to the builders without C forms (`SendEx::post_list`, which
+/// picks the builder once when they share an opcode) until one the builders
+/// cannot express; from there the chunk's rest is staged as C forms and
+/// posted after the built part, with `ibv_post_send` or its replay.
 #[inline]
 pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
     core: &mut C,
     ex: SendEx,
     mut wrs: I,
 ) -> Result<(), PostError> {
-    let mut reqs = [const { MaybeUninit::<Request>::uninit() }; POST_CHUNK];
+    let mut chunk = Chunk::<Q::CWr> {
+        reqs: [const { MaybeUninit::uninit() }; POST_CHUNK],
+        c_wrs: [const { MaybeUninit::uninit() }; POST_CHUNK],
+        c_sges: [const { MaybeUninit::uninit() }; POST_CHUNK * MAX_SAFE_SGES],
+        built: 0,
+        c: 0,
+        uniform: None,
+    };
     loop {
         let (ring, head) = Q::ring_and_head(core);
         let (first_seq, tag) = (*head, u64::from(ring.tag()) << 32);
@@ -118,25 +129,21 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
             armed: true,
             _queue: PhantomData,
         };
-        let (mut n, mut uniform, mut mixed) = (0, 0, false);
-        let (mut exhausted, mut rest) = (false, None);
-        while n < POST_CHUNK {
+        (chunk.built, chunk.c) = (0, 0);
+        let mut exhausted = false;
+        while chunk.built + chunk.c < POST_CHUNK {
             // Staged through a reference, as in `post_list_c`.
             let next = wrs.next();
             let Some(wr) = &next else {
                 exhausted = true;
                 break;
             };
-            let Some(mut r) = Q::request(wr) else {
-                rest = next;
-                break;
-            };
             // SAFETY: `next` is forgotten once staged, returned whole when refused.
-            if let Err(error) = unsafe { stage_built::<C, Q>(guard.core, wr, &mut r) } {
+            if let Err(error) = unsafe { chunk.stage::<C, Q>(guard.core, wr) } {
                 guard.armed = false;
                 let core = &mut *guard.core;
-                let earlier = (n > 0)
-                    .then(|| submit_built::<C, Q>(core, ex, &reqs[..n], None, first_seq, tag));
+                let earlier = (chunk.built + chunk.c > 0)
+                    .then(|| chunk.submit::<C, Q>(core, ex, first_seq, tag));
                 return Err(list_failed(
                     earlier,
                     error,
@@ -144,27 +151,87 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
                 ));
             }
             std::mem::forget(next);
-            mixed |= n > 0 && r.opcode != uniform;
-            uniform = r.opcode;
-            reqs[n].write(r);
-            n += 1;
         }
         guard.armed = false;
         let core = &mut *guard.core;
-        if n > 0 {
-            let uniform = (!mixed).then_some(uniform);
-            if let Err(mut e) = submit_built::<C, Q>(core, ex, &reqs[..n], uniform, first_seq, tag)
-            {
-                e.unposted.extend(rest.map(Q::into_parts));
-                return Err(e);
-            }
-        }
-        if let Some(wr) = rest {
-            return post_list_c::<C, Q, _>(core, std::iter::once(wr).chain(wrs));
+        if chunk.built + chunk.c > 0 {
+            chunk.submit::<C, Q>(core, ex, first_seq, tag)?;
         }
         if exhausted {
             return Ok(());
         }
+    }
+}
+
+/// One chunk of a list on a QP with builders: its first `built` requests
+/// in the builders' form, then `c` in C form (with their SGE blocks).
+struct Chunk<W> {
+    reqs: [MaybeUninit<Request>; POST_CHUNK],
+    c_wrs: [MaybeUninit<W>; POST_CHUNK],
+    c_sges: [MaybeUninit<ffi::ibv_sge>; POST_CHUNK * MAX_SAFE_SGES],
+    built: usize,
+    c: usize,
+    /// The opcode the built requests share (`None`: none yet, or mixed).
+    uniform: Option<u32>,
+}
+
+impl<W> Chunk<W> {
+    /// Stages `wr` in the builders' form while the chunk has no C form yet
+    /// and the builders can express it, else in C form.
+    ///
+    /// # Safety
+    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget `*wr`.
+    #[inline(always)]
+    unsafe fn stage<C: QueueCore, Q: WorkQueue<C, CWr = W>>(
+        &mut self,
+        core: &mut C,
+        wr: &Q::Wr,
+    ) -> Result<(), Error> {
+        if self.c == 0 {
+            if let Some(mut r) = Q::request(wr) {
+                // SAFETY: per this function's contract.
+                unsafe { stage_built::<C, Q>(core, wr, &mut r)? };
+                self.uniform = match (self.built, self.uniform) {
+                    (0, _) => Some(r.opcode),
+                    (_, Some(op)) if op == r.opcode => Some(op),
+                    _ => None,
+                };
+                self.reqs[self.built].write(r);
+                self.built += 1;
+                return Ok(());
+            }
+        }
+        let (c, sges) = (
+            &mut self.c_wrs[self.c],
+            &mut self.c_sges[self.c * MAX_SAFE_SGES..],
+        );
+        // SAFETY: per this function's contract.
+        unsafe { stage::<C, Q>(core, wr, c, sges)? };
+        self.c += 1;
+        Ok(())
+    }
+
+    /// Posts what is staged (sequence numbers from `first_seq`): the built
+    /// part, then the C part. Refused, the built part takes the C part back
+    /// with it (nothing of the C part was posted); a refused C part is taken
+    /// back from the request the provider named.
+    #[inline(always)]
+    fn submit<C: QueueCore, Q: WorkQueue<C, CWr = W>>(
+        &mut self,
+        core: &mut C,
+        ex: SendEx,
+        first_seq: u64,
+        tag: u64,
+    ) -> Result<(), PostError> {
+        if self.built > 0 {
+            let reqs = &self.reqs[..self.built];
+            submit_built::<C, Q>(core, ex, reqs, self.uniform, first_seq, tag)?;
+        }
+        if self.c > 0 {
+            let c_first = first_seq + self.built as u64;
+            submit::<C, Q>(core, &mut self.c_wrs, &mut self.c_sges, self.c, c_first)?;
+        }
+        Ok(())
     }
 }
 

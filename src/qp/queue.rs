@@ -385,7 +385,7 @@ impl<E: Extension> WorkQueue for Extended<E> {
 /// On `Ok` the buffers of `*wr` were moved out: the caller must forget `*wr`
 /// (neither drop nor use it again).
 #[inline(always)]
-unsafe fn stage<C: QueueCore, Q: WorkQueue<C>>(
+pub(super) unsafe fn stage<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     wr: &Q::Wr,
     c: &mut MaybeUninit<Q::CWr>,
@@ -441,7 +441,7 @@ pub(super) fn full<C: QueueCore, Q: WorkQueue<C>>(core: &C, depth: u64) -> Error
 /// Posts the `n` staged requests (sequence numbers from `first_seq`) with one
 /// verb call; on refusal takes back what the device did not accept.
 #[inline(always)]
-fn submit<C: QueueCore, Q: WorkQueue<C>>(
+pub(super) fn submit<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     c_wrs: &mut [MaybeUninit<Q::CWr>],
     c_sges: &mut [MaybeUninit<ffi::ibv_sge>],
@@ -560,7 +560,7 @@ pub(crate) fn post_list_on<C: QueueCore, Q: WorkQueue<C>, I: IntoIterator<Item =
 /// callers too large to inline the caller's iterator (a call per chunk of up
 /// to 32 requests is what this costs).
 #[inline(never)]
-pub(super) fn post_list_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
+fn post_list_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
     core: &mut C,
     mut wrs: I,
 ) -> Result<(), PostError> {
