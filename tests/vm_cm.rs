@@ -6,7 +6,7 @@ mod common;
 
 use std::fs::File;
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::mpsc;
 use std::thread;
@@ -26,19 +26,6 @@ use rdma_verbs::qp::{Init, Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
 const T: Duration = Duration::from_secs(20);
 /// What address resolution is given before it must report an error.
 const RESOLVE: Duration = Duration::from_millis(2000);
-
-/// The guest's RDMA address (`cargo xtask run` sets RDMA_VERBS_ADDR).
-fn ip() -> IpAddr {
-    std::env::var("RDMA_VERBS_ADDR")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)))
-}
-
-/// A port per test, so the tests of this binary can run in parallel.
-fn at(port: u16) -> SocketAddr {
-    SocketAddr::new(ip(), port)
-}
 
 fn caps() -> QpCaps {
     QpCaps {
@@ -78,7 +65,7 @@ fn client(addr: SocketAddr) -> (CmId, Pd, Cq, Qp<Rc, Init>) {
 
 #[test]
 fn connect_accept_private_data_and_data_transfer() {
-    let addr = at(20101);
+    let addr = common::guest_at(20101);
     let (ready_tx, ready_rx) = mpsc::channel();
     let server = thread::spawn(move || {
         let listener = CmId::listener(addr, 4).expect("listen");
@@ -167,7 +154,7 @@ fn connect_accept_private_data_and_data_transfer() {
 
 #[test]
 fn rejected_connection_reports_status_and_private_data() {
-    let addr = at(20102);
+    let addr = common::guest_at(20102);
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let server = thread::spawn(move || {
@@ -233,7 +220,7 @@ fn rejected_connection_reports_status_and_private_data() {
 /// still completes once the server accepts.
 #[test]
 fn a_waiting_connect_does_not_block_other_calls_on_the_id() {
-    let addr = at(20107);
+    let addr = common::guest_at(20107);
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -254,7 +241,7 @@ fn a_waiting_connect_does_not_block_other_calls_on_the_id() {
         // The request reaches the server, which holds its reply back.
         thread::sleep(Duration::from_millis(500));
         let t = Instant::now();
-        assert_eq!(id.local_addr().map(|a| a.ip()), Some(ip()));
+        assert_eq!(id.local_addr().map(|a| a.ip()), Some(common::guest_ip()));
         let shown = format!("{id:?}");
         assert!(
             t.elapsed() < Duration::from_secs(1),
@@ -338,7 +325,7 @@ fn a_waiting_resolve_does_not_block_other_calls_on_the_id() {
 
 #[test]
 fn connect_without_listener_is_refused_not_hung() {
-    let (id, _pd, _cq, qp) = client(at(20103));
+    let (id, _pd, _cq, qp) = client(common::guest_at(20103));
     let start = Instant::now();
     let err = id
         .connect(qp, &ConnParam::new(), T)
@@ -424,7 +411,7 @@ fn unreachable_address_fails_within_the_timeout() {
 
 #[test]
 fn dropping_the_client_disconnects_the_server() {
-    let addr = at(20105);
+    let addr = common::guest_at(20105);
     let (ready_tx, ready_rx) = mpsc::channel();
     let server = thread::spawn(move || {
         let listener = CmId::listener(addr, 4).expect("listen");
@@ -457,7 +444,8 @@ fn dropping_the_client_disconnects_the_server() {
 #[test]
 fn contexts_of_one_id_share_completion_channels() {
     let id = CmId::new().expect("rdma_cm id (this test needs an RDMA device)");
-    id.resolve(at(7471), RESOLVE).expect("resolve");
+    id.resolve(common::guest_at(7471), RESOLVE)
+        .expect("resolve");
     let (c1, c2) = (
         id.context().expect("context"),
         id.context().expect("context"),
@@ -492,7 +480,7 @@ fn waiting_for_nothing_times_out() {
 /// (rdma_destroy_id waits for its events to be acknowledged) returns.
 #[test]
 fn readiness_reports_a_connect_request_without_consuming_it() {
-    let addr = at(20106);
+    let addr = common::guest_at(20106);
     let listener = CmId::listener(addr, 4).expect("listen");
     let r = listener.channel().readiness().expect("readiness handle");
     assert!(std::ptr::eq(r, listener.channel().readiness().unwrap()));

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::thread;
 use std::time::Duration;
 
@@ -24,15 +23,6 @@ use rdma_verbs::srq::{Srq, SrqAttr};
 
 /// Upper bound for a handshake step (TCG is slow).
 const T: Duration = Duration::from_secs(20);
-
-/// The guest's RDMA address on `port` (`cargo xtask run` sets RDMA_VERBS_ADDR).
-fn at(port: u16) -> SocketAddr {
-    let ip = std::env::var("RDMA_VERBS_ADDR")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)));
-    SocketAddr::new(ip, port)
-}
 
 /// Whether `ctx`'s device speaks iWARP.
 fn iwarp(ctx: &Context) -> bool {
@@ -53,7 +43,8 @@ fn caps(depth: u32) -> QpCaps {
 /// the passive side's ids share on loopback).
 fn client(port: u16) -> (CmId, Context) {
     let id = CmId::new().expect("rdma_cm id (this test needs an RDMA device)");
-    id.resolve(at(port), T).expect("resolve address and route");
+    id.resolve(common::guest_at(port), T)
+        .expect("resolve address and route");
     let ctx = id.context().expect("the id's context");
     (id, ctx)
 }
@@ -66,7 +57,7 @@ fn connect(
     a: Qp<Rc, Init>,
     make_b: impl FnOnce(&CmId) -> Qp<Rc, Init> + Send,
 ) -> (Qp<Rc, Rts>, Qp<Rc, Rts>, [CmId; 3]) {
-    let listener = CmId::listener(at(port), 4).expect("listen");
+    let listener = CmId::listener(common::guest_at(port), 4).expect("listen");
     thread::scope(|s| {
         let server = s.spawn(move || {
             let req = listener.get_request(T).expect("connect request");
@@ -444,7 +435,7 @@ fn the_tokio_layer_moves_the_bytes_over_cm_qps() {
 
     let rt = common::async_pair::runtime();
     rt.block_on(async {
-        let listener = Listener::bind(at(21008), 4).unwrap();
+        let listener = Listener::bind(common::guest_at(21008), 4).unwrap();
         let (remote_tx, remote_rx) = tokio::sync::oneshot::channel();
         let server = tokio::spawn(async move {
             let req = listener.request().await.unwrap();
@@ -473,7 +464,9 @@ fn the_tokio_layer_moves_the_bytes_over_cm_qps() {
             assert_eq!(ev.kind, rdma_verbs::cm::CmEventKind::Disconnected);
             (msg, target.to_vec().unwrap())
         });
-        let mut id = AsyncCmId::resolve(at(21008), T).await.unwrap();
+        let mut id = AsyncCmId::resolve(common::guest_at(21008), T)
+            .await
+            .unwrap();
         let ctx = id.id().context().unwrap();
         let pd = Pd::new(&ctx).unwrap();
         let cq = AsyncCq::new(&ctx, 16).unwrap();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
@@ -28,21 +28,9 @@ const UDADDY_PORT: u16 = 7174;
 const UDADDY_SIZE: usize = 100;
 const UDADDY_COUNT: usize = 10;
 
-/// The guest's RDMA address (`cargo xtask run` sets RDMA_VERBS_ADDR).
-fn ip() -> IpAddr {
-    std::env::var("RDMA_VERBS_ADDR")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)))
-}
-
-fn at(port: u16) -> SocketAddr {
-    SocketAddr::new(ip(), port)
-}
-
 /// The GID a datagram from this host carries as its source (RoCE v2 over IPv4).
 fn own_gid() -> Gid {
-    let v6 = match ip() {
+    let v6 = match common::guest_ip() {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,
     };
@@ -115,7 +103,7 @@ fn client(addr: SocketAddr, recvs: usize, len: usize) -> (CmId, Pd, Cq, Qp<Ud, R
 
 #[test]
 fn ours_to_ours_sends_both_ways() {
-    let addr = at(20301);
+    let addr = common::guest_at(20301);
     let (ready_tx, ready_rx) = mpsc::channel();
     let (qpn_tx, qpn_rx) = mpsc::channel();
     let server = thread::spawn(move || {
@@ -190,7 +178,7 @@ fn ours_to_ours_sends_both_ways() {
 
 #[test]
 fn nobody_listening_is_unreachable_in_bounded_time() {
-    let (id, _pd, _cq, qp) = client(at(20302), 0, 0);
+    let (id, _pd, _cq, qp) = client(common::guest_at(20302), 0, 0);
     let t = Instant::now();
     let err = id
         .connect_ud(&qp, &ConnParam::new(), T)
@@ -208,7 +196,7 @@ fn nobody_listening_is_unreachable_in_bounded_time() {
 
 #[test]
 fn a_qp_with_another_qkey_is_refused_and_the_client_sees_the_reject() {
-    let addr = at(20303);
+    let addr = common::guest_at(20303);
     let (ready_tx, ready_rx) = mpsc::channel();
     let server = thread::spawn(move || {
         let listener = CmId::ud_listener(addr, 4).expect("listen (UD)");
@@ -250,7 +238,8 @@ fn a_qp_with_another_qkey_is_refused_and_the_client_sees_the_reject() {
 #[test]
 fn rc_and_ud_calls_refuse_the_other_port_space() {
     let ud = CmId::new_ud().expect("UD id");
-    ud.resolve(at(20304), RESOLVE).expect("resolve");
+    ud.resolve(common::guest_at(20304), RESOLVE)
+        .expect("resolve");
     let ctx = ud.context().expect("context");
     let pd = Pd::new(&ctx).expect("pd");
     let cq = Cq::new(&ctx, 4).expect("cq");
@@ -262,7 +251,8 @@ fn rc_and_ud_calls_refuse_the_other_port_space() {
         other => panic!("an RC QP on a UD id: {other:?}"),
     }
     let rc = CmId::new().expect("RC id");
-    rc.resolve(at(20304), RESOLVE).expect("resolve");
+    rc.resolve(common::guest_at(20304), RESOLVE)
+        .expect("resolve");
     match rc.create_ud_qp(&pd, &cq, &cq, caps(4)) {
         Err(Error::InvalidArgument { what, reason }) => {
             assert_eq!(what, "rdma_cm id");
@@ -305,7 +295,7 @@ fn ours_client_against_udaddy_server() {
     let msg = pattern(UDADDY_SIZE, 7);
     // udaddy listens on no TCP port to watch: ask until it answers.
     let (id, pd, mut cq, mut qp, peer) = loop {
-        let (id, pd, cq, qp) = client(at(UDADDY_PORT), UDADDY_COUNT, UDADDY_SIZE);
+        let (id, pd, cq, qp) = client(common::guest_at(UDADDY_PORT), UDADDY_COUNT, UDADDY_SIZE);
         match id.connect_ud(&qp, &ConnParam::new(), T) {
             Ok((peer, _)) => break (id, pd, cq, qp, peer),
             Err(Error::CmEvent { status: 1, .. }) if Instant::now() < deadline => {
@@ -358,8 +348,8 @@ fn ours_client_against_udaddy_server() {
 fn udaddy_client_against_ours_server() {
     let _serial = serial();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let listener = CmId::ud_listener(at(UDADDY_PORT), 4).expect("listen (UD)");
-    let host = ip().to_string();
+    let listener = CmId::ud_listener(common::guest_at(UDADDY_PORT), 4).expect("listen (UD)");
+    let host = common::guest_ip().to_string();
     let client = Proc::spawn("udaddy", &udaddy(), &["-s".into(), host], "udaddy-client");
     let req = listener.get_request(T).expect("udaddy's request");
     let (pd, mut cq, mut qp) = setup(req.id(), 16);
@@ -395,7 +385,7 @@ fn udaddy_client_against_ours_server() {
 #[test]
 fn async_connect_ud_against_an_async_listener() {
     use rdma_verbs::tokio::{AsyncCmId, Listener};
-    let addr = at(20305);
+    let addr = common::guest_at(20305);
     let rt = common::async_pair::runtime();
     rt.block_on(async {
         let listener = Listener::bind_ud(addr, 4).expect("listen (UD)");

@@ -208,3 +208,17 @@ pub fn buffer(pd: &Pd, len: usize) -> Mr {
 pub fn summary(c: &ScopedCompletion) -> (u64, WcStatus, WcOpcode, u32) {
     (c.wr_id, c.status, c.opcode, c.byte_len)
 }
+
+/// The guest's RDMA address (`cargo xtask run` sets `RDMA_VERBS_ADDR`; 10.99.0.1 otherwise).
+pub fn guest_ip() -> std::net::IpAddr {
+    std::env::var("RDMA_VERBS_ADDR")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 99, 0, 1)))
+}
+
+/// The guest's RDMA address on `port` (a port per test, so a binary's tests can run in
+/// parallel).
+pub fn guest_at(port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(guest_ip(), port)
+}
