@@ -35,7 +35,9 @@ fn write_into(p: &mut Pair, dst: &Mr, data: &[u8]) {
     assert!(c[0].take_mr().is_some(), "the source comes back");
 }
 
-/// `a` READs `len` bytes of `src` (of `b`) into a fresh MR and returns them.
+/// `a` READs `len` bytes of `src` (of `b`) into a fresh MR and returns them (the mapped
+/// files of the `memmap2` tests).
+#[cfg(feature = "memmap2")]
 fn read_from(p: &mut Pair, src: &Mr) -> Vec<u8> {
     let dest = p.pd.alloc_mr(src.len(), AccessFlags::LOCAL_WRITE).unwrap();
     p.a.post_send(SendWr::read(2, dest, src.remote(), 0))
