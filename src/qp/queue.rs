@@ -1,6 +1,8 @@
 //! Posting on the safe path, written once for both queues: staging a request
 //! (checks, its C form, its buffers into the slot ring), submitting a chunk
 //! with one `ibv_post_*` call, and handing back what never reached the NIC.
+//! On a QP with extended builders, send requests they can express skip the
+//! C form (`qp/built.rs`).
 //!
 //! Requests are staged through a reference and then forgotten: passing the
 //! ~230-byte `SendWr` on by value would copy it at every step.

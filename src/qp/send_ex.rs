@@ -8,13 +8,14 @@
 //! supports that, and with `ibv_create_qp` otherwise;
 //! [`Qp::send_api`](super::Qp::send_api) tells which
 //! ([`Qp::new_with_send_api`](super::Qp::new_with_send_api) chooses). The safe
-//! API is the same over both: safe, raw and drain-marker posts (and scoped
-//! lists from an iterator) are written as a C chain first, which an extended
-//! QP replays as `ibv_wr_*` calls between one `ibv_wr_start` and one
-//! `ibv_wr_complete`; scoped single posts and prepared lists skip the C form
-//! and call the builders directly (`SendEx::post_one`,
-//! `SendEx::post_list`, which picks the builder once for a list of one
-//! operation).
+//! API is the same over both: raw and drain-marker posts, scoped lists from
+//! an iterator, and safe requests the builders cannot express (inline data,
+//! several buffers) are written as a C chain first, which an extended QP
+//! replays as `ibv_wr_*` calls between one `ibv_wr_start` and one
+//! `ibv_wr_complete`; other safe requests (`qp/built.rs`), scoped single
+//! posts and prepared lists skip the C form and call the builders directly
+//! (`SendEx::post_one`, `SendEx::post_list`, which picks the builder once for
+//! a list of one operation).
 //!
 //! A chain with a request the builder calls cannot express exactly (another
 //! opcode, more than one SGE, more than one inline piece) is posted whole with
