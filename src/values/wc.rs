@@ -91,7 +91,10 @@ impl WcStatus {
             }
             WcStatus::RetryExcErr => {
                 "the peer did not answer: is it up, is its QP in RTR/RTS, do GID index and path MTU match? \
-                 (retry_cnt 7 means retry forever on some providers, rxe included)"
+                 (retry_cnt 7 means retry forever on some providers, rxe included). On rxe in Linux 6.1 (not \
+                 in 6.12) a SEND whose receiver posts its receive late also ends here, after (retry_cnt + 1) \
+                 ACK timeouts (about 0.5 s by default) whatever rnr_retry says: post receives before \
+                 the peer sends, or raise RtsAttr::timeout"
             }
             WcStatus::LocLenErr => "the receive buffer is smaller than the incoming message",
             WcStatus::LocQpOpErr => {

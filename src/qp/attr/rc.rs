@@ -133,6 +133,11 @@ impl RtsAttr {
     /// 4×, so at most ~1.9 s). `retry_cnt` 7 is *not* used by default: some
     /// providers (rxe among them) treat it as "retry forever", so a dead peer
     /// would never be reported. `ibv_rc_pingpong` uses 7.
+    ///
+    /// rxe in Linux 6.1 (not 6.12) also ends a wait for a receiver that has no
+    /// receive posted after those `retry_cnt + 1` ACK timeouts, as `RETRY_EXC_ERR`,
+    /// although `rnr_retry` 7 means "wait forever": where receives may be posted
+    /// more than ~0.5 s late, raise `timeout` (docs/providers.md).
     pub fn new(sq_psn: u32) -> RtsAttr {
         RtsAttr {
             sq_psn,
