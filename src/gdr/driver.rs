@@ -6,7 +6,7 @@
 //! [`crate::gdr`] therefore goes through [`driver`] first: it loads the
 //! library once, checks that each symbol this module (and
 //! `CudaContext::new`) calls is present, and runs `cuInit`; a failure becomes
-//! [`GdrError::DriverNotAvailable`](super::GdrError::DriverNotAvailable).
+//! [`GdrError::DriverNotAvailable`].
 
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};

@@ -9,7 +9,7 @@
 //! addresses are checked: bad input is a typed error, never a panic.
 //!
 //! # Two ways in
-//! * [`register`]: device memory as an [`Mr`](crate::mr::Mr) (dma-buf or peer-mem)
+//! * [`register()`]: device memory as an [`Mr`](crate::mr::Mr) (dma-buf or peer-mem)
 //!   for peers to READ/WRITE or for your own work requests; its
 //!   [`addr`](crate::mr::Mr::addr) is the device address. **Synchronize the stream
 //!   that wrote the data before posting it**, and launch consumers of a peer's

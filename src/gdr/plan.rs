@@ -1,4 +1,4 @@
-//! The path-selection plan that [`register`](super::register) and
+//! The path-selection plan that [`register`](fn@super::register) and
 //! [`GpuBuffer`](super::GpuBuffer) share: observe the memory ([`probe`]), decide
 //! ([`decide`]), then try the chosen paths in order until one works.
 

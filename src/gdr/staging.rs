@@ -1,4 +1,4 @@
-//! The staging path of a [`GpuBuffer`](super::GpuBuffer): chunks copied from
+//! The staging path of a [`GpuBuffer`]: chunks copied from
 //! the device into registered host bounce buffers, each posted as soon as it is
 //! filled.
 

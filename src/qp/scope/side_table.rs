@@ -1,4 +1,4 @@
-//! What a QP keeps of its scoped requests: [`PostedRangeRange`] entries in side
+//! What a QP keeps of its scoped requests: [`PostedRange`] entries in side
 //! tables indexed like its rings' slots ([`ScopedTables`]).
 
 use crate::ffi;
