@@ -30,6 +30,9 @@ pub(crate) struct ContextInner {
     /// (its link layer, its P_Key table's length): checks on every QP's
     /// transitions read it here instead of asking the kernel again.
     port_facts: std::sync::Mutex<Vec<(u8, PortFacts)>>,
+    /// The device's extended capability flags (`device_cap_flags_ex`), queried
+    /// by the first QP creation that needs them.
+    cap_flags_ex: std::sync::OnceLock<u64>,
 }
 
 /// The attributes of a port that stay as they are while the device is open.
@@ -87,6 +90,7 @@ impl Context {
                 name,
                 owner: None,
                 port_facts: Default::default(),
+                cap_flags_ex: Default::default(),
             }),
         })
     }
@@ -112,6 +116,7 @@ impl Context {
                 name,
                 owner: Some(owner),
                 port_facts: Default::default(),
+                cap_flags_ex: Default::default(),
             }),
         }
     }
@@ -187,6 +192,17 @@ impl Context {
             },
             _ => e,
         }
+    }
+
+    /// Whether the device executes ATOMIC_WRITE ([`DeviceAttr::atomic_write`]),
+    /// queried once per context (a failed query reads as no).
+    pub(crate) fn atomic_write(&self) -> bool {
+        let flags = self.inner.cap_flags_ex.get_or_init(|| {
+            self.query_device()
+                .map(|a| a.device_cap_flags_ex)
+                .unwrap_or(0)
+        });
+        flags & DeviceAttr::ATOMIC_WRITE_FLAG != 0
     }
 
     /// The fixed attributes of `port`, queried once per context.
@@ -481,6 +497,17 @@ pub struct DeviceAttr {
 }
 
 impl DeviceAttr {
+    /// `IB_UVERBS_DEVICE_ATOMIC_WRITE` of `device_cap_flags_ex` (Linux's
+    /// `ib_user_ioctl_verbs.h`; rdma-core 44's headers do not name it yet).
+    pub const ATOMIC_WRITE_FLAG: u64 = 1 << 40;
+
+    /// Whether the device executes ATOMIC_WRITE (an 8-byte write the responder
+    /// makes visible at once, [`SendWr::atomic_write`](crate::qp::SendWr::atomic_write)):
+    /// rxe from Linux 6.2 on.
+    pub fn atomic_write(&self) -> bool {
+        self.device_cap_flags_ex & Self::ATOMIC_WRITE_FLAG != 0
+    }
+
     fn from_ffi(a: &ffi::ibv_device_attr_ex) -> DeviceAttr {
         let o = &a.orig_attr;
         DeviceAttr {

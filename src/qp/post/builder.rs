@@ -67,6 +67,17 @@ pub(crate) fn send_request(wr: &SendWr<'_>) -> Option<Request> {
             add,
             0,
         ),
+        SendOp::AtomicWrite {
+            remote,
+            offset,
+            value,
+        } => (
+            ffi::IBV_WR_ATOMIC_WRITE,
+            remote.rkey,
+            remote.addr.wrapping_add(offset),
+            value,
+            0,
+        ),
     };
     Some(Request {
         wr_id: 0,
