@@ -331,8 +331,11 @@ impl<'a> SendWr<'a> {
                     && self.bufs.all_locally_writable()
                     && fits(remote, offset)
             }
+            // ATOMIC_WRITE has no buffer: it fails `bufs.len() == 1` and goes to
+            // the full check, which alone knows whether the QP takes it.
             SendOp::CompareSwap { remote, offset, .. }
-            | SendOp::FetchAdd { remote, offset, .. } => {
+            | SendOp::FetchAdd { remote, offset, .. }
+            | SendOp::AtomicWrite { remote, offset, .. } => {
                 // One owned 8-byte result, an aligned 8-byte target in range.
                 len == 8
                     && bufs.len() == 1
@@ -342,8 +345,6 @@ impl<'a> SendWr<'a> {
                     && fits(remote, offset)
                     && remote.addr.wrapping_add(offset) % 8 == 0
             }
-            // Whether the QP takes it is known only to the full check.
-            SendOp::AtomicWrite { .. } => false,
         }
     }
 

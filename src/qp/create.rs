@@ -119,7 +119,7 @@ impl<T: QpType> Qp<T, Reset> {
                 .iwarp_unsupported("ibv_create_qp", "UD or UC QPs: use RC (through rdma_cm)"));
         }
         let try_extended = T::RAW == ffi::IBV_QPT_RC && api != Some(SendApi::Legacy);
-        let mut ops = None;
+        let mut extended = false;
         // SAFETY: ibv_create_qp and create_rc create a QP of type T from
         // exactly `init` (create_rc only when T is RC) and write the granted
         // caps back.
@@ -137,8 +137,8 @@ impl<T: QpType> Qp<T, Reset> {
                     adjust(init);
                     if try_extended {
                         match create_extended(pd, init) {
-                            Ok((raw, granted)) => {
-                                ops = Some(granted);
+                            Ok(raw) => {
+                                extended = true;
                                 return Ok(raw);
                             }
                             Err(e) if api == Some(SendApi::Extended) => {
@@ -155,10 +155,10 @@ impl<T: QpType> Qp<T, Reset> {
                 },
             )?
         };
-        if let Some(ops) = ops {
-            // SAFETY: created by create_rc with `ops`; the SendEx lives in the
-            // QP's core, which destroys the QP only when dropped.
-            qp.core.ext.send_ex = unsafe { send_ex::SendEx::load(qp.core.raw, ops) };
+        if extended {
+            // SAFETY: created by create_rc with RC_SEND_OPS; the SendEx lives
+            // in the QP's core, which destroys the QP only when dropped.
+            qp.core.ext.send_ex = unsafe { send_ex::SendEx::load(qp.core.raw) };
             if qp.core.ext.send_ex.is_none() && api == Some(SendApi::Extended) {
                 return Err(Error::Unsupported {
                     verb: "ibv_qp_to_qp_ex",
@@ -297,22 +297,23 @@ fn extended_refused(e: std::io::Error) -> Error {
 }
 
 /// Creates an extended RC QP from `init`: with ATOMIC_WRITE among its send
-/// operations where the device executes it, else (or when the provider
-/// refuses that) with [`send_ex::RC_SEND_OPS`]. Returns the QP and the
-/// operations it was created with.
+/// operations where the context's QPs take it (`Context::atomic_write`),
+/// else with [`send_ex::RC_SEND_OPS`]. A provider that refuses the QP with
+/// ATOMIC_WRITE turns it off for the whole context, so that no QP made
+/// without it is asked for one.
 fn create_extended(
     pd: &Pd,
     init: &mut ffi::ibv_qp_init_attr,
-) -> std::result::Result<(NonNull<ffi::ibv_qp>, u64), std::io::Error> {
+) -> std::result::Result<NonNull<ffi::ibv_qp>, std::io::Error> {
     if pd.context().atomic_write() {
         let ops = send_ex::RC_SEND_OPS | send_ex::ATOMIC_WRITE_OP;
         // SAFETY: valid PD, CQs and SRQ of one context (checked by the
         // caller; kept alive by the Arcs the Qp stores).
         if let Ok(raw) = unsafe { send_ex::create_rc(pd.as_raw(), init, ops) } {
-            return Ok((raw, ops));
+            return Ok(raw);
         }
+        pd.context().refuse_atomic_write();
     }
     // SAFETY: as above.
-    let raw = unsafe { send_ex::create_rc(pd.as_raw(), init, send_ex::RC_SEND_OPS) }?;
-    Ok((raw, send_ex::RC_SEND_OPS))
+    unsafe { send_ex::create_rc(pd.as_raw(), init, send_ex::RC_SEND_OPS) }
 }

@@ -126,8 +126,6 @@ macro_rules! op {
 #[derive(Clone, Copy)]
 pub(crate) struct SendEx {
     qpx: NonNull<ffi::ibv_qp_ex>,
-    /// Created with [`ATOMIC_WRITE_OP`], and its builder is set.
-    atomic_write: bool,
 }
 
 impl SendEx {
@@ -136,10 +134,9 @@ impl SendEx {
     ///
     /// # Safety
     /// `qp` is live and was created by `ibv_create_qp_ex` with
-    /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` and [`RC_SEND_OPS`], and with
-    /// [`ATOMIC_WRITE_OP`] if `ops` has it; the result is used only while it
-    /// lives.
-    pub(crate) unsafe fn load(qp: NonNull<ffi::ibv_qp>, ops: u64) -> Option<SendEx> {
+    /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` and [`RC_SEND_OPS`]; the result is
+    /// used only while it lives.
+    pub(crate) unsafe fn load(qp: NonNull<ffi::ibv_qp>) -> Option<SendEx> {
         // SAFETY: per the contract, qp was created with send ops, so the
         // provider embeds it in an ibv_qp_ex (ibv_qp_to_qp_ex(3)).
         let qpx = NonNull::new(unsafe { ffi::ibv_qp_to_qp_ex(qp.as_ptr()) })?;
@@ -159,13 +156,16 @@ impl SendEx {
             && x.wr_set_sge.is_some()
             && x.wr_set_sge_list.is_some()
             && x.wr_set_inline_data.is_some();
-        let atomic_write = ops & ATOMIC_WRITE_OP != 0 && x.wr_atomic_write.is_some();
-        all.then_some(SendEx { qpx, atomic_write })
+        all.then_some(SendEx { qpx })
     }
 
-    /// Whether this QP takes ATOMIC_WRITE requests.
+    /// Whether this QP, of a context whose QPs take ATOMIC_WRITE
+    /// (`Context::atomic_write`, which a QP created without the operation
+    /// turns off), has its builder.
     pub(crate) fn atomic_write(&self) -> bool {
-        self.atomic_write
+        // SAFETY: qpx is live while the QP is; the entry point is a plain field
+        // the provider set at creation.
+        unsafe { (*self.qpx.as_ptr()).wr_atomic_write.is_some() }
     }
 
     /// Builds `w` after `ibv_wr_start`; false if the builders cannot express
@@ -289,8 +289,6 @@ impl SendEx {
                 ffi::IBV_WR_ATOMIC_CMP_AND_SWP => {
                     op!(q, wr_atomic_cmp_swp, rkey, addr, r.operand, r.swap)
                 }
-                // The request carries its data: no setter follows.
-                ffi::IBV_WR_ATOMIC_WRITE => return self.build_atomic_write(rkey, addr, &r.operand),
                 _ => return false,
             }
             self.set_data(r);
@@ -310,8 +308,8 @@ impl SendEx {
         let q = self.qpx.as_ptr();
         // SAFETY: q is this live QP's ibv_qp_ex; the entry point is a plain
         // field the provider set at creation.
-        match (self.atomic_write, unsafe { (*q).wr_atomic_write }) {
-            (true, Some(f)) => {
+        match unsafe { (*q).wr_atomic_write } {
+            Some(f) => {
                 // SAFETY: inside the critical region (contract), with the builder
                 // of a QP created with ATOMIC_WRITE; it copies the 8 bytes at
                 // `value` into the request before it returns (`atomic_wr` is
@@ -319,7 +317,7 @@ impl SendEx {
                 unsafe { f(q, rkey, addr, std::ptr::from_ref(value).cast()) };
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
