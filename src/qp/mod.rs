@@ -53,6 +53,7 @@
 mod attr;
 mod built;
 mod create;
+mod mcast;
 mod mw;
 pub(crate) mod post;
 mod qp_core;
@@ -89,6 +90,7 @@ pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
     UcInitAttr, UcRtrAttr, UdInitAttr,
 };
+pub use mcast::{MULTICAST_QPN, McastGroup};
 pub use send_ex::SendApi;
 pub use split::{OwnedRecvHalf, OwnedSendHalf, RecvHalf, ReuniteError, SendHalf};
 pub use state::{
