@@ -309,6 +309,10 @@ fn run(o: &Opts) -> Result<bool> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{}", usage());
+        return ExitCode::SUCCESS;
+    }
     let o = match parse(&args) {
         Ok(o) => o,
         Err(e) => {

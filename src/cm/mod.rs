@@ -5,7 +5,8 @@
 //! the passive side binds and listens, takes a [`ConnectRequest`] with
 //! [`CmId::get_request`], creates its QP on the request's id and accepts it.
 //! Both QPs end in RTS, with receives posted in INIT carried over. For UD
-//! (`RDMA_PS_UDP`, what `udaddy` does) see [`CmId::new_ud`] and [`UdPeer`].
+//! (`RDMA_PS_UDP`, what `udaddy` does) see [`CmId::new_ud`] and [`UdPeer`]; for
+//! UD multicast (what `mckey` does), [`CmId::join_multicast`].
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_verbs::cm::{CmId, ConnParam};

@@ -283,6 +283,32 @@ fn interop() -> Vec<Case> {
             "ex:mw_grant --client {peer} --port 18610",
             Some(18610),
         ),
+        // Multicast: node 1 receives, node 2 sends to the group (UDP port space, no TCP
+        // socket to wait for). The sender starts 2 s late and pauses 3 s after its join (as
+        // mckey does), so the receiver has joined first. mckey as receiver exits 0 only
+        // when all 20 arrived; ours also verifies each and says how many were lost.
+        Case {
+            client: shell(
+                "sleep 2; exec \"$RDMA_VERBS_EXAMPLES/mcast\" -m 239.1.2.10 -b {addr} -s -C 20",
+            ),
+            ..case(
+                i,
+                "mcast: mckey receiver, ours sender",
+                "mckey -m 239.1.2.10 -b {addr} -C 20",
+                "",
+                None,
+            )
+        },
+        Case {
+            client: shell("sleep 2; exec mckey -m 239.1.2.11 -b {addr} -s -C 20"),
+            ..case(
+                i,
+                "mcast: ours receiver, mckey sender",
+                "ex:mcast -m 239.1.2.11 -b {addr} -C 20",
+                "",
+                None,
+            )
+        },
         // The client fails unless its copy's checksum equals the server's. One case only:
         // 64 MiB over the virtual wire takes 20-50 s (the huge-page destination is
         // covered in one guest by tests/vm_examples.rs).
