@@ -5,8 +5,9 @@
 # which verifies every datagram and reports the lost ones) or `mckey` (librdmacm's,
 # which exits 0 once all COUNT arrived). Every node exits 0 only if its part did.
 #
-# Built first: `cargo build --examples --features tokio` (EXAMPLES overrides the
-# examples' directory, target/debug/examples by default). Then, on two guests:
+# Built first: `cargo build --examples --features tokio` (the examples are looked up
+# in $EXAMPLES, else $CARGO_TARGET_DIR/debug/examples, else target/debug/examples).
+# Then, on two guests:
 #   cargo xtask run --nodes 2 -- sh scripts/mcast-fanout.sh mcast mckey
 #   cargo xtask run --nodes 2 -- sh scripts/mcast-fanout.sh mckey mcast
 # and with a receiver per node on more guests (`--nodes 3`):
@@ -19,7 +20,7 @@ count=${COUNT:-20}
 node=${RDMA_VERBS_NODE:?run by cargo xtask run --nodes N}
 addr=${RDMA_VERBS_ADDR:?own address}
 root=$(cd "$(dirname "$0")/.." && pwd)
-ex=${EXAMPLES:-$root/target/debug/examples}
+ex=${EXAMPLES:-${CARGO_TARGET_DIR:-$root/target}/debug/examples}
 prog() {
     case $1 in
     mcast) echo "$ex/mcast" ;;
