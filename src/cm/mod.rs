@@ -173,6 +173,24 @@ mod tests {
     }
 
     #[test]
+    fn multicast_errors_say_what_failed() {
+        let e = CmEvent {
+            kind: CmEventKind::MulticastError,
+            status: -libc::ENODEV,
+            private_data: vec![],
+            conn: ConnInfo::default(),
+            ud: None,
+            request: None,
+        }
+        .into_error("rdma_join_multicast");
+        let s = e.to_string();
+        assert!(
+            s.contains("RDMA_CM_EVENT_MULTICAST_ERROR") && s.contains("multicast group"),
+            "{s}"
+        );
+    }
+
+    #[test]
     fn huge_timeouts_do_not_overflow() {
         assert!(deadline_after(Duration::MAX) > Instant::now());
         assert_eq!(ms(Duration::MAX), i32::MAX);
