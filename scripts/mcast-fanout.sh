@@ -6,7 +6,8 @@
 # which exits 0 once all COUNT arrived). Every node exits 0 only if its part did.
 #
 # Built first: `cargo build --examples --features tokio` (the examples are looked up
-# in $EXAMPLES, else $CARGO_TARGET_DIR/debug/examples, else target/debug/examples).
+# in $RDMA_VERBS_EXAMPLES, else $CARGO_TARGET_DIR/debug/examples, else
+# target/debug/examples; `cargo xtask run` passes RDMA_VERBS_* and CARGO_* on).
 # Then, on two guests:
 #   cargo xtask run --nodes 2 -- sh scripts/mcast-fanout.sh mcast mckey
 #   cargo xtask run --nodes 2 -- sh scripts/mcast-fanout.sh mckey mcast
@@ -20,7 +21,7 @@ count=${COUNT:-20}
 node=${RDMA_VERBS_NODE:?run by cargo xtask run --nodes N}
 addr=${RDMA_VERBS_ADDR:?own address}
 root=$(cd "$(dirname "$0")/.." && pwd)
-ex=${EXAMPLES:-${CARGO_TARGET_DIR:-$root/target}/debug/examples}
+ex=${RDMA_VERBS_EXAMPLES:-${CARGO_TARGET_DIR:-$root/target}/debug/examples}
 prog() {
     case $1 in
     mcast) echo "$ex/mcast" ;;
