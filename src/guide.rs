@@ -125,8 +125,8 @@
 //! and [`join_multicast(&qp, group, t)`](crate::cm::CmId::join_multicast) waits
 //! for MULTICAST_JOIN, attaches the QP and returns the group as a `UdPeer`
 //! (remote QPN [`MULTICAST_QPN`](crate::qp::MULTICAST_QPN), the group's Q_Key):
-//! every member's QP receives what is sent to it, the sender's own included if
-//! it posted receives. [`leave_multicast`](crate::cm::CmId::leave_multicast)
+//! every member's QP receives what is sent to it.
+//! [`leave_multicast`](crate::cm::CmId::leave_multicast)
 //! detaches and leaves. Without rdma_cm,
 //! [`Qp::attach_mcast(gid, lid)`](crate::qp::Qp::attach_mcast) attaches a UD QP
 //! to a group GID directly; the QP keeps its groups and detaches them when
