@@ -346,28 +346,31 @@ pub fn cases(set: &str) -> Result<Vec<Case>> {
             .collect()),
         "faults-short" => Ok(crate::faults::matrix(true)),
         "faults" => Ok(crate::faults::matrix(false)),
-        // `faults:WORD|WORD...`: the rows of the full matrix whose scenario or program
-        // contains one of the words (a quick rerun of some rows).
-        _ if set.starts_with("faults:") => {
-            let word = &set["faults:".len()..];
-            let rows: Vec<Case> = crate::faults::matrix(false)
-                .into_iter()
-                .filter(|c| {
-                    word.split('|')
-                        .any(|w| c.scenario.contains(w) || c.program.contains(w))
-                })
-                .collect();
-            if rows.is_empty() {
-                Err(Error::usage(format!(
-                    "no row of the matrix matches {word:?}"
-                )))
-            } else {
-                Ok(rows)
-            }
-        }
+        // `faults:WORD|WORD...` / `interop:WORD|WORD...`: the rows of the full matrix (or
+        // the interop set) whose scenario or program contains one of the words (a quick
+        // rerun of some rows).
+        _ if set.starts_with("faults:") => rows_matching(crate::faults::matrix(false), &set[7..]),
+        _ if set.starts_with("interop:") => rows_matching(interop(), &set[8..]),
         _ => Err(Error::usage(format!(
             "unknown case set {set:?} (interop, faults-short, ci, faults)"
         ))),
+    }
+}
+
+/// The rows of `cases` whose scenario or program contains one of the `|`-separated words.
+fn rows_matching(cases: Vec<Case>, words: &str) -> Result<Vec<Case>> {
+    let rows: Vec<Case> = cases
+        .into_iter()
+        .filter(|c| {
+            words
+                .split('|')
+                .any(|w| c.scenario.contains(w) || c.program.contains(w))
+        })
+        .collect();
+    if rows.is_empty() {
+        Err(Error::usage(format!("no row of the set matches {words:?}")))
+    } else {
+        Ok(rows)
     }
 }
 
