@@ -76,8 +76,9 @@ commands:
   faults [--short | --set SET]   the fault matrix on two guests on a virtual wire: SIGKILLed
                                  peers, netem loss/reorder/duplication/corruption, RNR, long
                                  runs; prints a table, writes target/faults/faults.json
-                                 (SET: interop, faults-short, ci, faults, or 'faults:W1|W2':
-                                 the rows whose scenario or program names one of the words)
+                                 (SET: interop, faults-short, ci, faults, or 'faults:W1|W2' /
+                                 'interop:W1|W2': the rows of the full matrix / the interop set
+                                 whose scenario or program names one of the words)
   soak [--minutes N] [--loss PCT] [--qps N] [--max-size BYTES]
                                  verified soak across two guests (examples/soak.rs): mixed
                                  SEND/WRITE/READ 1 B-1 MiB on N QPs under PCT% loss (default
