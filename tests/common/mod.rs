@@ -30,6 +30,24 @@ pub fn ctx() -> Context {
     }
 }
 
+/// Whether `ctx`'s device speaks iWARP (siw): RC through rdma_cm only, completions of a
+/// READ after those of requests posted behind it, and the other deviations
+/// docs/providers.md lists.
+pub fn iwarp(ctx: &Context) -> bool {
+    use rdma_verbs::device::{self, Transport};
+    let list = device::devices().expect("device list");
+    let dev = list.find(Some(ctx.name())).expect("the device is listed");
+    dev.transport() == Transport::Iwarp
+}
+
+/// Reports that the test saw the provider deviate from what docs/soundness.md assumes (or
+/// from rxe's behaviour the test asserts elsewhere) in a way the crate stays sound under:
+/// the test asserts that behaviour exactly, and `cargo xtask providers` (which runs the
+/// binaries with `--show-output`) turns a pass with this line into `deviation`.
+pub fn deviation(what: &str) {
+    println!("DEVIATION: {what}");
+}
+
 /// Index of the RoCE v2 IPv4-mapped GID on port 1 (what `-g`/`-x` usually
 /// select on soft-RoCE), or 0 when there is none.
 pub fn gid_index(ctx: &Context) -> u8 {
