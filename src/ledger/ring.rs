@@ -204,6 +204,13 @@ impl Ring {
         meta.signaled || meta.nic_writes_local()
     }
 
+    /// Whether this ring's queue may complete out of order (see
+    /// [`completing_out_of_order`](Ring::completing_out_of_order)).
+    #[inline]
+    pub(crate) fn completes_out_of_order(&self) -> bool {
+        self.out_of_order
+    }
+
     /// Keeps the buffers at `bufs` until the ring is dropped (see `held`).
     ///
     /// # Safety
