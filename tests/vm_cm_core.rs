@@ -130,6 +130,14 @@ fn send_recv_write_and_read_move_the_bytes_and_report_the_wc_fields() {
     p.a.post_send(SendWr::send_from(3, mr_with(&p.pd, &data[..300])))
         .unwrap();
     let mut sent = wait(&mut p.cq_a, 3);
+    let order: Vec<u64> = sent.iter().map(|c| c.wr_id).collect();
+    if p.iwarp && order != [1, 2, 3] {
+        // siw completes the READ when its response arrives, after the SEND behind it;
+        // the ledger retires each request on its own completion.
+        assert_eq!(order, [1, 3, 2], "only the READ completes late");
+        common::deviation("a SEND posted after a READ completed before it (iWARP)");
+        sent.sort_by_key(|c| c.wr_id);
+    }
     let got: Vec<_> = sent
         .iter()
         .map(|c| {
