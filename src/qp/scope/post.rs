@@ -107,7 +107,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             // the request in memory on the hot path too.
             _ => return Err(self.send_refused(*req)),
         };
-        let mut flags = req.flags | tables.fence;
+        let mut flags = req.flags | tables.fence_for(req.opcode);
         if in_flight + 1 == depth && !core.caps.sq_sig_all {
             // The last free slot: ask for a completion so the queue drains.
             flags |= SIGNALED;

@@ -313,11 +313,12 @@ pub(super) unsafe fn post_prepared_chain(
     Ok(())
 }
 
-/// Adds `fence` to every request of a chain about to be posted (iWARP only).
+/// Adds `fence` to every request but the READs of a chain about to be posted
+/// (iWARP only: see `ScopedTables::fence`).
 #[cold]
 #[inline(never)]
 fn set_fence(wrs: &mut [ffi::ibv_send_wr], fence: u32) {
-    for wr in wrs {
+    for wr in wrs.iter_mut().filter(|wr| wr.opcode != ffi::IBV_WR_RDMA_READ) {
         wr.send_flags |= fence;
     }
 }
