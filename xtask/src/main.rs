@@ -55,7 +55,8 @@ usage: cargo xtask <command> [args]
 
 commands:
   setup                          install host packages (apt) if missing, download the Debian
-                                 kernel and build the guest image under target/rxe-vm/
+                                 kernel and build the guest image under target/rxe-vm/, and
+                                 siw's module for the suite's second cell (6.1/siw)
   run [--timeout SECS] [--kernel 6.1|6.12] [--provider rxe|siw] -- CMD [ARGS...]
                                  run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
@@ -164,7 +165,11 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
                     "setup takes no arguments, got {extra:?}"
                 )));
             }
-            setup_vm(setup::Verbosity::Report).map(|_| 0)
+            setup_vm(setup::Verbosity::Report)?;
+            // The second cell `cargo xtask test` runs (siw's module is built here).
+            let (kernel, provider) = providers::SUITE_CELL;
+            let choice = rdma_verbs_vm::choice::Choice { kernel, provider };
+            setup::setup_choice(setup::Verbosity::Report, EXTRA_PACKAGES, choice).map(|_| 0)
         }
         Some("run") => run::run_command(rest),
         Some("compare") => compare::compare_command(rest),

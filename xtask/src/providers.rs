@@ -116,6 +116,60 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
     Ok(u8::from(rows.iter().any(|r| r.outcome == "fail")))
 }
 
+/// The cell `cargo xtask test` adds to its default one (6.1/rxe): soft-iWARP on the
+/// default kernel, with the binaries that pair every QP through rdma_cm
+/// ([`SUITE_CELL_TESTS`]), in one guest boot.
+pub const SUITE_CELL: (GuestKernel, Provider) = (GuestKernel::Stable, Provider::Siw);
+
+/// The binaries of [`SUITE_CELL`]: the core provider assumptions over rdma_cm and what
+/// iWARP refuses.
+pub const SUITE_CELL_TESTS: &[&str] = &["vm_cm_core", "vm_provider_caps"];
+
+/// Seconds each binary of [`SUITE_CELL`] may run (each takes a few seconds).
+const SUITE_CELL_LIMIT_SECS: u64 = 60;
+
+/// Outcome counts of a cell run for `cargo xtask test`.
+pub struct CellCounts {
+    /// Tests that passed, were unsupported or reported a deviation.
+    pub passed: u64,
+    /// Tests that failed (or hung).
+    pub failed: u64,
+    /// Seconds the cell took, guest boot included.
+    pub secs: u64,
+}
+
+/// Runs [`SUITE_CELL`] (setting it up first: siw's module is built on first use) and
+/// counts its outcomes; the log goes to `target/providers/suite-<cell>.log`, and
+/// providers.json is left alone.
+pub fn suite_cell() -> Result<CellCounts> {
+    let (kernel, provider) = SUITE_CELL;
+    let choice = Choice { kernel, provider };
+    let only: Vec<String> = SUITE_CELL_TESTS.iter().map(|&t| t.to_owned()).collect();
+    let binaries = build_device_tests(Some(&only))?;
+    crate::setup::setup_choice(crate::setup::Verbosity::Quiet, crate::EXTRA_PACKAGES, choice)?;
+    let dir = target_dir().join("providers");
+    fs::create_dir_all(&dir).context(|| format!("cannot create {}", dir.display()))?;
+    let log = dir.join(format!("suite-{kernel}-{provider}.log"));
+    let started = std::time::Instant::now();
+    let output = run_cell(&dir, &log, choice, &binaries, SUITE_CELL_LIMIT_SECS)?;
+    let rows = classify(&output);
+    let failed = rows.iter().filter(|(_, o)| *o == "fail").count() as u64;
+    for (test, _) in rows.iter().filter(|(_, o)| *o == "fail") {
+        say!("providers: {kernel}/{provider}: {test} failed (see {})", log.display());
+    }
+    if rows.is_empty() {
+        return Err(Error::new(format!(
+            "the {kernel}/{provider} cell ran no test (see {})",
+            log.display()
+        )));
+    }
+    Ok(CellCounts {
+        passed: rows.len() as u64 - failed,
+        failed,
+        secs: started.elapsed().as_secs(),
+    })
+}
+
 /// `6.1/rxe,6.12/siw`.
 fn parse_cells(value: &str) -> Result<Vec<Choice>> {
     value
