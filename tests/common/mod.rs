@@ -40,6 +40,41 @@ pub fn iwarp(ctx: &Context) -> bool {
     dev.transport() == Transport::Iwarp
 }
 
+/// Fails with the crate's refusal of a QP connected by hand (an exchanged `Endpoint`,
+/// INIT -> RTR -> RTS) when `ctx`'s device is iWARP, whose QPs connect through rdma_cm
+/// only; returns on other devices. Tests that pair QPs that way, or run programs that do,
+/// call it first: on siw they end in `Error::Unsupported`, which `cargo xtask providers`
+/// reports as `unsupported`, rather than in a C tool's failure or a peer's timeout.
+pub fn require_hand_connection(ctx: &Context) {
+    if let Some(e) = hand_connection_refusal(ctx) {
+        panic!("{e}");
+    }
+}
+
+/// On iWARP, the crate's `Error::Unsupported` for a QP connected by hand (see
+/// [`require_hand_connection`]); `None` elsewhere. Panics when iWARP gets anything else.
+pub fn hand_connection_refusal(ctx: &Context) -> Option<rdma_verbs::Error> {
+    use rdma_verbs::Error;
+    if !iwarp(ctx) {
+        return None;
+    }
+    let gid = gid_index(ctx);
+    let pd = Pd::new(ctx).expect("pd");
+    let cq = Cq::new(ctx, 16).expect("cq");
+    let mk = || {
+        Qp::new(&pd, &cq, &cq, caps_sr(4, 4))
+            .expect("qp")
+            .init(InitAttr::new(1, all_remote()))
+            .expect("INIT")
+    };
+    let (a, b) = (mk(), mk());
+    let eb = b.endpoint(Some(gid)).expect("endpoint");
+    match a.connect(&eb, Some(gid)) {
+        Err(e @ Error::Unsupported { .. }) => Some(e),
+        other => panic!("a hand-connected QP on iWARP: expected Unsupported, got {other:?}"),
+    }
+}
+
 /// Reports that the test saw the provider deviate from what docs/soundness.md assumes (or
 /// from rxe's behaviour the test asserts elsewhere) in a way the crate stays sound under:
 /// the test asserts that behaviour exactly, and `cargo xtask providers` (which runs the
