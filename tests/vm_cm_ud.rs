@@ -355,7 +355,10 @@ fn udaddy_client_against_ours_server() {
         let cq = rdma_verbs::cq::Cq::new(&ctx, 16).unwrap();
         match rdma_verbs::qp::Qp::new_ud(&pd, &cq, &cq, common::caps_sr(4, 4)) {
             Err(e @ rdma_verbs::Error::Unsupported { .. }) => panic!("{e}"),
-            other => panic!("a UD QP on iWARP: expected Unsupported, got {:?}", other.err()),
+            other => panic!(
+                "a UD QP on iWARP: expected Unsupported, got {:?}",
+                other.err()
+            ),
         }
     }
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -263,7 +263,11 @@ fn the_default_gid_is_the_roce_v2_ipv4_mapped_one() {
     let e = ctx.query_gid_entry(1, i).unwrap();
     if common::iwarp(&ctx) {
         // siw's one GID (index 0) comes from the netdev's MAC.
-        assert_eq!((i, e.gid_type), (0, rdma_verbs::device::GidType::Ib), "{e:?}");
+        assert_eq!(
+            (i, e.gid_type),
+            (0, rdma_verbs::device::GidType::Ib),
+            "{e:?}"
+        );
         assert!(!e.gid.is_ipv4_mapped(), "{e:?}");
         common::deviation("the default GID is the MAC-based IB one: no RoCE v2 GID");
         return;

@@ -267,7 +267,11 @@ fn refused_on_a_cq_that_cannot_grow(depth: u32, caps: QpCaps) -> bool {
             depth: d,
         }) => assert_eq!(
             (needed, free, d),
-            (u64::from(caps.max_send_wr), u64::from(depth), u64::from(depth))
+            (
+                u64::from(caps.max_send_wr),
+                u64::from(depth),
+                u64::from(depth)
+            )
         ),
         other => panic!("expected CqTooSmall on a CQ siw cannot grow, got {other:?}"),
     }

@@ -474,9 +474,7 @@ impl Ring {
         }
         if self.out_of_order {
             // SAFETY: per the contract; `seq` is posted and in the window.
-            return unsafe {
-                self.retire_out_of_order(tail, seq, retired, bufs_out, caught, lost)
-            };
+            return unsafe { self.retire_out_of_order(tail, seq, retired, bufs_out, caught, lost) };
         }
         for s in tail..seq {
             let Some(d) = self.claim_ptr(s) else { continue };
@@ -759,7 +757,11 @@ mod tests {
             // and keeping the tail (and the window) at its slot.
             assert_eq!((lost, held(&ring), ring.tail()), (0, 1, 2));
             assert_eq!(ring.in_flight(head), 2);
-            assert_eq!(retire(&ring, t[3], &mut lost), None, "the SEND is stale now");
+            assert_eq!(
+                retire(&ring, t[3], &mut lost),
+                None,
+                "the SEND is stale now"
+            );
             // The READ's own completion retires it and moves the tail past the SEND.
             assert_eq!(retire(&ring, t[2], &mut lost), Some(2));
             assert_eq!((lost, ring.tail(), ring.in_flight(head)), (0, 4, 0));
@@ -772,10 +774,20 @@ mod tests {
         let ring = Ring::new(8, 1, 7).completing_out_of_order();
         let mut head = 0;
         // READ 0, SEND 1 (unsignaled), READ 2, SEND 3, SEND 4.
-        let ops = [(READ, true), (SEND, false), (READ, true), (SEND, true), (SEND, true)];
+        let ops = [
+            (READ, true),
+            (SEND, false),
+            (READ, true),
+            (SEND, true),
+            (SEND, true),
+        ];
         let t = post_ops(&ring, &mut head, &ops);
         let mut lost = 0;
-        assert_eq!(retire(&ring, t[3], &mut lost), Some(3), "retires SEND 1 with it");
+        assert_eq!(
+            retire(&ring, t[3], &mut lost),
+            Some(3),
+            "retires SEND 1 with it"
+        );
         assert_eq!(ring.tail(), 0);
         // The second READ completes before the first: the tail stays at the first.
         assert_eq!(retire(&ring, t[2], &mut lost), Some(2));
@@ -783,13 +795,21 @@ mod tests {
         // A full window: five in flight as far as the producer sees.
         assert_eq!(ring.in_flight(head), 5);
         assert_eq!(retire(&ring, t[0], &mut lost), Some(0));
-        assert_eq!(ring.tail(), 4, "past SEND 1, READ 2 and SEND 3, up to SEND 4");
+        assert_eq!(
+            ring.tail(),
+            4,
+            "past SEND 1, READ 2 and SEND 3, up to SEND 4"
+        );
         assert_eq!(retire(&ring, t[4], &mut lost), Some(4));
         assert_eq!((ring.tail(), lost, held(&ring)), (5, 0, 0));
         // The slots are reused after the wrap of the window.
         let t = post_ops(&ring, &mut head, &[(SEND, true); 8]);
         assert_eq!(retire(&ring, t[7], &mut lost), Some(12));
-        assert_eq!((ring.tail(), lost), (13, 7), "the seven before it swept as lost");
+        assert_eq!(
+            (ring.tail(), lost),
+            (13, 7),
+            "the seven before it swept as lost"
+        );
     }
 
     #[test]

@@ -146,7 +146,11 @@ pub fn suite_cell() -> Result<CellCounts> {
     let choice = Choice { kernel, provider };
     let only: Vec<String> = SUITE_CELL_TESTS.iter().map(|&t| t.to_owned()).collect();
     let binaries = build_device_tests(Some(&only))?;
-    crate::setup::setup_choice(crate::setup::Verbosity::Quiet, crate::EXTRA_PACKAGES, choice)?;
+    crate::setup::setup_choice(
+        crate::setup::Verbosity::Quiet,
+        crate::EXTRA_PACKAGES,
+        choice,
+    )?;
     let dir = target_dir().join("providers");
     fs::create_dir_all(&dir).context(|| format!("cannot create {}", dir.display()))?;
     let log = dir.join(format!("suite-{kernel}-{provider}.log"));
@@ -155,7 +159,10 @@ pub fn suite_cell() -> Result<CellCounts> {
     let rows = classify(&output);
     let failed = rows.iter().filter(|(_, o)| *o == "fail").count() as u64;
     for (test, _) in rows.iter().filter(|(_, o)| *o == "fail") {
-        say!("providers: {kernel}/{provider}: {test} failed (see {})", log.display());
+        say!(
+            "providers: {kernel}/{provider}: {test} failed (see {})",
+            log.display()
+        );
     }
     if rows.is_empty() {
         return Err(Error::new(format!(

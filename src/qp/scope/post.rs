@@ -300,8 +300,8 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 None => {}
             }
         }
-        // SAFETY: the core is the QP's, valid for the scope.
         let fence = tables.fence;
+        // SAFETY: the core is the QP's, valid for the scope.
         if let Err((rc, ok)) = unsafe { post_prepared_chain(core, list, force, fence, tag, low) } {
             // SAFETY: `side` is the QP's side table, with the entries
             // written above.

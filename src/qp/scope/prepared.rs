@@ -318,7 +318,10 @@ pub(super) unsafe fn post_prepared_chain(
 #[cold]
 #[inline(never)]
 fn set_fence(wrs: &mut [ffi::ibv_send_wr], fence: u32) {
-    for wr in wrs.iter_mut().filter(|wr| wr.opcode != ffi::IBV_WR_RDMA_READ) {
+    for wr in wrs
+        .iter_mut()
+        .filter(|wr| wr.opcode != ffi::IBV_WR_RDMA_READ)
+    {
         wr.send_flags |= fence;
     }
 }

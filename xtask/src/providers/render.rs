@@ -207,12 +207,7 @@ pub fn tables(rows: &[JsonRow], stamp: &str) -> String {
                         })
                         .count()
                 };
-                let (p, u, d, f) = (
-                    of("pass"),
-                    of("unsupported"),
-                    of("deviation"),
-                    of("fail"),
-                );
+                let (p, u, d, f) = (of("pass"), of("unsupported"), of("deviation"), of("fail"));
                 if p + u + d + f == 0 {
                     "—".to_owned()
                 } else {
