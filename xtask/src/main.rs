@@ -103,7 +103,9 @@ commands:
   providers [--cells K/P,..] [--limit SECS] [--tests vm_a,..]
                                  the device test binaries on each cell, one guest per cell
                                  (kernels 6.1, 6.12 x providers rxe, siw); one row per test in
-                                 target/providers/providers.json (pass, unsupported, fail)
+                                 target/providers/providers.json (pass, unsupported,
+                                 deviation, fail); --render: docs/providers.md's tables;
+                                 --suite-cell: only the short cell `test` runs (6.1/siw)
   layers [--edges]               check src/'s imports against the layer table of
                                  ARCHITECTURE.md (no upward import, no circle of more than
                                  3 files across modules); --edges prints every file's imports

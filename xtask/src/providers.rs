@@ -41,8 +41,9 @@ struct Row {
     outcome: &'static str,
 }
 
-/// `providers [--cells K/P,...] [--limit SECS] [--tests vm_a,vm_b]`, or `providers --render`
-/// (docs/providers.md's tables from providers.json, see [`render`]).
+/// `providers [--cells K/P,...] [--limit SECS] [--tests vm_a,vm_b]`, `providers --render`
+/// (docs/providers.md's tables from providers.json, see [`render`]), or `providers
+/// --suite-cell` (the short cell `cargo xtask test` runs, see [`suite_cell`]).
 pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
     let mut cells: Vec<Choice> = CELLS
         .iter()
@@ -67,6 +68,16 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
             "--render" => {
                 render::render(&target_dir().join("providers").join("providers.json"))?;
                 return Ok(0);
+            }
+            "--suite-cell" => {
+                let c = suite_cell()?;
+                say!(
+                    "providers: the suite's cell: {} passed, {} failed in {} s",
+                    c.passed,
+                    c.failed,
+                    c.secs
+                );
+                return Ok(u8::from(c.failed > 0));
             }
             other => {
                 return Err(Error::usage(format!(
