@@ -197,8 +197,15 @@ fn query_port_and_gid_table_match_ibv_devinfo() {
     }
     // GIDs: same index, value and type as ibv_devinfo prints.
     let table = ctx.gid_table().unwrap();
-    assert!(!info.gids.is_empty());
-    assert_eq!(table.len(), info.gids.len(), "{table:?} vs {:?}", info.gids);
+    // ibv_devinfo of rdma-core 44 lists no GID for siw on 6.12 (it does on 6.1); the
+    // crate's table has siw's one entry on both, checked below.
+    let listed = !info.gids.is_empty() || !common::iwarp(&ctx);
+    assert!(listed || table.len() == 1, "{table:?}");
+    assert!(listed || info.gids.is_empty());
+    if listed {
+        assert!(!info.gids.is_empty());
+        assert_eq!(table.len(), info.gids.len(), "{table:?} vs {:?}", info.gids);
+    }
     for (port, idx, text) in &info.gids {
         let e = table
             .iter()
