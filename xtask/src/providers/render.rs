@@ -36,6 +36,17 @@ const ROWS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "A request completing out of posting order (an iWARP READ) retires on its own \
+         completion, every request once",
+        &[
+            "vm_cm_core::sends_behind_large_reads_complete_on_their_own_and_every_request_comes_back",
+        ],
+    ),
+    (
+        "RESET of a drained QP (refused on iWARP)",
+        &["vm_soundness::reset_needs_a_drained_qp"],
+    ),
+    (
         "ERR flushes every posted request with a completion",
         &[
             "vm_soundness::the_error_state_flushes_every_posted_request",
