@@ -55,7 +55,8 @@ usage: cargo xtask <command> [args]
 
 commands:
   setup                          install host packages (apt) if missing, download the Debian
-                                 kernel and build the guest image under target/rxe-vm/
+                                 kernel and build the guest image under target/rxe-vm/, and
+                                 siw's module for the suite's second cell (6.1/siw)
   run [--timeout SECS] [--kernel 6.1|6.12] [--provider rxe|siw] -- CMD [ARGS...]
                                  run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
@@ -103,7 +104,9 @@ commands:
   providers [--cells K/P,..] [--limit SECS] [--tests vm_a,..]
                                  the device test binaries on each cell, one guest per cell
                                  (kernels 6.1, 6.12 x providers rxe, siw); one row per test in
-                                 target/providers/providers.json (pass, unsupported, fail)
+                                 target/providers/providers.json (pass, unsupported,
+                                 deviation, fail); --render: docs/providers.md's tables;
+                                 --suite-cell: only the short cell `test` runs (6.1/siw)
   layers [--edges]               check src/'s imports against the layer table of
                                  ARCHITECTURE.md (no upward import, no circle of more than
                                  3 files across modules); --edges prints every file's imports
@@ -165,7 +168,11 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
                     "setup takes no arguments, got {extra:?}"
                 )));
             }
-            setup_vm(setup::Verbosity::Report).map(|_| 0)
+            setup_vm(setup::Verbosity::Report)?;
+            // The second cell `cargo xtask test` runs (siw's module is built here).
+            let (kernel, provider) = providers::SUITE_CELL;
+            let choice = rdma_verbs_vm::choice::Choice { kernel, provider };
+            setup::setup_choice(setup::Verbosity::Report, EXTRA_PACKAGES, choice).map(|_| 0)
         }
         Some("run") => run::run_command(rest),
         Some("compare") => compare::compare_command(rest),
