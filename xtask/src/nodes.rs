@@ -138,7 +138,12 @@ fn judge_phase(dir: &Path, p: usize, phase: &Phase) -> Vec<Row> {
         let Some(fault) = phase.fault else {
             let [server, client] = sides;
             let (pass, observed, messages) = both_verified(server, client);
-            let mut r = row(observed, "both exit 0, every message verified", pass, messages);
+            let mut r = row(
+                observed,
+                "both exit 0, every message verified",
+                pass,
+                messages,
+            );
             r.verified_zero = pass;
             rows.push(r);
             continue;
@@ -270,15 +275,30 @@ mod tests {
             ..NodeResult::default()
         };
         let row = &mut r[0];
-        fails_in_time(row, &res, MeshFault::Kill, "error: the peer closed its exchange connection");
+        fails_in_time(
+            row,
+            &res,
+            MeshFault::Kill,
+            "error: the peer closed its exchange connection",
+        );
         assert!(row.pass);
-        fails_in_time(row, &res, MeshFault::Cut, "error: the peer closed its exchange connection");
+        fails_in_time(
+            row,
+            &res,
+            MeshFault::Cut,
+            "error: the peer closed its exchange connection",
+        );
         assert!(!row.pass, "the wrong error for a cut link");
         let late = NodeResult {
             tte_s: Some(36.0),
             ..res.clone()
         };
-        fails_in_time(row, &late, MeshFault::Kill, "closed its exchange connection");
+        fails_in_time(
+            row,
+            &late,
+            MeshFault::Kill,
+            "closed its exchange connection",
+        );
         assert!(!row.pass, "too late");
         let ok = NodeResult {
             status: Some(0),

@@ -15,20 +15,22 @@ use crate::{Context, Error, Result};
 /// The most guests [`run_nodes`] boots.
 pub const MAX_NODES: usize = 4;
 
-/// `n` free UDP ports on 127.0.0.1 (bound and released: another process could take one in
-/// between, which makes QEMU fail to start and the run report a boot failure).
-fn free_udp_ports(n: usize) -> Result<Vec<u16>> {
+/// `n` UDP ports on 127.0.0.1, held by their sockets until the caller drops them (then
+/// another process could take one before QEMU binds it, which makes QEMU fail to start and
+/// the run report a boot failure).
+fn reserve_udp_ports(n: usize) -> Result<(Vec<UdpSocket>, Vec<u16>)> {
     let sockets = (0..n)
         .map(|_| UdpSocket::bind("127.0.0.1:0").context(|| "cannot bind a UDP port".into()))
         .collect::<Result<Vec<_>>>()?;
-    sockets
+    let ports = sockets
         .iter()
         .map(|s| {
             s.local_addr()
                 .map(|a| a.port())
                 .context(|| "cannot read a bound UDP port".into())
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    Ok((sockets, ports))
 }
 
 /// The outcome of one guest run: its command's exit status, or why there is none.
@@ -93,7 +95,9 @@ type Started = std::result::Result<Option<Guest>, (Failure, Error)>;
 /// The topology of each node (node K at index K-1), and the switch that joins them when
 /// there are more than two.
 fn wiring(n: usize) -> Result<(Vec<Topology>, Option<Switch>)> {
-    let ports = free_udp_ports(n)?;
+    // The guests' ports stay reserved while the switch binds its own, so that none of the
+    // switch's ports is one a guest is about to bind.
+    let (reserved, ports) = reserve_udp_ports(n)?;
     if n == 2 {
         let wire = |node: u8| Topology::Wire {
             node,
@@ -103,6 +107,7 @@ fn wiring(n: usize) -> Result<(Vec<Topology>, Option<Switch>)> {
         return Ok((vec![wire(1), wire(2)], None));
     }
     let (switch, switch_ports) = Switch::start(&ports)?;
+    drop(reserved);
     let topologies = (0..n)
         .map(|i| Topology::Switch {
             node: i as u8 + 1,

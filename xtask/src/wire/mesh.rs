@@ -102,7 +102,11 @@ pub const FAULT_BOUND: Duration = Duration::from_secs(35);
 /// The ordered pairs (FROM, TO) of nodes 1 to `nodes`.
 pub fn links(nodes: u8) -> Vec<(u8, u8)> {
     (1..=nodes)
-        .flat_map(|from| (1..=nodes).filter(move |&to| to != from).map(move |to| (from, to)))
+        .flat_map(|from| {
+            (1..=nodes)
+                .filter(move |&to| to != from)
+                .map(move |to| (from, to))
+        })
         .collect()
 }
 
@@ -236,8 +240,8 @@ impl Mesh {
             .ok_or_else(|| Error::new("no binary directory"))?
             .join("examples");
         let out = self.dir.join(format!("{}.out", stem(p, link, role)));
-        let file = fs::File::create(&out)
-            .map_err(|e| Error::new(format!("{}: {e}", out.display())))?;
+        let file =
+            fs::File::create(&out).map_err(|e| Error::new(format!("{}: {e}", out.display())))?;
         let err = file
             .try_clone()
             .map_err(|e| Error::new(format!("{}: {e}", out.display())))?;
@@ -271,18 +275,20 @@ impl Mesh {
     fn start_all(&self, p: usize, phase: &Phase, problem: &mut Option<String>) -> Vec<Prog> {
         let mine = links(phase.nodes);
         let mut progs = Vec::new();
-        let start = |link, role, progs: &mut Vec<Prog>, problem: &mut Option<String>| {
-            match self.spawn(p, phase, link, role) {
-                Ok(prog) => progs.push(prog),
-                Err(e) => *problem = Some(e.message),
-            }
+        let start = |link, role, progs: &mut Vec<Prog>, problem: &mut Option<String>| match self
+            .spawn(p, phase, link, role)
+        {
+            Ok(prog) => progs.push(prog),
+            Err(e) => *problem = Some(e.message),
         };
         if self.me <= phase.nodes {
             for &link in mine.iter().filter(|l| l.1 == self.me) {
                 start(link, Side::Server, &mut progs, problem);
             }
             let ports: Vec<u16> = progs.iter().map(|pr| port(p, pr.link)).collect();
-            if !poll_until(Duration::from_secs(30), || ports.iter().all(|&pt| listening(pt))) {
+            if !poll_until(Duration::from_secs(30), || {
+                ports.iter().all(|&pt| listening(pt))
+            }) {
                 *problem = Some("a server did not listen within 30 s".into());
             }
         }
@@ -309,12 +315,14 @@ impl Mesh {
         let mut progs = self.start_all(p, phase, &mut problem);
         match phase.fault {
             None => supervise(&mut progs, Instant::now() + phase.limit),
-            Some(fault) if self.me == phase.nodes => self.inject(p, fault, &mut progs, &mut problem),
+            Some(fault) if self.me == phase.nodes => {
+                self.inject(p, fault, &mut progs, &mut problem)
+            }
             Some(_) => self.survive(p, phase, &mut progs, &mut problem),
         }
         for prog in &mut progs {
-            prog.result.elapsed_s = (prog.ended.unwrap_or_else(Instant::now) - prog.start)
-                .as_secs_f64();
+            prog.result.elapsed_s =
+                (prog.ended.unwrap_or_else(Instant::now) - prog.start).as_secs_f64();
             prog.result.problem = prog.result.problem.take().or_else(|| problem.clone());
             let path = self
                 .dir
@@ -328,13 +336,7 @@ impl Mesh {
     }
 
     /// The victim's side of a fault phase.
-    fn inject(
-        &self,
-        p: usize,
-        fault: MeshFault,
-        progs: &mut [Prog],
-        problem: &mut Option<String>,
-    ) {
+    fn inject(&self, p: usize, fault: MeshFault, progs: &mut [Prog], problem: &mut Option<String>) {
         thread::sleep(FAULT_AFTER);
         match fault {
             MeshFault::Kill => progs.iter_mut().for_each(|pr| pr.kill(false)),
@@ -360,7 +362,9 @@ impl Mesh {
     fn survive(&self, p: usize, phase: &Phase, progs: &mut [Prog], problem: &mut Option<String>) {
         let victim = phase.nodes;
         let fault_mark = self.mark(p, "fault");
-        let seen = poll_until(FAULT_AFTER + Duration::from_secs(30), || fault_mark.exists());
+        let seen = poll_until(FAULT_AFTER + Duration::from_secs(30), || {
+            fault_mark.exists()
+        });
         let fault_at = Instant::now();
         if !seen {
             *problem = Some("the victim's fault marker never came".into());
@@ -420,7 +424,13 @@ fn supervise(progs: &mut [Prog], deadline: Instant) {
 
 /// Reads what a node recorded for `role` of `link` in phase `p`, and the last `n` lines of
 /// its program's output.
-pub fn read(dir: &Path, p: usize, link: (u8, u8), role: Side, n: usize) -> Option<(NodeResult, String)> {
+pub fn read(
+    dir: &Path,
+    p: usize,
+    link: (u8, u8),
+    role: Side,
+    n: usize,
+) -> Option<(NodeResult, String)> {
     let s = stem(p, link, role);
     let result = fs::read_to_string(dir.join(format!("{s}.result"))).ok()?;
     let out = fs::read_to_string(dir.join(format!("{s}.out"))).unwrap_or_default();
