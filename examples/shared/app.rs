@@ -40,10 +40,17 @@ pub struct Args {
     pub seed: u64,
 }
 
+/// Whether example `name` takes `--seed` (the examples whose messages are a [`Pattern`]
+/// sent from one side to the other).
+fn seeded(name: &str) -> bool {
+    matches!(name, "send_recv" | "ud_send")
+}
+
 /// The usage line of example `name` (send_recv has the stall options).
 fn usage(name: &str) -> String {
     format!(
-        "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7] [--rnr-retry 0-7] [--min-rnr-timer 0-31] [--cq-entries N] [--seed N]{}",
+        "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7] [--rnr-retry 0-7] [--min-rnr-timer 0-31] [--cq-entries N]{}{}",
+        if seeded(name) { " [--seed N]" } else { "" },
         if name == "send_recv" {
             " [--stall-recv-at N --stall-ms MS]"
         } else {
@@ -60,7 +67,7 @@ fn number<T: std::str::FromStr>(v: &str, ok: impl Fn(&T) -> bool) -> Option<T> {
 impl Args {
     /// Parses `--server | --client HOST`, `--size N`, `--iters N`, `--device D`,
     /// `--gid-index I`, `--port P`, `--qp-timeout T`, `--retry-cnt R`, `--rnr-retry R`,
-    /// `--min-rnr-timer C`, `--cq-entries N`, `--seed N` and (send_recv only) `--stall-recv-at N
+    /// `--min-rnr-timer C`, `--cq-entries N`, (send_recv and ud_send) `--seed N` and (send_recv only) `--stall-recv-at N
     /// --stall-ms M`; exits with usage on anything else.
     pub fn parse(name: &str, default_port: u16) -> Args {
         let usage = usage(name);
@@ -122,7 +129,7 @@ impl Args {
                 }
                 "--stall-ms" if name == "send_recv" => stall_ms = Some(num!("--stall-ms", u64)),
                 "--port" | "-p" => a.port = num!("--port", u16),
-                "--seed" => a.seed = num!("--seed", u64),
+                "--seed" if seeded(name) => a.seed = num!("--seed", u64),
                 "--help" | "-h" => {
                     println!("{usage}");
                     std::process::exit(0)

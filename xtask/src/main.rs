@@ -123,7 +123,8 @@ environment:
   XTASK_VM_DEBUG=1               full kernel log in the run directory, which is kept
   (or RDMA_VERBS_VM_DEBUG)
   RDMA_VERBS_VM_WRITABLE=DIRS    colon-separated host directories the guest may write to
-  RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048; at least 1024)
+  RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048, 1024 with 3 or 4 nodes;
+                                 at least 1024)
   RDMA_VERBS_VM_KERNEL=6.1|6.12  guest kernel: Debian 12's (default) or bookworm-backports'
   RDMA_VERBS_VM_PROVIDER=rxe|siw soft-RoCE rxe0 (default) or soft-iWARP siw0 (built by setup)
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
