@@ -163,6 +163,19 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
         };
         return execute_choice(Invocation::new(program, args)?, timeout, choice);
     }
+    let invs = node_invocations(per_node, nodes, program, args)?;
+    let refs: Vec<&Invocation> = invs.iter().collect();
+    execute_nodes_choice(&refs, timeout, choice)
+}
+
+/// The command of each of the first `nodes` nodes: its own `--nodeK` shell command
+/// (`sh -c SHELL`), else `program args`.
+fn node_invocations(
+    per_node: [Option<OsString>; vm::MAX_NODES],
+    nodes: usize,
+    program: Option<OsString>,
+    args: Vec<OsString>,
+) -> Result<Vec<Invocation>> {
     let mut invs = Vec::new();
     for (k, own) in per_node.into_iter().take(nodes).enumerate() {
         invs.push(match (own, &program) {
@@ -177,8 +190,7 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
             }
         });
     }
-    let refs: Vec<&Invocation> = invs.iter().collect();
-    execute_nodes_choice(&refs, timeout, choice)
+    Ok(invs)
 }
 
 /// The value of `--nodes`: 1 to [`vm::MAX_NODES`].
