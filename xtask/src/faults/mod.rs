@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 mod cases;
-mod render;
+pub(crate) mod render;
 #[cfg(test)]
 mod tests;
 mod verdict;

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 mod agent;
 mod fake_peer;
+pub mod mesh;
 #[cfg(test)]
 mod tests;
 
@@ -399,10 +400,13 @@ pub struct NodeResult {
     pub printed_error: bool,
     /// Problems of the agent itself (barrier timeouts, a program that did not start).
     pub problem: Option<String>,
+    /// N-node fault phases ([`mesh`]): the program (a link among survivors) was still
+    /// running once the survivor's links to the victim had all ended.
+    pub alive: bool,
 }
 
 impl NodeResult {
-    fn to_text(&self) -> String {
+    pub fn to_text(&self) -> String {
         let mut s = String::new();
         if let Some(st) = self.status {
             s.push_str(&format!("status={st}\n"));
@@ -412,6 +416,7 @@ impl NodeResult {
             ("killed", self.killed),
             ("early", self.early),
             ("printed_error", self.printed_error),
+            ("alive", self.alive),
         ] {
             if v {
                 s.push_str(&format!("{k}=1\n"));
@@ -447,6 +452,7 @@ impl NodeResult {
                 "killed" => r.killed = true,
                 "early" => r.early = true,
                 "printed_error" => r.printed_error = true,
+                "alive" => r.alive = true,
                 "elapsed_s" => r.elapsed_s = v.parse().unwrap_or(0.0),
                 "tte_s" => r.tte_s = v.parse().ok(),
                 "leaked" => r.leaked = v.parse().ok(),
