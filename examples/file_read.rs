@@ -92,6 +92,7 @@ impl Opts {
                 min_rnr_timer: None,
                 cq_entries: None,
                 stall: None,
+                seed: 0,
             },
             file: None,
             out: None,

@@ -37,7 +37,8 @@ fn run() -> rdma_verbs::Result<()> {
         max_recv_wr: 16,
         ..QpCaps::default()
     };
-    let mut cq = Cq::new(&ctx, 16)?; // a QP created on it grows it to fit its queues
+    // Room for both queues: a provider that cannot resize a CQ (siw) needs it up front.
+    let mut cq = Cq::new(&ctx, caps.max_send_wr + caps.max_recv_wr)?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let mut qp = Qp::new(&pd, &cq, &cq, caps)?.init(InitAttr::new(1, access))?;
     let timeout = Duration::from_secs(30);

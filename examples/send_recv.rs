@@ -7,6 +7,9 @@
 //! send_recv --client 10.99.0.1 [--size 4096] [--iters 10]
 //! ```
 //!
+//! `--seed N` (both sides the same) varies the messages' bytes, so streams between different
+//! pairs of nodes carry different content.
+//!
 //! `--stall-recv-at N --stall-ms M` (server): after echoing message N the server posts its
 //! next receive only M ms later, so the client's next SEND meets an empty receive queue and
 //! is answered with RNR NAKs; with `--rnr-retry 0` the client's SEND fails with
@@ -89,7 +92,7 @@ fn run(args: &app::Args) -> Result<()> {
         side.pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?,
     ))?;
     let (mut qp, _) = app::connect(args, &mut side, qp, &[])?;
-    let pattern = app::Pattern::new(args.size);
+    let pattern = app::Pattern::seeded(args.size, args.seed);
     let mut bufs = Bufs {
         send: Some(side.pd.alloc_mr(args.size, AccessFlags::empty())?),
         received: None,

@@ -194,6 +194,28 @@ mod tests {
     }
 
     #[test]
+    fn multicast_gids_are_told_as_the_kernel_tells_them() {
+        let gid = |s: &str| s.parse::<Gid>().unwrap();
+        for m in [
+            "ff0e::1",
+            "ff02::1:ff00:1",
+            "::ffff:224.0.0.1",
+            "::ffff:239.255.255.255",
+        ] {
+            assert!(gid(m).is_multicast(), "{m}");
+        }
+        for u in [
+            "::ffff:10.99.0.1",
+            "::ffff:240.0.0.1",
+            "fe80::1",
+            "::",
+            "::e000:1",
+        ] {
+            assert!(!gid(u).is_multicast(), "{u}");
+        }
+    }
+
+    #[test]
     fn bad_gids_are_typed_errors() {
         for s in [
             "",

@@ -119,6 +119,20 @@
 //! the request does not name the client's QP. Nobody listening is
 //! [`Error::CmEvent`](crate::error::Error::CmEvent) with UNREACHABLE and status 1.
 //!
+//! Multicast, as `mckey` does (`examples/mcast.rs` takes its flags): a UD id
+//! resolves the group's address from a local one
+//! (`id.resolve_addr(Some(local), group, t)`), creates its QP, posts receives,
+//! and [`join_multicast(&qp, group, t)`](crate::cm::CmId::join_multicast) waits
+//! for MULTICAST_JOIN, attaches the QP and returns the group as a `UdPeer`
+//! (remote QPN [`MULTICAST_QPN`](crate::qp::MULTICAST_QPN), the group's Q_Key):
+//! every member's QP receives what is sent to it.
+//! [`leave_multicast`](crate::cm::CmId::leave_multicast)
+//! detaches and leaves. Without rdma_cm,
+//! [`Qp::attach_mcast(gid, lid)`](crate::qp::Qp::attach_mcast) attaches a UD QP
+//! to a group GID directly; the QP keeps its groups and detaches them when
+//! dropped (the kernel would not destroy it otherwise). On RoCE the attach
+//! does not join the IP group (IGMP): rdma_cm's join does.
+//!
 //! A server of many clients accepts them concurrently:
 //! [`ExchangeListener::serve_each`](crate::exchange::ExchangeListener::serve_each)
 //! runs each client's exchange ([`ExchangeStream::serve`](crate::exchange::ExchangeStream::serve))

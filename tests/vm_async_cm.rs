@@ -42,7 +42,11 @@ fn a_runtime_without_io_gets_an_error_not_a_panic() {
     }
 
     // A connect made on a runtime with IO, awaited on one without: its
-    // timeout's timer cannot be registered (this panicked inside tokio).
+    // timeout's timer cannot be registered (this panicked inside tokio). Someone
+    // listens (and never accepts), so the connect starts on every provider and the
+    // wait is what fails: iWARP's rdma_connect would fail first, with
+    // ECONNREFUSED, on a port nobody listens on.
+    let _listener = rdma_verbs::cm::CmId::listener(addr(7496), 1).expect("listen");
     let rt_io = runtime();
     let (mut id, qp, _cq) = rt_io.block_on(async {
         let id = AsyncCmId::resolve(addr(7496), T).await.unwrap();
@@ -270,10 +274,15 @@ fn cm_connect_to_a_dead_port_is_an_error_not_a_hang() {
                 ..
             }
         ) && e.errno() == Some(libc::ECONNREFUSED);
-        assert!(
-            matches!(e, rdma_verbs::Error::CmEvent { .. }) || refused_at_once,
-            "expected a REJECTED/UNREACHABLE event error (ECONNREFUSED on iWARP), got {e:?}"
-        );
+        if common::iwarp(&ctx) {
+            assert!(refused_at_once, "expected ECONNREFUSED on iWARP, got {e:?}");
+            common::deviation("rdma_connect to a dead port fails with ECONNREFUSED, no event");
+        } else {
+            assert!(
+                matches!(e, rdma_verbs::Error::CmEvent { .. }),
+                "expected a REJECTED/UNREACHABLE event error, got {e:?}"
+            );
+        }
         assert!(t.elapsed() < T, "took {:?}", t.elapsed());
     });
 }
@@ -283,10 +292,12 @@ fn cm_connect_to_a_dead_port_is_an_error_not_a_hang() {
 #[test]
 fn async_events_arrive_on_the_stream() {
     let _g = serial();
-    assert_eq!(
-        std::env::var("RDMA_VERBS_DEVICE").ok().as_deref(),
-        Some("rxe0"),
-        "this test changes veth0's addresses and needs the soft-RoCE guest"
+    assert!(
+        matches!(
+            std::env::var("RDMA_VERBS_DEVICE").ok().as_deref(),
+            Some("rxe0" | "siw0")
+        ),
+        "this test changes veth0's addresses and needs the guest"
     );
     let rt = runtime();
     rt.block_on(async {
@@ -299,9 +310,17 @@ fn async_events_arrive_on_the_stream() {
                 .unwrap();
             assert!(st.success(), "ip {args:?}");
         };
+        let iwarp = common::iwarp(&ctx);
         ip(&["addr", "add", "10.99.8.1/24", "dev", "veth0"]);
-        let ev = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+        // siw raises no event for an address (its one GID is the MAC's): wait less.
+        let within = Duration::from_secs(if iwarp { 2 } else { 5 });
+        let ev = tokio::time::timeout(within, events.next()).await;
         ip(&["addr", "del", "10.99.8.1/24", "dev", "veth0"]);
+        if iwarp {
+            assert!(ev.is_err(), "an event on iWARP: {ev:?}");
+            common::deviation("no GID_CHANGE on address changes: the GID is the MAC's");
+            return;
+        }
         let ev = ev.expect("an event within 5 s").unwrap();
         assert_eq!(ev, AsyncEvent::GidChange { port: 1 });
     });

@@ -121,10 +121,16 @@ fn connect_accept_private_data_and_data_transfer() {
         "accept private data: {:?}",
         established.private_data
     );
-    assert_eq!(
-        qp.query().expect("query").state,
-        rdma_verbs::qp::QpStateKind::Rts
-    );
+    let state = qp.query().expect("query").state;
+    if state == rdma_verbs::qp::QpStateKind::Reset
+        && common::iwarp(&id.context().expect("a connected id has a context"))
+    {
+        // siw on 6.1 reports RESET for a connected QP (6.12 reports RTS); the crate's
+        // typestate, not the query, decides what may be posted.
+        common::deviation("ibv_query_qp reports RESET for a connected QP");
+    } else {
+        assert_eq!(state, rdma_verbs::qp::QpStateKind::Rts);
+    }
     send_bytes(&pd, &mut qp, 8, b"ping from client");
     let mut got_send = false;
     let mut reply = None;
@@ -191,7 +197,13 @@ fn rejected_connection_reports_status_and_private_data() {
             private_data,
             ..
         } => {
-            assert_eq!(*status, 28, "consumer-defined reject: {err}");
+            if common::iwarp(&id.context().expect("a resolved id has a context")) {
+                // iw_cm reports a peer's MPA reject as -ECONNRESET, not IB's 28.
+                assert_eq!(*status, -libc::ECONNRESET, "iWARP reject: {err}");
+                common::deviation("a consumer reject arrives with status -104 (ECONNRESET)");
+            } else {
+                assert_eq!(*status, 28, "consumer-defined reject: {err}");
+            }
             assert!(private_data.starts_with(b"go away"), "{private_data:?}");
         }
         other => panic!("expected REJECTED, got {other}"),
@@ -330,17 +342,20 @@ fn connect_without_listener_is_refused_not_hung() {
     let err = id
         .connect(qp, &ConnParam::new(), T)
         .expect_err("nobody listens");
+    let iwarp = common::iwarp(&id.context().expect("a resolved id has a context"));
     match &err {
         Error::CmEvent {
             event: CmEventKind::Rejected | CmEventKind::Unreachable,
             ..
-        } => {}
+        } if !iwarp => {}
         // iWARP (siw): iw_cm connects the TCP stream inside rdma_connect, which fails
         // at once.
         e @ Error::Verb {
             verb: "rdma_connect",
             ..
-        } if e.errno() == Some(libc::ECONNREFUSED) => {}
+        } if iwarp && e.errno() == Some(libc::ECONNREFUSED) => {
+            common::deviation("rdma_connect to a dead port fails with ECONNREFUSED, no event");
+        }
         other => panic!("expected REJECTED or UNREACHABLE (ECONNREFUSED on iWARP), got {other}"),
     }
     eprintln!("no listener: {err} after {:?}", start.elapsed());
@@ -384,13 +399,23 @@ fn unreachable_address_fails_within_the_timeout() {
         .expect("rdma_cm id")
         .resolve("127.0.0.1:20104".parse().unwrap(), RESOLVE)
         .expect_err("no RDMA on loopback");
-    assert!(
-        matches!(
-            &err,
-            Error::Verb { verb: "rdma_resolve_route", hint: Some(h), .. } if h.contains("loopback")
-        ),
-        "{err:?}"
-    );
+    if common::iwarp(&common::ctx()) {
+        // iw_cm refuses the address itself, at once.
+        assert!(
+            matches!(&err, e @ Error::Verb { verb: "rdma_resolve_addr", .. }
+                if e.errno() == Some(libc::EINVAL)),
+            "{err:?}"
+        );
+        common::deviation("resolving a loopback address fails in rdma_resolve_addr with EINVAL");
+    } else {
+        assert!(
+            matches!(
+                &err,
+                Error::Verb { verb: "rdma_resolve_route", hint: Some(h), .. } if h.contains("loopback")
+            ),
+            "{err:?}"
+        );
+    }
 
     // Off every subnet of the guest: no route at all.
     let id = CmId::new().expect("rdma_cm id");

@@ -347,6 +347,20 @@ fn ours_client_against_udaddy_server() {
 #[test]
 fn udaddy_client_against_ours_server() {
     let _serial = serial();
+    let ctx = common::ctx();
+    if common::iwarp(&ctx) {
+        // No UD on iWARP: the crate refuses the QP (udaddy would fail on its side, and
+        // the listener wait for its request).
+        let pd = rdma_verbs::pd::Pd::new(&ctx).unwrap();
+        let cq = rdma_verbs::cq::Cq::new(&ctx, 16).unwrap();
+        match rdma_verbs::qp::Qp::new_ud(&pd, &cq, &cq, common::caps_sr(4, 4)) {
+            Err(e @ rdma_verbs::Error::Unsupported { .. }) => panic!("{e}"),
+            other => panic!(
+                "a UD QP on iWARP: expected Unsupported, got {:?}",
+                other.err()
+            ),
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     let listener = CmId::ud_listener(common::guest_at(UDADDY_PORT), 4).expect("listen (UD)");
     let host = common::guest_ip().to_string();

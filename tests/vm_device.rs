@@ -69,8 +69,15 @@ fn device_list_finds_the_soft_roce_device() {
     assert!(!list.is_empty());
     let d = list.find(Some(&want)).expect("device by name");
     assert_eq!(d.name(), want);
-    assert_eq!(d.transport(), rdma_verbs::device::Transport::Ib);
-    assert_eq!(d.node_type(), rdma_verbs::device::NodeType::Ca);
+    // soft-iWARP's devices are siwN (an RNIC), soft-RoCE's rxeN (a CA on the IB
+    // transport, as RoCE reports).
+    use rdma_verbs::device::{NodeType, Transport};
+    let kind = if want.starts_with("siw") {
+        (Transport::Iwarp, NodeType::Rnic)
+    } else {
+        (Transport::Ib, NodeType::Ca)
+    };
+    assert_eq!((d.transport(), d.node_type()), kind);
     match list.find(Some("no_such_dev0")) {
         Err(Error::DeviceNotFound { name, available }) => {
             assert_eq!(name, "no_such_dev0");
@@ -167,25 +174,38 @@ fn query_port_and_gid_table_match_ibv_devinfo() {
         assert_eq!(p["link_layer"], a.link_layer.name());
         assert_eq!(num(&p["max_msg_sz"]), u64::from(a.max_msg_sz));
         assert_eq!(num(&p["port_cap_flags"]), u64::from(a.port_cap_flags));
-        assert_eq!(
-            num(p["max_vl_num"].split_whitespace().next().unwrap()),
-            u64::from(a.max_vl_num)
-        );
+        // "invalid value (0)" where the port has no VLs (iWARP).
+        let vl = &p["max_vl_num"];
+        let vl = vl
+            .strip_prefix("invalid value (")
+            .and_then(|v| v.strip_suffix(')'))
+            .unwrap_or_else(|| vl.split_whitespace().next().unwrap());
+        assert_eq!(num(vl), u64::from(a.max_vl_num));
         assert_eq!(num(&p["pkey_tbl_len"]), u64::from(a.pkey_tbl_len));
         assert_eq!(num(&p["gid_tbl_len"]), a.gid_tbl_len as u64);
-        assert!(
-            p["phys_state"].ends_with(&format!("({})", a.phys_state)),
-            "phys_state {} vs {}",
-            p["phys_state"],
-            a.phys_state
-        );
+        match p.get("phys_state") {
+            Some(ps) => assert!(
+                ps.ends_with(&format!("({})", a.phys_state)),
+                "phys_state {ps} vs {}",
+                a.phys_state
+            ),
+            // ibv_devinfo prints no physical state for an iWARP port.
+            None => assert!(common::iwarp(&ctx), "ibv_devinfo printed no phys_state"),
+        }
         assert_eq!(a.state, PortState::Active);
         assert_eq!(a.link_layer, LinkLayer::Ethernet);
     }
     // GIDs: same index, value and type as ibv_devinfo prints.
     let table = ctx.gid_table().unwrap();
-    assert!(!info.gids.is_empty());
-    assert_eq!(table.len(), info.gids.len(), "{table:?} vs {:?}", info.gids);
+    // ibv_devinfo of rdma-core 44 lists no GID for siw on 6.12 (it does on 6.1); the
+    // crate's table has siw's one entry on both, checked below.
+    let listed = !info.gids.is_empty() || !common::iwarp(&ctx);
+    assert!(listed || table.len() == 1, "{table:?}");
+    assert!(listed || info.gids.is_empty());
+    if listed {
+        assert!(!info.gids.is_empty());
+        assert_eq!(table.len(), info.gids.len(), "{table:?} vs {:?}", info.gids);
+    }
     for (port, idx, text) in &info.gids {
         let e = table
             .iter()
@@ -199,6 +219,14 @@ fn query_port_and_gid_table_match_ibv_devinfo() {
         assert_eq!(ctx.query_gid(*port, *idx).unwrap(), e.gid);
         let ex = ctx.query_gid_entry(*port, *idx).unwrap();
         assert_eq!(&ex, e);
+    }
+    if common::iwarp(&ctx) {
+        // siw's one GID is built from the netdev's MAC; it has no address GIDs.
+        assert_eq!(table.len(), 1, "{table:?}");
+        assert_eq!(table[0].gid_type, GidType::Ib, "{table:?}");
+        assert!(!table[0].gid.is_ipv4_mapped(), "{table:?}");
+        common::deviation("one GID, from the netdev's MAC, type IB: no RoCE v2 GID");
+        return;
     }
     let v2 = table
         .iter()
@@ -244,6 +272,17 @@ fn the_default_gid_is_the_roce_v2_ipv4_mapped_one() {
         .unwrap()
         .expect("rxe is RoCE: a GID is needed");
     let e = ctx.query_gid_entry(1, i).unwrap();
+    if common::iwarp(&ctx) {
+        // siw's one GID (index 0) comes from the netdev's MAC.
+        assert_eq!(
+            (i, e.gid_type),
+            (0, rdma_verbs::device::GidType::Ib),
+            "{e:?}"
+        );
+        assert!(!e.gid.is_ipv4_mapped(), "{e:?}");
+        common::deviation("the default GID is the MAC-based IB one: no RoCE v2 GID");
+        return;
+    }
     assert_eq!(e.gid_type, rdma_verbs::device::GidType::RoceV2);
     assert!(e.gid.is_ipv4_mapped(), "{e:?}");
     let addr = std::env::var("RDMA_VERBS_ADDR").unwrap_or_else(|_| "10.99.0.1".into());

@@ -135,6 +135,7 @@ fn rc_pingpong() {
 #[test]
 fn hello_rc() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    common::require_hand_connection(&common::ctx());
     let port = rdma_verbs::exchange::DEFAULT_PORT;
     let (sout, cout, took) = run_pair(
         "hello_rc",
@@ -153,6 +154,7 @@ fn hello_rc() {
 #[test]
 fn perf_send_bw_server_reports_its_sampling_window_in_duration_mode() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    common::require_hand_connection(&common::ctx());
     let port = 19560u16;
     let p = port.to_string();
     let args = [

@@ -72,6 +72,7 @@ fn client(port: u16, i: usize, start: &Barrier) -> (u32, Instant) {
 #[test]
 fn several_rc_clients_are_served_concurrently_and_wait_for_the_receives() {
     let ctx = ctx();
+    common::require_hand_connection(&ctx);
     let gid = gid_index(&ctx);
     let pd = Pd::new(&ctx).unwrap();
     // Smaller than one QP's queues: it grows as each client's QP joins.
@@ -148,6 +149,8 @@ fn several_rc_clients_are_served_concurrently_and_wait_for_the_receives() {
 #[test]
 fn rc_clients_are_served_by_async_tasks_at_once() {
     use std::sync::Arc;
+
+    common::require_hand_connection(&ctx());
 
     use rdma_verbs::tokio::exchange::{self as aexchange, ExchangeListener as AsyncListener};
     use rdma_verbs::tokio::{AsyncCq, AsyncQp};

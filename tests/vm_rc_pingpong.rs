@@ -147,7 +147,9 @@ fn run_case(c: &Case, gid: u8) -> Duration {
 
 fn run_all(server: Side, client: Side, base_port: u16, sizes: &[usize]) {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let gid = common::gid_index(&common::ctx());
+    let ctx = common::ctx();
+    common::require_hand_connection(&ctx);
+    let gid = common::gid_index(&ctx);
     let mut port = base_port;
     for events in [false, true] {
         for &size in sizes {

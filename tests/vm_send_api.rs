@@ -30,6 +30,9 @@ fn rc_qps_use_the_extended_api_where_the_provider_has_it() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let cq = Cq::new(&ctx, 256).unwrap();
+    if common::iwarp(&ctx) {
+        return iwarp_qps_use_ibv_post_send(&pd, &cq);
+    }
     // rxe implements ibv_qp_ex: Qp::new picks it.
     let qp = Qp::new(&pd, &cq, &cq, caps()).unwrap();
     assert_eq!(qp.send_api(), SendApi::Extended);
@@ -43,6 +46,29 @@ fn rc_qps_use_the_extended_api_where_the_provider_has_it() {
     // UC and UD stay on ibv_post_send.
     let uc = Qp::new_uc(&pd, &cq, &cq, caps()).unwrap();
     assert_eq!(uc.send_api(), SendApi::Legacy);
+}
+
+/// siw's `ibv_create_qp_ex` refuses send operations (`EOPNOTSUPP`): `Qp::new` falls back
+/// to `ibv_post_send`, asking for the extended API is `Unsupported`, and UC QPs do not
+/// exist on iWARP.
+fn iwarp_qps_use_ibv_post_send(pd: &Pd, cq: &Cq) {
+    fn unsupported<T>(r: rdma_verbs::Result<T>) {
+        match r {
+            Err(rdma_verbs::Error::Unsupported { .. }) => {}
+            Err(e) => panic!("expected Unsupported, got {e:?}"),
+            Ok(_) => panic!("expected Unsupported, got a QP"),
+        }
+    }
+    let qp = Qp::new(pd, cq, cq, caps()).unwrap();
+    assert_eq!(qp.send_api(), SendApi::Legacy);
+    unsupported(Qp::new_with_send_api(pd, cq, cq, caps(), SendApi::Extended));
+    let qp = Qp::new_with_send_api(pd, cq, cq, caps(), SendApi::Legacy).unwrap();
+    assert_eq!(qp.send_api(), SendApi::Legacy);
+    let srq = Srq::new(pd, cq, SrqAttr::new(8, 1)).unwrap();
+    let qp = Qp::new_with_srq(pd, cq, cq, &srq, caps()).unwrap();
+    assert_eq!(qp.send_api(), SendApi::Legacy);
+    unsupported(Qp::new_uc(pd, cq, cq, caps()));
+    common::deviation("no extended send API (ibv_qp_ex): Qp::new uses ibv_post_send");
 }
 
 fn filled(pd: &Pd, data: &[u8]) -> Mr {

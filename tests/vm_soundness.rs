@@ -209,6 +209,9 @@ fn queues_that_would_overrun_the_cq_are_refused() {
 #[test]
 fn a_cq_too_small_for_the_default_caps_grows_and_carries_traffic() {
     let _g = serial();
+    if refused_on_a_cq_that_cannot_grow(16, QpCaps::default()) {
+        return;
+    }
     const N: u64 = 128;
     let mut p = pair_sized(QpCaps::default(), 16, |pd, _, b| {
         let mr = |_| pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -246,12 +249,46 @@ fn a_cq_too_small_for_the_default_caps_grows_and_carries_traffic() {
     }
 }
 
+/// On iWARP (siw, which cannot resize a CQ): a QP whose send queue does not fit a CQ of
+/// `depth` is refused with `Error::CqTooSmall` naming the numbers, reported as a deviation
+/// (true); elsewhere false, and the CQ grows as the caller's test asserts.
+fn refused_on_a_cq_that_cannot_grow(depth: u32, caps: QpCaps) -> bool {
+    let ctx = ctx();
+    if !common::iwarp(&ctx) {
+        return false;
+    }
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, depth).unwrap();
+    match Qp::new(&pd, &cq, &cq, caps) {
+        Err(Error::CqTooSmall {
+            queue: "send",
+            needed,
+            free,
+            depth: d,
+        }) => assert_eq!(
+            (needed, free, d),
+            (
+                u64::from(caps.max_send_wr),
+                u64::from(depth),
+                u64::from(depth)
+            )
+        ),
+        other => panic!("expected CqTooSmall on a CQ siw cannot grow, got {other:?}"),
+    }
+    assert_eq!(cq.reserved(), 0, "the refused QP's reservations came back");
+    common::deviation("no CQ resize: a QP whose queues do not fit its CQ is CqTooSmall");
+    true
+}
+
 /// `Cq::resize` grows and shrinks within what the queues reserve, and a QP
 /// whose queues would take the CQ past the device's `max_cqe` is refused,
 /// its reservations given back.
 #[test]
 fn resize_respects_the_reservations_and_the_device_limit() {
     let _g = serial();
+    if refused_on_a_cq_that_cannot_grow(8, caps_sr(64, 64)) {
+        return;
+    }
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let cq = Cq::new(&ctx, 8).unwrap();
@@ -573,6 +610,28 @@ fn reset_needs_a_drained_qp() {
     for i in 0..3 {
         let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         qp.post_recv(RecvWr::new(i, mr)).unwrap();
+    }
+    if common::iwarp(&ctx) {
+        // No way back to RESET on iWARP (siw would stay in ERR and strand later
+        // receives): refused with the QP back, which still flushes in ERR.
+        let (qp, refused) = match qp.reset() {
+            Err(e) => (e.qp, e.error),
+            Ok(_) => panic!("reset on iWARP"),
+        };
+        assert!(
+            matches!(
+                refused,
+                Error::Unsupported {
+                    verb: "ibv_modify_qp(RESET)",
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        let qp = qp.to_error().unwrap();
+        assert_eq!(wait(&mut cq, 3).len(), 3);
+        drop(qp);
+        panic!("{refused}");
     }
     // RESET may or may not discard posted receives (provider-specific), so
     // the buffers could not be accounted for: refused, QP handed back.

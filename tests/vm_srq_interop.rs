@@ -57,7 +57,9 @@ fn interop(
     events: bool,
     port: u16,
 ) {
-    let gid = gid_index(&ctx());
+    let ctx = ctx();
+    common::require_hand_connection(&ctx);
+    let gid = gid_index(&ctx);
     let size = 1024;
     let mut args = vec![
         "-g".to_owned(),

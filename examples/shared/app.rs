@@ -33,12 +33,24 @@ pub struct Args {
     /// Parsed for send_recv only (the other examples refuse the option and never read it).
     #[allow(dead_code)]
     pub stall: Option<(usize, Duration)>,
+    /// `--seed`: varies the message pattern ([`Pattern::seeded`]), so streams between
+    /// different pairs carry different bytes; both sides give the same seed. Read by
+    /// send_recv and ud_send only.
+    #[allow(dead_code)]
+    pub seed: u64,
+}
+
+/// Whether example `name` takes `--seed` (the examples whose messages are a [`Pattern`]
+/// sent from one side to the other).
+fn seeded(name: &str) -> bool {
+    matches!(name, "send_recv" | "ud_send")
 }
 
 /// The usage line of example `name` (send_recv has the stall options).
 fn usage(name: &str) -> String {
     format!(
-        "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7] [--rnr-retry 0-7] [--min-rnr-timer 0-31] [--cq-entries N]{}",
+        "usage: {name} (--server | --client HOST) [--size BYTES] [--iters N] [--device DEV] [--gid-index I] [--port TCP_PORT] [--qp-timeout 0-31] [--retry-cnt 0-7] [--rnr-retry 0-7] [--min-rnr-timer 0-31] [--cq-entries N]{}{}",
+        if seeded(name) { " [--seed N]" } else { "" },
         if name == "send_recv" {
             " [--stall-recv-at N --stall-ms MS]"
         } else {
@@ -55,7 +67,7 @@ fn number<T: std::str::FromStr>(v: &str, ok: impl Fn(&T) -> bool) -> Option<T> {
 impl Args {
     /// Parses `--server | --client HOST`, `--size N`, `--iters N`, `--device D`,
     /// `--gid-index I`, `--port P`, `--qp-timeout T`, `--retry-cnt R`, `--rnr-retry R`,
-    /// `--min-rnr-timer C`, `--cq-entries N` and (send_recv only) `--stall-recv-at N
+    /// `--min-rnr-timer C`, `--cq-entries N`, (send_recv and ud_send) `--seed N` and (send_recv only) `--stall-recv-at N
     /// --stall-ms M`; exits with usage on anything else.
     pub fn parse(name: &str, default_port: u16) -> Args {
         let usage = usage(name);
@@ -72,6 +84,7 @@ impl Args {
             min_rnr_timer: None,
             cq_entries: None,
             stall: None,
+            seed: 0,
         };
         let mut server = false;
         let (mut stall_at, mut stall_ms) = (None, None);
@@ -116,6 +129,7 @@ impl Args {
                 }
                 "--stall-ms" if name == "send_recv" => stall_ms = Some(num!("--stall-ms", u64)),
                 "--port" | "-p" => a.port = num!("--port", u16),
+                "--seed" if seeded(name) => a.seed = num!("--seed", u64),
                 "--help" | "-h" => {
                     println!("{usage}");
                     std::process::exit(0)
@@ -355,9 +369,17 @@ pub struct Pattern {
 
 impl Pattern {
     /// Messages of `len` bytes.
+    #[allow(dead_code)]
     pub fn new(len: usize) -> Pattern {
+        Pattern::seeded(len, 0)
+    }
+
+    /// Messages of `len` bytes from the generator started at `seed` (each seed gives
+    /// other bytes).
+    pub fn seeded(len: usize, seed: u64) -> Pattern {
         let mut bytes = Vec::with_capacity(len + 256 + 8);
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        // Never zero, where xorshift would stay.
+        let mut x: u64 = (0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0xbf58_476d_1ce4_e5b9)) | 1;
         while bytes.len() < len + 256 {
             // xorshift64, eight bytes at a time.
             x ^= x << 13;

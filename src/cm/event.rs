@@ -161,7 +161,9 @@ pub struct CmEvent {
     pub conn: ConnInfo,
     /// On a UD id ([`CmId::new_ud`]), the peer's address, QP number and Q_Key
     /// that came with ESTABLISHED (the answer to
-    /// [`connect_ud`](CmId::connect_ud)); `None` otherwise.
+    /// [`connect_ud`](CmId::connect_ud)), or the group's that came with
+    /// MULTICAST_JOIN ([`join_multicast`](CmId::join_multicast): QPN
+    /// [`MULTICAST_QPN`](crate::qp::MULTICAST_QPN)); `None` otherwise.
     pub ud: Option<UdParam>,
     pub(super) request: Option<ConnectRequest>,
 }
@@ -238,6 +240,13 @@ impl Awaited {
         kind: CmEventKind::Established,
         op: "rdma_accept",
         what: "rdma_accept: waiting for ESTABLISHED",
+        grace: Duration::ZERO,
+    };
+    /// `rdma_join_multicast`'s MULTICAST_JOIN.
+    pub(crate) const MCAST_JOINED: Awaited = Awaited {
+        kind: CmEventKind::MulticastJoin,
+        op: "rdma_join_multicast",
+        what: "rdma_join_multicast: waiting for MULTICAST_JOIN",
         grace: Duration::ZERO,
     };
     /// `rdma_disconnect`'s DISCONNECTED (only the futures wait for it).
@@ -324,6 +333,11 @@ fn event_hint(kind: CmEventKind, status: i32) -> Option<String> {
             format!("the connection could not be established ({})", errno_text())
         }
         CmEventKind::Disconnected => "the peer disconnected".to_owned(),
+        CmEventKind::MulticastError => format!(
+            "the multicast group could not be joined or was lost ({}); on InfiniBand the subnet \
+             manager refused or dropped the group, on RoCE the interface left it (address change?)",
+            errno_text()
+        ),
         CmEventKind::DeviceRemoval => "the RDMA device was removed".to_owned(),
         _ => return None,
     };
@@ -356,7 +370,12 @@ pub(super) unsafe fn copy_event(
         kind,
         CmEventKind::MulticastJoin | CmEventKind::MulticastError
     ) {
-        // param.ud of a multicast event holds the join's user context.
+        // param.ud's private_data of a multicast event is the join's user
+        // context, not data; JOIN's address, QPN and Q_Key are the group's.
+        if kind == CmEventKind::MulticastJoin {
+            // SAFETY: librdmacm fills param.ud for multicast events.
+            out.ud = Some(UdParam::from_ffi(unsafe { &e.param.ud }));
+        }
     } else if ud {
         // SAFETY: librdmacm fills param.ud for the ids of UD port spaces.
         let p = unsafe { e.param.ud };

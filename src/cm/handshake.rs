@@ -77,8 +77,18 @@ impl Drop for Handshake {
 #[cfg(feature = "tokio")]
 impl CmId {
     pub(crate) fn start_resolve_addr(&self, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        self.start_resolve_addr_from(None, dst, timeout)
+    }
+
+    /// `rdma_resolve_addr` from `src`, taking the lock.
+    pub(crate) fn start_resolve_addr_from(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
         let _g = self.inner.lock();
-        self.start_resolve_addr_locked(None, dst, timeout)
+        self.start_resolve_addr_locked(src, dst, timeout)
     }
 
     pub(crate) fn start_resolve_route(&self, timeout: Duration) -> Result<()> {

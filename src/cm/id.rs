@@ -44,6 +44,7 @@ impl CmId {
                 raw,
                 lock: Mutex::new(()),
                 connecting: AtomicBool::new(false),
+                groups: Mutex::new(Vec::new()),
                 channel,
             }),
         })
@@ -64,6 +65,7 @@ impl CmId {
                     raw: child,
                     lock: Mutex::new(()),
                     connecting: AtomicBool::new(false),
+                    groups: Mutex::new(Vec::new()),
                     channel,
                 }),
             }),

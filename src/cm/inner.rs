@@ -12,6 +12,9 @@ pub(super) struct IdInner {
     /// (it polls the channel without the lock, and the id's events are its
     /// own until it returns). Written and read under `lock`.
     pub(super) connecting: AtomicBool,
+    /// The multicast groups joined and not left (`cm/mcast.rs`); the
+    /// kernel leaves them when the id is destroyed.
+    pub(super) groups: Mutex<Vec<Joined>>,
     /// Dropped after the id is destroyed.
     pub(super) channel: EventChannel,
 }

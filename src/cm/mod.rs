@@ -5,7 +5,8 @@
 //! the passive side binds and listens, takes a [`ConnectRequest`] with
 //! [`CmId::get_request`], creates its QP on the request's id and accepts it.
 //! Both QPs end in RTS, with receives posted in INIT carried over. For UD
-//! (`RDMA_PS_UDP`, what `udaddy` does) see [`CmId::new_ud`] and [`UdPeer`].
+//! (`RDMA_PS_UDP`, what `udaddy` does) see [`CmId::new_ud`] and [`UdPeer`]; for
+//! UD multicast (what `mckey` does), [`CmId::join_multicast`].
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_verbs::cm::{CmId, ConnParam};
@@ -61,6 +62,7 @@ pub(crate) mod event;
 mod handshake;
 mod id;
 mod inner;
+mod mcast;
 mod param;
 mod request;
 mod resolve;
@@ -73,6 +75,7 @@ pub use event::{CmEvent, CmEventKind, ConnInfo, EventChannel};
 use handshake::*;
 pub use id::CmId;
 use inner::*;
+use mcast::Joined;
 pub use param::ConnParam;
 pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
 use ud::check_port_space;
@@ -167,6 +170,24 @@ mod tests {
         assert!(s.contains("rejected") && s.contains("SIDR status 2"), "{s}");
         let s = unreachable(-libc::ETIMEDOUT);
         assert!(s.contains("did not answer") && !s.contains("SIDR"), "{s}");
+    }
+
+    #[test]
+    fn multicast_errors_say_what_failed() {
+        let e = CmEvent {
+            kind: CmEventKind::MulticastError,
+            status: -libc::ENODEV,
+            private_data: vec![],
+            conn: ConnInfo::default(),
+            ud: None,
+            request: None,
+        }
+        .into_error("rdma_join_multicast");
+        let s = e.to_string();
+        assert!(
+            s.contains("RDMA_CM_EVENT_MULTICAST_ERROR") && s.contains("multicast group"),
+            "{s}"
+        );
     }
 
     #[test]

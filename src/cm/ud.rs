@@ -340,7 +340,7 @@ pub(super) fn check_port_space(id: *mut ffi::rdma_cm_id, ud: bool) -> Result<()>
 
 /// Checks that `id` is a UD id and `qp` on its device and port. Call with
 /// the id's lock held.
-fn check_ud_qp<S: QpState>(id: *mut ffi::rdma_cm_id, qp: &Qp<Ud, S>) -> Result<()> {
+pub(super) fn check_ud_qp<S: QpState>(id: *mut ffi::rdma_cm_id, qp: &Qp<Ud, S>) -> Result<()> {
     check_port_space(id, true)?;
     // SAFETY: valid id under its lock (caller); plain fields.
     let (verbs, port) = unsafe { ((*id).verbs, (*id).port_num) };

@@ -10,7 +10,10 @@
 //! takes the buffers out and advances the ring's tail. Queues complete in
 //! order, so a completion for sequence `k` also retires every unsignaled
 //! request before it. A completion that fails validation is never
-//! dereferenced: it comes back as foreign or stale.
+//! dereferenced: it comes back as foreign or stale. An iWARP send queue
+//! completes a READ after the requests posted behind it: its ring retires
+//! out of order (`Ring::retire_out_of_order`), decided when the QP is
+//! created, so an in-order queue pays one untaken branch for it.
 //!
 //! Concurrency: the poster (`&mut Qp`) is the only producer and the poller of
 //! the queue's CQ (`&mut Cq`) the only consumer. A slot is published with its
@@ -144,6 +147,10 @@ pub(crate) struct Ring {
     /// Such requests' buffers, kept until the ring goes (after the QP is
     /// destroyed) instead of being dropped or handed back.
     held: std::sync::Mutex<Vec<Sges>>,
+    /// On an out-of-order ring, one past the furthest request retired: the
+    /// slots between the tail and here are retired or still in flight (only
+    /// the consumer touches it).
+    done_end: AtomicU64,
 }
 
 // SAFETY: slot data is only touched by whoever won the slot's POSTED → EMPTY
@@ -176,6 +183,7 @@ impl Ring {
             srq: None,
             out_of_order: false,
             held: std::sync::Mutex::new(Vec::new()),
+            done_end: AtomicU64::new(0),
         }
     }
 
@@ -189,9 +197,19 @@ impl Ring {
     /// later completion may still be in the NIC's hands: one that asked for
     /// its own completion (which has not come), or one whose buffers the NIC
     /// writes (siw completes a SEND before an earlier READ, signaled or not).
+    /// The ordinary path leaves a signaled READ in flight instead (see
+    /// [`retire_out_of_order`](Ring::retire_out_of_order)); the scope's
+    /// requests before the scope sweep this way.
     #[cold]
     fn nic_may_still_use(&self, meta: SlotMeta) -> bool {
         meta.signaled || meta.nic_writes_local()
+    }
+
+    /// Whether this ring's queue may complete out of order (see
+    /// [`completing_out_of_order`](Ring::completing_out_of_order)).
+    #[inline]
+    pub(crate) fn completes_out_of_order(&self) -> bool {
+        self.out_of_order
     }
 
     /// Keeps the buffers at `bufs` until the ring is dropped (see `held`).
@@ -455,13 +473,95 @@ impl Ring {
         {
             return None;
         }
+        if self.out_of_order {
+            // SAFETY: per the contract; `seq` is posted and in the window.
+            return unsafe { self.retire_out_of_order(tail, seq, retired, bufs_out, caught, lost) };
+        }
         for s in tail..seq {
             let Some(d) = self.claim_ptr(s) else { continue };
             // SAFETY: claimed, so initialised and ours; each field is moved out
             // (or dropped) once, and the slot is EMPTY so no one reads it again.
             unsafe {
                 *lost += u64::from((*d).meta.signaled);
-                if self.out_of_order && self.nic_may_still_use((*d).meta) {
+                match retired.as_deref_mut() {
+                    Some(v) => push_retired(v, d),
+                    None => drop_in_place_catching(&raw mut (*d).bufs, caught),
+                }
+            }
+        }
+        // SAFETY: per the contract.
+        let done = unsafe { self.take_target(seq, bufs_out) };
+        self.tail.store(seq + 1, Ordering::Release);
+        done
+    }
+
+    /// Claims the completed request `seq` and moves its buffers to `bufs_out`.
+    ///
+    /// # Safety
+    /// As [`retire`](Ring::retire)'s.
+    #[inline(always)]
+    unsafe fn take_target(&self, seq: u64, bufs_out: *mut Sges) -> Option<Retired> {
+        self.claim_ptr(seq).map(|d| {
+            // SAFETY: claimed, so initialised and ours; `bufs_out` is valid for
+            // writes per the contract; only the used buffer entries are copied.
+            unsafe {
+                Sges::move_to(&raw const (*d).bufs, bufs_out);
+                Retired {
+                    wr_id: (*d).wr_id,
+                    meta: (*d).meta,
+                }
+            }
+        })
+    }
+
+    /// [`retire`](Ring::retire) on a queue that completes out of order (iWARP: a
+    /// READ completes when its response has arrived, after the SENDs and WRITEs
+    /// posted behind it, which complete in posting order among themselves).
+    ///
+    /// The completion of `seq` retires its own slot. Before it, a signaled READ
+    /// or atomic still posted stays in flight (its own completion comes later)
+    /// and keeps the tail, so its slot and the window stay reserved; an
+    /// unsignaled one never gets a completion, so its buffers are held until
+    /// the ring goes (`held`); every other request before `seq` completed
+    /// before it and retires as on an in-order queue, except that a signaled
+    /// one (whose completion was lost) is held as well. `done_end` remembers
+    /// the furthest request retired, so that the completion of the READ at the
+    /// tail moves the tail past the slots retired ahead of it.
+    ///
+    /// # Safety
+    /// As [`retire`](Ring::retire)'s; `tail` is the tail it loaded and `seq`
+    /// a posted request of the window.
+    #[cold]
+    #[inline(never)]
+    unsafe fn retire_out_of_order(
+        &self,
+        tail: u64,
+        seq: u64,
+        mut retired: Option<&mut Vec<(u64, Sges)>>,
+        bufs_out: *mut Sges,
+        caught: &mut HeldPanic,
+        lost: &mut u64,
+    ) -> Option<Retired> {
+        let mut first_left = None;
+        for s in tail..seq {
+            let slot = self.slot(s);
+            if slot.state.load(Ordering::Acquire) != POSTED {
+                continue; // retired ahead of an earlier READ
+            }
+            // SAFETY: POSTED, so initialised (published with Release, seen
+            // with the Acquire above); the producer writes no slot at or after
+            // the tail and nobody writes `meta` after that, so a copy is sound
+            // even if the destructor claims the slot meanwhile.
+            let meta = unsafe { (*slot.data.get().cast::<SlotData>()).meta };
+            if meta.signaled && meta.nic_writes_local() {
+                first_left.get_or_insert(s);
+                continue;
+            }
+            let Some(d) = self.claim_ptr(s) else { continue };
+            // SAFETY: claimed, so initialised and ours; moved out or dropped once.
+            unsafe {
+                *lost += u64::from(meta.signaled);
+                if self.nic_may_still_use(meta) {
                     self.hold(&raw mut (*d).bufs);
                     continue;
                 }
@@ -471,18 +571,17 @@ impl Ring {
                 }
             }
         }
-        let done = self.claim_ptr(seq).map(|d| {
-            // SAFETY: claimed as above; `bufs_out` is valid for writes per the
-            // contract; only the used buffer entries are copied.
-            unsafe {
-                Sges::move_to(&raw const (*d).bufs, bufs_out);
-                Retired {
-                    wr_id: (*d).wr_id,
-                    meta: (*d).meta,
-                }
-            }
+        // SAFETY: per the contract.
+        let done = unsafe { self.take_target(seq, bufs_out) };
+        let done_end = self.done_end.load(Ordering::Relaxed).max(seq + 1);
+        self.done_end.store(done_end, Ordering::Relaxed);
+        let new_tail = first_left.unwrap_or_else(|| {
+            // Past the slots retired ahead of `seq`, up to the next one in flight.
+            (seq + 1..done_end)
+                .find(|&s| self.slot(s).state.load(Ordering::Relaxed) == POSTED)
+                .unwrap_or(done_end)
         });
-        self.tail.store(seq + 1, Ordering::Release);
+        self.tail.store(new_tail, Ordering::Release);
         done
     }
 }
@@ -613,16 +712,10 @@ mod tests {
         assert_eq!(lost, 1);
     }
 
-    #[test]
-    fn an_out_of_order_ring_holds_what_the_nic_may_still_write() {
-        let held = |ring: &Ring| ring.held.lock().unwrap().len();
-        for out_of_order in [false, true] {
-            let mut ring = Ring::new(8, 1, 7);
-            if out_of_order {
-                ring = ring.completing_out_of_order();
-            }
-            let mut head = 0;
-            let mut fill = |opcode, signaled| {
+    /// Posts `(opcode, signaled)` requests with wr_ids 0.. on `ring`; returns their tokens.
+    fn post_ops(ring: &Ring, head: &mut u64, ops: &[(u32, bool)]) -> Vec<u64> {
+        ops.iter()
+            .map(|&(opcode, signaled)| {
                 let bufs = Sges::default();
                 let meta = SlotMeta {
                     opcode,
@@ -630,22 +723,94 @@ mod tests {
                     drain: false,
                 };
                 // SAFETY: single producer; `bufs` is forgotten after the move.
-                let token = unsafe { ring.fill(head, 0, meta, &bufs) };
+                let token = unsafe { ring.fill(*head, *head, meta, &bufs) };
                 std::mem::forget(bufs);
-                head += 1;
+                *head += 1;
                 token
-            };
-            // An unsignaled WRITE and READ, a signaled READ, then a SEND that sweeps them.
-            fill(ffi::IBV_WR_RDMA_WRITE, false);
-            fill(ffi::IBV_WR_RDMA_READ, false);
-            fill(ffi::IBV_WR_RDMA_READ, true);
-            let t = fill(ffi::IBV_WR_SEND, true);
+            })
+            .collect()
+    }
+
+    fn held(ring: &Ring) -> usize {
+        ring.held.lock().unwrap().len()
+    }
+
+    #[test]
+    fn an_out_of_order_ring_leaves_a_signaled_read_in_flight_and_holds_an_unsignaled_one() {
+        use ffi::{IBV_WR_RDMA_READ as READ, IBV_WR_RDMA_WRITE as WRITE, IBV_WR_SEND as SEND};
+        // An unsignaled WRITE and READ, a signaled READ, then a SEND that completes first.
+        let ops = [(WRITE, false), (READ, false), (READ, true), (SEND, true)];
+        for out_of_order in [false, true] {
+            let mut ring = Ring::new(8, 1, 7);
+            if out_of_order {
+                ring = ring.completing_out_of_order();
+            }
+            let mut head = 0;
+            let t = post_ops(&ring, &mut head, &ops);
             let mut lost = 0;
-            assert_eq!(retire(&ring, t, &mut lost), Some(0));
-            assert_eq!(lost, 1, "the signaled READ's completion did not come");
-            // In order: all three are done. Out of order: both READs may not be.
-            assert_eq!(held(&ring), if out_of_order { 2 } else { 0 });
+            assert_eq!(retire(&ring, t[3], &mut lost), Some(3));
+            if !out_of_order {
+                // In order: all four are done, the signaled READ's completion lost.
+                assert_eq!((lost, held(&ring), ring.in_flight(head)), (1, 0, 0));
+                continue;
+            }
+            // The WRITE retired, the unsignaled READ held, the signaled one in flight
+            // and keeping the tail (and the window) at its slot.
+            assert_eq!((lost, held(&ring), ring.tail()), (0, 1, 2));
+            assert_eq!(ring.in_flight(head), 2);
+            assert_eq!(
+                retire(&ring, t[3], &mut lost),
+                None,
+                "the SEND is stale now"
+            );
+            // The READ's own completion retires it and moves the tail past the SEND.
+            assert_eq!(retire(&ring, t[2], &mut lost), Some(2));
+            assert_eq!((lost, ring.tail(), ring.in_flight(head)), (0, 4, 0));
         }
+    }
+
+    #[test]
+    fn an_out_of_order_ring_retires_reads_and_sends_interleaved() {
+        use ffi::{IBV_WR_RDMA_READ as READ, IBV_WR_SEND as SEND};
+        let ring = Ring::new(8, 1, 7).completing_out_of_order();
+        let mut head = 0;
+        // READ 0, SEND 1 (unsignaled), READ 2, SEND 3, SEND 4.
+        let ops = [
+            (READ, true),
+            (SEND, false),
+            (READ, true),
+            (SEND, true),
+            (SEND, true),
+        ];
+        let t = post_ops(&ring, &mut head, &ops);
+        let mut lost = 0;
+        assert_eq!(
+            retire(&ring, t[3], &mut lost),
+            Some(3),
+            "retires SEND 1 with it"
+        );
+        assert_eq!(ring.tail(), 0);
+        // The second READ completes before the first: the tail stays at the first.
+        assert_eq!(retire(&ring, t[2], &mut lost), Some(2));
+        assert_eq!(ring.tail(), 0);
+        // A full window: five in flight as far as the producer sees.
+        assert_eq!(ring.in_flight(head), 5);
+        assert_eq!(retire(&ring, t[0], &mut lost), Some(0));
+        assert_eq!(
+            ring.tail(),
+            4,
+            "past SEND 1, READ 2 and SEND 3, up to SEND 4"
+        );
+        assert_eq!(retire(&ring, t[4], &mut lost), Some(4));
+        assert_eq!((ring.tail(), lost, held(&ring)), (5, 0, 0));
+        // The slots are reused after the wrap of the window.
+        let t = post_ops(&ring, &mut head, &[(SEND, true); 8]);
+        assert_eq!(retire(&ring, t[7], &mut lost), Some(12));
+        assert_eq!(
+            (ring.tail(), lost),
+            (13, 7),
+            "the seven before it swept as lost"
+        );
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! UC ([`Uc`]) and UD ([`Ud`]) have the same states with their own constructors ([`Qp::new_uc`],
 //! [`Qp::new_ud`]), attributes and request types ([`UcSendWr`], [`UdSendWr`], [`UdRecvWr`]); what a
 //! transport cannot do has no constructor, so it does not compile (see `tests/ui`).
+//! A UD QP joins multicast groups with [`attach_mcast`](Qp::attach_mcast) and keeps them
+//! until [`detach_mcast`](Qp::detach_mcast) or its drop ([`McastGroup`], [`MULTICAST_QPN`]).
 //! [`post_recv`](Qp::post_recv) exists from INIT on, [`post_send`](Qp::post_send) only in RTS;
 //! misuse does not compile:
 //!
@@ -53,6 +55,7 @@
 mod attr;
 mod built;
 mod create;
+mod mcast;
 mod mw;
 pub(crate) mod post;
 mod qp_core;
@@ -89,6 +92,7 @@ pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
     UcInitAttr, UcRtrAttr, UdInitAttr,
 };
+pub use mcast::{MULTICAST_QPN, McastGroup};
 pub use send_ex::SendApi;
 pub use split::{OwnedRecvHalf, OwnedSendHalf, RecvHalf, ReuniteError, SendHalf};
 pub use state::{

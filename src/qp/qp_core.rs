@@ -40,6 +40,9 @@ pub(super) struct QpExtensions {
     pub(super) scoped: Option<Box<scope::ScopedTables>>,
     /// The extended send interface, when the QP was created with one.
     pub(super) send_ex: Option<send_ex::SendEx>,
+    /// The multicast groups the QP is attached to, detached before it is
+    /// destroyed (`qp/mcast.rs`).
+    pub(super) mcast: mcast::Memberships,
     /// The memory windows that window requests name, by send slot (see
     /// `qp/mw.rs`); made by the first such request.
     pub(super) windows: Option<mw::WindowKeep>,
@@ -64,6 +67,7 @@ impl QpExtensions {
             _keepalive: keepalive,
             scoped: None,
             send_ex: None,
+            mcast: mcast::Memberships::default(),
             windows: None,
             #[cfg(feature = "tokio")]
             async_next_id: 1,
@@ -82,6 +86,7 @@ unsafe impl Sync for QpCore {}
 impl Drop for QpCore {
     fn drop(&mut self) {
         self.release_retired_windows();
+        self.detach_all_mcast();
         // SAFETY: raw is a live QP owned by this core. After ibv_destroy_qp returns
         // the NIC no longer touches its buffers and generates no completion for it.
         let rc = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };

@@ -115,8 +115,16 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// On a QP attached to an SRQ that applies also to a receive it took from
     /// the SRQ mid-message, which this check cannot count (see the module
     /// docs, "Shared receive queues").
+    ///
+    /// Refused with [`Error::Unsupported`] on an iWARP device: an iWARP QP is bound to
+    /// its connection, and siw accepts the move out of ERR without making it (the QP
+    /// stays in ERR, where a receive posted later is neither consumed nor flushed).
+    /// Create a new QP instead.
     #[doc(alias = "ibv_modify_qp")]
     pub fn reset(self) -> Result<Qp<T, Reset>, TransitionError<Qp<T, S>>> {
+        if self.core.pd.context().is_iwarp() {
+            return Err(self.iwarp_reset_refused());
+        }
         let (send, receive) = self.outstanding();
         let outstanding = [("send", send), ("receive", receive)];
         if let Some(&(queue, count)) = outstanding.iter().find(|(_, n)| *n > 0) {
@@ -231,6 +239,19 @@ impl Qp<Rc, Init> {
         let (rtr, rts) = self.connect_attrs(remote, gid_index)?;
         let qp = self.rtr(rtr)?;
         Ok(qp.rts(rts)?)
+    }
+}
+
+impl<T: QpType, S: QpState> Qp<T, S> {
+    /// [`reset`](Qp::reset)'s refusal on an iWARP device, with the QP back.
+    #[cold]
+    #[inline(never)]
+    fn iwarp_reset_refused(self) -> TransitionError<Qp<T, S>> {
+        let error = self.core.pd.context().iwarp_unsupported(
+            "ibv_modify_qp(RESET)",
+            "a way back to RESET: an iWARP QP belongs to its connection, and siw leaves              it in ERR (later receives are neither consumed nor flushed); create a new QP",
+        );
+        TransitionError { qp: self, error }
     }
 }
 

@@ -166,6 +166,24 @@ impl AsyncCmId {
         AsyncCmId::resolve_on(CmId::new_ud()?, dst, timeout).await
     }
 
+    /// A new UD id bound to the device of `local`, with the multicast
+    /// address `group` resolved from it (`rdma_resolve_addr`, what
+    /// `mckey -b local -m group` does; bounded by `timeout` plus 2 s). Next:
+    /// the PD, CQs and [`create_ud_qp`](CmId::create_ud_qp) on
+    /// [`id().context()`](CmId::context), then
+    /// [`join_multicast`](Self::join_multicast).
+    #[doc(alias = "rdma_resolve_addr")]
+    pub async fn resolve_multicast(
+        local: SocketAddr,
+        group: SocketAddr,
+        timeout: Duration,
+    ) -> Result<AsyncCmId> {
+        let w = Watched::new(CmId::new_ud()?)?;
+        w.id.start_resolve_addr_from(Some(local), group, timeout)?;
+        w.expect(Awaited::ADDR_RESOLVED, timeout).await?;
+        Ok(AsyncCmId { inner: w })
+    }
+
     async fn resolve_on(id: CmId, dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
         let w = Watched::new(id)?;
         w.id.start_resolve_addr(dst, timeout)?;
@@ -219,6 +237,30 @@ impl AsyncCmId {
         self.inner.id.start_connect_ud(qp, param)?;
         let ev = self.inner.expect(Awaited::UD_CONNECTED, timeout).await?;
         Ok((ud_peer(qp, &ev)?, ev))
+    }
+
+    /// [`CmId::join_multicast`], awaited: joins the group at `group`,
+    /// attaches `qp` to it and returns where to send to it (a [`UdPeer`])
+    /// with the MULTICAST_JOIN event. Errors as there. Dropping the future
+    /// before it is done leaves the id joined without `qp` attached: drop
+    /// the id then (the kernel leaves its groups).
+    #[doc(alias = "rdma_join_multicast")]
+    pub async fn join_multicast<S: QpState>(
+        &mut self,
+        qp: &Qp<Ud, S>,
+        group: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(UdPeer, CmEvent)> {
+        self.inner.id.start_join(qp, group)?;
+        let ev = self.inner.expect(Awaited::MCAST_JOINED, timeout).await;
+        self.inner.id.finish_join(qp, group, ev)
+    }
+
+    /// [`CmId::leave_multicast`]: detaches `qp` from the group and leaves
+    /// it (does not wait).
+    #[doc(alias = "rdma_leave_multicast")]
+    pub fn leave_multicast<S: QpState>(&mut self, qp: &Qp<Ud, S>, group: SocketAddr) -> Result<()> {
+        self.inner.id.leave_multicast(qp, group)
     }
 
     /// Accepts (`rdma_accept`) `request` with `qp` (created on `request.id()`, wrapped in an

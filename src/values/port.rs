@@ -172,6 +172,13 @@ impl Gid {
         u64::from_be_bytes(self.0[8..].try_into().expect("8 bytes"))
     }
 
+    /// True for a multicast GID as the kernel tells one (`rdma_is_multicast_addr`):
+    /// IPv6 multicast (`ff00::/8`), or an IPv4-mapped multicast address
+    /// (`::ffff:224.0.0.0/100`, what RoCE v2 uses for an IPv4 group).
+    pub fn is_multicast(&self) -> bool {
+        self.0[0] == 0xff || (self.is_ipv4_mapped() && (224..=239).contains(&self.0[12]))
+    }
+
     /// True for an IPv4-mapped GID (`::ffff:a.b.c.d`): what RoCE v2 uses for
     /// an interface's IPv4 address.
     pub fn is_ipv4_mapped(&self) -> bool {

@@ -30,6 +30,59 @@ pub fn ctx() -> Context {
     }
 }
 
+/// Whether `ctx`'s device speaks iWARP (siw): RC through rdma_cm only, completions of a
+/// READ after those of requests posted behind it, and the other deviations
+/// docs/providers.md lists.
+pub fn iwarp(ctx: &Context) -> bool {
+    use rdma_verbs::device::{self, Transport};
+    let list = device::devices().expect("device list");
+    let dev = list.find(Some(ctx.name())).expect("the device is listed");
+    dev.transport() == Transport::Iwarp
+}
+
+/// Fails with the crate's refusal of a QP connected by hand (an exchanged `Endpoint`,
+/// INIT -> RTR -> RTS) when `ctx`'s device is iWARP, whose QPs connect through rdma_cm
+/// only; returns on other devices. Tests that pair QPs that way, or run programs that do,
+/// call it first: on siw they end in `Error::Unsupported`, which `cargo xtask providers`
+/// reports as `unsupported`, rather than in a C tool's failure or a peer's timeout.
+pub fn require_hand_connection(ctx: &Context) {
+    if let Some(e) = hand_connection_refusal(ctx) {
+        panic!("{e}");
+    }
+}
+
+/// On iWARP, the crate's `Error::Unsupported` for a QP connected by hand (see
+/// [`require_hand_connection`]); `None` elsewhere. Panics when iWARP gets anything else.
+pub fn hand_connection_refusal(ctx: &Context) -> Option<rdma_verbs::Error> {
+    use rdma_verbs::Error;
+    if !iwarp(ctx) {
+        return None;
+    }
+    let gid = gid_index(ctx);
+    let pd = Pd::new(ctx).expect("pd");
+    let cq = Cq::new(ctx, 16).expect("cq");
+    let mk = || {
+        Qp::new(&pd, &cq, &cq, caps_sr(4, 4))
+            .expect("qp")
+            .init(InitAttr::new(1, all_remote()))
+            .expect("INIT")
+    };
+    let (a, b) = (mk(), mk());
+    let eb = b.endpoint(Some(gid)).expect("endpoint");
+    match a.connect(&eb, Some(gid)) {
+        Err(e @ Error::Unsupported { .. }) => Some(e),
+        other => panic!("a hand-connected QP on iWARP: expected Unsupported, got {other:?}"),
+    }
+}
+
+/// Reports that the test saw the provider deviate from what docs/soundness.md assumes (or
+/// from rxe's behaviour the test asserts elsewhere) in a way the crate stays sound under:
+/// the test asserts that behaviour exactly, and `cargo xtask providers` (which runs the
+/// binaries with `--show-output`) turns a pass with this line into `deviation`.
+pub fn deviation(what: &str) {
+    println!("DEVIATION: {what}");
+}
+
 /// Index of the RoCE v2 IPv4-mapped GID on port 1 (what `-g`/`-x` usually
 /// select on soft-RoCE), or 0 when there is none.
 pub fn gid_index(ctx: &Context) -> u8 {

@@ -96,6 +96,11 @@ impl Proc {
         fs::read_to_string(&self.out).unwrap_or_default()
     }
 
+    /// The exit status if the program has exited, without waiting.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
     /// Waits until `deadline`; kills the process after that (`None`).
     pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
         loop {

@@ -20,8 +20,11 @@
 //!
 //! `rdma-verbs-vm run --nodes 2 -- CMD` boots two guests joined by a virtual wire (QEMU's
 //! UDP socket netdev on 127.0.0.1), rxe0 on eth0 of each (10.99.1.1 and 10.99.1.2), and runs
-//! CMD on both with `RDMA_VERBS_NODE`, `RDMA_VERBS_ADDR` and `RDMA_VERBS_PEER` set
-//! ([`run::execute_pair`], [`vm::run_pair`]).
+//! CMD on both with `RDMA_VERBS_NODE`, `RDMA_VERBS_NODES`, `RDMA_VERBS_ADDR`,
+//! `RDMA_VERBS_PEER` and `RDMA_VERBS_PEERS` set ([`run::execute_pair`], [`vm::run_pair`]).
+//! `--nodes 3` and `--nodes 4` put three or four guests (10.99.1.1 to 10.99.1.4) on a
+//! virtual switch in the runner, where every guest reaches every other one
+//! ([`run::execute_nodes`], [`vm::run_nodes`]).
 //!
 //! The guest image is cached in [`setup::vm_dir`]: `$RDMA_VERBS_VM_DIR`, else
 //! `$XDG_CACHE_HOME/rdma-verbs-vm`, else `~/.cache/rdma-verbs-vm`. The guest layout is

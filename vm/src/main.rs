@@ -17,12 +17,14 @@ commands:
   run [--timeout SECS] [--] CMD [ARGS...]
                                  run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
-  run --nodes 2 [--timeout SECS] [--node1 SH] [--node2 SH] [--] [CMD [ARGS...]]
-                                 two guests joined by a virtual wire (UDP on 127.0.0.1), rxe0
-                                 on eth0 of each (10.99.1.1, 10.99.1.2); CMD runs on both with
-                                 RDMA_VERBS_NODE=1|2, RDMA_VERBS_ADDR (own), RDMA_VERBS_PEER;
-                                 --nodeN SH runs `sh -c SH` on that node instead; output lines
-                                 prefixed [node1]/[node2]; exits non-zero if either fails
+  run --nodes N [--timeout SECS] [--node1 SH] ... [--node4 SH] [--] [CMD [ARGS...]]
+                                 N = 2 to 4 guests, 10.99.1.1 to 10.99.1.N, rxe0 on eth0 of
+                                 each: two on a virtual wire (UDP on 127.0.0.1), three or four
+                                 on a virtual switch in the runner; CMD runs on each with
+                                 RDMA_VERBS_NODE=K, RDMA_VERBS_NODES=N, RDMA_VERBS_ADDR (own),
+                                 RDMA_VERBS_PEERS (all others), RDMA_VERBS_PEER (the next node);
+                                 --nodeK SH runs `sh -c SH` on node K instead; output lines
+                                 prefixed [nodeK]; exits non-zero if any fails
   help                           print this help
   version                        print the version
 
@@ -37,7 +39,8 @@ environment:
   RDMA_VERBS_VM_WRITABLE=DIRS    colon-separated host directories the guest may write to
                                  (everything else but /tmp is read-only in the guest)
   RDMA_VERBS_VM_DEBUG=1          full kernel log in the run directory, which is kept
-  RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048; at least 1024)
+  RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048, 1024 with 3 or 4 nodes;
+                                 at least 1024)
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
                                  passed through to the command in the guest
 

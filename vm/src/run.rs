@@ -88,18 +88,18 @@ impl Invocation {
     }
 }
 
-/// `run [--timeout SECS] [--kernel K] [--provider P] [--nodes 1|2] [--node1 SHELL]
-/// [--node2 SHELL] [--] [CMD [ARGS...]]`.
+/// `run [--timeout SECS] [--kernel K] [--provider P] [--nodes 1..4] [--node1 SHELL] ...
+/// [--node4 SHELL] [--] [CMD [ARGS...]]`.
 ///
-/// With `--nodes 2`, two guests on a virtual wire each run the command (see [`execute_pair`]);
-/// `--node1 SHELL` / `--node2 SHELL` give a node its own command, run as `sh -c SHELL`.
+/// With `--nodes N` (2 to 4), N guests on one network each run the command (see
+/// [`execute_nodes`]); `--nodeK SHELL` gives node K its own command, run as `sh -c SHELL`.
 /// `--kernel` and `--provider` override `RDMA_VERBS_VM_KERNEL` and `RDMA_VERBS_VM_PROVIDER`
 /// (see [`Choice`]).
 pub fn run_command(args: Vec<OsString>) -> Result<u8> {
     let mut timeout = None;
     let mut choice = Choice::from_env()?;
-    let mut nodes = 1u8;
-    let mut per_node: [Option<OsString>; 2] = [None, None];
+    let mut nodes = 1usize;
+    let mut per_node: [Option<OsString>; vm::MAX_NODES] = Default::default();
     let mut rest = args.into_iter().peekable();
     while let Some(arg) = rest.peek() {
         let Some(flag) = arg.to_str() else { break };
@@ -128,26 +128,17 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
                     &value("a number of seconds")?.to_string_lossy(),
                 )?)
             }
-            "--nodes" => {
-                nodes = match value("1 or 2")?.to_str() {
-                    Some("1") => 1,
-                    Some("2") => 2,
-                    other => {
-                        return Err(Error::usage(format!(
-                            "--nodes: expected 1 or 2, got {other:?}"
-                        )));
-                    }
-                }
-            }
+            "--nodes" => nodes = parse_nodes(&value("1 to 4")?)?,
             "--kernel" => {
                 choice.kernel = GuestKernel::parse(&value("6.1 or 6.12")?.to_string_lossy())?
             }
             "--provider" => {
                 choice.provider = Provider::parse(&value("rxe or siw")?.to_string_lossy())?
             }
-            "--node1" => per_node[0] = Some(value("a shell command")?),
-            "--node2" => per_node[1] = Some(value("a shell command")?),
-            _ => return Err(Error::usage(format!("unknown option {flag:?} for run"))),
+            _ => match node_flag(&name) {
+                Some(k) => per_node[k - 1] = Some(value("a shell command")?),
+                None => return Err(Error::usage(format!("unknown option {flag:?} for run"))),
+            },
         }
     }
     let timeout = match timeout {
@@ -157,28 +148,70 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
     let mut command = rest;
     let program = command.next();
     let args: Vec<OsString> = command.collect();
+    if let Some(k) = (1..=vm::MAX_NODES).find(|&k| per_node[k - 1].is_some() && k > nodes) {
+        return Err(Error::usage(format!(
+            "--node{k} needs --nodes {} or more (got --nodes {nodes})",
+            k.max(2)
+        )));
+    }
+    if nodes == 1 && per_node.iter().any(Option::is_some) {
+        return Err(Error::usage("--node1 needs --nodes 2 or more"));
+    }
     if nodes == 1 {
-        if per_node.iter().any(Option::is_some) {
-            return Err(Error::usage("--node1 / --node2 need --nodes 2"));
-        }
         let Some(program) = program else {
             return Err(Error::usage("run: missing the command to run"));
         };
         return execute_choice(Invocation::new(program, args)?, timeout, choice);
     }
+    let invs = node_invocations(per_node, nodes, program, args)?;
+    let refs: Vec<&Invocation> = invs.iter().collect();
+    execute_nodes_choice(&refs, timeout, choice)
+}
+
+/// The command of each of the first `nodes` nodes: its own `--nodeK` shell command
+/// (`sh -c SHELL`), else `program args`.
+fn node_invocations(
+    per_node: [Option<OsString>; vm::MAX_NODES],
+    nodes: usize,
+    program: Option<OsString>,
+    args: Vec<OsString>,
+) -> Result<Vec<Invocation>> {
     let mut invs = Vec::new();
-    for own in per_node {
+    for (k, own) in per_node.into_iter().take(nodes).enumerate() {
         invs.push(match (own, &program) {
             (Some(shell), _) => Invocation::new("sh".into(), vec!["-c".into(), shell])?,
             (None, Some(program)) => Invocation::new(program.clone(), args.clone())?,
             (None, None) => {
-                return Err(Error::usage(
-                    "run --nodes 2: missing the command (CMD, or --node1 and --node2)",
-                ));
+                return Err(Error::usage(format!(
+                    "run --nodes {nodes}: missing the command for node {} (CMD, or --node{})",
+                    k + 1,
+                    k + 1
+                )));
             }
         });
     }
-    execute_pair_choice([&invs[0], &invs[1]], timeout, choice)
+    Ok(invs)
+}
+
+/// The value of `--nodes`: 1 to [`vm::MAX_NODES`].
+fn parse_nodes(value: &OsStr) -> Result<usize> {
+    value
+        .to_str()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=vm::MAX_NODES).contains(n))
+        .ok_or_else(|| {
+            Error::usage(format!(
+                "--nodes: expected 1 to {}, got {value:?}",
+                vm::MAX_NODES
+            ))
+        })
+}
+
+/// K for a `--nodeK` flag (1 to [`vm::MAX_NODES`]).
+fn node_flag(name: &str) -> Option<usize> {
+    name.strip_prefix("--node")
+        .and_then(|k| k.parse::<usize>().ok())
+        .filter(|k| (1..=vm::MAX_NODES).contains(k))
 }
 
 /// `vm-exec CMD [ARGS...]`: like `run` without options, for use as a cargo target runner
@@ -218,14 +251,10 @@ pub fn execute_choice(inv: Invocation, timeout: Duration, choice: Choice) -> Res
     })
 }
 
-/// Runs `invs[0]` on node 1 and `invs[1]` on node 2 of two guests on a virtual wire
-/// ([`vm::run_pair`]); always in guests, even when the host has an RDMA device. Each command
-/// sees `RDMA_VERBS_NODE` (1 or 2), `RDMA_VERBS_ADDR` (its own address, 10.99.1.N),
-/// `RDMA_VERBS_PEER` (the other node's) and `RDMA_VERBS_DEVICE=rxe0`. Reports both outcomes
-/// on stderr; returns 0 when both exited with 0, else the first failure's status (124 for
-/// a timeout, 125 for a guest that failed, else the command's).
+/// Runs `invs[0]` on node 1 and `invs[1]` on node 2 of two guests on a virtual wire;
+/// [`execute_nodes`] with two nodes.
 pub fn execute_pair(invs: [&Invocation; 2], timeout: Duration) -> Result<u8> {
-    execute_pair_choice(invs, timeout, Choice::from_env()?)
+    execute_nodes(&invs, timeout)
 }
 
 /// [`execute_pair`] on guests of `choice` (`RDMA_VERBS_DEVICE` then names its device).
@@ -234,8 +263,32 @@ pub fn execute_pair_choice(
     timeout: Duration,
     choice: Choice,
 ) -> Result<u8> {
+    execute_nodes_choice(&invs, timeout, choice)
+}
+
+/// Runs `invs[K-1]` on node K of 2 to 4 guests ([`vm::run_nodes`]: two on a virtual wire,
+/// more on a virtual switch); always in guests, even when the host has an RDMA device.
+/// Each command sees `RDMA_VERBS_NODE` (K), `RDMA_VERBS_NODES` (how many),
+/// `RDMA_VERBS_ADDR` (its own address, 10.99.1.K), `RDMA_VERBS_PEERS` (every other
+/// node's, space-separated), `RDMA_VERBS_PEER` (the next node's: K+1, node 1 after the
+/// last) and `RDMA_VERBS_DEVICE=rxe0`. Reports every outcome on stderr; returns 0 when all
+/// exited with 0, else the first failure's status (124 for a timeout, 125 for a guest that
+/// failed, else the command's).
+pub fn execute_nodes(invs: &[&Invocation], timeout: Duration) -> Result<u8> {
+    execute_nodes_choice(invs, timeout, Choice::from_env()?)
+}
+
+/// [`execute_nodes`] on guests of `choice` (`RDMA_VERBS_DEVICE` then names its device).
+pub fn execute_nodes_choice(invs: &[&Invocation], timeout: Duration, choice: Choice) -> Result<u8> {
+    if !(2..=vm::MAX_NODES).contains(&invs.len()) {
+        return Err(Error::usage(format!(
+            "2 to {} nodes, not {}",
+            vm::MAX_NODES,
+            invs.len()
+        )));
+    }
     let assets = setup::setup_choice(Verbosity::Quiet, &[], choice)?;
-    let outcomes = vm::run_pair(&assets, invs, timeout);
+    let outcomes = vm::run_nodes(&assets, invs, timeout);
     let mut worst: Option<u8> = None;
     for (i, outcome) in outcomes.into_iter().enumerate() {
         let node = i + 1;
@@ -324,11 +377,21 @@ mod tests {
     }
 
     #[test]
-    fn two_node_options_are_checked_before_anything_runs() {
-        assert!(usage_error(&["--nodes", "3", "--", "true"]).is_some_and(|m| m.contains("1 or 2")));
+    fn node_options_are_checked_before_anything_runs() {
+        assert!(usage_error(&["--nodes", "5", "--", "true"]).is_some_and(|m| m.contains("1 to 4")));
+        assert!(usage_error(&["--nodes", "0", "--", "true"]).is_some_and(|m| m.contains("1 to 4")));
         assert!(usage_error(&["--node1", "true"]).is_some_and(|m| m.contains("--nodes 2")));
         assert!(
-            usage_error(&["--nodes=2", "--node1", "true"]).is_some_and(|m| m.contains("missing"))
+            usage_error(&["--nodes=3", "--node4", "true", "--", "true"])
+                .is_some_and(|m| m.contains("--node4 needs --nodes 4"))
+        );
+        assert!(usage_error(&["--node5", "true"]).is_some_and(|m| m.contains("unknown option")));
+        assert!(
+            usage_error(&["--nodes=2", "--node1", "true"]).is_some_and(|m| m.contains("node 2"))
+        );
+        assert!(
+            usage_error(&["--nodes=4", "--node1", "a", "--node2", "b", "--node3", "c"])
+                .is_some_and(|m| m.contains("--node4"))
         );
         assert!(usage_error(&["--nodes"]).is_some_and(|m| m.contains("needs")));
         assert!(usage_error(&["--bogus"]).is_some_and(|m| m.contains("unknown option")));

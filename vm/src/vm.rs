@@ -41,15 +41,16 @@ use crate::run::Invocation;
 use crate::setup::VmAssets;
 use crate::{Context, EXIT_TIMEOUT, Error, Result, TIMEOUT_ENV};
 
+mod nodes;
 mod output;
-mod pair;
 mod qemu;
 mod run_dir;
 mod scripts;
 mod shares;
+mod switch;
 mod topology;
+pub use nodes::{MAX_NODES, Outcome, run_nodes, run_pair};
 use output::{Output, forward};
-pub use pair::run_pair;
 use qemu::qemu_args;
 pub use qemu::{DEBUG_ENV, DEBUG_ENV_OLD};
 use run_dir::{RunDir, console_tail};
@@ -415,6 +416,18 @@ mod tests {
             wire.setup_script(Provider::Rxe)
                 .contains("ip addr add 10.99.1.2/24 dev eth0")
         );
+        let switch = Topology::Switch {
+            node: 3,
+            nodes: 4,
+            local_port: 1,
+            switch_port: 2,
+        };
+        assert!(sh_n(switch.setup_script(Provider::Rxe).as_bytes()));
+        assert!(
+            switch
+                .setup_script(Provider::Rxe)
+                .contains("ip addr add 10.99.1.3/24 dev eth0")
+        );
         let writable = [PathBuf::from("/w/it's"), PathBuf::from("/tmp/x")];
         for shared in [&[][..], &["/tmp"], &["/tmp", "/run"]] {
             let script = stage2_script(Path::new("/a b/it's"), shared, &writable);
@@ -440,6 +453,40 @@ mod tests {
         let mount = format!("mount -t 9p -o {NINEP_OPTS} {RUN_SHARE_TAG} {RUN_SHARE_DIR}\n");
         assert!(INIT_SCRIPT.contains(&mount));
         assert!(INIT_SCRIPT.contains(&format!("sh {RUN_SHARE_DIR}/stage2.sh")));
+    }
+
+    #[test]
+    fn nodes_are_told_their_peers() {
+        let env = |t: Topology| t.guest_env(Provider::Rxe).into_iter().collect::<Vec<_>>();
+        let get = |e: &[(&str, String)], n: &str| {
+            e.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let switch = |node| Topology::Switch {
+            node,
+            nodes: 4,
+            local_port: 1,
+            switch_port: 2,
+        };
+        let third = env(switch(3));
+        assert_eq!(get(&third, "RDMA_VERBS_ADDR"), "10.99.1.3");
+        assert_eq!(get(&third, "RDMA_VERBS_PEER"), "10.99.1.4");
+        assert_eq!(get(&third, "RDMA_VERBS_NODES"), "4");
+        assert_eq!(
+            get(&third, "RDMA_VERBS_PEERS"),
+            "10.99.1.1 10.99.1.2 10.99.1.4"
+        );
+        assert_eq!(get(&env(switch(4)), "RDMA_VERBS_PEER"), "10.99.1.1");
+        let wire = env(Topology::Wire {
+            node: 2,
+            local_port: 1,
+            peer_port: 2,
+        });
+        assert_eq!(get(&wire, "RDMA_VERBS_PEER"), "10.99.1.1");
+        assert_eq!(get(&wire, "RDMA_VERBS_PEERS"), "10.99.1.1");
+        assert_eq!(get(&wire, "RDMA_VERBS_NODES"), "2");
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod gpu;
 mod insn;
 mod layers;
 mod matrix;
+mod nodes;
 #[cfg(test)]
 mod pinned;
 mod providers;
@@ -55,16 +56,19 @@ usage: cargo xtask <command> [args]
 
 commands:
   setup                          install host packages (apt) if missing, download the Debian
-                                 kernel and build the guest image under target/rxe-vm/
+                                 kernel and build the guest image under target/rxe-vm/, and
+                                 siw's module for the suite's second cell (6.1/siw)
   run [--timeout SECS] [--kernel 6.1|6.12] [--provider rxe|siw] -- CMD [ARGS...]
                                  run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
-  run --nodes 2 [--timeout SECS] [--node1 SH] [--node2 SH] [--] [CMD [ARGS...]]
-                                 two guests joined by a virtual wire (UDP on 127.0.0.1), rxe0
-                                 on eth0 of each (10.99.1.1, 10.99.1.2); CMD runs on both with
-                                 RDMA_VERBS_NODE=1|2, RDMA_VERBS_ADDR (own), RDMA_VERBS_PEER;
-                                 --nodeN SH runs `sh -c SH` on that node instead; output lines
-                                 prefixed [node1]/[node2]; exits non-zero if either fails
+  run --nodes N [--timeout SECS] [--node1 SH] ... [--node4 SH] [--] [CMD [ARGS...]]
+                                 N = 2 to 4 guests, 10.99.1.1 to 10.99.1.N, rxe0 on eth0 of
+                                 each: two on a virtual wire (UDP on 127.0.0.1), three or four
+                                 on a virtual switch in the runner; CMD runs on each with
+                                 RDMA_VERBS_NODE=K, RDMA_VERBS_NODES=N, RDMA_VERBS_ADDR (own),
+                                 RDMA_VERBS_PEERS (all others), RDMA_VERBS_PEER (the next node);
+                                 --nodeK SH runs `sh -c SH` on node K instead; output lines
+                                 prefixed [nodeK]; exits non-zero if any fails
   vm-exec CMD [ARGS...]          the same as `run`, without options; meant as a cargo target
                                  runner (CARGO_TARGET_<TRIPLE>_RUNNER=\"<xtask> vm-exec\")
   test [--quick] [CARGO TEST ARGS...]
@@ -76,8 +80,14 @@ commands:
   faults [--short | --set SET]   the fault matrix on two guests on a virtual wire: SIGKILLed
                                  peers, netem loss/reorder/duplication/corruption, RNR, long
                                  runs; prints a table, writes target/faults/faults.json
-                                 (SET: interop, faults-short, ci, faults, or 'faults:W1|W2':
-                                 the rows whose scenario or program names one of the words)
+                                 (SET: interop, faults-short, ci, faults, or 'faults:W1|W2' /
+                                 'interop:W1|W2': the rows of the full matrix / the interop set
+                                 whose scenario or program names one of the words)
+  nodes [--iters K]              four guests on the virtual switch: verified all-to-all over
+                                 RC (send_recv) and UD (ud_send), K messages per link (50),
+                                 then the last node SIGKILLed and its link cut: the others
+                                 must report typed errors in time and keep exchanging; prints
+                                 a table, writes target/nodes/nodes.json
   soak [--minutes N] [--loss PCT] [--qps N] [--max-size BYTES]
                                  verified soak across two guests (examples/soak.rs): mixed
                                  SEND/WRITE/READ 1 B-1 MiB on N QPs under PCT% loss (default
@@ -102,7 +112,9 @@ commands:
   providers [--cells K/P,..] [--limit SECS] [--tests vm_a,..]
                                  the device test binaries on each cell, one guest per cell
                                  (kernels 6.1, 6.12 x providers rxe, siw); one row per test in
-                                 target/providers/providers.json (pass, unsupported, fail)
+                                 target/providers/providers.json (pass, unsupported,
+                                 deviation, fail); --render: docs/providers.md's tables;
+                                 --suite-cell: only the short cell `test` runs (6.1/siw)
   layers [--edges]               check src/'s imports against the layer table of
                                  ARCHITECTURE.md (no upward import, no circle of more than
                                  3 files across modules); --edges prints every file's imports
@@ -114,7 +126,8 @@ environment:
   XTASK_VM_DEBUG=1               full kernel log in the run directory, which is kept
   (or RDMA_VERBS_VM_DEBUG)
   RDMA_VERBS_VM_WRITABLE=DIRS    colon-separated host directories the guest may write to
-  RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048; at least 1024)
+  RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048, 1024 with 3 or 4 nodes;
+                                 at least 1024)
   RDMA_VERBS_VM_KERNEL=6.1|6.12  guest kernel: Debian 12's (default) or bookworm-backports'
   RDMA_VERBS_VM_PROVIDER=rxe|siw soft-RoCE rxe0 (default) or soft-iWARP siw0 (built by setup)
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
@@ -164,7 +177,11 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
                     "setup takes no arguments, got {extra:?}"
                 )));
             }
-            setup_vm(setup::Verbosity::Report).map(|_| 0)
+            setup_vm(setup::Verbosity::Report)?;
+            // The second cell `cargo xtask test` runs (siw's module is built here).
+            let (kernel, provider) = providers::SUITE_CELL;
+            let choice = rdma_verbs_vm::choice::Choice { kernel, provider };
+            setup::setup_choice(setup::Verbosity::Report, EXTRA_PACKAGES, choice).map(|_| 0)
         }
         Some("run") => run::run_command(rest),
         Some("compare") => compare::compare_command(rest),
@@ -174,6 +191,8 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
         Some("faults") => faults::faults_command(rest),
         Some("soak") => faults::soak_command(rest),
         Some("wire-agent") => wire::agent_command(rest),
+        Some("nodes") => nodes::nodes_command(rest),
+        Some("mesh-agent") => wire::mesh::mesh_agent_command(rest),
         Some("fake-peer") => wire::fake_peer_command(rest),
         Some("test") => test::test_command(rest),
         Some("matrix") => matrix::matrix_command(rest),

@@ -3,11 +3,12 @@
 //! test in `target/providers/providers.json`: `{kernel, rdma_core, provider, test, outcome}`.
 //!
 //! Outcomes: `pass`; `unsupported` (the test failed with the crate's `Error::Unsupported`,
-//! "... is not supported: ...", naming what the provider lacks); `fail` (anything else,
-//! a hang past the per-binary limit included: the test that was running is the failure).
-//! `deviation` (the provider behaves otherwise than docs/soundness.md assumes, and the crate
-//! stays sound) is a judgement docs/providers.md records by hand; this command never
-//! writes it.
+//! "... is not supported: ...", naming what the provider lacks); `deviation` (the test
+//! passed asserting the behaviour of the provider it ran on, which differs from what
+//! docs/soundness.md assumes while the crate stays sound: its output holds a line
+//! `DEVIATION: <what>`, printed by `tests/common`'s `deviation`); `fail` (anything else, a
+//! hang past the per-binary limit included: the test that was running is the failure).
+//! The binaries run with `--show-output`, so a passing test's output reaches the log.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -40,8 +41,9 @@ struct Row {
     outcome: &'static str,
 }
 
-/// `providers [--cells K/P,...] [--limit SECS] [--tests vm_a,vm_b]`, or `providers --render`
-/// (docs/providers.md's tables from providers.json, see [`render`]).
+/// `providers [--cells K/P,...] [--limit SECS] [--tests vm_a,vm_b]`, `providers --render`
+/// (docs/providers.md's tables from providers.json, see [`render`]), or `providers
+/// --suite-cell` (the short cell `cargo xtask test` runs, see [`suite_cell`]).
 pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
     let mut cells: Vec<Choice> = CELLS
         .iter()
@@ -66,6 +68,16 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
             "--render" => {
                 render::render(&target_dir().join("providers").join("providers.json"))?;
                 return Ok(0);
+            }
+            "--suite-cell" => {
+                let c = suite_cell()?;
+                say!(
+                    "providers: the suite's cell: {} passed, {} failed in {} s",
+                    c.passed,
+                    c.failed,
+                    c.secs
+                );
+                return Ok(u8::from(c.failed > 0));
             }
             other => {
                 return Err(Error::usage(format!(
@@ -113,6 +125,67 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
         .context(|| format!("cannot write {}", json.display()))?;
     say!("providers: wrote {}", json.display());
     Ok(u8::from(rows.iter().any(|r| r.outcome == "fail")))
+}
+
+/// The cell `cargo xtask test` adds to its default one (6.1/rxe): soft-iWARP on the
+/// default kernel, with the binaries that pair every QP through rdma_cm
+/// ([`SUITE_CELL_TESTS`]), in one guest boot.
+pub const SUITE_CELL: (GuestKernel, Provider) = (GuestKernel::Stable, Provider::Siw);
+
+/// The binaries of [`SUITE_CELL`]: the core provider assumptions over rdma_cm and what
+/// iWARP refuses.
+pub const SUITE_CELL_TESTS: &[&str] = &["vm_cm_core", "vm_provider_caps"];
+
+/// Seconds each binary of [`SUITE_CELL`] may run (each takes a few seconds).
+const SUITE_CELL_LIMIT_SECS: u64 = 60;
+
+/// Outcome counts of a cell run for `cargo xtask test`.
+pub struct CellCounts {
+    /// Tests that passed, were unsupported or reported a deviation.
+    pub passed: u64,
+    /// Tests that failed (or hung).
+    pub failed: u64,
+    /// Seconds the cell took, guest boot included.
+    pub secs: u64,
+}
+
+/// Runs [`SUITE_CELL`] (setting it up first: siw's module is built on first use) and
+/// counts its outcomes; the log goes to `target/providers/suite-<cell>.log`, and
+/// providers.json is left alone.
+pub fn suite_cell() -> Result<CellCounts> {
+    let (kernel, provider) = SUITE_CELL;
+    let choice = Choice { kernel, provider };
+    let only: Vec<String> = SUITE_CELL_TESTS.iter().map(|&t| t.to_owned()).collect();
+    let binaries = build_device_tests(Some(&only))?;
+    crate::setup::setup_choice(
+        crate::setup::Verbosity::Quiet,
+        crate::EXTRA_PACKAGES,
+        choice,
+    )?;
+    let dir = target_dir().join("providers");
+    fs::create_dir_all(&dir).context(|| format!("cannot create {}", dir.display()))?;
+    let log = dir.join(format!("suite-{kernel}-{provider}.log"));
+    let started = std::time::Instant::now();
+    let output = run_cell(&dir, &log, choice, &binaries, SUITE_CELL_LIMIT_SECS)?;
+    let rows = classify(&output);
+    let failed = rows.iter().filter(|(_, o)| *o == "fail").count() as u64;
+    for (test, _) in rows.iter().filter(|(_, o)| *o == "fail") {
+        say!(
+            "providers: {kernel}/{provider}: {test} failed (see {})",
+            log.display()
+        );
+    }
+    if rows.is_empty() {
+        return Err(Error::new(format!(
+            "the {kernel}/{provider} cell ran no test (see {})",
+            log.display()
+        )));
+    }
+    Ok(CellCounts {
+        passed: rows.len() as u64 - failed,
+        failed,
+        secs: started.elapsed().as_secs(),
+    })
 }
 
 /// `6.1/rxe,6.12/siw`.
@@ -210,7 +283,7 @@ fn run_cell(
         let _ = writeln!(
             script,
             "echo '@@binary {name}'\n\
-             timeout -k 5 {limit} env CARGO_MANIFEST_DIR={root} {bin} --test-threads 1 2>&1\n\
+             timeout -k 5 {limit} env CARGO_MANIFEST_DIR={root} {bin} --test-threads 1 --show-output 2>&1\n\
              echo \"@@exit {name} $?\"",
             root = cmd::quoted(workspace_root()),
             bin = cmd::quoted(binary),
@@ -245,7 +318,8 @@ fn binary_name(binary: &Path) -> String {
     }
 }
 
-/// Each test's outcome from a cell's output: `binary::test` and pass, unsupported or fail.
+/// Each test's outcome from a cell's output: `binary::test` and pass, unsupported,
+/// deviation or fail.
 fn classify(output: &str) -> Vec<(String, &'static str)> {
     let mut rows: Vec<(String, &'static str)> = Vec::new();
     let mut binary = String::new();
@@ -283,14 +357,22 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
         {
             let test = format!("{binary}::{name}");
             failure_of = rows.iter().position(|(t, _)| *t == test);
-        } else if is_unsupported(line)
-            && let Some(row) = failure_of.and_then(|i| rows.get_mut(i))
-        {
-            row.1 = "unsupported";
+        } else if let Some(row) = failure_of.and_then(|i| rows.get_mut(i)) {
+            // Only a failure is unsupported, only a pass a deviation: a test that
+            // failed after reporting a deviation still failed.
+            match row.1 {
+                "fail" if is_unsupported(line) => row.1 = "unsupported",
+                "pass" if line.starts_with(DEVIATION) => row.1 = "deviation",
+                _ => {}
+            }
         }
     }
     rows
 }
+
+/// How a test's output line starts when it reports a deviation (`tests/common`'s
+/// `deviation` prints it).
+const DEVIATION: &str = "DEVIATION: ";
 
 /// Whether a line of a failed test's output shows the crate's `Error::Unsupported`: its
 /// message (`... is not supported: ...`, from `{}`) or its `Debug` form (`Unsupported {
@@ -308,9 +390,10 @@ fn summarize(rows: &[Row], kernel: &str, provider: Provider) {
             .count()
     };
     say!(
-        "providers: {kernel} / {provider}: {} pass, {} unsupported, {} fail",
+        "providers: {kernel} / {provider}: {} pass, {} unsupported, {} deviation, {} fail",
         count("pass"),
         count("unsupported"),
+        count("deviation"),
         count("fail")
     );
 }
@@ -363,19 +446,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classifies_pass_fail_unsupported_and_hangs() {
+    fn classifies_pass_fail_unsupported_deviation_and_hangs() {
         let out = "@@binary vm_qp\n\
                    test a ... ok\n\
                    test b ... FAILED\n\
                    test c ... FAILED\n\
                    test d ... ignored\n\
                    test e ... FAILED\n\
+                   test f ... ok\n\
+                   test g ... ok\n\
                    ---- b stdout ----\n\
                    Unsupported: ibv_create_qp is not supported: siw0 is an iWARP device\n\
                    ---- c stdout ----\n\
                    EINVAL\n\
                    ---- e stdout ----\n\
                    called `Result::unwrap()` on an `Err` value: Transition { error: Unsupported { verb: \"ibv_modify_qp(RTR)\", hint: \"..\" } }\n\
+                   successes:\n\
+                   ---- f stdout ----\n\
+                   DEVIATION: siw completes the READ after the SEND\n\
+                   ---- g stdout ----\n\
+                   note: Unsupported { verb: \"x\", hint: \"..\" } as expected\n\
                    @@exit vm_qp 101\n\
                    @@binary vm_cm\n\
                    test hangs ... \n\
@@ -388,6 +478,8 @@ mod tests {
                 ("vm_qp::b".to_owned(), "unsupported"),
                 ("vm_qp::c".to_owned(), "fail"),
                 ("vm_qp::e".to_owned(), "unsupported"),
+                ("vm_qp::f".to_owned(), "deviation"),
+                ("vm_qp::g".to_owned(), "pass"),
                 ("vm_cm::hangs".to_owned(), "fail"),
             ]
         );

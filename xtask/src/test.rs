@@ -33,7 +33,12 @@
 //!    SEND/WRITE/READ of 1 B to 64 KiB across the wire under 1% loss (one test); it fails
 //!    on any lost, duplicated or corrupted message and when either process's anonymous
 //!    memory grew by more than 1 MiB after warm-up;
-//! 6. the instruction-count guards, one `cargo xtask insn` of two plans in one guest
+//! 6. a second cell of the provider matrix (`cargo xtask providers`), short: soft-iWARP
+//!    (siw) on the default kernel with `vm_cm_core` and `vm_provider_caps` (the core
+//!    provider assumptions over rdma_cm, and what iWARP refuses) in one guest
+//!    ([`crate::providers::suite_cell`]); a test that passes, is unsupported or reports a
+//!    deviation counts as passed; `cargo xtask setup` builds siw's module for it;
+//! 7. the instruction-count guards, one `cargo xtask insn` of two plans in one guest
 //!    ([`insn_guard_args`]): write_bw, send_bw and read_bw at 2 B, safe, raw and scoped
 //!    paths with one request per post, then raw and scoped with post lists of 8 for
 //!    send_bw; fails when safe/raw exceeds [`INSN_GUARD`] or scoped/raw exceeds
@@ -158,6 +163,7 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
         device_steps(root, &device_tests, &extra, &mut summary);
         runner_steps(root, &mut summary);
         two_node_steps(&mut summary);
+        provider_cell_step(&mut summary);
         summary.add("instruction guard", insn_guard());
     }
     Ok(summary.report())
@@ -279,6 +285,25 @@ fn two_node_steps(summary: &mut Summary) {
         success: true,
     });
     summary.add("soak (40 s, 1% loss)", outcome);
+}
+
+/// Step 6: one more cell of the provider matrix (`cargo xtask providers`), short: siw on
+/// the default kernel with the binaries that pair QPs through rdma_cm.
+fn provider_cell_step(summary: &mut Summary) {
+    let (kernel, provider) = crate::providers::SUITE_CELL;
+    eprintln!(
+        "xtask test: the {kernel}/{provider} cell ({})",
+        crate::providers::SUITE_CELL_TESTS.join(", ")
+    );
+    let outcome = crate::providers::suite_cell().map(|c| {
+        eprintln!("xtask test: the {kernel}/{provider} cell took {} s", c.secs);
+        Counts {
+            passed: c.passed,
+            failed: c.failed,
+            success: true,
+        }
+    });
+    summary.add(&format!("{kernel}/{provider} cell"), outcome);
 }
 
 /// `cargo build --features gdr --examples` in the workspace.

@@ -118,7 +118,7 @@ unsafe fn stage_in_chunk(
     if !req.plainly_valid() {
         return Err(req.refusal());
     }
-    let mut flags = req.flags;
+    let mut flags = req.flags | tables.fence_for(req.opcode);
     if in_flight + n as u64 + 1 == depth && !sig_all {
         // The last free slot: ask for a completion so the queue drains.
         flags |= SIGNALED;

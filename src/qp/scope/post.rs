@@ -107,7 +107,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             // the request in memory on the hot path too.
             _ => return Err(self.send_refused(*req)),
         };
-        let mut flags = req.flags;
+        let mut flags = req.flags | tables.fence_for(req.opcode);
         if in_flight + 1 == depth && !core.caps.sq_sig_all {
             // The last free slot: ask for a completion so the queue drains.
             flags |= SIGNALED;
@@ -300,8 +300,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                 None => {}
             }
         }
+        let fence = tables.fence;
         // SAFETY: the core is the QP's, valid for the scope.
-        if let Err((rc, ok)) = unsafe { post_prepared_chain(core, list, force, tag, low) } {
+        if let Err((rc, ok)) = unsafe { post_prepared_chain(core, list, force, fence, tag, low) } {
             // SAFETY: `side` is the QP's side table, with the entries
             // written above.
             unsafe { settle_refused_prepared(core, side, list, head, sig_end, ok) };

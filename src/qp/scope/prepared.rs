@@ -269,7 +269,8 @@ pub(super) unsafe fn post_prepared_ex(
 }
 
 /// Posts `list`'s C chain with one `ibv_post_send`, request `j` with the
-/// token `tag | (low + j)` and the last one signaled if `force`. When the
+/// token `tag | (low + j)`, the last one signaled if `force` and every one
+/// carrying the flags `fence` (the QP's `ScopedTables::fence`). When the
 /// provider refuses it: its error code and the index of the first request
 /// refused (`None` when it does not say).
 ///
@@ -280,6 +281,7 @@ pub(super) unsafe fn post_prepared_chain(
     core: &QpCore,
     list: &PreparedSends<'_>,
     force: bool,
+    fence: u32,
     tag: u64,
     low: u32,
 ) -> std::result::Result<(), (i32, Option<usize>)> {
@@ -292,18 +294,45 @@ pub(super) unsafe fn post_prepared_chain(
     if force {
         wrs[last].send_flags |= SIGNALED;
     }
+    if fence != 0 {
+        set_fence(wrs, fence);
+    }
     let mut bad = std::ptr::null_mut();
     // SAFETY: valid QP; a chain of well-formed requests (checked when the
     // list was built) whose SGEs name memory borrowed for at least 'scope,
     // which outlives every request posted in the scope.
     let rc = unsafe { core.post_send_chain(wrs.as_mut_ptr(), &mut bad) };
-    if force {
+    if fence != 0 {
+        restore_all_flags(wrs, list);
+    } else if force {
         wrs[last].send_flags = list.flags(last);
     }
     if rc != 0 {
         return Err((rc, post::bad_index(bad, wrs.as_mut_ptr(), wrs.len())));
     }
     Ok(())
+}
+
+/// Adds `fence` to every request but the READs of a chain about to be posted
+/// (iWARP only: see `ScopedTables::fence`).
+#[cold]
+#[inline(never)]
+fn set_fence(wrs: &mut [ffi::ibv_send_wr], fence: u32) {
+    for wr in wrs
+        .iter_mut()
+        .filter(|wr| wr.opcode != ffi::IBV_WR_RDMA_READ)
+    {
+        wr.send_flags |= fence;
+    }
+}
+
+/// Every request's flags as the list was built (after a fence was added).
+#[cold]
+#[inline(never)]
+fn restore_all_flags(wrs: &mut [ffi::ibv_send_wr], list: &PreparedSends<'_>) {
+    for (j, wr) in wrs.iter_mut().enumerate() {
+        wr.send_flags = list.flags(j);
+    }
 }
 
 /// Commits what a refused `ibv_post_send` of `list` (posted from `head`)

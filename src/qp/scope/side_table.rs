@@ -153,6 +153,14 @@ pub(crate) struct ScopedTables {
     /// One past the sequence number of the last signaled scoped send posted
     /// (0: none): the scope's end tells an unsignaled tail by it.
     pub(super) sig_end: u64,
+    /// Send flags every scoped send but a READ carries ([`fence_for`](Self::fence_for)):
+    /// `IBV_SEND_FENCE` on a send queue that completes out of order (iWARP), 0
+    /// elsewhere. The scope's end and its polls count requests by the ring's
+    /// tail, which must not pass a READ the NIC is still writing; a fenced
+    /// request starts (and so completes) only after the READs before it
+    /// completed, which keeps completions in posting order. (siw refuses a
+    /// fenced READ; READs complete in order among themselves.)
+    pub(super) fence: u32,
 }
 
 // SAFETY: plain data; the raw pointers inside the C requests are only
@@ -162,6 +170,16 @@ unsafe impl Send for ScopedTables {}
 unsafe impl Sync for ScopedTables {}
 
 impl ScopedTables {
+    /// The fence flag a scoped send posted with `wr_opcode` carries (see `fence`).
+    #[inline(always)]
+    pub(super) fn fence_for(&self, wr_opcode: u32) -> u32 {
+        if wr_opcode == ffi::IBV_WR_RDMA_READ {
+            0
+        } else {
+            self.fence
+        }
+    }
+
     /// Tables sized for `core`'s rings.
     pub(super) fn new(core: &QpCore) -> ScopedTables {
         ScopedTables {
@@ -170,6 +188,11 @@ impl ScopedTables {
             send_wrs: Box::new([ffi::ibv_send_wr::default(); POST_CHUNK]),
             sges: Box::new([ffi::ibv_sge::default(); POST_CHUNK]),
             sig_end: 0,
+            fence: if core.sq.completes_out_of_order() {
+                ffi::ibv_send_flags::IBV_SEND_FENCE.0
+            } else {
+                0
+            },
         }
     }
 }

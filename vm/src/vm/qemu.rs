@@ -8,14 +8,14 @@ use super::shares::{share_tag, writable_tag};
 use super::{ERR_PORT, OUT_PORT, RUN_SHARE_TAG, Topology};
 use crate::setup::VmAssets;
 
-/// Guest memory in MiB: `RDMA_VERBS_VM_MEM_MB` (at least 1024), else 2048.
-/// More lets `benches/mr_reg.rs` register 1 GiB.
-fn memory_mb() -> String {
+/// Guest memory in MiB: `RDMA_VERBS_VM_MEM_MB` (at least 1024), else the topology's
+/// default ([`Topology::default_memory_mb`]). More lets `benches/mr_reg.rs` register 1 GiB.
+fn memory_mb(topology: Topology) -> String {
     std::env::var("RDMA_VERBS_VM_MEM_MB")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
         .filter(|&mb| mb >= 1024)
-        .unwrap_or(2048)
+        .unwrap_or_else(|| topology.default_memory_mb())
         .to_string()
 }
 
@@ -34,7 +34,7 @@ pub(super) fn qemu_args(
         "-machine",
         "q35",
         "-m",
-        &memory_mb(),
+        &memory_mb(topology),
         "-smp",
         topology.cpus(),
         "-nodefaults",

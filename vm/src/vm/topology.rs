@@ -22,17 +22,43 @@ pub enum Topology {
         /// The UDP port on 127.0.0.1 the other guest's NIC receives on.
         peer_port: u16,
     },
+    /// One of 3 or 4 guests on a virtual switch (see [`run_nodes`](super::run_nodes)): the
+    /// same NIC, addresses and RDMA device as [`Topology::Wire`], but its UDP socket netdev
+    /// talks to its own port of the runner's switch thread, which relays each frame to the
+    /// guest that owns the destination MAC, or to every other guest for broadcast and
+    /// multicast frames. Every guest reaches every other one.
+    Switch {
+        /// 1 to `nodes`.
+        node: u8,
+        /// How many guests share the switch.
+        nodes: u8,
+        /// The UDP port on 127.0.0.1 this guest's NIC receives on.
+        local_port: u16,
+        /// The switch's UDP port on 127.0.0.1 for this guest.
+        switch_port: u16,
+    },
 }
 
-/// The address of node `node` (1 or 2) of a two-guest wire.
+/// The address of node `node` (1 to 4) of guests on a wire or a switch: 10.99.1.`node`.
 pub fn wire_addr(node: u8) -> String {
     format!("10.99.1.{node}")
 }
 
+/// The NIC of node `node`: virtio-net on the UDP socket netdev `udp` (`host:port` the
+/// frames go to) received on `local` (only ever 127.0.0.1, never the outside).
+fn socket_nic(node: u8, udp: u16, local: u16) -> Vec<String> {
+    vec![
+        "-netdev".into(),
+        format!("socket,id=n0,udp=127.0.0.1:{udp},localaddr=127.0.0.1:{local}"),
+        "-device".into(),
+        format!("virtio-net-pci,netdev=n0,romfile=,mac=52:54:00:99:01:{node:02x}"),
+    ]
+}
+
 impl Topology {
     /// Extra QEMU arguments for the guest's network devices: none for [`Topology::Loopback`]
-    /// (`-nic none` stays), one virtio-net NIC on the UDP socket wire for [`Topology::Wire`]
-    /// (only ever to 127.0.0.1, never to the outside).
+    /// (`-nic none` stays), one virtio-net NIC on a UDP socket to the other guest
+    /// ([`Topology::Wire`]) or to the switch ([`Topology::Switch`]), only ever on 127.0.0.1.
     pub(super) fn qemu_net_args(self) -> Vec<String> {
         match self {
             Topology::Loopback => Vec::new(),
@@ -40,21 +66,32 @@ impl Topology {
                 node,
                 local_port,
                 peer_port,
-            } => vec![
-                "-netdev".into(),
-                format!("socket,id=n0,udp=127.0.0.1:{peer_port},localaddr=127.0.0.1:{local_port}"),
-                "-device".into(),
-                format!("virtio-net-pci,netdev=n0,romfile=,mac=52:54:00:99:01:{node:02x}"),
-            ],
+            } => socket_nic(node, peer_port, local_port),
+            Topology::Switch {
+                node,
+                local_port,
+                switch_port,
+                ..
+            } => socket_nic(node, switch_port, local_port),
         }
     }
 
-    /// CPUs of the guest: two for the lone guest, one each for two guests on a wire (the
-    /// 2-core hosts this runs on would otherwise be oversubscribed).
+    /// CPUs of the guest: two for the lone guest, one each for guests on a wire or a switch
+    /// (the 2-core hosts this runs on would otherwise be oversubscribed).
     pub(super) fn cpus(self) -> &'static str {
         match self {
             Topology::Loopback => "2",
-            Topology::Wire { .. } => "1",
+            Topology::Wire { .. } | Topology::Switch { .. } => "1",
+        }
+    }
+
+    /// Guest memory in MiB unless `RDMA_VERBS_VM_MEM_MB` says otherwise: 2048 for one or
+    /// two guests, 1024 each for 3 or 4 on a switch (4 GiB in all, which hosts with 8 GiB
+    /// take).
+    pub(super) fn default_memory_mb(self) -> u32 {
+        match self {
+            Topology::Loopback | Topology::Wire { .. } => 2048,
+            Topology::Switch { .. } => 1024,
         }
     }
 
@@ -85,7 +122,7 @@ impl Topology {
                  ip link set veth1 up\n\
                  {wait_active}"
             ),
-            Topology::Wire { node, .. } => format!(
+            Topology::Wire { node, .. } | Topology::Switch { node, .. } => format!(
                 "set -e\n\
                  ip link set lo up\n\
                  i=0\n\
@@ -104,20 +141,30 @@ impl Topology {
     }
 
     /// Environment the command gets to find the device of `provider`: name and local
-    /// address, and on a wire the node number and the peer's address.
+    /// address; on a wire or a switch also the node number (`RDMA_VERBS_NODE`), the number
+    /// of nodes (`RDMA_VERBS_NODES`), the addresses of all other nodes in node order
+    /// (`RDMA_VERBS_PEERS`, space-separated) and one peer's address (`RDMA_VERBS_PEER`:
+    /// the next node, node 1 after the last; on a wire, the other node).
     pub fn guest_env(self, provider: Provider) -> Vec<(&'static str, String)> {
         let device = provider.device();
-        match self {
-            Topology::Loopback => vec![
-                ("RDMA_VERBS_DEVICE", device.into()),
-                ("RDMA_VERBS_ADDR", "10.99.0.1".into()),
-            ],
-            Topology::Wire { node, .. } => vec![
-                ("RDMA_VERBS_DEVICE", device.into()),
-                ("RDMA_VERBS_NODE", node.to_string()),
-                ("RDMA_VERBS_ADDR", wire_addr(node)),
-                ("RDMA_VERBS_PEER", wire_addr(3 - node)),
-            ],
-        }
+        let (node, nodes) = match self {
+            Topology::Loopback => {
+                return vec![
+                    ("RDMA_VERBS_DEVICE", device.into()),
+                    ("RDMA_VERBS_ADDR", "10.99.0.1".into()),
+                ];
+            }
+            Topology::Wire { node, .. } => (node, 2),
+            Topology::Switch { node, nodes, .. } => (node, nodes),
+        };
+        let peers: Vec<String> = (1..=nodes).filter(|&n| n != node).map(wire_addr).collect();
+        vec![
+            ("RDMA_VERBS_DEVICE", device.into()),
+            ("RDMA_VERBS_NODE", node.to_string()),
+            ("RDMA_VERBS_NODES", nodes.to_string()),
+            ("RDMA_VERBS_ADDR", wire_addr(node)),
+            ("RDMA_VERBS_PEER", wire_addr(node % nodes + 1)),
+            ("RDMA_VERBS_PEERS", peers.join(" ")),
+        ]
     }
 }

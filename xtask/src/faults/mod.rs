@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 mod cases;
-mod render;
+pub(crate) mod render;
 #[cfg(test)]
 mod tests;
 mod verdict;
@@ -116,7 +116,7 @@ pub fn faults_command(args: Vec<OsString>) -> Result<u8> {
                     .and_then(|v| v.to_str())
                     .ok_or_else(|| {
                         Error::usage(
-                            "--set needs interop, faults-short, ci, faults or faults:WORD|WORD",
+                            "--set needs interop, faults-short, ci, faults, faults:WORD|WORD or interop:WORD|WORD",
                         )
                     })?
                     .into()

@@ -19,7 +19,7 @@ pub(super) fn json_str(s: &str) -> String {
 }
 
 /// faults.json: a list of rows.
-pub(super) fn to_json(rows: &[Row]) -> String {
+pub(crate) fn to_json(rows: &[Row]) -> String {
     let zero = |ok: bool| {
         if ok {
             "0".to_string()

@@ -36,6 +36,17 @@ const ROWS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "A request completing out of posting order (an iWARP READ) retires on its own \
+         completion, every request once",
+        &[
+            "vm_cm_core::sends_behind_large_reads_complete_on_their_own_and_every_request_comes_back",
+        ],
+    ),
+    (
+        "RESET of a drained QP (refused on iWARP)",
+        &["vm_soundness::reset_needs_a_drained_qp"],
+    ),
+    (
         "ERR flushes every posted request with a completion",
         &[
             "vm_soundness::the_error_state_flushes_every_posted_request",
@@ -182,7 +193,10 @@ pub fn tables(rows: &[JsonRow], stamp: &str) -> String {
             cols.join(" | ")
         );
     }
-    let _ = writeln!(md, "\nEach test binary: pass / unsupported / fail.\n");
+    let _ = writeln!(
+        md,
+        "\nEach test binary: pass / unsupported / deviation / fail.\n"
+    );
     let _ = writeln!(md, "| binary | {} |", cells.join(" | "));
     let _ = writeln!(md, "|---|{}", "---|".repeat(cells.len()));
     let mut binaries: Vec<&str> = rows
@@ -204,17 +218,43 @@ pub fn tables(rows: &[JsonRow], stamp: &str) -> String {
                         })
                         .count()
                 };
-                let (p, u, f) = (of("pass"), of("unsupported"), of("fail"));
-                if p + u + f == 0 {
+                let (p, u, d, f) = (of("pass"), of("unsupported"), of("deviation"), of("fail"));
+                if p + u + d + f == 0 {
                     "—".to_owned()
                 } else {
-                    format!("{p} / {u} / {f}")
+                    format!("{p} / {u} / {d} / {f}")
                 }
             })
             .collect();
         let _ = writeln!(md, "| `{binary}` | {} |", cols.join(" | "));
     }
+    listed(&mut md, rows, "deviation", "Tests that report a deviation");
+    listed(&mut md, rows, "fail", "Failing tests");
     md
+}
+
+/// Appends the tests whose outcome is `outcome` in some cell, with those cells.
+fn listed(md: &mut String, rows: &[JsonRow], outcome: &str, title: &str) {
+    let mut tests: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.outcome == outcome)
+        .map(|r| r.test.as_str())
+        .collect();
+    tests.sort_unstable();
+    tests.dedup();
+    if tests.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "\n{title} (the cells where they do):\n");
+    for test in tests {
+        let mut cells: Vec<String> = rows
+            .iter()
+            .filter(|r| r.test == test && r.outcome == outcome)
+            .map(cell_name)
+            .collect();
+        cells.sort_unstable();
+        let _ = writeln!(md, "- `{test}`: {}", cells.join(", "));
+    }
 }
 
 /// Replaces what lies between the markers of `doc` with `generated` (appending the markers
@@ -294,15 +334,19 @@ mod tests {
         let json = "[\n  {\"kernel\": \"6.1.0-57-amd64\", \"rdma_core\": \"44.0-2\", \"provider\": \"siw\", \
                     \"test\": \"vm_cm_core::each_queue_completes_in_posting_order\", \"outcome\": \"pass\"},\n  \
                     {\"kernel\": \"6.1.0-57-amd64\", \"rdma_core\": \"44.0-2\", \"provider\": \"siw\", \
-                    \"test\": \"vm_soundness::each_queue_completes_in_posting_order\", \"outcome\": \"unsupported\"}\n]\n";
+                    \"test\": \"vm_soundness::each_queue_completes_in_posting_order\", \"outcome\": \"unsupported\"},\n  \
+                    {\"kernel\": \"6.1.0-57-amd64\", \"rdma_core\": \"44.0-2\", \"provider\": \"siw\", \
+                    \"test\": \"vm_cm::refused\", \"outcome\": \"deviation\"}\n]\n";
         let rows = parse(json);
-        assert_eq!(rows.len(), 2);
+        assert_eq!(rows.len(), 3);
         assert_eq!(rows[0].provider, "siw");
         let md = tables(&rows, "stamp");
         assert!(md.contains("| assumption / feature | 6.1 / siw |"), "{md}");
         assert!(md.contains("| unsupported / pass |"), "{md}");
-        assert!(md.contains("| `vm_cm_core` | 1 / 0 / 0 |"), "{md}");
-        assert!(md.contains("| `vm_soundness` | 0 / 1 / 0 |"), "{md}");
+        assert!(md.contains("| `vm_cm_core` | 1 / 0 / 0 / 0 |"), "{md}");
+        assert!(md.contains("| `vm_soundness` | 0 / 1 / 0 / 0 |"), "{md}");
+        assert!(md.contains("| `vm_cm` | 0 / 0 / 1 / 0 |"), "{md}");
+        assert!(md.contains("- `vm_cm::refused`: 6.1 / siw\n"), "{md}");
         let doc = splice("# t\n", "x\n");
         assert_eq!(doc, format!("# t\n\n{BEGIN}\nx\n{END}\n"));
         assert_eq!(splice(&doc, "y\n"), format!("# t\n\n{BEGIN}\ny\n{END}\n"));

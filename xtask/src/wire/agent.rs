@@ -70,7 +70,7 @@ struct Agent {
 }
 
 /// Polls `f` every [`POLL`] until it is true or `wait` passed; whether it became true.
-fn poll_until(wait: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub(super) fn poll_until(wait: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + wait;
     loop {
         if f() {
@@ -84,7 +84,7 @@ fn poll_until(wait: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// True when something listens on TCP `port` (/proc/net/tcp{,6}, state 0A).
-fn listening(port: u16) -> bool {
+pub(super) fn listening(port: u16) -> bool {
     let want = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
         fs::read_to_string(f)

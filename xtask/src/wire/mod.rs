@@ -18,6 +18,7 @@ use std::time::Duration;
 
 mod agent;
 mod fake_peer;
+pub mod mesh;
 #[cfg(test)]
 mod tests;
 
@@ -283,6 +284,32 @@ fn interop() -> Vec<Case> {
             "ex:mw_grant --client {peer} --port 18610",
             Some(18610),
         ),
+        // Multicast: node 1 receives, node 2 sends to the group (UDP port space, no TCP
+        // socket to wait for). The sender starts 2 s late and pauses 3 s after its join (as
+        // mckey does), so the receiver has joined first. mckey as receiver exits 0 only
+        // when all 20 arrived; ours also verifies each and says how many were lost.
+        Case {
+            client: shell(
+                "sleep 2; exec \"$RDMA_VERBS_EXAMPLES/mcast\" -m 239.1.2.10 -b {addr} -s -C 20",
+            ),
+            ..case(
+                i,
+                "mcast: mckey receiver, ours sender",
+                "mckey -m 239.1.2.10 -b {addr} -C 20",
+                "",
+                None,
+            )
+        },
+        Case {
+            client: shell("sleep 2; exec mckey -m 239.1.2.11 -b {addr} -s -C 20"),
+            ..case(
+                i,
+                "mcast: ours receiver, mckey sender",
+                "ex:mcast -m 239.1.2.11 -b {addr} -C 20",
+                "",
+                None,
+            )
+        },
         // The client fails unless its copy's checksum equals the server's. One case only:
         // 64 MiB over the virtual wire takes 20-50 s (the huge-page destination is
         // covered in one guest by tests/vm_examples.rs).
@@ -320,28 +347,31 @@ pub fn cases(set: &str) -> Result<Vec<Case>> {
             .collect()),
         "faults-short" => Ok(crate::faults::matrix(true)),
         "faults" => Ok(crate::faults::matrix(false)),
-        // `faults:WORD|WORD...`: the rows of the full matrix whose scenario or program
-        // contains one of the words (a quick rerun of some rows).
-        _ if set.starts_with("faults:") => {
-            let word = &set["faults:".len()..];
-            let rows: Vec<Case> = crate::faults::matrix(false)
-                .into_iter()
-                .filter(|c| {
-                    word.split('|')
-                        .any(|w| c.scenario.contains(w) || c.program.contains(w))
-                })
-                .collect();
-            if rows.is_empty() {
-                Err(Error::usage(format!(
-                    "no row of the matrix matches {word:?}"
-                )))
-            } else {
-                Ok(rows)
-            }
-        }
+        // `faults:WORD|WORD...` / `interop:WORD|WORD...`: the rows of the full matrix (or
+        // the interop set) whose scenario or program contains one of the words (a quick
+        // rerun of some rows).
+        _ if set.starts_with("faults:") => rows_matching(crate::faults::matrix(false), &set[7..]),
+        _ if set.starts_with("interop:") => rows_matching(interop(), &set[8..]),
         _ => Err(Error::usage(format!(
             "unknown case set {set:?} (interop, faults-short, ci, faults)"
         ))),
+    }
+}
+
+/// The rows of `cases` whose scenario or program contains one of the `|`-separated words.
+fn rows_matching(cases: Vec<Case>, words: &str) -> Result<Vec<Case>> {
+    let rows: Vec<Case> = cases
+        .into_iter()
+        .filter(|c| {
+            words
+                .split('|')
+                .any(|w| c.scenario.contains(w) || c.program.contains(w))
+        })
+        .collect();
+    if rows.is_empty() {
+        Err(Error::usage(format!("no row of the set matches {words:?}")))
+    } else {
+        Ok(rows)
     }
 }
 
@@ -370,10 +400,13 @@ pub struct NodeResult {
     pub printed_error: bool,
     /// Problems of the agent itself (barrier timeouts, a program that did not start).
     pub problem: Option<String>,
+    /// N-node fault phases ([`mesh`]): the program (a link among survivors) was still
+    /// running once the survivor's links to the victim had all ended.
+    pub alive: bool,
 }
 
 impl NodeResult {
-    fn to_text(&self) -> String {
+    pub fn to_text(&self) -> String {
         let mut s = String::new();
         if let Some(st) = self.status {
             s.push_str(&format!("status={st}\n"));
@@ -383,6 +416,7 @@ impl NodeResult {
             ("killed", self.killed),
             ("early", self.early),
             ("printed_error", self.printed_error),
+            ("alive", self.alive),
         ] {
             if v {
                 s.push_str(&format!("{k}=1\n"));
@@ -418,6 +452,7 @@ impl NodeResult {
                 "killed" => r.killed = true,
                 "early" => r.early = true,
                 "printed_error" => r.printed_error = true,
+                "alive" => r.alive = true,
                 "elapsed_s" => r.elapsed_s = v.parse().unwrap_or(0.0),
                 "tte_s" => r.tte_s = v.parse().ok(),
                 "leaked" => r.leaked = v.parse().ok(),

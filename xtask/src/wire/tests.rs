@@ -37,7 +37,14 @@ fn leaks_count_only_growth() {
 
 #[test]
 fn every_set_has_cases_with_clients() {
-    for set in ["interop", "faults-short", "ci", "faults", "faults:RNR"] {
+    for set in [
+        "interop",
+        "faults-short",
+        "ci",
+        "faults",
+        "faults:RNR",
+        "interop:mcast",
+    ] {
         let cases = cases(set).unwrap_or_default();
         assert!(!cases.is_empty(), "{set}");
         for c in &cases {
@@ -46,4 +53,6 @@ fn every_set_has_cases_with_clients() {
     }
     assert!(cases("nope").is_err());
     assert!(cases("faults:no such row").is_err());
+    assert!(cases("interop:no such row").is_err());
+    assert_eq!(cases("interop:mcast").map(|c| c.len()).ok(), Some(2));
 }
