@@ -30,6 +30,9 @@ pub(crate) struct ContextInner {
     /// (its link layer, its P_Key table's length): checks on every QP's
     /// transitions read it here instead of asking the kernel again.
     port_facts: std::sync::Mutex<Vec<(u8, PortFacts)>>,
+    /// Whether RC QPs of this context take ATOMIC_WRITE: 0 not asked yet, 1 yes,
+    /// 2 no (the device lacks it, or its provider refused a QP with it).
+    atomic_write: std::sync::atomic::AtomicU8,
 }
 
 /// The attributes of a port that stay as they are while the device is open.
@@ -87,6 +90,7 @@ impl Context {
                 name,
                 owner: None,
                 port_facts: Default::default(),
+                atomic_write: Default::default(),
             }),
         })
     }
@@ -112,6 +116,7 @@ impl Context {
                 name,
                 owner: Some(owner),
                 port_facts: Default::default(),
+                atomic_write: Default::default(),
             }),
         }
     }
@@ -187,6 +192,37 @@ impl Context {
             },
             _ => e,
         }
+    }
+
+    /// Whether this context's extended RC QPs take ATOMIC_WRITE: the device
+    /// executes it ([`DeviceAttr::atomic_write`], queried once; a failed query
+    /// reads as no) and its provider has not refused a QP with it
+    /// ([`refuse_atomic_write`](Self::refuse_atomic_write)).
+    pub(crate) fn atomic_write(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.inner.atomic_write.load(Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let yes = self.query_device().is_ok_and(|a| a.atomic_write());
+                // A concurrent refusal wins over this first answer.
+                let _ = self.inner.atomic_write.compare_exchange(
+                    0,
+                    if yes { 1 } else { 2 },
+                    Relaxed,
+                    Relaxed,
+                );
+                self.inner.atomic_write.load(Relaxed) == 1
+            }
+        }
+    }
+
+    /// Records that the provider refused an RC QP with ATOMIC_WRITE: from now
+    /// on no QP of this context offers it, including those made with it.
+    pub(crate) fn refuse_atomic_write(&self) {
+        self.inner
+            .atomic_write
+            .store(2, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The fixed attributes of `port`, queried once per context.
@@ -481,6 +517,17 @@ pub struct DeviceAttr {
 }
 
 impl DeviceAttr {
+    /// `IB_UVERBS_DEVICE_ATOMIC_WRITE` of `device_cap_flags_ex` (Linux's
+    /// `ib_user_ioctl_verbs.h`; rdma-core 44's headers do not name it yet).
+    pub const ATOMIC_WRITE_FLAG: u64 = 1 << 40;
+
+    /// Whether the device executes ATOMIC_WRITE (an 8-byte write the responder
+    /// makes visible at once, [`SendWr::atomic_write`](crate::qp::SendWr::atomic_write)):
+    /// rxe from Linux 6.2 on.
+    pub fn atomic_write(&self) -> bool {
+        self.device_cap_flags_ex & Self::ATOMIC_WRITE_FLAG != 0
+    }
+
     fn from_ffi(a: &ffi::ibv_device_attr_ex) -> DeviceAttr {
         let o = &a.orig_attr;
         DeviceAttr {

@@ -31,6 +31,11 @@ pub(crate) enum SendOp {
         offset: u64,
         add: u64,
     },
+    AtomicWrite {
+        remote: RemoteMr,
+        offset: u64,
+        value: u64,
+    },
 }
 
 /// A send-queue work request: SEND, RDMA WRITE/READ or an atomic, built with
@@ -177,6 +182,30 @@ impl<'a> SendWr<'a> {
         SendWr::with_buffer(wr_id, op, Buffer::Owned(result))
     }
 
+    /// ATOMIC_WRITE: writes the 8 bytes of `value` (host order, as
+    /// [`compare_swap`](SendWr::compare_swap)'s operands) at `remote + offset`
+    /// as one unit that the responder makes visible only whole (the IBTA's
+    /// Memory Placement Extensions). The request carries its data, so it
+    /// takes no buffer; the target must be 8-byte aligned and the peer's MR
+    /// remotely writable.
+    ///
+    /// Only on a QP with the extended send API
+    /// ([`Qp::send_api`](crate::qp::Qp::send_api)) on a device that executes
+    /// it ([`DeviceAttr::atomic_write`](crate::context::DeviceAttr::atomic_write):
+    /// rxe from Linux 6.2): elsewhere posting it fails with
+    /// [`Error::Unsupported`] and nothing is posted.
+    #[inline]
+    pub fn atomic_write(wr_id: u64, remote: RemoteMr, offset: u64, value: u64) -> SendWr<'a> {
+        SendWr::new(
+            wr_id,
+            SendOp::AtomicWrite {
+                remote,
+                offset,
+                value,
+            },
+        )
+    }
+
     /// Appends a scatter/gather entry covering the whole buffer. Past
     /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) entries the buffer is dropped
     /// and posting fails with [`Error::TooManySges`].
@@ -238,11 +267,17 @@ impl<'a> SendWr<'a> {
 
     /// Checks everything that can be checked before the NIC sees the request.
     #[inline(always)]
-    pub(crate) fn validate(&self, max_sge: u32, max_inline: u32, pd: &Pd) -> Result<()> {
+    pub(crate) fn validate(
+        &self,
+        max_sge: u32,
+        max_inline: u32,
+        pd: &Pd,
+        atomic_write: impl FnOnce() -> bool,
+    ) -> Result<()> {
         if self.plainly_valid(max_sge, max_inline, pd) {
             Ok(())
         } else {
-            self.validate_fully(max_sge, max_inline, pd)
+            self.validate_fully(max_sge, max_inline, pd, atomic_write())
         }
     }
 
@@ -296,8 +331,11 @@ impl<'a> SendWr<'a> {
                     && self.bufs.all_locally_writable()
                     && fits(remote, offset)
             }
+            // ATOMIC_WRITE has no buffer: it fails `bufs.len() == 1` and goes to
+            // the full check, which alone knows whether the QP takes it.
             SendOp::CompareSwap { remote, offset, .. }
-            | SendOp::FetchAdd { remote, offset, .. } => {
+            | SendOp::FetchAdd { remote, offset, .. }
+            | SendOp::AtomicWrite { remote, offset, .. } => {
                 // One owned 8-byte result, an aligned 8-byte target in range.
                 len == 8
                     && bufs.len() == 1
@@ -313,7 +351,13 @@ impl<'a> SendWr<'a> {
     /// Every check, with the error that names what is wrong.
     #[cold]
     #[inline(never)]
-    fn validate_fully(&self, max_sge: u32, max_inline: u32, pd: &Pd) -> Result<()> {
+    fn validate_fully(
+        &self,
+        max_sge: u32,
+        max_inline: u32,
+        pd: &Pd,
+        atomic_write: bool,
+    ) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
         let max = (max_sge as usize).min(crate::ledger::sges::MAX_SAFE_SGES);
         if n > max {
@@ -362,11 +406,43 @@ impl<'a> SendWr<'a> {
                 }
                 self.check_writable_dest("atomic")?;
             }
+            SendOp::AtomicWrite { remote, offset, .. } => {
+                self.check_atomic_write(remote, offset, atomic_write)?;
+            }
         }
         if self.imm.is_some() && !matches!(self.op, SendOp::Send | SendOp::Write { .. }) {
             return Err(invalid(
                 "immediate data",
                 "only SEND and RDMA WRITE carry immediate data",
+            ));
+        }
+        Ok(())
+    }
+
+    /// ATOMIC_WRITE's checks: a QP that takes it, no buffers, an aligned
+    /// 8-byte target in range.
+    fn check_atomic_write(&self, remote: RemoteMr, offset: u64, supported: bool) -> Result<()> {
+        if !supported {
+            return Err(Error::Unsupported {
+                verb: "ibv_wr_atomic_write",
+                hint: "ATOMIC_WRITE needs the extended send API (Qp::send_api() == \
+                       SendApi::Extended) on a device whose device_cap_flags_ex has \
+                       IB_UVERBS_DEVICE_ATOMIC_WRITE (DeviceAttr::atomic_write(): rxe from Linux \
+                       6.2); write the 8 bytes with an RDMA WRITE instead"
+                    .into(),
+            });
+        }
+        if self.inline_data.is_some() || !self.bufs.is_empty() || self.bufs.overflow() != 0 {
+            return Err(invalid(
+                "ATOMIC_WRITE",
+                "carries its 8 bytes in the request: it takes no buffer or inline data",
+            ));
+        }
+        let addr = remote.checked_addr(offset, 8)?;
+        if addr % 8 != 0 {
+            return Err(invalid(
+                "atomic target",
+                &format!("address {addr:#x} is not 8-byte aligned"),
             ));
         }
         Ok(())
@@ -445,6 +521,21 @@ impl<'a> SendWr<'a> {
                     rkey: remote.rkey,
                 };
                 (ffi::IBV_WR_ATOMIC_FETCH_AND_ADD, None)
+            }
+            AtomicWrite {
+                remote,
+                offset,
+                value,
+            } => {
+                // The builders' replay (`SendEx::build`) passes the address of
+                // `compare_add` to `ibv_wr_atomic_write`.
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr.wrapping_add(*offset),
+                    compare_add: *value,
+                    swap: 0,
+                    rkey: remote.rkey,
+                };
+                (ffi::IBV_WR_ATOMIC_WRITE, None)
             }
         };
         wr.opcode = opcode;

@@ -136,9 +136,7 @@ impl<T: QpType> Qp<T, Reset> {
                 |init| {
                     adjust(init);
                     if try_extended {
-                        // SAFETY: valid PD, CQs and SRQ of one context (checked
-                        // above; kept alive by the Arcs the Qp stores).
-                        match send_ex::create_rc(pd.as_raw(), init) {
+                        match create_extended(pd, init) {
                             Ok(raw) => {
                                 extended = true;
                                 return Ok(raw);
@@ -296,4 +294,26 @@ fn extended_refused(e: std::io::Error) -> Error {
         };
     }
     Error::verb("ibv_create_qp_ex", e)
+}
+
+/// Creates an extended RC QP from `init`: with ATOMIC_WRITE among its send
+/// operations where the context's QPs take it (`Context::atomic_write`),
+/// else with [`send_ex::RC_SEND_OPS`]. A provider that refuses the QP with
+/// ATOMIC_WRITE turns it off for the whole context, so that no QP made
+/// without it is asked for one.
+fn create_extended(
+    pd: &Pd,
+    init: &mut ffi::ibv_qp_init_attr,
+) -> std::result::Result<NonNull<ffi::ibv_qp>, std::io::Error> {
+    if pd.context().atomic_write() {
+        let ops = send_ex::RC_SEND_OPS | send_ex::ATOMIC_WRITE_OP;
+        // SAFETY: valid PD, CQs and SRQ of one context (checked by the
+        // caller; kept alive by the Arcs the Qp stores).
+        if let Ok(raw) = unsafe { send_ex::create_rc(pd.as_raw(), init, ops) } {
+            return Ok(raw);
+        }
+        pd.context().refuse_atomic_write();
+    }
+    // SAFETY: as above.
+    unsafe { send_ex::create_rc(pd.as_raw(), init, send_ex::RC_SEND_OPS) }
 }

@@ -170,7 +170,9 @@ impl<'a, C: SendCore> WorkQueue<C> for SendQueue<'a> {
     #[inline(always)]
     fn validate(core: &C, wr: &SendWr<'a>) -> Result<(), Error> {
         let caps = core.caps();
-        wr.validate(caps.max_send_sge, caps.max_inline_data, core.pd())
+        wr.validate(caps.max_send_sge, caps.max_inline_data, core.pd(), || {
+            core.send_ex().is_some_and(SendEx::atomic_write) && core.pd().context().atomic_write()
+        })
     }
 
     #[inline(always)]

@@ -66,9 +66,14 @@ pub(crate) const RC_SEND_OPS: u64 = (ffi::IBV_QP_EX_WITH_SEND
     | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) as u64;
 
-/// Creates an RC QP from `init` with `ibv_create_qp_ex` and [`RC_SEND_OPS`];
-/// on success writes the granted caps back into `init`. On failure returns
-/// the errno (`EOPNOTSUPP` where the provider has no extended QPs).
+/// ATOMIC_WRITE, added to [`RC_SEND_OPS`] on devices that execute it.
+pub(crate) const ATOMIC_WRITE_OP: u64 = ffi::IBV_QP_EX_WITH_ATOMIC_WRITE as u64;
+
+/// Creates an RC QP from `init` with `ibv_create_qp_ex` and the send
+/// operations `ops` ([`RC_SEND_OPS`], perhaps with [`ATOMIC_WRITE_OP`]); on
+/// success writes the granted caps back into `init`. On failure returns the
+/// errno (`EOPNOTSUPP` where the provider has no extended QPs or not these
+/// operations).
 ///
 /// # Safety
 /// `pd` is live and `init` describes an RC QP whose CQs (and SRQ) are live
@@ -76,6 +81,7 @@ pub(crate) const RC_SEND_OPS: u64 = (ffi::IBV_QP_EX_WITH_SEND
 pub(crate) unsafe fn create_rc(
     pd: *mut ffi::ibv_pd,
     init: &mut ffi::ibv_qp_init_attr,
+    ops: u64,
 ) -> Result<NonNull<ffi::ibv_qp>, std::io::Error> {
     let mut ex = ffi::ibv_qp_init_attr_ex {
         qp_context: init.qp_context,
@@ -87,7 +93,7 @@ pub(crate) unsafe fn create_rc(
         sq_sig_all: init.sq_sig_all,
         comp_mask: ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
         pd,
-        send_ops_flags: RC_SEND_OPS,
+        send_ops_flags: ops,
         ..Default::default()
     };
     // SAFETY: pd is live (contract) and its context is the QP's; `ex` is
@@ -153,6 +159,15 @@ impl SendEx {
         all.then_some(SendEx { qpx })
     }
 
+    /// Whether this QP, of a context whose QPs take ATOMIC_WRITE
+    /// (`Context::atomic_write`, which a QP created without the operation
+    /// turns off), has its builder.
+    pub(crate) fn atomic_write(&self) -> bool {
+        // SAFETY: qpx is live while the QP is; the entry point is a plain field
+        // the provider set at creation.
+        unsafe { (*self.qpx.as_ptr()).wr_atomic_write.is_some() }
+    }
+
     /// Builds `w` after `ibv_wr_start`; false if the builders cannot express
     /// it exactly (nothing about it then reaches the NIC: the caller aborts).
     ///
@@ -201,6 +216,14 @@ impl SendEx {
                     atomic.compare_add,
                     atomic.swap
                 ),
+                ffi::IBV_WR_ATOMIC_WRITE => {
+                    // The request carries its data: no setter follows.
+                    return self.build_atomic_write(
+                        atomic.rkey,
+                        atomic.remote_addr,
+                        &atomic.compare_add,
+                    );
+                }
                 _ => return false,
             }
             let inline = w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
@@ -271,6 +294,31 @@ impl SendEx {
             self.set_data(r);
         }
         true
+    }
+
+    /// Builds an ATOMIC_WRITE of the 8 bytes at `value` to `rkey`/`addr`, the
+    /// request's data included; false (nothing built) when the QP does not
+    /// take it.
+    ///
+    /// # Safety
+    /// Inside this QP's critical region, `wr_id` and `wr_flags` set.
+    #[cold]
+    #[inline(never)]
+    unsafe fn build_atomic_write(&self, rkey: u32, addr: u64, value: &u64) -> bool {
+        let q = self.qpx.as_ptr();
+        // SAFETY: q is this live QP's ibv_qp_ex; the entry point is a plain
+        // field the provider set at creation.
+        match unsafe { (*q).wr_atomic_write } {
+            Some(f) => {
+                // SAFETY: inside the critical region (contract), with the builder
+                // of a QP created with ATOMIC_WRITE; it copies the 8 bytes at
+                // `value` into the request before it returns (`atomic_wr` is
+                // read by the call, ibv_wr_post(3)).
+                unsafe { f(q, rkey, addr, std::ptr::from_ref(value).cast()) };
+                true
+            }
+            None => false,
+        }
     }
 
     /// Sets the built request's data: `r`'s SGE, or none.
@@ -461,6 +509,15 @@ unsafe fn legacy<const REFUSE_RESERVED: bool>(
         op!(q, wr_abort);
         if REFUSE_RESERVED && any_reserved(head) {
             return RESERVED_WR_ID;
+        }
+        // `ibv_post_send` has no field for an ATOMIC_WRITE's data.
+        let mut w = head;
+        while let Some(r) = w.as_ref() {
+            if r.opcode == ffi::IBV_WR_ATOMIC_WRITE {
+                *bad = head;
+                return libc::EOPNOTSUPP;
+            }
+            w = r.next;
         }
         super::post::ibv_post_send(qp, head, bad)
     }

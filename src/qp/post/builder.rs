@@ -6,10 +6,10 @@ use crate::ledger::wr::{SendOp, SendWr};
 use crate::qp::send_ex::Request;
 
 /// `wr` as a builder request (its `wr_id` left 0 for the ring's token), or
-/// `None` when it needs what [`Request`] cannot say: inline data or more
-/// than one buffer. Call it before [`SendWr::validate`] only to decide the
-/// path: the remote address is computed wrapping, as `fill_ffi` does, and
-/// the request is posted only once validated.
+/// `None` when it needs what [`Request`] cannot say: inline data, more than
+/// one buffer, or ATOMIC_WRITE's data. Call it before [`SendWr::validate`]
+/// only to decide the path: the remote address is computed wrapping, as
+/// `fill_ffi` does, and the request is posted only once validated.
 #[inline(always)]
 pub(crate) fn send_request(wr: &SendWr<'_>) -> Option<Request> {
     if wr.inline_data.is_some() {
@@ -67,6 +67,9 @@ pub(crate) fn send_request(wr: &SendWr<'_>) -> Option<Request> {
             add,
             0,
         ),
+        // Rare: written as a C request, whose replay builds it
+        // (`SendEx::build`), so the builders' hot path has no arm for it.
+        SendOp::AtomicWrite { .. } => return None,
     };
     Some(Request {
         wr_id: 0,
