@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::procs::Proc;
+use common::procs::{Proc, example};
 use common::{pattern, serial, wait};
 use rdma_verbs::ah::{GRH_LEN, grh_source_gid};
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, UDP_QKEY, UdPeer};
@@ -391,6 +391,80 @@ fn udaddy_client_against_ours_server() {
     }
     collect(&mut cq, UDADDY_COUNT, WcOpcode::Send);
     udaddy_done(client, deadline);
+}
+
+/// Runs `spawn()`'s program until it does not fail fast (its server was
+/// not listening yet: SIDR status 1), by `deadline`.
+fn until_served(spawn: impl Fn() -> Proc, deadline: Instant) -> Proc {
+    loop {
+        let mut p = spawn();
+        let started = Instant::now();
+        let quick = p.wait_until(started + Duration::from_secs(2));
+        let refused = quick.is_some_and(|s| !s.success()) && p.output().contains("error: 1");
+        if !refused || Instant::now() >= deadline {
+            return p;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits for our `ud_cm` example to exit 0 having heard every datagram with `line`.
+fn ud_cm_done(mut p: Proc, deadline: Instant, line: &str) {
+    let st = p.wait_until(deadline);
+    let out = p.output();
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "ud_cm failed or was not done in time ({st:?}):\n{out}"
+    );
+    for want in [line, "data transfers complete", "return status 0"] {
+        assert!(out.contains(want), "ud_cm printed no `{want}`:\n{out}");
+    }
+}
+
+/// examples/ud_cm.rs against udaddy with the same flags, both roles: our
+/// client checks every echoed reply, our server every datagram's length and
+/// immediate data (udaddy's payload is an uninitialised buffer).
+#[test]
+fn ud_cm_example_against_udaddy_both_ways() {
+    let _serial = serial();
+    let host = common::guest_ip().to_string();
+    let flags = |s: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = s.iter().map(|a| a.to_string()).collect();
+        v.extend(["-C", "10", "-S", "100"].map(String::from));
+        v
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let server = Proc::spawn("udaddy", &udaddy(), &flags(&[]), "udaddy-server");
+    let client = until_served(
+        || {
+            Proc::spawn(
+                "ud_cm",
+                &example("ud_cm"),
+                &flags(&["-s", &host]),
+                "ud_cm-client",
+            )
+        },
+        deadline,
+    );
+    ud_cm_done(
+        client,
+        deadline,
+        "received 10 of 10: 10 verified, 0 from a C udaddy",
+    );
+    udaddy_done(server, deadline);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let server = Proc::spawn("ud_cm", &example("ud_cm"), &flags(&[]), "ud_cm-server");
+    let client = until_served(
+        || Proc::spawn("udaddy", &udaddy(), &flags(&["-s", &host]), "udaddy-client"),
+        deadline,
+    );
+    udaddy_done(client, deadline);
+    ud_cm_done(
+        server,
+        deadline,
+        "received 10 of 10: 0 verified, 10 from a C udaddy",
+    );
 }
 
 /// The async layer: a UD listener and an awaited SIDR exchange, then one

@@ -310,6 +310,24 @@ fn interop() -> Vec<Case> {
                 None,
             )
         },
+        // rdma_cm UD (SIDR), udaddy's port 7174: 10 datagrams each way. The client that
+        // asks before the server listens fails fast (SIDR status 1) and is started again.
+        // Ours as client checks every echoed reply; as server each datagram's length and
+        // immediate data.
+        case(
+            i,
+            "ud_cm: udaddy server, ours client",
+            "udaddy -b {addr} -C 10",
+            "ex:ud_cm -s {peer} -C 10",
+            None,
+        ),
+        case(
+            i,
+            "ud_cm: ours server, udaddy client",
+            "ex:ud_cm -b {addr} -C 10",
+            "udaddy -s {peer} -C 10",
+            None,
+        ),
         // The client fails unless its copy's checksum equals the server's. One case only:
         // 64 MiB over the virtual wire takes 20-50 s (the huge-page destination is
         // covered in one guest by tests/vm_examples.rs).

@@ -44,6 +44,7 @@ fn every_set_has_cases_with_clients() {
         "faults",
         "faults:RNR",
         "interop:mcast",
+        "interop:ud_cm",
     ] {
         let cases = cases(set).unwrap_or_default();
         assert!(!cases.is_empty(), "{set}");
@@ -55,4 +56,5 @@ fn every_set_has_cases_with_clients() {
     assert!(cases("faults:no such row").is_err());
     assert!(cases("interop:no such row").is_err());
     assert_eq!(cases("interop:mcast").map(|c| c.len()).ok(), Some(2));
+    assert_eq!(cases("interop:ud_cm").map(|c| c.len()).ok(), Some(2));
 }
