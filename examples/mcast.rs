@@ -279,8 +279,11 @@ fn run(o: &Opts) -> Result<bool> {
         }
     }
     let peer = join(&m, o)?;
-    // mckey's pause, for the network to learn the group before the first datagram.
-    std::thread::sleep(Duration::from_secs(3));
+    // mckey's pause, for the network to learn the group before the first datagram
+    // (a receiver's receives are posted already: it needs none).
+    if o.sender {
+        std::thread::sleep(Duration::from_secs(3));
+    }
     let mut ok = true;
     if o.count > 0 {
         if o.sender {
