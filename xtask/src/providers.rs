@@ -347,7 +347,9 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
             running = None;
             match result.trim() {
                 "ok" => rows.push((test, "pass")),
-                "FAILED" => rows.push((test, "fail")),
+                // "Killed": the shell's word for a binary killed mid-test (the limit's
+                // SIGKILL, or the guest's OOM killer).
+                "FAILED" | "Killed" => rows.push((test, "fail")),
                 "" => running = Some(test),
                 _ => {} // ignored
             }
@@ -469,7 +471,10 @@ mod tests {
                    @@exit vm_qp 101\n\
                    @@binary vm_cm\n\
                    test hangs ... \n\
-                   @@exit vm_cm 124\n";
+                   @@exit vm_cm 124\n\
+                   @@binary vm_lifecycle\n\
+                   test walk ... Killed\n\
+                   @@exit vm_lifecycle 137\n";
         let rows = classify(out);
         assert_eq!(
             rows,
@@ -481,6 +486,7 @@ mod tests {
                 ("vm_qp::f".to_owned(), "deviation"),
                 ("vm_qp::g".to_owned(), "pass"),
                 ("vm_cm::hangs".to_owned(), "fail"),
+                ("vm_lifecycle::walk".to_owned(), "fail"),
             ]
         );
         assert_eq!(binary_name(Path::new("/t/vm_qp-0a1b")), "vm_qp");
