@@ -292,26 +292,26 @@ impl Drop for HugePages {
     }
 }
 
-/// `file_read` copies a 64 MiB file: into ordinary pages in 1 MiB READs, then
+/// `file_read` copies a 16 MiB file: into ordinary pages in 1 MiB READs, then
 /// into huge pages in READs of 1,000,000 bytes (the last one shorter); both
 /// sides print the file's checksum and the copy is the file, byte for byte.
 /// Over the memlock limit the server fails naming the limit; with no huge
 /// pages reserved, `--hugepages` fails on both sides, the client saying how
 /// to reserve them.
 #[test]
-fn file_read_copies_a_64_mib_file_with_and_without_huge_pages() {
+fn file_read_copies_a_16_mib_file_with_and_without_huge_pages() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    const LEN: usize = 64 << 20;
+    const LEN: usize = 16 << 20;
     let src = TempFile::path("file_read-src");
     let data = random_bytes(LEN);
     std::fs::write(&src.0, &data).unwrap();
     let want = format!("fnv1a64 {:016x}", fnv1a(&data));
     let runs: [(&[&str], &str, u64); 2] = [
-        (&[], "64 READs of up to 1048576 bytes", 0),
+        (&[], "16 READs of up to 1048576 bytes", 0),
         (
             &["--hugepages", "--chunk", "1000000"],
-            "68 READs of up to 1000000 bytes",
-            32,
+            "17 READs of up to 1000000 bytes",
+            8,
         ),
     ];
     for (k, (extra, reads, huge)) in runs.into_iter().enumerate() {
@@ -401,7 +401,7 @@ fn huge_page_refusal(src: &TempFile) {
 }
 
 /// Run as nobody under an 8 MiB RLIMIT_MEMLOCK (root is never limited), the
-/// server cannot register the 64 MiB file and says so, naming the limit.
+/// server cannot register the 16 MiB file and says so, naming the limit.
 fn memlock_refusal(src: &TempFile) {
     let bin = example("file_read");
     let args = [
