@@ -329,14 +329,14 @@ fn interop() -> Vec<Case> {
             None,
         ),
         // The client fails unless its copy's checksum equals the server's: 16 chunks of
-        // 1 MiB across the wire in about 13 s (64 MiB took 20-50 s; the huge-page
-        // destination is covered in one guest by tests/vm_examples.rs).
+        // 1 MiB across the wire, about 15 s (the huge-page destination is covered in one
+        // guest by tests/vm_examples.rs).
         Case {
             server: shell(
                 "head -c 16777216 /dev/urandom > /dev/shm/file_read.src && \
                  exec \"$RDMA_VERBS_EXAMPLES/file_read\" --server /dev/shm/file_read.src --port 18611",
             ),
-            // Twice the slowest run seen, not the other cases' 60 s.
+            // The longest case, whose time grows with the machine's load: 120 s, not 60 s.
             limit: Duration::from_secs(120),
             ..case(
                 i,
