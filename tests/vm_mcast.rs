@@ -446,10 +446,22 @@ fn mckey_args(g: Ipv4Addr, bind: IpAddr, n: usize, size: usize, send: bool) -> V
     a
 }
 
+/// Packets the device `dev` has put on the wire (rxe's `sent_pkts` counter;
+/// `None` where the provider has no such counter).
+fn sent_pkts(dev: &str) -> Option<u64> {
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/sent_pkts");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 /// One sender and the receivers, each a program (`mckey` or this crate's
 /// `mcast` example) on this guest, all bound to `bind`: the receivers start
 /// first and the sender once each is receiving; every receiver must exit 0
-/// (mckey: all `n` datagrams arrived; mcast: all arrived and verified).
+/// (mckey: all `n` datagrams arrived; mcast: all arrived and verified). A
+/// receiver's failure says how many packets the device sent while the sender
+/// ran (the receivers send none): a C `mckey` destroys its address handle
+/// right after posting its unsignaled sends, and where the kernel sends them
+/// later (rxe from 6.4 on, docs/providers.md) a datagram can fail on the
+/// sender's side, which that count tells apart from a loss on the receiving one.
 /// Takes the receivers' list so that it runs with more than one.
 fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usize) -> Vec<String> {
     let _serial = serial();
@@ -477,6 +489,7 @@ fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usi
         wait_for_line(&mut p, "receiving data transfers", deadline);
         rx.push(p);
     }
+    let before = sent_pkts(ctx.name());
     let tx = spawn(sender, mckey_args(g, bind, n, 100, true), "tx");
     done(
         tx,
@@ -487,8 +500,19 @@ fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usi
             "return status 0",
         ],
     );
+    let sent = before.zip(sent_pkts(ctx.name())).map(|(b, a)| a - b);
+    let sent = format!("the device sent {sent:?} packets of {n} while `{sender}` ran");
     rx.into_iter()
-        .map(|p| done(p, deadline, &["data transfers complete", "return status 0"]))
+        .map(|p| {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                done(p, deadline, &["data transfers complete", "return status 0"])
+            }));
+            out.unwrap_or_else(|e| {
+                let why = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                panic!("{why}\n({sent})")
+            })
+        })
+        .map(|out| format!("{out}\n({sent})"))
         .collect()
 }
 
