@@ -6,11 +6,14 @@
 //!
 //! `RDMA_VERBS_LIFECYCLE_SEED` (default: the clock) and
 //! `RDMA_VERBS_LIFECYCLE_STEPS` (default 10,000) select the run; the seed is
-//! printed at the start and in every failure. See docs/lifecycle.md.
+//! printed at the start (on stderr, past the harness's capture, so that a run
+//! killed from outside still names it) and in every failure. See
+//! docs/lifecycle.md.
 
 mod common;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,13 +126,22 @@ fn random_lifecycle() {
         env_u64("RDMA_VERBS_LIFECYCLE_TRACE").is_some_and(|v| v != 0),
         Ordering::Relaxed,
     );
-    // Watchdog: nothing may block; a wedged run fails with its seed.
+    // Straight to stderr: the harness captures `eprintln!`, and a binary killed
+    // from outside (a runner's time limit) never shows what it captured.
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "lifecycle: starting seed={seed} steps={steps} ({SEED_ENV}={seed})"
+    );
+    // Watchdog: nothing may block; a wedged run fails with its seed and step. Its
+    // default (60 s for 10,000 steps; walks take 2-9 s) fires before the 120 s
+    // that `cargo xtask providers` gives the whole binary.
     let limit =
-        Duration::from_secs(env_u64("RDMA_VERBS_LIFECYCLE_WATCHDOG_S").unwrap_or(60 + steps / 50));
+        Duration::from_secs(env_u64("RDMA_VERBS_LIFECYCLE_WATCHDOG_S").unwrap_or(30 + steps / 333));
     let (done, wait) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr().lock(),
                 "lifecycle: watchdog: seed={} stuck at step {} after {limit:?}",
                 SEED.load(Ordering::Relaxed),
                 STEP.load(Ordering::Relaxed)

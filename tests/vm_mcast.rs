@@ -446,10 +446,22 @@ fn mckey_args(g: Ipv4Addr, bind: IpAddr, n: usize, size: usize, send: bool) -> V
     a
 }
 
+/// Packets the device `dev` has put on the wire (rxe's `sent_pkts` counter;
+/// `None` where the provider has no such counter).
+fn sent_pkts(dev: &str) -> Option<u64> {
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/sent_pkts");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 /// One sender and the receivers, each a program (`mckey` or this crate's
 /// `mcast` example) on this guest, all bound to `bind`: the receivers start
 /// first and the sender once each is receiving; every receiver must exit 0
-/// (mckey: all `n` datagrams arrived; mcast: all arrived and verified).
+/// (mckey: all `n` datagrams arrived; mcast: all arrived and verified). A
+/// receiver's failure says how many packets the device sent while the sender
+/// ran (the receivers send none): a C `mckey` destroys its address handle
+/// right after posting its unsignaled sends, and where the kernel sends them
+/// later (rxe from 6.4 on, docs/providers.md) a datagram can fail on the
+/// sender's side, which that count tells apart from a loss on the receiving one.
 /// Takes the receivers' list so that it runs with more than one.
 fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usize) -> Vec<String> {
     let _serial = serial();
@@ -477,6 +489,7 @@ fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usi
         wait_for_line(&mut p, "receiving data transfers", deadline);
         rx.push(p);
     }
+    let before = sent_pkts(ctx.name());
     let tx = spawn(sender, mckey_args(g, bind, n, 100, true), "tx");
     done(
         tx,
@@ -487,19 +500,96 @@ fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usi
             "return status 0",
         ],
     );
+    let sent = before.zip(sent_pkts(ctx.name())).map(|(b, a)| a - b);
+    let sent = format!("the device sent {sent:?} packets of {n} while `{sender}` ran");
     rx.into_iter()
-        .map(|p| done(p, deadline, &["data transfers complete", "return status 0"]))
+        .map(|p| {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                done(p, deadline, &["data transfers complete", "return status 0"])
+            }));
+            out.unwrap_or_else(|e| {
+                let why = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                panic!("{why}\n({sent})")
+            })
+        })
+        .map(|out| format!("{out}\n({sent})"))
         .collect()
 }
 
+/// mckey sending to ours: all 10 arrive and are checked. On 6.12's rxe, mckey's
+/// teardown races its own sends (it destroys its address handle right after
+/// posting them, docs/providers.md), so a try in which the device sent fewer
+/// than 10 must still deliver every one it sent, and is tried again, three
+/// tries at most.
 #[test]
 fn mckey_sends_to_ours() {
-    let out = one_sender_to_receivers("mckey", &["mcast"], Ipv4Addr::new(239, 10, 4, 2), 10);
-    assert!(
-        out[0].contains("received 10 of 10: 0 verified, 10 from a C mckey"),
-        "{}",
-        out[0]
+    let n = 10;
+    for attempt in 1..=3 {
+        let Some((sent, out)) = mckey_to_ours_once(Ipv4Addr::new(239, 10, 4, 2), n) else {
+            return;
+        };
+        assert!(
+            out.contains(&format!(
+                "received {sent} of {n}: 0 verified, {sent} from a C mckey"
+            )) && out.contains(" 0 corrupt, 0 duplicate"),
+            "try {attempt}: our receiver did not get each of the {sent} datagrams the device sent:\n{out}"
+        );
+        eprintln!("try {attempt}: mckey put {sent} of {n} datagrams on the wire; trying again");
+    }
+    panic!("mckey put fewer than {n} datagrams on the wire in each of 3 tries");
+}
+
+/// One try of mckey sending `n` datagrams to our receiver. `None` when every
+/// one arrived and our receiver exited 0; else how many packets the device
+/// sent while mckey ran (fewer than `n`: mckey's own loss) and our output.
+fn mckey_to_ours_once(g: Ipv4Addr, n: usize) -> Option<(u64, String)> {
+    let _serial = serial();
+    let ctx = common::ctx();
+    drop(
+        Qp::new_ud(
+            &Pd::new(&ctx).expect("pd"),
+            &Cq::new(&ctx, 4).expect("cq"),
+            &Cq::new(&ctx, 4).expect("cq"),
+            caps(1),
+        )
+        .expect("a UD QP"),
     );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let bind = guest_ip();
+    let args = mckey_args(g, bind, n, 100, false);
+    let mut rx = Proc::spawn("mcast", &example("mcast"), &args, "rx0");
+    wait_for_line(&mut rx, "receiving data transfers", deadline);
+    let before = sent_pkts(ctx.name());
+    let mut a = vec!["-oL".to_owned(), mckey().display().to_string()];
+    a.extend(mckey_args(g, bind, n, 100, true));
+    let tx = Proc::spawn("mckey", &stdbuf(), &a, "tx");
+    done(
+        tx,
+        deadline,
+        &[
+            "initiating data transfers",
+            "data transfers complete",
+            "return status 0",
+        ],
+    );
+    let sent = before.zip(sent_pkts(ctx.name())).map(|(b, a)| a - b);
+    let st = rx.wait_until(deadline);
+    let out = rx.output();
+    if st.is_some_and(|s| s.success()) {
+        assert!(
+            out.contains(&format!(
+                "received {n} of {n}: 0 verified, {n} from a C mckey"
+            )),
+            "{out}"
+        );
+        return None;
+    }
+    match sent {
+        Some(k) if k < n as u64 => Some((k, out)),
+        _ => panic!(
+            "our receiver failed although the device sent {sent:?} of {n} packets ({st:?}):\n{out}"
+        ),
+    }
 }
 
 /// Ours sending to mckey too: mckey must receive all of them and exit 0.

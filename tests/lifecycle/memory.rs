@@ -134,12 +134,22 @@ impl Memory {
                 i += 1;
             }
         }
+        trace!(
+            "memory: drop the window QP ({} windows left)",
+            self.windows.len()
+        );
         self.wqp = None;
+        trace!("memory: window QP dropped");
         self.lingering.clear();
     }
 
     fn drop_window(&mut self, i: usize) {
         let w = self.windows.swap_remove(i);
+        trace!(
+            "memory: drop window {i} ({:?}, bound {})",
+            w.mw.mw_type(),
+            w.mw.remote().is_some()
+        );
         if self.wqp.is_some() {
             self.lingering.extend(w.holds);
         }
@@ -270,7 +280,14 @@ impl Model {
 
     /// One random step of the windows.
     fn memory_step(&mut self) {
-        match self.mem.rng.below(10) {
+        let a = self.mem.rng.below(10);
+        trace!(
+            "memory {a}: {} windows, {} regions, window QP {}",
+            self.mem.windows.len(),
+            self.mem.regions.len(),
+            self.mem.wqp.is_some()
+        );
+        match a {
             0 if self.mem.wqp.is_none() => self.mem.wqp = Some(self.win_qp()),
             0 => {
                 // Some of the bound type 2 windows are invalidated and live on;

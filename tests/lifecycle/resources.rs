@@ -115,7 +115,9 @@ impl Model {
         self.break_link(slot);
         let q = self.qps[slot].take().unwrap();
         self.destroyed_qpns.insert(q.qpn);
+        trace!("slot {slot}: drop qpn {} ({})", q.qpn, q.qp.name());
         drop(q.qp);
+        trace!("slot {slot}: dropped");
         self.stats.qp_drops += 1;
     }
 
