@@ -33,7 +33,13 @@ pub(crate) struct ContextInner {
     /// Whether RC QPs of this context take ATOMIC_WRITE: 0 not asked yet, 1 yes,
     /// 2 no (the device lacks it, or its provider refused a QP with it).
     atomic_write: std::sync::atomic::AtomicU8,
+    /// The FLUSH placement types (`ffi::IBV_FLUSH_GLOBAL`, `ffi::IBV_FLUSH_PERSISTENT`)
+    /// RC QPs of this context take, with [`FLUSH_ASKED`] set once known: 0 not asked yet.
+    flush: std::sync::atomic::AtomicU8,
 }
+
+/// The bit of `ContextInner::flush` that says the placements were worked out.
+const FLUSH_ASKED: u8 = 0x80;
 
 /// The attributes of a port that stay as they are while the device is open.
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +97,7 @@ impl Context {
                 owner: None,
                 port_facts: Default::default(),
                 atomic_write: Default::default(),
+                flush: Default::default(),
             }),
         })
     }
@@ -117,6 +124,7 @@ impl Context {
                 owner: Some(owner),
                 port_facts: Default::default(),
                 atomic_write: Default::default(),
+                flush: Default::default(),
             }),
         }
     }
@@ -223,6 +231,39 @@ impl Context {
         self.inner
             .atomic_write
             .store(2, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The FLUSH placement types (`ffi::IBV_FLUSH_GLOBAL | ffi::IBV_FLUSH_PERSISTENT`) this
+    /// context's extended RC QPs take: those the device reports
+    /// ([`DeviceAttr::flush_global`], [`DeviceAttr::flush_persistent`], queried once; a failed
+    /// query reads as none), none where the loaded libibverbs predates `ibv_wr_flush`
+    /// (`ffi::has_wr_flush`) or its provider refused a QP with FLUSH
+    /// ([`refuse_flush`](Self::refuse_flush)).
+    pub(crate) fn flush_placements(&self) -> u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let known = self.inner.flush.load(Relaxed);
+        if known & FLUSH_ASKED != 0 {
+            return known & !FLUSH_ASKED;
+        }
+        let placements = if ffi::has_wr_flush() {
+            self.query_device().map_or(0, |a| a.flush_placements())
+        } else {
+            0
+        };
+        // A concurrent refusal wins over this first answer.
+        let _ = self
+            .inner
+            .flush
+            .compare_exchange(0, FLUSH_ASKED | placements, Relaxed, Relaxed);
+        self.inner.flush.load(Relaxed) & !FLUSH_ASKED
+    }
+
+    /// Records that the provider refused an RC QP with FLUSH: from now on no QP of this
+    /// context offers it, including those made with it.
+    pub(crate) fn refuse_flush(&self) {
+        self.inner
+            .flush
+            .store(FLUSH_ASKED, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The fixed attributes of `port`, queried once per context.
@@ -526,6 +567,38 @@ impl DeviceAttr {
     /// rxe from Linux 6.2 on.
     pub fn atomic_write(&self) -> bool {
         self.device_cap_flags_ex & Self::ATOMIC_WRITE_FLAG != 0
+    }
+
+    /// `IB_UVERBS_DEVICE_FLUSH_GLOBAL` of `device_cap_flags_ex` (Linux 6.2's uapi).
+    pub const FLUSH_GLOBAL_FLAG: u64 = ffi::IB_UVERBS_DEVICE_FLUSH_GLOBAL;
+    /// `IB_UVERBS_DEVICE_FLUSH_PERSISTENT` of `device_cap_flags_ex` (Linux 6.2's uapi).
+    pub const FLUSH_PERSISTENT_FLAG: u64 = ffi::IB_UVERBS_DEVICE_FLUSH_PERSISTENT;
+
+    /// Whether the device executes FLUSH to the global visibility point
+    /// ([`SendWr::flush`](crate::qp::SendWr::flush) with
+    /// [`FlushPlacement::Global`](crate::qp::FlushPlacement::Global)): rxe from Linux 6.2 on.
+    pub fn flush_global(&self) -> bool {
+        self.device_cap_flags_ex & Self::FLUSH_GLOBAL_FLAG != 0
+    }
+
+    /// Whether the device executes FLUSH to persistence
+    /// ([`FlushPlacement::Persistent`](crate::qp::FlushPlacement::Persistent)): rxe from Linux
+    /// 6.2 on, for MRs on persistent memory.
+    pub fn flush_persistent(&self) -> bool {
+        self.device_cap_flags_ex & Self::FLUSH_PERSISTENT_FLAG != 0
+    }
+
+    /// The placement types the device reports, as `ibv_placement_type` bits.
+    pub(crate) fn flush_placements(&self) -> u8 {
+        (if self.flush_global() {
+            ffi::IBV_FLUSH_GLOBAL
+        } else {
+            0
+        }) | (if self.flush_persistent() {
+            ffi::IBV_FLUSH_PERSISTENT
+        } else {
+            0
+        })
     }
 
     fn from_ffi(a: &ffi::ibv_device_attr_ex) -> DeviceAttr {

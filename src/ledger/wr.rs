@@ -36,6 +36,49 @@ pub(crate) enum SendOp {
         offset: u64,
         value: u64,
     },
+    Flush {
+        remote: RemoteMr,
+        offset: u64,
+        len: u64,
+        /// `ibv_placement_type`: `ffi::IBV_FLUSH_GLOBAL` or `ffi::IBV_FLUSH_PERSISTENT`.
+        placement: u8,
+        /// `ibv_selectivity_level`: `ffi::IBV_FLUSH_RANGE` or `ffi::IBV_FLUSH_MR`.
+        level: u8,
+    },
+}
+
+/// Where a FLUSH ([`SendWr::flush`]) makes the data written before it land
+/// (`enum ibv_placement_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushPlacement {
+    /// The global visibility point: every later reader of the memory, the responder's CPU
+    /// included, sees the data (`IBV_FLUSH_GLOBAL`; the target MR needs
+    /// [`AccessFlags::FLUSH_GLOBAL`](crate::mr::AccessFlags::FLUSH_GLOBAL)).
+    Global,
+    /// Persistence: the data survives a power loss (`IBV_FLUSH_PERSISTENT`; the target MR
+    /// needs [`AccessFlags::FLUSH_PERSISTENT`](crate::mr::AccessFlags::FLUSH_PERSISTENT),
+    /// which rxe grants only on persistent memory).
+    Persistent,
+}
+
+impl FlushPlacement {
+    /// The `ibv_placement_type` bit.
+    fn bit(self) -> u8 {
+        match self {
+            FlushPlacement::Global => ffi::IBV_FLUSH_GLOBAL,
+            FlushPlacement::Persistent => ffi::IBV_FLUSH_PERSISTENT,
+        }
+    }
+}
+
+/// The extended operations a QP takes, asked only when a request needs them (they
+/// decide whether ATOMIC_WRITE and FLUSH are posted or refused).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ExtOps {
+    /// The QP takes ATOMIC_WRITE.
+    pub(crate) atomic_write: bool,
+    /// The FLUSH placement types (`ibv_placement_type` bits) it takes; 0: no FLUSH.
+    pub(crate) flush: u8,
 }
 
 /// A send-queue work request: SEND, RDMA WRITE/READ or an atomic, built with
@@ -206,6 +249,55 @@ impl<'a> SendWr<'a> {
         )
     }
 
+    /// FLUSH: makes the data earlier RDMA WRITEs of this QP placed in `len` bytes of `remote`
+    /// at `offset` reach `placement` before the request completes
+    /// (`ibv_wr_flush(qp, rkey, addr, len, type, IBV_FLUSH_RANGE)`, the IBTA's Memory
+    /// Placement Extensions). It carries no data and takes no buffer; the peer's MR needs
+    /// the placement's access flag ([`AccessFlags::FLUSH_GLOBAL`](crate::mr::AccessFlags::FLUSH_GLOBAL)),
+    /// else the completion is `REM_ACCESS_ERR`. Completes with
+    /// [`WcOpcode::Flush`](crate::cq::WcOpcode::Flush).
+    ///
+    /// Only on a QP with the extended send API ([`Qp::send_api`](crate::qp::Qp::send_api))
+    /// of a libibverbs from rdma-core 45 on, on a device that reports the placement
+    /// ([`DeviceAttr::flush_global`](crate::context::DeviceAttr::flush_global): rxe from
+    /// Linux 6.2): elsewhere posting it fails with [`Error::Unsupported`] naming which is
+    /// missing, and nothing is posted.
+    #[inline]
+    pub fn flush(
+        wr_id: u64,
+        remote: RemoteMr,
+        offset: u64,
+        len: u64,
+        placement: FlushPlacement,
+    ) -> SendWr<'a> {
+        SendWr::new(
+            wr_id,
+            SendOp::Flush {
+                remote,
+                offset,
+                len,
+                placement: placement.bit(),
+                level: ffi::IBV_FLUSH_RANGE,
+            },
+        )
+    }
+
+    /// FLUSH of the whole of the peer's MR that `remote` lies in (`IBV_FLUSH_MR`): as
+    /// [`flush`](SendWr::flush), without a range.
+    #[inline]
+    pub fn flush_mr(wr_id: u64, remote: RemoteMr, placement: FlushPlacement) -> SendWr<'a> {
+        SendWr::new(
+            wr_id,
+            SendOp::Flush {
+                remote,
+                offset: 0,
+                len: remote.len,
+                placement: placement.bit(),
+                level: ffi::IBV_FLUSH_MR,
+            },
+        )
+    }
+
     /// Appends a scatter/gather entry covering the whole buffer. Past
     /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) entries the buffer is dropped
     /// and posting fails with [`Error::TooManySges`].
@@ -272,12 +364,12 @@ impl<'a> SendWr<'a> {
         max_sge: u32,
         max_inline: u32,
         pd: &Pd,
-        atomic_write: impl FnOnce() -> bool,
+        ext: impl FnOnce() -> ExtOps,
     ) -> Result<()> {
         if self.plainly_valid(max_sge, max_inline, pd) {
             Ok(())
         } else {
-            self.validate_fully(max_sge, max_inline, pd, atomic_write())
+            self.validate_fully(max_sge, max_inline, pd, ext())
         }
     }
 
@@ -345,19 +437,15 @@ impl<'a> SendWr<'a> {
                     && fits(remote, offset)
                     && remote.addr.wrapping_add(offset) % 8 == 0
             }
+            // As ATOMIC_WRITE: only the full check knows whether the QP takes it.
+            SendOp::Flush { .. } => false,
         }
     }
 
     /// Every check, with the error that names what is wrong.
     #[cold]
     #[inline(never)]
-    fn validate_fully(
-        &self,
-        max_sge: u32,
-        max_inline: u32,
-        pd: &Pd,
-        atomic_write: bool,
-    ) -> Result<()> {
+    fn validate_fully(&self, max_sge: u32, max_inline: u32, pd: &Pd, ext: ExtOps) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
         let max = (max_sge as usize).min(crate::ledger::sges::MAX_SAFE_SGES);
         if n > max {
@@ -407,7 +495,28 @@ impl<'a> SendWr<'a> {
                 self.check_writable_dest("atomic")?;
             }
             SendOp::AtomicWrite { remote, offset, .. } => {
-                self.check_atomic_write(remote, offset, atomic_write)?;
+                self.check_atomic_write(remote, offset, ext.atomic_write)?;
+            }
+            SendOp::Flush {
+                remote,
+                offset,
+                len,
+                placement,
+                level,
+            } => {
+                if ext.flush & placement == 0 {
+                    return Err(flush_unsupported(pd, placement));
+                }
+                if self.inline_data.is_some() || !self.bufs.is_empty() || self.bufs.overflow() != 0
+                {
+                    return Err(invalid(
+                        "FLUSH",
+                        "carries no data: it takes no buffer or inline data",
+                    ));
+                }
+                if level == ffi::IBV_FLUSH_RANGE {
+                    remote.checked_addr(offset, len)?;
+                }
             }
         }
         if self.imm.is_some() && !matches!(self.op, SendOp::Send | SendOp::Write { .. }) {
@@ -522,6 +631,22 @@ impl<'a> SendWr<'a> {
                 };
                 (ffi::IBV_WR_ATOMIC_FETCH_AND_ADD, None)
             }
+            Flush {
+                remote,
+                offset,
+                len,
+                placement,
+                level,
+            } => {
+                // The builders' replay (`SendEx::build`) passes these to `ibv_wr_flush`.
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr.wrapping_add(*offset),
+                    compare_add: *len,
+                    swap: u64::from(*placement) | u64::from(*level) << 8,
+                    rkey: remote.rkey,
+                };
+                (ffi::IBV_WR_FLUSH, None)
+            }
             AtomicWrite {
                 remote,
                 offset,
@@ -548,6 +673,45 @@ impl<'a> SendWr<'a> {
         if let Some(imm) = self.imm {
             wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
+    }
+}
+
+/// Why a FLUSH to `placement` is refused: the loaded libibverbs predates `ibv_wr_flush`, the
+/// device lacks the placement, or the QP cannot carry it.
+#[cold]
+#[inline(never)]
+fn flush_unsupported(pd: &Pd, placement: u8) -> Error {
+    let hint = if !ffi::has_wr_flush() {
+        let loaded = match ffi::libibverbs_release() {
+            Some(r) => format!("rdma-core {r}"),
+            None => "of an unknown release (no release in its file name)".to_owned(),
+        };
+        format!(
+            "the libibverbs loaded at run time is {loaded}, older than rdma-core {}, the first \
+             with ibv_wr_flush: run with a newer rdma-core",
+            ffi::FLUSH_SINCE
+        )
+    } else {
+        let attr = pd.context().query_device();
+        let (flag, method) = if placement == ffi::IBV_FLUSH_GLOBAL {
+            ("IB_UVERBS_DEVICE_FLUSH_GLOBAL", "flush_global")
+        } else {
+            ("IB_UVERBS_DEVICE_FLUSH_PERSISTENT", "flush_persistent")
+        };
+        if attr.is_ok_and(|a| a.flush_placements() & placement == 0) {
+            format!(
+                "the device's device_cap_flags_ex lacks {flag} (DeviceAttr::{method}(): rxe \
+                 from Linux 6.2)"
+            )
+        } else {
+            "FLUSH needs the extended send API (Qp::send_api() == SendApi::Extended) on a QP \
+             its provider created with IBV_QP_EX_WITH_FLUSH"
+                .to_owned()
+        }
+    };
+    Error::Unsupported {
+        verb: "ibv_wr_flush",
+        hint,
     }
 }
 
