@@ -100,8 +100,9 @@ fn unpack_set(set_dir: &Path, suite: &'static str, root: &Path) -> Result<()> {
 }
 
 /// The overlays of the tree at `root` on the system at `host` (`/`, or a test's directory):
-/// every file of [`OVERLAID_DIRS`] (a symlink counts as the file it names) whose path also
-/// exists on the host, on the host's real file; one per host file, the first name wins.
+/// every file of `usr/lib/x86_64-linux-gnu` and its `libibverbs/` with `.so` in its name,
+/// of `usr/bin` and of `etc/libibverbs.d` (a symlink counts as the file it names) whose path
+/// also exists on the host, on the host's real file; one per host file, the first name wins.
 pub fn overlays(root: &Path, host: &Path) -> Result<Vec<Overlay>> {
     let mut by_target = BTreeMap::new();
     for (dir, only_libraries) in OVERLAID_DIRS {
