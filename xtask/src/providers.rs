@@ -384,7 +384,18 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
                 // SIGKILL, or the guest's OOM killer).
                 "FAILED" | "Killed" => rows.push((test, "fail")),
                 "" => running = Some(test),
-                _ => {} // ignored
+                r if r.starts_with("ignored") => {}
+                // The test's own output (a child's, on stderr) came before its result,
+                // which follows on a line of its own.
+                _ => running = Some(test),
+            }
+        } else if let Some(outcome) = running.as_ref().and_then(|_| match line.trim() {
+            "ok" => Some("pass"),
+            "FAILED" | "Killed" => Some("fail"),
+            _ => None,
+        }) {
+            if let Some(test) = running.take() {
+                rows.push((test, outcome));
             }
         } else if let Some(name) = line
             .strip_prefix("---- ")
@@ -514,6 +525,10 @@ mod tests {
                    @@exit vm_cm 124\n\
                    @@binary vm_lifecycle\n\
                    test walk ... Killed\n\
+                   test valgrind ... ==1== Memcheck, a memory error detector\n\
+                   valgrind:  Fatal error at startup\n\
+                   FAILED\n\
+                   test after ... ok\n\
                    @@exit vm_lifecycle 137\n";
         let rows = classify(out);
         assert_eq!(
@@ -527,6 +542,8 @@ mod tests {
                 ("vm_qp::g".to_owned(), "pass"),
                 ("vm_cm::hangs".to_owned(), "fail"),
                 ("vm_lifecycle::walk".to_owned(), "fail"),
+                ("vm_lifecycle::valgrind".to_owned(), "fail"),
+                ("vm_lifecycle::after".to_owned(), "pass"),
             ]
         );
         assert_eq!(binary_name(Path::new("/t/vm_qp-0a1b")), "vm_qp");
