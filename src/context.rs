@@ -33,7 +33,12 @@ pub(crate) struct ContextInner {
     /// Whether RC QPs of this context take ATOMIC_WRITE: 0 not asked yet, 1 yes,
     /// 2 no (the device lacks it, or its provider refused a QP with it).
     atomic_write: std::sync::atomic::AtomicU8,
+    /// The FLUSH placement types (`ffi::IBV_FLUSH_GLOBAL`, `ffi::IBV_FLUSH_PERSISTENT`)
+    /// RC QPs of this context take, with `ext_ops::FLUSH_ASKED` set once known: 0 not asked yet.
+    flush: std::sync::atomic::AtomicU8,
 }
+
+mod ext_ops;
 
 /// The attributes of a port that stay as they are while the device is open.
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +96,7 @@ impl Context {
                 owner: None,
                 port_facts: Default::default(),
                 atomic_write: Default::default(),
+                flush: Default::default(),
             }),
         })
     }
@@ -117,6 +123,7 @@ impl Context {
                 owner: Some(owner),
                 port_facts: Default::default(),
                 atomic_write: Default::default(),
+                flush: Default::default(),
             }),
         }
     }
@@ -192,37 +199,6 @@ impl Context {
             },
             _ => e,
         }
-    }
-
-    /// Whether this context's extended RC QPs take ATOMIC_WRITE: the device
-    /// executes it ([`DeviceAttr::atomic_write`], queried once; a failed query
-    /// reads as no) and its provider has not refused a QP with it
-    /// ([`refuse_atomic_write`](Self::refuse_atomic_write)).
-    pub(crate) fn atomic_write(&self) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        match self.inner.atomic_write.load(Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
-                let yes = self.query_device().is_ok_and(|a| a.atomic_write());
-                // A concurrent refusal wins over this first answer.
-                let _ = self.inner.atomic_write.compare_exchange(
-                    0,
-                    if yes { 1 } else { 2 },
-                    Relaxed,
-                    Relaxed,
-                );
-                self.inner.atomic_write.load(Relaxed) == 1
-            }
-        }
-    }
-
-    /// Records that the provider refused an RC QP with ATOMIC_WRITE: from now
-    /// on no QP of this context offers it, including those made with it.
-    pub(crate) fn refuse_atomic_write(&self) {
-        self.inner
-            .atomic_write
-            .store(2, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The fixed attributes of `port`, queried once per context.
@@ -526,6 +502,38 @@ impl DeviceAttr {
     /// rxe from Linux 6.2 on.
     pub fn atomic_write(&self) -> bool {
         self.device_cap_flags_ex & Self::ATOMIC_WRITE_FLAG != 0
+    }
+
+    /// `IB_UVERBS_DEVICE_FLUSH_GLOBAL` of `device_cap_flags_ex` (Linux 6.2's uapi).
+    pub const FLUSH_GLOBAL_FLAG: u64 = ffi::IB_UVERBS_DEVICE_FLUSH_GLOBAL;
+    /// `IB_UVERBS_DEVICE_FLUSH_PERSISTENT` of `device_cap_flags_ex` (Linux 6.2's uapi).
+    pub const FLUSH_PERSISTENT_FLAG: u64 = ffi::IB_UVERBS_DEVICE_FLUSH_PERSISTENT;
+
+    /// Whether the device executes FLUSH to the global visibility point
+    /// ([`SendWr::flush`](crate::qp::SendWr::flush) with
+    /// [`FlushPlacement::Global`](crate::qp::FlushPlacement::Global)): rxe from Linux 6.2 on.
+    pub fn flush_global(&self) -> bool {
+        self.device_cap_flags_ex & Self::FLUSH_GLOBAL_FLAG != 0
+    }
+
+    /// Whether the device executes FLUSH to persistence
+    /// ([`FlushPlacement::Persistent`](crate::qp::FlushPlacement::Persistent)): rxe from Linux
+    /// 6.2 on, for MRs on persistent memory.
+    pub fn flush_persistent(&self) -> bool {
+        self.device_cap_flags_ex & Self::FLUSH_PERSISTENT_FLAG != 0
+    }
+
+    /// The placement types the device reports, as `ibv_placement_type` bits.
+    pub(crate) fn flush_placements(&self) -> u8 {
+        (if self.flush_global() {
+            ffi::IBV_FLUSH_GLOBAL
+        } else {
+            0
+        }) | (if self.flush_persistent() {
+            ffi::IBV_FLUSH_PERSISTENT
+        } else {
+            0
+        })
     }
 
     fn from_ffi(a: &ffi::ibv_device_attr_ex) -> DeviceAttr {

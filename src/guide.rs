@@ -250,7 +250,8 @@
 //! **Access.** `IBV_WC_REM_ACCESS_ERR`: wrong rkey, a range outside the
 //! peer's region, or a region without the needed `REMOTE_*` flag.
 //! `IBV_WC_REM_INV_REQ_ERR`: the peer's *QP* was not granted the access
-//! (the flags given to its [`InitAttr`](crate::qp::InitAttr)). A receive, READ
+//! (the flags given to its [`InitAttr`](crate::qp::InitAttr); a FLUSH needs
+//! `FLUSH_GLOBAL` or `FLUSH_PERSISTENT` there as well as on the region). A receive, READ
 //! or atomic destination without `LOCAL_WRITE` is refused when posted.
 //!
 //! **Flushes.** `IBV_WC_WR_FLUSH_ERR`: the QP is in the error state, so

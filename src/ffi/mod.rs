@@ -6,7 +6,9 @@
 //! Verbs newer than the oldest supported rdma-core ([`ibv_reg_dmabuf_mr`],
 //! [`ibv_query_gid_ex`], [`ibv_query_gid_table`]) are looked up at run time and
 //! return [`Error::Unsupported`](crate::Error::Unsupported) where libibverbs lacks
-//! them, so the crate links and loads against older libraries.
+//! them, so the crate links and loads against older libraries. FLUSH, which rdma-core 45
+//! added as a field of `ibv_qp_ex` rather than a symbol, is read only where the loaded
+//! library is known to have it ([`wr_flush`], [`libibverbs_release`]).
 //!
 //! This is the escape hatch: every safe handle exposes its raw pointer through
 //! `as_raw()`, and these declarations let you call any verb the safe layer does
@@ -40,6 +42,13 @@ compile_error!(
 
 mod compat;
 pub use compat::{MissingSymbol, ibv_query_gid_ex, ibv_query_gid_table, ibv_reg_dmabuf_mr};
+mod flush;
+pub use flush::{
+    FLUSH_SINCE, IB_UVERBS_DEVICE_FLUSH_GLOBAL, IB_UVERBS_DEVICE_FLUSH_PERSISTENT,
+    IBV_ACCESS_FLUSH_GLOBAL, IBV_ACCESS_FLUSH_PERSISTENT, IBV_FLUSH_GLOBAL, IBV_FLUSH_MR,
+    IBV_FLUSH_PERSISTENT, IBV_FLUSH_RANGE, IBV_QP_EX_WITH_FLUSH, IBV_WC_FLUSH, IBV_WR_FLUSH,
+    WrFlush, has_wr_flush, libibverbs_release, wr_flush,
+};
 
 /// Layout facts of the installed rdma-core headers, measured by the C compiler
 /// (`src/ffi/layout_probe.c`): `("size ibv_wc", 48)`, `("offset ibv_wc.status", 8)`, ...

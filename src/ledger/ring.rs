@@ -92,6 +92,7 @@ impl SlotMeta {
             ffi::IBV_WR_ATOMIC_CMP_AND_SWP => ffi::IBV_WC_COMP_SWAP,
             ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => ffi::IBV_WC_FETCH_ADD,
             ffi::IBV_WR_ATOMIC_WRITE => ffi::IBV_WC_ATOMIC_WRITE,
+            ffi::IBV_WR_FLUSH => ffi::IBV_WC_FLUSH,
             ffi::IBV_WR_LOCAL_INV => ffi::IBV_WC_LOCAL_INV,
             ffi::IBV_WR_BIND_MW => ffi::IBV_WC_BIND_MW,
             _ => ffi::IBV_WC_SEND,
@@ -838,6 +839,7 @@ mod tests {
         assert_eq!(wc(ffi::IBV_WR_ATOMIC_CMP_AND_SWP), ffi::IBV_WC_COMP_SWAP);
         assert_eq!(wc(ffi::IBV_WR_ATOMIC_FETCH_AND_ADD), ffi::IBV_WC_FETCH_ADD);
         assert_eq!(wc(ffi::IBV_WR_ATOMIC_WRITE), ffi::IBV_WC_ATOMIC_WRITE);
+        assert_eq!(wc(ffi::IBV_WR_FLUSH), ffi::IBV_WC_FLUSH);
         assert_eq!(wc(ffi::IBV_WR_LOCAL_INV), ffi::IBV_WC_LOCAL_INV);
         assert_eq!(wc(ffi::IBV_WR_BIND_MW), ffi::IBV_WC_BIND_MW);
         assert_eq!(wc(ffi::IBV_WR_SEND_WITH_INV), ffi::IBV_WC_SEND);

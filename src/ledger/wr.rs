@@ -8,6 +8,10 @@ use crate::ledger::sges::{Buffer, Sges};
 use crate::mr::{Mr, RemoteMr};
 use crate::pd::Pd;
 
+mod ext;
+pub(crate) use ext::ExtOps;
+pub use ext::FlushPlacement;
+
 /// What a send-queue work request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SendOp {
@@ -35,6 +39,15 @@ pub(crate) enum SendOp {
         remote: RemoteMr,
         offset: u64,
         value: u64,
+    },
+    Flush {
+        remote: RemoteMr,
+        offset: u64,
+        len: u64,
+        /// `ibv_placement_type`: `ffi::IBV_FLUSH_GLOBAL` or `ffi::IBV_FLUSH_PERSISTENT`.
+        placement: u8,
+        /// `ibv_selectivity_level`: `ffi::IBV_FLUSH_RANGE` or `ffi::IBV_FLUSH_MR`.
+        level: u8,
     },
 }
 
@@ -206,6 +219,55 @@ impl<'a> SendWr<'a> {
         )
     }
 
+    /// FLUSH: makes the data earlier RDMA WRITEs of this QP placed in `len` bytes of `remote`
+    /// at `offset` reach `placement` before the request completes
+    /// (`ibv_wr_flush(qp, rkey, addr, len, type, IBV_FLUSH_RANGE)`, the IBTA's Memory
+    /// Placement Extensions). It carries no data and takes no buffer; the peer's MR needs
+    /// the placement's access flag ([`AccessFlags::FLUSH_GLOBAL`](crate::mr::AccessFlags::FLUSH_GLOBAL)),
+    /// else the completion is `REM_ACCESS_ERR`. Completes with
+    /// [`WcOpcode::Flush`](crate::cq::WcOpcode::Flush).
+    ///
+    /// Only on a QP with the extended send API ([`Qp::send_api`](crate::qp::Qp::send_api))
+    /// of a libibverbs from rdma-core 45 on, on a device that reports the placement
+    /// ([`DeviceAttr::flush_global`](crate::context::DeviceAttr::flush_global): rxe from
+    /// Linux 6.2): elsewhere posting it fails with [`Error::Unsupported`] naming which is
+    /// missing, and nothing is posted.
+    #[inline]
+    pub fn flush(
+        wr_id: u64,
+        remote: RemoteMr,
+        offset: u64,
+        len: u64,
+        placement: FlushPlacement,
+    ) -> SendWr<'a> {
+        SendWr::new(
+            wr_id,
+            SendOp::Flush {
+                remote,
+                offset,
+                len,
+                placement: placement.bit(),
+                level: ffi::IBV_FLUSH_RANGE,
+            },
+        )
+    }
+
+    /// FLUSH of the whole of the peer's MR that `remote` lies in (`IBV_FLUSH_MR`): as
+    /// [`flush`](SendWr::flush), without a range.
+    #[inline]
+    pub fn flush_mr(wr_id: u64, remote: RemoteMr, placement: FlushPlacement) -> SendWr<'a> {
+        SendWr::new(
+            wr_id,
+            SendOp::Flush {
+                remote,
+                offset: 0,
+                len: remote.len,
+                placement: placement.bit(),
+                level: ffi::IBV_FLUSH_MR,
+            },
+        )
+    }
+
     /// Appends a scatter/gather entry covering the whole buffer. Past
     /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) entries the buffer is dropped
     /// and posting fails with [`Error::TooManySges`].
@@ -272,12 +334,12 @@ impl<'a> SendWr<'a> {
         max_sge: u32,
         max_inline: u32,
         pd: &Pd,
-        atomic_write: impl FnOnce() -> bool,
+        ext: impl FnOnce() -> ExtOps,
     ) -> Result<()> {
         if self.plainly_valid(max_sge, max_inline, pd) {
             Ok(())
         } else {
-            self.validate_fully(max_sge, max_inline, pd, atomic_write())
+            self.validate_fully(max_sge, max_inline, pd, ext())
         }
     }
 
@@ -345,19 +407,15 @@ impl<'a> SendWr<'a> {
                     && fits(remote, offset)
                     && remote.addr.wrapping_add(offset) % 8 == 0
             }
+            // As ATOMIC_WRITE: only the full check knows whether the QP takes it.
+            SendOp::Flush { .. } => false,
         }
     }
 
     /// Every check, with the error that names what is wrong.
     #[cold]
     #[inline(never)]
-    fn validate_fully(
-        &self,
-        max_sge: u32,
-        max_inline: u32,
-        pd: &Pd,
-        atomic_write: bool,
-    ) -> Result<()> {
+    fn validate_fully(&self, max_sge: u32, max_inline: u32, pd: &Pd, ext: ExtOps) -> Result<()> {
         let n = self.bufs.len() + self.bufs.overflow();
         let max = (max_sge as usize).min(crate::ledger::sges::MAX_SAFE_SGES);
         if n > max {
@@ -407,42 +465,22 @@ impl<'a> SendWr<'a> {
                 self.check_writable_dest("atomic")?;
             }
             SendOp::AtomicWrite { remote, offset, .. } => {
-                self.check_atomic_write(remote, offset, atomic_write)?;
+                self.check_atomic_write(remote, offset, ext.atomic_write)?;
+            }
+            SendOp::Flush {
+                remote,
+                offset,
+                len,
+                placement,
+                level,
+            } => {
+                self.check_flush(pd, (remote, offset, len), placement, level, ext.flush)?;
             }
         }
         if self.imm.is_some() && !matches!(self.op, SendOp::Send | SendOp::Write { .. }) {
             return Err(invalid(
                 "immediate data",
                 "only SEND and RDMA WRITE carry immediate data",
-            ));
-        }
-        Ok(())
-    }
-
-    /// ATOMIC_WRITE's checks: a QP that takes it, no buffers, an aligned
-    /// 8-byte target in range.
-    fn check_atomic_write(&self, remote: RemoteMr, offset: u64, supported: bool) -> Result<()> {
-        if !supported {
-            return Err(Error::Unsupported {
-                verb: "ibv_wr_atomic_write",
-                hint: "ATOMIC_WRITE needs the extended send API (Qp::send_api() == \
-                       SendApi::Extended) on a device whose device_cap_flags_ex has \
-                       IB_UVERBS_DEVICE_ATOMIC_WRITE (DeviceAttr::atomic_write(): rxe from Linux \
-                       6.2); write the 8 bytes with an RDMA WRITE instead"
-                    .into(),
-            });
-        }
-        if self.inline_data.is_some() || !self.bufs.is_empty() || self.bufs.overflow() != 0 {
-            return Err(invalid(
-                "ATOMIC_WRITE",
-                "carries its 8 bytes in the request: it takes no buffer or inline data",
-            ));
-        }
-        let addr = remote.checked_addr(offset, 8)?;
-        if addr % 8 != 0 {
-            return Err(invalid(
-                "atomic target",
-                &format!("address {addr:#x} is not 8-byte aligned"),
             ));
         }
         Ok(())
@@ -521,6 +559,22 @@ impl<'a> SendWr<'a> {
                     rkey: remote.rkey,
                 };
                 (ffi::IBV_WR_ATOMIC_FETCH_AND_ADD, None)
+            }
+            Flush {
+                remote,
+                offset,
+                len,
+                placement,
+                level,
+            } => {
+                // The builders' replay (`SendEx::build`) passes these to `ibv_wr_flush`.
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr.wrapping_add(*offset),
+                    compare_add: *len,
+                    swap: u64::from(*placement) | u64::from(*level) << 8,
+                    rkey: remote.rkey,
+                };
+                (ffi::IBV_WR_FLUSH, None)
             }
             AtomicWrite {
                 remote,

@@ -93,6 +93,12 @@ bitflags::bitflags! {
         /// Relaxed PCIe ordering. Optional: devices that lack it ignore it
         /// (registered through `ibv_reg_mr_iova2`, rdma-core's optional-access path).
         const RELAXED_ORDERING = ffi::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+        /// Peers may FLUSH it to the global visibility point
+        /// ([`SendWr::flush`](crate::qp::SendWr::flush)); kernels before 6.2 refuse the
+        /// registration (`EINVAL`).
+        const FLUSH_GLOBAL = ffi::IBV_ACCESS_FLUSH_GLOBAL;
+        /// Peers may FLUSH it to persistence; rxe takes it only on persistent memory.
+        const FLUSH_PERSISTENT = ffi::IBV_ACCESS_FLUSH_PERSISTENT;
     }
 }
 

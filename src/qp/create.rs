@@ -296,23 +296,39 @@ fn extended_refused(e: std::io::Error) -> Error {
     Error::verb("ibv_create_qp_ex", e)
 }
 
-/// Creates an extended RC QP from `init`: with ATOMIC_WRITE among its send
-/// operations where the context's QPs take it (`Context::atomic_write`),
-/// else with [`send_ex::RC_SEND_OPS`]. A provider that refuses the QP with
-/// ATOMIC_WRITE turns it off for the whole context, so that no QP made
-/// without it is asked for one.
+/// Creates an extended RC QP from `init`: with ATOMIC_WRITE and FLUSH among its
+/// send operations where the context's QPs take them (`Context::atomic_write`,
+/// `Context::flush_placements`), else with [`send_ex::RC_SEND_OPS`]. A provider
+/// that refuses the QP with one turns it off for the whole context (FLUSH
+/// first, the newer), so that no QP made without it is asked for one.
 fn create_extended(
     pd: &Pd,
     init: &mut ffi::ibv_qp_init_attr,
 ) -> std::result::Result<NonNull<ffi::ibv_qp>, std::io::Error> {
-    if pd.context().atomic_write() {
-        let ops = send_ex::RC_SEND_OPS | send_ex::ATOMIC_WRITE_OP;
+    let ctx = pd.context();
+    loop {
+        let atomic_write = ctx.atomic_write();
+        let flush = ctx.flush_placements() != 0;
+        if !atomic_write && !flush {
+            break;
+        }
+        let mut ops = send_ex::RC_SEND_OPS;
+        if atomic_write {
+            ops |= send_ex::ATOMIC_WRITE_OP;
+        }
+        if flush {
+            ops |= send_ex::FLUSH_OP;
+        }
         // SAFETY: valid PD, CQs and SRQ of one context (checked by the
         // caller; kept alive by the Arcs the Qp stores).
         if let Ok(raw) = unsafe { send_ex::create_rc(pd.as_raw(), init, ops) } {
             return Ok(raw);
         }
-        pd.context().refuse_atomic_write();
+        if flush {
+            ctx.refuse_flush();
+        } else {
+            ctx.refuse_atomic_write();
+        }
     }
     // SAFETY: as above.
     unsafe { send_ex::create_rc(pd.as_raw(), init, send_ex::RC_SEND_OPS) }

@@ -87,7 +87,7 @@ use crate::sys::call::verb;
 
 pub use crate::ledger::range::{MAX_RANGE_START, MrRange, RangeError};
 pub use crate::ledger::sges::{Buffer, MAX_SAFE_SGES, Sges, SgesIntoIter};
-pub use crate::ledger::wr::{PostError, RecvWr, SendWr};
+pub use crate::ledger::wr::{FlushPlacement, PostError, RecvWr, SendWr};
 pub use attr::{
     AddressVector, Endpoint, Grh, InitAttr, QpAttr, QpCaps, QpStateKind, RtrAttr, RtsAttr,
     UcInitAttr, UcRtrAttr, UdInitAttr,

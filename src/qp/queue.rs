@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::ffi;
 use crate::ledger::ring::{Ring, SlotMeta};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
-use crate::ledger::wr::{RecvWr, SendWr};
+use crate::ledger::wr::{ExtOps, RecvWr, SendWr};
 use crate::pd::Pd;
 use crate::qp::built;
 use crate::qp::post::{self, ChainedWr};
@@ -171,7 +171,16 @@ impl<'a, C: SendCore> WorkQueue<C> for SendQueue<'a> {
     fn validate(core: &C, wr: &SendWr<'a>) -> Result<(), Error> {
         let caps = core.caps();
         wr.validate(caps.max_send_sge, caps.max_inline_data, core.pd(), || {
-            core.send_ex().is_some_and(SendEx::atomic_write) && core.pd().context().atomic_write()
+            let ex = core.send_ex();
+            let ctx = core.pd().context();
+            ExtOps {
+                atomic_write: ex.is_some_and(SendEx::atomic_write) && ctx.atomic_write(),
+                flush: if ex.is_some_and(SendEx::flush) {
+                    ctx.flush_placements()
+                } else {
+                    0
+                },
+            }
         })
     }
 

@@ -69,6 +69,10 @@ pub(crate) const RC_SEND_OPS: u64 = (ffi::IBV_QP_EX_WITH_SEND
 /// ATOMIC_WRITE, added to [`RC_SEND_OPS`] on devices that execute it.
 pub(crate) const ATOMIC_WRITE_OP: u64 = ffi::IBV_QP_EX_WITH_ATOMIC_WRITE as u64;
 
+/// FLUSH, added to [`RC_SEND_OPS`] on devices that execute it, with a libibverbs that has
+/// it (`ffi::has_wr_flush`).
+pub(crate) const FLUSH_OP: u64 = ffi::IBV_QP_EX_WITH_FLUSH;
+
 /// Creates an RC QP from `init` with `ibv_create_qp_ex` and the send
 /// operations `ops` ([`RC_SEND_OPS`], perhaps with [`ATOMIC_WRITE_OP`]); on
 /// success writes the granted caps back into `init`. On failure returns the
@@ -168,6 +172,14 @@ impl SendEx {
         unsafe { (*self.qpx.as_ptr()).wr_atomic_write.is_some() }
     }
 
+    /// Whether this QP, of a context whose QPs take FLUSH (`Context::flush_placements`),
+    /// has its builder: never on a libibverbs older than rdma-core 45, whose `ibv_qp_ex` has
+    /// no such field (`ffi::wr_flush`).
+    pub(crate) fn flush(&self) -> bool {
+        // SAFETY: qpx is live while the QP is, an ibv_qp_ex of the loaded library's provider.
+        unsafe { ffi::wr_flush(self.qpx.as_ptr()).is_some() }
+    }
+
     /// Builds `w` after `ibv_wr_start`; false if the builders cannot express
     /// it exactly (nothing about it then reaches the NIC: the caller aborts).
     ///
@@ -222,6 +234,16 @@ impl SendEx {
                         atomic.rkey,
                         atomic.remote_addr,
                         &atomic.compare_add,
+                    );
+                }
+                ffi::IBV_WR_FLUSH => {
+                    // The request carries no data: no setter follows. `fill_ffi` packs the
+                    // placement in the low byte of `swap`, the level in the next.
+                    return self.build_flush(
+                        atomic.rkey,
+                        atomic.remote_addr,
+                        atomic.compare_add,
+                        atomic.swap,
                     );
                 }
                 _ => return false,
@@ -315,6 +337,31 @@ impl SendEx {
                 // `value` into the request before it returns (`atomic_wr` is
                 // read by the call, ibv_wr_post(3)).
                 unsafe { f(q, rkey, addr, std::ptr::from_ref(value).cast()) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Builds a FLUSH of `len` bytes at `rkey`/`addr`, `kind` holding the placement (low
+    /// byte) and the level (next byte); false (nothing built) when the QP does not take it.
+    ///
+    /// # Safety
+    /// Inside this QP's critical region, `wr_id` and `wr_flags` set.
+    #[cold]
+    #[inline(never)]
+    unsafe fn build_flush(&self, rkey: u32, addr: u64, len: u64, kind: u64) -> bool {
+        let q = self.qpx.as_ptr();
+        let Ok(len) = usize::try_from(len) else {
+            return false;
+        };
+        // SAFETY: q is this live QP's ibv_qp_ex; `wr_flush` reads the field only where the
+        // loaded library has it.
+        match unsafe { ffi::wr_flush(q) } {
+            Some(f) => {
+                // SAFETY: inside the critical region (contract), with the builder of a QP
+                // created with FLUSH; it takes its arguments by value.
+                unsafe { f(q, rkey, addr, len, kind as u8, (kind >> 8) as u8) };
                 true
             }
             None => false,
@@ -510,10 +557,10 @@ unsafe fn legacy<const REFUSE_RESERVED: bool>(
         if REFUSE_RESERVED && any_reserved(head) {
             return RESERVED_WR_ID;
         }
-        // `ibv_post_send` has no field for an ATOMIC_WRITE's data.
+        // `ibv_post_send` has no field for an ATOMIC_WRITE's data or a FLUSH's kind.
         let mut w = head;
         while let Some(r) = w.as_ref() {
-            if r.opcode == ffi::IBV_WR_ATOMIC_WRITE {
+            if r.opcode == ffi::IBV_WR_ATOMIC_WRITE || r.opcode == ffi::IBV_WR_FLUSH {
                 *bad = head;
                 return libc::EOPNOTSUPP;
             }

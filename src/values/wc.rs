@@ -108,7 +108,8 @@ impl WcStatus {
             }
             WcStatus::RemInvReqErr => {
                 "the peer's QP refused the request: it was not granted the access this operation needs \
-                 (REMOTE_WRITE/READ/ATOMIC in the peer's InitAttr), or the operation does not fit its \
+                 (REMOTE_WRITE/READ/ATOMIC, or FLUSH_GLOBAL/PERSISTENT for a FLUSH, in the peer's \
+                 InitAttr), or the operation does not fit its \
                  state or limits (e.g. more outstanding READs than its max_dest_rd_atomic)"
             }
             WcStatus::LocProtErr => {
@@ -149,6 +150,8 @@ c_enum! {
         LocalInv = ffi::IBV_WC_LOCAL_INV => "LOCAL_INV",
         /// TSO.
         Tso = ffi::IBV_WC_TSO => "TSO",
+        /// FLUSH (rdma-core 45's `IBV_WC_FLUSH`).
+        Flush = ffi::IBV_WC_FLUSH => "FLUSH",
         /// Atomic write.
         AtomicWrite = ffi::IBV_WC_ATOMIC_WRITE => "ATOMIC_WRITE",
         /// A receive.

@@ -137,13 +137,19 @@ pub fn pair_sized(
     cq_depth: u32,
     prep: impl FnOnce(&Pd, &mut Qp<Rc, Init>, &mut Qp<Rc, Init>),
 ) -> Pair {
-    pair_on(caps, cq_depth, None, prep)
+    pair_on(caps, cq_depth, None, all_remote(), prep)
 }
 
 /// A connected pair whose QPs both post with `api`.
 pub fn pair_api(caps: QpCaps, api: SendApi) -> Pair {
     let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
-    pair_on(caps, depth, Some(api), |_, _, _| {})
+    pair_on(caps, depth, Some(api), all_remote(), |_, _, _| {})
+}
+
+/// [`pair_api`] with the QPs' remote `access` (`InitAttr`'s) given.
+pub fn pair_api_access(caps: QpCaps, api: SendApi, access: AccessFlags) -> Pair {
+    let depth = (caps.max_send_wr + caps.max_recv_wr) * 2;
+    pair_on(caps, depth, Some(api), access, |_, _, _| {})
 }
 
 /// [`pair_sized`] with the send API given (`None`: `Qp::new`'s choice).
@@ -151,6 +157,7 @@ fn pair_on(
     caps: QpCaps,
     cq_depth: u32,
     api: Option<SendApi>,
+    access: AccessFlags,
     prep: impl FnOnce(&Pd, &mut Qp<Rc, Init>, &mut Qp<Rc, Init>),
 ) -> Pair {
     let ctx = ctx();
@@ -164,7 +171,7 @@ fn pair_on(
             Some(api) => Qp::new_with_send_api(&pd, cq, cq, caps, api),
         }
         .expect("create qp")
-        .init(InitAttr::new(1, all_remote()))
+        .init(InitAttr::new(1, access))
         .expect("init")
     };
     let mut a = mk(&cq_a);

@@ -1,5 +1,6 @@
-//! Which guest to boot: the Debian kernel ([`GuestKernel`]) and the software RDMA provider
-//! it brings up ([`Provider`]), chosen by flag or environment variable.
+//! Which guest to boot: the Debian kernel ([`GuestKernel`]), the software RDMA provider it
+//! brings up ([`Provider`]) and the rdma-core userland it runs ([`RdmaCore`]), chosen by flag
+//! or environment variable.
 
 use std::fmt;
 
@@ -9,6 +10,8 @@ use crate::{Error, Result};
 pub const KERNEL_ENV: &str = "RDMA_VERBS_VM_KERNEL";
 /// Environment variable choosing the provider (see [`Provider::parse`]).
 pub const PROVIDER_ENV: &str = "RDMA_VERBS_VM_PROVIDER";
+/// Environment variable choosing the guest's rdma-core (see [`RdmaCore::parse`]).
+pub const RDMA_CORE_ENV: &str = "RDMA_VERBS_VM_RDMA_CORE";
 
 /// The Debian kernel the guest boots.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,21 +133,80 @@ impl fmt::Display for Provider {
     }
 }
 
-/// A kernel and a provider: one guest configuration.
+/// The rdma-core userland (libibverbs, its providers, librdmacm and their tools) the guest's
+/// programs load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RdmaCore {
+    /// The host's own, which the guest sees through its root (44 on Debian 12): the default.
+    #[default]
+    Host,
+    /// Debian 13's rdma-core 56, unpacked under the cache directory's `rdma-core-56/` with
+    /// Debian 13's C library (its libraries need glibc 2.38, newer than Debian 12's) and laid
+    /// over the host's files of the same names inside the guest (see
+    /// [`setup`](crate::setup)), so every program there, the host's tools included, loads it.
+    Deb13,
+}
+
+impl RdmaCore {
+    /// Parses `host` (also `44`, `default`) or `56` (also `deb13`, `trixie`).
+    pub fn parse(value: &str) -> Result<Self> {
+        match value.trim() {
+            "host" | "44" | "default" => Ok(Self::Host),
+            "56" | "deb13" | "trixie" => Ok(Self::Deb13),
+            other => Err(Error::usage(format!(
+                "unknown rdma-core {other:?}: expected host (the host's, 44 on Debian 12: the \
+                 default) or 56 (Debian 13's)"
+            ))),
+        }
+    }
+
+    /// The rdma-core [`RDMA_CORE_ENV`] names, else the default.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(RDMA_CORE_ENV) {
+            Ok(v) if !v.trim().is_empty() => {
+                Self::parse(&v).map_err(|e| Error::usage(format!("{RDMA_CORE_ENV}: {e}")))
+            }
+            _ => Ok(Self::default()),
+        }
+    }
+
+    /// The Debian suite its packages come from, or `None` for the host's own.
+    pub fn suite(self) -> Option<&'static str> {
+        match self {
+            Self::Host => None,
+            Self::Deb13 => Some("trixie"),
+        }
+    }
+}
+
+impl fmt::Display for RdmaCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Host => "host",
+            Self::Deb13 => "56",
+        })
+    }
+}
+
+/// A kernel, a provider and an rdma-core: one guest configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Choice {
     /// The guest kernel.
     pub kernel: GuestKernel,
     /// The provider it brings up.
     pub provider: Provider,
+    /// The rdma-core its programs load.
+    pub rdma_core: RdmaCore,
 }
 
 impl Choice {
-    /// The choice [`KERNEL_ENV`] and [`PROVIDER_ENV`] make (defaults where unset).
+    /// The choice [`KERNEL_ENV`], [`PROVIDER_ENV`] and [`RDMA_CORE_ENV`] make (defaults where
+    /// unset).
     pub fn from_env() -> Result<Self> {
         Ok(Self {
             kernel: GuestKernel::from_env()?,
             provider: Provider::from_env()?,
+            rdma_core: RdmaCore::from_env()?,
         })
     }
 }
@@ -167,5 +229,8 @@ mod tests {
         assert_eq!(Provider::Siw.device(), "siw0");
         assert_eq!(GuestKernel::Backports.subdir(), Some("bpo"));
         assert_eq!(GuestKernel::Stable.subdir(), None);
+        assert_eq!(RdmaCore::parse("56").ok(), Some(RdmaCore::Deb13));
+        assert_eq!(RdmaCore::parse("44").ok(), Some(RdmaCore::Host));
+        assert!(RdmaCore::parse("50").is_err_and(|e| e.message.contains("56")));
     }
 }

@@ -14,8 +14,8 @@ usage: rdma-verbs-vm <command> [args]
 commands:
   setup                          install the host packages it needs (apt) if missing, download
                                  Debian's kernel and build the guest image (in the cache dir)
-  run [--timeout SECS] [--] CMD [ARGS...]
-                                 run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
+  run [--timeout SECS] [--kernel 6.1|6.12] [--provider rxe|siw] [--rdma-core host|56]
+      [--] CMD [ARGS...]         run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
   run --nodes N [--timeout SECS] [--node1 SH] ... [--node4 SH] [--] [CMD [ARGS...]]
                                  N = 2 to 4 guests, 10.99.1.1 to 10.99.1.N, rxe0 on eth0 of
@@ -41,6 +41,11 @@ environment:
   RDMA_VERBS_VM_DEBUG=1          full kernel log in the run directory, which is kept
   RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048, 1024 with 3 or 4 nodes;
                                  at least 1024)
+  RDMA_VERBS_VM_KERNEL=6.1|6.12  guest kernel: Debian 12's (default) or bookworm-backports'
+  RDMA_VERBS_VM_PROVIDER=rxe|siw soft-RoCE rxe0 (default) or soft-iWARP siw0
+  RDMA_VERBS_VM_RDMA_CORE=host|56
+                                 the guest's rdma-core: the host's (default) or Debian 13's 56
+                                 with its C library, laid over the host's files in the guest
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
                                  passed through to the command in the guest
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::choice::{Choice, GuestKernel, Provider};
+use crate::choice::{Choice, GuestKernel, Provider, RdmaCore};
 use crate::cmd::{self, Waited};
 use crate::setup::{self, Verbosity};
 use crate::vm::{self, Failure, Topology};
@@ -88,13 +88,13 @@ impl Invocation {
     }
 }
 
-/// `run [--timeout SECS] [--kernel K] [--provider P] [--nodes 1..4] [--node1 SHELL] ...
+/// `run [--timeout SECS] [--kernel K] [--provider P] [--rdma-core R] [--nodes 1..4] [--node1 SHELL] ...
 /// [--node4 SHELL] [--] [CMD [ARGS...]]`.
 ///
 /// With `--nodes N` (2 to 4), N guests on one network each run the command (see
 /// [`execute_nodes`]); `--nodeK SHELL` gives node K its own command, run as `sh -c SHELL`.
-/// `--kernel` and `--provider` override `RDMA_VERBS_VM_KERNEL` and `RDMA_VERBS_VM_PROVIDER`
-/// (see [`Choice`]).
+/// `--kernel`, `--provider` and `--rdma-core` override `RDMA_VERBS_VM_KERNEL`,
+/// `RDMA_VERBS_VM_PROVIDER` and `RDMA_VERBS_VM_RDMA_CORE` (see [`Choice`]).
 pub fn run_command(args: Vec<OsString>) -> Result<u8> {
     let mut timeout = None;
     let mut choice = Choice::from_env()?;
@@ -134,6 +134,9 @@ pub fn run_command(args: Vec<OsString>) -> Result<u8> {
             }
             "--provider" => {
                 choice.provider = Provider::parse(&value("rxe or siw")?.to_string_lossy())?
+            }
+            "--rdma-core" => {
+                choice.rdma_core = RdmaCore::parse(&value("host or 56")?.to_string_lossy())?
             }
             _ => match node_flag(&name) {
                 Some(k) => per_node[k - 1] = Some(value("a shell command")?),

@@ -10,11 +10,13 @@
 //! siw.ko, initramfs-siw.cpio (+ stamps)        soft-iWARP, built on first use (`siw`)
 //! bpo/                                         the same files for the backports kernel,
 //!   apt/                                       with its private apt lists and cache
+//! rdma-core-56/root, root.stamp                Debian 13's rdma-core and C library (`userland`)
+//!   apt/                                       with its private apt lists and cache
 //! runs/<pid>-<n>/                              one directory per guest run (see `vm`)
 //! ```
 //!
-//! Which kernel and provider a guest gets is a [`Choice`]: the default (Debian 12's 6.1
-//! kernel, rxe) keeps the files at the top level exactly as before.
+//! Which kernel, provider and rdma-core a guest gets is a [`Choice`]: the default (Debian 12's
+//! 6.1 kernel, rxe, the host's rdma-core) keeps the files at the top level exactly as before.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,11 +30,13 @@ mod initramfs;
 mod kernel;
 mod packages;
 mod siw;
+mod userland;
 use apt::AptSource;
 use initramfs::build_initramfs;
 use kernel::{Unpacked, cached_kernel_deb, download_kernel, extract_vmlinux};
 use packages::{busybox, ensure_packages};
 pub use siw::SIW_DEPENDENCIES;
+pub use userland::{Overlay, overlaid_release, overlays};
 
 /// Debian packages the host needs: QEMU and busybox for the guest, kmod and xz for building
 /// it, rdma-core and the perftest/rdmacm tools that run inside it, and the headers, clang and
@@ -108,6 +112,9 @@ pub struct VmAssets {
     pub vmlinux: PathBuf,
     /// Uncompressed newc initramfs.
     pub initramfs: PathBuf,
+    /// The files of another rdma-core laid over the host's in the guest (none for the
+    /// host's own, [`RdmaCore::Host`](crate::choice::RdmaCore::Host)).
+    pub overlays: Vec<Overlay>,
 }
 
 /// Environment variable naming the cache directory.
@@ -230,6 +237,8 @@ pub fn setup_choice(
         }
     }
 
+    let overlays = userland::ensure_userland(&dir, choice.rdma_core)?;
+
     if verbosity == Verbosity::Report {
         say!(
             "rdma-verbs-vm setup: all {} packages installed",
@@ -237,9 +246,12 @@ pub fn setup_choice(
         );
         say!("  cache           {}", dir.display());
         say!(
-            "  guest           kernel {}, provider {}",
+            "  guest           kernel {}, provider {}, rdma-core {} ({} files laid over the \
+             host's)",
             choice.kernel,
-            choice.provider
+            choice.provider,
+            choice.rdma_core,
+            overlays.len()
         );
         say!("  kernel package  {}", deb.display());
         say!("  kernel          {}", vmlinux.display());
@@ -251,6 +263,7 @@ pub fn setup_choice(
         kernel_package: deb_name,
         vmlinux,
         initramfs,
+        overlays,
     })
 }
 

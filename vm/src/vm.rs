@@ -55,6 +55,8 @@ use qemu::qemu_args;
 pub use qemu::{DEBUG_ENV, DEBUG_ENV_OLD};
 use run_dir::{RunDir, console_tail};
 use scripts::{command_script, stage2_script};
+
+use crate::choice::{RDMA_CORE_ENV, RdmaCore};
 pub use shares::WRITABLE_ENV;
 use shares::{host_dirs_to_share, writable_dirs};
 pub use topology::{Topology, wire_addr};
@@ -143,6 +145,14 @@ fn start(
         env.retain(|(n, _)| n != name);
         env.push((name.into(), value.into()));
     }
+    if assets.choice.rdma_core != RdmaCore::Host {
+        // Tells the guest's tests which userland they run on.
+        env.retain(|(n, _)| n != RDMA_CORE_ENV);
+        env.push((
+            RDMA_CORE_ENV.into(),
+            assets.choice.rdma_core.to_string().into(),
+        ));
+    }
     write(&run_dir.path.join("command.sh"), &command_script(inv, &env)).map_err(boot)?;
     write(
         &run_dir.path.join("network.sh"),
@@ -151,7 +161,7 @@ fn start(
     .map_err(boot)?;
     write(
         &run_dir.path.join("stage2.sh"),
-        &stage2_script(&run_dir.path, &shared, &writable),
+        &stage2_script(&run_dir.path, &shared, &writable, &assets.overlays),
     )
     .map_err(boot)?;
 
@@ -430,14 +440,14 @@ mod tests {
         );
         let writable = [PathBuf::from("/w/it's"), PathBuf::from("/tmp/x")];
         for shared in [&[][..], &["/tmp"], &["/tmp", "/run"]] {
-            let script = stage2_script(Path::new("/a b/it's"), shared, &writable);
+            let script = stage2_script(Path::new("/a b/it's"), shared, &writable, &[]);
             assert!(sh_n(&script), "{}", String::from_utf8_lossy(&script));
         }
     }
 
     #[test]
     fn stage2_marks_the_start_right_before_the_command() {
-        let script = stage2_script(Path::new("/r"), &[], &[]);
+        let script = stage2_script(Path::new("/r"), &[], &[], &[]);
         let script = String::from_utf8_lossy(&script);
         let lines: Vec<&str> = script.lines().collect();
         let marker = format!(": > {RUN_SHARE_DIR}/{STARTED_FILE}");

@@ -58,8 +58,8 @@ commands:
   setup                          install host packages (apt) if missing, download the Debian
                                  kernel and build the guest image under target/rxe-vm/, and
                                  siw's module for the suite's second cell (6.1/siw)
-  run [--timeout SECS] [--kernel 6.1|6.12] [--provider rxe|siw] -- CMD [ARGS...]
-                                 run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
+  run [--timeout SECS] [--kernel 6.1|6.12] [--provider rxe|siw] [--rdma-core host|56]
+      -- CMD [ARGS...]           run CMD in a soft-RoCE guest (rxe0 on 10.99.0.1), or directly
                                  when the host has an RDMA device; exits with CMD's status
   run --nodes N [--timeout SECS] [--node1 SH] ... [--node4 SH] [--] [CMD [ARGS...]]
                                  N = 2 to 4 guests, 10.99.1.1 to 10.99.1.N, rxe0 on eth0 of
@@ -130,6 +130,9 @@ environment:
                                  at least 1024)
   RDMA_VERBS_VM_KERNEL=6.1|6.12  guest kernel: Debian 12's (default) or bookworm-backports'
   RDMA_VERBS_VM_PROVIDER=rxe|siw soft-RoCE rxe0 (default) or soft-iWARP siw0 (built by setup)
+  RDMA_VERBS_VM_RDMA_CORE=host|56
+                                 the guest's rdma-core: the host's (default, 44 on Debian 12)
+                                 or Debian 13's 56 with its C library, laid over the host's
   RDMA_VERBS_*, RUST_BACKTRACE, RUST_LOG, RUST_TEST_THREADS, PATH, HOME, CARGO_*
                                  passed through to the command in the guest
 
@@ -180,7 +183,11 @@ fn dispatch(args: Vec<OsString>) -> Result<u8> {
             setup_vm(setup::Verbosity::Report)?;
             // The second cell `cargo xtask test` runs (siw's module is built here).
             let (kernel, provider) = providers::SUITE_CELL;
-            let choice = rdma_verbs_vm::choice::Choice { kernel, provider };
+            let choice = rdma_verbs_vm::choice::Choice {
+                kernel,
+                provider,
+                ..Default::default()
+            };
             setup::setup_choice(setup::Verbosity::Report, EXTRA_PACKAGES, choice).map(|_| 0)
         }
         Some("run") => run::run_command(rest),

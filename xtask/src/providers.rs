@@ -1,6 +1,7 @@
-//! `cargo xtask providers`: the device test binaries on each cell (guest kernel × provider;
-//! the rdma-core is the host's, which the guest runs), one guest per cell, and one row per
-//! test in `target/providers/providers.json`: `{kernel, rdma_core, provider, test, outcome}`.
+//! `cargo xtask providers`: the device test binaries on each cell (guest kernel × provider ×
+//! rdma-core: the host's, which the guest runs by default, or Debian 13's 56 laid over it),
+//! one guest per cell, and one row per test in `target/providers/providers.json`: `{kernel,
+//! rdma_core, provider, test, outcome}`.
 //!
 //! Outcomes: `pass`; `unsupported` (the test failed with the crate's `Error::Unsupported`,
 //! "... is not supported: ...", naming what the provider lacks); `deviation` (the test
@@ -16,7 +17,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rdma_verbs_vm::choice::{Choice, GuestKernel, Provider};
+use rdma_verbs_vm::choice::{Choice, GuestKernel, Provider, RdmaCore};
 
 use crate::{Context as _, Error, Result, cmd, target_dir, workspace_root};
 
@@ -36,6 +37,9 @@ const DEFAULT_LIMIT_SECS: u64 = 120;
 /// One row of providers.json.
 struct Row {
     kernel: String,
+    /// The rdma-core version the guest ran (`44.0-2`: the host's package; `56.1`: the
+    /// unpacked tree's libibverbs).
+    rdma_core: String,
     provider: Provider,
     test: String,
     outcome: &'static str,
@@ -47,7 +51,11 @@ struct Row {
 pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
     let mut cells: Vec<Choice> = CELLS
         .iter()
-        .map(|&(kernel, provider)| Choice { kernel, provider })
+        .map(|&(kernel, provider)| Choice {
+            kernel,
+            provider,
+            rdma_core: RdmaCore::Host,
+        })
         .collect();
     let mut limit = DEFAULT_LIMIT_SECS;
     let mut only: Option<Vec<String>> = None;
@@ -87,41 +95,45 @@ pub fn providers_command(args: Vec<OsString>) -> Result<u8> {
         }
     }
     let binaries = build_device_tests(only.as_deref())?;
-    let rdma_core = host_rdma_core();
     let dir = target_dir().join("providers");
     fs::create_dir_all(&dir).context(|| format!("cannot create {}", dir.display()))?;
     let mut rows = Vec::new();
     for choice in cells {
-        let kernel = crate::setup::setup_choice(
+        let assets = crate::setup::setup_choice(
             crate::setup::Verbosity::Quiet,
             crate::EXTRA_PACKAGES,
             choice,
-        )?
-        .kernel_package;
-        let kernel = kernel_release(&kernel);
+        )?;
+        let kernel = kernel_release(&assets.kernel_package);
+        let rdma_core = match choice.rdma_core {
+            RdmaCore::Host => host_rdma_core(),
+            _ => rdma_verbs_vm::setup::overlaid_release(&assets.overlays)
+                .unwrap_or_else(|| choice.rdma_core.to_string()),
+        };
         say!(
-            "providers: {kernel} / {} ({} binaries)",
+            "providers: {kernel} / {} / rdma-core {rdma_core} ({} binaries)",
             choice.provider,
             binaries.len()
         );
         let started = std::time::Instant::now();
-        let log = dir.join(format!("{}-{}.log", choice.kernel, choice.provider));
+        let log = dir.join(format!("{}.log", cell_file(choice)));
         let output = run_cell(&dir, &log, choice, &binaries, limit)?;
         let took = started.elapsed().as_secs();
         for (test, outcome) in classify(&output) {
             rows.push(Row {
                 kernel: kernel.clone(),
+                rdma_core: rdma_core.clone(),
                 provider: choice.provider,
                 test,
                 outcome,
             });
         }
-        summarize(&rows, &kernel, choice.provider);
+        summarize(&rows, &kernel, &rdma_core, choice.provider);
         say!("providers: {kernel} / {} took {took} s", choice.provider);
     }
     let json = dir.join("providers.json");
     let kept = kept_rows(&json, &rows);
-    fs::write(&json, to_json(&kept, &rows, &rdma_core))
+    fs::write(&json, to_json(&kept, &rows))
         .context(|| format!("cannot write {}", json.display()))?;
     say!("providers: wrote {}", json.display());
     Ok(u8::from(rows.iter().any(|r| r.outcome == "fail")))
@@ -154,7 +166,11 @@ pub struct CellCounts {
 /// providers.json is left alone.
 pub fn suite_cell() -> Result<CellCounts> {
     let (kernel, provider) = SUITE_CELL;
-    let choice = Choice { kernel, provider };
+    let choice = Choice {
+        kernel,
+        provider,
+        rdma_core: RdmaCore::Host,
+    };
     let only: Vec<String> = SUITE_CELL_TESTS.iter().map(|&t| t.to_owned()).collect();
     let binaries = build_device_tests(Some(&only))?;
     crate::setup::setup_choice(
@@ -188,20 +204,36 @@ pub fn suite_cell() -> Result<CellCounts> {
     })
 }
 
-/// `6.1/rxe,6.12/siw`.
+/// `6.1/rxe,6.12/siw,6.12/rxe/56`: kernel / provider [/ rdma-core, the host's if left out].
 fn parse_cells(value: &str) -> Result<Vec<Choice>> {
     value
         .split(',')
         .map(|cell| {
-            let (kernel, provider) = cell.split_once('/').ok_or_else(|| {
-                Error::usage(format!("--cells: expected KERNEL/PROVIDER, got {cell:?}"))
-            })?;
+            let parts: Vec<&str> = cell.split('/').collect();
+            let (kernel, provider, core) = match parts[..] {
+                [k, p] => (k, p, "host"),
+                [k, p, r] => (k, p, r),
+                _ => {
+                    return Err(Error::usage(format!(
+                        "--cells: expected KERNEL/PROVIDER[/RDMA_CORE], got {cell:?}"
+                    )));
+                }
+            };
             Ok(Choice {
                 kernel: GuestKernel::parse(kernel)?,
                 provider: Provider::parse(provider)?,
+                rdma_core: RdmaCore::parse(core)?,
             })
         })
         .collect()
+}
+
+/// A cell's name in file names: `6.1-rxe` (the host's rdma-core, as always), `6.12-rxe-56`.
+fn cell_file(choice: Choice) -> String {
+    match choice.rdma_core {
+        RdmaCore::Host => format!("{}-{}", choice.kernel, choice.provider),
+        core => format!("{}-{}-{core}", choice.kernel, choice.provider),
+    }
 }
 
 /// `6.1.0-57-amd64` from `linux-image-6.1.0-57-amd64_6.1.192-3_amd64.deb`.
@@ -289,7 +321,7 @@ fn run_cell(
             bin = cmd::quoted(binary),
         );
     }
-    let path = dir.join(format!("{}-{}.sh", choice.kernel, choice.provider));
+    let path = dir.join(format!("{}.sh", cell_file(choice)));
     fs::write(&path, script).context(|| format!("cannot write {}", path.display()))?;
     let exe = std::env::current_exe().context(|| "cannot find the xtask binary".into())?;
     let whole = (limit + 10) * u64::try_from(binaries.len()).unwrap_or(1) + 60;
@@ -297,6 +329,7 @@ fn run_cell(
     Command::new(exe)
         .args(["run", "--kernel", &choice.kernel.to_string()])
         .args(["--provider", choice.provider.name()])
+        .args(["--rdma-core", &choice.rdma_core.to_string()])
         .args(["--timeout", &whole.to_string(), "--", "sh"])
         .arg(&path)
         .stdout(file)
@@ -351,7 +384,18 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
                 // SIGKILL, or the guest's OOM killer).
                 "FAILED" | "Killed" => rows.push((test, "fail")),
                 "" => running = Some(test),
-                _ => {} // ignored
+                r if r.starts_with("ignored") => {}
+                // The test's own output (a child's, on stderr) came before its result,
+                // which follows on a line of its own.
+                _ => running = Some(test),
+            }
+        } else if let Some(outcome) = running.as_ref().and_then(|_| match line.trim() {
+            "ok" => Some("pass"),
+            "FAILED" | "Killed" => Some("fail"),
+            _ => None,
+        }) {
+            if let Some(test) = running.take() {
+                rows.push((test, outcome));
             }
         } else if let Some(name) = line
             .strip_prefix("---- ")
@@ -385,14 +429,20 @@ fn is_unsupported(line: &str) -> bool {
 }
 
 /// Prints a cell's counts.
-fn summarize(rows: &[Row], kernel: &str, provider: Provider) {
+fn summarize(rows: &[Row], kernel: &str, rdma_core: &str, provider: Provider) {
     let count = |outcome: &str| {
         rows.iter()
-            .filter(|r| r.kernel == kernel && r.provider == provider && r.outcome == outcome)
+            .filter(|r| {
+                r.kernel == kernel
+                    && r.rdma_core == rdma_core
+                    && r.provider == provider
+                    && r.outcome == outcome
+            })
             .count()
     };
     say!(
-        "providers: {kernel} / {provider}: {} pass, {} unsupported, {} deviation, {} fail",
+        "providers: {kernel} / {provider} / {rdma_core}: {} pass, {} unsupported, {} \
+         deviation, {} fail",
         count("pass"),
         count("unsupported"),
         count("deviation"),
@@ -403,33 +453,34 @@ fn summarize(rows: &[Row], kernel: &str, provider: Provider) {
 /// The rows of an earlier providers.json for cells this run did not run (one row per
 /// line, as [`to_json`] writes them), so cells can be run one at a time.
 fn kept_rows(json: &Path, rows: &[Row]) -> Vec<String> {
-    let ran: Vec<(String, String)> = rows
+    let ran: Vec<[String; 3]> = rows
         .iter()
         .map(|r| {
-            (
+            [
                 format!("\"kernel\": \"{}\"", esc(&r.kernel)),
+                format!("\"rdma_core\": \"{}\"", esc(&r.rdma_core)),
                 format!("\"provider\": \"{}\"", r.provider),
-            )
+            ]
         })
         .collect();
     fs::read_to_string(json)
         .unwrap_or_default()
         .lines()
         .filter(|l| l.trim_start().starts_with('{'))
-        .filter(|l| !ran.iter().any(|(k, p)| l.contains(k) && l.contains(p)))
+        .filter(|l| !ran.iter().any(|keys| keys.iter().all(|k| l.contains(k))))
         .map(|l| l.trim().trim_end_matches(',').to_owned())
         .collect()
 }
 
 /// The rows (`kept` ones first, already JSON) as a JSON array, one row per line.
-fn to_json(kept: &[String], rows: &[Row], rdma_core: &str) -> String {
+fn to_json(kept: &[String], rows: &[Row]) -> String {
     let mut lines: Vec<String> = kept.to_vec();
     for r in rows {
         lines.push(format!(
             "{{\"kernel\": \"{}\", \"rdma_core\": \"{}\", \"provider\": \"{}\", \"test\": \
              \"{}\", \"outcome\": \"{}\"}}",
             esc(&r.kernel),
-            esc(rdma_core),
+            esc(&r.rdma_core),
             r.provider,
             esc(&r.test),
             r.outcome,
@@ -474,6 +525,10 @@ mod tests {
                    @@exit vm_cm 124\n\
                    @@binary vm_lifecycle\n\
                    test walk ... Killed\n\
+                   test valgrind ... ==1== Memcheck, a memory error detector\n\
+                   valgrind:  Fatal error at startup\n\
+                   FAILED\n\
+                   test after ... ok\n\
                    @@exit vm_lifecycle 137\n";
         let rows = classify(out);
         assert_eq!(
@@ -487,6 +542,8 @@ mod tests {
                 ("vm_qp::g".to_owned(), "pass"),
                 ("vm_cm::hangs".to_owned(), "fail"),
                 ("vm_lifecycle::walk".to_owned(), "fail"),
+                ("vm_lifecycle::valgrind".to_owned(), "fail"),
+                ("vm_lifecycle::after".to_owned(), "pass"),
             ]
         );
         assert_eq!(binary_name(Path::new("/t/vm_qp-0a1b")), "vm_qp");
@@ -496,5 +553,11 @@ mod tests {
         );
         assert!(parse_cells("6.12/siw,6.1/rxe").is_ok_and(|c| c.len() == 2));
         assert!(parse_cells("6.12").is_err());
+        let cells = parse_cells("6.12/rxe/56,6.1/siw").unwrap();
+        assert_eq!(cells[0].rdma_core, RdmaCore::Deb13);
+        assert_eq!(cells[1].rdma_core, RdmaCore::Host);
+        assert_eq!(cell_file(cells[0]), "6.12-rxe-56");
+        assert_eq!(cell_file(cells[1]), "6.1-siw");
+        assert!(parse_cells("6.12/rxe/50").is_err());
     }
 }

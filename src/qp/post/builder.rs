@@ -7,7 +7,7 @@ use crate::qp::send_ex::Request;
 
 /// `wr` as a builder request (its `wr_id` left 0 for the ring's token), or
 /// `None` when it needs what [`Request`] cannot say: inline data, more than
-/// one buffer, or ATOMIC_WRITE's data. Call it before [`SendWr::validate`]
+/// one buffer, ATOMIC_WRITE's data or FLUSH's range. Call it before [`SendWr::validate`]
 /// only to decide the path: the remote address is computed wrapping, as
 /// `fill_ffi` does, and the request is posted only once validated.
 #[inline(always)]
@@ -69,7 +69,7 @@ pub(crate) fn send_request(wr: &SendWr<'_>) -> Option<Request> {
         ),
         // Rare: written as a C request, whose replay builds it
         // (`SendEx::build`), so the builders' hot path has no arm for it.
-        SendOp::AtomicWrite { .. } => return None,
+        SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => return None,
     };
     Some(Request {
         wr_id: 0,

@@ -9,6 +9,7 @@ use super::shares::{share_tag, writable_tag};
 use super::{ERR_PORT, EXIT_STATUS_FILE, NINEP_OPTS, OUT_PORT, STARTED_FILE};
 use crate::cmd::push_quoted;
 use crate::run::Invocation;
+use crate::setup::Overlay;
 
 /// `command.sh`: run by the host's /bin/sh inside the chroot. Goes to the working directory,
 /// lifts the memlock limit and executes the command with exactly `env`.
@@ -45,7 +46,12 @@ impl ScriptLines {
 }
 
 /// `stage2.sh`: run by busybox sh in the initramfs; see the module documentation.
-pub(super) fn stage2_script(run_dir: &Path, shared: &[&str], writable: &[PathBuf]) -> Vec<u8> {
+pub(super) fn stage2_script(
+    run_dir: &Path,
+    shared: &[&str],
+    writable: &[PathBuf],
+    overlays: &[Overlay],
+) -> Vec<u8> {
     let mut s = ScriptLines(Vec::new());
     let mut host_run_dir = b"/host".to_vec();
     host_run_dir.extend_from_slice(run_dir.as_os_str().as_bytes());
@@ -58,6 +64,7 @@ pub(super) fn stage2_script(run_dir: &Path, shared: &[&str], writable: &[PathBuf
     s.line(&[b"export PATH=/bin"]);
     s.line(&[b"fail() { echo \"vm-stage2: $*\"; exit 1; }"]);
     mount_host(&mut s, shared, writable);
+    mount_overlays(&mut s, overlays);
     s.line(&[b"mkdir -p ", &q_host_run_dir]);
     s.line(&[
         b"mount -o bind /xrun ",
@@ -124,6 +131,28 @@ fn mount_host(s: &mut ScriptLines, shared: &[&str], writable: &[PathBuf]) {
             b" ",
             &q_host_dir,
             b" || fail 'cannot mount a writable directory'",
+        ]);
+    }
+}
+
+/// Binds each overlay's file on the host's under /host (another rdma-core, see
+/// `setup::Overlay`); both paths are canonical, so no symlink leads a mount out of /host.
+fn mount_overlays(s: &mut ScriptLines, overlays: &[Overlay]) {
+    let under_host = |p: &Path| {
+        let mut v = b"/host".to_vec();
+        v.extend_from_slice(p.as_os_str().as_bytes());
+        let mut q = Vec::new();
+        push_quoted(&mut q, OsStr::from_bytes(&v));
+        q
+    };
+    for o in overlays {
+        let (source, target) = (under_host(&o.source), under_host(&o.target));
+        s.line(&[
+            b"mount -o bind ",
+            &source,
+            b" ",
+            &target,
+            b" || fail 'cannot lay the rdma-core tree over the host files'",
         ]);
     }
 }

@@ -107,6 +107,15 @@ const ROWS: &[(&str, &[&str])] = &[
             "vm_cm_core::the_tokio_layer_moves_the_bytes_over_cm_qps",
         ],
     ),
+    (
+        "ATOMIC_WRITE lands, or is refused where the device lacks it (Linux 6.2)",
+        &["vm_atomic_write::an_atomic_write_lands_whole_or_is_unsupported_before_posting"],
+    ),
+    (
+        "FLUSH after a WRITE completes, or is refused naming what lacks it (rdma-core 45, Linux \
+         6.2)",
+        &["vm_flush::a_write_then_a_flush_lands_or_the_flush_is_refused_naming_what_is_missing"],
+    ),
 ];
 
 /// One row of providers.json.
@@ -150,10 +159,12 @@ pub fn parse(json: &str) -> Vec<JsonRow> {
         .collect()
 }
 
-/// `6.1.0-57-amd64 / siw`, the name of a cell's column.
+/// `6.1 / siw / 44`, the name of a cell's column: the kernel's series, the provider and the
+/// rdma-core's major version (`44` of `44.0-2`).
 fn cell_name(r: &JsonRow) -> String {
     let series: Vec<&str> = r.kernel.splitn(3, '.').take(2).collect();
-    format!("{} / {}", series.join("."), r.provider)
+    let core = r.rdma_core.split(['.', '-']).next().unwrap_or("");
+    format!("{} / {} / {core}", series.join("."), r.provider)
 }
 
 /// The generated Markdown (without the markers).
@@ -341,12 +352,15 @@ mod tests {
         assert_eq!(rows.len(), 3);
         assert_eq!(rows[0].provider, "siw");
         let md = tables(&rows, "stamp");
-        assert!(md.contains("| assumption / feature | 6.1 / siw |"), "{md}");
+        assert!(
+            md.contains("| assumption / feature | 6.1 / siw / 44 |"),
+            "{md}"
+        );
         assert!(md.contains("| unsupported / pass |"), "{md}");
         assert!(md.contains("| `vm_cm_core` | 1 / 0 / 0 / 0 |"), "{md}");
         assert!(md.contains("| `vm_soundness` | 0 / 1 / 0 / 0 |"), "{md}");
         assert!(md.contains("| `vm_cm` | 0 / 0 / 1 / 0 |"), "{md}");
-        assert!(md.contains("- `vm_cm::refused`: 6.1 / siw\n"), "{md}");
+        assert!(md.contains("- `vm_cm::refused`: 6.1 / siw / 44\n"), "{md}");
         let doc = splice("# t\n", "x\n");
         assert_eq!(doc, format!("# t\n\n{BEGIN}\nx\n{END}\n"));
         assert_eq!(splice(&doc, "y\n"), format!("# t\n\n{BEGIN}\ny\n{END}\n"));
