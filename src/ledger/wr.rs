@@ -655,3 +655,27 @@ impl From<PostError> for Error {
         e.error
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request is moved whole at every step of a post (into the iterator's
+    /// `Option`, into the staging call): one inline buffer keeps it small.
+    #[test]
+    fn a_send_request_moves_in_at_most_144_bytes() {
+        assert_eq!(size_of::<Buffer>(), 32);
+        assert_eq!(size_of::<Sges>(), 48);
+        assert!(size_of::<SendWr<'_>>() <= 144, "{}", size_of::<SendWr<'_>>());
+        assert_eq!(size_of::<Option<SendWr<'_>>>(), size_of::<SendWr<'_>>());
+    }
+
+    #[test]
+    fn an_empty_list_stays_empty_through_pushes_past_capacity_and_pops() {
+        let mut s = Sges::default();
+        assert!(s.is_empty());
+        assert!(s.pop().is_none());
+        assert_eq!(s.as_slice().len(), 0);
+        assert_eq!(s.into_iter().count(), 0);
+    }
+}
