@@ -291,8 +291,7 @@ impl Sges {
 
     #[inline]
     pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
-        if self.len == 1 && self.spill.is_none() && matches!(self.as_slice()[0], Buffer::Owned(_))
-        {
+        if self.len == 1 && self.spill.is_none() && matches!(self.as_slice()[0], Buffer::Owned(_)) {
             // The common case (a receive or READ into one buffer).
             self.len = 0;
             // SAFETY: with no block, entry 0 is `first`, initialised; `len` is

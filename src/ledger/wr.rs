@@ -666,7 +666,11 @@ mod tests {
     fn a_send_request_moves_in_at_most_144_bytes() {
         assert_eq!(size_of::<Buffer>(), 32);
         assert_eq!(size_of::<Sges>(), 48);
-        assert!(size_of::<SendWr<'_>>() <= 144, "{}", size_of::<SendWr<'_>>());
+        assert!(
+            size_of::<SendWr<'_>>() <= 144,
+            "{}",
+            size_of::<SendWr<'_>>()
+        );
         assert_eq!(size_of::<Option<SendWr<'_>>>(), size_of::<SendWr<'_>>());
     }
 

@@ -188,15 +188,19 @@ impl<W> Chunk<W> {
         wr: &Q::Wr,
     ) -> Result<(), Error> {
         if self.c == 0 {
-            if let Some(mut r) = Q::request(wr) {
+            if let Some(r) = Q::request(wr) {
+                // Staged in its chunk entry (copying it there afterwards would
+                // move it once more); a refused request leaves the entry
+                // unused, past `built`.
+                let r = self.reqs[self.built].write(r);
                 // SAFETY: per this function's contract.
-                unsafe { stage_built::<C, Q>(core, wr, &mut r)? };
+                unsafe { stage_built::<C, Q>(core, wr, r)? };
+                let opcode = r.opcode;
                 self.uniform = match (self.built, self.uniform) {
-                    (0, _) => Some(r.opcode),
-                    (_, Some(op)) if op == r.opcode => Some(op),
+                    (0, _) => Some(opcode),
+                    (_, Some(op)) if op == opcode => Some(op),
                     _ => None,
                 };
-                self.reqs[self.built].write(r);
                 self.built += 1;
                 return Ok(());
             }
