@@ -1,7 +1,7 @@
 //! The buffers of a work request: [`Buffer`] and the inline list [`Sges`].
 
 use std::fmt;
-use std::mem::MaybeUninit;
+use std::mem::{ManuallyDrop, MaybeUninit};
 
 use crate::ledger::range::MrRange;
 use crate::mr::{Mr, SharedMr};
@@ -95,8 +95,9 @@ impl From<SharedMr> for Buffer {
 pub struct Sges {
     /// Entry 0 while `spill` is `None` (initialised when `len` is 1).
     first: MaybeUninit<Buffer>,
-    /// `Some`: every entry lives here, the first `len` initialised.
-    spill: Option<Box<[MaybeUninit<Buffer>; MAX_SAFE_SGES]>>,
+    /// `Some`: every entry lives here, the first `len` initialised. Freed
+    /// by `Drop` (so that a list without one has no drop glue for it).
+    spill: ManuallyDrop<Option<Box<[MaybeUninit<Buffer>; MAX_SAFE_SGES]>>>,
     len: u8,
     /// Entries offered beyond the capacity (reported at post time).
     overflow: u32,
@@ -107,7 +108,7 @@ impl Default for Sges {
     fn default() -> Sges {
         Sges {
             first: MaybeUninit::uninit(),
-            spill: None,
+            spill: ManuallyDrop::new(None),
             len: 0,
             overflow: 0,
         }
@@ -117,10 +118,15 @@ impl Default for Sges {
 impl Drop for Sges {
     #[inline]
     fn drop(&mut self) {
-        let len = self.len as usize;
-        // SAFETY: exactly the first `len` entries are initialised; the block
-        // (if any) is freed afterwards by its own `Drop`, which drops no entry.
-        unsafe { std::ptr::drop_in_place(self.as_mut_ptr_slice(len)) };
+        if self.spill.is_none() {
+            if self.len == 1 {
+                // SAFETY: with no block, entry 0 is `first`, initialised when
+                // `len` is 1; nothing reads it after this.
+                unsafe { self.first.assume_init_drop() };
+            }
+        } else {
+            self.drop_spilled();
+        }
     }
 }
 
@@ -136,16 +142,32 @@ impl Sges {
     pub fn one(b: Buffer) -> Sges {
         Sges {
             first: MaybeUninit::new(b),
-            spill: None,
+            spill: ManuallyDrop::new(None),
             len: 1,
             overflow: 0,
+        }
+    }
+
+    /// `Drop` of a list with a heap block: its entries, then the block (also
+    /// when an entry's `Drop` panics: the block is a local by then).
+    #[cold]
+    #[inline(never)]
+    fn drop_spilled(&mut self) {
+        let len = self.len as usize;
+        // SAFETY: `drop` runs once, and nothing reads `spill` after it.
+        if let Some(mut block) = unsafe { ManuallyDrop::take(&mut self.spill) } {
+            let entries =
+                std::ptr::slice_from_raw_parts_mut(block.as_mut_ptr().cast::<Buffer>(), len);
+            // SAFETY: with a block, its first `len` entries are the
+            // initialised ones; they are dropped once, here.
+            unsafe { std::ptr::drop_in_place(entries) };
         }
     }
 
     /// Where the entries live: `first` or the heap block.
     #[inline(always)]
     fn base(&self) -> *const Buffer {
-        match &self.spill {
+        match &*self.spill {
             None => self.first.as_ptr(),
             Some(b) => b.as_ptr().cast::<Buffer>(),
         }
@@ -153,15 +175,10 @@ impl Sges {
 
     #[inline(always)]
     fn base_mut(&mut self) -> *mut Buffer {
-        match &mut self.spill {
+        match &mut *self.spill {
             None => self.first.as_mut_ptr(),
             Some(b) => b.as_mut_ptr().cast::<Buffer>(),
         }
-    }
-
-    #[inline(always)]
-    fn as_mut_ptr_slice(&mut self, len: usize) -> *mut [Buffer] {
-        std::ptr::slice_from_raw_parts_mut(self.base_mut(), len)
     }
 
     /// Appends a buffer; beyond [`MAX_SAFE_SGES`] the buffer is dropped and the
@@ -191,7 +208,7 @@ impl Sges {
                 // `len` is 1; it moves to the block and `first` is not read again.
                 block[0].write(unsafe { self.first.assume_init_read() });
             }
-            self.spill = Some(block);
+            *self.spill = Some(block);
         }
         self.spill.as_mut().expect("made above")
     }
