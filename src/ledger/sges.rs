@@ -1,4 +1,4 @@
-//! The buffers of a work request: [`Buffer`] and the inline list [`Sges`].
+//! The buffers of a work request: [`Buffer`] and the list [`Sges`].
 
 use std::fmt;
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -260,6 +260,7 @@ impl Sges {
     pub fn iter(&self) -> std::slice::Iter<'_, Buffer> {
         self.as_slice().iter()
     }
+
     /// Refuses a buffer whose length does not fit an SGE's 32-bit length field
     /// (it would be truncated, and the NIC would address a different range).
     #[inline]
@@ -332,9 +333,8 @@ impl Sges {
         b.into_mr()
     }
 
-    /// Drops the buffers of `*p` in place: one inline buffer (the common
-    /// case) without the slice loop of `drop_in_place::<Sges>`. If a
-    /// buffer's `Drop` panics, none is dropped twice.
+    /// Drops the buffers of `*p` in place, one inline buffer (the common
+    /// case) right here. If a buffer's `Drop` panics, none is dropped twice.
     ///
     /// # Safety
     /// `p` is a live `Sges` that is not used (nor dropped) afterwards.

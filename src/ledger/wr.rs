@@ -660,10 +660,11 @@ impl From<PostError> for Error {
 mod tests {
     use super::*;
 
-    /// A request is moved whole at every step of a post (into the iterator's
-    /// `Option`, into the staging call): one inline buffer keeps it small.
+    /// A request is written once per post (its fields, into the caller's
+    /// `Option` or argument) and its list moved into a slot and out again:
+    /// one inline buffer keeps both small.
     #[test]
-    fn a_send_request_moves_in_at_most_144_bytes() {
+    fn a_send_request_takes_at_most_144_bytes() {
         assert_eq!(size_of::<Buffer>(), 32);
         assert_eq!(size_of::<Sges>(), 48);
         assert!(
@@ -675,7 +676,7 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_list_stays_empty_through_pushes_past_capacity_and_pops() {
+    fn an_empty_list_pops_nothing_and_iterates_nothing() {
         let mut s = Sges::default();
         assert!(s.is_empty());
         assert!(s.pop().is_none());
