@@ -297,7 +297,7 @@ impl Lat {
             DataPath::Safe | DataPath::Scoped => {
                 let off = 0;
                 // Each request built in its post_send call: a request picked by
-                // an `if` and then passed on would be copied (232 bytes).
+                // an `if` and then passed on would be copied (144 bytes).
                 let posted = if let Some(data) = self.inline.as_deref() {
                     match self.wr.0.opcode {
                         ffi::IBV_WR_SEND => {

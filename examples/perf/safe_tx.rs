@@ -43,7 +43,7 @@ impl SafeTx {
         let src = src.get(qi).map_or(&[][..], Vec::as_slice);
         let inline = inline.as_deref();
         // The request for sequence number `$k`, built where it is consumed: a
-        // closure returning a 232-byte SendWr would copy it on the way out.
+        // closure returning a 144-byte SendWr would copy it on the way out.
         macro_rules! request {
             ($k:expr) => {{
                 let k: u64 = $k;

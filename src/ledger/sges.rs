@@ -1,7 +1,7 @@
-//! The buffers of a work request: [`Buffer`] and the inline list [`Sges`].
+//! The buffers of a work request: [`Buffer`] and the list [`Sges`].
 
 use std::fmt;
-use std::mem::MaybeUninit;
+use std::mem::{ManuallyDrop, MaybeUninit};
 
 use crate::ledger::range::MrRange;
 use crate::mr::{Mr, SharedMr};
@@ -86,23 +86,29 @@ impl From<SharedMr> for Buffer {
     }
 }
 
-/// The buffers of one work request: up to [`MAX_SAFE_SGES`], stored inline
-/// (no heap allocation per work request).
+/// The buffers of one work request: up to [`MAX_SAFE_SGES`].
 ///
-/// Only the first `len` entries are initialised, and the hot paths copy only
-/// those (a one-buffer request moves one 32-byte entry, not the whole array).
+/// One buffer (the common case) is stored inline, so building, posting and
+/// retiring such a request allocates nothing and moves a 48-byte list; a
+/// second buffer moves them all into one heap block of [`MAX_SAFE_SGES`]
+/// entries (allocated when the request is built, not when it is posted).
 pub struct Sges {
-    items: [MaybeUninit<Buffer>; MAX_SAFE_SGES],
+    /// Entry 0 while `spill` is `None` (initialised when `len` is 1).
+    first: MaybeUninit<Buffer>,
+    /// `Some`: every entry lives here, the first `len` initialised. Freed
+    /// by `Drop` (so that a list without one has no drop glue for it).
+    spill: ManuallyDrop<Option<Box<[MaybeUninit<Buffer>; MAX_SAFE_SGES]>>>,
     len: u8,
     /// Entries offered beyond the capacity (reported at post time).
     overflow: u32,
 }
 
 impl Default for Sges {
-    #[inline]
+    #[inline(always)]
     fn default() -> Sges {
         Sges {
-            items: [const { MaybeUninit::uninit() }; MAX_SAFE_SGES],
+            first: MaybeUninit::uninit(),
+            spill: ManuallyDrop::new(None),
             len: 0,
             overflow: 0,
         }
@@ -112,9 +118,15 @@ impl Default for Sges {
 impl Drop for Sges {
     #[inline]
     fn drop(&mut self) {
-        let len = self.len as usize;
-        // SAFETY: exactly the first `len` entries are initialised.
-        unsafe { std::ptr::drop_in_place(self.as_mut_ptr_slice(len)) };
+        if self.spill.is_none() {
+            if self.len == 1 {
+                // SAFETY: with no block, entry 0 is `first`, initialised when
+                // `len` is 1; nothing reads it after this.
+                unsafe { self.first.assume_init_drop() };
+            }
+        } else {
+            self.drop_spilled();
+        }
     }
 }
 
@@ -128,15 +140,45 @@ impl Sges {
     /// A list of one buffer.
     #[inline(always)]
     pub fn one(b: Buffer) -> Sges {
-        let mut s = Sges::default();
-        s.items[0].write(b);
-        s.len = 1;
-        s
+        Sges {
+            first: MaybeUninit::new(b),
+            spill: ManuallyDrop::new(None),
+            len: 1,
+            overflow: 0,
+        }
+    }
+
+    /// `Drop` of a list with a heap block: its entries, then the block (also
+    /// when an entry's `Drop` panics: the block is a local by then).
+    #[cold]
+    #[inline(never)]
+    fn drop_spilled(&mut self) {
+        let len = self.len as usize;
+        // SAFETY: `drop` runs once, and nothing reads `spill` after it.
+        if let Some(mut block) = unsafe { ManuallyDrop::take(&mut self.spill) } {
+            let entries =
+                std::ptr::slice_from_raw_parts_mut(block.as_mut_ptr().cast::<Buffer>(), len);
+            // SAFETY: with a block, its first `len` entries are the
+            // initialised ones; they are dropped once, here.
+            unsafe { std::ptr::drop_in_place(entries) };
+        }
+    }
+
+    /// Where the entries live: `first` or the heap block.
+    #[inline(always)]
+    fn base(&self) -> *const Buffer {
+        match &*self.spill {
+            None => self.first.as_ptr(),
+            Some(b) => b.as_ptr().cast::<Buffer>(),
+        }
     }
 
     #[inline(always)]
-    fn as_mut_ptr_slice(&mut self, len: usize) -> *mut [Buffer] {
-        std::ptr::slice_from_raw_parts_mut(self.items.as_mut_ptr().cast::<Buffer>(), len)
+    fn base_mut(&mut self) -> *mut Buffer {
+        match &mut *self.spill {
+            None => self.first.as_mut_ptr(),
+            Some(b) => b.as_mut_ptr().cast::<Buffer>(),
+        }
     }
 
     /// Appends a buffer; beyond [`MAX_SAFE_SGES`] the buffer is dropped and the
@@ -144,12 +186,31 @@ impl Sges {
     #[inline]
     pub fn push(&mut self, b: Buffer) {
         let len = self.len as usize;
-        if len < MAX_SAFE_SGES {
-            self.items[len].write(b);
+        if len == 0 && self.spill.is_none() {
+            self.first.write(b);
+            self.len = 1;
+        } else if len < MAX_SAFE_SGES {
+            self.spilled()[len].write(b);
             self.len += 1;
         } else {
             self.overflow = self.overflow.saturating_add(1);
         }
+    }
+
+    /// The heap block, made on first use (with the inline entry moved in).
+    #[cold]
+    #[inline(never)]
+    fn spilled(&mut self) -> &mut [MaybeUninit<Buffer>; MAX_SAFE_SGES] {
+        if self.spill.is_none() {
+            let mut block = Box::new([const { MaybeUninit::uninit() }; MAX_SAFE_SGES]);
+            if self.len == 1 {
+                // SAFETY: with no block, entry 0 is `first`, initialised when
+                // `len` is 1; it moves to the block and `first` is not read again.
+                block[0].write(unsafe { self.first.assume_init_read() });
+            }
+            *self.spill = Some(block);
+        }
+        self.spill.as_mut().expect("made above")
     }
 
     /// Removes and returns the last buffer (cheaper than consuming the list
@@ -160,7 +221,7 @@ impl Sges {
         self.len = len;
         // SAFETY: entry `len` was initialised; `self.len` no longer covers it,
         // so it is read exactly once.
-        Some(unsafe { self.items[len as usize].assume_init_read() })
+        Some(unsafe { self.base_mut().add(len as usize).read() })
     }
 
     /// Number of buffers.
@@ -185,7 +246,7 @@ impl Sges {
     #[inline]
     pub fn as_slice(&self) -> &[Buffer] {
         // SAFETY: exactly the first `len` entries are initialised.
-        unsafe { std::slice::from_raw_parts(self.items.as_ptr().cast::<Buffer>(), self.len()) }
+        unsafe { std::slice::from_raw_parts(self.base(), self.len()) }
     }
 
     /// Total bytes.
@@ -248,11 +309,12 @@ impl Sges {
 
     #[inline]
     pub(crate) fn take_first_owned(&mut self) -> Option<Mr> {
-        if self.len == 1 && matches!(self.as_slice()[0], Buffer::Owned(_)) {
+        if self.len == 1 && self.spill.is_none() && matches!(self.as_slice()[0], Buffer::Owned(_)) {
             // The common case (a receive or READ into one buffer).
             self.len = 0;
-            // SAFETY: entry 0 was initialised; `len` is 0 now, so it is read once.
-            return unsafe { self.items[0].assume_init_read() }.into_mr();
+            // SAFETY: with no block, entry 0 is `first`, initialised; `len` is
+            // 0 now, so it is read once.
+            return unsafe { self.first.assume_init_read() }.into_mr();
         }
         let i = self
             .iter()
@@ -262,7 +324,7 @@ impl Sges {
         // initialised entries after it shift down by one and `len` shrinks, so
         // every entry stays initialised exactly once.
         let b = unsafe {
-            let base = self.items.as_mut_ptr().cast::<Buffer>();
+            let base = self.base_mut();
             let b = base.add(i).read();
             std::ptr::copy(base.add(i + 1), base.add(i), len - i - 1);
             b
@@ -271,56 +333,37 @@ impl Sges {
         b.into_mr()
     }
 
-    /// Drops the buffers of `*p` in place: one buffer (the common case)
-    /// without the slice loop of `drop_in_place::<Sges>`. If a buffer's
-    /// `Drop` panics, none is dropped twice.
+    /// Drops the buffers of `*p` in place, one inline buffer (the common
+    /// case) right here. If a buffer's `Drop` panics, none is dropped twice.
     ///
     /// # Safety
     /// `p` is a live `Sges` that is not used (nor dropped) afterwards.
     #[inline(always)]
     pub(crate) unsafe fn drop_in_place(p: *mut Sges) {
-        // SAFETY: per the contract; with one entry, `len` is cleared before
-        // the entry (initialised) is dropped, so it is dropped exactly once.
+        // SAFETY: per the contract; with one inline entry, `len` is cleared
+        // before the entry (initialised) is dropped, so it is dropped exactly
+        // once, and there is no block to free.
         unsafe {
-            if (*p).len == 1 {
+            if (*p).len == 1 && (*p).spill.is_none() {
                 (*p).len = 0;
-                std::ptr::drop_in_place((&raw mut (*p).items).cast::<Buffer>());
+                std::ptr::drop_in_place((*p).first.as_mut_ptr());
             } else {
                 std::ptr::drop_in_place(p);
             }
         }
     }
 
-    /// Moves the buffers of `*src` to `dst`, copying only the initialised
-    /// entries (fixed-size copies, so no `memcpy` call on the hot path).
+    /// Moves the buffers of `*src` to `dst`: the 48-byte list itself (an
+    /// inline entry with it, a heap block by its pointer).
     ///
     /// # Safety
     /// `src` is a live `Sges` that is not used (nor dropped) afterwards; `dst`
     /// is valid for writes and holds nothing that needs dropping.
     #[inline(always)]
     pub(crate) unsafe fn move_to(src: *const Sges, dst: *mut Sges) {
-        // SAFETY: per the contract; entries below `len` are initialised in
-        // `src` and written in `dst`, the rest stay uninitialised.
-        unsafe {
-            let len = (*src).len;
-            (*dst).len = len;
-            (*dst).overflow = (*src).overflow;
-            let s = (&raw const (*src).items).cast::<MaybeUninit<Buffer>>();
-            let d = (&raw mut (*dst).items).cast::<MaybeUninit<Buffer>>();
-            // Unrolled on purpose: a loop here becomes a memcpy call.
-            if len > 0 {
-                d.write(s.read());
-            }
-            if len > 1 {
-                d.add(1).write(s.add(1).read());
-            }
-            if len > 2 {
-                d.add(2).write(s.add(2).read());
-            }
-            if len > 3 {
-                d.add(3).write(s.add(3).read());
-            }
-        }
+        // SAFETY: per the contract: the list moves bitwise (an uninitialised
+        // `first` is a `MaybeUninit`), and `src` is not used again.
+        unsafe { dst.write(src.read()) }
     }
 }
 
@@ -342,7 +385,7 @@ impl Iterator for SgesIntoIter {
         self.next += 1;
         // SAFETY: i < len, so entry i is initialised; `next` moved past it, so
         // Drop below never touches it again.
-        Some(unsafe { self.sges.items[i].assume_init_read() })
+        Some(unsafe { self.sges.base_mut().add(i).read() })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -356,10 +399,14 @@ impl Drop for SgesIntoIter {
         let (from, to) = (self.next as usize, self.sges.len as usize);
         // Sges::drop must not see the entries already handed out.
         self.sges.len = 0;
-        for item in &mut self.sges.items[from..to] {
-            // SAFETY: entries from..to are initialised and not handed out.
-            unsafe { item.assume_init_drop() };
-        }
+        let rest = std::ptr::slice_from_raw_parts_mut(
+            // SAFETY: `from <= to <= MAX_SAFE_SGES`, within the entries' storage.
+            unsafe { self.sges.base_mut().add(from) },
+            to - from,
+        );
+        // SAFETY: entries from..to are initialised and not handed out; the
+        // block (if any) is freed by Sges::drop afterwards.
+        unsafe { std::ptr::drop_in_place(rest) };
     }
 }
 

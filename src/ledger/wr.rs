@@ -709,3 +709,32 @@ impl From<PostError> for Error {
         e.error
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request is written once per post (its fields, into the caller's
+    /// `Option` or argument) and its list moved into a slot and out again:
+    /// one inline buffer keeps both small.
+    #[test]
+    fn a_send_request_takes_at_most_144_bytes() {
+        assert_eq!(size_of::<Buffer>(), 32);
+        assert_eq!(size_of::<Sges>(), 48);
+        assert!(
+            size_of::<SendWr<'_>>() <= 144,
+            "{}",
+            size_of::<SendWr<'_>>()
+        );
+        assert_eq!(size_of::<Option<SendWr<'_>>>(), size_of::<SendWr<'_>>());
+    }
+
+    #[test]
+    fn an_empty_list_pops_nothing_and_iterates_nothing() {
+        let mut s = Sges::default();
+        assert!(s.is_empty());
+        assert!(s.pop().is_none());
+        assert_eq!(s.as_slice().len(), 0);
+        assert_eq!(s.into_iter().count(), 0);
+    }
+}

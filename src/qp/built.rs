@@ -118,7 +118,6 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
         c_sges: [const { MaybeUninit::uninit() }; POST_CHUNK * MAX_SAFE_SGES],
         built: 0,
         c: 0,
-        uniform: None,
     };
     loop {
         let (ring, head) = Q::ring_and_head(core);
@@ -171,8 +170,6 @@ struct Chunk<W> {
     c_sges: [MaybeUninit<ffi::ibv_sge>; POST_CHUNK * MAX_SAFE_SGES],
     built: usize,
     c: usize,
-    /// The opcode the built requests share (`None`: none yet, or mixed).
-    uniform: Option<u32>,
 }
 
 impl<W> Chunk<W> {
@@ -188,15 +185,13 @@ impl<W> Chunk<W> {
         wr: &Q::Wr,
     ) -> Result<(), Error> {
         if self.c == 0 {
-            if let Some(mut r) = Q::request(wr) {
+            if let Some(r) = Q::request(wr) {
+                // Staged in its chunk entry (copying it there afterwards would
+                // move it once more); a refused request leaves the entry
+                // unused, past `built`.
+                let r = self.reqs[self.built].write(r);
                 // SAFETY: per this function's contract.
-                unsafe { stage_built::<C, Q>(core, wr, &mut r)? };
-                self.uniform = match (self.built, self.uniform) {
-                    (0, _) => Some(r.opcode),
-                    (_, Some(op)) if op == r.opcode => Some(op),
-                    _ => None,
-                };
-                self.reqs[self.built].write(r);
+                unsafe { stage_built::<C, Q>(core, wr, r)? };
                 self.built += 1;
                 return Ok(());
             }
@@ -225,7 +220,7 @@ impl<W> Chunk<W> {
     ) -> Result<(), PostError> {
         if self.built > 0 {
             let reqs = &self.reqs[..self.built];
-            submit_built::<C, Q>(core, ex, reqs, self.uniform, first_seq, tag)?;
+            submit_built::<C, Q>(core, ex, reqs, first_seq, tag)?;
         }
         if self.c > 0 {
             let c_first = first_seq + self.built as u64;
@@ -243,12 +238,15 @@ fn submit_built<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     ex: SendEx,
     reqs: &[MaybeUninit<Request>],
-    uniform: Option<u32>,
     first_seq: u64,
     tag: u64,
 ) -> Result<(), PostError> {
     // SAFETY: the caller passes the entries it initialised.
     let reqs = unsafe { &*(reqs as *const [MaybeUninit<Request>] as *const [Request]) };
+    // The opcode every request has, if they share one (a compare each, here
+    // rather than while staging, where it costs a branch on the chunk's state).
+    let first = reqs.first().map(|r| r.opcode);
+    let uniform = first.filter(|&op| reqs.iter().all(|r| r.opcode == op));
     // SAFETY: `ex` is the live QP's extended interface; each request's SGE
     // names a buffer its ring slot owns (validated when staged); request `j`
     // gets token `tag | (first_seq + j)`, the ring's token for its slot.

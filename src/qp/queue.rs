@@ -5,7 +5,7 @@
 //! C form (`qp/built.rs`).
 //!
 //! Requests are staged through a reference and then forgotten: passing the
-//! ~230-byte `SendWr` on by value would copy it at every step.
+//! 144-byte `SendWr` on by value would copy it at every step.
 
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
