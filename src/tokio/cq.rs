@@ -1,8 +1,7 @@
 //! [`AsyncCq`]: a CQ whose completions are delivered to futures by a driver task.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -37,63 +36,44 @@ impl Queue {
 /// A posted request's identity on its CQ: QP number, queue, `wr_id`.
 pub(crate) type Key = (u32, Queue, u64);
 
-/// Hashes a [`Key`] with a multiply per field (FxHash's mix). Keys are the
-/// crate's own request numbers, not values a peer chooses, so SipHash's
-/// resistance to chosen collisions buys nothing here; it cost ~650
-/// instructions a message (a registration, a lookup and a removal each).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
+/// Bits of an awaited request's `wr_id` that name its slot in its CQ's
+/// waiter slab ([`State::waiters`]); the bits above them are the QP's request
+/// number, so that a QP's `wr_id`s stay distinct (and increasing) however
+/// slots are reused.
+pub(crate) const SLOT_BITS: u32 = 24;
 
-impl KeyHasher {
-    fn mix(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
+/// The slot part of a `wr_id`; this value itself names no slot (requests
+/// nobody awaits carry it).
+pub(crate) const NO_SLOT: u64 = (1 << SLOT_BITS) - 1;
+
+/// The `wr_id` of the QP's request number `seq` in slot `slot`.
+pub(crate) fn wr_id(seq: u64, slot: u64) -> u64 {
+    (seq << SLOT_BITS) | slot
 }
 
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.mix(u64::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, x: u32) {
-        self.mix(u64::from(x));
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        self.mix(x);
-    }
-
-    fn write_usize(&mut self, x: usize) {
-        self.mix(x as u64);
-    }
-
-    fn write_isize(&mut self, x: isize) {
-        self.mix(x as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Small (a waker or an index), so that registering and removing a request
-/// moves 24 bytes rather than a whole completion.
+/// Where an awaited request stands; its completion is parked in place, so
+/// that the driver moves it once into the slab and the future once out.
 enum Waiter {
+    /// A free slot (listed in [`State::free`]).
+    Free,
     /// Posted, not completed; the future's waker once it has been polled.
     Pending(Option<Waker>),
-    /// Completed; its completion waits in [`State::done`] at this index for
-    /// the future to take it.
-    Done(usize),
+    /// Completed; the future takes its completion from here.
+    Done(Completion),
+}
+
+/// A slot of the waiter slab: the full key of the request it holds, checked
+/// against every completion that names the slot.
+struct Entry {
+    key: Key,
+    waiter: Waiter,
 }
 
 #[derive(Default)]
 pub(crate) struct State {
-    /// Requests whose futures are alive.
-    waiters: HashMap<Key, Waiter, BuildHasherDefault<KeyHasher>>,
-    /// The completions of `Done` waiters; `None` slots are listed in `free`.
-    done: Vec<Option<Completion>>,
+    /// Requests whose futures are alive, at the slot their `wr_id` names.
+    waiters: Vec<Entry>,
+    /// The free slots of `waiters`.
     free: Vec<usize>,
     /// Completions nobody awaits: requests posted without a future, and
     /// requests whose future was dropped before they completed.
@@ -107,26 +87,18 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// The completion parked at `slot` (see [`Waiter::Done`]), its slot freed.
-    fn take_done(&mut self, slot: usize) -> Option<Completion> {
-        let c = self.done.get_mut(slot)?.take()?;
-        self.free.push(slot);
-        Some(c)
+    /// The entry of `key`, if its slot holds that request.
+    fn entry(&mut self, key: Key) -> Option<&mut Entry> {
+        let e = self.waiters.get_mut((key.2 & NO_SLOT) as usize)?;
+        (e.key == key && !matches!(e.waiter, Waiter::Free)).then_some(e)
     }
-}
 
-/// Parks `c` in `done` for its future, in a free slot if there is one;
-/// returns the slot (fields apart from [`State`]: the caller holds a waiter).
-fn park(done: &mut Vec<Option<Completion>>, free: &mut Vec<usize>, c: Completion) -> usize {
-    match free.pop() {
-        Some(i) if i < done.len() => {
-            done[i] = Some(c);
-            i
-        }
-        _ => {
-            done.push(Some(c));
-            done.len() - 1
-        }
+    /// Frees `key`'s slot, returning what it held.
+    fn release(&mut self, key: Key) -> Option<Waiter> {
+        let e = self.entry(key)?;
+        let w = std::mem::replace(&mut e.waiter, Waiter::Free);
+        self.free.push((key.2 & NO_SLOT) as usize);
+        Some(w)
     }
 }
 
@@ -191,22 +163,39 @@ impl Shared {
         &self.room
     }
 
-    /// Registers a request about to be posted, with the waker of the task
-    /// that awaits it (before its completion can be polled: callers register
-    /// *before* posting and [`forget`](Self::forget) on failure); false, and
-    /// nothing registered, once the driver stopped.
-    pub(crate) fn expect(&self, key: Key, waker: Waker) -> bool {
+    /// Registers request number `seq` of QP `qp_num`'s `queue`, about to be
+    /// posted, with the waker of the task that awaits it (before its
+    /// completion can be polled: callers register *before* posting and
+    /// [`forget`](Self::forget) on failure); returns its key, whose `wr_id`
+    /// names its slot. `None`, and nothing registered, once the driver
+    /// stopped or with every slot taken.
+    pub(crate) fn expect(&self, qp_num: u32, queue: Queue, seq: u64, waker: Waker) -> Option<Key> {
         let mut st = self.state();
         if st.stopped {
-            return false;
+            return None;
         }
-        st.waiters.insert(key, Waiter::Pending(Some(waker)));
-        true
+        let slot = match st.free.pop() {
+            Some(i) => i,
+            None if (st.waiters.len() as u64) < NO_SLOT => {
+                st.waiters.push(Entry {
+                    key: (0, Queue::Send, NO_SLOT),
+                    waiter: Waiter::Free,
+                });
+                st.waiters.len() - 1
+            }
+            None => return None,
+        };
+        let key = (qp_num, queue, wr_id(seq, slot as u64));
+        st.waiters[slot] = Entry {
+            key,
+            waiter: Waiter::Pending(Some(waker)),
+        };
+        Some(key)
     }
 
     /// Withdraws a registration whose post failed.
     pub(crate) fn forget(&self, key: Key) {
-        self.state().waiters.remove(&key);
+        self.state().release(key);
     }
 
     /// Hands completions to their futures, or to `next`; `wake` is scratch
@@ -216,16 +205,17 @@ impl Shared {
             let mut st = self.state();
             let st = &mut *st;
             for c in done.drain(..) {
-                let key = (c.qp_num, Queue::of(&c), c.wr_id);
-                let waiter = match c.source {
-                    CompletionSource::Posted => st.waiters.get_mut(&key),
+                let entry = match c.source {
+                    CompletionSource::Posted => st.waiters.get_mut((c.wr_id & NO_SLOT) as usize),
                     _ => None,
                 };
-                match waiter {
-                    Some(w @ Waiter::Pending(_)) => {
-                        let slot = park(&mut st.done, &mut st.free, c);
+                match entry {
+                    Some(e)
+                        if matches!(e.waiter, Waiter::Pending(_))
+                            && e.key == (c.qp_num, Queue::of(&c), c.wr_id) =>
+                    {
                         if let Waiter::Pending(Some(waker)) =
-                            std::mem::replace(w, Waiter::Done(slot))
+                            std::mem::replace(&mut e.waiter, Waiter::Done(c))
                         {
                             wake.push(waker);
                         }
@@ -250,10 +240,10 @@ impl Shared {
             st.errors.push_back(error);
             let mut wake: Vec<Waker> = st
                 .waiters
-                .values_mut()
-                .filter_map(|w| match w {
+                .iter_mut()
+                .filter_map(|e| match &mut e.waiter {
                     Waiter::Pending(waker) => waker.take(),
-                    Waiter::Done(_) => None,
+                    Waiter::Done(_) | Waiter::Free => None,
                 })
                 .collect();
             wake.extend(st.next_waker.take());
@@ -278,41 +268,35 @@ impl Shared {
             }))
         };
         let mut st = self.state();
-        let st = &mut *st;
-        let std::collections::hash_map::Entry::Occupied(mut entry) = st.waiters.entry(key) else {
+        let stopped = st.stopped;
+        let Some(entry) = st.entry(key) else {
             return failed("this request was not registered on the CQ");
         };
-        match entry.get_mut() {
-            Waiter::Done(slot) => {
-                let slot = *slot;
-                entry.remove();
-                match st.take_done(slot) {
-                    Some(c) => Poll::Ready(Ok(c)),
-                    None => failed("this request's completion was taken twice"),
-                }
+        if let Waiter::Pending(waker) = &mut entry.waiter {
+            if stopped {
+                return failed(
+                    "the CQ's completion driver stopped (see AsyncCq::next for its error); \
+                     this request's completion will not be delivered",
+                );
             }
-            Waiter::Pending(_) if st.stopped => failed(
-                "the CQ's completion driver stopped (see AsyncCq::next for its error); \
-                 this request's completion will not be delivered",
-            ),
-            Waiter::Pending(waker) => {
-                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    *waker = Some(cx.waker().clone());
-                }
-                Poll::Pending
+            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *waker = Some(cx.waker().clone());
             }
+            return Poll::Pending;
+        }
+        // `entry` holds no free slot, so this one is done.
+        match st.release(key) {
+            Some(Waiter::Done(c)) => Poll::Ready(Ok(c)),
+            _ => failed("this request's completion was taken twice"),
         }
     }
 
     /// The future for `key` was dropped: its completion (now or later) goes to `next`.
     pub(crate) fn abandon(&self, key: Key) {
         let mut st = self.state();
-        // A pending request loses its waiter: its completion will find none
-        // and go to `next`; a completed one goes there now.
-        if let Some(Waiter::Done(slot)) = st.waiters.remove(&key) {
-            let Some(c) = st.take_done(slot) else {
-                return;
-            };
+        // A pending request loses its slot: its completion will find none
+        // holding its key and go to `next`; a completed one goes there now.
+        if let Some(Waiter::Done(c)) = st.release(key) {
             st.unclaimed.push_back(c);
             if let Some(w) = st.next_waker.take() {
                 drop(st);

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::cq::{AsyncCq, Queue, Shared};
+use super::cq::{AsyncCq, NO_SLOT, Shared, wr_id};
 use super::op::Operation;
 use crate::channel::CqId;
 use crate::cq::Completion;
@@ -169,8 +169,14 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         }
     }
 
-    fn id(&self) -> u64 {
+    /// The next request number.
+    fn seq(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The `wr_id` of a request nobody awaits: its number, no slot.
+    fn id(&self) -> u64 {
+        wr_id(self.seq(), NO_SLOT)
     }
 }
 
@@ -179,11 +185,9 @@ impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
     /// the receive was flushed). Waits for room when the receive queue is full.
     pub fn recv(
         &self,
-        mut wr: RecvWr,
+        wr: RecvWr,
     ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
-        let key = (self.qp_num, Queue::Recv, self.id());
-        wr.wr_id = key.2;
-        Operation::new(self, &self.recv, key, wr)
+        Operation::new(self, &self.recv, self.seq(), wr)
     }
 
     /// A receive into the whole of `buf`: `recv(RecvWr::new(_, buf))`.
@@ -211,10 +215,8 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
         &'a self,
         mut wr: SendWr<'a>,
     ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + 'a {
-        let key = (self.qp_num, Queue::Send, self.id());
-        wr.wr_id = key.2;
         wr.flags |= crate::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        Operation::new(self, &self.send, key, wr)
+        Operation::new(self, &self.send, self.seq(), wr)
     }
 
     /// SENDs the whole of `src` and waits for its completion.
@@ -262,6 +264,7 @@ pub(super) trait PostOn<T: QpType, S: QpState> {
     const SEND: bool;
     fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError>;
     fn into_buffers(self) -> Sges;
+    fn set_wr_id(&mut self, wr_id: u64);
 }
 
 impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
@@ -272,6 +275,9 @@ impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
     fn into_buffers(self) -> Sges {
         SendWr::into_buffers(self)
     }
+    fn set_wr_id(&mut self, wr_id: u64) {
+        self.wr_id = wr_id;
+    }
 }
 
 impl<T: Connected, S: CanPostRecv> PostOn<T, S> for RecvWr {
@@ -281,6 +287,9 @@ impl<T: Connected, S: CanPostRecv> PostOn<T, S> for RecvWr {
     }
     fn into_buffers(self) -> Sges {
         RecvWr::into_buffers(self)
+    }
+    fn set_wr_id(&mut self, wr_id: u64) {
+        self.wr_id = wr_id;
     }
 }
 
