@@ -10,71 +10,17 @@ use std::task::{Context as TaskContext, Poll, Waker};
 use ::tokio::sync::Notify;
 
 use super::driver::AsyncChannel;
+use super::waiters::{Key, Queue, Taken, Waiters};
 use crate::channel::CqId;
 use crate::context::Context;
-use crate::cq::{Completion, CompletionSource, Cq, CqInner, WcOpcode};
+use crate::cq::{Completion, Cq, CqInner};
 use crate::error::{Error, Result};
 use crate::qp::PostError;
 
-/// Which queue a completion came from: sends and receives of one QP are
-/// waited for separately, so a receive can never satisfy a send's waiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Queue {
-    Send,
-    Recv,
-}
-
-impl Queue {
-    fn of(c: &Completion) -> Queue {
-        match c.opcode {
-            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => Queue::Recv,
-            _ => Queue::Send,
-        }
-    }
-}
-
-/// A posted request's identity on its CQ: QP number, queue, `wr_id`.
-pub(crate) type Key = (u32, Queue, u64);
-
-/// Bits of an awaited request's `wr_id` that name its slot in its CQ's
-/// waiter slab ([`State::waiters`]); the bits above them are the QP's request
-/// number, so that a QP's `wr_id`s stay distinct (and increasing) however
-/// slots are reused.
-pub(crate) const SLOT_BITS: u32 = 24;
-
-/// The slot part of a `wr_id`; this value itself names no slot (requests
-/// nobody awaits carry it).
-pub(crate) const NO_SLOT: u64 = (1 << SLOT_BITS) - 1;
-
-/// The `wr_id` of the QP's request number `seq` in slot `slot`.
-pub(crate) fn wr_id(seq: u64, slot: u64) -> u64 {
-    (seq << SLOT_BITS) | slot
-}
-
-/// Where an awaited request stands; its completion is parked in place, so
-/// that the driver moves it once into the slab and the future once out.
-enum Waiter {
-    /// A free slot (listed in [`State::free`]).
-    Free,
-    /// Posted, not completed; the future's waker once it has been polled.
-    Pending(Option<Waker>),
-    /// Completed; the future takes its completion from here.
-    Done(Completion),
-}
-
-/// A slot of the waiter slab: the full key of the request it holds, checked
-/// against every completion that names the slot.
-struct Entry {
-    key: Key,
-    waiter: Waiter,
-}
-
 #[derive(Default)]
 pub(crate) struct State {
-    /// Requests whose futures are alive, at the slot their `wr_id` names.
-    waiters: Vec<Entry>,
-    /// The free slots of `waiters`.
-    free: Vec<usize>,
+    /// Requests whose futures are alive.
+    waiters: Waiters,
     /// Completions nobody awaits: requests posted without a future, and
     /// requests whose future was dropped before they completed.
     unclaimed: VecDeque<Completion>,
@@ -84,22 +30,6 @@ pub(crate) struct State {
     next_waker: Option<Waker>,
     /// The driver stopped (its error is in `errors`): waiters fail.
     stopped: bool,
-}
-
-impl State {
-    /// The entry of `key`, if its slot holds that request.
-    fn entry(&mut self, key: Key) -> Option<&mut Entry> {
-        let e = self.waiters.get_mut((key.2 & NO_SLOT) as usize)?;
-        (e.key == key && !matches!(e.waiter, Waiter::Free)).then_some(e)
-    }
-
-    /// Frees `key`'s slot, returning what it held.
-    fn release(&mut self, key: Key) -> Option<Waiter> {
-        let e = self.entry(key)?;
-        let w = std::mem::replace(&mut e.waiter, Waiter::Free);
-        self.free.push((key.2 & NO_SLOT) as usize);
-        Some(w)
-    }
 }
 
 /// What the driver task and the futures share.
@@ -174,28 +104,12 @@ impl Shared {
         if st.stopped {
             return None;
         }
-        let slot = match st.free.pop() {
-            Some(i) => i,
-            None if (st.waiters.len() as u64) < NO_SLOT => {
-                st.waiters.push(Entry {
-                    key: (0, Queue::Send, NO_SLOT),
-                    waiter: Waiter::Free,
-                });
-                st.waiters.len() - 1
-            }
-            None => return None,
-        };
-        let key = (qp_num, queue, wr_id(seq, slot as u64));
-        st.waiters[slot] = Entry {
-            key,
-            waiter: Waiter::Pending(Some(waker)),
-        };
-        Some(key)
+        st.waiters.register(qp_num, queue, seq, waker)
     }
 
     /// Withdraws a registration whose post failed.
     pub(crate) fn forget(&self, key: Key) {
-        self.state().release(key);
+        self.state().waiters.release(key);
     }
 
     /// Hands completions to their futures, or to `next`; `wake` is scratch
@@ -205,22 +119,9 @@ impl Shared {
             let mut st = self.state();
             let st = &mut *st;
             for c in done.drain(..) {
-                let entry = match c.source {
-                    CompletionSource::Posted => st.waiters.get_mut((c.wr_id & NO_SLOT) as usize),
-                    _ => None,
-                };
-                match entry {
-                    Some(e)
-                        if matches!(e.waiter, Waiter::Pending(_))
-                            && e.key == (c.qp_num, Queue::of(&c), c.wr_id) =>
-                    {
-                        if let Waiter::Pending(Some(waker)) =
-                            std::mem::replace(&mut e.waiter, Waiter::Done(c))
-                        {
-                            wake.push(waker);
-                        }
-                    }
-                    _ => st.unclaimed.push_back(c),
+                match st.waiters.park(c) {
+                    Ok(waker) => wake.extend(waker),
+                    Err(c) => st.unclaimed.push_back(c),
                 }
             }
             if !st.unclaimed.is_empty() {
@@ -238,14 +139,7 @@ impl Shared {
             let mut st = self.state();
             st.stopped = true;
             st.errors.push_back(error);
-            let mut wake: Vec<Waker> = st
-                .waiters
-                .iter_mut()
-                .filter_map(|e| match &mut e.waiter {
-                    Waiter::Pending(waker) => waker.take(),
-                    Waiter::Done(_) | Waiter::Free => None,
-                })
-                .collect();
+            let mut wake: Vec<Waker> = st.waiters.take_wakers().collect();
             wake.extend(st.next_waker.take());
             wake
         };
@@ -268,26 +162,15 @@ impl Shared {
             }))
         };
         let mut st = self.state();
-        let stopped = st.stopped;
-        let Some(entry) = st.entry(key) else {
-            return failed("this request was not registered on the CQ");
-        };
-        if let Waiter::Pending(waker) = &mut entry.waiter {
-            if stopped {
-                return failed(
-                    "the CQ's completion driver stopped (see AsyncCq::next for its error); \
-                     this request's completion will not be delivered",
-                );
-            }
-            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *waker = Some(cx.waker().clone());
-            }
-            return Poll::Pending;
-        }
-        // `entry` holds no free slot, so this one is done.
-        match st.release(key) {
-            Some(Waiter::Done(c)) => Poll::Ready(Ok(c)),
-            _ => failed("this request's completion was taken twice"),
+        let waker = (!st.stopped).then_some(cx.waker());
+        match st.waiters.take(key, waker) {
+            Taken::Done(c) => Poll::Ready(Ok(c)),
+            Taken::Pending if waker.is_none() => failed(
+                "the CQ's completion driver stopped (see AsyncCq::next for its error); \
+                 this request's completion will not be delivered",
+            ),
+            Taken::Pending => Poll::Pending,
+            Taken::Unknown => failed("this request was not registered on the CQ"),
         }
     }
 
@@ -296,7 +179,7 @@ impl Shared {
         let mut st = self.state();
         // A pending request loses its slot: its completion will find none
         // holding its key and go to `next`; a completed one goes there now.
-        if let Some(Waiter::Done(c)) = st.release(key) {
+        if let Some(c) = st.waiters.release(key) {
             st.unclaimed.push_back(c);
             if let Some(w) = st.next_waker.take() {
                 drop(st);

@@ -6,8 +6,9 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use ::tokio::sync::futures::Notified;
 
-use super::cq::{Key, NO_SLOT, Queue, SLOT_BITS, Shared, wr_id};
+use super::cq::Shared;
 use super::qp::{AsyncQp, PostOn, stopped};
+use super::waiters::{Key, NO_SLOT, Queue, SLOT_BITS, wr_id};
 use crate::cq::Completion;
 use crate::error::Error;
 use crate::qp::{PostError, QpState, QpType};

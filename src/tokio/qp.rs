@@ -4,8 +4,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::cq::{AsyncCq, NO_SLOT, Shared, wr_id};
+use super::cq::{AsyncCq, Shared};
 use super::op::Operation;
+use super::waiters::{NO_SLOT, wr_id};
 use crate::channel::CqId;
 use crate::cq::Completion;
 use crate::error::Error;
