@@ -75,10 +75,10 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             }
             return Attempt::Full;
         }
-        let Some(mut req) = self.req.take() else {
+        if self.req.is_none() {
             // Only called while the request is held (see `post`).
             return Attempt::Posted;
-        };
+        }
         let (qp_num, queue, id) = self.key;
         let Some(key) = self
             .cq
@@ -90,13 +90,18 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             } else {
                 too_many()
             };
-            return Attempt::Failed(PostError {
-                error,
-                unposted: vec![(id, req.into_buffers())],
-            });
+            return self.refuse(error);
         };
         self.key = key;
+        // Taken out only for the post itself, which it goes into by value:
+        // moving it to a local first would copy it once more.
+        let Some(req) = self.req.as_mut() else {
+            return Attempt::Posted;
+        };
         req.set_wr_id(key.2);
+        let Some(req) = self.req.take() else {
+            return Attempt::Posted;
+        };
         match req.post_on(&mut qp) {
             Ok(()) => {
                 self.waiting = true;

@@ -270,6 +270,9 @@ pub(super) trait PostOn<T: QpType, S: QpState> {
 
 impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
     const SEND: bool = true;
+    // Inlined, so that the request goes from its future into the ring
+    // without a copy for the call.
+    #[inline(always)]
     fn post_on(self, qp: &mut Qp<Rc, S>) -> std::result::Result<(), PostError> {
         qp.post_send(self)
     }
@@ -283,6 +286,7 @@ impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
 
 impl<T: Connected, S: CanPostRecv> PostOn<T, S> for RecvWr {
     const SEND: bool = false;
+    #[inline(always)]
     fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError> {
         qp.post_recv(self)
     }
