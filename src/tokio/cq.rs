@@ -118,12 +118,7 @@ impl Shared {
         {
             let mut st = self.state();
             let st = &mut *st;
-            for c in done.drain(..) {
-                match st.waiters.park(c) {
-                    Ok(waker) => wake.extend(waker),
-                    Err(c) => st.unclaimed.push_back(c),
-                }
-            }
+            st.waiters.park_all(done, wake, &mut st.unclaimed);
             if !st.unclaimed.is_empty() {
                 wake.extend(st.next_waker.take());
             }

@@ -7,6 +7,7 @@
 //! key is its own. Its completion is parked in place: the driver moves it in
 //! once, the future's poll moves it out once.
 
+use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::task::Waker;
 
@@ -84,6 +85,9 @@ impl Drop for Entry {
 }
 
 /// What [`Waiters::take`] found for a key.
+// The completion by value: boxing it would allocate per message, and it is
+// moved once, into the future's output.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Taken {
     /// Its completion, the slot freed.
     Done(Completion),
@@ -132,22 +136,42 @@ impl Waiters {
         Some(key)
     }
 
-    /// Parks `c` in the slot of the pending request it completes, returning
-    /// that request's waker; `Err(c)` if no pending request is its.
-    #[inline]
-    pub(crate) fn park(&mut self, c: Completion) -> Result<Option<Waker>, Completion> {
-        let Some(e) = self.slots.get_mut(slot_of(c.wr_id)) else {
-            return Err(c);
-        };
-        if e.stage != Stage::Pending
-            || c.source != CompletionSource::Posted
-            || e.key != (c.qp_num, Queue::of(&c), c.wr_id)
-        {
-            return Err(c);
+    /// Parks each completion of `done` in the slot of the pending request
+    /// it completes, adding that request's waker to `wake`, or else appends
+    /// it to `unclaimed`; `done` is empty on return. Each completion is
+    /// moved once, from `done` to where it goes.
+    pub(crate) fn park_all(
+        &mut self,
+        done: &mut Vec<Completion>,
+        wake: &mut Vec<Waker>,
+        unclaimed: &mut VecDeque<Completion>,
+    ) {
+        let n = done.len();
+        // SAFETY: the first `n` elements are initialised; with the length
+        // at 0 the vector no longer owns them, and each is read exactly once
+        // below (a panic in between leaks the rest rather than dropping any
+        // twice).
+        unsafe { done.set_len(0) };
+        let base = done.as_ptr();
+        for i in 0..n {
+            // SAFETY: `i < n`: an initialised element not yet read.
+            let c = unsafe { &*base.add(i) };
+            let e = self.slots.get_mut(slot_of(c.wr_id)).filter(|e| {
+                e.stage == Stage::Pending && e.key == (c.qp_num, Queue::of(c), c.wr_id)
+            });
+            match e {
+                Some(e) if c.source == CompletionSource::Posted => {
+                    // SAFETY: read once (see above); `done` was uninitialised
+                    // while the stage was `Pending`, and `Done` says it is
+                    // initialised from here on.
+                    unsafe { e.done.as_mut_ptr().copy_from_nonoverlapping(c, 1) };
+                    e.stage = Stage::Done;
+                    wake.extend(e.waker.take());
+                }
+                // SAFETY: read once (see above).
+                _ => unclaimed.push_back(unsafe { std::ptr::read(c) }),
+            }
         }
-        e.done.write(c);
-        e.stage = Stage::Done;
-        Ok(e.waker.take())
     }
 
     /// The completion of `key` if it has come (its slot freed); else
