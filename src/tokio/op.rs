@@ -1,7 +1,6 @@
 //! [`Operation`]: the future of one awaited request of an [`AsyncQp`].
 
 use std::future::Future;
-use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll, Waker};
 
@@ -34,7 +33,7 @@ pub(super) struct Operation<'a, T: QpType, S: QpState, R> {
     /// The request's key; until it is registered, its `wr_id` names no slot.
     key: Key,
     /// The request until it is posted.
-    req: Held<R>,
+    req: Option<R>,
     /// Armed while the queue is full: signalled after each batch of completions.
     room: Option<Pin<Box<Notified<'a>>>>,
     /// Posted and its completion not yet returned.
@@ -57,7 +56,7 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             qp,
             cq,
             key: (qp.qp_num(), queue, wr_id(seq, NO_SLOT)),
-            req: Held::new(req),
+            req: Some(req),
             room: None,
             waiting: false,
         }
@@ -76,7 +75,7 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             }
             return Attempt::Full;
         }
-        if !self.req.is_held() {
+        if self.req.is_none() {
             // Only called while the request is held (see `post`).
             return Attempt::Posted;
         }
@@ -94,9 +93,9 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             return self.refuse(error);
         };
         self.key = key;
-        // Taken out only for the post itself, which it goes into by value
-        // (read in place: see `Held`).
-        let Some(req) = self.req.get_mut() else {
+        // Taken out only for the post itself, which it goes into by value:
+        // moving it to a local first would copy it once more.
+        let Some(req) = self.req.as_mut() else {
             return Attempt::Posted;
         };
         req.set_wr_id(key.2);
@@ -132,7 +131,7 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
 
     /// Posts the request, waiting for room as long as its queue is full.
     fn post(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), PostError>> {
-        while self.req.is_held() {
+        while self.req.is_some() {
             if let Some(room) = self.room.as_mut() {
                 if room.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
@@ -166,7 +165,7 @@ impl<T: QpType, S: QpState, R: PostOn<T, S> + Unpin> Future for Operation<'_, T,
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if this.req.is_held() {
+        if this.req.is_some() {
             return match this.post(cx) {
                 // Posted now, with this task's waker registered: its
                 // completion wakes the task (it may already have).
@@ -187,55 +186,6 @@ impl<T: QpType, S: QpState, R> Drop for Operation<'_, T, S, R> {
     fn drop(&mut self) {
         if self.waiting {
             self.cq.abandon(self.key);
-        }
-    }
-}
-
-/// A request held by its future until it is posted. A `ManuallyDrop` and
-/// a flag rather than an `Option`: `Option::take` copies the whole request
-/// out (writing `None` behind it) before the post copies it again, while a
-/// read that leaves the place untouched lets the post load its fields from
-/// where they are.
-struct Held<R> {
-    /// Initialised exactly while `held`.
-    req: ManuallyDrop<R>,
-    held: bool,
-}
-
-impl<R> Held<R> {
-    fn new(req: R) -> Self {
-        Held {
-            req: ManuallyDrop::new(req),
-            held: true,
-        }
-    }
-
-    fn is_held(&self) -> bool {
-        self.held
-    }
-
-    fn get_mut(&mut self) -> Option<&mut R> {
-        self.held.then_some(&mut *self.req)
-    }
-
-    /// The request, once.
-    #[inline(always)]
-    fn take(&mut self) -> Option<R> {
-        if !self.held {
-            return None;
-        }
-        self.held = false;
-        // SAFETY: `req` is initialised while `held` was true; `held` is
-        // false from here on, so it is neither read nor dropped again.
-        Some(unsafe { ManuallyDrop::take(&mut self.req) })
-    }
-}
-
-impl<R> Drop for Held<R> {
-    fn drop(&mut self) {
-        if self.held {
-            // SAFETY: initialised while `held`; dropped once, as the holder goes.
-            unsafe { ManuallyDrop::drop(&mut self.req) };
         }
     }
 }
