@@ -21,6 +21,10 @@ use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr, Sges};
 /// outstanding; from then on every request goes through this wrapper, which
 /// numbers them itself (the `wr_id` you give is replaced; read the
 /// completion's `wr_id` to match requests posted with the `post_*` methods).
+/// A `wr_id` is the request's number shifted left by 24 bits, the low 24
+/// naming an awaited request's slot in its CQ's waiter slab (all ones for
+/// `post_*`): `wr_id >> 24` counts the QP's requests, and `wr_id`s grow
+/// with it.
 /// All methods take `&self`: share it between tasks with an `Arc`.
 ///
 /// # Cancel safety
