@@ -1,8 +1,7 @@
 //! [`AsyncCq`]: a CQ whose completions are delivered to futures by a driver task.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -11,90 +10,17 @@ use std::task::{Context as TaskContext, Poll, Waker};
 use ::tokio::sync::Notify;
 
 use super::driver::AsyncChannel;
+use super::waiters::{Key, Queue, Taken, Waiters};
 use crate::channel::CqId;
 use crate::context::Context;
-use crate::cq::{Completion, CompletionSource, Cq, CqInner, WcOpcode};
+use crate::cq::{Completion, Cq, CqInner};
 use crate::error::{Error, Result};
 use crate::qp::PostError;
-
-/// Which queue a completion came from: sends and receives of one QP are
-/// waited for separately, so a receive can never satisfy a send's waiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Queue {
-    Send,
-    Recv,
-}
-
-impl Queue {
-    fn of(c: &Completion) -> Queue {
-        match c.opcode {
-            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => Queue::Recv,
-            _ => Queue::Send,
-        }
-    }
-}
-
-/// A posted request's identity on its CQ: QP number, queue, `wr_id`.
-pub(crate) type Key = (u32, Queue, u64);
-
-/// Hashes a [`Key`] with a multiply per field (FxHash's mix). Keys are the
-/// crate's own request numbers, not values a peer chooses, so SipHash's
-/// resistance to chosen collisions buys nothing here; it cost ~650
-/// instructions a message (a registration, a lookup and a removal each).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
-
-impl KeyHasher {
-    fn mix(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.mix(u64::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, x: u32) {
-        self.mix(u64::from(x));
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        self.mix(x);
-    }
-
-    fn write_usize(&mut self, x: usize) {
-        self.mix(x as u64);
-    }
-
-    fn write_isize(&mut self, x: isize) {
-        self.mix(x as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Small (a waker or an index), so that registering and removing a request
-/// moves 24 bytes rather than a whole completion.
-enum Waiter {
-    /// Posted, not completed; the future's waker once it has been polled.
-    Pending(Option<Waker>),
-    /// Completed; its completion waits in [`State::done`] at this index for
-    /// the future to take it.
-    Done(usize),
-}
 
 #[derive(Default)]
 pub(crate) struct State {
     /// Requests whose futures are alive.
-    waiters: HashMap<Key, Waiter, BuildHasherDefault<KeyHasher>>,
-    /// The completions of `Done` waiters; `None` slots are listed in `free`.
-    done: Vec<Option<Completion>>,
-    free: Vec<usize>,
+    waiters: Waiters,
     /// Completions nobody awaits: requests posted without a future, and
     /// requests whose future was dropped before they completed.
     unclaimed: VecDeque<Completion>,
@@ -104,30 +30,6 @@ pub(crate) struct State {
     next_waker: Option<Waker>,
     /// The driver stopped (its error is in `errors`): waiters fail.
     stopped: bool,
-}
-
-impl State {
-    /// The completion parked at `slot` (see [`Waiter::Done`]), its slot freed.
-    fn take_done(&mut self, slot: usize) -> Option<Completion> {
-        let c = self.done.get_mut(slot)?.take()?;
-        self.free.push(slot);
-        Some(c)
-    }
-}
-
-/// Parks `c` in `done` for its future, in a free slot if there is one;
-/// returns the slot (fields apart from [`State`]: the caller holds a waiter).
-fn park(done: &mut Vec<Option<Completion>>, free: &mut Vec<usize>, c: Completion) -> usize {
-    match free.pop() {
-        Some(i) if i < done.len() => {
-            done[i] = Some(c);
-            i
-        }
-        _ => {
-            done.push(Some(c));
-            done.len() - 1
-        }
-    }
 }
 
 /// What the driver task and the futures share.
@@ -191,22 +93,23 @@ impl Shared {
         &self.room
     }
 
-    /// Registers a request about to be posted, with the waker of the task
-    /// that awaits it (before its completion can be polled: callers register
-    /// *before* posting and [`forget`](Self::forget) on failure); false, and
-    /// nothing registered, once the driver stopped.
-    pub(crate) fn expect(&self, key: Key, waker: Waker) -> bool {
+    /// Registers request number `seq` of QP `qp_num`'s `queue`, about to be
+    /// posted, with the waker of the task that awaits it (before its
+    /// completion can be polled: callers register *before* posting and
+    /// [`forget`](Self::forget) on failure); returns its key, whose `wr_id`
+    /// names its slot. `None`, and nothing registered, once the driver
+    /// stopped or with every slot taken.
+    pub(crate) fn expect(&self, qp_num: u32, queue: Queue, seq: u64, waker: Waker) -> Option<Key> {
         let mut st = self.state();
         if st.stopped {
-            return false;
+            return None;
         }
-        st.waiters.insert(key, Waiter::Pending(Some(waker)));
-        true
+        st.waiters.register(qp_num, queue, seq, waker)
     }
 
     /// Withdraws a registration whose post failed.
     pub(crate) fn forget(&self, key: Key) {
-        self.state().waiters.remove(&key);
+        self.state().waiters.release(key);
     }
 
     /// Hands completions to their futures, or to `next`; `wake` is scratch
@@ -215,24 +118,7 @@ impl Shared {
         {
             let mut st = self.state();
             let st = &mut *st;
-            for c in done.drain(..) {
-                let key = (c.qp_num, Queue::of(&c), c.wr_id);
-                let waiter = match c.source {
-                    CompletionSource::Posted => st.waiters.get_mut(&key),
-                    _ => None,
-                };
-                match waiter {
-                    Some(w @ Waiter::Pending(_)) => {
-                        let slot = park(&mut st.done, &mut st.free, c);
-                        if let Waiter::Pending(Some(waker)) =
-                            std::mem::replace(w, Waiter::Done(slot))
-                        {
-                            wake.push(waker);
-                        }
-                    }
-                    _ => st.unclaimed.push_back(c),
-                }
-            }
+            st.waiters.park_all(done, wake, &mut st.unclaimed);
             if !st.unclaimed.is_empty() {
                 wake.extend(st.next_waker.take());
             }
@@ -248,14 +134,7 @@ impl Shared {
             let mut st = self.state();
             st.stopped = true;
             st.errors.push_back(error);
-            let mut wake: Vec<Waker> = st
-                .waiters
-                .values_mut()
-                .filter_map(|w| match w {
-                    Waiter::Pending(waker) => waker.take(),
-                    Waiter::Done(_) => None,
-                })
-                .collect();
+            let mut wake: Vec<Waker> = st.waiters.take_wakers().collect();
             wake.extend(st.next_waker.take());
             wake
         };
@@ -278,41 +157,24 @@ impl Shared {
             }))
         };
         let mut st = self.state();
-        let st = &mut *st;
-        let std::collections::hash_map::Entry::Occupied(mut entry) = st.waiters.entry(key) else {
-            return failed("this request was not registered on the CQ");
-        };
-        match entry.get_mut() {
-            Waiter::Done(slot) => {
-                let slot = *slot;
-                entry.remove();
-                match st.take_done(slot) {
-                    Some(c) => Poll::Ready(Ok(c)),
-                    None => failed("this request's completion was taken twice"),
-                }
-            }
-            Waiter::Pending(_) if st.stopped => failed(
+        let waker = (!st.stopped).then_some(cx.waker());
+        match st.waiters.take(key, waker) {
+            Taken::Done(c) => Poll::Ready(Ok(c)),
+            Taken::Pending if waker.is_none() => failed(
                 "the CQ's completion driver stopped (see AsyncCq::next for its error); \
                  this request's completion will not be delivered",
             ),
-            Waiter::Pending(waker) => {
-                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    *waker = Some(cx.waker().clone());
-                }
-                Poll::Pending
-            }
+            Taken::Pending => Poll::Pending,
+            Taken::Unknown => failed("this request was not registered on the CQ"),
         }
     }
 
     /// The future for `key` was dropped: its completion (now or later) goes to `next`.
     pub(crate) fn abandon(&self, key: Key) {
         let mut st = self.state();
-        // A pending request loses its waiter: its completion will find none
-        // and go to `next`; a completed one goes there now.
-        if let Some(Waiter::Done(slot)) = st.waiters.remove(&key) {
-            let Some(c) = st.take_done(slot) else {
-                return;
-            };
+        // A pending request loses its slot: its completion will find none
+        // holding its key and go to `next`; a completed one goes there now.
+        if let Some(c) = st.waiters.release(key) {
             st.unclaimed.push_back(c);
             if let Some(w) = st.next_waker.take() {
                 drop(st);

@@ -47,6 +47,7 @@ pub mod exchange;
 mod op;
 mod qp;
 mod timer;
+mod waiters;
 
 pub use cm::{AsyncCmId, Listener};
 pub use cq::{AsyncCq, CqRef, Next};

@@ -6,8 +6,9 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use ::tokio::sync::futures::Notified;
 
-use super::cq::{Key, Shared};
+use super::cq::Shared;
 use super::qp::{AsyncQp, PostOn, stopped};
+use super::waiters::{Key, NO_SLOT, Queue, SLOT_BITS, wr_id};
 use crate::cq::Completion;
 use crate::error::Error;
 use crate::qp::{PostError, QpState, QpType};
@@ -29,6 +30,7 @@ use crate::qp::{PostError, QpState, QpType};
 pub(super) struct Operation<'a, T: QpType, S: QpState, R> {
     qp: &'a AsyncQp<T, S>,
     cq: &'a Shared,
+    /// The request's key; until it is registered, its `wr_id` names no slot.
     key: Key,
     /// The request until it is posted.
     req: Option<R>,
@@ -46,12 +48,14 @@ enum Attempt {
 }
 
 impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
-    /// `req`, which carries `key`'s `wr_id`, for `cq` (the CQ of its queue).
-    pub(super) fn new(qp: &'a AsyncQp<T, S>, cq: &'a Shared, key: Key, req: R) -> Self {
+    /// `req`, the QP's request number `seq`, for `cq` (the CQ of its
+    /// queue); its `wr_id` is set when it is registered.
+    pub(super) fn new(qp: &'a AsyncQp<T, S>, cq: &'a Shared, seq: u64, req: R) -> Self {
+        let queue = if R::SEND { Queue::Send } else { Queue::Recv };
         Operation {
             qp,
             cq,
-            key,
+            key: (qp.qp_num(), queue, wr_id(seq, NO_SLOT)),
             req: Some(req),
             room: None,
             waiting: false,
@@ -71,25 +75,45 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             }
             return Attempt::Full;
         }
-        let Some(req) = self.req.take() else {
+        if self.req.is_none() {
             // Only called while the request is held (see `post`).
             return Attempt::Posted;
-        };
-        if !self.cq.expect(self.key, waker.clone()) {
-            drop(qp);
-            return Attempt::Failed(PostError {
-                error: stopped(),
-                unposted: vec![(self.key.2, req.into_buffers())],
-            });
         }
+        let (qp_num, queue, id) = self.key;
+        let Some(key) = self
+            .cq
+            .expect(qp_num, queue, id >> SLOT_BITS, waker.clone())
+        else {
+            drop(qp);
+            let error = if self.cq.is_stopped() {
+                stopped()
+            } else {
+                too_many()
+            };
+            return self.refuse(error);
+        };
+        self.key = key;
+        // Taken out only for the post itself, which it goes into by value:
+        // moving it to a local first would copy it once more.
+        let Some(req) = self.req.as_mut() else {
+            return Attempt::Posted;
+        };
+        req.set_wr_id(key.2);
+        let Some(req) = self.req.take() else {
+            return Attempt::Posted;
+        };
         match req.post_on(&mut qp) {
             Ok(()) => {
                 self.waiting = true;
                 Attempt::Posted
             }
-            Err(e) => {
+            Err(mut e) => {
                 drop(qp);
                 self.cq.forget(self.key);
+                // Reported under the number it was made with.
+                for (w, _) in &mut e.unposted {
+                    *w = id;
+                }
                 Attempt::Failed(e)
             }
         }
@@ -164,4 +188,12 @@ impl<T: QpType, S: QpState, R> Drop for Operation<'_, T, S, R> {
             self.cq.abandon(self.key);
         }
     }
+}
+
+/// A registration refused with every slot of the CQ's waiter slab taken.
+fn too_many() -> Error {
+    Error::Other(format!(
+        "{NO_SLOT} awaited requests are registered on this CQ (their futures alive); \
+         await or drop some first"
+    ))
 }

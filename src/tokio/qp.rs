@@ -4,8 +4,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::cq::{AsyncCq, Queue, Shared};
+use super::cq::{AsyncCq, Shared};
 use super::op::Operation;
+use super::waiters::{NO_SLOT, wr_id};
 use crate::channel::CqId;
 use crate::cq::Completion;
 use crate::error::Error;
@@ -20,6 +21,10 @@ use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr, Sges};
 /// outstanding; from then on every request goes through this wrapper, which
 /// numbers them itself (the `wr_id` you give is replaced; read the
 /// completion's `wr_id` to match requests posted with the `post_*` methods).
+/// A `wr_id` is the request's number shifted left by 24 bits, the low 24
+/// naming an awaited request's slot in its CQ's waiter slab (all ones for
+/// `post_*`): `wr_id >> 24` counts the QP's requests, and `wr_id`s grow
+/// with it.
 /// All methods take `&self`: share it between tasks with an `Arc`.
 ///
 /// # Cancel safety
@@ -169,8 +174,14 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         }
     }
 
-    fn id(&self) -> u64 {
+    /// The next request number.
+    fn seq(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The `wr_id` of a request nobody awaits: its number, no slot.
+    fn id(&self) -> u64 {
+        wr_id(self.seq(), NO_SLOT)
     }
 }
 
@@ -179,11 +190,9 @@ impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
     /// the receive was flushed). Waits for room when the receive queue is full.
     pub fn recv(
         &self,
-        mut wr: RecvWr,
+        wr: RecvWr,
     ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
-        let key = (self.qp_num, Queue::Recv, self.id());
-        wr.wr_id = key.2;
-        Operation::new(self, &self.recv, key, wr)
+        Operation::new(self, &self.recv, self.seq(), wr)
     }
 
     /// A receive into the whole of `buf`: `recv(RecvWr::new(_, buf))`.
@@ -211,10 +220,8 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
         &'a self,
         mut wr: SendWr<'a>,
     ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + 'a {
-        let key = (self.qp_num, Queue::Send, self.id());
-        wr.wr_id = key.2;
         wr.flags |= crate::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        Operation::new(self, &self.send, key, wr)
+        Operation::new(self, &self.send, self.seq(), wr)
     }
 
     /// SENDs the whole of `src` and waits for its completion.
@@ -262,25 +269,36 @@ pub(super) trait PostOn<T: QpType, S: QpState> {
     const SEND: bool;
     fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError>;
     fn into_buffers(self) -> Sges;
+    fn set_wr_id(&mut self, wr_id: u64);
 }
 
 impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
     const SEND: bool = true;
+    // Inlined, so that the request goes from its future into the ring
+    // without a copy for the call.
+    #[inline(always)]
     fn post_on(self, qp: &mut Qp<Rc, S>) -> std::result::Result<(), PostError> {
         qp.post_send(self)
     }
     fn into_buffers(self) -> Sges {
         SendWr::into_buffers(self)
     }
+    fn set_wr_id(&mut self, wr_id: u64) {
+        self.wr_id = wr_id;
+    }
 }
 
 impl<T: Connected, S: CanPostRecv> PostOn<T, S> for RecvWr {
     const SEND: bool = false;
+    #[inline(always)]
     fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError> {
         qp.post_recv(self)
     }
     fn into_buffers(self) -> Sges {
         RecvWr::into_buffers(self)
+    }
+    fn set_wr_id(&mut self, wr_id: u64) {
+        self.wr_id = wr_id;
     }
 }
 
