@@ -30,11 +30,20 @@ pub(crate) struct Routes {
     closed: bool,
 }
 
-/// One id's events, read and acknowledged, and the task waiting for them.
+/// One id's events, read and acknowledged, and the tasks waiting for them
+/// (usually one; a listener's requests may be awaited from several).
 #[derive(Default)]
 struct Slot {
     events: VecDeque<CmEvent>,
-    waker: Option<Waker>,
+    wakers: Vec<Waker>,
+}
+
+impl Slot {
+    fn wake(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+    }
 }
 
 impl SharedChannel {
@@ -72,9 +81,7 @@ impl SharedChannel {
         let mut routes = self.lock();
         routes.closed = true;
         for slot in routes.slots.values_mut() {
-            if let Some(w) = slot.waker.take() {
-                w.wake();
-            }
+            slot.wake();
         }
     }
 
@@ -121,9 +128,7 @@ impl SharedChannel {
             }
             let slot = routes.slots.entry(key).or_default();
             slot.events.push_back(event);
-            if let Some(w) = slot.waker.take() {
-                w.wake();
-            }
+            slot.wake();
         }
     }
 
@@ -216,7 +221,9 @@ impl Routes {
             }));
         }
         let slot = self.slots.entry(raw.as_ptr() as usize).or_default();
-        slot.waker = Some(cx.waker().clone());
+        if !slot.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            slot.wakers.push(cx.waker().clone());
+        }
         Poll::Pending
     }
 }
