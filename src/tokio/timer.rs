@@ -374,3 +374,47 @@ fn timerfd() -> Result<OwnedFd> {
     // SAFETY: a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits of one runtime share its timer: each ends at its own deadline
+    /// whatever order they were made in, a future that ends first wins, and
+    /// cancelled waits do not pile up in the heap.
+    #[test]
+    fn waits_share_one_timer_and_end_at_their_deadlines() {
+        let rt = ::tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let t0 = Instant::now();
+            let mut set = ::tokio::task::JoinSet::new();
+            for i in (1..=20u64).rev() {
+                set.spawn(async move {
+                    let r = timeout(Duration::from_millis(10 * i), std::future::pending::<()>());
+                    assert!(r.await.unwrap().is_none());
+                    (i, t0.elapsed())
+                });
+            }
+            assert_eq!(
+                timeout(Duration::from_secs(5), async { 7 }).await.unwrap(),
+                Some(7)
+            );
+            while let Some(j) = set.join_next().await {
+                let (i, at) = j.unwrap();
+                assert!(at >= Duration::from_millis(10 * i), "{i}: {at:?}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+            let timers = Timers::current().unwrap();
+            assert!(Arc::ptr_eq(&timers, &Timers::current().unwrap()));
+            for _ in 0..1000 {
+                timeout(Duration::from_secs(60), async {}).await.unwrap();
+            }
+            let d = timers.lock();
+            assert!(d.waits.is_empty());
+            assert!(d.heap.len() <= 65, "{}", d.heap.len());
+        });
+    }
+}
