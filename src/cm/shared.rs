@@ -192,15 +192,27 @@ impl Routes {
     }
 
     /// `raw`'s next event, or `Pending` with `cx`'s waker kept for when one
-    /// is routed to it. An error once nothing drives the channel.
+    /// is routed to it. While the channel's reader runs, this only looks at
+    /// the queue (the reader reads the channel, and a read here would mostly
+    /// find it empty: one more system call per wait); once it stopped, this
+    /// reads the channel itself before giving up with an error.
     pub(super) fn poll_for(
         &mut self,
         shared: &Arc<SharedChannel>,
         raw: NonNull<ffi::rdma_cm_id>,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Result<CmEvent>> {
-        if let Some(ev) = self.next_for(shared, raw)? {
+        let queued = self
+            .slots
+            .get_mut(&(raw.as_ptr() as usize))
+            .and_then(|s| s.events.pop_front());
+        if let Some(ev) = queued {
             return Poll::Ready(Ok(ev));
+        }
+        if self.closed {
+            if let Some(ev) = self.next_for(shared, raw)? {
+                return Poll::Ready(Ok(ev));
+            }
         }
         self.park(raw, cx)
     }
