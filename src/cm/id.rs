@@ -5,7 +5,9 @@ use crate::sys::call::verb;
 
 /// An rdma_cm identifier (`rdma_cm_id`): one end of a connection, or a listener.
 ///
-/// Owns its [`EventChannel`]. Dropping it destroys the id (`rdma_destroy_id`;
+/// Owns its [`EventChannel`] (the ids of the async layer, feature `tokio`,
+/// share one per runtime, which routes each event to its id). Dropping it
+/// destroys the id (`rdma_destroy_id`;
 /// a connected peer sees DISCONNECTED) once no QP created on it is left.
 /// All methods take `&self`; they are serialised internally. A blocking
 /// [`connect`](CmId::connect) holds the id only for each look at its events,
