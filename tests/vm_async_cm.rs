@@ -17,7 +17,7 @@ use rdma_verbs::cm::{CmEventKind, ConnParam};
 use rdma_verbs::event::AsyncEvent;
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::pd::Pd;
-use rdma_verbs::qp::{InitAttr, Qp, QpCaps, RecvWr};
+use rdma_verbs::qp::{InitAttr, Qp, QpCaps, Rc, RecvWr, Rts};
 use rdma_verbs::tokio::{AsyncChannel, AsyncCmId, AsyncCq, AsyncEventStream, AsyncQp, Listener};
 
 /// A runtime built without its IO driver gets a typed error from the
@@ -497,4 +497,160 @@ fn misuse_and_shutdown_end_in_errors_not_hangs() {
             .expect("must not hang once the driver's runtime is gone");
         assert!(r.is_err());
     });
+}
+
+/// How many connections `many_ids_on_one_runtime_each_get_their_own_events`
+/// sets up at once, and how many more abandon their connect.
+const MANY: u32 = 64;
+const ABANDONED: u32 = 8;
+
+/// The server of `many_ids_...`: accepts every request whose private data is
+/// below [`MANY`] (each on a task of its own: accept with `seq * 3`, send
+/// `seq + 1000`, wait for DISCONNECTED, answer it) and keeps the others
+/// unanswered until all [`MANY`] are served, then drops them (rejecting
+/// peers whose ids are gone).
+async fn many_server(listener: Listener) -> u32 {
+    let mut held = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    while (tasks.len() as u32) < MANY || (held.len() as u32) < ABANDONED {
+        let req = listener.request().await.unwrap();
+        let seq = u32::from_le_bytes(req.private_data()[..4].try_into().unwrap());
+        if seq >= MANY {
+            held.push(req);
+            continue;
+        }
+        tasks.spawn(async move {
+            let ctx = req.id().context().unwrap();
+            let pd = Pd::new(&ctx).unwrap();
+            let cq = AsyncCq::new(&ctx, 8).unwrap();
+            let qp = req
+                .id()
+                .create_qp(&pd, &cq.cq(), &cq.cq(), caps(4))
+                .unwrap();
+            let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+            let accept = ConnParam::new().private_data(&(seq * 3).to_le_bytes());
+            let (qp, mut id) = AsyncCmId::accept(req, qp, &accept, T).await.unwrap();
+            let reply = (seq + 1000).to_le_bytes();
+            qp.send(mr_with(&pd, &reply))
+                .await
+                .unwrap()
+                .result()
+                .unwrap();
+            let ev = tokio::time::timeout(T, id.event()).await.unwrap().unwrap();
+            assert_eq!(ev.kind, CmEventKind::Disconnected, "connection {seq}");
+            id.disconnect(T).await.unwrap();
+            seq
+        });
+    }
+    let mut served = 0;
+    while let Some(seq) = tasks.join_next().await {
+        assert!(seq.unwrap() < MANY);
+        served += 1;
+    }
+    drop(held);
+    served
+}
+
+/// One client of `many_ids_...`: connects with `seq`, checks the accept's
+/// private data and the server's message; gives the id and what it needs back.
+async fn many_client(server: SocketAddr, seq: u32) -> (AsyncCmId, AsyncQp<Rc, Rts>, AsyncCq) {
+    let mut id = AsyncCmId::resolve(server, T).await.unwrap();
+    let ctx = id.id().context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = AsyncCq::new(&ctx, 8).unwrap();
+    let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps(4)).unwrap();
+    let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+    qp.post_recv(RecvWr::new(
+        0,
+        pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap(),
+    ))
+    .unwrap();
+    let param = ConnParam::new().private_data(&seq.to_le_bytes());
+    let (qp, ev) = id.connect(qp, &param, T).await.unwrap();
+    assert_eq!(ev.kind, CmEventKind::Established);
+    assert_eq!(
+        ev.private_data[..4],
+        (seq * 3).to_le_bytes(),
+        "connection {seq}"
+    );
+    let mut got = tokio::time::timeout(T, cq.next()).await.unwrap().unwrap();
+    got.result().unwrap();
+    let got = got.take_mr().unwrap().to_vec().unwrap();
+    assert_eq!(got, (seq + 1000).to_le_bytes(), "connection {seq}");
+    (id, qp, cq)
+}
+
+/// A client that gives up: its connect's future is dropped while the server
+/// holds the request, then its id is dropped.
+async fn abandoning_client(server: SocketAddr, seq: u32) {
+    let mut id = AsyncCmId::resolve(server, T).await.unwrap();
+    let ctx = id.id().context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = AsyncCq::new(&ctx, 8).unwrap();
+    let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps(4)).unwrap();
+    let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+    let param = ConnParam::new().private_data(&seq.to_le_bytes());
+    let connect = id.connect(qp, &param, T);
+    let r = tokio::time::timeout(Duration::from_millis(300), connect).await;
+    assert!(
+        r.is_err(),
+        "the server holds the request: the connect waits"
+    );
+    drop(id);
+}
+
+/// The ids of one runtime share one event channel: 64 connections set up at
+/// once each get their own events (the accept's private data and a message,
+/// checked per connection), while 8 more clients drop their connect's future
+/// and their id mid-handshake, and 8 of the 64 drop their id with its own
+/// DISCONNECTED still unread. The other 56 then disconnect normally, and
+/// every id and QP is gone at the end.
+#[test]
+fn many_ids_on_one_runtime_each_get_their_own_events() {
+    let _g = serial();
+    let rt = runtime();
+    let before = counts();
+    rt.block_on(async {
+        let server = addr(7481);
+        let listener = Listener::bind(server, 128).unwrap();
+        let srv = tokio::spawn(many_server(listener));
+        let mut clients = tokio::task::JoinSet::new();
+        for seq in 0..MANY {
+            clients.spawn(async move { (seq, many_client(server, seq).await) });
+        }
+        for seq in MANY..MANY + ABANDONED {
+            tokio::spawn(abandoning_client(server, seq));
+        }
+        let mut up = Vec::new();
+        while let Some(r) = clients.join_next().await {
+            up.push(r.unwrap());
+        }
+        up.sort_by_key(|(seq, _)| *seq);
+        let mut closing = tokio::task::JoinSet::new();
+        for (seq, (mut id, qp, cq)) in up {
+            closing.spawn(async move {
+                if seq < ABANDONED {
+                    // Its DISCONNECTED comes once the server answers; the id
+                    // is dropped with it queued (or still in the kernel).
+                    id.id().disconnect().unwrap();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                } else {
+                    let t = Instant::now();
+                    id.disconnect(T).await.unwrap();
+                    assert!(t.elapsed() < T, "connection {seq}");
+                }
+                drop((qp, cq, id));
+            });
+        }
+        while let Some(r) = closing.join_next().await {
+            r.unwrap();
+        }
+        let served = tokio::time::timeout(T, srv).await.unwrap().unwrap();
+        assert_eq!(served, MANY);
+    });
+    drop(rt);
+    let after = counts();
+    for k in ["qp", "cq", "cm_id"] {
+        assert_eq!(before.get(k), after.get(k), "{k} count at the end");
+    }
 }

@@ -7,7 +7,8 @@ pub use crate::values::CmEventKind;
 /// An rdma_cm event channel (`rdma_event_channel`): the file descriptor the
 /// kernel reports an id's events on.
 ///
-/// Each [`CmId`] owns one (see the [module docs](crate::cm)); its descriptor is
+/// Each [`CmId`] owns one (the async layer's ids share one per runtime; see
+/// the [module docs](crate::cm)); its descriptor is
 /// non-blocking and private. An application's own `poll`/`epoll` set watches
 /// [`readiness`](Self::readiness) (readable = an event is waiting for
 /// [`CmId::get_event`] / [`CmId::try_event`]).

@@ -212,7 +212,7 @@ impl CmId {
         // Without the lock between polls: getters and other calls on this id
         // do not wait for the handshake (event readers and `disconnect` see
         // `connecting` and leave the id's events and QP alone).
-        let ev = self.inner.expect(Awaited::CONNECTED, timeout, false);
+        let ev = self.inner.expect(Awaited::CONNECTED, timeout);
         drop(handshake);
         let ev = ev?;
         // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm

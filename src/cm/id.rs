@@ -5,7 +5,9 @@ use crate::sys::call::verb;
 
 /// An rdma_cm identifier (`rdma_cm_id`): one end of a connection, or a listener.
 ///
-/// Owns its [`EventChannel`]. Dropping it destroys the id (`rdma_destroy_id`;
+/// Owns its [`EventChannel`] (the ids of the async layer, feature `tokio`,
+/// share one per runtime, which routes each event to its id). Dropping it
+/// destroys the id (`rdma_destroy_id`;
 /// a connected peer sees DISCONNECTED) once no QP created on it is left.
 /// All methods take `&self`; they are serialised internally. A blocking
 /// [`connect`](CmId::connect) holds the id only for each look at its events,
@@ -40,13 +42,7 @@ impl CmId {
             _ => return Err(Error::verb("rdma_create_id", last_errno())),
         };
         Ok(CmId {
-            inner: Arc::new(IdInner {
-                raw,
-                lock: Mutex::new(()),
-                connecting: AtomicBool::new(false),
-                groups: Mutex::new(Vec::new()),
-                channel,
-            }),
+            inner: Arc::new(IdInner::new(raw, IdChannel::Own(channel))),
         })
     }
 
@@ -61,13 +57,7 @@ impl CmId {
         });
         match moved {
             Ok(channel) => Ok(CmId {
-                inner: Arc::new(IdInner {
-                    raw: child,
-                    lock: Mutex::new(()),
-                    connecting: AtomicBool::new(false),
-                    groups: Mutex::new(Vec::new()),
-                    channel,
-                }),
+                inner: Arc::new(IdInner::new(child, IdChannel::Own(channel))),
             }),
             Err(e) => {
                 // SAFETY: child is ours and nothing else refers to it.
@@ -85,8 +75,11 @@ impl CmId {
 
     /// The id's event channel (for `poll`/`epoll` on its
     /// [`readiness`](EventChannel::readiness): readable = [`CmId::get_event`] has work).
+    ///
+    /// The ids of the async layer (feature `tokio`) share one channel per
+    /// runtime: its readiness then reports an event of any of them.
     pub fn channel(&self) -> &EventChannel {
-        &self.inner.channel
+        self.inner.event_channel()
     }
 
     /// Binds to a local address and port (`rdma_bind_addr`); port 0 picks one.
@@ -272,11 +265,11 @@ impl CmId {
     #[doc(alias = "rdma_get_cm_event")]
     #[doc(alias = "rdma_ack_cm_event")]
     pub fn try_event(&self) -> Result<Option<CmEvent>> {
-        let _g = self.inner.lock();
+        let mut g = self.inner.lock();
         if self.inner.connecting() {
             return Ok(None);
         }
-        self.inner.try_event_locked()
+        self.inner.try_event_locked(&mut g)
     }
 
     fn wait_event(
@@ -289,10 +282,10 @@ impl CmId {
         loop {
             // Sleep without the lock, so other calls on the id can proceed.
             let connecting = {
-                let _g = self.inner.lock();
+                let mut g = self.inner.lock();
                 let connecting = self.inner.connecting();
                 if !connecting {
-                    if let Some(ev) = self.inner.try_event_locked()? {
+                    if let Some(ev) = self.inner.try_event_locked(&mut g)? {
                         return Ok(ev);
                     }
                 }
@@ -307,7 +300,7 @@ impl CmId {
                 // sleep instead of polling it, and look again.
                 std::thread::sleep((deadline - now).min(CONNECTING_SLICE));
             } else {
-                poll_readable(self.inner.channel.fd(), deadline - now)?;
+                self.inner.sleep_for_event(deadline - now)?;
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The state one rdma_cm id shares with its QP and handshake: the id, its
-//! lock, its event channel, and whether a blocking wait owns its events.
+//! lock, its event channel (its own, or one shared with other ids), and
+//! whether a blocking wait owns its events.
 
 use super::*;
 use crate::sys::call::verb;
@@ -16,7 +17,26 @@ pub(super) struct IdInner {
     /// kernel leaves them when the id is destroyed.
     pub(super) groups: Mutex<Vec<Joined>>,
     /// Dropped after the id is destroyed.
-    pub(super) channel: EventChannel,
+    pub(super) channel: IdChannel,
+}
+
+/// Where an id's events arrive.
+pub(super) enum IdChannel {
+    /// A channel of the id's own: every event on it is the id's.
+    Own(EventChannel),
+    /// A channel shared with other ids, read under its lock and routed
+    /// (`cm/shared.rs`).
+    #[cfg(feature = "tokio")]
+    Shared(Arc<SharedChannel>),
+}
+
+/// The id's lock, and for an id on a shared channel the channel's lock
+/// too (taken second): what every librdmacm call on the id runs under.
+pub(super) struct IdGuard<'a> {
+    // Field order is drop order: the channel's lock is released first.
+    #[cfg(feature = "tokio")]
+    pub(super) routes: Option<MutexGuard<'a, Routes>>,
+    _id: MutexGuard<'a, ()>,
 }
 
 // SAFETY: librdmacm ids may be used from any thread; every call and field
@@ -27,29 +47,79 @@ unsafe impl Sync for IdInner {}
 
 impl Drop for IdInner {
     fn drop(&mut self) {
-        // SAFETY: raw came from rdma_create_id (or a connect request) and is
-        // destroyed only here; every event fetched for it was acknowledged, so
-        // this does not block; a QP created on it held an Arc to this inner, so
-        // it is gone, and id->qp is NULL (this module never leaves it set).
-        // A failure is ignored: Drop never panics.
-        unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+        // A QP created on the id held an Arc to this inner, so it is gone,
+        // and id->qp is NULL (this module never leaves it set).
+        match &self.channel {
+            IdChannel::Own(_) => {
+                // SAFETY: raw came from rdma_create_id (or a connect request)
+                // and is destroyed only here; every event fetched for it was
+                // acknowledged, so this does not block. A failure is ignored:
+                // Drop never panics.
+                unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+            }
+            // The events read for it and not taken are dropped here, after
+            // the channel's lock is released.
+            #[cfg(feature = "tokio")]
+            IdChannel::Shared(shared) => drop(shared.destroy_id(self.raw)),
+        }
     }
 }
 
 impl IdInner {
-    pub(super) fn lock(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    /// A new id's state, on `channel`.
+    pub(super) fn new(raw: NonNull<ffi::rdma_cm_id>, channel: IdChannel) -> IdInner {
+        IdInner {
+            raw,
+            lock: Mutex::new(()),
+            connecting: AtomicBool::new(false),
+            groups: Mutex::new(Vec::new()),
+            channel,
+        }
+    }
+
+    /// Takes the id's lock (and its shared channel's).
+    pub(super) fn lock(&self) -> IdGuard<'_> {
+        let id = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        IdGuard {
+            #[cfg(feature = "tokio")]
+            routes: match &self.channel {
+                IdChannel::Own(_) => None,
+                IdChannel::Shared(s) => Some(s.lock()),
+            },
+            _id: id,
+        }
+    }
+
+    /// The channel the id's events arrive on.
+    pub(super) fn event_channel(&self) -> &EventChannel {
+        match &self.channel {
+            IdChannel::Own(ch) => ch,
+            #[cfg(feature = "tokio")]
+            IdChannel::Shared(s) => &s.channel,
+        }
+    }
+
+    /// Whether the id shares its channel with other ids.
+    pub(super) fn is_shared(&self) -> bool {
+        !matches!(self.channel, IdChannel::Own(_))
     }
 
     pub(super) fn id(&self) -> *mut ffi::rdma_cm_id {
         self.raw.as_ptr()
     }
 
-    /// Fetches one event if one is waiting. Call with the lock held.
-    pub(super) fn try_event_locked(&self) -> Result<Option<CmEvent>> {
+    /// Fetches one event if one is waiting, with the lock `g` (this id's).
+    pub(super) fn try_event_locked(&self, g: &mut IdGuard<'_>) -> Result<Option<CmEvent>> {
+        #[cfg(feature = "tokio")]
+        if let (IdChannel::Shared(s), Some(routes)) = (&self.channel, g.routes.as_mut()) {
+            return routes.next_for(s, self.raw);
+        }
+        let _ = g;
         let mut ev: *mut ffi::rdma_cm_event = std::ptr::null_mut();
-        // SAFETY: valid channel (non-blocking, so this never sleeps); ev is an out-pointer.
-        let got = verb!(errno: unsafe { ffi::rdma_get_cm_event(self.channel.as_raw(), &mut ev) });
+        let ch = self.event_channel().as_raw();
+        // SAFETY: valid channel (non-blocking, so this never sleeps), the id's
+        // own, read under its lock; ev is an out-pointer.
+        let got = verb!(errno: unsafe { ffi::rdma_get_cm_event(ch, &mut ev) });
         if let Err(failed) = got {
             return match failed.errno() {
                 Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
@@ -71,23 +141,16 @@ impl IdInner {
         Ok(Some(event))
     }
 
-    /// Waits for the next event until `deadline`. With `locked`, the caller
-    /// holds the lock throughout; without, the lock is taken for each fetch
-    /// only, so other calls on the id proceed while this one sleeps.
+    /// Waits for the next event until `deadline`, taking the lock for each
+    /// fetch only, so other calls on the id proceed while this one sleeps.
     pub(super) fn next_event(
         &self,
         deadline: Instant,
         what: &'static str,
         total: Duration,
-        locked: bool,
     ) -> Result<CmEvent> {
         loop {
-            let ev = if locked {
-                self.try_event_locked()?
-            } else {
-                let _g = self.lock();
-                self.try_event_locked()?
-            };
+            let ev = self.try_event_locked(&mut self.lock())?;
             if let Some(ev) = ev {
                 return Ok(ev);
             }
@@ -95,32 +158,35 @@ impl IdInner {
             if now >= deadline {
                 return Err(Error::Timeout { what, after: total });
             }
-            poll_readable(self.channel.fd(), deadline - now)?;
+            self.sleep_for_event(deadline - now)?;
         }
     }
 
-    /// Waits for the event `awaited` names, up to its limit for `timeout`;
-    /// any other event (but the harmless ones) ends the wait with its error.
-    /// `locked` as in [`IdInner::next_event`].
-    pub(super) fn expect(
-        &self,
-        awaited: Awaited,
-        timeout: Duration,
-        locked: bool,
-    ) -> Result<CmEvent> {
+    /// Sleeps until the id's channel is readable or `left` passes. On a
+    /// shared channel, another thread may read the id's event meanwhile and
+    /// queue it: the sleep is cut to a slice, so the queue is looked at again.
+    pub(super) fn sleep_for_event(&self, left: Duration) -> Result<()> {
+        let left = if self.is_shared() {
+            left.min(CONNECTING_SLICE)
+        } else {
+            left
+        };
+        poll_readable(self.event_channel().fd(), left)
+    }
+
+    /// Waits for the event `awaited` names, up to its limit for `timeout`,
+    /// taking the lock for each look at the events only (see
+    /// [`IdInner::next_event`]); any other event (but the harmless ones)
+    /// ends the wait with its error.
+    pub(super) fn expect(&self, awaited: Awaited, timeout: Duration) -> Result<CmEvent> {
         let limit = awaited.limit(timeout);
         let deadline = deadline_after(limit);
         loop {
-            let ev = self.next_event(deadline, awaited.what, limit, locked)?;
+            let ev = self.next_event(deadline, awaited.what, limit)?;
             if let Some(r) = awaited.judge(ev) {
                 return r;
             }
         }
-    }
-
-    /// [`IdInner::expect`] with the lock held by the caller throughout.
-    pub(super) fn expect_locked(&self, awaited: Awaited, timeout: Duration) -> Result<CmEvent> {
-        self.expect(awaited, timeout, true)
     }
 
     /// Whether a blocking connect or resolve owns the id's events now. Call

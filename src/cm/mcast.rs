@@ -64,7 +64,7 @@ impl CmId {
             self.start_join_locked(qp, group)?;
             BlockingWaitGuard::mark(&self.inner)
         };
-        let ev = self.inner.expect(Awaited::MCAST_JOINED, timeout, false);
+        let ev = self.inner.expect(Awaited::MCAST_JOINED, timeout);
         self.finish_join(qp, group, ev)
     }
 

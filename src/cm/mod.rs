@@ -24,7 +24,8 @@
 //! # Ok::<(), rdma_verbs::Error>(())
 //! ```
 //!
-//! Every [`CmId`] owns its [`EventChannel`]; each event is copied into a
+//! Every [`CmId`] owns its [`EventChannel`] (the async layer's ids share one
+//! per runtime, with each event routed to its id); each event is copied into a
 //! [`CmEvent`] and acknowledged at once. Every wait takes a timeout and ends
 //! with [`Error::CmEvent`] (naming the event and what it usually means) or
 //! [`Error::Timeout { .. }`](Error::Timeout), never a hang. Event loops watch
@@ -66,6 +67,8 @@ mod mcast;
 mod param;
 mod request;
 mod resolve;
+#[cfg(feature = "tokio")]
+mod shared;
 mod ud;
 
 use addr::*;
@@ -78,6 +81,10 @@ use inner::*;
 use mcast::Joined;
 pub use param::ConnParam;
 pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
+#[cfg(feature = "tokio")]
+use shared::Routes;
+#[cfg(feature = "tokio")]
+pub(crate) use shared::SharedChannel;
 use ud::check_port_space;
 #[cfg(feature = "tokio")]
 pub(crate) use ud::ud_peer;

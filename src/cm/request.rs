@@ -21,7 +21,8 @@ pub struct ConnectRequest {
 }
 
 impl ConnectRequest {
-    /// The id of the new connection (moved to its own channel); use its
+    /// The id of the new connection (moved to a channel of its own, or on
+    /// the listener's when the async layer shares it); use its
     /// [`context`](CmId::context) for the PD and CQs and
     /// [`create_qp`](CmId::create_qp) for the QP to accept with.
     pub fn id(&self) -> &CmId {
@@ -65,19 +66,28 @@ impl ConnectRequest {
         let Some(cm) = self.id.take() else {
             return Err(busy_id());
         };
-        let qp = {
+        let handshake = {
             let _g = cm.inner.lock();
+            cm.inner.refuse_if_waiting()?;
             let id = cm.inner.id();
-            // SAFETY: the id's lock is held until after `attach` is dropped, and
-            // the QP outlives it.
+            // SAFETY: the lock is held while `attach` is a QpAttach: it becomes
+            // a Handshake (which re-locks to detach) before the lock is
+            // released; the QP outlives the Handshake (dropped below, and on
+            // unwinding before the parameter `qp`).
             let attach =
                 unsafe { attach_and_call(id, &qp, param, ffi::rdma_accept, "rdma_accept")? };
-            cm.inner.expect_locked(Awaited::ACCEPTED, timeout)?;
-            drop(attach);
-            // SAFETY: rdma_accept returned 0 only after moving the attached QP
-            // to RTR and RTS, and the peer confirmed (ESTABLISHED).
-            unsafe { qp.assume_state::<Rts>() }
+            cm.inner.connecting.store(true, Ordering::Relaxed);
+            Handshake::keep(&cm.inner, attach)
         };
+        // Without the lock between polls, as in `CmId::connect` (on a channel
+        // shared with other ids, a wait holding the lock would hold up their
+        // events too).
+        let ev = cm.inner.expect(Awaited::ACCEPTED, timeout);
+        drop(handshake);
+        ev?;
+        // SAFETY: rdma_accept returned 0 only after moving the attached QP
+        // to RTR and RTS, and the peer confirmed (ESTABLISHED).
+        let qp = unsafe { qp.assume_state::<Rts>() };
         Ok((qp, cm))
     }
 

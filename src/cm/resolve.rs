@@ -20,9 +20,7 @@ impl CmId {
             self.start_resolve_addr_locked(src, dst, timeout)?;
             BlockingWaitGuard::mark(&self.inner)
         };
-        self.inner
-            .expect(Awaited::ADDR_RESOLVED, timeout, false)
-            .map(drop)
+        self.inner.expect(Awaited::ADDR_RESOLVED, timeout).map(drop)
     }
 
     /// Calls `rdma_resolve_addr` (ADDR_RESOLVED or ADDR_ERROR follows). Call
@@ -70,7 +68,7 @@ impl CmId {
             BlockingWaitGuard::mark(&self.inner)
         };
         self.inner
-            .expect(Awaited::ROUTE_RESOLVED, timeout, false)
+            .expect(Awaited::ROUTE_RESOLVED, timeout)
             .map(drop)
     }
 

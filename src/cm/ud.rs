@@ -214,7 +214,7 @@ impl CmId {
             self.start_connect_ud_locked(qp, param)?;
             BlockingWaitGuard::mark(&self.inner)
         };
-        let ev = self.inner.expect(Awaited::UD_CONNECTED, timeout, false)?;
+        let ev = self.inner.expect(Awaited::UD_CONNECTED, timeout)?;
         Ok((ud_peer(qp, &ev)?, ev))
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ::tokio::io::unix::AsyncFd;
 
+use super::dispatch::shared_channel;
 use super::qp::AsyncQp;
 use super::{ReadinessFd, watch};
 use crate::cm::event::Awaited;
@@ -15,10 +16,13 @@ use crate::error::{Error, Result};
 use crate::qp::Rc;
 use crate::qp::{Init, Qp, QpState, Rts, Ud};
 
-/// A [`CmId`] whose events are awaited through its channel's readiness handle.
+/// A [`CmId`] whose events are awaited: routed to it from the runtime's
+/// shared channel (`dispatch.rs`), or, for an id with a channel of its own
+/// (a request taken on a blocking listener), through that channel's
+/// readiness handle.
 struct Watched {
     // Field order is drop order: deregister from tokio while the descriptor is open.
-    watched: AsyncFd<ReadinessFd>,
+    watched: Option<AsyncFd<ReadinessFd>>,
     id: CmId,
     /// DISCONNECTED was handed out (by `event` or a `disconnect`).
     disconnected: AtomicBool,
@@ -26,15 +30,45 @@ struct Watched {
 
 impl Watched {
     fn new(id: CmId) -> Result<Watched> {
-        let fd = id.channel().readiness()?.as_raw_fd();
-        // SAFETY: the readiness handle belongs to the id's channel, which the
-        // id owns; `watched` is declared before `id`, so it is dropped first.
-        let watched = unsafe { watch(fd, "registering an rdma_cm event channel with tokio")? };
+        let watched = if id.is_shared() {
+            None
+        } else {
+            let fd = id.channel().readiness()?.as_raw_fd();
+            // SAFETY: the readiness handle belongs to the id's channel, which
+            // the id owns; `watched` is declared before `id`, so it is dropped
+            // first.
+            Some(unsafe { watch(fd, "registering an rdma_cm event channel with tokio")? })
+        };
         Ok(Watched {
             watched,
             id,
             disconnected: AtomicBool::new(false),
         })
+    }
+
+    /// A new id on the current runtime's shared channel: RC, or UD if `ud`.
+    fn create(ud: bool) -> Result<Watched> {
+        Watched::new(CmId::new_on(&shared_channel()?, ud)?)
+    }
+
+    /// A new id on the runtime's shared channel, bound to `addr` and
+    /// listening.
+    fn listen(addr: SocketAddr, backlog: i32, ud: bool) -> Result<Watched> {
+        let w = Watched::create(ud)?;
+        w.id.bind(addr)?;
+        w.id.listen(backlog)?;
+        Ok(w)
+    }
+
+    /// Notes DISCONNECTED in `ev`.
+    fn note(&self, ev: Result<CmEvent>) -> Result<CmEvent> {
+        if ev
+            .as_ref()
+            .is_ok_and(|e| e.kind == CmEventKind::Disconnected)
+        {
+            self.disconnected.store(true, Ordering::Relaxed);
+        }
+        ev
     }
 
     /// The id's next event if one is there, noting DISCONNECTED.
@@ -49,13 +83,16 @@ impl Watched {
         Ok(ev)
     }
 
-    /// The id's next event. Cancel safe: an event is read only when returned.
+    /// The id's next event. Cancel safe: an event is taken only when returned.
     async fn event(&self) -> Result<CmEvent> {
+        let Some(watched) = &self.watched else {
+            return self.note(std::future::poll_fn(|cx| self.id.poll_event(cx)).await);
+        };
         loop {
             if let Some(ev) = self.try_event()? {
                 return Ok(ev);
             }
-            let mut ready = self.watched.readable().await.map_err(|source| Error::Io {
+            let mut ready = watched.readable().await.map_err(|source| Error::Io {
                 what: "waiting for rdma_cm events",
                 source,
             })?;
@@ -98,7 +135,7 @@ impl Listener {
     #[doc(alias = "rdma_listen")]
     pub fn bind(addr: SocketAddr, backlog: i32) -> Result<Listener> {
         Ok(Listener {
-            inner: Watched::new(CmId::listener(addr, backlog)?)?,
+            inner: Watched::listen(addr, backlog, false)?,
         })
     }
 
@@ -107,7 +144,7 @@ impl Listener {
     #[doc(alias = "rdma_listen")]
     pub fn bind_ud(addr: SocketAddr, backlog: i32) -> Result<Listener> {
         Ok(Listener {
-            inner: Watched::new(CmId::ud_listener(addr, backlog)?)?,
+            inner: Watched::listen(addr, backlog, true)?,
         })
     }
 
@@ -154,7 +191,7 @@ impl AsyncCmId {
     #[doc(alias = "rdma_resolve_addr")]
     #[doc(alias = "rdma_resolve_route")]
     pub async fn resolve(dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
-        AsyncCmId::resolve_on(CmId::new()?, dst, timeout).await
+        AsyncCmId::resolve_on(Watched::create(false)?, dst, timeout).await
     }
 
     /// [`resolve`](Self::resolve) for a UD id ([`CmId::new_ud`]). Next: the
@@ -163,7 +200,7 @@ impl AsyncCmId {
     #[doc(alias = "rdma_resolve_addr")]
     #[doc(alias = "rdma_resolve_route")]
     pub async fn resolve_ud(dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
-        AsyncCmId::resolve_on(CmId::new_ud()?, dst, timeout).await
+        AsyncCmId::resolve_on(Watched::create(true)?, dst, timeout).await
     }
 
     /// A new UD id bound to the device of `local`, with the multicast
@@ -178,14 +215,13 @@ impl AsyncCmId {
         group: SocketAddr,
         timeout: Duration,
     ) -> Result<AsyncCmId> {
-        let w = Watched::new(CmId::new_ud()?)?;
+        let w = Watched::create(true)?;
         w.id.start_resolve_addr_from(Some(local), group, timeout)?;
         w.expect(Awaited::ADDR_RESOLVED, timeout).await?;
         Ok(AsyncCmId { inner: w })
     }
 
-    async fn resolve_on(id: CmId, dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
-        let w = Watched::new(id)?;
+    async fn resolve_on(w: Watched, dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
         w.id.start_resolve_addr(dst, timeout)?;
         w.expect(Awaited::ADDR_RESOLVED, timeout).await?;
         w.id.start_resolve_route(timeout)?;

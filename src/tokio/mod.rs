@@ -41,6 +41,7 @@
 
 mod cm;
 mod cq;
+mod dispatch;
 mod driver;
 mod events;
 pub mod exchange;
