@@ -21,7 +21,7 @@ use crate::qp::{PostError, QpState, QpType};
 /// [`AsyncCq::next`](super::AsyncCq::next).
 ///
 /// Written out by hand rather than as nested `async fn`s: those carried the
-/// 232-byte request through a future per level, copied at each, and armed a
+/// request through a future per level, copied at each, and armed a
 /// `Notify` registration for every post; here the request is moved once
 /// into the future, the registration is made only when the queue is full,
 /// and the post registers the task's waker with the request, so that the
