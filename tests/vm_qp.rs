@@ -132,11 +132,17 @@ fn every_transition_and_query_after_each() {
     assert_eq!(a.query().unwrap().state, QpStateKind::Err);
     let a = a.reset().unwrap();
     assert_eq!(a.query().unwrap().state, QpStateKind::Reset);
+    // The next connection starts from a new PSN (the same one with
+    // probability 2^-24), so a packet of the old one cannot land in it.
+    let psn = a.psn();
+    assert_ne!(psn, ea.psn, "reset kept the PSN");
+    assert_eq!(a.endpoint(Some(gid)).unwrap().psn, psn);
     // A reset QP can be brought up again.
     let a = a.init(InitAttr::new(1, access)).unwrap();
     let a = a.rtr(RtrAttr::new(&eb, 1, mtu, Some(gid))).unwrap();
-    let a = a.rts(RtsAttr::new(ea.psn)).unwrap();
+    let a = a.rts(RtsAttr::new(psn)).unwrap();
     assert_eq!(a.query().unwrap().state, QpStateKind::Rts);
+    assert_eq!(a.query().unwrap().sq_psn, psn);
     drop(b);
 }
 

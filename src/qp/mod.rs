@@ -145,6 +145,8 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     }
 
     /// The PSN this side starts sending with (random, 24 bits; goes in the [`Endpoint`]).
+    /// [`reset`](Qp::reset) draws a new one, so read it after the reset for the next
+    /// connection's [`Endpoint`].
     pub fn psn(&self) -> u32 {
         self.core.psn
     }

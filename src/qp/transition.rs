@@ -137,7 +137,13 @@ impl<T: QpType, S: QpState> Qp<T, S> {
             qp_state: ffi::IBV_QPS_RESET,
             ..Default::default()
         };
-        self.transition((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))
+        let mut qp = self.transition::<Reset>((attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0))?;
+        // The QP keeps its number across RESET, and a provider may still put a
+        // packet of the old connection on the wire after the move (6.12's rxe
+        // runs the requester from a work queue). A fresh PSN keeps such a
+        // packet outside the next connection's window.
+        qp.core.psn = super::create::random_psn();
+        Ok(qp)
     }
 }
 
