@@ -28,7 +28,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::ledger::sges::Sges;
 
@@ -152,6 +152,10 @@ pub(crate) struct Ring {
     /// slots between the tail and here are retired or still in flight (only
     /// the consumer touches it).
     done_end: AtomicU64,
+    /// [`release_posted`](Ring::release_posted) emptied the ring after its QP
+    /// was destroyed: nothing is posted to it any more, so its drop has
+    /// nothing left to release.
+    released: AtomicBool,
 }
 
 // SAFETY: slot data is only touched by whoever won the slot's POSTED → EMPTY
@@ -185,6 +189,7 @@ impl Ring {
             out_of_order: false,
             held: std::sync::Mutex::new(Vec::new()),
             done_end: AtomicU64::new(0),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -438,6 +443,27 @@ impl Ring {
         }
     }
 
+    /// [`release_all`](Ring::release_all) for a QP's own queue whose producer
+    /// count is `head`, scanning only what can still be posted: the producer
+    /// fills the slot of `head` and advances `head` in one step, and the
+    /// consumer's tail passes only retired slots, so every posted request lies
+    /// in `tail..head`. A QP is created and destroyed with its rings nearly
+    /// empty, and scanning every slot of both rings was most of its cost.
+    /// Marks the ring released (see `released`).
+    ///
+    /// # Safety
+    /// The caller was this ring's producer, `head` its count, and it posts
+    /// nothing more (the QP is destroyed).
+    pub(crate) unsafe fn release_posted(&self, head: u64) {
+        let tail = self.tail.load(Ordering::Acquire);
+        for seq in tail..head {
+            if let Some(d) = self.claim(seq) {
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(d)));
+            }
+        }
+        self.released.store(true, Ordering::Relaxed);
+    }
+
     /// Retires the request with sequence number `seq32` (low 32 bits) and every
     /// request before it, moving its buffers to `bufs_out`.
     ///
@@ -629,8 +655,11 @@ unsafe fn drop_in_place_catching(bufs: *mut Sges, caught: &mut HeldPanic) {
 impl Drop for Ring {
     fn drop(&mut self) {
         // Reached only after the QP was destroyed (the NIC is done) or never
-        // posted to; release_all claimed everything already in the first case.
-        self.release_all();
+        // posted to; release_posted claimed everything already in the first
+        // case (the last owner's drop is ordered after its store).
+        if !*self.released.get_mut() {
+            self.release_all();
+        }
     }
 }
 
@@ -858,6 +887,26 @@ mod tests {
             }
             .is_recv()
         );
+    }
+
+    #[test]
+    fn release_posted_takes_what_is_between_tail_and_head() {
+        let ring = Ring::new(4, 1, 7);
+        let mut head = 0;
+        let mut lost = 0;
+        // Wrap the ring once so that `tail..head` straddles its end.
+        for i in 0..3 {
+            let t = post(&ring, &mut head, i, true);
+            assert_eq!(retire(&ring, t, &mut lost), Some(i));
+        }
+        let posted: Vec<u64> = (10..13).map(|i| post(&ring, &mut head, i, true)).collect();
+        // SAFETY: the test is the producer and posts nothing more.
+        unsafe { ring.release_posted(head) };
+        for t in posted {
+            assert_eq!(retire(&ring, t, &mut lost), None, "released");
+        }
+        assert!((0..4).all(|i| ring.slot(i).state.load(Ordering::Relaxed) == EMPTY));
+        assert_eq!(lost, 0);
     }
 
     #[test]

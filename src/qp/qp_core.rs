@@ -106,8 +106,12 @@ impl Drop for QpCore {
         // Release the buffers now (no need to wait for the CQ to be polled);
         // the rings stay registered until the CQs are polled empty, so that
         // completions still queued for this QP are recognised as stale.
-        self.sq.release_all();
-        self.rq.release_all();
+        // SAFETY: this core was the rings' only producer, the heads are its
+        // counts, and the QP is destroyed, so nothing more is posted.
+        unsafe {
+            self.sq.release_posted(self.sq_head);
+            self.rq.release_posted(self.rq_head);
+        }
         self.send_cq.rings.retire_destroyed(&self.sq, sq_drained);
         self.recv_cq.rings.retire_destroyed(&self.rq, rq_drained);
     }
