@@ -120,6 +120,12 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     /// its connection, and siw accepts the move out of ERR without making it (the QP
     /// stays in ERR, where a receive posted later is neither consumed nor flushed).
     /// Create a new QP instead.
+    ///
+    /// Linux 6.12's rxe races with a reset while the peer is still sending: its
+    /// responder can dereference a NULL receive WQE (a kernel oops), and a
+    /// receive after the reconnection was seen completing with a message not
+    /// sent on the new connection (docs/providers.md, "6.12's rxe"). There,
+    /// destroy the QP and create a new one instead.
     #[doc(alias = "ibv_modify_qp")]
     pub fn reset(self) -> Result<Qp<T, Reset>, TransitionError<Qp<T, S>>> {
         if self.core.pd.context().is_iwarp() {
