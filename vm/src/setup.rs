@@ -36,7 +36,7 @@ use initramfs::build_initramfs;
 use kernel::{Unpacked, cached_kernel_deb, download_kernel, extract_vmlinux};
 use packages::{busybox, ensure_packages};
 pub use siw::SIW_DEPENDENCIES;
-pub use userland::{Overlay, overlaid_release, overlays};
+pub use userland::{Overlay, VALGRIND_DEBUGINFO, overlaid_release, overlays};
 
 /// Debian packages the host needs: QEMU and busybox for the guest, kmod and xz for building
 /// it, rdma-core and the perftest/rdmacm tools that run inside it, and the headers, clang and

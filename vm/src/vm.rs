@@ -30,6 +30,7 @@
 //! The command's output never mixes with kernel messages (those go to console.log), and the
 //! virtio ports are byte-clean (no tty layer adding `\r`).
 
+use std::ffi::OsString;
 use std::fs;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -125,6 +126,30 @@ struct Guest {
     forwarders: Vec<thread::JoinHandle<()>>,
 }
 
+/// Points valgrind at the symbols of the C library another rdma-core brings (see
+/// `setup::VALGRIND_DEBUGINFO`), after any `VALGRIND_OPTS` of the caller's.
+fn valgrind_finds_debuginfo(env: &mut Vec<(OsString, OsString)>, assets: &VmAssets) {
+    let dir = assets
+        .dir
+        .join(format!("rdma-core-{}", assets.choice.rdma_core))
+        .join(crate::setup::VALGRIND_DEBUGINFO);
+    if !dir.is_dir() {
+        return;
+    }
+    let mut opts = env
+        .iter()
+        .find(|(n, _)| n == "VALGRIND_OPTS")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    env.retain(|(n, _)| n != "VALGRIND_OPTS");
+    if !opts.is_empty() {
+        opts.push(" ");
+    }
+    opts.push("--extra-debuginfo-path=");
+    opts.push(dir.as_os_str());
+    env.push(("VALGRIND_OPTS".into(), opts));
+}
+
 /// Writes the per-run scripts and starts QEMU for `inv` on `topology`.
 fn start(
     assets: &VmAssets,
@@ -152,6 +177,7 @@ fn start(
             RDMA_CORE_ENV.into(),
             assets.choice.rdma_core.to_string().into(),
         ));
+        valgrind_finds_debuginfo(&mut env, assets);
     }
     write(&run_dir.path.join("command.sh"), &command_script(inv, &env)).map_err(boot)?;
     write(

@@ -22,9 +22,11 @@ use crate::choice::RdmaCore;
 use crate::cmd::run_checked;
 use crate::{Context, Error, Result};
 
-/// The packages of the rdma-core 56 tree, with the C library its libraries need.
+/// The packages of the rdma-core 56 tree, with the C library its libraries need and that
+/// library's detached symbols (valgrind needs the loader's, see [`VALGRIND_DEBUGINFO`]).
 const DEB13_PACKAGES: &[&str] = &[
     "libc6",
+    "libc6-dbg",
     "libibverbs1",
     "ibverbs-providers",
     "librdmacm1t64",
@@ -40,6 +42,18 @@ const OVERLAID_DIRS: &[(&str, bool)] = &[
     ("usr/bin", false),
     ("etc/libibverbs.d", false),
 ];
+
+/// The directory, beside the tree, where valgrind finds the tree's C library symbols
+/// (`--extra-debuginfo-path`). Valgrind refuses to start without the loader's `strlen`, and
+/// the host's `/usr/lib/debug` holds the symbols of the host's loader, not of this one. It
+/// looks a detached file up there by the object's directory and its `.gnu_debuglink` name,
+/// which on Debian is the file's name under `.build-id/`: each is linked from the
+/// directories the loader and the C library are loaded from.
+pub const VALGRIND_DEBUGINFO: &str = "debuginfo";
+
+/// The directories, as the guest's programs load them, of the libraries whose symbols
+/// [`VALGRIND_DEBUGINFO`] carries.
+const LIBRARY_DIRS: &[&str] = &["lib64", "lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu"];
 
 /// One file of the tree laid over one of the host's: both paths are canonical (no symlink
 /// left), so the guest's mount of `source` on `/host` + `target` stays inside the host root.
@@ -70,9 +84,10 @@ pub(super) fn ensure_userland(dir: &Path, rdma_core: RdmaCore) -> Result<Vec<Ove
     let set_dir = dir.join(format!("rdma-core-{rdma_core}"));
     fs::create_dir_all(&set_dir).context(|| format!("cannot create {}", set_dir.display()))?;
     let root = set_dir.join("root");
-    let stamp = format!("{suite} {DEB13_PACKAGES:?}\n");
+    let stamp = format!("{suite} {DEB13_PACKAGES:?} {LIBRARY_DIRS:?}\n");
     if !is_current(&root, &stamp) {
         unpack_set(&set_dir, suite, &root)?;
+        link_debuginfo(&root, &set_dir.join(VALGRIND_DEBUGINFO))?;
         write_stamp(&root, &stamp)?;
     }
     overlays(&root, Path::new("/"))
@@ -96,6 +111,36 @@ fn unpack_set(set_dir: &Path, suite: &'static str, root: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(root);
     fs::rename(&scratch, root).context(|| format!("cannot move the tree to {}", root.display()))?;
     let _ = fs::remove_dir_all(&debs);
+    Ok(())
+}
+
+/// Links every detached symbol file of the tree at `root` (`usr/lib/debug/.build-id/*/*`)
+/// into each of [`LIBRARY_DIRS`] under `out` (replaced whole), by its own name.
+fn link_debuginfo(root: &Path, out: &Path) -> Result<()> {
+    let _ = fs::remove_dir_all(out);
+    let ids = root.join("usr/lib/debug/.build-id");
+    let mut files = Vec::new();
+    for prefix in fs::read_dir(&ids).context(|| format!("cannot read {}", ids.display()))? {
+        let Ok(prefix) = prefix else { continue };
+        let Ok(entries) = fs::read_dir(prefix.path()) else {
+            continue;
+        };
+        files.extend(
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "debug") && p.is_file()),
+        );
+    }
+    for dir in LIBRARY_DIRS {
+        let d = out.join(dir);
+        fs::create_dir_all(&d).context(|| format!("cannot create {}", d.display()))?;
+        for f in &files {
+            let link = d.join(f.file_name().unwrap_or_default());
+            std::os::unix::fs::symlink(f, &link)
+                .context(|| format!("cannot link {}", link.display()))?;
+        }
+    }
     Ok(())
 }
 
