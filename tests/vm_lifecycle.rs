@@ -156,7 +156,9 @@ fn random_lifecycle() {
 /// The memcheck run: this binary's `random_lifecycle` again, under valgrind,
 /// with fewer steps (`RDMA_VERBS_LIFECYCLE_VALGRIND_STEPS`, default 2,000;
 /// about 30 s in the soft-RoCE guest). Any memcheck error, definite leak or
-/// test failure fails it; the seed is printed by the child.
+/// test failure fails it; the seed is printed by the child. The child's output
+/// passes through this test's, and a walk the device cannot run (an
+/// `Error::Unsupported` of the child's) is named in this test's failure too.
 #[test]
 fn random_lifecycle_under_valgrind() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -179,11 +181,17 @@ fn random_lifecycle_under_valgrind() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(STEPS_ENV, steps.to_string());
+        .env(STEPS_ENV, steps.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => panic!("cannot run valgrind ({e}); `cargo xtask setup` installs it"),
     };
+    let echoes = [
+        echo_lines(child.stdout.take().expect("piped stdout"), false),
+        echo_lines(child.stderr.take().expect("piped stderr"), true),
+    ];
     let end = Instant::now() + Duration::from_secs(600);
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait for valgrind") {
@@ -195,10 +203,43 @@ fn random_lifecycle_under_valgrind() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    let unsupported = echoes
+        .into_iter()
+        .filter_map(|e| e.join().expect("echo thread"))
+        .next();
+    if let (false, Some(line)) = (status.success(), unsupported) {
+        panic!(
+            "valgrind run of random_lifecycle ({steps} steps): the walk needs what the device lacks: {line}"
+        );
+    }
     assert!(
         status.success(),
         "valgrind run of random_lifecycle ({steps} steps) failed: {status} (99: memcheck errors; see the seed above)"
     );
+}
+
+/// Copies `from`'s lines to this test's stdout (stderr if `err`), where the
+/// harness keeps them with the test's output; returns the first line that names
+/// an unsupported feature (the crate's `Error::Unsupported`).
+fn echo_lines(
+    from: impl std::io::Read + Send + 'static,
+    err: bool,
+) -> std::thread::JoinHandle<Option<String>> {
+    use std::io::BufRead;
+    std::thread::spawn(move || {
+        let mut unsupported = None;
+        for line in std::io::BufReader::new(from).lines().map_while(Result::ok) {
+            if err {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+            if unsupported.is_none() && line.contains(" is not supported: ") {
+                unsupported = Some(line);
+            }
+        }
+        unsupported
+    })
 }
 
 /// `wrs` as an iterator that panics (with [`INJECTED`]) when asked for item `p`.

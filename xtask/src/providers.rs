@@ -358,13 +358,28 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
     let mut binary = String::new();
     let mut running: Option<String> = None;
     let mut failure_of: Option<usize> = None;
+    // Harnesses seen in this binary: a second one is a child's (a test that runs
+    // the binary again, under valgrind), whose lines up to its `test result:`
+    // are that test's output, not rows.
+    let (mut harnesses, mut nested) = (0, false);
     // A hung test's line ("test x ... ") has no newline before the exit marker.
     let output = output.replace("@@exit ", "\n@@exit ");
     for line in output.lines() {
+        if nested && !line.starts_with("@@") {
+            nested = !line.starts_with("test result: ");
+            continue;
+        }
+        if is_harness_start(line) {
+            harnesses += 1;
+            nested = harnesses > 1;
+            continue;
+        }
         if let Some(name) = line.strip_prefix("@@binary ") {
             binary = name.trim().to_owned();
             failure_of = None;
+            (harnesses, nested) = (0, false);
         } else if line.starts_with("@@exit ") {
+            nested = false;
             // A test that started and never finished hung until the limit.
             if let Some(test) = running.take() {
                 rows.push((test, "fail"));
@@ -424,6 +439,13 @@ const DEVIATION: &str = "DEVIATION: ";
 /// message (`... is not supported: ...`, from `{}`) or its `Debug` form (`Unsupported {
 /// verb: ...`, from `unwrap`/`expect` on a `Result` holding it, also inside `PostError` or
 /// `TransitionError`).
+/// A test harness's first line: `running N test(s)`.
+fn is_harness_start(line: &str) -> bool {
+    line.strip_prefix("running ")
+        .and_then(|l| l.strip_suffix(" tests").or_else(|| l.strip_suffix(" test")))
+        .is_some_and(|n| n.parse::<u64>().is_ok())
+}
+
 fn is_unsupported(line: &str) -> bool {
     line.contains(" is not supported: ") || line.contains("Unsupported { verb: ")
 }
@@ -559,5 +581,41 @@ mod tests {
         assert_eq!(cell_file(cells[0]), "6.12-rxe-56");
         assert_eq!(cell_file(cells[1]), "6.1-siw");
         assert!(parse_cells("6.12/rxe/50").is_err());
+    }
+
+    #[test]
+    fn a_child_harness_in_a_tests_output_adds_no_rows() {
+        // The valgrind test runs the binary's walk again; the child's harness
+        // lines, inline or in the test's captured output, are not rows.
+        let out = "@@binary vm_lifecycle\n\
+                   running 3 tests\n\
+                   test walk ... FAILED\n\
+                   test valgrind ... ==1== Memcheck\n\
+                   running 1 test\n\
+                   test walk ... FAILED\n\
+                   failures:\n\
+                   ---- walk stdout ----\n\
+                   EINVAL\n\
+                   test result: FAILED. 0 passed; 1 failed\n\
+                   FAILED\n\
+                   test after ... ok\n\
+                   failures:\n\
+                   ---- walk stdout ----\n\
+                   connect: ibv_modify_qp(RTR) is not supported: siw0 is an iWARP device\n\
+                   ---- valgrind stdout ----\n\
+                   running 1 test\n\
+                   test walk ... ok\n\
+                   test result: ok. 1 passed\n\
+                   the walk needs what the device lacks: x is not supported: y\n\
+                   test result: FAILED. 1 passed; 2 failed\n\
+                   @@exit vm_lifecycle 101\n";
+        assert_eq!(
+            classify(out),
+            [
+                ("vm_lifecycle::walk".to_owned(), "unsupported"),
+                ("vm_lifecycle::valgrind".to_owned(), "unsupported"),
+                ("vm_lifecycle::after".to_owned(), "pass"),
+            ]
+        );
     }
 }
