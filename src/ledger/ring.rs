@@ -445,9 +445,9 @@ impl Ring {
 
     /// [`release_all`](Ring::release_all) for a QP's own queue whose producer
     /// count is `head`, scanning only what can still be posted: the producer
-    /// fills the slot of `head` and advances `head` in one step, and the
-    /// consumer's tail passes only retired slots, so every posted request lies
-    /// in `tail..head`. A QP is created and destroyed with its rings nearly
+    /// advances `head` right after filling its slot, with nothing between that
+    /// can unwind, takes slots back before moving `head` back, and the tail
+    /// never passes a posted slot, so every posted request lies in `tail..head`. A QP is created and destroyed with its rings nearly
     /// empty, and scanning every slot of both rings was most of its cost.
     /// Marks the ring released (see `released`).
     ///
