@@ -234,7 +234,9 @@ fn echo_lines(
             } else {
                 println!("{line}");
             }
-            if unsupported.is_none() && line.contains(" is not supported: ") {
+            let names_unsupported =
+                line.contains(" is not supported: ") || line.contains("Unsupported { verb: ");
+            if unsupported.is_none() && names_unsupported {
                 unsupported = Some(line);
             }
         }

@@ -261,7 +261,8 @@ impl<T: QpType, S: QpState> Qp<T, S> {
     fn iwarp_reset_refused(self) -> TransitionError<Qp<T, S>> {
         let error = self.core.pd.context().iwarp_unsupported(
             "ibv_modify_qp(RESET)",
-            "a way back to RESET: an iWARP QP belongs to its connection, and siw leaves              it in ERR (later receives are neither consumed nor flushed); create a new QP",
+            "way back to RESET: an iWARP QP belongs to its connection, and siw leaves it in \
+             ERR (later receives are neither consumed nor flushed); create a new QP",
         );
         TransitionError { qp: self, error }
     }
