@@ -45,9 +45,24 @@ impl VerbFailure {
     }
 }
 
-/// The calling thread's errno as an `io::Error`.
+/// The calling thread's errno as an `io::Error`; errno 0 (the call failed
+/// without setting it) as an error that says so.
 pub(crate) fn last_errno() -> io::Error {
-    io::Error::last_os_error()
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(0) {
+        return io::Error::other("it failed without setting errno (a provider's own refusal)");
+    }
+    e
+}
+
+/// Sets the calling thread's errno to 0 before a verb that reports failure
+/// through errno: a provider can fail in user space without setting it (siw's
+/// `ibv_create_cq` was seen to), and the errno of an earlier, unrelated call
+/// (a futex's or a non-blocking read's `EAGAIN`) would then name the failure.
+#[inline]
+pub(crate) fn clear_errno() {
+    // SAFETY: __errno_location returns the calling thread's errno, valid for writes.
+    unsafe { *libc::__errno_location() = 0 };
 }
 
 /// An errno value returned directly (ibv_* functions that return the errno).
@@ -91,6 +106,7 @@ pub(crate) const fn c_name(binding: &'static str) -> &'static str {
 /// ```
 macro_rules! verb {
     (ptr: $unsafe:tt $call:tt) => {{
+        $crate::sys::call::clear_errno();
         match ::core::ptr::NonNull::new($unsafe $call) {
             Some(raw) => Ok(raw),
             None => Err($crate::sys::call::VerbFailure::last(
@@ -117,6 +133,7 @@ macro_rules! verb {
         }
     }};
     (errno: $unsafe:tt $call:tt) => {{
+        $crate::sys::call::clear_errno();
         match $unsafe $call {
             0 => Ok(()),
             _ => Err($crate::sys::call::VerbFailure::last(
@@ -162,6 +179,21 @@ mod tests {
         assert_eq!(e.errno(), Some(libc::ENOMEM));
         // SAFETY: as above.
         assert!(verb!(rc: unsafe { ffi::___ibv_fake(0) }).is_ok());
+    }
+
+    #[test]
+    fn a_failure_without_errno_is_not_blamed_on_an_older_call() {
+        // An earlier call's errno, as a futex or a non-blocking read leaves it.
+        // SAFETY: the calling thread's errno, valid for writes.
+        unsafe { *libc::__errno_location() = libc::EAGAIN };
+        // SAFETY: a plain function without preconditions; it sets no errno.
+        let e = verb!(ptr: unsafe { ffi::ibv_fake_ptr(std::ptr::null_mut()) }).unwrap_err();
+        assert_eq!(e.errno(), None);
+        assert!(
+            e.source.to_string().contains("without setting errno"),
+            "{}",
+            e.source
+        );
     }
 
     #[test]
