@@ -539,12 +539,7 @@ impl<'a> SendWr<'a> {
                 compare,
                 swap,
             } => {
-                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr.wrapping_add(*offset),
-                    compare_add: *compare,
-                    swap: *swap,
-                    rkey: remote.rkey,
-                };
+                wr.wr.atomic = atomic_fields(remote, *offset, *compare, *swap);
                 (ffi::IBV_WR_ATOMIC_CMP_AND_SWP, None)
             }
             FetchAdd {
@@ -552,12 +547,7 @@ impl<'a> SendWr<'a> {
                 offset,
                 add,
             } => {
-                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr.wrapping_add(*offset),
-                    compare_add: *add,
-                    swap: 0,
-                    rkey: remote.rkey,
-                };
+                wr.wr.atomic = atomic_fields(remote, *offset, *add, 0);
                 (ffi::IBV_WR_ATOMIC_FETCH_AND_ADD, None)
             }
             Flush {
@@ -568,12 +558,12 @@ impl<'a> SendWr<'a> {
                 level,
             } => {
                 // The builders' replay (`SendEx::build`) passes these to `ibv_wr_flush`.
-                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr.wrapping_add(*offset),
-                    compare_add: *len,
-                    swap: u64::from(*placement) | u64::from(*level) << 8,
-                    rkey: remote.rkey,
-                };
+                wr.wr.atomic = atomic_fields(
+                    remote,
+                    *offset,
+                    *len,
+                    u64::from(*placement) | u64::from(*level) << 8,
+                );
                 (ffi::IBV_WR_FLUSH, None)
             }
             AtomicWrite {
@@ -583,12 +573,7 @@ impl<'a> SendWr<'a> {
             } => {
                 // The builders' replay (`SendEx::build`) passes the address of
                 // `compare_add` to `ibv_wr_atomic_write`.
-                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: remote.addr.wrapping_add(*offset),
-                    compare_add: *value,
-                    swap: 0,
-                    rkey: remote.rkey,
-                };
+                wr.wr.atomic = atomic_fields(remote, *offset, *value, 0);
                 (ffi::IBV_WR_ATOMIC_WRITE, None)
             }
         };
@@ -602,6 +587,23 @@ impl<'a> SendWr<'a> {
         if let Some(imm) = self.imm {
             wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
+    }
+}
+
+/// The atomic-shaped part of a C work request (atomics, ATOMIC_WRITE, FLUSH):
+/// the target at `remote` + `offset` and the two 64-bit operands.
+#[inline(always)]
+fn atomic_fields(
+    remote: &RemoteMr,
+    offset: u64,
+    compare_add: u64,
+    swap: u64,
+) -> ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+        remote_addr: remote.addr.wrapping_add(offset),
+        compare_add,
+        swap,
+        rkey: remote.rkey,
     }
 }
 
