@@ -17,7 +17,7 @@ use rdma_verbs::cm::{CmEventKind, ConnParam};
 use rdma_verbs::event::AsyncEvent;
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::pd::Pd;
-use rdma_verbs::qp::{InitAttr, Qp, QpCaps, Rc, RecvWr, Rts};
+use rdma_verbs::qp::{Init, InitAttr, Qp, QpCaps, Rc, RecvWr, Rts};
 use rdma_verbs::tokio::{AsyncChannel, AsyncCmId, AsyncCq, AsyncEventStream, AsyncQp, Listener};
 
 /// A runtime built without its IO driver gets a typed error from the
@@ -551,15 +551,22 @@ async fn many_server(listener: Listener) -> u32 {
     served
 }
 
-/// One client of `many_ids_...`: connects with `seq`, checks the accept's
-/// private data and the server's message; gives the id and what it needs back.
-async fn many_client(server: SocketAddr, seq: u32) -> (AsyncCmId, AsyncQp<Rc, Rts>, AsyncCq) {
-    let mut id = AsyncCmId::resolve(server, T).await.unwrap();
+/// A client of `many_ids_...` up to its connect: the id resolved towards
+/// `server`, and its PD, QP and CQ.
+async fn resolved_client(server: SocketAddr) -> (AsyncCmId, Pd, AsyncQp<Rc, Init>, AsyncCq) {
+    let id = AsyncCmId::resolve(server, T).await.unwrap();
     let ctx = id.id().context().unwrap();
     let pd = Pd::new(&ctx).unwrap();
     let cq = AsyncCq::new(&ctx, 8).unwrap();
     let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps(4)).unwrap();
     let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+    (id, pd, qp, cq)
+}
+
+/// One client of `many_ids_...`: connects with `seq`, checks the accept's
+/// private data and the server's message; gives the id and what it needs back.
+async fn many_client(server: SocketAddr, seq: u32) -> (AsyncCmId, AsyncQp<Rc, Rts>, AsyncCq) {
+    let (mut id, pd, qp, cq) = resolved_client(server).await;
     qp.post_recv(RecvWr::new(
         0,
         pd.alloc_mr(4, AccessFlags::LOCAL_WRITE).unwrap(),
@@ -583,12 +590,7 @@ async fn many_client(server: SocketAddr, seq: u32) -> (AsyncCmId, AsyncQp<Rc, Rt
 /// A client that gives up: its connect's future is dropped while the server
 /// holds the request, then its id is dropped.
 async fn abandoning_client(server: SocketAddr, seq: u32) {
-    let mut id = AsyncCmId::resolve(server, T).await.unwrap();
-    let ctx = id.id().context().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = AsyncCq::new(&ctx, 8).unwrap();
-    let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps(4)).unwrap();
-    let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+    let (mut id, _pd, qp, _cq) = resolved_client(server).await;
     let param = ConnParam::new().private_data(&seq.to_le_bytes());
     let connect = id.connect(qp, &param, T);
     let r = tokio::time::timeout(Duration::from_millis(300), connect).await;

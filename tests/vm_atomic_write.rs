@@ -21,12 +21,7 @@ fn device_has_atomic_write(ctx: &rdma_verbs::context::Context) -> bool {
     if common::iwarp(ctx) {
         return false;
     }
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap(), parts.next().unwrap()) >= (6, 2)
+    common::kernel_version() >= (6, 2)
 }
 
 #[test]

@@ -19,12 +19,7 @@ use rdma_verbs::qp::{FlushPlacement, SendApi, SendWr};
 
 /// Whether the kernel is 6.2 or newer (rxe's FLUSH and its MR access flags).
 fn kernel_has_flush() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap(), parts.next().unwrap()) >= (6, 2)
+    common::kernel_version() >= (6, 2)
 }
 
 /// Whether the runner gave the guest rdma-core 56.

@@ -448,6 +448,22 @@ fn mckey_args(g: Ipv4Addr, bind: IpAddr, n: usize, size: usize, send: bool) -> V
 
 /// Packets the device `dev` has put on the wire (rxe's `sent_pkts` counter;
 /// `None` where the provider has no such counter).
+/// Runs the sender `spawn` starts (`mckey -s` or ours) to a clean end and
+/// returns how many packets device `dev` sent meanwhile, where it counts them.
+fn send_counted(dev: &str, deadline: Instant, spawn: impl FnOnce() -> Proc) -> Option<u64> {
+    let before = sent_pkts(dev);
+    done(
+        spawn(),
+        deadline,
+        &[
+            "initiating data transfers",
+            "data transfers complete",
+            "return status 0",
+        ],
+    );
+    before.zip(sent_pkts(dev)).map(|(b, a)| a - b)
+}
+
 fn sent_pkts(dev: &str) -> Option<u64> {
     let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/sent_pkts");
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -489,18 +505,9 @@ fn one_sender_to_receivers(sender: &str, receivers: &[&str], g: Ipv4Addr, n: usi
         wait_for_line(&mut p, "receiving data transfers", deadline);
         rx.push(p);
     }
-    let before = sent_pkts(ctx.name());
-    let tx = spawn(sender, mckey_args(g, bind, n, 100, true), "tx");
-    done(
-        tx,
-        deadline,
-        &[
-            "initiating data transfers",
-            "data transfers complete",
-            "return status 0",
-        ],
-    );
-    let sent = before.zip(sent_pkts(ctx.name())).map(|(b, a)| a - b);
+    let sent = send_counted(ctx.name(), deadline, || {
+        spawn(sender, mckey_args(g, bind, n, 100, true), "tx")
+    });
     let sent = format!("the device sent {sent:?} packets of {n} while `{sender}` ran");
     rx.into_iter()
         .map(|p| {
@@ -572,20 +579,11 @@ fn mckey_to_ours_once(g: Ipv4Addr, n: usize) -> Option<(u64, String)> {
     let args = mckey_args(g, bind, n, 100, false);
     let mut rx = Proc::spawn("mcast", &example("mcast"), &args, "rx0");
     wait_for_line(&mut rx, "receiving data transfers", deadline);
-    let before = sent_pkts(ctx.name());
-    let mut a = vec!["-oL".to_owned(), mckey().display().to_string()];
-    a.extend(mckey_args(g, bind, n, 100, true));
-    let tx = Proc::spawn("mckey", &stdbuf(), &a, "tx");
-    done(
-        tx,
-        deadline,
-        &[
-            "initiating data transfers",
-            "data transfers complete",
-            "return status 0",
-        ],
-    );
-    let sent = before.zip(sent_pkts(ctx.name())).map(|(b, a)| a - b);
+    let sent = send_counted(ctx.name(), deadline, || {
+        let mut a = vec!["-oL".to_owned(), mckey().display().to_string()];
+        a.extend(mckey_args(g, bind, n, 100, true));
+        Proc::spawn("mckey", &stdbuf(), &a, "tx")
+    });
     let st = rx.wait_until(deadline);
     let out = rx.output();
     if st.is_some_and(|s| s.success()) {

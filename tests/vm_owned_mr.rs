@@ -376,14 +376,6 @@ mod mapped_files {
         }
     }
 
-    /// The running kernel's (major, minor) version.
-    fn kernel() -> (u32, u32) {
-        let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-        let mut it = r.split(|c: char| !c.is_ascii_digit());
-        let mut next = || it.next().unwrap().parse().unwrap();
-        (next(), next())
-    }
-
     impl Drop for TempFile {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
@@ -430,9 +422,17 @@ mod mapped_files {
         // registration for writing (FOLL_FORCE), which it refuses; later
         // ones pin it for reading.
         match Mr::register(&p.pd, f.map_ro(), AccessFlags::REMOTE_READ) {
-            Ok(_mr) => assert!(kernel() >= (6, 2), "{:?}", kernel()),
+            Ok(_mr) => assert!(
+                common::kernel_version() >= (6, 2),
+                "{:?}",
+                common::kernel_version()
+            ),
             Err(e) => {
-                assert!(kernel() < (6, 2), "{:?}: {e}", kernel());
+                assert!(
+                    common::kernel_version() < (6, 2),
+                    "{:?}: {e}",
+                    common::kernel_version()
+                );
                 assert!(
                     matches!(
                         e,

@@ -93,13 +93,7 @@ fn late_receive(late: Duration, rts: impl FnOnce(RtsAttr) -> RtsAttr) -> LateRec
 /// Whether this guest's rxe ends an RNR wait after `retry_cnt + 1` ACK timeouts (6.1 does,
 /// 6.12 does not).
 fn rnr_wait_bounded_by_ack_timeouts() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap(), parts.next().unwrap());
-    (major, minor) < (6, 12)
+    common::kernel_version() < (6, 12)
 }
 
 #[test]

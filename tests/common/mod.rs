@@ -30,6 +30,16 @@ pub fn ctx() -> Context {
     }
 }
 
+/// The running kernel's (major, minor) version, from `/proc/sys/kernel/osrelease`.
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap(), parts.next().unwrap_or(0))
+}
+
 /// Whether `ctx`'s device speaks iWARP (siw): RC through rdma_cm only, completions of a
 /// READ after those of requests posted behind it, and the other deviations
 /// docs/providers.md lists.
