@@ -447,8 +447,8 @@ impl Ring {
     /// count is `head`, scanning only what can still be posted: the producer
     /// advances `head` right after filling its slot, with nothing between that
     /// can unwind, takes slots back before moving `head` back, and the tail
-    /// never passes a posted slot, so every posted request lies in `tail..head`. A QP is created and destroyed with its rings nearly
-    /// empty, and scanning every slot of both rings was most of its cost.
+    /// never passes a posted slot, so every posted request lies in `tail..head`.
+    /// The scan is as long as what is in flight, usually nothing, not the ring.
     /// Marks the ring released (see `released`).
     ///
     /// # Safety
