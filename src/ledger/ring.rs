@@ -23,12 +23,18 @@
 //! a destroyed QP left behind. Exactly one claim succeeds, so a buffer is
 //! moved out (or dropped) exactly once. Slots are handed back to the producer
 //! through `tail` (Release on retire, Acquire on post).
+//!
+//! A ring's slots are allocated on its first post: its `window` (the depth
+//! the room check and the poller go by) stays 0 until then, so the first
+//! post takes the room check's cold path, which allocates them and opens the
+//! window, and a completion naming a ring with no slots falls outside the
+//! window and is treated as stale.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::ledger::sges::Sges;
 
@@ -127,12 +133,21 @@ pub(crate) type HeldPanic = Option<Box<dyn Any + Send>>;
 
 /// A ring of slots for one queue.
 pub(crate) struct Ring {
-    /// A power of two (at least `cap`) so that a sequence number maps to its
-    /// slot with a mask instead of a division.
-    slots: Box<[Slot]>,
+    /// `mask + 1` slots (a power of two, at least `cap`, so that a sequence
+    /// number maps to its slot with a mask instead of a division), allocated
+    /// by the producer's first post: null until then, so a queue that is never
+    /// posted to (the receive queue of a QP that only sends, a QP destroyed
+    /// unused) costs no slot memory, and creating a QP builds none.
+    slots: AtomicPtr<Slot>,
     mask: u32,
     /// Most work requests in flight: the queue's depth.
     cap: u32,
+    /// The depth the producer's room checks and the poller's window go by:
+    /// 0 until the slots are allocated, `cap` from then on. So neither needs
+    /// a test of its own for unallocated slots: the first post finds no room
+    /// and allocates them on that cold path, and the poller finds every
+    /// sequence number outside an empty window.
+    window: AtomicU32,
     tail: AtomicU64,
     /// High half of every token: index in the CQ's table and generation.
     tag: u32,
@@ -171,17 +186,11 @@ impl Ring {
     pub(crate) fn new(depth: u32, tag: u32, qp_num: u32) -> Ring {
         let cap = depth.min(1 << 30);
         let n = cap.next_power_of_two().max(1);
-        let slots = (0..n)
-            .map(|_| Slot {
-                seq: AtomicU32::new(0),
-                state: AtomicU8::new(EMPTY),
-                data: UnsafeCell::new(MaybeUninit::uninit()),
-            })
-            .collect();
         Ring {
-            slots,
+            slots: AtomicPtr::new(std::ptr::null_mut()),
             mask: n - 1,
             cap,
+            window: AtomicU32::new(0),
             tail: AtomicU64::new(0),
             tag,
             qp_num,
@@ -258,14 +267,104 @@ impl Ring {
         head.wrapping_sub(self.tail.load(Ordering::Acquire))
     }
 
-    /// The slot of sequence number `seq`.
+    /// The slot of sequence number `seq`, or `None` while nothing was ever
+    /// posted to this ring (its slots are not allocated).
     #[inline(always)]
-    fn slot(&self, seq: u64) -> &Slot {
-        // SAFETY: `mask` is `slots.len() - 1`, so the index is in bounds.
-        unsafe {
-            self.slots
-                .get_unchecked((seq & u64::from(self.mask)) as usize)
+    fn slot(&self, seq: u64) -> Option<&Slot> {
+        let base = self.slots.load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
         }
+        // SAFETY: a non-null `slots` points to `mask + 1` slots that live as
+        // long as the ring, and the index is masked into that range.
+        Some(unsafe { &*base.add(self.index(seq)) })
+    }
+
+    /// The slot of sequence number `seq` for a caller that knows the slots
+    /// are allocated.
+    ///
+    /// # Safety
+    /// [`allocate_slots`](Ring::allocate_slots) ran, or the caller saw the window open.
+    #[inline(always)]
+    unsafe fn slot_allocated(&self, seq: u64) -> &Slot {
+        // Relaxed: the caller's own allocation, or an Acquire load of the
+        // same pointer, made the slots visible.
+        let base = self.slots.load(Ordering::Relaxed);
+        debug_assert!(!base.is_null());
+        // SAFETY: allocated per the contract; in range as in `slot`.
+        unsafe { &*base.add(self.index(seq)) }
+    }
+
+    /// The depth for the producer's room check: 0 until the slots are
+    /// allocated (then a post finds no room and calls
+    /// [`allocate_slots`](Ring::allocate_slots)), [`depth`](Ring::depth) after.
+    #[inline(always)]
+    pub(crate) fn posting_depth(&self) -> u64 {
+        // Relaxed: only the producer allocates, and a producer handed to
+        // another thread arrives there with its stores visible.
+        u64::from(self.window.load(Ordering::Relaxed))
+    }
+
+    /// The depth for the producer's room check with `in_flight` requests
+    /// outstanding: [`posting_depth`](Ring::posting_depth) when that leaves
+    /// room, else (a full queue, or its first post) what
+    /// [`allocate_slots`](Ring::allocate_slots) returns.
+    #[inline(always)]
+    pub(crate) fn room_depth(&self, in_flight: u64) -> u64 {
+        let depth = self.posting_depth();
+        if in_flight < depth {
+            depth
+        } else {
+            self.allocate_slots()
+        }
+    }
+
+    /// Allocates the slots (every one EMPTY) unless they are already there,
+    /// and returns the depth: the room check's cold path, taken on a queue's
+    /// first post and whenever it is full.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn allocate_slots(&self) -> u64 {
+        if self.slots.load(Ordering::Acquire).is_null() {
+            self.install_slots();
+        }
+        self.depth()
+    }
+
+    /// Allocates and installs the slots, then opens the window.
+    #[cold]
+    fn install_slots(&self) {
+        let fresh: Box<[Slot]> = (0..=self.mask)
+            .map(|_| Slot {
+                seq: AtomicU32::new(0),
+                state: AtomicU8::new(EMPTY),
+                data: UnsafeCell::new(MaybeUninit::uninit()),
+            })
+            .collect();
+        let fresh = Box::into_raw(fresh).cast::<Slot>();
+        let null = std::ptr::null_mut();
+        if self
+            .slots
+            .compare_exchange(null, fresh, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // SAFETY: `fresh` came from `Box::into_raw` above with this
+            // length and was never shared.
+            drop(unsafe { self.slots_box(fresh) });
+        }
+        // Release: whoever sees the window open sees the slots.
+        self.window.store(self.cap, Ordering::Release);
+    }
+
+    /// The boxed slice behind `base`.
+    ///
+    /// # Safety
+    /// `base` came from [`allocate_slots`](Ring::allocate_slots) of this ring
+    /// and the caller owns it (no other reference to the slots is live).
+    unsafe fn slots_box(&self, base: *mut Slot) -> Box<[Slot]> {
+        let len = self.slot_count();
+        // SAFETY: per the contract, `base` is a `Box<[Slot]>` of `len` slots.
+        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, len)) }
     }
 
     /// The token the NIC carries for sequence number `seq`.
@@ -278,7 +377,7 @@ impl Ring {
     /// by [`index`](Ring::index).
     #[inline]
     pub(crate) fn slot_count(&self) -> usize {
-        self.slots.len()
+        self.mask as usize + 1
     }
 
     /// The slot index of sequence number `seq`.
@@ -352,8 +451,9 @@ impl Ring {
     /// token to post as the wr_id.
     ///
     /// # Safety
-    /// Only the producer calls this, for `seq` with `in_flight(seq) < depth`;
-    /// `*bufs` is moved out (the caller must not use or drop it afterwards).
+    /// Only the producer calls this, for `seq` with `in_flight(seq) <
+    /// posting_depth()` (so the slots are allocated); `*bufs` is moved out
+    /// (the caller must not use or drop it afterwards).
     #[inline]
     pub(crate) unsafe fn fill(
         &self,
@@ -362,7 +462,8 @@ impl Ring {
         meta: SlotMeta,
         bufs: *const Sges,
     ) -> u64 {
-        let slot = self.slot(seq);
+        // SAFETY: the room check allocated the slots (contract).
+        let slot = unsafe { self.slot_allocated(seq) };
         debug_assert_eq!(slot.state.load(Ordering::Relaxed), EMPTY);
         let data = slot.data.get().cast::<SlotData>();
         // SAFETY: the slot is EMPTY and behind the consumer's tail, so nobody
@@ -383,11 +484,17 @@ impl Ring {
     /// before the tail passes the slot.
     #[inline(always)]
     fn claim_ptr(&self, seq: u64) -> Option<*mut SlotData> {
-        let slot = self.slot(seq);
-        slot.state
-            .compare_exchange(POSTED, EMPTY, Ordering::Acquire, Ordering::Relaxed)
-            .ok()?;
-        Some(slot.data.get().cast::<SlotData>())
+        claim_slot(self.slot(seq)?)
+    }
+
+    /// [`claim_ptr`](Ring::claim_ptr) for a caller that knows the slots are allocated.
+    ///
+    /// # Safety
+    /// As [`slot_allocated`](Ring::slot_allocated)'s.
+    #[inline(always)]
+    unsafe fn claim_allocated(&self, seq: u64) -> Option<*mut SlotData> {
+        // SAFETY: per the contract.
+        claim_slot(unsafe { self.slot_allocated(seq) })
     }
 
     /// Claims the slot for `seq` and moves its data out (cold paths).
@@ -405,7 +512,7 @@ impl Ring {
     /// device did not accept (so no completion can claim it meanwhile).
     #[cold]
     pub(crate) unsafe fn staged(&self, seq: u64) -> Option<(u32, bool)> {
-        let slot = self.slot(seq);
+        let slot = self.slot(seq)?;
         if slot.state.load(Ordering::Acquire) != POSTED
             || slot.seq.load(Ordering::Relaxed) != seq as u32
         {
@@ -436,7 +543,10 @@ impl Ring {
     /// destructor, after `ibv_destroy_qp` returned (the NIC is done with them);
     /// a panicking buffer `Drop` is contained so the destructor never unwinds.
     pub(crate) fn release_all(&self) {
-        for seq in 0..self.slots.len() as u64 {
+        if self.slots.load(Ordering::Acquire).is_null() {
+            return;
+        }
+        for seq in 0..self.slot_count() as u64 {
             if let Some(d) = self.claim(seq) {
                 let _ = catch_unwind(AssertUnwindSafe(move || drop(d)));
             }
@@ -490,11 +600,13 @@ impl Ring {
     ) -> Option<Retired> {
         let tail = self.tail.load(Ordering::Relaxed);
         let dist = seq32.wrapping_sub(tail as u32);
-        if dist >= self.cap {
+        // Acquire: an open window means the slots are visible.
+        if dist >= self.window.load(Ordering::Acquire) {
             return None;
         }
         let seq = tail + u64::from(dist);
-        let target = self.slot(seq);
+        // SAFETY: the window is open, so the slots are allocated.
+        let target = unsafe { self.slot_allocated(seq) };
         if target.state.load(Ordering::Acquire) != POSTED
             || target.seq.load(Ordering::Relaxed) != seq32
         {
@@ -505,7 +617,10 @@ impl Ring {
             return unsafe { self.retire_out_of_order(tail, seq, retired, bufs_out, caught, lost) };
         }
         for s in tail..seq {
-            let Some(d) = self.claim_ptr(s) else { continue };
+            // SAFETY: `target` is a slot of this ring, so they are allocated.
+            let Some(d) = (unsafe { self.claim_allocated(s) }) else {
+                continue;
+            };
             // SAFETY: claimed, so initialised and ours; each field is moved out
             // (or dropped) once, and the slot is EMPTY so no one reads it again.
             unsafe {
@@ -517,18 +632,18 @@ impl Ring {
             }
         }
         // SAFETY: per the contract.
-        let done = unsafe { self.take_target(seq, bufs_out) };
+        let done = unsafe { Self::take_target(target, bufs_out) };
         self.tail.store(seq + 1, Ordering::Release);
         done
     }
 
-    /// Claims the completed request `seq` and moves its buffers to `bufs_out`.
+    /// Claims the completed request's slot `target` and moves its buffers to `bufs_out`.
     ///
     /// # Safety
     /// As [`retire`](Ring::retire)'s.
     #[inline(always)]
-    unsafe fn take_target(&self, seq: u64, bufs_out: *mut Sges) -> Option<Retired> {
-        self.claim_ptr(seq).map(|d| {
+    unsafe fn take_target(target: &Slot, bufs_out: *mut Sges) -> Option<Retired> {
+        claim_slot(target).map(|d| {
             // SAFETY: claimed, so initialised and ours; `bufs_out` is valid for
             // writes per the contract; only the used buffer entries are copied.
             unsafe {
@@ -571,7 +686,8 @@ impl Ring {
     ) -> Option<Retired> {
         let mut first_left = None;
         for s in tail..seq {
-            let slot = self.slot(s);
+            // SAFETY: `seq` is posted (contract), so the slots are allocated.
+            let slot = unsafe { self.slot_allocated(s) };
             if slot.state.load(Ordering::Acquire) != POSTED {
                 continue; // retired ahead of an earlier READ
             }
@@ -584,7 +700,10 @@ impl Ring {
                 first_left.get_or_insert(s);
                 continue;
             }
-            let Some(d) = self.claim_ptr(s) else { continue };
+            // SAFETY: as above.
+            let Some(d) = (unsafe { self.claim_allocated(s) }) else {
+                continue;
+            };
             // SAFETY: claimed, so initialised and ours; moved out or dropped once.
             unsafe {
                 *lost += u64::from(meta.signaled);
@@ -598,19 +717,34 @@ impl Ring {
                 }
             }
         }
-        // SAFETY: per the contract.
-        let done = unsafe { self.take_target(seq, bufs_out) };
+        // SAFETY: per the contract (`seq` is posted, so the slots are allocated).
+        let done = unsafe { Self::take_target(self.slot_allocated(seq), bufs_out) };
         let done_end = self.done_end.load(Ordering::Relaxed).max(seq + 1);
         self.done_end.store(done_end, Ordering::Relaxed);
         let new_tail = first_left.unwrap_or_else(|| {
             // Past the slots retired ahead of `seq`, up to the next one in flight.
             (seq + 1..done_end)
-                .find(|&s| self.slot(s).state.load(Ordering::Relaxed) == POSTED)
+                .find(|&s| {
+                    // SAFETY: as above.
+                    unsafe { self.slot_allocated(s) }
+                        .state
+                        .load(Ordering::Relaxed)
+                        == POSTED
+                })
                 .unwrap_or(done_end)
         });
         self.tail.store(new_tail, Ordering::Release);
         done
     }
+}
+
+/// Claims `slot` if it holds a posted request (see [`Ring::claim_ptr`]).
+#[inline(always)]
+fn claim_slot(slot: &Slot) -> Option<*mut SlotData> {
+    slot.state
+        .compare_exchange(POSTED, EMPTY, Ordering::Acquire, Ordering::Relaxed)
+        .ok()?;
+    Some(slot.data.get().cast::<SlotData>())
 }
 
 /// Appends a claimed request's wr_id and buffers to `v`, written in place
@@ -660,6 +794,14 @@ impl Drop for Ring {
         if !*self.released.get_mut() {
             self.release_all();
         }
+        let base = *self.slots.get_mut();
+        if !base.is_null() {
+            // SAFETY: `base` came from `allocate_slots`, and `&mut self` means
+            // no reference to the slots is left; their data was moved out or
+            // dropped above (or never initialised), and `Slot` has no drop glue
+            // of its own.
+            drop(unsafe { self.slots_box(base) });
+        }
     }
 }
 
@@ -675,13 +817,36 @@ mod tests {
     };
 
     fn post(ring: &Ring, head: &mut u64, wr_id: u64, signaled: bool) -> u64 {
+        post_meta(ring, head, wr_id, SlotMeta { signaled, ..META })
+    }
+
+    fn post_meta(ring: &Ring, head: &mut u64, wr_id: u64, meta: SlotMeta) -> u64 {
         let bufs = Sges::default();
-        let meta = SlotMeta { signaled, ..META };
-        // SAFETY: single producer; `bufs` is forgotten after the move.
+        let in_flight = ring.in_flight(*head);
+        assert!(in_flight < ring.room_depth(in_flight), "the ring has room");
+        // SAFETY: single producer, room checked (which allocated the slots);
+        // `bufs` is forgotten after the move.
         let token = unsafe { ring.fill(*head, wr_id, meta, &bufs) };
         std::mem::forget(bufs);
         *head += 1;
         token
+    }
+
+    #[test]
+    fn slots_come_with_the_first_post_and_none_are_found_before() {
+        let ring = Ring::new(4, 1, 7);
+        assert!(ring.slots.load(Ordering::Relaxed).is_null());
+        assert_eq!((ring.posting_depth(), ring.depth()), (0, 4));
+        let mut lost = 0;
+        assert_eq!(retire(&ring, ring.token(0), &mut lost), None, "no slot, stale");
+        // SAFETY: nothing was posted, so there is no producer to contradict.
+        unsafe { ring.release_posted(0) };
+        ring.release_all();
+        let mut head = 0;
+        let t = post(&ring, &mut head, 5, true);
+        assert!(!ring.slots.load(Ordering::Relaxed).is_null());
+        assert_eq!(ring.posting_depth(), 4);
+        assert_eq!((retire(&ring, t, &mut lost), lost), (Some(5), 0));
     }
 
     fn retire(ring: &Ring, token: u64, lost: &mut u64) -> Option<u64> {
@@ -746,17 +911,12 @@ mod tests {
     fn post_ops(ring: &Ring, head: &mut u64, ops: &[(u32, bool)]) -> Vec<u64> {
         ops.iter()
             .map(|&(opcode, signaled)| {
-                let bufs = Sges::default();
                 let meta = SlotMeta {
                     opcode,
                     signaled,
                     drain: false,
                 };
-                // SAFETY: single producer; `bufs` is forgotten after the move.
-                let token = unsafe { ring.fill(*head, *head, meta, &bufs) };
-                std::mem::forget(bufs);
-                *head += 1;
-                token
+                post_meta(ring, head, *head, meta)
             })
             .collect()
     }
@@ -905,7 +1065,7 @@ mod tests {
         for t in posted {
             assert_eq!(retire(&ring, t, &mut lost), None, "released");
         }
-        assert!((0..4).all(|i| ring.slot(i).state.load(Ordering::Relaxed) == EMPTY));
+        assert!((0..4).all(|i| ring.slot(i).unwrap().state.load(Ordering::Relaxed) == EMPTY));
         assert_eq!(lost, 0);
     }
 

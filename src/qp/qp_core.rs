@@ -175,7 +175,7 @@ impl QpCore {
         }
         let (ring, head) = (&self.sq, &mut self.sq_head);
         let in_flight = ring.in_flight(*head);
-        if in_flight == 0 || in_flight >= ring.depth() {
+        if in_flight == 0 || in_flight >= ring.room_depth(in_flight) {
             return;
         }
         let bufs = Sges::default();
@@ -184,7 +184,8 @@ impl QpCore {
             signaled: true,
             drain: true,
         };
-        // SAFETY: producer side (&mut self); a slot is free (checked above);
+        // SAFETY: producer side (&mut self); a slot is free (checked above
+        // against `room_depth`, which allocated the slots);
         // `bufs` is empty and forgotten below.
         let token = unsafe { ring.fill(*head, 0, meta, &bufs) };
         std::mem::forget(bufs);

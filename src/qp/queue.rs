@@ -406,7 +406,8 @@ pub(super) unsafe fn stage<C: QueueCore, Q: WorkQueue<C>>(
 ) -> Result<(), Error> {
     Q::validate(core, wr)?;
     let (ring, head) = Q::ring_and_head(core);
-    let (in_flight, depth) = (ring.in_flight(*head), ring.depth());
+    let in_flight = ring.in_flight(*head);
+    let depth = ring.room_depth(in_flight);
     if in_flight >= depth {
         return Err(full::<C, Q>(core, depth));
     }
@@ -414,7 +415,8 @@ pub(super) unsafe fn stage<C: QueueCore, Q: WorkQueue<C>>(
     let (wr_id, bufs) = Q::id_and_bufs(wr);
     let (ring, head) = Q::ring_and_head(core);
     let seq = *head;
-    // SAFETY: producer side (&mut QpCore), space checked above; the caller
+    // SAFETY: producer side (&mut QpCore), space checked above against
+    // `room_depth`, which allocated the slots; the caller
     // forgets `*wr`, so its buffers live on only in the slot. `c` points to
     // the entry written just above.
     unsafe { Q::CWr::set_wr_id(c, ring.fill(seq, wr_id, meta, bufs)) };

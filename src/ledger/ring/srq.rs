@@ -71,7 +71,8 @@ impl Ring {
     /// Its producer is a new [`SrqProducer`].
     pub(crate) fn new_srq(depth: u32, tag: u32) -> Ring {
         let mut ring = Ring::new(depth.max(1), tag, SRQ_QPN);
-        let n = ring.slots.len() as u32;
+        ring.allocate_slots();
+        let n = ring.slot_count() as u32;
         ring.srq = Some(FreeList {
             idx: (0..n).map(AtomicU32::new).collect(),
             pushed: AtomicU64::new(u64::from(n)),
@@ -115,7 +116,8 @@ impl Ring {
                 i
             }
         };
-        let slot = self.slot(u64::from(idx));
+        // SAFETY: an SRQ ring (`srq` is set) allocated its slots in `new_srq`.
+        let slot = unsafe { self.slot_allocated(u64::from(idx)) };
         debug_assert_eq!(slot.state.load(Ordering::Relaxed), EMPTY);
         let generation = (slot.seq.load(Ordering::Relaxed) >> fl.shift).wrapping_add(1);
         let low = generation.wrapping_shl(fl.shift) | idx;
@@ -149,7 +151,7 @@ impl Ring {
     pub(crate) unsafe fn unfill_srq(&self, p: &mut SrqProducer, token: u64) -> Option<(u64, Sges)> {
         let low = token as u32;
         let idx = low & self.mask;
-        if self.slot(u64::from(idx)).seq.load(Ordering::Relaxed) != low {
+        if self.slot(u64::from(idx))?.seq.load(Ordering::Relaxed) != low {
             return None;
         }
         let d = self.claim(u64::from(idx))?;
@@ -171,7 +173,8 @@ impl Ring {
     pub(crate) unsafe fn retire_srq(&self, low: u32, bufs_out: *mut Sges) -> Option<Retired> {
         let fl = self.srq.as_ref()?;
         let idx = low & self.mask;
-        let slot = self.slot(u64::from(idx));
+        // SAFETY: an SRQ ring (`srq` is set) allocated its slots in `new_srq`.
+        let slot = unsafe { self.slot_allocated(u64::from(idx)) };
         if slot.state.load(Ordering::Acquire) != POSTED || slot.seq.load(Ordering::Relaxed) != low {
             return None;
         }
