@@ -470,3 +470,77 @@ fn resizing_while_the_driver_polls_loses_nothing() {
     assert!(n >= 100, "only {n} resizes ran during the traffic");
     assert_eq!(p.cq_a.unclaimed() + p.cq_b.unclaimed(), 0);
 }
+
+/// A stream without futures: receives and SENDs posted with `post_recv` /
+/// `post_send`, their completions taken in batches by `next_batch`: never
+/// more than `max`, never none, each with its buffer, in posting order, the
+/// bytes of every message where its receive landed; a `next_batch` that
+/// times out before anything completed moves nothing.
+#[test]
+fn next_batch_takes_a_stream_of_completions_in_batches() {
+    const MSGS: usize = 12;
+    const LEN: usize = 100;
+    let _g = serial();
+    let rt = runtime();
+    rt.block_on(async {
+        let p = async_pair(caps(16));
+        let mut none = Vec::new();
+        assert_eq!(p.cq_a.next_batch(&mut none, 0).await.unwrap(), 0);
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), p.cq_a.next_batch(&mut none, 4));
+        assert!(waited.await.is_err(), "nothing posted, nothing to take");
+        assert!(none.is_empty());
+
+        let recv_ids: Vec<u64> = (0..MSGS)
+            .map(|_| {
+                let dest = p.pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
+                p.b.post_recv(rdma_verbs::qp::RecvWr::new(0, dest)).unwrap()
+            })
+            .collect();
+        let send_ids: Vec<u64> = (0..MSGS)
+            .map(|k| {
+                let src = mr_with(&p.pd, &common::pattern(LEN, k as u8));
+                p.a.post_send(SendWr::send_from(0, src).signaled(true))
+                    .unwrap()
+            })
+            .collect();
+
+        let deadline = Duration::from_secs(10);
+        let mut sent = Vec::new();
+        while sent.len() < MSGS {
+            let before = sent.len();
+            let n = tokio::time::timeout(deadline, p.cq_a.next_batch(&mut sent, 5))
+                .await
+                .expect("the SENDs complete")
+                .unwrap();
+            assert!(
+                (1..=5).contains(&n),
+                "{n} completions in one batch of at most 5"
+            );
+            assert_eq!(sent.len(), before + n);
+        }
+        for (c, id) in sent.iter_mut().zip(&send_ids) {
+            c.result().unwrap();
+            assert_eq!((c.opcode, c.wr_id), (WcOpcode::Send, *id));
+            assert!(c.take_mr().is_some(), "the SEND's buffer comes back");
+        }
+
+        let mut got = Vec::new();
+        while got.len() < MSGS {
+            tokio::time::timeout(deadline, p.cq_b.next_batch(&mut got, 64))
+                .await
+                .expect("the receives complete")
+                .unwrap();
+        }
+        for (k, (c, id)) in got.iter_mut().zip(&recv_ids).enumerate() {
+            c.result().unwrap();
+            assert_eq!(
+                (c.opcode, c.wr_id, c.byte_len as usize),
+                (WcOpcode::Recv, *id, LEN)
+            );
+            let data = c.take_mr().unwrap().to_vec().unwrap();
+            assert_eq!(data, common::pattern(LEN, k as u8), "message {k}");
+        }
+        assert_eq!(p.cq_a.unclaimed() + p.cq_b.unclaimed(), 0);
+    });
+}

@@ -9,10 +9,14 @@
 //!   `StreamExt::buffered(N)` does): each new operation is polled once, which
 //!   posts it, and the oldest is awaited;
 //! * `--async-tasks N`: N tasks, each taking the next message number and
-//!   awaiting its operation before taking another.
+//!   awaiting its operation before taking another;
+//! * `--async-stream N`: one task posts with `AsyncQp::post_send` (no future
+//!   per request) until N are in flight, then takes every completion there is
+//!   with `AsyncCq::next_batch` and checks each one's status.
 //!
-//! Every request is signaled (a future resolves on its own completion), so
-//! the fair sync figure to set it against is the safe path's with `-Q 1`.
+//! Every request is signaled (a future resolves on its own completion; the
+//! stream asks for each one), so the fair sync figure to set it against is
+//! the safe path's with `-Q 1`.
 //!
 //! The CQs are `AsyncCq`s on one channel, whose driver task runs on the same
 //! thread as the tasks. The server runs the safe path (its side is not
@@ -32,7 +36,7 @@ use rdma_verbs::tokio::{AsyncCq, AsyncQp};
 
 use crate::clock::{self, Rate};
 use crate::conn::{self, Ctrl, Device};
-use crate::opts::{Opts, Verb};
+use crate::opts::{AsyncShape, Opts, Verb};
 use crate::report::{self, Table, WireRow};
 
 /// Runs every size of the client's side of `o` with `inflight` requests in
@@ -71,7 +75,9 @@ pub fn run(
     let mut table = Table::default();
     println!("{}", report::header(o));
     for &size in &o.sizes {
-        let row = run_size(o, rate, dev, size, &rt, &qp, remote[0], inflight, &mut ctrl)?;
+        let row = run_size(
+            o, rate, dev, size, &rt, &qp, &send_cq, remote[0], inflight, &mut ctrl,
+        )?;
         println!("{}", report::bw_line(&row, o.report_gbits));
         table.bw.push(row);
     }
@@ -90,6 +96,7 @@ fn run_size(
     size: usize,
     rt: &::tokio::runtime::Runtime,
     qp: &Arc<AsyncQp<Rc, Rts>>,
+    send_cq: &AsyncCq,
     remote: RemoteMr,
     inflight: u32,
     ctrl: &mut Ctrl,
@@ -113,10 +120,10 @@ fn run_size(
     };
     ctrl.barrier(true)?;
     let start = clock::now();
-    if o.async_tasks {
-        rt.block_on(stream.run(inflight))?;
-    } else {
-        rt.block_on(stream.window(inflight as usize))?;
+    match o.async_shape {
+        AsyncShape::Window => rt.block_on(stream.window(inflight as usize))?,
+        AsyncShape::Tasks => rt.block_on(stream.run(inflight))?,
+        AsyncShape::Stream => rt.block_on(stream.stream(send_cq, inflight as usize))?,
     }
     let end = clock::now();
     let mine = report::span_row(size, o.iters, start, end, rate, o.report_gbits);
@@ -180,6 +187,26 @@ impl Stream {
             }
         })
         .await
+    }
+
+    /// One task, `inflight` requests posted without futures: posts until the
+    /// window is full, then takes whatever completions are there in one batch.
+    async fn stream(&self, cq: &AsyncCq, inflight: usize) -> Result<()> {
+        let mut done = Vec::with_capacity(inflight);
+        let (mut posted, mut completed) = (0u64, 0u64);
+        while completed < self.iters {
+            while posted < self.iters && posted - completed < inflight as u64 {
+                self.qp
+                    .post_send(self.request(posted).signaled(true))
+                    .map_err(Error::from)?;
+                posted += 1;
+            }
+            completed += cq.next_batch(&mut done, inflight).await? as u64;
+            for c in done.drain(..) {
+                c.result()?;
+            }
+        }
+        Ok(())
     }
 
     /// Spawns `inflight` tasks and waits for all of them.

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::rules::{RawArgs, resolve};
-use super::{AtomicOp, DataPath, Opts, Test, usage};
+use super::{AsyncShape, AtomicOp, DataPath, Opts, Test, usage};
 
 /// Parses the command line (without the program name). `Err` carries the
 /// message to print; `Ok(None)` means help was printed.
@@ -125,7 +125,11 @@ fn read_flag(
         "--async" => raw.inflight = Some(num(&value("--async")?, "--async")?),
         "--async-tasks" => {
             raw.inflight = Some(num(&value("--async-tasks")?, "--async-tasks")?);
-            raw.async_tasks = true;
+            raw.async_shape = AsyncShape::Tasks;
+        }
+        "--async-stream" => {
+            raw.inflight = Some(num(&value("--async-stream")?, "--async-stream")?);
+            raw.async_shape = AsyncShape::Stream;
         }
         "-h" | "--help" => return Ok(Flag::Help),
         _ => return Err(format!("unknown option `{arg}`")),

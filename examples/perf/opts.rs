@@ -146,6 +146,19 @@ impl DataPath {
     }
 }
 
+/// How `--async`'s client keeps its requests in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AsyncShape {
+    /// `--async N`: one task, a window of N awaited operations (`AsyncQp::post`).
+    #[default]
+    Window,
+    /// `--async-tasks N`: N tasks awaiting one operation at a time each.
+    Tasks,
+    /// `--async-stream N`: one task posting with `AsyncQp::post_send`, N in
+    /// flight, and taking completions in batches (`AsyncCq::next_batch`).
+    Stream,
+}
+
 /// perftest's `MSG_SIZE_CQ_MOD_LIMIT`: above it, CQ moderation is off unless `-Q` is given.
 const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
 /// perftest's `MAX_SIZE` (the largest size of `-a`).
@@ -228,9 +241,8 @@ pub struct Opts {
     /// `--async N`: the client streams through `rdma_verbs::tokio::AsyncQp`
     /// with N requests in flight (the server runs the safe path).
     pub inflight: Option<u32>,
-    /// `--async-tasks N`: N tasks of one request each instead of one task
-    /// with a window of N.
-    pub async_tasks: bool,
+    /// `--async-tasks N`, `--async-stream N`: the shape of `--async`'s stream.
+    pub async_shape: AsyncShape,
 }
 
 /// The usage text.
@@ -286,6 +298,8 @@ pub fn usage() -> String {
          \x20                           task, N awaited (signaled) requests in flight (-Q unused);\n\
          \x20                           one QP, -l 1, -n only; the server runs the safe path\n\
          \x20     --async-tasks=N       the same with N tasks of one request at a time each\n\
+         \x20     --async-stream=N      the same with one task posting (AsyncQp::post_send) and\n\
+         \x20                           taking completions in batches (AsyncCq::next_batch)\n\
          \x20 -h, --help                this text",
         tests.join("|")
     )
@@ -321,7 +335,7 @@ impl Opts {
     pub fn fingerprint(&self) -> String {
         format!(
             "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={} \
-             A={} o={:?} async={:?}/{}",
+             A={} o={:?} async={:?}/{:?}",
             self.test.name(),
             self.path.name(),
             self.sizes,
@@ -340,7 +354,7 @@ impl Opts {
             self.atomic.name(),
             self.outs,
             self.inflight,
-            self.async_tasks
+            self.async_shape
         )
     }
 }
@@ -468,12 +482,18 @@ mod tests {
     #[cfg(feature = "tokio")]
     fn async_takes_its_count_and_shape() {
         let o = p("write_bw --async 16");
-        assert_eq!((o.inflight, o.async_tasks), (Some(16), false));
+        assert_eq!((o.inflight, o.async_shape), (Some(16), AsyncShape::Window));
         let o = p("send_bw --async-tasks=4 -n 100");
-        assert_eq!((o.inflight, o.async_tasks), (Some(4), true));
+        assert_eq!((o.inflight, o.async_shape), (Some(4), AsyncShape::Tasks));
+        let o = p("send_bw --async-stream 8");
+        assert_eq!((o.inflight, o.async_shape), (Some(8), AsyncShape::Stream));
         assert_ne!(
             p("write_bw --async 16").fingerprint(),
             p("write_bw --async-tasks 16").fingerprint()
+        );
+        assert_ne!(
+            p("write_bw --async 16").fingerprint(),
+            p("write_bw --async-stream 16").fingerprint()
         );
     }
 

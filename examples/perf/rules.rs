@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use super::{
-    ATOMIC_SIZE, AtomicOp, DataPath, MAX_CQ_MOD, MAX_DURATION_SECS, MAX_INLINE, MAX_ITERS,
-    MAX_MSG_SIZE, MAX_QPS, MAX_RX_DEPTH, MAX_SIZE, MAX_TX_DEPTH, MSG_SIZE_CQ_MOD_LIMIT, Opts,
-    PEAK_ITERS_LIMIT, Test, Verb,
+    ATOMIC_SIZE, AsyncShape, AtomicOp, DataPath, MAX_CQ_MOD, MAX_DURATION_SECS, MAX_INLINE,
+    MAX_ITERS, MAX_MSG_SIZE, MAX_QPS, MAX_RX_DEPTH, MAX_SIZE, MAX_TX_DEPTH, MSG_SIZE_CQ_MOD_LIMIT,
+    Opts, PEAK_ITERS_LIMIT, Test, Verb,
 };
 
 /// perftest's default JSON file (`--out_json` without `--out_json_file`).
@@ -42,7 +42,7 @@ pub struct RawArgs {
     pub old_post_send: bool,
     pub path: Option<DataPath>,
     pub inflight: Option<u32>,
-    pub async_tasks: bool,
+    pub async_shape: AsyncShape,
 }
 
 /// perftest's defaults (`init_perftest_params`) and rules (`force_dependecies`).
@@ -101,7 +101,7 @@ pub fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         atomic: a.atomic.unwrap_or(AtomicOp::FetchAdd),
         outs: a.outs,
         inflight: a.inflight,
-        async_tasks: a.async_tasks,
+        async_shape: a.async_shape,
     })
 }
 

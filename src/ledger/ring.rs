@@ -838,7 +838,11 @@ mod tests {
         assert!(ring.slots.load(Ordering::Relaxed).is_null());
         assert_eq!((ring.posting_depth(), ring.depth()), (0, 4));
         let mut lost = 0;
-        assert_eq!(retire(&ring, ring.token(0), &mut lost), None, "no slot, stale");
+        assert_eq!(
+            retire(&ring, ring.token(0), &mut lost),
+            None,
+            "no slot, stale"
+        );
         // SAFETY: nothing was posted, so there is no producer to contradict.
         unsafe { ring.release_posted(0) };
         ring.release_all();

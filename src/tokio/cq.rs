@@ -118,7 +118,15 @@ impl Shared {
         {
             let mut st = self.state();
             let st = &mut *st;
-            st.waiters.park_all(done, wake, &mut st.unclaimed);
+            if st.waiters.is_idle() && st.unclaimed.is_empty() {
+                // Nobody awaits a request: the batch becomes the unclaimed
+                // queue whole (its buffer changes hands, no completion is
+                // moved), and the queue's empty buffer is the next batch's.
+                let batch = VecDeque::from(std::mem::take(done));
+                *done = Vec::from(std::mem::replace(&mut st.unclaimed, batch));
+            } else {
+                st.waiters.park_all(done, wake, &mut st.unclaimed);
+            }
             if !st.unclaimed.is_empty() {
                 wake.extend(st.next_waker.take());
             }
@@ -272,6 +280,45 @@ impl AsyncCq {
         Next { cq: self }
     }
 
+    /// Up to `max` completions nobody awaits, moved into `out` (appended),
+    /// waiting for the first: the batch form of [`next`](Self::next), for a
+    /// stream of requests posted with `post_send`/`post_recv` and read in
+    /// place, the async counterpart of [`Cq::poll`] into a `Vec`. Resolves to
+    /// how many were moved: at least 1, or 0 when `max` is 0. Errors of the
+    /// CQ itself come as with `next`, once no completion is left to hand
+    /// over.
+    ///
+    /// One lock of the CQ's state and at most one wake-up serve the whole
+    /// batch, where `next` costs a future's poll per completion.
+    ///
+    /// Cancel safe: completions are moved into `out` only when it resolves.
+    /// One task at a time should wait on `next` or `next_batch` (a second
+    /// caller replaces the first's wake-up).
+    ///
+    /// ```no_run
+    /// # async fn stream(qp: &rdma_verbs::tokio::AsyncQp<rdma_verbs::qp::Rc, rdma_verbs::qp::Rts>,
+    /// #                 cq: &rdma_verbs::tokio::AsyncCq, bufs: Vec<rdma_verbs::mr::Mr>)
+    /// #     -> rdma_verbs::error::Result<()> {
+    /// use rdma_verbs::qp::SendWr;
+    /// let n = bufs.len();
+    /// for buf in bufs {
+    ///     // Signaled, so that each SEND completes into `next_batch`.
+    ///     qp.post_send(SendWr::send_from(0, buf).signaled(true))?;
+    /// }
+    /// let mut done = Vec::with_capacity(n);
+    /// while done.len() < n {
+    ///     cq.next_batch(&mut done, n).await?;
+    /// }
+    /// for c in &done {
+    ///     c.result()?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn next_batch<'a>(&'a self, out: &'a mut Vec<Completion>, max: usize) -> NextBatch<'a> {
+        NextBatch { cq: self, out, max }
+    }
+
     /// The next unclaimed completion, if one is already there.
     pub fn try_next(&self) -> Result<Option<Completion>> {
         let mut st = self.shared.state();
@@ -346,15 +393,65 @@ impl Future for Next<'_> {
         if let Some(c) = st.unclaimed.pop_front() {
             return Poll::Ready(Ok(c));
         }
-        if let Some(e) = st.errors.pop_front() {
-            return Poll::Ready(Err(e));
+        st.nothing_unclaimed(cx).map(Err)
+    }
+}
+
+impl State {
+    /// For a `next` or `next_batch` that found no completion: the CQ's next
+    /// error, or that its driver stopped, else `Pending` with the caller's
+    /// waker kept.
+    fn nothing_unclaimed(&mut self, cx: &mut TaskContext<'_>) -> Poll<Error> {
+        if let Some(e) = self.errors.pop_front() {
+            return Poll::Ready(e);
         }
-        if st.stopped {
-            return Poll::Ready(Err(Error::Other(
-                "the CQ's completion driver stopped".into(),
-            )));
+        if self.stopped {
+            return Poll::Ready(Error::Other("the CQ's completion driver stopped".into()));
         }
-        st.next_waker = Some(cx.waker().clone());
+        match &mut self.next_waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
         Poll::Pending
+    }
+}
+
+/// The future of [`AsyncCq::next_batch`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct NextBatch<'a> {
+    cq: &'a AsyncCq,
+    out: &'a mut Vec<Completion>,
+    max: usize,
+}
+
+impl Future for NextBatch<'_> {
+    type Output = Result<usize>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
+        let this = self.get_mut();
+        if this.max == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        let mut st = this.cq.shared.state();
+        let all = st.unclaimed.len();
+        let n = all.min(this.max);
+        if n == 0 {
+            return st.nothing_unclaimed(cx).map(Err);
+        }
+        if n < all {
+            this.out.extend(st.unclaimed.drain(..n));
+            return Poll::Ready(Ok(n));
+        }
+        // All of them: the queue's buffer goes to `out` whole when `out` is
+        // empty (no completion is moved; `out`'s buffer becomes the queue's),
+        // else in one copy.
+        let mut taken = Vec::from(std::mem::take(&mut st.unclaimed));
+        if this.out.is_empty() {
+            std::mem::swap(this.out, &mut taken);
+        } else {
+            this.out.append(&mut taken);
+        }
+        st.unclaimed = VecDeque::from(taken);
+        Poll::Ready(Ok(n))
     }
 }

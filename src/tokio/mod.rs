@@ -33,9 +33,15 @@
 //! completion, with the buffers, comes back from [`AsyncCq::next`].
 //! Operation futures are `Unpin`: to keep N requests in flight from one task,
 //! hold a window of them in a `VecDeque`, poll each new one once (that posts
-//! it) and await the oldest (`examples/perf/async_tx.rs`).
+//! it) and await the oldest (`examples/perf/async_tx.rs`). For a stream where
+//! no request needs a future of its own, post with [`AsyncQp::post_send`] /
+//! [`AsyncQp::post_recv`] and take the completions in batches with
+//! [`AsyncCq::next_batch`]: one lock and one wake-up per batch instead of a
+//! future's registration and polls per request, at about the cost of the
+//! synchronous path (docs/performance.md, "The async path").
 //! Everything here is `Send` and `Sync`; [`AsyncQp`] methods may run from many
-//! tasks at once, [`AsyncCq::next`] is for one consumer task. rdma_cm
+//! tasks at once, [`AsyncCq::next`] and [`AsyncCq::next_batch`] are for one
+//! consumer task. rdma_cm
 //! ([`Listener`], [`AsyncCmId`]) and async events ([`AsyncEventStream`]) are
 //! awaited the same way.
 
@@ -51,7 +57,7 @@ mod timer;
 mod waiters;
 
 pub use cm::{AsyncCmId, Listener};
-pub use cq::{AsyncCq, CqRef, Next};
+pub use cq::{AsyncCq, CqRef, Next, NextBatch};
 pub use driver::AsyncChannel;
 pub use events::AsyncEventStream;
 pub use exchange::ExchangeListener;

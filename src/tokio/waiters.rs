@@ -136,6 +136,11 @@ impl Waiters {
         Some(key)
     }
 
+    /// Whether no slot is taken: no request awaits its completion.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.free.len() == self.slots.len()
+    }
+
     /// Parks each completion of `done` in the slot of the pending request
     /// it completes, adding that request's waker to `wake`, or else appends
     /// it to `unclaimed`; `done` is empty on return. Each completion is

@@ -15,8 +15,8 @@ use crate::{Error, Result};
 /// The tests `perf --async` runs.
 const TESTS: &[&str] = &["write_bw", "send_bw"];
 
-/// The async paths: `perf --async N` and `perf --async-tasks N`.
-const PATHS: &[&str] = &["async", "async-tasks"];
+/// The async paths: `perf --async N`, `perf --async-tasks N` and `perf --async-stream N`.
+const PATHS: &[&str] = &["async", "async-tasks", "async-stream"];
 
 /// Whether `path` (of `--paths`) is one of the async paths.
 pub(super) fn is_async(path: &str) -> bool {
@@ -57,7 +57,7 @@ pub(super) fn complete(plan: &mut Plan) -> Result<()> {
 }
 
 /// The keys of async path `path` for one (test, size, post list): one per in-flight
-/// count (path `async16`, `async-tasks16`), where `perf --async` runs it.
+/// count (path `async16`, `async-tasks16`, `async-stream16`), where `perf --async` runs it.
 pub(super) fn keys(plan: &Plan, path: &str, test: &str, size: u64, post_list: u64) -> Vec<Key> {
     if !TESTS.contains(&test) || post_list != 1 {
         return Vec::new();
@@ -92,7 +92,8 @@ pub(super) fn report(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> bool {
         .cq_mod
         .map_or("perftest's default".into(), |q| q.to_string());
     say!(
-        "async (perf --async N: one task, N in flight; --async-tasks N: N tasks; a \
+        "async (perf --async N: one task, N in flight; --async-tasks N: N tasks; \
+         --async-stream N: post_send and next_batch; a \
          current-thread runtime) against safe, -Q {q} on all:"
     );
     let mut head = format!("{:<10} {:>8} {:>10}", "test", "size", "safe");

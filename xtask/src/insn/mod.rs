@@ -182,6 +182,7 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          \x20 case $path in\n\
          \x20   perftest) prog=\"ib_$t\" ;;\n\
          \x20   async-tasks*) prog=\"$PERF $t --async-tasks ${{path#async-tasks}}\" ;;\n\
+         \x20   async-stream*) prog=\"$PERF $t --async-stream ${{path#async-stream}}\" ;;\n\
          \x20   async*) prog=\"$PERF $t --async ${{path#async}}\" ;;\n\
          \x20   *) prog=\"$PERF $t --$path\" ;;\n\
          \x20 esac\n\

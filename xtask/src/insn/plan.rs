@@ -17,10 +17,12 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
   --post-list  WRs per post call, perftest's -l (default 1,8)
-  --paths      perftest,safe,raw,scoped,async,async-tasks (default the first four; scoped:
-               perf --scoped, Cq::scope; async: perf --async N, write_bw and send_bw at -l 1
-               through rdma_verbs::tokio on a current-thread runtime, one task with N
-               operations in flight; async-tasks: N tasks of one each; safe always with them)
+  --paths      perftest,safe,raw,scoped,async,async-tasks,async-stream (default the first
+               four; scoped: perf --scoped, Cq::scope; async: perf --async N, write_bw and
+               send_bw at -l 1 through rdma_verbs::tokio on a current-thread runtime, one
+               task with N operations in flight; async-tasks: N tasks of one each;
+               async-stream: AsyncQp::post_send and AsyncCq::next_batch, N in flight; safe
+               always with them)
   --inflight   async: requests in flight, a row each (default 1,16)
   --cq-mod     perftest's -Q on every run (default: not given, perftest's 100; with async
                in --paths 1, as every async request is awaited, so signaled)
@@ -45,7 +47,15 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
                reported and checked on its own (same --side and --send-api; the guest's
                limit is the largest --timeout)";
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
-const KNOWN_PATHS: &[&str] = &["perftest", "safe", "raw", "scoped", "async", "async-tasks"];
+const KNOWN_PATHS: &[&str] = &[
+    "perftest",
+    "safe",
+    "raw",
+    "scoped",
+    "async",
+    "async-tasks",
+    "async-stream",
+];
 pub(super) struct Plan {
     pub(super) tests: Vec<String>,
     pub(super) sizes: Vec<u64>,
