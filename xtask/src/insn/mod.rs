@@ -199,9 +199,10 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          \x20 sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg 2>/dev/null | head -1 > \"$OUT/$name.insn\"\n\
          \x20 # The calibration rule needs the callers of gettimeofday, the poll count\n\
          \x20 # the callers of the poll function; annotating takes ~3 s under TCG, so\n\
-         \x20 # client runs are annotated only when they call gettimeofday (perftest's).\n\
-         \x20 # Every function: the poll function is below the default 99% threshold.\n\
-         \x20 if [ $SIDE = server ] || grep -q gettimeofday /tmp/$name.cg 2>/dev/null; then\n\
+         \x20 # client runs are annotated only for perftest (whose calibration loop calls\n\
+         \x20 # gettimeofday). Every function: the poll function is below the default\n\
+         \x20 # 99% threshold.\n\
+         \x20 if [ $SIDE = server ] || [ $path = perftest ]; then\n\
          \x20   callgrind_annotate --tree=caller --inclusive=yes --threshold=100 /tmp/$name.cg > \"$OUT/$name.callers\" 2>/dev/null\n\
          \x20 else\n\
          \x20   : > \"$OUT/$name.callers\"\n\
@@ -523,10 +524,10 @@ fn print_table(plan: &Plan, per_msg: &BTreeMap<Key, f64>) -> (Option<f64>, Optio
 /// callgrind that loop runs a number of times that depends on how fast the
 /// host is at that moment, not on the message count, so it does not cancel
 /// in I(N2) − I(N1) and swung perftest's figure by up to 2×. This crate's
-/// `perf` never calls `gettimeofday` (Rust's clock is `clock_gettime`), so the
-/// rule removes nothing from its runs; it applies to every path alike (the
-/// guest script annotates only runs whose profile names `gettimeofday`, and
-/// hands the others' in empty, which this reads as 0).
+/// `perf` never calls `gettimeofday` (Rust's clock is `clock_gettime`; a profile
+/// still names it, as the dynamic loader resolves its IFUNC at start-up, the
+/// same count in every run), so the guest script annotates the client runs of
+/// perftest only and hands the others' in empty, which this reads as 0.
 fn clock_calibration(annotate: &str) -> u64 {
     // Blocks are separated by blank lines: `COST (PCT)  < CALLER (Nx) [OBJ]`
     // lines, then `COST (PCT)  *  FUNCTION [OBJ]` for the function itself.
