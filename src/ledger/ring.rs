@@ -287,8 +287,10 @@ impl Ring {
     /// [`allocate_slots`](Ring::allocate_slots) ran, or the caller saw the window open.
     #[inline(always)]
     unsafe fn slot_allocated(&self, seq: u64) -> &Slot {
-        // Relaxed: the caller's own allocation, or an Acquire load of the
-        // same pointer, made the slots visible.
+        // Relaxed: what the contract names made the slots visible: the
+        // caller's own allocation, its Acquire load of an open window (the
+        // window opens after the slots are in place), or, for an SRQ's ring,
+        // the ring's publication (it allocates before it is shared).
         let base = self.slots.load(Ordering::Relaxed);
         debug_assert!(!base.is_null());
         // SAFETY: allocated per the contract; in range as in `slot`.
@@ -321,11 +323,12 @@ impl Ring {
 
     /// Allocates the slots (every one EMPTY) unless they are already there,
     /// and returns the depth: the room check's cold path, taken on a queue's
-    /// first post and whenever it is full.
+    /// first post and whenever it is full. A queue of depth 0 (a QP's receive
+    /// queue when an SRQ takes its receives) refuses every post and gets none.
     #[cold]
     #[inline(never)]
     pub(crate) fn allocate_slots(&self) -> u64 {
-        if self.slots.load(Ordering::Acquire).is_null() {
+        if self.cap > 0 && self.slots.load(Ordering::Acquire).is_null() {
             self.install_slots();
         }
         self.depth()
@@ -359,8 +362,9 @@ impl Ring {
     /// The boxed slice behind `base`.
     ///
     /// # Safety
-    /// `base` came from [`allocate_slots`](Ring::allocate_slots) of this ring
-    /// and the caller owns it (no other reference to the slots is live).
+    /// `base` is a `Box<[Slot]>` of [`slot_count`](Ring::slot_count) slots
+    /// turned into a pointer (by `install_slots`), and the caller owns it (no
+    /// other reference to the slots is live).
     unsafe fn slots_box(&self, base: *mut Slot) -> Box<[Slot]> {
         let len = self.slot_count();
         // SAFETY: per the contract, `base` is a `Box<[Slot]>` of `len` slots.
@@ -851,6 +855,10 @@ mod tests {
         assert!(!ring.slots.load(Ordering::Relaxed).is_null());
         assert_eq!(ring.posting_depth(), 4);
         assert_eq!((retire(&ring, t, &mut lost), lost), (Some(5), 0));
+        // Depth 0 (receives taken by an SRQ): no room, and no slots for it.
+        let none = Ring::new(0, 2, 7);
+        assert_eq!(none.room_depth(0), 0);
+        assert!(none.slots.load(Ordering::Relaxed).is_null());
     }
 
     fn retire(ring: &Ring, token: u64, lost: &mut u64) -> Option<u64> {

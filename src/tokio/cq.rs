@@ -307,7 +307,7 @@ impl AsyncCq {
     /// }
     /// let mut done = Vec::with_capacity(n);
     /// while done.len() < n {
-    ///     cq.next_batch(&mut done, n).await?;
+    ///     cq.next_batch(&mut done, n - done.len()).await?;
     /// }
     /// for c in &done {
     ///     c.result()?;

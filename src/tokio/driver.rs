@@ -274,6 +274,7 @@ fn poll_into(cq: &Shared, done: &mut Batch) -> Result<Option<usize>> {
     let Some(mut c) = cq.try_cq() else {
         return Ok(None);
     };
+    done.keep_batch_size();
     let n = match c.poll(&mut done.completions) {
         Ok(n) => n,
         Err(e @ Error::CompletionsLost { .. }) => {
@@ -294,6 +295,22 @@ fn poll_into(cq: &Shared, done: &mut Batch) -> Result<Option<usize>> {
 struct Batch {
     completions: Vec<Completion>,
     wakers: Vec<Waker>,
+}
+
+impl Batch {
+    /// A poll reads as many completions as `completions` has room for, and
+    /// that vector trades buffers with the CQ's unclaimed queue (and through
+    /// it with a caller of `next_batch`), so it can come back with any
+    /// capacity: keep it about [`POLL_BATCH`], so that one poll neither holds
+    /// the CQ for an unbounded batch nor allocates each time.
+    fn keep_batch_size(&mut self) {
+        let v = &mut self.completions;
+        if v.capacity() > 4 * POLL_BATCH && v.is_empty() {
+            *v = Vec::with_capacity(POLL_BATCH);
+        } else if v.capacity() < POLL_BATCH {
+            v.reserve_exact(POLL_BATCH - v.len());
+        }
+    }
 }
 
 /// The channel failed: every CQ on it stops, its waiters fail.
