@@ -10,6 +10,13 @@ use crate::error::{Error, Result};
 use crate::ffi;
 use crate::sys::call::verb;
 
+/// The hint of [`Context::explain_queue_refusal`].
+const SIW_KEY_HINT: &str = "siw refuses a queue the kernel maps at page offset 144 of a \
+     device context (libsiw reads that mmap key, 0x90000, as SIW_INVAL_UOBJ_KEY), and the \
+     context's next queue is placed there again: keep fewer than about 144 pages of CQs and \
+     QP queues (e.g. 48 connections with a one-page CQ, SQ and RQ each) in one context, or \
+     open another Context for the rest (rdma_cm's ids share one context per device)";
+
 /// An open RDMA device (`ibv_context`).
 ///
 /// Cheap to clone (reference counted); every object created from it keeps it
@@ -157,6 +164,27 @@ impl Context {
                     "iWARP"
                 }
             ),
+        }
+    }
+
+    /// `e` with what siw's refusal of a new CQ or QP means, when it is one: a
+    /// creation that failed without an errno on an iWARP device. libsiw takes
+    /// the mmap key 0x90000 for its "no key" value (`SIW_INVAL_UOBJ_KEY`), but
+    /// the kernel hands out keys by page offset, first fit, within one device
+    /// context: the queue mapped at page 144 gets that key, libsiw destroys it,
+    /// and the next one lands there again.
+    pub(crate) fn explain_queue_refusal(&self, e: Error) -> Error {
+        match e {
+            Error::Verb { verb, source, .. }
+                if self.is_iwarp() && source.raw_os_error().is_none() =>
+            {
+                Error::Verb {
+                    verb,
+                    source,
+                    hint: Some(SIW_KEY_HINT.into()),
+                }
+            }
+            e => e,
         }
     }
 

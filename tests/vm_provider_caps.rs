@@ -72,3 +72,53 @@ fn a_hand_connected_rc_qp_is_unsupported_on_iwarp_and_reaches_rts_elsewhere() {
         connected.expect("INIT -> RTR -> RTS by hand");
     }
 }
+
+/// siw cannot map a queue at page offset 144 of a device context: libsiw reads
+/// that mmap key (0x90000) as its "no key" value and destroys the queue, and the
+/// next one lands at the same offset. 144 one-page CQs in a fresh context are
+/// created, the 145th and 146th are refused with a `Verb` error whose hint says
+/// so (a typed error, no panic, no hang). rxe has no such key: 200 CQs are created.
+#[test]
+fn siw_refuses_the_queue_at_mmap_offset_144_with_a_hint() {
+    let ctx = common::ctx();
+    let mut cqs = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..200 {
+        match Cq::new(&ctx, 8) {
+            Ok(cq) => cqs.push(cq),
+            Err(e) => {
+                refused.push((i, e));
+                if refused.len() == 2 {
+                    break;
+                }
+            }
+        }
+    }
+    if !iwarp(&ctx) {
+        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(cqs.len(), 200);
+        return;
+    }
+    assert_eq!(cqs.len(), 144, "{refused:?}");
+    assert_eq!(
+        refused.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        [144, 145]
+    );
+    for (_, e) in &refused {
+        match e {
+            Error::Verb {
+                verb,
+                hint: Some(hint),
+                ..
+            } => {
+                assert_eq!(*verb, "ibv_create_cq");
+                assert!(hint.contains("0x90000"), "{hint}");
+            }
+            other => panic!("expected a Verb error with siw's hint, got {other:?}"),
+        }
+    }
+    // Another context has its own offsets.
+    let other = common::ctx();
+    Cq::new(&other, 8).expect("a CQ in a second context");
+    common::deviation("siw refuses the queue mapped at page offset 144 of a context");
+}

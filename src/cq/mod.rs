@@ -192,7 +192,8 @@ impl Cq {
         // frees only after ibv_destroy_cq; vector 0.
         let raw = verb!(ptr: unsafe {
             ffi::ibv_create_cq(ctx.as_raw(), depth as i32, cq_context, channel_raw, 0)
-        })?;
+        })
+        .map_err(|f| ctx.explain_queue_refusal(f.into()))?;
         if let Some(ch) = channel {
             ch.inner.attach();
         }

@@ -207,7 +207,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         let rq_res = (recv_cq.inner.reserve(rq_want.into(), "receive"))
             .map_err(|e| ctx.over_limit(e, "max_recv_wr", rq_want, "max_qp_wr", |a| a.max_qp_wr))?;
         let mut init = caps.init_attr(send_cq.as_raw(), recv_cq.as_raw(), T::RAW);
-        let raw = create(&mut init)?;
+        let raw = create(&mut init).map_err(|e| pd.context().explain_queue_refusal(e))?;
         let got = caps.granted(&init);
         // SAFETY: `raw` is live (per the contract); qp_num is a plain field.
         let qp_num = unsafe { (*raw.as_ptr()).qp_num };

@@ -307,7 +307,8 @@ impl AsyncCq {
     /// }
     /// let mut done = Vec::with_capacity(n);
     /// while done.len() < n {
-    ///     cq.next_batch(&mut done, n - done.len()).await?;
+    ///     let want = n - done.len();
+    ///     cq.next_batch(&mut done, want).await?;
     /// }
     /// for c in &done {
     ///     c.result()?;
