@@ -122,3 +122,63 @@ fn siw_refuses_the_queue_at_mmap_offset_144_with_a_hint() {
     Cq::new(&other, 8).expect("a CQ in a second context");
     common::deviation("siw refuses the queue mapped at page offset 144 of a context");
 }
+
+/// On iWARP the kernel holds a QP from its connect until the peer answers or the MPA
+/// timer expires (siw: 10 s), and destroying the QP waits for that. A connect future
+/// dropped while the server holds the request returns at once on a current-thread
+/// runtime (the QP is destroyed on the runtime's blocking pool, so no other task
+/// stalls), and the QP is gone once the server answers and the runtime is dropped.
+#[cfg(feature = "tokio")]
+#[test]
+fn a_connect_dropped_while_the_server_holds_the_request_returns_at_once() {
+    use rdma_verbs::cm::ConnParam;
+    use rdma_verbs::tokio::{AsyncCmId, AsyncCq, AsyncQp, Listener};
+    use std::time::{Duration, Instant};
+    const T: Duration = Duration::from_secs(10);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let qp_num = rt.block_on(async {
+        let server = common::guest_at(7531);
+        let listener = Listener::bind(server, 4).unwrap();
+        let holder = tokio::spawn(async move {
+            let req = listener.request().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(req); // rejects
+        });
+        let mut id = AsyncCmId::resolve(server, T).await.unwrap();
+        let ctx = id.id().context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = AsyncCq::new(&ctx, 8).unwrap();
+        let caps = common::caps_sr(2, 2);
+        let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps).unwrap();
+        let qp_num = qp.qp_num();
+        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        let param = ConnParam::new();
+        let mut connect = Box::pin(id.connect(qp, &param, T));
+        let early = tokio::time::timeout(Duration::from_millis(500), &mut connect).await;
+        assert!(
+            early.is_err(),
+            "the server holds the request: the connect waits; got {:?}",
+            early.map(|r| r.map(|(_, ev)| ev.kind))
+        );
+        let t = Instant::now();
+        drop(connect);
+        drop(id);
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(1), "dropping took {took:?}");
+        holder.await.unwrap();
+        qp_num
+    });
+    drop(rt);
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", "qp", "lqpn", &qp_num.to_string()])
+        .output()
+        .expect("run rdma");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !listed.contains(&format!("lqpn {qp_num} ")),
+        "QP {qp_num} is still there: {listed}"
+    );
+}

@@ -41,6 +41,7 @@ impl Drop for QpAttach {
 pub(crate) struct Handshake {
     inner: Arc<IdInner>,
     pd: *mut ffi::ibv_pd,
+    iwarp: bool,
 }
 
 // SAFETY: the pointers are only dereferenced under the id's lock (in Drop).
@@ -51,12 +52,28 @@ unsafe impl Sync for Handshake {}
 impl Handshake {
     /// Turns an attach made under the lock into one that outlives the lock.
     pub(super) fn keep(inner: &Arc<IdInner>, attach: QpAttach) -> Handshake {
+        // SAFETY: valid id under its lock (the attach's); a connect or accept
+        // happens on a bound id, whose `verbs` is an open context with its device.
+        let iwarp = unsafe {
+            let verbs = (*attach.id).verbs;
+            !verbs.is_null() && (*(*verbs).device).transport_type == ffi::IBV_TRANSPORT_IWARP
+        };
         let h = Handshake {
             inner: inner.clone(),
             pd: attach.pd,
+            iwarp,
         };
         std::mem::forget(attach);
         h
+    }
+
+    /// Whether the id is on an iWARP device. There the kernel's iWARP CM holds
+    /// a reference to the QP from the connect (or accept) until the peer
+    /// answers or the MPA timer expires (siw: 10 s), and destroying the QP or
+    /// the id meanwhile waits for that.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn on_iwarp(&self) -> bool {
+        self.iwarp
     }
 }
 

@@ -75,6 +75,8 @@ use addr::*;
 use create_qp::*;
 use event::*;
 pub use event::{CmEvent, CmEventKind, ConnInfo, EventChannel};
+#[cfg(feature = "tokio")]
+pub(crate) use handshake::Handshake;
 use handshake::*;
 pub use id::CmId;
 use inner::*;

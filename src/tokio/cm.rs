@@ -8,10 +8,12 @@ use std::time::Duration;
 use ::tokio::io::unix::AsyncFd;
 
 use super::dispatch::shared_channel;
-use super::qp::AsyncQp;
+use super::qp::{AsyncQp, Parts};
 use super::{ReadinessFd, watch};
 use crate::cm::event::Awaited;
-use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, UdPeer, ud_peer};
+use crate::cm::{
+    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, Handshake, UdPeer, ud_peer,
+};
 use crate::error::{Error, Result};
 use crate::qp::Rc;
 use crate::qp::{Init, Qp, QpState, Rts, Ud};
@@ -120,6 +122,54 @@ impl Watched {
                 what: awaited.what,
                 after: limit,
             }))
+    }
+}
+
+/// A QP attached to an id for a connect or accept that has not finished.
+/// Dropped unfinished (the future cancelled, a timeout, a refusal), it
+/// detaches the QP and drops it. On iWARP that happens on the runtime's
+/// blocking pool: the kernel holds the QP until the peer answers or its MPA
+/// timer expires (siw: 10 s), and destroying the QP waits for that, which
+/// must not stall the runtime's other tasks. The QP holds the id, so the id
+/// is destroyed after it.
+struct InFlight {
+    handshake: Option<Handshake>,
+    qp: Option<(Qp<Rc, Init>, Parts)>,
+}
+
+impl InFlight {
+    /// Holds `qp` with the `handshake` it is attached by.
+    fn new(handshake: Handshake, qp: Qp<Rc, Init>, parts: Parts) -> InFlight {
+        InFlight {
+            handshake: Some(handshake),
+            qp: Some((qp, parts)),
+        }
+    }
+
+    /// The handshake finished: detaches the QP and gives it back.
+    fn finish(mut self) -> (Qp<Rc, Init>, Parts) {
+        drop(self.handshake.take());
+        self.qp
+            .take()
+            .expect("InFlight holds its QP until finished")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let (Some(handshake), Some(qp)) = (self.handshake.take(), self.qp.take()) else {
+            return;
+        };
+        let iwarp = handshake.on_iwarp();
+        let teardown = move || {
+            // Detach first: the id must not point at a destroyed QP.
+            drop(handshake);
+            drop(qp);
+        };
+        match ::tokio::runtime::Handle::try_current() {
+            Ok(rt) if iwarp => drop(rt.spawn_blocking(teardown)),
+            _ => teardown(),
+        }
     }
 }
 
@@ -248,11 +298,12 @@ impl AsyncCmId {
         timeout: Duration,
     ) -> Result<(AsyncQp<Rc, Rts>, CmEvent)> {
         let (qp, parts) = qp.into_parts();
-        // SAFETY: `qp` lives in this frame until after `handshake` is dropped
-        // (declared after it, so dropped first, also on cancellation).
+        // SAFETY: `qp` lives in this frame until `InFlight` takes it with the
+        // handshake, and InFlight drops the handshake first.
         let handshake = unsafe { self.inner.id.start_connect(&qp, param)? };
+        let in_flight = InFlight::new(handshake, qp, parts);
         let ev = self.inner.expect(Awaited::CONNECTED, timeout).await?;
-        drop(handshake);
+        let (qp, parts) = in_flight.finish();
         // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm
         // moved the QP to RTR and RTS (else it reports CONNECT_ERROR).
         let qp = unsafe { qp.assume_state::<Rts>() };
@@ -312,9 +363,10 @@ impl AsyncCmId {
         let (qp, parts) = qp.into_parts();
         // SAFETY: as in connect: `qp` outlives `handshake`.
         let (id, handshake) = unsafe { request.start_accept(&qp, param)? };
+        let in_flight = InFlight::new(handshake, qp, parts);
         let w = Watched::new(id)?;
         w.expect(Awaited::ACCEPTED, timeout).await?;
-        drop(handshake);
+        let (qp, parts) = in_flight.finish();
         // SAFETY: rdma_accept moved the attached QP to RTR and RTS, and the
         // peer confirmed (ESTABLISHED).
         let qp = unsafe { qp.assume_state::<Rts>() };
