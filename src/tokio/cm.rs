@@ -161,15 +161,28 @@ impl Drop for InFlight {
             return;
         };
         let iwarp = handshake.on_iwarp();
-        let teardown = move || {
-            // Detach first: the id must not point at a destroyed QP.
-            drop(handshake);
-            drop(qp);
-        };
+        let teardown = Teardown { handshake, qp };
         match ::tokio::runtime::Handle::try_current() {
-            Ok(rt) if iwarp => drop(rt.spawn_blocking(teardown)),
-            _ => teardown(),
+            // A pool that is shutting down drops the closure unrun: the
+            // teardown then happens right there, in the same order.
+            Ok(rt) if iwarp => drop(rt.spawn_blocking(move || teardown.run())),
+            _ => teardown.run(),
         }
+    }
+}
+
+/// What an unfinished [`InFlight`] drops, in field order: the handshake
+/// first, so the id never points at a destroyed QP, then the QP.
+struct Teardown {
+    handshake: Handshake,
+    qp: (Qp<Rc, Init>, Parts),
+}
+
+impl Teardown {
+    fn run(self) {
+        let Teardown { handshake, qp } = self;
+        drop(handshake);
+        drop(qp);
     }
 }
 
