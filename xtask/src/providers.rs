@@ -276,7 +276,7 @@ fn build_device_tests(only: Option<&[String]>) -> Result<Vec<PathBuf>> {
     build.current_dir(root).args([
         "test",
         "--features",
-        "gdr,tokio",
+        crate::test::DEVICE_TEST_FEATURES,
         "--no-run",
         "--message-format=json",
     ]);

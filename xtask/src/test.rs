@@ -367,12 +367,7 @@ fn device_tests_in_one_guest(
     for args in [targets.to_vec(), library.map(OsString::from).into()] {
         let mut build = cargo(root);
         build
-            .args([
-                "test",
-                "--features",
-                "gdr,tokio,memmap2,bytes",
-                "--no-fail-fast",
-            ])
+            .args(["test", "--features", DEVICE_TEST_FEATURES, "--no-fail-fast"])
             .args(&args)
             .env(&runner_var, recorder.runner()?);
         let built = cargo_build(&mut build)?;
@@ -386,6 +381,10 @@ fn device_tests_in_one_guest(
     let _ = fs::remove_dir_all(&work);
     outcome
 }
+
+/// The features the device tests are built with, here and by `cargo xtask providers`: the
+/// same set, so the suite's provider cell reuses the binaries this step built.
+pub const DEVICE_TEST_FEATURES: &str = "gdr,tokio,memmap2,bytes";
 
 /// Directory of the crate that tests `rdma-verbs-vm` as a user's cargo runner.
 pub const RUNNER_CRATE: &str = "tests/vm_runner_crate";
