@@ -205,6 +205,10 @@ impl CmId {
     /// from [`CmId::create_qp`]). A REJECTED, UNREACHABLE or CONNECT_ERROR
     /// event is returned as [`Error::CmEvent`]; on any failure the QP is
     /// dropped, and the id should be dropped too (an rdma_cm id connects once).
+    /// On iWARP the kernel holds the QP until the peer answers or the MPA timer
+    /// expires (siw: 10 s), so after a `timeout` shorter than that, dropping
+    /// the QP waits for the rest (the async `AsyncCmId::connect` drops it on
+    /// the runtime's blocking pool instead).
     #[doc(alias = "rdma_connect")]
     pub fn connect(
         &self,

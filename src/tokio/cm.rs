@@ -302,7 +302,9 @@ impl AsyncCmId {
     /// ESTABLISHED. Returns the QP in RTS and the ESTABLISHED event (the
     /// peer's private data). A rejection, an unreachable peer or a timeout is
     /// an error; the QP is dropped then. Cancel safe: dropping the future
-    /// abandons the handshake and drops the QP.
+    /// abandons the handshake and drops the QP (on iWARP, where the kernel
+    /// holds the QP until the peer answers or the MPA timer expires, on the
+    /// runtime's blocking pool, so no task waits for that).
     #[doc(alias = "rdma_connect")]
     pub async fn connect(
         &mut self,
