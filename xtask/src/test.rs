@@ -1,7 +1,7 @@
 //! `cargo xtask test`: the whole test suite, with the device tests inside soft-RoCE guests.
 //!
-//! Steps, all run even when an earlier one fails, each with `--features gdr,tokio,memmap2`
-//! (so the `gdr`, `tokio` and `memmap2` code is built and tested too, while the FFI comes
+//! Steps, all run even when an earlier one fails, each with `--features
+//! gdr,tokio,memmap2,bytes` (so that code is built and tested too, while the FFI comes
 //! from the checked-in bindings: the `bindgen` feature, which regenerates them, is
 //! `cargo xtask matrix`'s) and the extra arguments:
 //! 0. `cargo xtask layers` (the layer rule of ARCHITECTURE.md; one test), also in `--quick`;
@@ -306,10 +306,10 @@ fn provider_cell_step(summary: &mut Summary) {
     summary.add(&format!("{kernel}/{provider} cell"), outcome);
 }
 
-/// `cargo build --features gdr --examples` in the workspace.
+/// `cargo build --features DEVICE_TEST_FEATURES --examples` in the workspace.
 fn build_examples_counts(root: &Path) -> Result<Counts> {
     let mut examples = cargo(root);
-    examples.args(["build", "--features", "gdr,tokio,memmap2", "--examples"]);
+    examples.args(["build", "--features", DEVICE_TEST_FEATURES, "--examples"]);
     cargo_build(&mut examples)
 }
 
@@ -382,8 +382,9 @@ fn device_tests_in_one_guest(
     outcome
 }
 
-/// The features the device tests are built with, here and by `cargo xtask providers`: the
-/// same set, so the suite's provider cell reuses the binaries this step built.
+/// The features the device tests and the examples they run are built with, here and by
+/// `cargo xtask providers`: one set, so the library is built once for all of them and the
+/// suite's provider cell reuses the device step's binaries.
 pub const DEVICE_TEST_FEATURES: &str = "gdr,tokio,memmap2,bytes";
 
 /// Directory of the crate that tests `rdma-verbs-vm` as a user's cargo runner.
