@@ -257,6 +257,16 @@ impl Conn {
         self.cq.poll(&mut polled)?;
         let any = !polled.is_empty();
         for mut c in polled.drain(..) {
+            if c.status == WcStatus::WrFlushErr {
+                // The connection is going down: iWARP moves the QP to ERR when
+                // the peer closes, before DISCONNECTED is read here. rping skips
+                // flushed completions too; the send buffer comes back for reuse.
+                self.dbg(|| format!("flushed completion of wr {}", c.wr_id));
+                if c.wr_id == SEND_ID {
+                    self.send_buf = c.take_mr();
+                }
+                continue;
+            }
             if let Err(e) = c.result() {
                 return Err(format!("cq completion failed: {e}").into());
             }
