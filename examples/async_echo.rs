@@ -465,6 +465,11 @@ fn sync_conn(req: ConnectRequest, ctx: &Context, size: usize, depth: u32) -> Res
                 return Ok(());
             }
         };
+        if c.status == WcStatus::WrFlushErr {
+            // The QP went to ERR: the client left (iWARP flushes before
+            // DISCONNECTED can be read).
+            return Ok(());
+        }
         c.result()?;
         let Some(buf) = c.take_mr() else { continue };
         if c.opcode == WcOpcode::Recv {
