@@ -38,12 +38,13 @@
 //!    provider assumptions over rdma_cm, and what iWARP refuses) in one guest
 //!    ([`crate::providers::suite_cell`]); a test that passes, is unsupported or reports a
 //!    deviation counts as passed; `cargo xtask setup` builds siw's module for it;
-//! 7. the instruction-count guards, one `cargo xtask insn` of two plans in one guest
+//! 7. the instruction-count guards, one `cargo xtask insn` of three plans in one guest
 //!    ([`insn_guard_args`]): write_bw, send_bw and read_bw at 2 B, safe, raw and scoped
 //!    paths with one request per post, then raw and scoped with post lists of 8 for
-//!    send_bw; fails when safe/raw exceeds [`INSN_GUARD`] or scoped/raw exceeds
-//!    [`INSN_GUARD_SCOPED`] ([`INSN_GUARD_SCOPED_LISTS`] with lists; each plan counts as one
-//!    test). Instruction counts move only by a few percent between runs (empty polls), so
+//!    send_bw, then the tokio layer's stream of SENDs (`perf --async-stream 16`) against the
+//!    safe path, both at `-Q 1`; fails when safe/raw exceeds [`INSN_GUARD`], scoped/raw
+//!    exceeds [`INSN_GUARD_SCOPED`] ([`INSN_GUARD_SCOPED_LISTS`] with lists) or async/safe
+//!    exceeds [`INSN_GUARD_ASYNC`] (each plan counts as one test). Instruction counts move only by a few percent between runs (empty polls), so
 //!    this catches regressions of the safe paths' cost that timing under TCG cannot see.
 //!
 //! `cargo xtask test --quick` is the edit-test loop: step 1 without the doc tests, step 2
@@ -413,6 +414,13 @@ pub const INSN_GUARD_SCOPED: &str = "1.10";
 /// instructions per list).
 pub const INSN_GUARD_SCOPED_LISTS: &str = "1.12";
 
+/// Largest async/safe ratio the guard accepts for a stream of SENDs through the tokio
+/// layer (`perf --async-stream 16`: `AsyncQp::post_send` and `AsyncCq::next_batch`, 16 in
+/// flight, against `perf --safe`, both at `-Q 1`): issue #32's async target. Measured
+/// 2026-12-04 at 1.384 (send_bw) and 1.356 (write_bw, not in the guard: the same path
+/// with a cheaper request).
+pub const INSN_GUARD_ASYNC: &str = "1.50";
+
 /// The iteration counts N1,N2 of every guard run: the figure is (I(N2) - I(N1)) / (N2 - N1).
 pub const INSN_GUARD_ITERS: &str = "1000,3000";
 
@@ -422,10 +430,11 @@ pub const INSN_GUARD_ITERS: &str = "1000,3000";
 /// per row, the spread between sequential runs being ~0.5%, up to 3% for send_bw with lists).
 pub const INSN_GUARD_JOBS: &str = "2";
 
-/// The arguments of the guard's `cargo xtask insn`: two plans measured in one guest. First
-/// safe, raw and scoped with one request per post (write_bw, send_bw, read_bw); then raw
-/// and scoped with post lists of 8 for send_bw only (its ratio is the highest of the three;
-/// write_bw and read_bw post through the same prepared lists).
+/// The arguments of the guard's `cargo xtask insn`: three plans measured in one guest.
+/// First safe, raw and scoped with one request per post (write_bw, send_bw, read_bw); then
+/// raw and scoped with post lists of 8 for send_bw only (its ratio is the highest of the
+/// three; write_bw and read_bw post through the same prepared lists); then the async
+/// stream against safe at `-Q 1`, send_bw only (the higher of the two it runs).
 pub fn insn_guard_args() -> Vec<&'static str> {
     vec![
         "--tests",
@@ -453,11 +462,24 @@ pub fn insn_guard_args() -> Vec<&'static str> {
         INSN_GUARD_ITERS,
         "--check-scoped",
         INSN_GUARD_SCOPED_LISTS,
+        "--then",
+        "--tests",
+        "send_bw",
+        "--post-list",
+        "1",
+        "--paths",
+        "async-stream",
+        "--inflight",
+        "16",
+        "--iters",
+        INSN_GUARD_ITERS,
+        "--check-async",
+        INSN_GUARD_ASYNC,
     ]
 }
 
-/// Step 6: the instruction-count regression guards ([`insn_guard_args`]), in one guest;
-/// each of the two plans counts as one test.
+/// Step 7: the instruction-count regression guards ([`insn_guard_args`]), in one guest;
+/// each of the three plans counts as one test.
 fn insn_guard() -> Result<Counts> {
     let args = insn_guard_args();
     eprintln!("xtask test: cargo xtask insn {}", args.join(" "));

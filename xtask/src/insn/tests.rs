@@ -142,3 +142,20 @@ fn async_paths_bring_safe_and_signal_every_request() {
     assert!(parse_args(args(&["--paths", "async", "--tests", "read_bw"])).is_err());
     assert!(parse_args(args(&["--paths", "async", "--inflight", "0"])).is_err());
 }
+
+#[test]
+fn the_suites_guard_is_three_plans_with_their_checks() {
+    let args = crate::test::insn_guard_args()
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+    let plans = super::plan::parse_plans(args).unwrap().unwrap();
+    assert_eq!(plans.len(), 3);
+    assert!(plans[0].check.is_some() && plans[0].check_scoped.is_some());
+    assert!(plans[1].check_scoped.is_some());
+    let stream = &plans[2];
+    assert!(stream.check_async.is_some());
+    assert_eq!(stream.cq_mod, Some(1), "the stream and safe both at -Q 1");
+    let paths: Vec<String> = keys(stream).into_iter().map(|k| k.path).collect();
+    assert_eq!(paths, ["safe", "async-stream16"]);
+}
