@@ -127,11 +127,11 @@ impl Watched {
 
 /// A QP attached to an id for a connect or accept that has not finished.
 /// Dropped unfinished (the future cancelled, a timeout, a refusal), it
-/// detaches the QP and drops it. On iWARP that happens on the runtime's
-/// blocking pool: the kernel holds the QP until the peer answers or its MPA
-/// timer expires (siw: 10 s), and destroying the QP waits for that, which
-/// must not stall the runtime's other tasks. The QP holds the id, so the id
-/// is destroyed after it.
+/// detaches the QP at once and drops it. On iWARP the QP is dropped on the
+/// runtime's blocking pool: the kernel holds it until the peer answers or its
+/// MPA timer expires (siw: 10 s), and destroying it waits for that, which must
+/// not stall the runtime's other tasks. The QP holds the id, so the id is
+/// destroyed after it.
 struct InFlight {
     handshake: Option<Handshake>,
     qp: Option<(Qp<Rc, Init>, Parts)>,
@@ -157,32 +157,24 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let (Some(handshake), Some(qp)) = (self.handshake.take(), self.qp.take()) else {
+        let Some(handshake) = self.handshake.take() else {
             return;
         };
         let iwarp = handshake.on_iwarp();
-        let teardown = Teardown { handshake, qp };
-        match ::tokio::runtime::Handle::try_current() {
-            // A pool that is shutting down drops the closure unrun: the
-            // teardown then happens right there, in the same order.
-            Ok(rt) if iwarp => drop(rt.spawn_blocking(move || teardown.run())),
-            _ => teardown.run(),
-        }
-    }
-}
-
-/// What an unfinished [`InFlight`] drops, in field order: the handshake
-/// first, so the id never points at a destroyed QP, then the QP.
-struct Teardown {
-    handshake: Handshake,
-    qp: (Qp<Rc, Init>, Parts),
-}
-
-impl Teardown {
-    fn run(self) {
-        let Teardown { handshake, qp } = self;
+        // Detached here, before the QP can be destroyed anywhere: the id never
+        // points at a destroyed QP, and is free for another attach at once.
         drop(handshake);
-        drop(qp);
+        let Some(qp) = self.qp.take() else { return };
+        let rt = match ::tokio::runtime::Handle::try_current() {
+            Ok(rt) if iwarp => rt,
+            _ => return drop(qp),
+        };
+        // A pool that is shutting down drops the closure, and so the QP, right
+        // here. One that cannot start a thread panics after queueing it: no
+        // panic leaves a Drop, which may run during unwinding.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            drop(rt.spawn_blocking(move || drop(qp)));
+        }));
     }
 }
 
