@@ -17,7 +17,7 @@ use rdma_verbs::Error;
 use rdma_verbs::channel::CompletionChannel;
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
 use rdma_verbs::context::Context;
-use rdma_verbs::cq::{Cq, WcOpcode};
+use rdma_verbs::cq::{CompletionSource, Cq, WcOpcode, WcStatus};
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::pd::Pd;
 use rdma_verbs::qp::{Init, Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
@@ -547,4 +547,146 @@ fn readiness_reports_a_connect_request_without_consuming_it() {
     rx.recv_timeout(Duration::from_secs(5))
         .expect("dropping the listener still blocked after 5 s");
     assert!(dup.read(&mut [0u8; 16]).is_err());
+}
+
+/// One request each way: nine QPs share a CQ of 64 (siw cannot grow a CQ).
+fn one_each() -> QpCaps {
+    QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        ..QpCaps::default()
+    }
+}
+
+/// `connect_all` sets up eight connections to one listener at once and reports
+/// the one destination nobody listens on as its own error, in its place: each
+/// connection gets its own accept private data and its own message, matched by
+/// QP number on the client's shared CQ, and disconnects on its own.
+#[test]
+fn connect_all_sets_up_many_connections_and_reports_each_failure() {
+    const N: u8 = 8;
+    let addr = common::guest_at(20111);
+    let dead = common::guest_at(20112);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = thread::spawn(move || {
+        let listener = CmId::listener(addr, 16).expect("listen");
+        ready_tx.send(()).expect("signal");
+        let mut dev: Option<(Pd, Cq)> = None;
+        let mut conns = Vec::new();
+        for k in 0..N {
+            let req = listener.get_request(T).expect("connect request");
+            assert!(
+                req.private_data().starts_with(b"all"),
+                "{:?}",
+                req.private_data()
+            );
+            if dev.is_none() {
+                let ctx = req.id().context().expect("context");
+                dev = Some((Pd::new(&ctx).expect("pd"), Cq::new(&ctx, 64).expect("cq")));
+            }
+            let (pd, cq) = dev.as_ref().expect("made above");
+            let qp = req.id().create_qp(pd, cq, cq, one_each()).expect("qp");
+            let (mut qp, id) = req
+                .accept(qp, &ConnParam::new().private_data(&[k]), T)
+                .expect("accept");
+            send_bytes(pd, &mut qp, u64::from(k), format!("server {k}").as_bytes());
+            conns.push((qp, id));
+        }
+        let (_, cq) = dev.as_mut().expect("made above");
+        for c in wait(cq, usize::from(N)) {
+            c.result().expect("send ok");
+        }
+        for (_qp, id) in &conns {
+            id.expect_event(CmEventKind::Disconnected, T)
+                .expect("DISCONNECTED on the server");
+            // The reply the client's disconnect waits for.
+            id.disconnect().expect("disconnect reply");
+        }
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+
+    let mut dsts = vec![addr; usize::from(N) + 1];
+    dsts[3] = dead;
+    let mut dev: Option<(Pd, Cq)> = None;
+    let mut made = 0;
+    let results =
+        rdma_verbs::cm::connect_all(&dsts, &ConnParam::new().private_data(b"all"), T, |id| {
+            if dev.is_none() {
+                let ctx = id.context()?;
+                dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, 64)?));
+            }
+            let (pd, cq) = dev.as_ref().expect("made above");
+            let mut qp = id.create_qp(pd, cq, cq, one_each())?;
+            qp.post_recv(RecvWr::new(
+                made,
+                pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?,
+            ))?;
+            made += 1;
+            Ok(qp)
+        });
+    assert_eq!(results.len(), dsts.len());
+    let mut results: Vec<_> = results.into_iter().collect();
+    let refused = results.remove(3);
+    let iwarp = common::iwarp(&common::ctx());
+    match refused {
+        Err(Error::CmEvent {
+            event: CmEventKind::Rejected | CmEventKind::Unreachable,
+            ..
+        }) if !iwarp => {}
+        Err(
+            e @ Error::Verb {
+                verb: "rdma_connect",
+                ..
+            },
+        ) if iwarp && e.errno() == Some(libc::ECONNREFUSED) => {}
+        other => panic!("the dead port: expected REJECTED or UNREACHABLE, got {other:?}"),
+    }
+    let conns: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("a connection to the listener"))
+        .collect();
+    // Each connection's accept data names the message the server sent on it.
+    let mut by_qp = std::collections::HashMap::new();
+    for c in &conns {
+        assert_eq!(c.established.kind, CmEventKind::Established);
+        by_qp.insert(c.qp.qp_num(), c.established.private_data[0]);
+    }
+    assert_eq!(by_qp.len(), usize::from(N), "distinct QPs");
+    let mut seen: Vec<u8> = by_qp.values().copied().collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..N).collect::<Vec<_>>());
+    // The refused connection's receive may come back flushed (its QP went to
+    // ERR and was destroyed, releasing the buffer): a stale completion, whose
+    // QP number a new QP may have taken since (siw reuses them). Every other
+    // receive comes with its message.
+    let (_, cq) = dev.as_mut().expect("made by make_qp");
+    let (mut received, mut flushed) = (0, 0);
+    while received < N {
+        for mut c in wait(cq, 1) {
+            if c.source == CompletionSource::Stale {
+                assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
+                assert!(
+                    c.take_mr().is_none(),
+                    "a stale completion carries no buffer"
+                );
+                flushed += 1;
+                continue;
+            }
+            let k = by_qp[&c.qp_num];
+            c.result().expect("recv ok");
+            let data = c.take_mr().expect("buffer").to_vec().expect("copy");
+            assert_eq!(
+                &data[..c.byte_len as usize],
+                format!("server {k}").as_bytes()
+            );
+            received += 1;
+        }
+    }
+    assert!(flushed <= 1, "{flushed} flushed receives");
+    for c in &conns {
+        c.id.disconnect().expect("disconnect");
+        c.id.expect_event(CmEventKind::Disconnected, T)
+            .expect("DISCONNECTED on the client");
+    }
+    server.join().expect("server thread");
 }

@@ -41,6 +41,8 @@ impl Drop for QpAttach {
 pub(crate) struct Handshake {
     inner: Arc<IdInner>,
     pd: *mut ffi::ibv_pd,
+    /// The id is on an iWARP device ([`Handshake::on_iwarp`]).
+    #[cfg(feature = "tokio")]
     iwarp: bool,
 }
 
@@ -52,16 +54,17 @@ unsafe impl Sync for Handshake {}
 impl Handshake {
     /// Turns an attach made under the lock into one that outlives the lock.
     pub(super) fn keep(inner: &Arc<IdInner>, attach: QpAttach) -> Handshake {
-        // SAFETY: valid id under its lock (the attach's); a connect or accept
-        // happens on a bound id, whose `verbs` is an open context with its device.
-        let iwarp = unsafe {
-            let verbs = (*attach.id).verbs;
-            !verbs.is_null() && (*(*verbs).device).transport_type == ffi::IBV_TRANSPORT_IWARP
-        };
         let h = Handshake {
             inner: inner.clone(),
             pd: attach.pd,
-            iwarp,
+            // SAFETY: valid id under its lock (the attach's); a connect or
+            // accept happens on a bound id, whose `verbs` is an open context
+            // with its device.
+            #[cfg(feature = "tokio")]
+            iwarp: unsafe {
+                let verbs = (*attach.id).verbs;
+                !verbs.is_null() && (*(*verbs).device).transport_type == ffi::IBV_TRANSPORT_IWARP
+            },
         };
         std::mem::forget(attach);
         h
@@ -90,8 +93,8 @@ impl Drop for Handshake {
 }
 
 /// Starting halves of the handshakes, for the async layer (which awaits the
-/// events through the channel's readiness handle instead of blocking).
-#[cfg(feature = "tokio")]
+/// events through the channel's readiness handle instead of blocking) and
+/// [`connect_all`](super::connect_all) (which polls many ids' channels at once).
 impl CmId {
     pub(crate) fn start_resolve_addr(&self, dst: SocketAddr, timeout: Duration) -> Result<()> {
         self.start_resolve_addr_from(None, dst, timeout)

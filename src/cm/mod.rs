@@ -58,6 +58,7 @@ use crate::pd::Pd;
 use crate::qp::{Init, Qp, QpCaps, Rc, Rts};
 
 mod addr;
+mod batch;
 mod create_qp;
 pub(crate) mod event;
 mod handshake;
@@ -72,6 +73,7 @@ mod shared;
 mod ud;
 
 use addr::*;
+pub use batch::{Connected, connect_all};
 use create_qp::*;
 use event::*;
 pub use event::{CmEvent, CmEventKind, ConnInfo, EventChannel};
