@@ -6,8 +6,11 @@
 //! scale reg --size BYTES --iters N      # Mr::register + Mr::into_buffer on one buffer
 //! scale qp --iters N                    # Qp::new -> INIT -> RTR -> RTS -> drop
 //! scale cm-server --conns N [--tokio] [--port P]
-//! scale cm-client ADDR --conns N [--tokio] [--port P]
+//! scale cm-client ADDR --conns N [--tokio | --batch] [--port P]
 //! ```
+//!
+//! `--batch`: the blocking client sets all connections up with one
+//! `cm::connect_all` (its setup is one `step setup` line).
 //!
 //! Each prints `key value` lines (`ops_per_s`, or one `step NAME TOTAL_US` line
 //! per connection step), the format xtask's C loops print too. The C programs it
@@ -37,7 +40,7 @@ const USAGE: &str = "usage:
   scale reg --size BYTES --iters N
   scale qp --iters N
   scale cm-server --conns N [--tokio] [--port P]
-  scale cm-client ADDR --conns N [--tokio] [--port P]";
+  scale cm-client ADDR --conns N [--tokio | --batch] [--port P]";
 
 /// Largest region `reg` accepts (the guest has 2 GiB).
 const MAX_REG: usize = 1 << 30;
@@ -53,6 +56,7 @@ struct Args {
     iters: u64,
     conns: usize,
     tokio: bool,
+    batch: bool,
     port: u16,
 }
 
@@ -69,6 +73,7 @@ fn parse() -> Result<Args, String> {
         iters: 1000,
         conns: 64,
         tokio: false,
+        batch: false,
         port: 7471,
     };
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -83,6 +88,7 @@ fn parse() -> Result<Args, String> {
             "--conns" => a.conns = num("--conns", it.next())?,
             "--port" => a.port = num("--port", it.next())?,
             "--tokio" => a.tokio = true,
+            "--batch" => a.batch = true,
             s if !s.starts_with('-') && a.addr.is_none() => a.addr = Some(s.to_owned()),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -98,6 +104,9 @@ fn parse() -> Result<Args, String> {
             "--conns {} is out of range 1..={MAX_CONNS}",
             a.conns
         ));
+    }
+    if a.batch && (a.tokio || a.cmd != "cm-client") {
+        return Err("--batch is the blocking client's; not with --tokio".into());
     }
     if (a.cmd == "cm-client") != a.addr.is_some() {
         return Err("cm-client takes the server's address; the others take none".into());
@@ -187,6 +196,9 @@ fn connections(a: &Args) -> Result<()> {
     };
     match (a.cmd.as_str(), a.tokio) {
         ("cm-server", false) => cm::server(&run),
+        ("cm-client", false) if a.batch => {
+            cm::batch_client(&run, a.addr.as_deref().unwrap_or_default())
+        }
         ("cm-client", false) => cm::client(&run, a.addr.as_deref().unwrap_or_default()),
         #[cfg(feature = "tokio")]
         (cmd, true) => cm_async::run(&run, cmd == "cm-server", a.addr.as_deref()),

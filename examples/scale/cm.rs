@@ -8,7 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel};
+use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, connect_all};
 use rdma_verbs::prelude::*;
 
 /// How long any one event may take before the run fails.
@@ -152,6 +152,41 @@ pub fn client(run: &Run, addr: &str) -> Result<()> {
         id.disconnect()?;
     }
     drop(up);
+    for id in &ids {
+        id.expect_event(CmEventKind::Disconnected, WAIT)?;
+    }
+    t.done("disconnect");
+    drop(ids);
+    t.done("destroy");
+    println!("conns {}", run.conns);
+    Ok(())
+}
+
+/// The blocking client with `cm::connect_all`: every connection's steps on
+/// their events, all at once; the setup is one step (`step setup`), the
+/// teardown as `client`'s.
+pub fn batch_client(run: &Run, addr: &str) -> Result<()> {
+    let dst = server_addr(addr, run.port)?;
+    let _warm = EventChannel::new()?;
+    let mut t = Steps::start();
+    let mut dev: Option<(Pd, Cq)> = None;
+    let conns = connect_all(&vec![dst; run.conns], &param(), WAIT, |id| {
+        if dev.is_none() {
+            let ctx = id.context()?;
+            dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, cq_depth(run.conns))?));
+        }
+        let Some((pd, cq)) = &dev else {
+            return Err(Error::Other("no device for the connection".into()));
+        };
+        id.create_qp(pd, cq, cq, caps())
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
+    t.done("setup");
+    for c in &conns {
+        c.id.disconnect()?;
+    }
+    let ids: Vec<CmId> = conns.into_iter().map(|c| c.id).collect();
     for id in &ids {
         id.expect_event(CmEventKind::Disconnected, WAIT)?;
     }

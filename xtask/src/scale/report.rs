@@ -136,11 +136,19 @@ pub(super) fn parse_steps(text: &str) -> BTreeMap<String, f64> {
 /// first three together).
 pub(super) fn canonical_steps(raw: &BTreeMap<String, f64>) -> Option<BTreeMap<&'static str, f64>> {
     let get = |k: &str| raw.get(k).copied();
+    let mut out = BTreeMap::new();
+    for k in ["disconnect", "destroy"] {
+        out.insert(k, get(k)?);
+    }
+    // `connect_all` times its interleaved steps as one.
+    if let Some(setup) = get("setup") {
+        out.insert("setup", setup);
+        return Some(out);
+    }
     let resolve = get("resolve")
         .or_else(|| Some(get("create_id")? + get("resolve_addr")? + get("resolve_route")?))?;
-    let mut out = BTreeMap::new();
     out.insert("resolve", resolve);
-    for k in ["create_qp", "connect", "disconnect", "destroy"] {
+    for k in ["create_qp", "connect"] {
         out.insert(k, get(k)?);
     }
     out.insert("setup", resolve + out["create_qp"] + out["connect"]);
@@ -308,7 +316,7 @@ fn cm_run(logs: &Logs, name: &str) -> CmRun {
 
 /// The rows of `setup`.
 fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
-    let runs: BTreeMap<(String, u32, u32), CmRun> = ["c", "blocking", "tokio"]
+    let runs: BTreeMap<(String, u32, u32), CmRun> = ["c", "blocking", "batch", "tokio"]
         .iter()
         .flat_map(|imp| cm_counts(plan).into_iter().map(move |n| (imp, n)))
         .flat_map(|(imp, n)| (0..plan.reps).map(move |r| (imp, n, r)))
@@ -319,7 +327,7 @@ fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
             )
         })
         .collect();
-    for mode in ["blocking", "tokio"] {
+    for mode in ["blocking", "batch", "tokio"] {
         for &n in &plan.conns {
             let per_rep =
                 |imp: &str, f: &dyn Fn(&CmRun, &CmRun) -> Option<f64>| -> Vec<Option<f64>> {
@@ -347,8 +355,16 @@ fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
                 &per_rep("c", &setup),
                 why,
             ));
-            for step in ["resolve", "create_qp", "connect", "disconnect", "destroy"] {
-                let per_conn = |x: &CmRun, _: &CmRun| x.steps.as_ref().map(|s| s[step] / nf);
+            let steps: &[&str] = if mode == "batch" {
+                // Its setup is one step: resolution, QP and connect interleaved.
+                &["disconnect", "destroy"]
+            } else {
+                &["resolve", "create_qp", "connect", "disconnect", "destroy"]
+            };
+            for &step in steps {
+                let per_conn = |x: &CmRun, _: &CmRun| {
+                    x.steps.as_ref().and_then(|s| s.get(step)).map(|v| v / nf)
+                };
                 rows.push(row(
                     format!("cm_{step}_{mode}"),
                     n.into(),

@@ -1,7 +1,7 @@
 //! The guest script of `scale`: `sh -c SCRIPT scale OUTDIR PERF SCALE C_LOOP`.
 //!
 //! Log names (under OUTDIR, which `report` reads): `cm_IMPL_N_REP.{client,server}.{txt,rss}`
-//! (IMPL `c` = cmtime, `blocking`, `tokio`), `reg_IMPL_SIZE_REP.txt` and `qp_IMPL_REP.txt`
+//! (IMPL `c` = cmtime, `blocking`, `batch` (blocking, `cm::connect_all`), `tokio`), `reg_IMPL_SIZE_REP.txt` and `qp_IMPL_REP.txt`
 //! (IMPL `c` or `ours`), `rate_TEST_QPS_IMPL_REP.{client.txt,json}` (IMPL `perftest`,
 //! `safe`, `scoped`); `status` has a line `NAME STATUS...` per run.
 
@@ -31,8 +31,10 @@ fn functions() -> String {
          \x20 if [ \"$impl\" = c ]; then\n\
          \x20   cmtime -p $port > \"$OUT/$name.server.txt\" 2>&1 &\n\
          \x20 else\n\
-         \x20   mode=; [ \"$impl\" = tokio ] && mode=--tokio\n\
-         \x20   peak $name.server $SCALE cm-server --conns $n --port $port $mode &\n\
+         \x20   smode=; cmode=\n\
+         \x20   [ \"$impl\" = tokio ] && smode=--tokio && cmode=--tokio\n\
+         \x20   [ \"$impl\" = batch ] && cmode=--batch\n\
+         \x20   peak $name.server $SCALE cm-server --conns $n --port $port $smode &\n\
          \x20 fi\n\
          \x20 spid=$!; sleep 1\n\
          \x20 if [ \"$impl\" = c ]; then\n\
@@ -40,7 +42,7 @@ fn functions() -> String {
          \x20   sed -n 's/^VmHWM:[^0-9]*\\([0-9]*\\).*/maxrss_kib \\1/p' /proc/$spid/status > \"$OUT/$name.server.rss\"\n\
          \x20   kill $spid\n\
          \x20 else\n\
-         \x20   peak $name.client $SCALE cm-client $ADDR --conns $n --port $port $mode; crc=$?\n\
+         \x20   peak $name.client $SCALE cm-client $ADDR --conns $n --port $port $cmode; crc=$?\n\
          \x20 fi\n\
          \x20 wait $spid; src=$?\n\
          \x20 echo \"$name $crc $src\" >> \"$OUT/status\"\n\
@@ -91,7 +93,7 @@ pub(super) fn script(plan: &Plan) -> String {
             match *part {
                 "setup" => {
                     for n in cm_counts(plan) {
-                        for imp in order(vec!["c", "blocking", "tokio"]) {
+                        for imp in order(vec!["c", "blocking", "batch", "tokio"]) {
                             let _ = writeln!(s, "cm cm_{imp}_{n}_{rep} {imp} {n} {port}");
                             port += 1;
                         }

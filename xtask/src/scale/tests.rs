@@ -41,9 +41,11 @@ fn script_runs_every_part_and_alternates_the_order() {
         panic!("a run was asked for");
     };
     let s = script(&p);
-    // n = 1 (the memory baseline) and 8, three implementations, two repetitions.
-    assert_eq!(s.matches("\ncm cm_").count(), 2 * 3 * 2);
+    // n = 1 (the memory baseline) and 8, four implementations, two repetitions.
+    assert_eq!(s.matches("\ncm cm_").count(), 2 * 4 * 2);
     assert!(s.contains("cm cm_c_8_0 c 8 "));
+    assert!(s.contains("cm cm_batch_8_1 batch 8 "));
+    assert!(s.contains("= batch ] && cmode=--batch"));
     assert!(s.contains("one reg_c_4096_0 $CLOOP reg 4096 2000\none reg_ours_4096_0 $SCALE reg --size 4096 --iters 2000"));
     assert!(s.contains(
         "one reg_ours_67108864_1 $SCALE reg --size 67108864 --iters 8\none reg_c_67108864_1"
@@ -57,7 +59,7 @@ fn script_runs_every_part_and_alternates_the_order() {
         .filter(|l| l.starts_with("cm cm_"))
         .filter_map(|l| l.split_whitespace().nth(4))
         .collect();
-    assert_eq!(ports.len(), 12);
+    assert_eq!(ports.len(), 16);
 }
 
 const CMTIME: &str = "creating id\nstep              total ms     max ms     min us  us / conn
@@ -80,6 +82,12 @@ fn reads_cmtime_and_the_example() {
     let o = canonical_steps(&parse_steps(ours)).unwrap();
     assert_eq!((o["resolve"], o["setup"]), (100.0, 420.0));
     assert!(canonical_steps(&parse_steps("step resolve 100\n")).is_none());
+    // connect_all's run: the setup as one step.
+    let batch = canonical_steps(&parse_steps(
+        "step setup 300\nstep disconnect 40\nstep destroy 5\n",
+    ))
+    .unwrap();
+    assert_eq!((batch["setup"], batch.get("resolve")), (300.0, None));
     assert_eq!(
         parse_rss("Command exited with non-zero status 1\nmaxrss_kib 5600\n"),
         Some(5600.0)
