@@ -5,6 +5,8 @@
 
 use std::time::Instant;
 
+use crate::sys::fd::deadline_after;
+
 use super::*;
 
 /// A connection [`connect_all`] set up.
@@ -63,34 +65,40 @@ enum Advance {
 /// Sets up an RC connection to each of `dsts` at once, from this thread:
 /// resolves each address and route, calls `make_qp` with the id once its route
 /// is resolved (create the QP there with [`CmId::create_qp`] and post its
-/// receives; the PD and CQs can be shared, made on the first call from
-/// [`CmId::context`]), and connects it with `param`. Each step of each
-/// connection is bounded by `timeout` (the resolutions plus 2 s for the
-/// kernel to report, as [`CmId::resolve_addr`]).
+/// receives; when every destination routes through one device, the PD and CQs
+/// can be shared, made on the first call from [`CmId::context`]), and connects
+/// it with `param`. Each step of each connection is bounded by `timeout` (the
+/// resolutions plus 2 s for the kernel to report, as [`CmId::resolve_addr`]), so
+/// a connection ends within about three times that, plus what `make_qp` takes.
 ///
 /// Returns one result per destination, in order: the [`Connected`] id and QP,
 /// or what ended that connection (the error `make_qp` returned, an
 /// [`Error::CmEvent`] such as REJECTED or UNREACHABLE, an
-/// [`Error::Timeout`]); the others go on. On iWARP a connect that timed out
-/// keeps its QP in the kernel until the peer answers or the MPA timer expires
-/// (siw: 10 s), and dropping it waits for that: such connections are dropped
-/// after the others are done.
+/// [`Error::Timeout`]); the others go on.
 ///
-/// The ids' events are this call's until it returns; `make_qp` must not read
-/// them. Up to the process's descriptor limit: each id has an event channel.
+/// On iWARP two waits of the kernel's are outside `timeout`. Where
+/// `rdma_connect` connects the TCP stream before it returns (siw on Debian's
+/// 6.1 and 6.12 kernels does), a destination that does not answer holds the
+/// whole call for TCP's connect timeout, and a refusal is an [`Error::Verb`]
+/// (`ECONNREFUSED`) at once. And a connect that timed out keeps its QP in the kernel until the
+/// peer answers or the MPA timer expires (siw: 10 s): such connections are
+/// dropped after the others are done, and the call returns after that wait.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use rdma_verbs::cm::{connect_all, ConnParam};
 /// use rdma_verbs::prelude::*;
 /// let dsts: Vec<std::net::SocketAddr> = (0..64).map(|_| "10.99.0.1:7174".parse().unwrap()).collect();
+/// // Four requests each way per connection, one CQ for all of them.
+/// let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, ..QpCaps::default() };
 /// let mut dev: Option<(Pd, Cq)> = None;
 /// let conns = connect_all(&dsts, &ConnParam::new(), Duration::from_secs(5), |id| {
 ///     if dev.is_none() {
 ///         let ctx = id.context()?;
-///         dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, 256)?));
+///         dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, 64 * 8)?));
 ///     }
 ///     let (pd, cq) = dev.as_ref().expect("made above");
-///     id.create_qp(pd, cq, cq, QpCaps::default())
+///     id.create_qp(pd, cq, cq, caps)
 /// });
 /// for c in conns {
 ///     let c = c?;
@@ -120,7 +128,7 @@ where
                 index,
                 id,
                 step: Step::Addr,
-                deadline: Instant::now() + Awaited::ADDR_RESOLVED.limit(timeout),
+                deadline: deadline_after(Awaited::ADDR_RESOLVED.limit(timeout)),
             }),
             Err(e) => out[index] = Some(Err(e)),
         }
@@ -189,7 +197,8 @@ fn wait_for_events(pending: &[Pending]) -> io::Result<Vec<bool>> {
     let wait = nearest.saturating_duration_since(Instant::now());
     // Rounded up, so a deadline is not polled for in a busy loop just before it.
     let ms = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
-    let n = libc::nfds_t::try_from(fds.len()).unwrap_or(libc::nfds_t::MAX);
+    // nfds_t is an unsigned long: every length fits.
+    let n = fds.len() as libc::nfds_t;
     // SAFETY: `fds` is a live array of `n` pollfds; each fd is an open event
     // channel of an id that `pending` keeps alive during the call.
     let rc = unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
@@ -247,9 +256,10 @@ where
                 Err(e) => return Advance::Done(p.index, Err(e)),
             };
             // SAFETY: the QP moves into `Attached` with its handshake, whose
-            // fields drop the handshake first; it is taken out only after the
-            // handshake is dropped (below). Moving a `Qp` does not move the
-            // `ibv_qp` librdmacm points at.
+            // fields drop the handshake first, and leaves it only with the
+            // handshake, which is dropped right then (below), before the QP is
+            // used or dropped. Moving a `Qp` does not move the `ibv_qp`
+            // librdmacm points at.
             match unsafe { p.id.start_connect(&qp, param) } {
                 Ok(handshake) => (
                     Step::Connect(Box::new(Attached { handshake, qp })),
@@ -273,6 +283,6 @@ where
         }
     };
     p.step = step;
-    p.deadline = Instant::now() + awaited.limit(timeout);
+    p.deadline = deadline_after(awaited.limit(timeout));
     Advance::Waiting(p)
 }
