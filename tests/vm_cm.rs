@@ -714,3 +714,111 @@ fn connect_all_sets_up_many_connections_and_reports_each_failure() {
     });
     assert!(r[0].is_err(), "nobody listens on {dead}");
 }
+
+/// `accept_all` against `connect_all`: eight connections set up at once on
+/// both sides, each request's private data seen by `make_qp` in the order of
+/// the results, one message per connection, each connection's two ids paired
+/// with their QPs (the client id whose QP got message k is the peer of the
+/// server's id k), and a listener nobody calls anymore ends the taking after
+/// `timeout` with what it took.
+#[test]
+fn accept_all_takes_many_requests_at_once() {
+    const N: usize = 8;
+    let addr = common::guest_at(20113);
+    let listener = CmId::listener(addr, 16).expect("listen");
+    let server = thread::spawn(move || {
+        let mut dev: Option<(Pd, Cq)> = None;
+        let mut seen = Vec::new();
+        let conns = rdma_verbs::cm::accept_all(&listener, N, &ConnParam::new(), T, |req| {
+            seen.push(req.private_data()[..3].to_vec());
+            if dev.is_none() {
+                let ctx = req.id().context()?;
+                dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, 64)?));
+            }
+            let (pd, cq) = dev.as_ref().expect("made above");
+            req.id().create_qp(pd, cq, cq, one_each())
+        });
+        assert_eq!(conns.len(), N);
+        assert!(seen.iter().all(|p| p == b"all"), "{seen:?}");
+        let mut conns: Vec<_> = conns.into_iter().map(|c| c.expect("accepted")).collect();
+        let (pd, cq) = dev.as_mut().expect("made by make_qp");
+        let mut peers = Vec::new();
+        for (k, c) in conns.iter_mut().enumerate() {
+            send_bytes(pd, &mut c.qp, k as u64, format!("server {k}").as_bytes());
+            peers.push(c.id.peer_addr().expect("the client's address"));
+        }
+        for c in wait(cq, N) {
+            c.result().expect("send ok");
+        }
+        for c in &conns {
+            c.id.expect_event(CmEventKind::Disconnected, T)
+                .expect("DISCONNECTED on the server");
+            c.id.disconnect().expect("disconnect reply");
+        }
+        // Nobody calls any more: the taking ends after its timeout, with none.
+        let t = Instant::now();
+        let none = rdma_verbs::cm::accept_all(
+            &listener,
+            1,
+            &ConnParam::new(),
+            Duration::from_millis(200),
+            |_| unreachable!("no request comes"),
+        );
+        assert!(none.is_empty(), "{} results", none.len());
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        peers
+    });
+    let mut dev: Option<(Pd, Cq)> = None;
+    let conns: Vec<_> = rdma_verbs::cm::connect_all(
+        &[addr; N],
+        &ConnParam::new().private_data(b"all"),
+        T,
+        |id| {
+            let ctx = id.context()?;
+            if dev.is_none() {
+                dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, 64)?));
+            }
+            let (pd, cq) = dev.as_ref().expect("made above");
+            let mut qp = id.create_qp(pd, cq, cq, one_each())?;
+            qp.post_recv(RecvWr::new(0, pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?))?;
+            Ok(qp)
+        },
+    )
+    .into_iter()
+    .map(|r| r.expect("connected"))
+    .collect();
+    let (_, cq) = dev.as_mut().expect("made by make_qp");
+    let mut got = std::collections::HashMap::new();
+    for mut c in wait(cq, N) {
+        c.result().expect("recv ok");
+        let data = c.take_mr().expect("buffer").to_vec().expect("copy");
+        let text = String::from_utf8(data[..c.byte_len as usize].to_vec()).expect("utf-8");
+        let k: usize = text
+            .strip_prefix("server ")
+            .and_then(|k| k.parse().ok())
+            .unwrap_or_else(|| panic!("message {text:?}"));
+        assert!(
+            got.insert(c.qp_num, k).is_none(),
+            "two messages on QP {}",
+            c.qp_num
+        );
+    }
+    let locals: Vec<(usize, Option<SocketAddr>)> = conns
+        .iter()
+        .map(|c| (got[&c.qp.qp_num()], c.id.local_addr()))
+        .collect();
+    for c in &conns {
+        c.id.disconnect().expect("disconnect");
+    }
+    for c in &conns {
+        c.id.expect_event(CmEventKind::Disconnected, T)
+            .expect("DISCONNECTED on the client");
+    }
+    let peers = server.join().expect("server thread");
+    let mut ks: Vec<usize> = locals.iter().map(|(k, _)| *k).collect();
+    ks.sort_unstable();
+    assert_eq!(ks, (0..N).collect::<Vec<_>>());
+    for (k, local) in locals {
+        assert_eq!(Some(peers[k]), local, "connection {k}");
+    }
+}

@@ -137,7 +137,6 @@ impl CmId {
     }
 }
 
-#[cfg(feature = "tokio")]
 impl ConnectRequest {
     /// `rdma_accept` with `qp` attached; ESTABLISHED (or an error event)
     /// follows on the returned id.

@@ -73,7 +73,7 @@ mod shared;
 mod ud;
 
 use addr::*;
-pub use batch::{Connected, connect_all};
+pub use batch::{Connected, accept_all, connect_all};
 use create_qp::*;
 use event::*;
 pub use event::{CmEvent, CmEventKind, ConnInfo, EventChannel};
