@@ -5,12 +5,13 @@
 //! ```text
 //! scale reg --size BYTES --iters N      # Mr::register + Mr::into_buffer on one buffer
 //! scale qp --iters N                    # Qp::new -> INIT -> RTR -> RTS -> drop
-//! scale cm-server --conns N [--tokio] [--port P]
+//! scale cm-server --conns N [--tokio | --batch] [--port P]
 //! scale cm-client ADDR --conns N [--tokio | --batch] [--port P]
 //! ```
 //!
-//! `--batch`: the blocking client sets all connections up with one
-//! `cm::connect_all` (its setup is one `step setup` line).
+//! `--batch`: the blocking server accepts with one `cm::accept_all`, the
+//! blocking client connects with one `cm::connect_all` (its setup is one
+//! `step setup` line).
 //!
 //! Each prints `key value` lines (`ops_per_s`, or one `step NAME TOTAL_US` line
 //! per connection step), the format xtask's C loops print too. The C programs it
@@ -39,7 +40,7 @@ mod fd_limit;
 const USAGE: &str = "usage:
   scale reg --size BYTES --iters N
   scale qp --iters N
-  scale cm-server --conns N [--tokio] [--port P]
+  scale cm-server --conns N [--tokio | --batch] [--port P]
   scale cm-client ADDR --conns N [--tokio | --batch] [--port P]";
 
 /// Largest region `reg` accepts (the guest has 2 GiB).
@@ -105,8 +106,8 @@ fn parse() -> Result<Args, String> {
             a.conns
         ));
     }
-    if a.batch && (a.tokio || a.cmd != "cm-client") {
-        return Err("--batch is the blocking client's; not with --tokio".into());
+    if a.batch && (a.tokio || !a.cmd.starts_with("cm-")) {
+        return Err("--batch is the blocking cm-server's and cm-client's; not with --tokio".into());
     }
     if (a.cmd == "cm-client") != a.addr.is_some() {
         return Err("cm-client takes the server's address; the others take none".into());
@@ -195,6 +196,7 @@ fn connections(a: &Args) -> Result<()> {
         port: a.port,
     };
     match (a.cmd.as_str(), a.tokio) {
+        ("cm-server", false) if a.batch => cm::batch_server(&run),
         ("cm-server", false) => cm::server(&run),
         ("cm-client", false) if a.batch => {
             cm::batch_client(&run, a.addr.as_deref().unwrap_or_default())

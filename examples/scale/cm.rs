@@ -8,7 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, connect_all};
+use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, accept_all, connect_all};
 use rdma_verbs::prelude::*;
 
 /// How long any one event may take before the run fails.
@@ -94,6 +94,47 @@ pub fn server(run: &Run) -> Result<()> {
     for (qp, id) in conns {
         id.expect_event(CmEventKind::Disconnected, WAIT)?;
         // The reply the client's disconnect waits for; the connection is down either way.
+        let _ = id.disconnect();
+        drop(qp);
+    }
+    println!("conns {}", run.conns);
+    println!("disconnected_before_established {gone}");
+    Ok(())
+}
+
+/// The blocking server with `cm::accept_all`: every request accepted as it
+/// comes, every ESTABLISHED awaited together; then as `server`.
+pub fn batch_server(run: &Run) -> Result<()> {
+    let listener = CmId::listener(listen_addr(run.port), 1024)?;
+    let mut dev: Option<(Pd, Cq)> = None;
+    let accepted = accept_all(&listener, run.conns, &param(), WAIT, |req| {
+        if dev.is_none() {
+            let ctx = req.id().context()?;
+            dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, cq_depth(run.conns))?));
+        }
+        let Some((pd, cq)) = &dev else {
+            return Err(Error::Other("no device for the request".into()));
+        };
+        req.id().create_qp(pd, cq, cq, caps())
+    });
+    if accepted.len() < run.conns {
+        return Err(Error::Other(format!(
+            "{} of {} connection requests came",
+            accepted.len(),
+            run.conns
+        )));
+    }
+    let mut conns = Vec::with_capacity(run.conns);
+    let mut gone = 0;
+    for c in accepted {
+        match c {
+            Ok(c) => conns.push((c.qp, c.id)),
+            Err(e) if torn_down(&e) => gone += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    for (qp, id) in conns {
+        id.expect_event(CmEventKind::Disconnected, WAIT)?;
         let _ = id.disconnect();
         drop(qp);
     }

@@ -3,7 +3,8 @@
 //!
 //! Parts (`--only`):
 //! - `setup`: rdma_cm setup of n connections (`--n`, default 64, 256, 1,024) by
-//!   `examples/scale.rs` (`cm-server`/`cm-client`: blocking, `--tokio`, and the blocking client with `--batch` (`cm::connect_all`) against the tokio server) against
+//!   `examples/scale.rs` (`cm-server`/`cm-client`: blocking, `--tokio`, and blocking with
+//!   `--batch`, through `cm::accept_all` and `cm::connect_all`) against
 //!   rdma-core's `cmtime` (rdmacm-utils): connections per second over the setup steps
 //!   (create id, resolve address and route, create QP, connect), the time per connection
 //!   of each step (create id and the two resolutions together, as the async layer does

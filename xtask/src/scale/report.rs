@@ -375,13 +375,7 @@ fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
                     why,
                 ));
             }
-            // batch runs the tokio server: its memory is the tokio rows'.
-            let sides: &[&str] = if mode == "batch" {
-                &["client"]
-            } else {
-                &["client", "server"]
-            };
-            for (i, &side) in sides.iter().enumerate() {
+            for (i, side) in ["client", "server"].into_iter().enumerate() {
                 let mem = |x: &CmRun, base: &CmRun| Some((x.rss[i]? - base.rss[i]?) / (nf - 1.0));
                 rows.push(row(
                     format!("cm_mem_{side}_{mode}"),

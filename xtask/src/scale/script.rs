@@ -1,8 +1,8 @@
 //! The guest script of `scale`: `sh -c SCRIPT scale OUTDIR PERF SCALE C_LOOP`.
 //!
 //! Log names (under OUTDIR, which `report` reads): `cm_IMPL_N_REP.{client,server}.{txt,rss}`
-//! (IMPL `c` = cmtime, `blocking`, `batch` (the blocking client through `cm::connect_all`,
-//! the tokio server, which accepts concurrently as cmtime's does), `tokio`),
+//! (IMPL `c` = cmtime, `blocking`, `batch` (blocking, through `cm::accept_all` and
+//! `cm::connect_all`), `tokio`),
 //! `reg_IMPL_SIZE_REP.txt` and `qp_IMPL_REP.txt`
 //! (IMPL `c` or `ours`), `rate_TEST_QPS_IMPL_REP.{client.txt,json}` (IMPL `perftest`,
 //! `safe`, `scoped`); `status` has a line `NAME STATUS...` per run.
@@ -35,7 +35,7 @@ fn functions() -> String {
          \x20 else\n\
          \x20   smode=; cmode=\n\
          \x20   [ \"$impl\" = tokio ] && smode=--tokio && cmode=--tokio\n\
-         \x20   [ \"$impl\" = batch ] && smode=--tokio && cmode=--batch\n\
+         \x20   [ \"$impl\" = batch ] && smode=--batch && cmode=--batch\n\
          \x20   peak $name.server $SCALE cm-server --conns $n --port $port $smode &\n\
          \x20 fi\n\
          \x20 spid=$!; sleep 1\n\

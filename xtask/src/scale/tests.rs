@@ -45,7 +45,7 @@ fn script_runs_every_part_and_alternates_the_order() {
     assert_eq!(s.matches("\ncm cm_").count(), 2 * 4 * 2);
     assert!(s.contains("cm cm_c_8_0 c 8 "));
     assert!(s.contains("cm cm_batch_8_1 batch 8 "));
-    assert!(s.contains("= batch ] && smode=--tokio && cmode=--batch"));
+    assert!(s.contains("= batch ] && smode=--batch && cmode=--batch"));
     assert!(s.contains("one reg_c_4096_0 $CLOOP reg 4096 2000\none reg_ours_4096_0 $SCALE reg --size 4096 --iters 2000"));
     assert!(s.contains(
         "one reg_ours_67108864_1 $SCALE reg --size 67108864 --iters 8\none reg_c_67108864_1"
