@@ -24,6 +24,9 @@
 //! # Ok::<(), rdma_verbs::Error>(())
 //! ```
 //!
+//! Many connections at once from one thread: [`connect_all`] and [`accept_all`]
+//! (each connection's next step on its event, as `cmtime` does).
+//!
 //! Every [`CmId`] owns its [`EventChannel`] (the async layer's ids share one
 //! per runtime, with each event routed to its id); each event is copied into a
 //! [`CmEvent`] and acknowledged at once. Every wait takes a timeout and ends
