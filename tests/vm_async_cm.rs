@@ -696,3 +696,26 @@ fn many_ids_on_one_runtime_each_get_their_own_events() {
         assert_eq!(before.get(k), after.get(k), "{k} count at the end");
     }
 }
+
+/// `cm::accept_all` refuses a listener whose events the runtime reads (it
+/// would wait on a channel the runtime empties) with a typed error.
+#[test]
+fn accept_all_refuses_an_async_listener() {
+    let rt = runtime();
+    rt.block_on(async {
+        let listener = Listener::bind(addr(7498), 4).unwrap();
+        let r = rdma_verbs::cm::accept_all(listener.id(), 1, &ConnParam::new(), T, |_| {
+            unreachable!("no request is taken")
+        });
+        assert!(
+            matches!(
+                r.as_slice(),
+                [Err(rdma_verbs::Error::InvalidArgument {
+                    what: "listener",
+                    ..
+                })]
+            ),
+            "{r:?}"
+        );
+    });
+}

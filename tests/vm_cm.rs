@@ -716,8 +716,8 @@ fn connect_all_sets_up_many_connections_and_reports_each_failure() {
 }
 
 /// `accept_all` against `connect_all`: eight connections set up at once on
-/// both sides, each request's private data seen by `make_qp` in the order of
-/// the results, one message per connection, each connection's two ids paired
+/// both sides, each request's private data seen by `make_qp`, one result per
+/// request, one message per connection, each connection's two ids paired
 /// with their QPs (the client id whose QP got message k is the peer of the
 /// server's id k), and a listener nobody calls anymore ends the taking after
 /// `timeout` with what it took.

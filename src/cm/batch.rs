@@ -164,8 +164,14 @@ where
 ///
 /// Returns one result per request taken, in the order they came (the order
 /// `make_qp` was called in): the [`Connected`] id and QP, or what ended that
-/// connection. An error event on the listener ends the taking with that
-/// error as the last result.
+/// connection. An error on the listener (an error event, or one taking a
+/// request, such as running out of file descriptors: each connection's id has
+/// an event channel) ends the taking, as the last result. A `listener` that is
+/// not listening gets no request: no result after `timeout`. One whose events
+/// the tokio layer reads (an async `Listener`'s id) is refused with
+/// [`Error::InvalidArgument`]. On iWARP an accept that timed out keeps its QP
+/// in the kernel until the MPA exchange ends, and the call returns after that
+/// wait (as [`connect_all`]'s).
 /// ```no_run
 /// use std::time::Duration;
 /// use rdma_verbs::cm::{accept_all, CmId, ConnParam};
@@ -195,7 +201,17 @@ pub fn accept_all<F>(
 where
     F: FnMut(&ConnectRequest) -> Result<Qp<Rc, Init>>,
 {
-    let mut out = Vec::with_capacity(n);
+    if listener.inner.is_shared() {
+        return vec![Err(Error::InvalidArgument {
+            what: "listener",
+            reason: "its events arrive on the tokio runtime's shared channel, which that \
+                     runtime reads: accept its requests with the async Listener, or listen \
+                     with CmId::listener"
+                .into(),
+        })];
+    }
+    // `n` may be a "no more than"; the vector grows as requests come.
+    let mut out = Vec::with_capacity(n.min(1024));
     let mut pending: Vec<Pending> = Vec::new();
     let mut late = Vec::new();
     // When the next request must have come by; `None` once taking stopped.
@@ -229,7 +245,13 @@ where
                 };
                 next_request = taking.take(requested, by, &mut out, &mut start);
             }
-            (Some(_), Err(_)) => next_request = None,
+            (Some(_), Err(e)) => {
+                out.push(Some(Err(Error::Io {
+                    what: "polling the rdma_cm event channels",
+                    source: io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(0)),
+                })));
+                next_request = None;
+            }
             (None, _) => {}
         }
         pending = advance(
@@ -287,7 +309,8 @@ impl Taking<'_> {
 }
 
 /// Makes `req`'s QP and accepts it without waiting: the connection, waiting
-/// for ESTABLISHED. An error drops the request, which rejects it.
+/// for ESTABLISHED. An error drops the request (rejecting it) or, after a
+/// failed `rdma_accept`, its id (which refuses the peer).
 fn start_accept<F>(
     req: ConnectRequest,
     index: usize,
@@ -343,11 +366,20 @@ where
     for (i, p) in pending.into_iter().enumerate() {
         // One readiness per pending connection, in order (a missing one: not readable).
         let readable = ready.get(i).copied().unwrap_or(false);
-        let advanced = if readable {
+        let mut advanced = if readable {
             drain_events(p, param, timeout, make_qp)
         } else {
             Advance::Waiting(p)
         };
+        if let Advance::Waiting(p) = advanced {
+            advanced = if !readable && p.deadline <= now {
+                // A last look: its event may have come after the poll (while
+                // other connections' requests were taken, say).
+                drain_events(p, param, timeout, make_qp)
+            } else {
+                Advance::Waiting(p)
+            };
+        }
         match advanced {
             Advance::Waiting(p) if p.deadline <= now => {
                 let awaited = p.step.awaited();

@@ -94,7 +94,8 @@ impl Drop for Handshake {
 
 /// Starting halves of the handshakes, for the async layer (which awaits the
 /// events through the channel's readiness handle instead of blocking) and
-/// [`connect_all`](super::connect_all) (which polls many ids' channels at once).
+/// [`connect_all`](super::connect_all) / [`accept_all`](super::accept_all)
+/// (which poll many ids' channels at once).
 impl CmId {
     pub(crate) fn start_resolve_addr(&self, dst: SocketAddr, timeout: Duration) -> Result<()> {
         self.start_resolve_addr_from(None, dst, timeout)
