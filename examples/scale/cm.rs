@@ -68,29 +68,22 @@ impl Steps {
     }
 }
 
-/// Accepts `conns` connections, then waits for each to be disconnected by the
-/// client, answers the disconnect and destroys it.
-pub fn server(run: &Run) -> Result<()> {
-    let listener = CmId::listener(listen_addr(run.port), 1024)?;
-    let mut dev: Option<(Pd, Cq)> = None;
-    let mut conns = Vec::with_capacity(run.conns);
-    let mut gone = 0;
-    for _ in 0..run.conns {
-        let req = listener.get_request(WAIT)?;
-        if dev.is_none() {
-            let ctx = req.id().context()?;
-            dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, cq_depth(run.conns))?));
-        }
-        let Some((pd, cq)) = &dev else {
-            return Err(Error::Other("no device for the request".into()));
-        };
-        let qp = req.id().create_qp(pd, cq, cq, caps())?;
-        match req.accept(qp, &param(), WAIT) {
-            Ok(conn) => conns.push(conn),
-            Err(e) if torn_down(&e) => gone += 1,
-            Err(e) => return Err(e),
-        }
+/// The QP of a connection on `id`, on the PD and CQ every connection shares
+/// (made on the first call, on the id's device).
+fn shared_qp(dev: &mut Option<(Pd, Cq)>, id: &CmId, conns: usize) -> Result<Qp<Rc, Init>> {
+    if dev.is_none() {
+        let ctx = id.context()?;
+        *dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, cq_depth(conns))?));
     }
+    let Some((pd, cq)) = dev.as_ref() else {
+        return Err(Error::Other("no device for the connection".into()));
+    };
+    id.create_qp(pd, cq, cq, caps())
+}
+
+/// Waits for each connection's DISCONNECTED from the client, answers it and
+/// destroys the connection; then prints the run's summary.
+fn serve_until_disconnected(conns: Vec<(Qp<Rc, Rts>, CmId)>, run: &Run, gone: usize) -> Result<()> {
     for (qp, id) in conns {
         id.expect_event(CmEventKind::Disconnected, WAIT)?;
         // The reply the client's disconnect waits for; the connection is down either way.
@@ -102,20 +95,32 @@ pub fn server(run: &Run) -> Result<()> {
     Ok(())
 }
 
+/// Accepts `conns` connections, then waits for each to be disconnected by the
+/// client, answers the disconnect and destroys it.
+pub fn server(run: &Run) -> Result<()> {
+    let listener = CmId::listener(listen_addr(run.port), 1024)?;
+    let mut dev: Option<(Pd, Cq)> = None;
+    let mut conns = Vec::with_capacity(run.conns);
+    let mut gone = 0;
+    for _ in 0..run.conns {
+        let req = listener.get_request(WAIT)?;
+        let qp = shared_qp(&mut dev, req.id(), run.conns)?;
+        match req.accept(qp, &param(), WAIT) {
+            Ok(conn) => conns.push(conn),
+            Err(e) if torn_down(&e) => gone += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    serve_until_disconnected(conns, run, gone)
+}
+
 /// The blocking server with `cm::accept_all`: every request accepted as it
 /// comes, every ESTABLISHED awaited together; then as `server`.
 pub fn batch_server(run: &Run) -> Result<()> {
     let listener = CmId::listener(listen_addr(run.port), 1024)?;
     let mut dev: Option<(Pd, Cq)> = None;
     let accepted = accept_all(&listener, run.conns, &param(), WAIT, |req| {
-        if dev.is_none() {
-            let ctx = req.id().context()?;
-            dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, cq_depth(run.conns))?));
-        }
-        let Some((pd, cq)) = &dev else {
-            return Err(Error::Other("no device for the request".into()));
-        };
-        req.id().create_qp(pd, cq, cq, caps())
+        shared_qp(&mut dev, req.id(), run.conns)
     });
     if accepted.len() < run.conns {
         return Err(Error::Other(format!(
@@ -133,14 +138,7 @@ pub fn batch_server(run: &Run) -> Result<()> {
             Err(e) => return Err(e),
         }
     }
-    for (qp, id) in conns {
-        id.expect_event(CmEventKind::Disconnected, WAIT)?;
-        let _ = id.disconnect();
-        drop(qp);
-    }
-    println!("conns {}", run.conns);
-    println!("disconnected_before_established {gone}");
-    Ok(())
+    serve_until_disconnected(conns, run, gone)
 }
 
 /// Whether an accept failed because the client had disconnected already: its
@@ -212,14 +210,7 @@ pub fn batch_client(run: &Run, addr: &str) -> Result<()> {
     let mut t = Steps::start();
     let mut dev: Option<(Pd, Cq)> = None;
     let conns = connect_all(&vec![dst; run.conns], &param(), WAIT, |id| {
-        if dev.is_none() {
-            let ctx = id.context()?;
-            dev = Some((Pd::new(&ctx)?, Cq::new(&ctx, cq_depth(run.conns))?));
-        }
-        let Some((pd, cq)) = &dev else {
-            return Err(Error::Other("no device for the connection".into()));
-        };
-        id.create_qp(pd, cq, cq, caps())
+        shared_qp(&mut dev, id, run.conns)
     })
     .into_iter()
     .collect::<Result<Vec<_>>>()?;
