@@ -139,11 +139,15 @@ fn build(work: &Path, kernel: &KernelPackage, source: &AptSource, make: &Path) -
 }
 
 /// Extracts only the siw directory from the source package's tarball (`usr/src/<name>.tar.xz`
-/// inside the .deb) into `work`; returns it.
+/// inside the .deb) into `work`; returns it. `--occurrence` stops reading once the directory
+/// is out: it sits halfway into the tarball, whose decompression is most of this step's time
+/// (8.5 s for all of 6.1's, 3.4 s up to siw). The stages before the inner `tar` then end on
+/// a closed pipe, which is expected; the inner `tar`'s status is the pipeline's.
 fn unpack_driver_source(work: &Path, source_deb: &Path, source_name: &str) -> Result<PathBuf> {
     let tarball = format!("./usr/src/{source_name}.tar.xz");
     let member = format!("{source_name}/{SIW_SOURCE_DIR}");
-    let script = "dpkg-deb --fsys-tarfile \"$1\" | tar -xO \"$2\" | tar -xJ -C \"$3\" \"$4\"";
+    let script = "dpkg-deb --fsys-tarfile \"$1\" 2>/dev/null | tar -xO \"$2\" 2>/dev/null | \
+                  tar -xJ --occurrence=1 -C \"$3\" \"$4\"";
     run_checked(
         Command::new("sh")
             .args(["-ec", script, "sh"])

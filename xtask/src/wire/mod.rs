@@ -328,19 +328,19 @@ fn interop() -> Vec<Case> {
             "udaddy -s {peer} -C 10",
             None,
         ),
-        // The client fails unless its copy's checksum equals the server's: 16 chunks of
-        // 1 MiB across the wire, about 15 s (the huge-page destination is covered in one
+        // The client fails unless its copy's checksum equals the server's: 8 chunks of
+        // 1 MiB across the wire, about 7 s (the huge-page destination is covered in one
         // guest by tests/vm_examples.rs).
         Case {
             server: shell(
-                "head -c 16777216 /dev/urandom > /dev/shm/file_read.src && \
+                "head -c 8388608 /dev/urandom > /dev/shm/file_read.src && \
                  exec \"$RDMA_VERBS_EXAMPLES/file_read\" --server /dev/shm/file_read.src --port 18611",
             ),
             // The longest case, whose time grows with the machine's load: 120 s, not 60 s.
             limit: Duration::from_secs(120),
             ..case(
                 i,
-                "file_read 16 MiB (checksummed)",
+                "file_read 8 MiB (checksummed)",
                 "",
                 "ex:file_read --client {peer} --port 18611 --out /dev/shm/file_read.copy",
                 Some(18611),
