@@ -10,7 +10,10 @@
 //!   of each step (create id and the two resolutions together, as the async layer does
 //!   them in one future), and peak RSS per connection on each side (client: GNU time's
 //!   maximum resident set; cmtime's server, which never exits: its VmHWM once the client
-//!   is done), each as (peak at n - peak at n = 1) / (n - 1).
+//!   is done), each as (peak at n - peak at n = 1) / (n - 1). On 6.1 kernels `VmHWM`
+//!   leaves out pages a thread maps until its next 64 page faults, which `cmtime`'s
+//!   server thread creating the QPs never reaches: its figure there is low (see
+//!   docs/performance.md; `RDMA_VERBS_VM_KERNEL=6.12` counts it).
 //! - `reg`: registration and deregistration of 4 KiB, 1 MiB and 64 MiB regions
 //!   (`scale reg`: `Mr::register` of a buffer allocated once and `Mr::into_buffer`)
 //!   against a C loop of `ibv_reg_mr`/`ibv_dereg_mr` (`loops.c`, compiled here with the
