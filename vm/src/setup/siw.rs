@@ -67,7 +67,7 @@ pub(super) fn ensure_siw(kernel_dir: &Path, deb: &Path, source: &AptSource) -> R
     let kernel = KernelPackage::from_deb(deb)?;
     eprintln!(
         "rdma-verbs-vm setup: Debian's kernel {} has no siw module; building it from \
-         linux-source-{} (once, about a minute)",
+         linux-source-{} (once, about 20 s)",
         kernel.release, kernel.series
     );
     let work = kernel_dir.join(private_name("siw-build"));
