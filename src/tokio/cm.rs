@@ -107,21 +107,46 @@ impl Watched {
 
     /// Waits for the event `awaited` names, up to its limit for `timeout`;
     /// any other event (but the harmless ones) is returned as its error.
-    async fn expect(&self, awaited: Awaited, timeout: Duration) -> Result<CmEvent> {
-        let wait = async {
+    /// (`awaited` is one of the constants, by reference: this future is in
+    /// every connection's setup, and its size in every task that awaits it.)
+    async fn expect(&self, awaited: &'static Awaited, timeout: Duration) -> Result<CmEvent> {
+        let limit = awaited.limit(timeout);
+        super::timer::timeout(limit, async {
             loop {
                 if let Some(r) = awaited.judge(self.event().await?) {
                     return r;
                 }
             }
-        };
-        let limit = awaited.limit(timeout);
-        super::timer::timeout(limit, wait)
-            .await?
-            .unwrap_or(Err(Error::Timeout {
-                what: awaited.what,
-                after: limit,
-            }))
+        })
+        .await?
+        .unwrap_or(Err(Error::Timeout {
+            what: awaited.what,
+            after: limit,
+        }))
+    }
+
+    /// `rdma_connect` with `qp` attached, which the returned guard holds
+    /// until the handshake ends. Not an `async fn`: the QP is moved once.
+    fn start_connect(&self, qp: AsyncQp<Rc, Init>, param: &ConnParam) -> Result<InFlight> {
+        let (qp, parts) = qp.into_parts();
+        // SAFETY: `qp` lives in this frame until `InFlight` takes it with the
+        // handshake, and InFlight drops the handshake first.
+        let handshake = unsafe { self.id.start_connect(&qp, param)? };
+        Ok(InFlight::new(handshake, qp, parts))
+    }
+
+    /// `rdma_accept` of `request` with `qp` attached: the guard that holds
+    /// the QP until the handshake ends, and the connection's id.
+    fn start_accept(
+        request: ConnectRequest,
+        qp: AsyncQp<Rc, Init>,
+        param: &ConnParam,
+    ) -> Result<(InFlight, Watched)> {
+        let (qp, parts) = qp.into_parts();
+        // SAFETY: as in start_connect: `qp` outlives `handshake`.
+        let (id, handshake) = unsafe { request.start_accept(&qp, param)? };
+        let in_flight = InFlight::new(handshake, qp, parts);
+        Ok((in_flight, Watched::new(id)?))
     }
 }
 
@@ -272,15 +297,15 @@ impl AsyncCmId {
     ) -> Result<AsyncCmId> {
         let w = Watched::create(true)?;
         w.id.start_resolve_addr_from(Some(local), group, timeout)?;
-        w.expect(Awaited::ADDR_RESOLVED, timeout).await?;
+        w.expect(&Awaited::ADDR_RESOLVED, timeout).await?;
         Ok(AsyncCmId { inner: w })
     }
 
     async fn resolve_on(w: Watched, dst: SocketAddr, timeout: Duration) -> Result<AsyncCmId> {
         w.id.start_resolve_addr(dst, timeout)?;
-        w.expect(Awaited::ADDR_RESOLVED, timeout).await?;
+        w.expect(&Awaited::ADDR_RESOLVED, timeout).await?;
         w.id.start_resolve_route(timeout)?;
-        w.expect(Awaited::ROUTE_RESOLVED, timeout).await?;
+        w.expect(&Awaited::ROUTE_RESOLVED, timeout).await?;
         Ok(AsyncCmId { inner: w })
     }
 
@@ -304,12 +329,8 @@ impl AsyncCmId {
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<(AsyncQp<Rc, Rts>, CmEvent)> {
-        let (qp, parts) = qp.into_parts();
-        // SAFETY: `qp` lives in this frame until `InFlight` takes it with the
-        // handshake, and InFlight drops the handshake first.
-        let handshake = unsafe { self.inner.id.start_connect(&qp, param)? };
-        let in_flight = InFlight::new(handshake, qp, parts);
-        let ev = self.inner.expect(Awaited::CONNECTED, timeout).await?;
+        let in_flight = self.inner.start_connect(qp, param)?;
+        let ev = self.inner.expect(&Awaited::CONNECTED, timeout).await?;
         let (qp, parts) = in_flight.finish();
         // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm
         // moved the QP to RTR and RTS (else it reports CONNECT_ERROR).
@@ -329,7 +350,7 @@ impl AsyncCmId {
         timeout: Duration,
     ) -> Result<(UdPeer, CmEvent)> {
         self.inner.id.start_connect_ud(qp, param)?;
-        let ev = self.inner.expect(Awaited::UD_CONNECTED, timeout).await?;
+        let ev = self.inner.expect(&Awaited::UD_CONNECTED, timeout).await?;
         Ok((ud_peer(qp, &ev)?, ev))
     }
 
@@ -346,7 +367,7 @@ impl AsyncCmId {
         timeout: Duration,
     ) -> Result<(UdPeer, CmEvent)> {
         self.inner.id.start_join(qp, group)?;
-        let ev = self.inner.expect(Awaited::MCAST_JOINED, timeout).await;
+        let ev = self.inner.expect(&Awaited::MCAST_JOINED, timeout).await;
         self.inner.id.finish_join(qp, group, ev)
     }
 
@@ -367,12 +388,8 @@ impl AsyncCmId {
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<(AsyncQp<Rc, Rts>, AsyncCmId)> {
-        let (qp, parts) = qp.into_parts();
-        // SAFETY: as in connect: `qp` outlives `handshake`.
-        let (id, handshake) = unsafe { request.start_accept(&qp, param)? };
-        let in_flight = InFlight::new(handshake, qp, parts);
-        let w = Watched::new(id)?;
-        w.expect(Awaited::ACCEPTED, timeout).await?;
+        let (in_flight, w) = Watched::start_accept(request, qp, param)?;
+        w.expect(&Awaited::ACCEPTED, timeout).await?;
         let (qp, parts) = in_flight.finish();
         // SAFETY: rdma_accept moved the attached QP to RTR and RTS, and the
         // peer confirmed (ESTABLISHED).
@@ -404,7 +421,7 @@ impl AsyncCmId {
         }
         self.inner.id.disconnect()?;
         self.inner
-            .expect(Awaited::DISCONNECTED, timeout)
+            .expect(&Awaited::DISCONNECTED, timeout)
             .await
             .map(drop)
     }

@@ -114,17 +114,56 @@ fn timespec(d: Duration) -> Option<libc::timespec> {
 
 /// `fut`, or `None` once `after` has passed first (`after` too long for a
 /// deadline: no limit). The deadline is one of the current runtime's
-/// [`Timers`]; a typed error outside a runtime with IO.
-pub(crate) async fn timeout<F: Future>(after: Duration, fut: F) -> Result<Option<F::Output>> {
-    let timers = Timers::current()?;
-    let Some(sleep) = Sleep::new(&timers, after) else {
-        return Ok(Some(fut.await));
-    };
-    let sleep = sleep?;
-    ::tokio::select! {
-        biased;
-        out = fut => Ok(Some(out)),
-        t = sleep => t.map(|()| None),
+/// [`Timers`], taken at the first poll; a typed error outside a runtime with
+/// IO.
+pub(crate) fn timeout<F: Future>(after: Duration, fut: F) -> Timeout<F> {
+    Timeout {
+        fut,
+        after,
+        sleep: None,
+    }
+}
+
+/// The future of [`timeout`]: `fut` polled first, then the deadline. A struct
+/// rather than an `async fn`, which would keep `fut` twice (its argument and
+/// the future it awaits), and this future is in every rdma_cm wait.
+pub(crate) struct Timeout<F> {
+    /// Pinned with the `Timeout`: never moved out of, dropped in place.
+    fut: F,
+    after: Duration,
+    /// Set at the first poll; `Some(None)`: no limit.
+    sleep: Option<Option<Sleep>>,
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<Option<F::Output>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        // SAFETY: `fut` is structurally pinned: it is only ever reached as
+        // `Pin<&mut F>` below, never moved out of or replaced, and `Timeout`
+        // has no `Drop` of its own and is `Unpin` only when `F` is. The other
+        // fields are not pinned (`Sleep` is `Unpin`).
+        let this = unsafe { self.get_unchecked_mut() };
+        if this.sleep.is_none() {
+            let timers = match Timers::current() {
+                Ok(t) => t,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            this.sleep = Some(match Sleep::new(&timers, this.after) {
+                None => None,
+                Some(Ok(sleep)) => Some(sleep),
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+            });
+        }
+        // SAFETY: as above: `fut` stays where it is until the `Timeout` is dropped.
+        let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
+        if let Poll::Ready(out) = fut.poll(cx) {
+            return Poll::Ready(Ok(Some(out)));
+        }
+        match &mut this.sleep {
+            Some(Some(sleep)) => Pin::new(sleep).poll(cx).map(|t| t.map(|()| None)),
+            _ => Poll::Pending,
+        }
     }
 }
 
