@@ -39,8 +39,13 @@ use rdma_verbs::prelude::*;
 const CM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes of the sequence number at the start of this program's datagrams.
 const SEQ_LEN: usize = 4;
-/// Receives (and sends) in flight at a time.
+/// Sends in flight at a time.
 const WINDOW: usize = 64;
+/// Most receives posted at a time. A receiver posts one for every datagram it
+/// expects up to this, before it joins (as mckey does): a sender's burst then
+/// finds a receive for each datagram, where re-posting as completions come
+/// lags behind the burst and UD drops what finds none.
+const RECV_WINDOW: usize = 1024;
 
 struct Opts {
     group: IpAddr,
@@ -181,11 +186,15 @@ fn member(o: &Opts) -> Result<Member> {
         });
     }
     let pd = Pd::new(&ctx)?;
-    let depth = o.count.clamp(1, WINDOW) as u32;
-    let cq = Cq::new(&ctx, 2 * depth)?;
+    let (send_depth, recv_depth) = if o.sender {
+        (o.count.clamp(1, WINDOW) as u32, 1)
+    } else {
+        (1, o.count.clamp(1, RECV_WINDOW) as u32)
+    };
+    let cq = Cq::new(&ctx, send_depth + recv_depth)?;
     let caps = QpCaps {
-        max_send_wr: depth,
-        max_recv_wr: depth,
+        max_send_wr: send_depth,
+        max_recv_wr: recv_depth,
         ..QpCaps::default()
     };
     let qp = id.create_ud_qp(&pd, &cq, &cq, caps)?;
@@ -274,7 +283,7 @@ fn run(o: &Opts) -> Result<bool> {
     );
     let mut m = member(o)?;
     if !o.sender {
-        for i in 0..o.count.min(WINDOW) {
+        for i in 0..o.count.min(RECV_WINDOW) {
             post_recv(&mut m, i as u64, o.size)?;
         }
     }
