@@ -127,6 +127,7 @@ pub(crate) fn timeout<F: Future>(after: Duration, fut: F) -> Timeout<F> {
 /// The future of [`timeout`]: `fut` polled first, then the deadline. A struct
 /// rather than an `async fn`, which would keep `fut` twice (its argument and
 /// the future it awaits), and this future is in every rdma_cm wait.
+#[must_use = "futures do nothing unless polled"]
 pub(crate) struct Timeout<F> {
     /// Pinned with the `Timeout`: never moved out of, dropped in place.
     fut: F,
