@@ -367,13 +367,29 @@ mod tests {
     fn recorder_writes_what_cargo_asked_for() {
         let dir = std::env::temp_dir().join(format!("xtask-recorder-{}", std::process::id()));
         let recorder = Recorder::create(&dir).unwrap();
-        let status = Command::new(recorder.runner().unwrap())
-            .args(["/t/vm_a-1", "--ignored", ""])
-            .current_dir("/")
-            .env("CARGO_PKG_NAME", "rdma-verbs")
-            .env("NOT_PASSED", "1")
-            .status()
-            .unwrap();
+        let runner = recorder.runner().unwrap();
+        let run = || {
+            Command::new(runner)
+                .args(["/t/vm_a-1", "--ignored", ""])
+                .current_dir("/")
+                .env("CARGO_PKG_NAME", "rdma-verbs")
+                .env("NOT_PASSED", "1")
+                .status()
+        };
+        // The script was just written by this process, whose other tests fork
+        // at the same time: a child forked while the write was open holds the
+        // file open until it execs, and exec then fails with ETXTBSY for a
+        // moment (cargo, which runs the recorder for real, is another process).
+        let mut tries = 0;
+        let status = loop {
+            match run() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => break other.unwrap(),
+            }
+        };
         assert!(status.success());
         let runs = recorder.runs().unwrap();
         let _ = fs::remove_dir_all(&dir);
