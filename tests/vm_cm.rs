@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{readable, wait};
+use common::{readable, send_bytes, wait};
 use rdma_verbs::Error;
 use rdma_verbs::channel::CompletionChannel;
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam};
@@ -20,7 +20,7 @@ use rdma_verbs::context::Context;
 use rdma_verbs::cq::{Cq, WcOpcode};
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::pd::Pd;
-use rdma_verbs::qp::{Init, Qp, QpCaps, Rc, RecvWr, Rts, SendWr};
+use rdma_verbs::qp::{Init, Qp, QpCaps, Rc, RecvWr};
 
 /// Upper bound for any handshake step in these tests (TCG is slow).
 const T: Duration = Duration::from_secs(20);
@@ -42,15 +42,6 @@ fn setup(id: &CmId) -> (Pd, Cq, Qp<Rc, Init>) {
     let cq = Cq::new(&ctx, 32).expect("cq");
     let qp = id.create_qp(&pd, &cq, &cq, caps()).expect("rdma_create_qp");
     (pd, cq, qp)
-}
-
-fn send_bytes(pd: &Pd, qp: &mut Qp<Rc, Rts>, wr_id: u64, data: &[u8]) {
-    let mut mr = pd
-        .alloc_mr(data.len(), AccessFlags::empty())
-        .expect("send mr");
-    mr.as_mut_slice().expect("slice").copy_from_slice(data);
-    qp.post_send(SendWr::send(wr_id).sge(mr))
-        .expect("post send");
 }
 
 /// A client that resolved `addr` and has a QP in INIT.

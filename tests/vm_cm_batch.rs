@@ -9,25 +9,15 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::wait;
+use common::{send_bytes, wait};
 use rdma_verbs::Error;
 use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, Connected};
 use rdma_verbs::cq::{CompletionSource, Cq, WcStatus};
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::pd::Pd;
-use rdma_verbs::qp::Qp;
-use rdma_verbs::qp::{QpCaps, Rc, RecvWr, Rts, SendWr};
+use rdma_verbs::qp::{QpCaps, RecvWr};
 
 const T: Duration = Duration::from_secs(20);
-
-fn send_bytes(pd: &Pd, qp: &mut Qp<Rc, Rts>, wr_id: u64, data: &[u8]) {
-    let mut mr = pd
-        .alloc_mr(data.len(), AccessFlags::empty())
-        .expect("send mr");
-    mr.as_mut_slice().expect("slice").copy_from_slice(data);
-    qp.post_send(SendWr::send(wr_id).sge(mr))
-        .expect("post send");
-}
 
 /// Disconnects every connection, then waits for each one's DISCONNECTED: all
 /// at once, as the server answers them in its own order.

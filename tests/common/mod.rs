@@ -274,6 +274,17 @@ pub fn buffer(pd: &Pd, len: usize) -> Mr {
     mr
 }
 
+/// Posts a signaled SEND of `data` from a buffer of its own, which the ring
+/// keeps until the SEND completes.
+pub fn send_bytes(pd: &Pd, qp: &mut Qp<Rc, Rts>, wr_id: u64, data: &[u8]) {
+    let mut mr = pd
+        .alloc_mr(data.len(), AccessFlags::empty())
+        .expect("send mr");
+    mr.as_mut_slice().expect("slice").copy_from_slice(data);
+    qp.post_send(rdma_verbs::qp::SendWr::send(wr_id).sge(mr))
+        .expect("post send");
+}
+
 /// A scoped completion's wr_id, status, opcode and byte length, to compare in one assert.
 pub fn summary(c: &ScopedCompletion) -> (u64, WcStatus, WcOpcode, u32) {
     (c.wr_id, c.status, c.opcode, c.byte_len)
