@@ -187,10 +187,17 @@ pub fn client(run: &Run, addr: &str) -> Result<()> {
         up.push(id.connect(qp, &param(), WAIT)?.0);
     }
     t.done("connect");
+    tear_down(ids, up, t, run)
+}
+
+/// The client's teardown, timed as cmtime's: a disconnect sent on every id, the QPs
+/// dropped, each id's DISCONNECTED awaited (`step disconnect`), the ids destroyed
+/// (`step destroy`).
+fn tear_down(ids: Vec<CmId>, qps: Vec<Qp<Rc, Rts>>, mut t: Steps, run: &Run) -> Result<()> {
     for id in &ids {
         id.disconnect()?;
     }
-    drop(up);
+    drop(qps);
     for id in &ids {
         id.expect_event(CmEventKind::Disconnected, WAIT)?;
     }
@@ -215,16 +222,6 @@ pub fn batch_client(run: &Run, addr: &str) -> Result<()> {
     .into_iter()
     .collect::<Result<Vec<_>>>()?;
     t.done("setup");
-    for c in &conns {
-        c.id.disconnect()?;
-    }
-    let ids: Vec<CmId> = conns.into_iter().map(|c| c.id).collect();
-    for id in &ids {
-        id.expect_event(CmEventKind::Disconnected, WAIT)?;
-    }
-    t.done("disconnect");
-    drop(ids);
-    t.done("destroy");
-    println!("conns {}", run.conns);
-    Ok(())
+    let (ids, qps) = conns.into_iter().map(|c| (c.id, c.qp)).unzip();
+    tear_down(ids, qps, t, run)
 }
