@@ -262,3 +262,120 @@ fn scoped_buffers_refuse_bad_input() {
         other => panic!("expected ScopeDrained, got {other:?}"),
     }
 }
+
+/// A list of 40 receives into 8 buffers (each buffer five times) goes out as
+/// two chains; the messages complete in list order with the list's wr_ids,
+/// a buffer stays posted until its last receive has completed, and each
+/// buffer then holds the last message it received, byte for byte.
+#[test]
+fn a_receive_list_completes_in_order_into_its_buffers() {
+    const N: usize = 40;
+    let mut p = pair(caps_sr(64, 64));
+    let mut region = p.pd.alloc_mr(8 * 128, AccessFlags::LOCAL_WRITE).unwrap();
+    let (a, b, pd, cq_a) = (&mut p.a, &mut p.b, &p.pd, &mut p.cq_a);
+    p.cq_b
+        .scope(|s| -> rdma_verbs::Result<()> {
+            let q = s.attach(b)?;
+            let mut rx = q.buffers(&mut region, 128)?;
+            rx.post_recv_list((0..N).map(|i| (i % 8, 1000 + i as u64)))?;
+            assert_eq!(q.outstanding(), (0, N as u64));
+            for i in 0..N {
+                let len = message_len(i as u8 % 7);
+                let mut m = pd.alloc_mr(len, AccessFlags::LOCAL_WRITE)?;
+                m.write_at(0, &pattern(len, i as u8))?;
+                a.post_send(SendWr::send_from(i as u64, m))?;
+            }
+            for i in 0..N {
+                let c = s.poll_one(POLL)?;
+                assert_eq!(
+                    (c.wr_id, c.status, c.opcode, c.byte_len as usize),
+                    (
+                        1000 + i as u64,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        message_len(i as u8 % 7)
+                    )
+                );
+                // Buffer i % 8 receives again at i + 8 while that is in the list.
+                assert_eq!(rx.is_posted(i % 8), i + 8 < N, "receive {i}");
+            }
+            for k in 0..8 {
+                let i = N - 8 + k;
+                let len = message_len(i as u8 % 7);
+                assert_eq!(rx.bytes(k)?[..len], pattern(len, i as u8)[..], "buffer {k}");
+            }
+            let sends = wait(cq_a, N);
+            assert!(sends.iter().all(|c| c.status == WcStatus::Success));
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// A receive list stops at its first refused receive (an index out of
+/// range, a buffer whose SEND is in flight, a full queue) with the receives
+/// before it posted, and those complete; an iterator that panics leaves the
+/// queue as it was.
+#[test]
+fn a_receive_list_stops_at_a_refused_receive() {
+    let mut p = pair(caps_sr(8, 8));
+    let mut region = p.pd.alloc_mr(2 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let (a, b, pd, cq_a) = (&mut p.a, &mut p.b, &p.pd, &mut p.cq_a);
+    let r = p.cq_b.scope(|s| {
+        let q = s.attach(b)?;
+        let mut rx = q.buffers(&mut region, 64)?;
+        let e = rx
+            .post_recv_list([(0, 1), (1, 2), (0, 3), (2, 4), (1, 5)])
+            .unwrap_err();
+        assert_eq!(e.posted, 3);
+        assert!(refusal(Err::<(), _>(e.error)).contains("index 2; there are 2"));
+        assert_eq!(q.outstanding(), (0, 3));
+
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rx.post_recv_list((0..6).map(|i| if i == 4 { panic!("iterator") } else { (0, i) }))
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(q.outstanding(), (0, 3));
+
+        for i in 1..=3u8 {
+            let mut m = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE)?;
+            m.write_at(0, &pattern(16, i))?;
+            a.post_send(SendWr::send_from(u64::from(i), m))?;
+        }
+        for i in 1..=3u64 {
+            let c = s.poll_one(POLL)?;
+            assert_eq!((c.wr_id, c.status, c.byte_len), (i, WcStatus::Success, 16));
+        }
+        assert_eq!(rx.bytes(0)?[..16], pattern(16, 3)[..]);
+        assert_eq!(rx.bytes(1)?[..16], pattern(16, 2)[..]);
+
+        // Buffer 1 sends (the peer receives it), so it cannot receive.
+        let echo = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+        a.post_recv(RecvWr::new(70, echo))?;
+        rx.post_send(1, 16, 7)?;
+        let e = rx.post_recv_list([(0, 8), (1, 9)]).unwrap_err();
+        assert_eq!(e.posted, 1);
+        assert!(refusal(Err::<(), _>(e.error)).contains("send has not completed"));
+        let c = s.poll_one(POLL)?;
+        assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
+        let mut echo = wait(cq_a, 4).into_iter().find(|c| c.wr_id == 70).unwrap();
+        assert_eq!((echo.status, echo.byte_len), (WcStatus::Success, 16));
+        assert_eq!(echo.take_mr().unwrap().to_vec()?[..16], pattern(16, 2)[..]);
+
+        let e = rx.post_recv_list((0..100).map(|i| (1, i))).unwrap_err();
+        let depth = match e.error {
+            Error::QueueFull {
+                queue: "receive",
+                depth,
+            } => u64::from(depth),
+            other => panic!("expected QueueFull, got {other:?}"),
+        };
+        assert_eq!(e.posted as u64, depth - 1);
+        assert_eq!(q.outstanding(), (0, depth));
+        s.set_drain_timeout(Duration::from_millis(200));
+        Ok(())
+    });
+    match r {
+        Err(Error::ScopeDrained { outstanding, .. }) => assert!(outstanding >= 8, "{outstanding}"),
+        other => panic!("expected ScopeDrained, got {other:?}"),
+    }
+}

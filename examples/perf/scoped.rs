@@ -226,9 +226,9 @@ impl<'scope> Loop<'_, 'scope, '_> {
 
 /// The receiver of a scoped send_bw for one size: carves one region into
 /// `ScopedBuffers` per QP (perftest's cycle of slots), posts `-r` receives per
-/// QP, meets the sender at the barrier, and re-posts each receive as it
-/// completes until `-n` per QP have been posted. Returns its own row (see
-/// `Rx::row`).
+/// QP, meets the sender at the barrier, and re-posts the receives each poll
+/// completed, one chain per QP, until `-n` per QP have been posted. Returns
+/// its own row (see `Rx::row`).
 pub fn receive(
     o: &Opts,
     rate: &Rate,
@@ -278,6 +278,9 @@ pub fn receive(
         let mut out: Vec<ScopedCompletion> = Vec::with_capacity(POLL_BATCH);
         let (mut rcnt, total) = (0u64, iters * nq as u64);
         let mut first = 0;
+        // Receives each QP is owed by this batch, and the QPs owed any.
+        let mut due = vec![0u64; nq];
+        let mut owed: Vec<usize> = Vec::with_capacity(nq.min(POLL_BATCH));
         while rcnt < total {
             out.clear();
             s.poll(&mut out)?;
@@ -288,12 +291,23 @@ pub fn receive(
                 c.result()?;
                 let qi = (c.wr_id >> QP_SHIFT) as usize;
                 rcnt += 1;
+                if due[qi] == 0 {
+                    owed.push(qi);
+                }
+                due[qi] += 1;
+            }
+            // One chain per QP for the batch's receives.
+            for &qi in &owed {
                 let n = posted[qi];
-                if n < iters {
-                    rq[qi].post_recv(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
-                    posted[qi] = n + 1;
+                let m = due[qi].min(iters.saturating_sub(n));
+                due[qi] = 0;
+                if m > 0 {
+                    let tag = (qi as u64) << QP_SHIFT;
+                    rq[qi].post_recv_list((n..n + m).map(|n| (slot(n), tag | n)))?;
+                    posted[qi] = n + m;
                 }
             }
+            owed.clear();
             stall.check(rcnt, ctrl)?;
         }
         let end = crate::clock::now();

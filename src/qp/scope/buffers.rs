@@ -1,6 +1,8 @@
 //! Buffers lent to one QP for a scope, one request at a time:
 //! [`ScopedBuffers`], from [`ScopedQp::buffers`](super::ScopedQp::buffers).
 
+mod list;
+
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
@@ -185,6 +187,8 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
     /// Posts a receive into buffer `k`; its completion carries `wr_id`.
     /// Posting a buffer whose receive is in flight is allowed (both receives
     /// write it); it is readable again once the latest has completed.
+    /// [`post_recv_list`](Self::post_recv_list) posts several with one verb
+    /// call.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for `k >= self.len()`, while a SEND or
