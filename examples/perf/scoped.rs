@@ -260,7 +260,7 @@ pub fn receive(
             .map(|(qp, region)| s.attach(qp)?.buffers(region, buf_len))
             .collect::<Result<Vec<_>>>()?;
         // As the raw path: no division when every receive uses one slot.
-        let slot = |n: u64| {
+        let slot = move |n: u64| {
             if nslots > 1 {
                 (n % nslots as u64) as usize
             } else {
@@ -303,7 +303,7 @@ pub fn receive(
                 due[qi] = 0;
                 if m > 0 {
                     let tag = (qi as u64) << QP_SHIFT;
-                    rq[qi].post_recv_list((n..n + m).map(|n| (slot(n), tag | n)))?;
+                    rq[qi].post_recv_list((n..n + m).map(move |n| (slot(n), tag | n)))?;
                     posted[qi] = n + m;
                 }
             }

@@ -298,16 +298,19 @@ impl Ring {
     /// `seq` itself held such a request (then it is not the scope's).
     ///
     /// # Safety
-    /// The caller is this ring's only consumer; `seq` lies in `tail..head`.
+    /// The caller is this ring's only consumer and read its tail as `tail`
+    /// (passed in, so that the hot path loads it once); `seq` lies in
+    /// `tail..head`.
     #[inline(always)]
     pub(crate) unsafe fn retire_through(
         &self,
+        tail: u64,
         seq: u64,
         owned_end: u64,
         caught: &mut HeldPanic,
         lost: &mut u64,
     ) -> bool {
-        let tail = self.tail.load(Ordering::Relaxed);
+        debug_assert_eq!(tail, self.tail.load(Ordering::Relaxed));
         let mut own = false;
         if tail < owned_end {
             own = self.sweep_owned(tail, (seq + 1).min(owned_end), seq, caught, lost);

@@ -204,7 +204,7 @@ unsafe fn interpret_on<const RECV: bool>(
             cq.keep_for_next_poll(wc, caught, lost);
             return false;
         }
-        if ring.retire_through(seq, w.owned_end, caught, lost) {
+        if ring.retire_through(tail, seq, w.owned_end, caught, lost) {
             return false; // the drain marker
         }
         let Some(tables) = core.ext.scoped.as_deref_mut() else {
@@ -243,7 +243,7 @@ unsafe fn write_completion(
     unsafe {
         let raw_status = (*wc).status;
         if raw_status != ffi::IBV_WC_SUCCESS {
-            return write_failed(wc, p, out);
+            return write_failed(wc, p.wr_id, p.wc_opcode, out);
         }
         let (opcode, byte_len, imm_data) = if recv {
             let imm = ((*wc).wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
@@ -296,16 +296,23 @@ fn other_opcode(raw: u32) -> WcOpcode {
 ///
 /// # Safety
 /// As [`write_completion`].
+/// `wr_id` and `wc_opcode` are the request's (of its [`PostedRange`]),
+/// passed alone so that the hot path keeps the range in registers.
 #[cold]
 #[inline(never)]
-unsafe fn write_failed(wc: *const ffi::ibv_wc, p: PostedRange, out: *mut ScopedCompletion) {
+unsafe fn write_failed(
+    wc: *const ffi::ibv_wc,
+    wr_id: u64,
+    wc_opcode: u32,
+    out: *mut ScopedCompletion,
+) {
     // SAFETY: per the contract; status, vendor_err and qp_num are valid
     // for every completion.
     unsafe {
         out.write(ScopedCompletion {
-            wr_id: p.wr_id,
+            wr_id,
             status: WcStatus::from_raw((*wc).status),
-            opcode: WcOpcode::from_raw(p.wc_opcode),
+            opcode: WcOpcode::from_raw(wc_opcode),
             byte_len: 0,
             imm_data: None,
             qp_num: (*wc).qp_num,

@@ -73,9 +73,14 @@ impl<S: QpState> ScopedBuffers<'_, S> {
     ) -> std::result::Result<(usize, bool), ScopedListError> {
         // SAFETY: the QP is borrowed for 'scope (see `post_recv`); no
         // reference into its core is live; read-only.
-        let (head, depth) = unsafe {
+        let (head, depth, mut room) = unsafe {
             let c = self.core.as_ref();
-            (c.rq_head, c.rq.depth())
+            let depth = c.rq.depth();
+            (
+                c.rq_head,
+                depth,
+                depth.saturating_sub(c.rq.in_flight(c.rq_head)),
+            )
         };
         let mut chain = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; POST_CHUNK];
         let wrs = chain.as_mut_ptr().cast::<ffi::ibv_recv_wr>();
@@ -100,10 +105,11 @@ impl<S: QpState> ScopedBuffers<'_, S> {
                 refused = Some(self.refused(k));
                 break;
             };
-            // Polls from the iterator may have retired receives since.
-            if ring.in_flight(head) + n as u64 >= depth
-                || (send_end != 0 && send_end > core.sq.tail())
-            {
+            if n as u64 >= room {
+                // Polls from the iterator may have retired receives since.
+                room = depth.saturating_sub(ring.in_flight(head));
+            }
+            if n as u64 >= room || (send_end != 0 && send_end > core.sq.tail()) {
                 refused = Some(self.refused(k));
                 break;
             }
