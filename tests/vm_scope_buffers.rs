@@ -379,3 +379,82 @@ fn a_receive_list_stops_at_a_refused_receive() {
         other => panic!("expected ScopeDrained, got {other:?}"),
     }
 }
+
+/// Receives of the scope and sends of the same QP complete on one CQ, after
+/// two ownership-passing receives posted before the scope: the scope reads
+/// its receives in order (into the buffers their wr_ids name) and its sends
+/// from one batch of completions, and leaves the earlier receives, with
+/// their buffers, to the CQ's next poll.
+#[test]
+fn receives_and_sends_of_one_qp_are_read_from_one_batch() {
+    let mut p = common::pair_with(caps_sr(16, 16), |pd, _, b| {
+        for id in 0..2 {
+            let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            b.post_recv(RecvWr::new(id, mr)).unwrap();
+        }
+    });
+    let mut region = p.pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let out_mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = rdma_verbs::qp::scope::Src::new(&out_mr).unwrap();
+    let msg = |i: u8| pattern(16 + usize::from(i), i);
+    let (a, b, pd, cq_a) = (&mut p.a, &mut p.b, &p.pd, &mut p.cq_a);
+    for id in 0..3 {
+        a.post_recv(RecvWr::new(
+            50 + id,
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+        .unwrap();
+    }
+    p.cq_b
+        .scope(|s| -> rdma_verbs::Result<()> {
+            let mut q = s.attach(b)?;
+            let mut rx = q.buffers(&mut region, 64)?;
+            rx.post_recv_list((0..6).map(|j| (j % 4, 100 + j as u64)))?;
+            for j in 0..3 {
+                q.post_send(&rdma_verbs::qp::scope::ScopedSend::send(200 + j, src))?;
+            }
+            for i in 0..8u8 {
+                let mut m = pd.alloc_mr(msg(i).len(), AccessFlags::LOCAL_WRITE)?;
+                m.write_at(0, &msg(i))?;
+                a.post_send(SendWr::send_from(u64::from(i), m))?;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let got = common::scope_poll_n(s, 9)?;
+            let recvs: Vec<_> = got.iter().filter(|c| c.opcode == WcOpcode::Recv).collect();
+            let sends: Vec<_> = got.iter().filter(|c| c.opcode == WcOpcode::Send).collect();
+            assert_eq!(
+                recvs
+                    .iter()
+                    .map(|c| (c.wr_id, c.status, c.byte_len))
+                    .collect::<Vec<_>>(),
+                (0..6u8)
+                    .map(|j| (100 + u64::from(j), WcStatus::Success, 18 + u32::from(j)))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(
+                sends
+                    .iter()
+                    .map(|c| (c.wr_id, c.status))
+                    .collect::<Vec<_>>(),
+                [200, 201, 202].map(|w| (w, WcStatus::Success))
+            );
+            // Receive j holds message j + 2; each buffer, its last receive's.
+            for (k, j) in [(0, 4u8), (1, 5), (2, 2), (3, 3)] {
+                let m = msg(j + 2);
+                assert_eq!(rx.bytes(k)?[..m.len()], m[..], "buffer {k}");
+            }
+            Ok(())
+        })
+        .unwrap();
+    let mut out = Vec::with_capacity(4);
+    p.cq_b.poll_n(&mut out, 2, Duration::from_secs(5)).unwrap();
+    for (i, mut c) in out.into_iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode),
+            (i as u64, WcStatus::Success, WcOpcode::Recv)
+        );
+        let m = msg(i as u8);
+        assert_eq!(c.take_mr().unwrap().to_vec().unwrap()[..m.len()], m[..]);
+    }
+    assert_eq!(wait(cq_a, 11).len(), 11);
+}

@@ -25,6 +25,38 @@ impl<S: QpState> ScopedBuffers<'_, S> {
     /// before the verb accepts a chain, so a panicking iterator leaves the
     /// queue as it was.
     ///
+    /// A receiver of `n` messages: each buffer receives, is read once its
+    /// completion is polled, and receives again while more messages are due,
+    /// one chain per poll:
+    ///
+    /// ```no_run
+    /// # use rdma_verbs::prelude::*;
+    /// # fn f(cq: &mut Cq, qp: &mut Qp<Rc, Rts>, mr: &mut Mr, n: usize) -> Result<()> {
+    /// cq.scope(|s| -> Result<()> {
+    ///     let q = s.attach(qp)?;
+    ///     let mut bufs = q.buffers(mr, 4096)?;
+    ///     // The buffer's index is the receive's wr_id.
+    ///     let mut posted = bufs.len().min(n);
+    ///     bufs.post_recv_list((0..posted).map(|k| (k, k as u64)))?;
+    ///     let (mut got, mut out) = (0, Vec::with_capacity(16));
+    ///     while got < n {
+    ///         out.clear();
+    ///         s.poll(&mut out)?;
+    ///         for c in &out {
+    ///             c.result()?;
+    ///             let message = &bufs.bytes(c.wr_id as usize)?[..c.byte_len as usize];
+    ///             println!("{} bytes", message.len());
+    ///         }
+    ///         got += out.len();
+    ///         let again = out.len().min(n - posted);
+    ///         bufs.post_recv_list(out[..again].iter().map(|c| (c.wr_id as usize, c.wr_id)))?;
+    ///         posted += again;
+    ///     }
+    ///     Ok(())
+    /// })
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// As [`post_recv`](Self::post_recv), with how many were posted.
     #[doc(alias = "ibv_post_recv")]
