@@ -458,3 +458,82 @@ fn receives_and_sends_of_one_qp_are_read_from_one_batch() {
     }
     assert_eq!(wait(cq_a, 11).len(), 11);
 }
+
+/// A list's iterator runs while the list's requests are staged from the
+/// queue's head: a post on the same queue from inside it is refused (it
+/// would take the head the staged requests count on), a post on the QP's
+/// other queue is not, and every request that was posted completes.
+#[test]
+fn a_post_from_a_lists_iterator_on_the_same_queue_is_refused() {
+    let mut p = pair(caps_sr(16, 16));
+    let mut rx_region = p.pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut extra = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let out_mr = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let (a, b, pd, cq_a) = (&mut p.a, &mut p.b, &p.pd, &mut p.cq_a);
+    for id in 0..8 {
+        a.post_recv(RecvWr::new(
+            50 + id,
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+        .unwrap();
+    }
+    let extra = rdma_verbs::qp::scope::Dst::new(&mut extra).unwrap();
+    let src = rdma_verbs::qp::scope::Src::new(&out_mr).unwrap();
+    let send = |wr_id| rdma_verbs::qp::scope::ScopedSend::send(wr_id, src);
+    let nested = |r: rdma_verbs::Result<()>| match r {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("list is being posted"), "{reason}")
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    p.cq_b
+        .scope(|s| -> rdma_verbs::Result<()> {
+            let mut q = s.attach(b)?;
+            let mut rx = q.buffers(&mut rx_region, 64)?;
+            // A receive list whose iterator posts a receive (refused) and a
+            // send (posted).
+            let mut inner = Vec::new();
+            rx.post_recv_list((0..2).map(|k| {
+                if k == 1 {
+                    inner.push(q.post_recv(99, extra));
+                    inner.push(q.post_send(&send(300)));
+                }
+                (k, 100 + k as u64)
+            }))?;
+            assert_eq!(inner.len(), 2);
+            nested(inner.remove(0));
+            inner.remove(0)?;
+            assert_eq!(q.outstanding(), (1, 2));
+            // A send list whose iterator posts a send through the buffers
+            // (refused) and a receive (posted).
+            let mut inner = Vec::new();
+            q.post_send_list((0..2).map(|j| {
+                if j == 1 {
+                    inner.push(rx.post_send(3, 8, 301));
+                    inner.push(rx.post_recv(2, 102));
+                }
+                send(400 + j)
+            }))?;
+            nested(inner.remove(0));
+            inner.remove(0)?;
+            assert_eq!(q.outstanding(), (3, 3));
+            for i in 0..3u8 {
+                let mut m = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE)?;
+                m.write_at(0, &pattern(16, i))?;
+                a.post_send(SendWr::send_from(u64::from(i), m))?;
+            }
+            let mut got = common::scope_poll_n(s, 6)?;
+            got.sort_by_key(|c| c.wr_id);
+            assert_eq!(
+                got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+                [100, 101, 102, 300, 400, 401].map(|w| (w, WcStatus::Success))
+            );
+            for k in 0..3 {
+                assert_eq!(rx.bytes(k)?[..16], pattern(16, k as u8)[..], "buffer {k}");
+            }
+            assert_eq!(q.outstanding(), (0, 0));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(wait(cq_a, 6).len(), 6);
+}

@@ -218,6 +218,7 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         if !self.rq_in_scope
             || ring.in_flight(head) >= ring.depth()
             || (send_end != 0 && send_end > core.sq.tail())
+            || tables.rq_listing
         {
             return Err(self.refused(k));
         }
@@ -326,6 +327,9 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         }
         if !self.rq_in_scope || core.ext.scoped.is_none() {
             return super::post::not_on_scope_cq("receive", 0).error;
+        }
+        if core.ext.scoped.as_ref().is_some_and(|t| t.rq_listing) {
+            return super::listing::nested_post(true);
         }
         Error::QueueFull {
             queue: "receive",

@@ -5,6 +5,7 @@
 
 use std::ptr::NonNull;
 
+use super::listing::Listing;
 use super::post::not_on_scope_cq;
 use super::side_table::{PostedRange, ScopedTables};
 use super::{SIGNALED, ScopedListError, ScopedSend};
@@ -26,8 +27,9 @@ pub(super) fn post_send_chunk<'s>(
     core: NonNull<QpCore>,
     reqs: &mut impl Iterator<Item = ScopedSend<'s>>,
 ) -> std::result::Result<(usize, bool), ScopedListError> {
-    // SAFETY: see above; no reference into the core is live, and a poll
-    // from the iterator changes neither the head nor the depth.
+    // SAFETY: see above; no reference into the core is live; a poll from the
+    // iterator changes neither the head nor the depth, and a post on this
+    // queue from it is refused (`Listing`, below).
     let (head, depth, sig_all, tables_ok) = unsafe {
         let c = core.as_ref();
         (
@@ -40,6 +42,11 @@ pub(super) fn post_send_chunk<'s>(
     if !tables_ok {
         return Err(not_on_scope_cq("send", 0));
     }
+    // Posts on the send queue from the iterator are refused until the chunk
+    // is posted (they would take the head the staged requests count on).
+    // SAFETY: as above.
+    let _listing = unsafe { Listing::mark(core, false) }
+        .map_err(|error| ScopedListError { posted: 0, error })?;
     // Takes back the side entries of staged requests that are not posted,
     // also when the iterator panics (see `PostedRange`).
     let mut staged = StagedEntries {

@@ -50,6 +50,7 @@ mod buf;
 mod buffers;
 mod chunk;
 mod drain;
+mod listing;
 mod poll;
 mod post;
 mod prepared;

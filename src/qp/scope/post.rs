@@ -4,6 +4,7 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use super::chunk::post_send_chunk;
+use super::listing::nested_post;
 use super::prepared::{
     post_prepared_chain, post_prepared_ex, settle_refused_prepared, stage_prepared,
 };
@@ -102,7 +103,14 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let ring = &*core.sq;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
         let tables = match core.ext.scoped.as_deref_mut() {
-            Some(t) if self.sq_in_scope && in_flight < depth && req.plainly_valid() => t,
+            Some(t)
+                if self.sq_in_scope
+                    && in_flight < depth
+                    && req.plainly_valid()
+                    && !t.sq_listing =>
+            {
+                t
+            }
             // By value: a reference escaping into the cold call would keep
             // the request in memory on the hot path too.
             _ => return Err(self.send_refused(*req)),
@@ -176,6 +184,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let core = unsafe { self.core.as_ref() };
         if !self.sq_in_scope || core.ext.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
+        }
+        if core.ext.scoped.as_ref().is_some_and(|t| t.sq_listing) {
+            return nested_post(false);
         }
         let depth = core.sq.depth();
         if core.sq.in_flight(core.sq_head) >= depth {
@@ -261,7 +272,7 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let n = list.len() as u64;
         let (in_flight, depth) = (ring.in_flight(head), ring.depth());
         let tables = match core.ext.scoped.as_deref_mut() {
-            Some(t) if self.sq_in_scope && in_flight + n <= depth => t,
+            Some(t) if self.sq_in_scope && in_flight + n <= depth && !t.sq_listing => t,
             _ => return Err(self.prepared_refused(n)),
         };
         let side = tables.sq.as_mut_ptr();
@@ -321,6 +332,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         if !self.sq_in_scope || core.ext.scoped.is_none() {
             return not_on_scope_cq("send", 0).error;
         }
+        if core.ext.scoped.as_ref().is_some_and(|t| t.sq_listing) {
+            return nested_post(false);
+        }
         let depth = core.sq.depth();
         if n > depth {
             return Error::InvalidArgument {
@@ -352,7 +366,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let head = core.rq_head;
         let ring = &*core.rq;
         let tables = match core.ext.scoped.as_deref_mut() {
-            Some(t) if self.rq_in_scope && ring.in_flight(head) < ring.depth() => t,
+            Some(t) if self.rq_in_scope && ring.in_flight(head) < ring.depth() && !t.rq_listing => {
+                t
+            }
             _ => return Err(self.recv_refused()),
         };
         // SAFETY: `index` masks with the ring's slot count, the table's length.
@@ -397,6 +413,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let core = unsafe { self.core.as_ref() };
         if !self.rq_in_scope || core.ext.scoped.is_none() {
             return not_on_scope_cq("receive", 0).error;
+        }
+        if core.ext.scoped.as_ref().is_some_and(|t| t.rq_listing) {
+            return nested_post(true);
         }
         Error::QueueFull {
             queue: "receive",

@@ -161,6 +161,11 @@ pub(crate) struct ScopedTables {
     /// completed, which keeps completions in posting order. (siw refuses a
     /// fenced READ; READs complete in order among themselves.)
     pub(super) fence: u32,
+    /// A list is being staged from the send / receive queue's head (see
+    /// [`Listing`](super::listing::Listing)): other posts on that queue wait
+    /// for it.
+    pub(super) sq_listing: bool,
+    pub(super) rq_listing: bool,
 }
 
 // SAFETY: plain data; the raw pointers inside the C requests are only
@@ -193,6 +198,8 @@ impl ScopedTables {
             } else {
                 0
             },
+            sq_listing: false,
+            rq_listing: false,
         }
     }
 }

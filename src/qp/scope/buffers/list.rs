@@ -9,6 +9,7 @@ use crate::ffi;
 use crate::qp::post;
 use crate::qp::queue::POST_CHUNK;
 use crate::qp::scope::ScopedListError;
+use crate::qp::scope::listing::Listing;
 use crate::qp::scope::post::not_on_scope_cq;
 use crate::qp::state::{CanPostRecv, QpState};
 
@@ -103,8 +104,13 @@ impl<S: QpState> ScopedBuffers<'_, S> {
         &mut self,
         reqs: &mut impl Iterator<Item = (usize, u64)>,
     ) -> std::result::Result<(usize, bool), ScopedListError> {
+        // Posts on the receive queue from the iterator are refused until the
+        // chunk is posted (they would take the head it counts on).
         // SAFETY: the QP is borrowed for 'scope (see `post_recv`); no
-        // reference into its core is live; read-only.
+        // reference into its core is live now or when the mark drops.
+        let listing = unsafe { Listing::mark(self.core, true) }
+            .map_err(|error| ScopedListError { posted: 0, error })?;
+        // SAFETY: as above; read-only.
         let (head, depth, mut room) = unsafe {
             let c = self.core.as_ref();
             let depth = c.rq.depth();
@@ -134,7 +140,7 @@ impl<S: QpState> ScopedBuffers<'_, S> {
                 self.send_end.get(k),
                 core.ext.scoped.as_deref_mut(),
             ) else {
-                refused = Some(self.refused(k));
+                refused = Some(k);
                 break;
             };
             if n as u64 >= room {
@@ -142,7 +148,7 @@ impl<S: QpState> ScopedBuffers<'_, S> {
                 room = depth.saturating_sub(ring.in_flight(head));
             }
             if n as u64 >= room || (send_end != 0 && send_end > core.sq.tail()) {
-                refused = Some(self.refused(k));
+                refused = Some(k);
                 break;
             }
             // SAFETY: `index` masks with the ring's slot count, the table's
@@ -158,13 +164,19 @@ impl<S: QpState> ScopedBuffers<'_, S> {
             }
             n += 1;
         }
+        // The iterator is done for this chunk; the reason for a refusal is
+        // read without the chunk's own mark.
+        drop(listing);
         if n > 0 {
             // SAFETY: n receives were written to `chain` from the head.
             unsafe { self.post_chain(wrs, head, n) }?;
         }
         match refused {
             None => Ok((n, more)),
-            Some(error) => Err(ScopedListError { posted: n, error }),
+            Some(k) => Err(ScopedListError {
+                posted: n,
+                error: self.refused(k),
+            }),
         }
     }
 
