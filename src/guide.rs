@@ -182,7 +182,9 @@
 //! [`Dst`](crate::qp::scope::Dst) for the whole scope, which waits for them at its end,
 //! and [`ScopedQp::buffers`](crate::qp::scope::ScopedQp::buffers) carves a region into
 //! buffers lent one request at a time, to read what arrived and write what
-//! to send without leaving the scope (the `qp::scope` module docs). A scoped
+//! to send without leaving the scope (the `qp::scope` module docs); a receiver
+//! re-posts the buffers of a poll's completions with one verb call through
+//! [`ScopedBuffers::post_recv_list`](crate::qp::scope::ScopedBuffers::post_recv_list). A scoped
 //! receiver that must have its receives posted before the peer sends hands the
 //! QP to [`Cq::scope_adopt`](crate::cq::Cq::scope_adopt) in INIT, posts, connects
 //! inside the scope ([`AdoptedQp::connect`](crate::qp::scope::AdoptedQp::connect))

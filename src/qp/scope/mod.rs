@@ -23,7 +23,11 @@
 //!   and [`post_prepared`](ScopedQp::post_prepared) (a [`PreparedSends`]
 //!   laid out once, posted with one doorbell each time).
 //! - [`ScopedBuffers`] lend the buffers of one region one request at a time,
-//!   readable and writable between requests.
+//!   readable and writable between requests; their receives go out one by
+//!   one or chained ([`post_recv_list`](ScopedBuffers::post_recv_list)).
+//! - A list's iterator runs while its requests are staged from the queue's
+//!   head: it may poll the scope and post on the QP's other queue, and a post
+//!   on the same queue from it is refused.
 //! - Start-up: [`Cq::scope_adopt`](crate::cq::Cq::scope_adopt) owns a QP for
 //!   the scope, so a receiver posts its receives in INIT, connects with
 //!   [`AdoptedQp::connect`] (then tells its peer to send) and polls; the QP
