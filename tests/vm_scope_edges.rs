@@ -53,6 +53,46 @@ fn a_drain_timeout_of_duration_max_waits_for_the_receive() {
     peer.join().unwrap();
 }
 
+/// Without a drain limit, a receive posted after a failed request moved the
+/// QP to the error state (which rxe does not flush until the QP is moved to
+/// ERR again) does not hold the scope forever: once the wait has found the
+/// QP in ERR with the receive still posted, the scope moves it to ERR again,
+/// the receive is flushed, and the scope ends with `ScopeDrained`.
+#[test]
+fn a_drain_without_limit_ends_for_a_receive_posted_after_a_failure() {
+    let p = pair(caps_sr(8, 8));
+    let (pd, mut cq_b, mut b) = (p.pd, p.cq_b, p.b);
+    let (done_tx, done) = std::sync::mpsc::channel();
+    // On its own thread, so that a scope that never ends fails the test.
+    std::thread::spawn(move || {
+        let mut region = pd.alloc_mr(2 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+        let start = Instant::now();
+        let r = cq_b.scope(|s| -> rdma_verbs::Result<()> {
+            s.set_drain_timeout(Duration::MAX);
+            let q = s.attach(&mut b)?;
+            let mut bufs = q.buffers(&mut region, 64)?;
+            let nowhere = rdma_verbs::mr::RemoteMr {
+                addr: 0x10000,
+                len: 4096,
+                rkey: 0x1234,
+            };
+            bufs.post_write(0, 16, nowhere, 0, 1)?;
+            let c = s.poll_one(WAIT)?;
+            assert_ne!((c.wr_id, c.status), (1, WcStatus::Success));
+            bufs.post_recv(1, 2)
+        });
+        let _ = done_tx.send((r, start.elapsed()));
+    });
+    let (r, took) = done
+        .recv_timeout(Duration::from_secs(40))
+        .expect("the scope ends");
+    match r {
+        Err(Error::ScopeDrained { outstanding: 1, .. }) => {}
+        other => panic!("expected ScopeDrained with the receive outstanding, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
 /// An iterator that panics after two requests: nothing of the list is
 /// posted, and its side entries are taken back, so that a prepared list
 /// posted over the same sequence numbers later reports its own `wr_id`s

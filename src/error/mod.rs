@@ -165,7 +165,8 @@ pub enum Error {
         /// Its scoped requests outstanding at the timeout.
         outstanding: u64,
         /// The drain timeout (without one, `Duration::MAX`: how long the
-        /// scope waited for unsignaled sends, which never complete).
+        /// scope waited before flushing requests that could not complete:
+        /// unsignaled sends, or requests left on a QP in the error state).
         after: std::time::Duration,
     },
 

@@ -2,20 +2,78 @@
 //! it to the closure as an [`AdoptedQp`] that can post and move to RTR and
 //! RTS, and gives it back drained, typed in the state the closure reached.
 
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 use std::ptr::NonNull;
 
-use super::{Scope, ScopedQp};
+use super::{Dst, PreparedSends, Scope, ScopedListError, ScopedQp, ScopedSend};
 use crate::cq::Cq;
 use crate::error::Result;
-use crate::qp::state::{Init, QpState, Rc, Rtr, Rts};
+use crate::qp::state::{CanPostRecv, CanPostSend, Init, QpState, Rc, Rtr, Rts};
 use crate::qp::{Endpoint, Qp, QpCore, RtrAttr, RtsAttr, TransitionError};
 
-/// A QP a scope owns ([`Cq::scope_adopt`]): a [`ScopedQp`] (through
-/// `Deref`) that can also change state, since nothing outside the scope
-/// names the QP by a type its kernel state could contradict.
+/// A QP a scope owns ([`Cq::scope_adopt`]): a [`ScopedQp`] that can also
+/// change state, since nothing outside the scope names the QP by a type its
+/// kernel state could contradict. It posts with the methods below and reads
+/// through `Deref`; there is no `DerefMut`, so the `ScopedQp` inside cannot
+/// be swapped for another attached QP's, which a transition of this handle
+/// would then move.
 pub struct AdoptedQp<'scope, S: QpState> {
     q: ScopedQp<'scope, S>,
+}
+
+impl<'scope, S: QpState> AdoptedQp<'scope, S> {
+    /// As [`ScopedQp::post_send`].
+    ///
+    /// # Errors
+    /// As [`ScopedQp::post_send`].
+    #[inline(always)]
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send(&mut self, req: &ScopedSend<'scope>) -> Result<()>
+    where
+        S: CanPostSend,
+    {
+        self.q.post_send(req)
+    }
+
+    /// As [`ScopedQp::post_send_list`].
+    ///
+    /// # Errors
+    /// As [`ScopedQp::post_send_list`].
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send_list(
+        &mut self,
+        reqs: impl IntoIterator<Item = ScopedSend<'scope>>,
+    ) -> std::result::Result<(), ScopedListError>
+    where
+        S: CanPostSend,
+    {
+        self.q.post_send_list(reqs)
+    }
+
+    /// As [`ScopedQp::post_prepared`].
+    ///
+    /// # Errors
+    /// As [`ScopedQp::post_prepared`].
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_prepared(&mut self, list: &PreparedSends<'scope>, first_wr_id: u64) -> Result<()>
+    where
+        S: CanPostSend,
+    {
+        self.q.post_prepared(list, first_wr_id)
+    }
+
+    /// As [`ScopedQp::post_recv`].
+    ///
+    /// # Errors
+    /// As [`ScopedQp::post_recv`].
+    #[inline(always)]
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&mut self, wr_id: u64, dst: Dst<'scope>) -> Result<()>
+    where
+        S: CanPostRecv,
+    {
+        self.q.post_recv(wr_id, dst)
+    }
 }
 
 impl<'scope, S: QpState> AdoptedQp<'scope, S> {
@@ -83,12 +141,6 @@ impl<'scope, S: QpState> Deref for AdoptedQp<'scope, S> {
     }
 }
 
-impl<S: QpState> DerefMut for AdoptedQp<'_, S> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.q
-    }
-}
-
 /// The QP's heap allocation while the scope owns it; dropping this destroys
 /// the QP (after the scope drained it).
 struct Owned(NonNull<QpCore>);
@@ -138,8 +190,10 @@ impl Cq {
             let q = AdoptedQp { q: s.attach(qp)? };
             let (value, q) = f(s, q)?;
             // The handle's invariant 'scope ties it to this scope, whose
-            // only adopted QP is this one.
-            debug_assert_eq!(q.q.core_ptr(), ptr);
+            // only adopted QP is this one, and without `DerefMut` its
+            // `ScopedQp` is the one made above: the QP typed `S2` below is
+            // the one its transitions moved.
+            assert_eq!(q.q.core_ptr(), ptr, "an AdoptedQp names its own QP");
             Ok(value)
         })?;
         std::mem::forget(owned);

@@ -231,12 +231,17 @@ impl<'scope, S: QpState> ScopedBuffers<'scope, S> {
         // posted in the scope; only this type reaches it, and it lends the
         // buffer to Rust only while no request of it is in flight.
         let rc = unsafe { crate::qp::post::ibv_post_recv(core.raw.as_ptr(), wr, &mut bad) };
+        // As for sends: a provider that does not say it refused the receive
+        // may own it; count it as posted, so that the buffer stays lent
+        // until the receive is retired (or flushed).
+        if rc == 0 || crate::qp::post::bad_index(bad, wr as *mut ffi::ibv_recv_wr, 1).is_none() {
+            core.rq_head = head + 1;
+            // SAFETY: `k` is in bounds (`recv_wrs` has as many entries).
+            unsafe { *self.recv_end.get_unchecked_mut(k) = head + 1 };
+        }
         if rc != 0 {
             return Err(Error::verb("ibv_post_recv", errno(rc)));
         }
-        core.rq_head = head + 1;
-        // SAFETY: `k` is in bounds (`recv_wrs` has as many entries).
-        unsafe { *self.recv_end.get_unchecked_mut(k) = head + 1 };
         Ok(())
     }
 

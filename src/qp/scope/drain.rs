@@ -96,7 +96,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// (false) once every queue with requests outstanding has been, for
     /// [`DEFAULT_DRAIN_TIMEOUT`], a send queue whose outstanding requests
     /// are all unsignaled: a successful one never produces a completion, so
-    /// only a flush can retire them, also without a deadline.
+    /// only a flush can retire them, also without a deadline. Without a
+    /// deadline it ends too when, [`DEFAULT_DRAIN_TIMEOUT`] into the wait, a
+    /// QP with requests outstanding is in the error state: what it flushes
+    /// comes at once, and what is left was posted after it entered ERR,
+    /// which rxe flushes only on the next move to ERR.
     fn wait(
         &self,
         attached: &[AttachedQp],
@@ -106,6 +110,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         deadline: Option<Instant>,
     ) -> bool {
         let mut tails_since = None;
+        // When (without a deadline) to look for a QP in the error state next.
+        let mut err_check = Instant::now() + DEFAULT_DRAIN_TIMEOUT;
         // A deadline already past (a drain timeout of 0) still polls once:
         // completions already in the CQ retire their requests.
         let mut polled = false;
@@ -132,7 +138,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 None
             };
             let tails_only = tails_since.is_some_and(|t| now - t > DEFAULT_DRAIN_TIMEOUT);
-            if polled && (tails_only || deadline.is_some_and(|d| now > d)) {
+            let stuck_in_err = failed.is_some() && deadline.is_none() && now >= err_check && {
+                err_check = now + ERR_CHECK_INTERVAL;
+                attached.iter().any(outstanding_in_error_state)
+            };
+            if polled && (tails_only || stuck_in_err || deadline.is_some_and(|d| now > d)) {
                 return false;
             }
             polled = true;
@@ -170,6 +180,35 @@ fn abort_with(why: std::fmt::Arguments<'_>) -> ! {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "rdma-verbs: {why}");
     std::process::abort()
+}
+
+/// How often a drain without a deadline looks for a QP in the error state,
+/// after its first [`DEFAULT_DRAIN_TIMEOUT`].
+const ERR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Whether `a` has scoped requests outstanding and its QP is in the error
+/// state (`ibv_query_qp`; false when the query fails).
+fn outstanding_in_error_state(a: &AttachedQp) -> bool {
+    // SAFETY: as in `Scope::drain`; read-only.
+    let core = unsafe { a.core.as_ref() };
+    let left = scoped_outstanding(a.sq.as_ref(), &core.sq, core.sq_head)
+        + scoped_outstanding(a.rq.as_ref(), &core.rq, core.rq_head);
+    if left == 0 {
+        return false;
+    }
+    let mut attr = std::mem::MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
+    let mut init = std::mem::MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
+    // SAFETY: a live QP (borrowed for the scope) and zeroed out-structs.
+    let rc = unsafe {
+        ffi::ibv_query_qp(
+            core.raw.as_ptr(),
+            attr.as_mut_ptr(),
+            ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            init.as_mut_ptr(),
+        )
+    };
+    // SAFETY: zeroed, and filled by the call when it succeeded.
+    rc == 0 && unsafe { attr.assume_init_ref() }.qp_state == ffi::IBV_QPS_ERR
 }
 
 /// Whether every send outstanding on the QP is unsignaled (none of those

@@ -384,10 +384,15 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         // SAFETY: valid QP; the SGE names memory borrowed exclusively for
         // 'scope, which outlives every request posted in the scope.
         let rc = unsafe { post::ibv_post_recv(core.raw.as_ptr(), &mut wr, &mut bad) };
+        // As for sends: a provider that does not say it refused the receive
+        // may own it; count it as posted, so that the scope waits for (or
+        // flushes) it.
+        if rc == 0 || post::bad_index(bad, &raw mut wr, 1).is_none() {
+            core.rq_head = head + 1;
+        }
         if rc != 0 {
             return Err(Error::verb("ibv_post_recv", errno(rc)));
         }
-        core.rq_head = head + 1;
         Ok(())
     }
 
