@@ -544,3 +544,78 @@ fn next_batch_takes_a_stream_of_completions_in_batches() {
         assert_eq!(p.cq_a.unclaimed() + p.cq_b.unclaimed(), 0);
     });
 }
+
+/// Host memory whose `Drop` panics: an `OwnedMemory` that keeps the trait's
+/// contract (the bytes live on the heap, reached only through it).
+struct PanicsInDrop(Vec<u8>);
+
+// SAFETY: the Vec's heap buffer does not move and is reached only through it.
+unsafe impl rdma_verbs::mr::OwnedMemory for PanicsInDrop {
+    fn memory(&mut self) -> (*mut u8, usize) {
+        (self.0.as_mut_ptr(), self.0.len())
+    }
+}
+
+impl Drop for PanicsInDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("an application's memory panics in Drop");
+        }
+    }
+}
+
+/// Polls `f` once (an operation posts its request on its first poll).
+async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
+    std::future::poll_fn(|cx| {
+        let _ = std::pin::Pin::new(&mut *f).poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// An unsignaled SEND whose buffer panics in `Drop` is retired by the
+/// driver's poll: the panic is reported by the CQ's `try_next`, and the
+/// driver goes on serving both CQs of its channel (the awaited send and
+/// receives, and a later send, complete).
+#[test]
+fn a_buffer_that_panics_in_drop_does_not_stop_the_driver() {
+    let _g = serial();
+    runtime().block_on(async {
+        let p = async_pair_on(caps(16), true);
+        let recv = || {
+            p.b.recv_into(p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap())
+        };
+        let (mut r1, mut r2, mut r3) = (recv(), recv(), recv());
+        for r in [&mut r1, &mut r2, &mut r3] {
+            poll_once(r).await;
+        }
+        let panicky =
+            Mr::register(&p.pd, PanicsInDrop(vec![7; 64]), AccessFlags::LOCAL_WRITE).unwrap();
+        p.a.post_send(SendWr::send_from(0, panicky).signaled(false))
+            .unwrap();
+        let wait = Duration::from_secs(10);
+        let sent = tokio::time::timeout(wait, p.a.send(mr_with(&p.pd, b"hello")))
+            .await
+            .expect("the driver goes on")
+            .unwrap();
+        assert_eq!(sent.status, WcStatus::Success);
+        let (c1, c2) = tokio::time::timeout(wait, async { (r1.await.unwrap(), r2.await.unwrap()) })
+            .await
+            .expect("the other CQ is served");
+        assert_eq!(
+            (c1.status, c1.byte_len, c2.status, c2.byte_len),
+            (WcStatus::Success, 64, WcStatus::Success, 5)
+        );
+        match p.cq_a.try_next() {
+            Err(rdma_verbs::Error::Other(why)) => assert!(why.contains("panicked"), "{why}"),
+            other => panic!("expected the panic's report, got {other:?}"),
+        }
+        let again = tokio::time::timeout(wait, p.a.send(mr_with(&p.pd, b"again")))
+            .await
+            .expect("later sends complete")
+            .unwrap();
+        assert_eq!(again.status, WcStatus::Success);
+        let c3 = tokio::time::timeout(wait, r3).await.unwrap().unwrap();
+        assert_eq!((c3.status, c3.byte_len), (WcStatus::Success, 5));
+    });
+}

@@ -166,9 +166,25 @@ impl WorkQueue for WindowQueue {
             .ext
             .windows
             .get_or_insert_with(|| (0..slots).map(|_| None).collect());
-        // The previous occupant of the slot has retired: the ring holds
-        // fewer requests than it has slots.
+        // The previous occupant of the slot retired (the ring holds fewer
+        // requests than it has slots) and was let go before the post
+        // (`clear_next_window_slot`): nothing is dropped here, while the
+        // request is half staged.
         table[core.sq.index(seq)] = keep;
+    }
+}
+
+/// Lets go of the window that the next send slot's retired request named,
+/// before a window request is posted there. The last reference to a window
+/// holds its region, whose memory may be the application's
+/// (`OwnedMemory`) with a `Drop` that panics; here nothing is staged yet, so
+/// such a panic leaves the queue as it was, where it would otherwise unwind
+/// through a request half staged.
+fn clear_next_window_slot(core: &mut QpCore) {
+    let next = core.sq_head;
+    let free = core.sq.in_flight(next) < core.sq.slot_count() as u64;
+    if let (true, Some(table)) = (free, core.ext.windows.as_mut()) {
+        drop(table[core.sq.index(next)].take());
     }
 }
 
@@ -286,6 +302,7 @@ impl<S: QpState> Qp<Rc, S> {
             rkey,
             plan,
         };
+        clear_next_window_slot(&mut self.core);
         let wr = WindowWr::new(wr_id, op, Some(mw.shared().clone()));
         queue::post_one::<WindowQueue>(&mut self.core, wr).map_err(|mut e| {
             if let (true, Error::Verb { verb, source, .. }) = (type1, &mut e.error) {
@@ -325,6 +342,7 @@ impl<S: QpState> Qp<Rc, S> {
             return Err(refused(wr_id, not_bound()));
         }
         let op = WindowOp::LocalInv { rkey: mw.rkey() };
+        clear_next_window_slot(&mut self.core);
         let wr = WindowWr::new(wr_id, op, Some(mw.shared().clone()));
         queue::post_one::<WindowQueue>(&mut self.core, wr)?;
         mw.revoke_posted();

@@ -114,7 +114,19 @@ impl Drop for QpCore {
         }
         self.send_cq.rings.retire_destroyed(&self.sq, sq_drained);
         self.recv_cq.rings.retire_destroyed(&self.rq, rq_drained);
+        for entry in self.ext.windows.take().into_iter().flatten() {
+            drop_window_catching(entry);
+        }
     }
+}
+
+/// Lets go of a window a request named. The last reference to a window
+/// holds its region, whose memory may be the application's (`OwnedMemory`)
+/// with a `Drop` that panics: the panic is contained, as a posted buffer's
+/// is when the QP is destroyed, so that it cannot leave the QP's destructor
+/// before `ibv_destroy_qp`.
+fn drop_window_catching(entry: Option<Arc<crate::mw::MwInner>>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(entry)));
 }
 
 impl QpCore {
@@ -136,7 +148,7 @@ impl QpCore {
         }
         for (entry, busy) in table.iter_mut().zip(in_flight) {
             if !busy {
-                *entry = None;
+                drop_window_catching(entry.take());
             }
         }
     }

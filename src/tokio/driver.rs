@@ -275,19 +275,43 @@ fn poll_into(cq: &Shared, done: &mut Batch) -> Result<Option<usize>> {
         return Ok(None);
     };
     done.keep_batch_size();
-    let n = match c.poll(&mut done.completions) {
-        Ok(n) => n,
-        Err(e @ Error::CompletionsLost { .. }) => {
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.poll(&mut done.completions)
+    }));
+    let n = match polled {
+        Ok(Ok(n)) => n,
+        Ok(Err(e @ Error::CompletionsLost { .. })) => {
             cq.state().errors.push_back(e);
             done.completions.len()
         }
-        Err(e) => return Err(e),
+        Ok(Err(e)) => return Err(e),
+        // A buffer's Drop panicked while the poll retired requests. `Cq::poll`
+        // lets such a panic go on only once its books are consistent, with
+        // the completions it read in `done.completions`: they are dispatched,
+        // and the panic is reported to `next` instead of ending the driver
+        // (and with it every CQ on the channel).
+        Err(panic) => {
+            cq.state().errors.push_back(Error::Other(format!(
+                "a buffer's Drop panicked while the completion driver polled: {}",
+                panic_text(&*panic)
+            )));
+            done.completions.len()
+        }
     };
     if n > 0 {
         cq.dispatch(&mut done.completions, &mut done.wakers);
     }
     drop(c);
     Ok(Some(n))
+}
+
+/// What a panic said, when it said it with a string.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
 }
 
 /// The driver's scratch space for one poll, allocated once: the completions

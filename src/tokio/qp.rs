@@ -123,6 +123,11 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     /// The QP, read-only (`query`, `endpoint`, `caps`, `outstanding`): every
     /// post goes through the wrapper, which numbers its requests, so that no
     /// completion can be taken for another request's.
+    ///
+    /// The `QpRef` holds the lock every post of this wrapper takes: read
+    /// what you need and drop it, never keep it across an `.await` (a post
+    /// of the same task, or of another on the same thread, would wait for it
+    /// for ever). [`qp_num`](Self::qp_num) takes no lock.
     pub fn qp(&self) -> QpRef<'_, T, S> {
         QpRef(self.lock())
     }
@@ -309,7 +314,8 @@ pub(super) fn stopped() -> Error {
     )
 }
 
-/// The QP of an [`AsyncQp`], read-only: see [`AsyncQp::qp`].
+/// The QP of an [`AsyncQp`], read-only: see [`AsyncQp::qp`]. It holds the
+/// wrapper's post lock: not a guard to keep across an `.await`.
 pub struct QpRef<'a, T: QpType, S: QpState>(MutexGuard<'a, Qp<T, S>>);
 
 impl<T: QpType, S: QpState> std::ops::Deref for QpRef<'_, T, S> {
