@@ -311,6 +311,13 @@ impl Region {
     pub(crate) fn raw_mr(&self) -> *mut ffi::ibv_mr {
         self.raw.as_ptr()
     }
+
+    /// Whether `addr..addr + len` (addresses as `Mr::addr` gives them) lies
+    /// inside the region.
+    pub(crate) fn covers(&self, addr: u64, len: u64) -> bool {
+        let start = self.ptr.as_ptr() as u64;
+        addr >= start && addr.saturating_add(len) <= start + self.len as u64
+    }
 }
 
 /// Refuses an empty registration and access flags the kernel would refuse

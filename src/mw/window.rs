@@ -243,7 +243,9 @@ impl Mw {
     }
 
     /// The last bound range's region, for a type 1 unbind (a zero-length
-    /// bind still names a region on some providers).
+    /// bind still names a region on some providers): the latest of the
+    /// window's regions that holds the range (the list keeps each region
+    /// once, in the order of its first bind).
     pub(crate) fn last_plan(&self) -> Option<BindPlan> {
         let b = self.bound?;
         let regions = self
@@ -251,7 +253,11 @@ impl Mw {
             .regions
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let region = regions.last()?;
+        let region = regions
+            .iter()
+            .rev()
+            .find(|r| r.covers(b.addr, b.len))
+            .or_else(|| regions.last())?;
         Some(BindPlan {
             mr: region.raw_mr(),
             addr: b.addr,
