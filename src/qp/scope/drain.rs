@@ -97,10 +97,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// [`DEFAULT_DRAIN_TIMEOUT`], a send queue whose outstanding requests
     /// are all unsignaled: a successful one never produces a completion, so
     /// only a flush can retire them, also without a deadline. Without a
-    /// deadline it ends too when, [`DEFAULT_DRAIN_TIMEOUT`] into the wait, a
-    /// QP with requests outstanding is in the error state: what it flushes
-    /// comes at once, and what is left was posted after it entered ERR,
-    /// which rxe flushes only on the next move to ERR.
+    /// deadline it ends too when, a second or more into the wait, a QP with
+    /// requests outstanding is in the error state: the flushes of what was
+    /// posted before it entered ERR come at once, and what is left was posted
+    /// after, which rxe flushes only on the next move to ERR.
     fn wait(
         &self,
         attached: &[AttachedQp],
@@ -111,7 +111,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     ) -> bool {
         let mut tails_since = None;
         // When (without a deadline) to look for a QP in the error state next.
-        let mut err_check = Instant::now() + DEFAULT_DRAIN_TIMEOUT;
+        let mut err_check = Instant::now() + ERR_CHECK_INTERVAL;
         // A deadline already past (a drain timeout of 0) still polls once:
         // completions already in the CQ retire their requests.
         let mut polled = false;
@@ -182,8 +182,8 @@ fn abort_with(why: std::fmt::Arguments<'_>) -> ! {
     std::process::abort()
 }
 
-/// How often a drain without a deadline looks for a QP in the error state,
-/// after its first [`DEFAULT_DRAIN_TIMEOUT`].
+/// How often a drain without a deadline looks for a QP in the error state
+/// (the first time, this long into the wait).
 const ERR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Whether `a` has scoped requests outstanding and its QP is in the error

@@ -159,10 +159,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// flushing their QPs ([`DEFAULT_DRAIN_TIMEOUT`] unless set). A timeout
     /// past what `Instant` can hold (`Duration::MAX`) waits without limit
     /// for requests that can still complete; sends that are all unsignaled
-    /// (which never complete when they succeed), and requests still posted
-    /// on a QP in the error state (rxe flushes a receive posted after the
-    /// QP entered it only on the next move there), are flushed after
-    /// [`DEFAULT_DRAIN_TIMEOUT`] all the same.
+    /// (which never complete when they succeed) are flushed after
+    /// [`DEFAULT_DRAIN_TIMEOUT`] all the same, and requests still posted on a
+    /// QP found in the error state (rxe flushes a receive posted after the QP
+    /// entered it only on the next move there) after about a second.
     pub fn set_drain_timeout(&self, timeout: Duration) {
         self.drain_timeout.set(timeout);
     }
