@@ -96,9 +96,14 @@ impl Mr {
     /// memlock limit, [`Error::MemlockLimit`]. On any error `buf` is dropped
     /// and nothing stays registered.
     #[doc(alias("ibv_reg_mr", "ibv_reg_mr_iova2"))]
-    pub fn register<B: OwnedMemory>(pd: &Pd, mut buf: B, access: AccessFlags) -> Result<Mr> {
-        let (ptr, len) = buf.memory();
-        let writable = buf.host_writable();
+    pub fn register<B: OwnedMemory>(pd: &Pd, buf: B, access: AccessFlags) -> Result<Mr> {
+        // Boxed first, and the memory asked of the boxed value, which is not
+        // moved again: moving a `Box<[u8]>` re-borrows its heap block, so a
+        // pointer taken before the move would not be valid after it, for
+        // Rust's aliasing rules, even at the same address.
+        let mut boxed = Box::new(buf);
+        let (ptr, len) = boxed.memory();
+        let writable = boxed.host_writable();
         check_len_access(len, access)?;
         if !writable && access.intersects(WRITE_ACCESS) {
             return Err(Error::ReadOnlyMemory {
@@ -109,9 +114,8 @@ impl Mr {
             what: "MR address",
             reason: "the buffer's memory pointer is null".into(),
         })?;
-        // Box first, then register: the buffer's memory does not move with the
-        // value (OwnedMemory's contract), so the pointer taken above stays right.
-        let buf: Box<dyn Any + Send + Sync> = Box::new(buf);
+        // The box's pointer is what moves from here on, never the buffer.
+        let buf: Box<dyn Any + Send + Sync> = boxed;
         // SAFETY: `buf` keeps [ptr, ptr+len) mapped until dropped, and the
         // region drops it only after deregistering (or on failure right here).
         let raw = unsafe { reg_mr(pd, ptr, len, access) }.map_err(file_hint)?;
