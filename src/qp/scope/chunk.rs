@@ -15,6 +15,32 @@ use crate::qp::QpCore;
 use crate::qp::post;
 use crate::qp::queue::POST_CHUNK;
 
+/// Posts a list chunk by chunk with `chunk` (how many it posted and whether
+/// the list may have more, or why it stopped), until the list ends or a chunk
+/// stops; the error counts every request posted before it.
+#[inline(always)]
+pub(super) fn post_in_chunks(
+    mut chunk: impl FnMut() -> std::result::Result<(usize, bool), ScopedListError>,
+) -> std::result::Result<(), ScopedListError> {
+    let mut posted = 0;
+    loop {
+        match chunk() {
+            Ok((n, more)) => {
+                posted += n;
+                if !more {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                return Err(ScopedListError {
+                    posted: posted + e.posted,
+                    error: e.error,
+                });
+            }
+        }
+    }
+}
+
 /// Posts up to [`POST_CHUNK`] requests of `reqs` with one verb call;
 /// returns how many were posted and whether `reqs` may have more, or why the
 /// next was not posted.

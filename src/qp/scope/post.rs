@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use super::chunk::post_send_chunk;
+use super::chunk::{post_in_chunks, post_send_chunk};
 use super::listing::nested_post;
 use super::prepared::{
     post_prepared_chain, post_prepared_ex, settle_refused_prepared, stage_prepared,
@@ -220,26 +220,10 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
             return Err(not_on_scope_cq("send", 0));
         }
         let mut reqs = reqs.into_iter();
-        let mut posted = 0;
-        loop {
-            // The QP is passed by pointer: the caller's iterator may poll the
-            // scope, which reads and writes the QP's core, so no reference
-            // to it may live while the iterator runs.
-            match post_send_chunk(self.core, &mut reqs) {
-                Ok((n, more)) => {
-                    posted += n;
-                    if !more {
-                        return Ok(());
-                    }
-                }
-                Err(e) => {
-                    return Err(ScopedListError {
-                        posted: posted + e.posted,
-                        error: e.error,
-                    });
-                }
-            }
-        }
+        // The QP is passed by pointer: the caller's iterator may poll the
+        // scope, which reads and writes the QP's core, so no reference to it
+        // may live while the iterator runs.
+        post_in_chunks(|| post_send_chunk(self.core, &mut reqs))
     }
 
     /// Posts a [`PreparedSends`] list with one doorbell (one critical region

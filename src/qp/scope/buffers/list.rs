@@ -9,6 +9,7 @@ use crate::ffi;
 use crate::qp::post;
 use crate::qp::queue::POST_CHUNK;
 use crate::qp::scope::ScopedListError;
+use crate::qp::scope::chunk::post_in_chunks;
 use crate::qp::scope::listing::Listing;
 use crate::qp::scope::post::not_on_scope_cq;
 use crate::qp::state::{CanPostRecv, QpState};
@@ -72,23 +73,7 @@ impl<S: QpState> ScopedBuffers<'_, S> {
             return Err(not_on_scope_cq("receive", 0));
         }
         let mut reqs = reqs.into_iter();
-        let mut posted = 0;
-        loop {
-            match self.post_recv_chunk(&mut reqs) {
-                Ok((n, more)) => {
-                    posted += n;
-                    if !more {
-                        return Ok(());
-                    }
-                }
-                Err(e) => {
-                    return Err(ScopedListError {
-                        posted: posted + e.posted,
-                        error: e.error,
-                    });
-                }
-            }
-        }
+        post_in_chunks(|| self.post_recv_chunk(&mut reqs))
     }
 
     /// Posts up to [`POST_CHUNK`] receives of `reqs` as one chain; returns
