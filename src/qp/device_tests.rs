@@ -325,6 +325,32 @@ fn small_pair(
     )
 }
 
+/// Binds a window over a region of [`ArmedPanicMemory`] through `b` (its send
+/// queue completing on `cq`), polls the bind, drops the window and the `Mr`,
+/// and arms the memory: the retired request's slot then holds the last
+/// reference to the window, and through it to the region.
+fn leave_a_window_over_panicking_memory(
+    pd: &Pd,
+    b: &mut Qp<crate::qp::Rc, crate::qp::Rts>,
+    cq: &mut Cq,
+) {
+    use crate::mw::{Mw, MwType};
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mem = ArmedPanicMemory {
+        v: vec![0; 4096],
+        armed: armed.clone(),
+    };
+    let mr = Mr::register(pd, mem, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
+    let mut mw = Mw::new(pd, MwType::Type2).unwrap();
+    b.post_bind_mw(100, &mut mw, &mr, 0..64, AccessFlags::REMOTE_READ)
+        .unwrap();
+    let mut out = Vec::with_capacity(4);
+    cq.poll_n(&mut out, 1, Duration::from_secs(10)).unwrap();
+    assert_eq!(out[0].status, WcStatus::Success);
+    drop((mw, mr));
+    armed.store(true, Ordering::SeqCst);
+}
+
 /// A window whose last reference is a retired request's, over a region whose
 /// memory panics in `Drop`: the window request that reuses the slot lets it
 /// go before anything is staged, so the panic reaches the caller with the
@@ -343,19 +369,7 @@ fn a_window_region_that_panics_in_drop_leaves_the_send_queue_consistent() {
         cq.poll_n(&mut out, 1, Duration::from_secs(10)).unwrap();
         out.pop().unwrap()
     };
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mem = ArmedPanicMemory {
-        v: vec![0; 4096],
-        armed: armed.clone(),
-    };
-    let mr1 = Mr::register(&pd, mem, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
-    let mut mw1 = Mw::new(&pd, MwType::Type2).unwrap();
-    b.post_bind_mw(100, &mut mw1, &mr1, 0..64, AccessFlags::REMOTE_READ)
-        .unwrap();
-    assert_eq!(wait(&mut cq_b).status, WcStatus::Success);
-    // Only the retired request's slot keeps window 1, and through it the region.
-    drop((mw1, mr1));
-    armed.store(true, Ordering::SeqCst);
+    leave_a_window_over_panicking_memory(&pd, &mut b, &mut cq_b);
     let mr2 = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
     let mut mw2 = Mw::new(&pd, MwType::Type2).unwrap();
     let mut panicked = 0;
@@ -405,7 +419,6 @@ fn a_window_region_that_panics_in_drop_leaves_the_send_queue_consistent() {
 #[test]
 #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
 fn dropping_a_qp_contains_a_window_regions_panic() {
-    use crate::mw::{Mw, MwType};
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let (cq_a, mut cq_b) = (Cq::new(&ctx, 64).unwrap(), Cq::new(&ctx, 64).unwrap());
@@ -414,20 +427,7 @@ fn dropping_a_qp_contains_a_window_regions_panic() {
         b.post_recv(RecvWr::new(9, counted_mr(&pd, 64, &drops)))
             .unwrap();
     });
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mem = ArmedPanicMemory {
-        v: vec![0; 4096],
-        armed: armed.clone(),
-    };
-    let mr1 = Mr::register(&pd, mem, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
-    let mut mw1 = Mw::new(&pd, MwType::Type2).unwrap();
-    b.post_bind_mw(100, &mut mw1, &mr1, 0..64, AccessFlags::REMOTE_READ)
-        .unwrap();
-    let mut out = Vec::with_capacity(4);
-    cq_b.poll_n(&mut out, 1, Duration::from_secs(10)).unwrap();
-    assert_eq!(out[0].status, WcStatus::Success);
-    drop((mw1, mr1));
-    armed.store(true, Ordering::SeqCst);
+    leave_a_window_over_panicking_memory(&pd, &mut b, &mut cq_b);
     let r = catch_unwind(AssertUnwindSafe(move || drop(b)));
     assert!(r.is_ok(), "a panic left the QP's destructor");
     assert_eq!(
