@@ -5,7 +5,7 @@
 
 use std::ptr::NonNull;
 
-use super::listing::Listing;
+use super::listing::{Listing, nested_post};
 use super::post::not_on_scope_cq;
 use super::side_table::{PostedRange, ScopedTables};
 use super::{SIGNALED, ScopedListError, ScopedSend};
@@ -71,8 +71,10 @@ pub(super) fn post_send_chunk<'s>(
     // Posts on the send queue from the iterator are refused until the chunk
     // is posted (they would take the head the staged requests count on).
     // SAFETY: as above.
-    let _listing = unsafe { Listing::mark(core, false) }
-        .map_err(|error| ScopedListError { posted: 0, error })?;
+    let _listing = unsafe { Listing::mark(core, false) }.ok_or_else(|| ScopedListError {
+        posted: 0,
+        error: nested_post(false),
+    })?;
     // Takes back the side entries of staged requests that are not posted,
     // also when the iterator panics (see `PostedRange`).
     let mut staged = StagedEntries {

@@ -18,18 +18,19 @@ pub(super) struct Listing {
 }
 
 impl Listing {
-    /// Marks the receive (`recv`) or send queue of `core`, or returns why
-    /// not: a list is already staged on it (this one comes from its
-    /// iterator).
+    /// Marks the receive (`recv`) or send queue of `core`, or returns None
+    /// when a list is already staged on it (this one comes from its
+    /// iterator: [`nested_post`] says why it is refused).
     ///
     /// # Safety
     /// `core` is an attached QP's, borrowed for the scope; no reference into
     /// it is live during this call or when the mark drops.
-    pub(super) unsafe fn mark(core: NonNull<QpCore>, recv: bool) -> Result<Listing, Error> {
+    #[inline(always)]
+    pub(super) unsafe fn mark(core: NonNull<QpCore>, recv: bool) -> Option<Listing> {
         // SAFETY: per the contract.
         let c = unsafe { &mut *core.as_ptr() };
         let Some(t) = c.ext.scoped.as_deref_mut() else {
-            return Ok(Listing { core, recv }); // not attached: refused later
+            return Some(Listing { core, recv }); // not attached: refused later
         };
         let flag = if recv {
             &mut t.rq_listing
@@ -37,10 +38,10 @@ impl Listing {
             &mut t.sq_listing
         };
         if *flag {
-            return Err(nested_post(recv));
+            return None;
         }
         *flag = true;
-        Ok(Listing { core, recv })
+        Some(Listing { core, recv })
     }
 }
 

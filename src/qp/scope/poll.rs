@@ -26,6 +26,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// reported by the CQ's next poll after the scope instead, so that those
     /// are returned here.
     #[doc(alias = "ibv_poll_cq")]
+    #[inline]
     pub fn poll(&self, out: &mut Vec<ScopedCompletion>) -> Result<usize> {
         make_room(out);
         self.poll_up_to(out, out.capacity() - out.len())

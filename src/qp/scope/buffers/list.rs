@@ -10,7 +10,7 @@ use crate::qp::post;
 use crate::qp::queue::POST_CHUNK;
 use crate::qp::scope::ScopedListError;
 use crate::qp::scope::chunk::post_in_chunks;
-use crate::qp::scope::listing::Listing;
+use crate::qp::scope::listing::{Listing, nested_post};
 use crate::qp::scope::post::not_on_scope_cq;
 use crate::qp::state::{CanPostRecv, QpState};
 
@@ -93,8 +93,10 @@ impl<S: QpState> ScopedBuffers<'_, S> {
         // chunk is posted (they would take the head it counts on).
         // SAFETY: the QP is borrowed for 'scope (see `post_recv`); no
         // reference into its core is live now or when the mark drops.
-        let listing = unsafe { Listing::mark(self.core, true) }
-            .map_err(|error| ScopedListError { posted: 0, error })?;
+        let listing = unsafe { Listing::mark(self.core, true) }.ok_or_else(|| ScopedListError {
+            posted: 0,
+            error: nested_post(true),
+        })?;
         // SAFETY: as above; read-only.
         let (head, depth, mut room) = unsafe {
             let c = self.core.as_ref();
