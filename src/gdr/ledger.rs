@@ -2,6 +2,8 @@
 //! WRITEs it posts, telling its own completions from others', and what comes
 //! back from the NIC.
 
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -90,6 +92,9 @@ pub(super) struct WriteLedger {
     /// Buffers back from the NIC (or never posted), to return to the state.
     pub(super) returned: Vec<Mr>,
     pub(super) posted: u64,
+    /// A panic from a polled buffer's `Drop` (see [`poll_once`](Self::poll_once)),
+    /// resumed by the write once its books are back in the buffer.
+    pub(super) panic: Option<Box<dyn Any + Send>>,
 }
 
 impl WriteLedger {
@@ -114,6 +119,7 @@ impl WriteLedger {
             first_error: None,
             returned: Vec::new(),
             posted: 0,
+            panic: None,
         }
     }
 
@@ -190,7 +196,17 @@ impl WriteLedger {
     pub(super) fn poll_once(&mut self, cq: &mut Cq) -> Result<usize> {
         let mut polled = std::mem::take(&mut self.polled);
         polled.clear();
-        let r = cq.poll(&mut polled);
+        // A retired buffer whose `Drop` panics makes the poll resume that
+        // panic once the CQ's books are consistent, with the completions it
+        // read in `polled`: they are taken in here, and the panic is held
+        // until the write has put its books back.
+        let r = match catch_unwind(AssertUnwindSafe(|| cq.poll(&mut polled))) {
+            Ok(r) => r,
+            Err(panic) => {
+                self.panic.get_or_insert(panic);
+                Ok(0)
+            }
+        };
         let mut ours = 0;
         for mut c in polled.drain(..) {
             // Cheap and non-destructive first: is it one of our wr_ids at all?
