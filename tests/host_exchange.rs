@@ -723,3 +723,24 @@ fn async_accept_and_barrier_hold_no_task_up() {
         assert!(matches!(e, Error::PeerClosed { .. }), "{e:?}");
     });
 }
+
+/// `serve_each`'s count is how many clients to serve at most: a huge one
+/// allocates nothing up front and ends, like any other, at the first accept
+/// that fails.
+#[test]
+fn serve_each_takes_a_huge_count_as_a_bound() {
+    let (l, port) = listener();
+    let client = thread::spawn(move || client_exchange("127.0.0.1", port, &ep(0x300), T));
+    let served = l.serve_each(
+        usize::MAX,
+        Some(Duration::from_millis(500)),
+        |i, mut conn| answer(&mut conn, 0x400 + i as u32).map(|r| r.qpn),
+    );
+    assert_eq!(served.len(), 2, "{served:?}");
+    assert_eq!(*served[0].as_ref().unwrap(), 0x300);
+    assert!(
+        matches!(served[1], Err(Error::Timeout { .. })),
+        "{served:?}"
+    );
+    assert_eq!(client.join().unwrap().unwrap().qpn, 0x400);
+}

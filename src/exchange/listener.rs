@@ -117,7 +117,8 @@ impl ExchangeListener {
     ) -> Vec<Result<T>> {
         let handle = &handle;
         std::thread::scope(|scope| {
-            let mut threads = Vec::with_capacity(clients);
+            // Grows as clients come: `clients` may be a bound, not a count.
+            let mut threads = Vec::new();
             let mut stopped = None;
             for i in 0..clients {
                 match self.accept(timeout) {

@@ -39,18 +39,47 @@ fn map_timeout(e: Error, timeout: Option<Duration>) -> Error {
     }
 }
 
+/// The addresses of `host:port`, looked up for at most `limit`. A literal
+/// address needs no lookup; a name is looked up (`getaddrinfo`, which has no
+/// deadline of its own) on a thread of its own, left to finish alone when
+/// the limit passes first.
+fn resolve(host: &str, port: u16, limit: Duration) -> io::Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_owned();
+    std::thread::Builder::new()
+        .name("exchange-resolve".into())
+        .spawn(move || {
+            let addrs = (name.as_str(), port)
+                .to_socket_addrs()
+                .map(Iterator::collect::<Vec<_>>);
+            // The caller may have stopped waiting.
+            let _ = tx.send(addrs);
+        })?;
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("looking up {host} took longer than {limit:?}"),
+        ))
+    })
+}
+
 impl ExchangeStream {
     /// Connects to `host:port`, retrying refused or failed attempts (the
     /// server may not be listening yet) until `timeout` has passed; then uses
     /// `timeout` as the limit of each later message.
     ///
     /// `host` is a name or an address (`10.99.0.1`, `fe80::1%eth0`); every
-    /// address it resolves to is tried, as `ibv_rc_pingpong` does.
+    /// address it resolves to is tried, as `ibv_rc_pingpong` does. The
+    /// name's lookup counts against `timeout` too: a resolver that does not
+    /// answer in time ends the call with the other failures.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<ExchangeStream> {
         let start = Instant::now();
         let mut last: Option<io::Error> = None;
         loop {
-            match (host, port).to_socket_addrs() {
+            match resolve(host, port, timeout.saturating_sub(start.elapsed())) {
                 Ok(addrs) => {
                     for addr in addrs {
                         let left = timeout.saturating_sub(start.elapsed());
