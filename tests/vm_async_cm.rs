@@ -719,3 +719,57 @@ fn accept_all_refuses_an_async_listener() {
         );
     });
 }
+
+/// A waker that calls back into the cm API (as an executor that polls the
+/// task inside `wake` does) runs once the runtime's reader has released the
+/// channel's lock: it gets its answer, and the channel's ids go on.
+#[test]
+fn a_waker_that_calls_into_the_id_does_not_stop_the_channel() {
+    use std::future::Future;
+    use std::sync::mpsc;
+    use std::task::{Context, Wake, Waker};
+
+    struct AsksTheListener(Arc<Listener>, mpsc::Sender<bool>);
+    impl Wake for AsksTheListener {
+        fn wake(self: Arc<Self>) {
+            let _ = self.1.send(self.0.id().local_addr().is_some());
+        }
+    }
+
+    let _g = serial();
+    let rt = runtime();
+    let _in_rt = rt.enter();
+    let listener = Arc::new(Listener::bind(addr(7499), 4).unwrap());
+    let (tx, woken) = mpsc::channel();
+    let waker = Waker::from(Arc::new(AsksTheListener(listener.clone(), tx)));
+    let mut request = Box::pin(listener.request());
+    assert!(
+        request
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    // The client's request is routed by the runtime's reader, which wakes
+    // the waker above.
+    let client = rt.spawn(async {
+        let mut id = AsyncCmId::resolve(addr(7499), T).await.unwrap();
+        let ctx = id.id().context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = AsyncCq::new(&ctx, 4).unwrap();
+        let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps(2)).unwrap();
+        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        // Refused: the server rejects the request below.
+        id.connect(qp, &ConnParam::new(), T).await.map(drop)
+    });
+    assert_eq!(woken.recv_timeout(T), Ok(true), "the waker got its answer");
+    let got = rt.block_on(async { tokio::time::timeout(T, request).await });
+    let req = got.expect("the request is ready").expect("a request");
+    drop(req);
+    let refused = rt.block_on(async { tokio::time::timeout(T, client).await });
+    let refused = refused.expect("the client ends").unwrap();
+    assert!(refused.is_err(), "the dropped request rejects the client");
+    assert!(
+        listener.id().local_addr().is_some(),
+        "the listener still answers"
+    );
+}

@@ -33,10 +33,24 @@ pub(super) enum IdChannel {
 /// The id's lock, and for an id on a shared channel the channel's lock
 /// too (taken second): what every librdmacm call on the id runs under.
 pub(super) struct IdGuard<'a> {
-    // Field order is drop order: the channel's lock is released first.
+    // Released by `Drop`: the channel's lock first, then the id's.
     #[cfg(feature = "tokio")]
-    pub(super) routes: Option<MutexGuard<'a, Routes>>,
-    _id: MutexGuard<'a, ()>,
+    pub(super) routes: Option<RoutesGuard<'a>>,
+    id: Option<MutexGuard<'a, ()>>,
+}
+
+impl Drop for IdGuard<'_> {
+    fn drop(&mut self) {
+        // Both locks go before the tasks whose events were routed under
+        // them are woken: a waker may call back into this very id.
+        #[cfg(feature = "tokio")]
+        let woken = self.routes.as_mut().map(RoutesGuard::take_woken);
+        #[cfg(feature = "tokio")]
+        drop(self.routes.take());
+        drop(self.id.take());
+        #[cfg(feature = "tokio")]
+        crate::sys::wake::wake_all(woken.unwrap_or_default());
+    }
 }
 
 // SAFETY: librdmacm ids may be used from any thread; every call and field
@@ -86,7 +100,7 @@ impl IdInner {
                 IdChannel::Own(_) => None,
                 IdChannel::Shared(s) => Some(s.lock()),
             },
-            _id: id,
+            id: Some(id),
         }
     }
 

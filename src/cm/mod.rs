@@ -89,7 +89,7 @@ use mcast::Joined;
 pub use param::ConnParam;
 pub use request::{ConnectRequest, REJECT_PRIVATE_DATA_MAX};
 #[cfg(feature = "tokio")]
-use shared::Routes;
+use shared::RoutesGuard;
 #[cfg(feature = "tokio")]
 pub(crate) use shared::SharedChannel;
 use ud::check_port_space;

@@ -10,10 +10,12 @@
 //! an id with a channel of its own, where the id's lock alone covers both.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::{Deref, DerefMut};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use super::*;
 use crate::sys::call::verb;
+use crate::sys::wake::wake_all;
 
 /// An rdma_cm event channel shared by many ids, with the queue of events
 /// read for each of them.
@@ -28,6 +30,46 @@ pub(crate) struct Routes {
     slots: HashMap<usize, Slot>,
     /// Nothing drives the channel any more (its runtime shut down).
     closed: bool,
+    /// Wakers of tasks whose event was routed (or whose channel closed)
+    /// under the lock, woken once it is released ([`RoutesGuard`]): a
+    /// waker may run the task's code, which takes the lock again.
+    woken: Vec<Waker>,
+}
+
+/// The lock of a [`SharedChannel`]'s routes. Dropping it releases the lock,
+/// then wakes the tasks whose events were routed under it.
+pub(crate) struct RoutesGuard<'a>(Option<MutexGuard<'a, Routes>>);
+
+impl RoutesGuard<'_> {
+    /// The wakers due so far, for a caller that releases further locks
+    /// before waking them (see `IdGuard`).
+    pub(super) fn take_woken(&mut self) -> Vec<Waker> {
+        self.0
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.woken))
+            .unwrap_or_default()
+    }
+}
+
+impl Deref for RoutesGuard<'_> {
+    type Target = Routes;
+    fn deref(&self) -> &Routes {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl DerefMut for RoutesGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Routes {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for RoutesGuard<'_> {
+    fn drop(&mut self) {
+        let woken = self.take_woken();
+        self.0 = None;
+        wake_all(woken);
+    }
 }
 
 /// One id's events, read and acknowledged, and the tasks waiting for them
@@ -38,14 +80,6 @@ struct Slot {
     wakers: Vec<Waker>,
 }
 
-impl Slot {
-    fn wake(&mut self) {
-        for w in self.wakers.drain(..) {
-            w.wake();
-        }
-    }
-}
-
 impl SharedChannel {
     /// A new channel (`rdma_create_event_channel`) with no ids yet.
     pub(crate) fn new() -> Result<Arc<SharedChannel>> {
@@ -53,13 +87,14 @@ impl SharedChannel {
             routes: Mutex::new(Routes {
                 slots: HashMap::new(),
                 closed: false,
+                woken: Vec::new(),
             }),
             channel: EventChannel::new()?,
         }))
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Routes> {
-        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    pub(super) fn lock(&self) -> RoutesGuard<'_> {
+        RoutesGuard(Some(self.routes.lock().unwrap_or_else(|p| p.into_inner())))
     }
 
     /// The channel's readiness handle (readable when an event of any of its
@@ -79,13 +114,19 @@ impl SharedChannel {
     /// then fails instead of waiting for events nobody reads.
     pub(crate) fn close(&self) {
         let mut routes = self.lock();
-        routes.closed = true;
-        for slot in routes.slots.values_mut() {
-            slot.wake();
+        let Routes {
+            slots,
+            closed,
+            woken,
+        } = &mut *routes;
+        *closed = true;
+        for slot in slots.values_mut() {
+            woken.append(&mut slot.wakers);
         }
     }
 
-    /// [`dispatch`](Self::dispatch) with the lock held.
+    /// [`dispatch`](Self::dispatch) with the lock held; the tasks to wake
+    /// are left in `routes.woken`.
     pub(super) fn drain(self: &Arc<Self>, routes: &mut Routes) -> Result<()> {
         loop {
             let mut ev: *mut ffi::rdma_cm_event = std::ptr::null_mut();
@@ -128,7 +169,8 @@ impl SharedChannel {
             }
             let slot = routes.slots.entry(key).or_default();
             slot.events.push_back(event);
-            slot.wake();
+            let wakers = std::mem::take(&mut slot.wakers);
+            routes.woken.extend(wakers);
         }
     }
 

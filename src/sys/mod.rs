@@ -5,5 +5,7 @@ mod c_enum;
 pub(crate) mod call;
 pub(crate) mod cstr;
 pub(crate) mod fd;
+#[cfg(feature = "tokio")]
+pub(crate) mod wake;
 
 pub(crate) use c_enum::c_enum;

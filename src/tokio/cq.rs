@@ -16,6 +16,7 @@ use crate::context::Context;
 use crate::cq::{Completion, Cq, CqInner};
 use crate::error::{Error, Result};
 use crate::qp::PostError;
+use crate::sys::wake::wake_all;
 
 #[derive(Default)]
 pub(crate) struct State {
@@ -369,14 +370,6 @@ impl std::ops::Deref for CqRef<'_> {
 
     fn deref(&self) -> &Cq {
         &self.cq
-    }
-}
-
-/// Wakes `wakers`, outside any lock. A waker that panics is contained, so
-/// the driver task (which calls this) keeps serving the others.
-pub(crate) fn wake_all(wakers: impl IntoIterator<Item = Waker>) {
-    for w in wakers {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
     }
 }
 

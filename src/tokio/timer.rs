@@ -21,6 +21,7 @@ use ::tokio::io::unix::AsyncFd;
 
 use super::dispatch::{PerRuntime, per_runtime};
 use crate::error::{Error, Result};
+use crate::sys::wake::wake_all;
 
 /// A `timerfd` (CLOCK_MONOTONIC) registered with the current runtime.
 pub(crate) struct FdTimer {
@@ -254,34 +255,43 @@ impl Timers {
     }
 
     /// Fires every deadline that passed and arms the timerfd for the next.
+    /// The tasks are woken once the lock is released: a waker may poll its
+    /// task, whose wait takes the lock.
     fn fire(&self) -> Result<()> {
-        let mut d = self.lock();
-        let now = Instant::now();
-        d.armed = None;
-        while let Some(&Reverse((at, key))) = d.heap.peek() {
-            if at > now {
-                return self.arm(&mut d, at);
-            }
-            d.heap.pop();
-            if let Some(w) = d.waits.get_mut(&key) {
-                w.fired = true;
-                if let Some(waker) = w.waker.take() {
-                    waker.wake();
+        let mut due = Vec::new();
+        let armed = {
+            let mut d = self.lock();
+            let now = Instant::now();
+            d.armed = None;
+            let mut next = None;
+            while let Some(&Reverse((at, key))) = d.heap.peek() {
+                if at > now {
+                    next = Some(at);
+                    break;
+                }
+                d.heap.pop();
+                if let Some(w) = d.waits.get_mut(&key) {
+                    w.fired = true;
+                    due.extend(w.waker.take());
                 }
             }
-        }
-        Ok(())
+            next.map_or(Ok(()), |at| self.arm(&mut d, at))
+        };
+        wake_all(due);
+        armed
     }
 
     /// Fails every wait: nothing fires them any more.
     fn close(&self) {
-        let mut d = self.lock();
-        d.closed = true;
-        for w in d.waits.values_mut() {
-            if let Some(waker) = w.waker.take() {
-                waker.wake();
-            }
-        }
+        let due: Vec<Waker> = {
+            let mut d = self.lock();
+            d.closed = true;
+            d.waits
+                .values_mut()
+                .filter_map(|w| w.waker.take())
+                .collect()
+        };
+        wake_all(due);
     }
 }
 
