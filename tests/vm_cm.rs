@@ -539,3 +539,42 @@ fn readiness_reports_a_connect_request_without_consuming_it() {
         .expect("dropping the listener still blocked after 5 s");
     assert!(dup.read(&mut [0u8; 16]).is_err());
 }
+
+/// An id connects once: a second connect on it (here after one that timed
+/// out) is refused with EINVAL, whose hint says so before anything about the
+/// parameters.
+#[test]
+fn a_second_connect_on_an_id_is_refused_with_a_hint_that_says_why() {
+    let addr = common::guest_at(20108);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let listener = CmId::listener(addr, 4).expect("listen");
+        ready_tx.send(()).expect("signal");
+        // Held, never answered, until the client is done.
+        let _req = listener.get_request(T).expect("connect request");
+        let _ = done_rx.recv_timeout(T);
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+    let (id, pd, cq, qp) = client(addr);
+    let first = id.connect(qp, &ConnParam::new(), Duration::from_millis(300));
+    assert!(matches!(first, Err(Error::Timeout { .. })), "{first:?}");
+    let qp = id
+        .create_qp(&pd, &cq, &cq, caps())
+        .expect("a QP for the second try");
+    let iwarp = common::iwarp(&id.context().expect("a resolved id has a context"));
+    match id.connect(qp, &ConnParam::new(), T) {
+        // iw_cm has its own connection states; what it answers is recorded.
+        Err(e) if iwarp => common::deviation(&format!("a second connect on an id: {e}")),
+        Err(Error::Verb {
+            verb: "rdma_connect",
+            source,
+            hint: Some(hint),
+        }) if source.raw_os_error() == Some(libc::EINVAL) => {
+            assert!(hint.starts_with("an rdma_cm id connects once"), "{hint}");
+        }
+        other => panic!("expected rdma_connect refused with EINVAL, got {other:?}"),
+    }
+    done_tx.send(()).ok();
+    server.join().expect("server thread");
+}

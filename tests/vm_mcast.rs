@@ -341,14 +341,31 @@ fn cm_join_refusals_are_typed() {
         "multicast group",
         "already",
     );
-    // A QP that is not the one attached cannot leave for it.
+    // A QP that is not the one attached cannot leave for it, also when it is
+    // attached to the group by hand: its attachment stays.
     let other = ud_qp(&pd, &cq, 0, 0);
     expect_invalid(
         id.leave_multicast(&other, group),
         "multicast group",
         "not attached",
     );
+    let [(_, g)] = id.multicast_groups()[..] else {
+        panic!("one group: {:?}", id.multicast_groups());
+    };
+    other.attach_mcast(g.gid, g.lid).expect("attach by hand");
+    expect_invalid(
+        id.leave_multicast(&other, group),
+        "multicast group",
+        "not attached",
+    );
+    assert_eq!(other.mcast_groups(), [g]);
+    assert_eq!(qp.mcast_groups(), [g]);
+    // The QP that joined, detached by hand, still takes the id out.
+    qp.detach_mcast(g.gid, g.lid).expect("detach by hand");
     id.leave_multicast(&qp, group).expect("leave");
+    assert!(id.multicast_groups().is_empty());
+    assert_eq!(other.mcast_groups(), [g]);
+    other.detach_mcast(g.gid, g.lid).expect("detach");
 }
 
 #[cfg(feature = "tokio")]

@@ -248,17 +248,29 @@ impl CmId {
 
 fn conn_call_error(verb: &'static str, e: io::Error) -> Error {
     let hint = match e.raw_os_error() {
-        Some(libc::EINVAL) => Some(
-            "check the private data length (InfiniBand/RoCE: at most 56 bytes on connect, 196 on accept), \
+        Some(libc::EINVAL) => Some(format!(
+            "{}check the private data length (InfiniBand/RoCE: at most 56 bytes on connect, 196 on accept), \
              responder_resources/initiator_depth (at most the device's max_qp_rd_atom/max_qp_init_rd_atom), \
-             and that the address and route were resolved"
-                .into(),
-        ),
+             and that the address and route were resolved",
+            once_hint(verb)
+        )),
         _ => None,
     };
     Error::Verb {
         verb,
         source: e,
         hint,
+    }
+}
+
+/// The first thing to check when `rdma_connect` refuses with EINVAL: an id
+/// connects once, and a second connect on it (after one that succeeded,
+/// failed or timed out) is refused the same way as bad parameters.
+pub(super) fn once_hint(verb: &str) -> &'static str {
+    if verb == "rdma_connect" {
+        "an rdma_cm id connects once: after a connect on it (also one that failed or timed \
+         out) resolve a new id; otherwise "
+    } else {
+        ""
     }
 }

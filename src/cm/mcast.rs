@@ -21,11 +21,13 @@ use super::*;
 use crate::ah::AddressHandle;
 use crate::qp::{McastGroup, QpState, Ud};
 
-/// A group an id joined: its address and what its QP was attached to.
+/// A group an id joined: its address, what its QP was attached to, and
+/// that QP's number.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Joined {
     addr: SocketAddr,
     group: McastGroup,
+    qp_num: u32,
 }
 
 impl CmId {
@@ -69,14 +71,17 @@ impl CmId {
     }
 
     /// Leaves the group at `group` (`rdma_leave_multicast`) after detaching
-    /// `qp` from it ([`Qp::detach_mcast`]): datagrams to the group stop
-    /// reaching `qp`. Does not wait: librdmacm returns once the kernel
-    /// dropped the group's pending events.
+    /// `qp`, the QP this id joined it with, from it ([`Qp::detach_mcast`]):
+    /// datagrams to the group stop reaching `qp`. A `qp` already detached by
+    /// hand is not detached again; the id still leaves. Does not wait:
+    /// librdmacm returns once the kernel dropped the group's pending events.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a group this id did not join
-    /// (`"multicast group"`), or a `qp` not attached to it (the id stays a
-    /// member then); `rdma_leave_multicast`'s error otherwise.
+    /// (`"multicast group"`), or a `qp` other than the one it joined with,
+    /// which the join did not attach (the id stays a member then, and the
+    /// other QP's attachments are untouched); `rdma_leave_multicast`'s error
+    /// otherwise.
     #[doc(alias = "rdma_leave_multicast")]
     pub fn leave_multicast<S: QpState>(&self, qp: &Qp<Ud, S>, group: SocketAddr) -> Result<()> {
         let _g = self.inner.lock();
@@ -92,8 +97,22 @@ impl CmId {
                 ),
             });
         };
-        let g = joined[i].group;
-        qp.detach_mcast(g.gid, g.lid)?;
+        let j = joined[i];
+        if qp.qp_num() != j.qp_num {
+            return Err(Error::InvalidArgument {
+                what: "multicast group",
+                reason: format!(
+                    "QP {:#x} is not attached by this id's join of {} (QP {:#x} joined it): \
+                     leave with the QP that joined",
+                    qp.qp_num(),
+                    addr.ip(),
+                    j.qp_num
+                ),
+            });
+        }
+        if qp.mcast_groups().contains(&j.group) {
+            qp.detach_mcast(j.group.gid, j.group.lid)?;
+        }
         joined.swap_remove(i);
         leave_locked(self.inner.id(), addr)
     }
@@ -195,7 +214,11 @@ impl CmId {
         match joined {
             Ok((peer, ev, group)) => {
                 let mut list = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
-                list.push(Joined { addr, group });
+                list.push(Joined {
+                    addr,
+                    group,
+                    qp_num: qp.qp_num(),
+                });
                 Ok((peer, ev))
             }
             Err(e) => {

@@ -366,9 +366,11 @@ pub(super) fn check_ud_qp<S: QpState>(id: *mut ffi::rdma_cm_id, qp: &Qp<Ud, S>) 
 /// The error of a failed UD `rdma_connect` / `rdma_accept`.
 fn ud_call_error(verb: &'static str, e: io::Error) -> Error {
     let hint = (e.raw_os_error() == Some(libc::EINVAL)).then(|| {
-        "check the private data length (InfiniBand/RoCE: at most 180 bytes on a UD connect, \
-         136 on its accept) and that the address and route were resolved"
-            .to_owned()
+        format!(
+            "{}check the private data length (InfiniBand/RoCE: at most 180 bytes on a UD \
+             connect, 136 on its accept) and that the address and route were resolved",
+            super::handshake::once_hint(verb)
+        )
     });
     Error::Verb {
         verb,
