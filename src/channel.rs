@@ -76,6 +76,11 @@ pub(crate) struct ChannelInner {
     /// The CQs of this crate on this channel.
     cqs: CqRegistry,
     readiness: ReadinessCell,
+    /// Held around every read of an event (`ibv_get_cq_event`) and every arm
+    /// of a CQ on the channel (`ibv_req_notify_cq`, [`ChannelInner::arm`]):
+    /// a provider may update a CQ's arm state in both without a lock (mlx5's
+    /// `mlx5_cq_event` increments `arm_sn`, which `mlx5_arm_cq` reads).
+    arm: Mutex<()>,
     ctx: Context,
 }
 
@@ -85,6 +90,15 @@ pub(crate) struct ChannelInner {
 unsafe impl Send for ChannelInner {}
 // SAFETY: see Send; &ChannelInner only reads events (thread-safe) and the atomics.
 unsafe impl Sync for ChannelInner {}
+
+impl ChannelInner {
+    /// The lock that keeps arms and event reads of the channel's CQs apart
+    /// (see the field); a poisoned one is taken as it is (it guards nothing
+    /// but the calls).
+    pub(crate) fn arm_lock(&self) -> MutexGuard<'_, ()> {
+        self.arm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 impl Drop for ChannelInner {
     fn drop(&mut self) {
@@ -244,6 +258,7 @@ impl CompletionChannel {
             attached: AtomicUsize::new(0),
             cqs: CqRegistry::default(),
             readiness: ReadinessCell::default(),
+            arm: Mutex::new(()),
             ctx: ctx.clone(),
         };
         set_nonblocking(inner.fd()).map_err(|e| Error::Io {
@@ -298,10 +313,13 @@ impl CompletionChannel {
     pub fn try_next(&self) -> Result<Option<CqId>> {
         let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
-        // SAFETY: valid channel; the out-pointers are valid locals.
+        let arm = self.inner.arm_lock();
+        // SAFETY: valid channel; the out-pointers are valid locals; no arm
+        // of a CQ on the channel runs meanwhile (`arm`).
         let done = verb!(errno: unsafe {
             ffi::ibv_get_cq_event(self.as_raw(), &mut cq, &mut cq_ctx)
         });
+        drop(arm);
         if let Err(failed) = done {
             return match failed.source.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),

@@ -228,6 +228,8 @@ impl Context {
         let rc = unsafe { ffi::ibv_query_gid(self.as_raw(), port, index.into(), &mut gid) };
         let gid = Gid::from_ffi(&gid);
         if rc != 0 || gid.is_zero() {
+            // A port that does not exist is named as such.
+            self.query_port(port)?;
             return Err(self.no_gid(port, index));
         }
         Ok(gid)

@@ -262,6 +262,16 @@ fn bad_port_and_gid_index_are_typed_errors() {
         ) => assert!(e.to_string().contains("valid: "), "{e}"),
         other => panic!("{other:?}"),
     }
+    // A GID of a port that does not exist names the port.
+    for port in [0, 2, 255] {
+        assert!(
+            matches!(
+                ctx.query_gid(port, 0),
+                Err(Error::InvalidArgument { what: "port", .. })
+            ),
+            "port {port}"
+        );
+    }
 }
 
 #[test]

@@ -706,3 +706,54 @@ fn async_readiness_reports_without_consuming() {
     let mut dup = File::from(dup);
     assert!(dup.read(&mut [0u8; 16]).is_err());
 }
+
+/// A CQ attached to a `wait_poll`'s channel while it waits (so the channel
+/// serves two CQs) ends that wait with `InvalidArgument`, at the latest when
+/// it reads the new CQ's event, which stays counted on that CQ.
+#[test]
+fn a_cq_attached_during_a_wait_poll_ends_it() {
+    let ctx = common::ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let ch = CompletionChannel::new(&ctx).unwrap();
+    let mut cq_a = Cq::with_channel(&ctx, 16, &ch).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut out = Vec::with_capacity(4);
+        let r = cq_a.wait_poll(&mut out, Some(Duration::from_secs(20)));
+        (r, start.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let cq_b = Cq::with_channel(&ctx, 16, &ch).unwrap();
+    let mut qp = Qp::new(&pd, &cq_b, &cq_b, common::caps_sr(4, 4))
+        .unwrap()
+        .init(InitAttr::new(1, AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    qp.post_recv(RecvWr::empty(7)).unwrap();
+    cq_b.req_notify(false).unwrap();
+    // The flushed receive raises cq_b's event.
+    let qp = qp.to_error().map_err(|e| e.error).unwrap();
+    let (r, took) = waiter.join().unwrap();
+    assert!(
+        matches!(
+            r,
+            Err(rdma_verbs::Error::InvalidArgument {
+                what: "completion channel",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the wait went on for {took:?}"
+    );
+    // Read by the waiter or still on the channel: cq_b's event is cq_b's.
+    if cq_b.unacked_events() == 0 {
+        assert_eq!(
+            ch.wait(Some(Duration::from_secs(2))).unwrap(),
+            Some(cq_b.id())
+        );
+    }
+    assert_eq!(cq_b.unacked_events(), 1);
+    drop(qp);
+}

@@ -50,6 +50,17 @@ pub struct Cq {
     lost_unreported: u64,
 }
 
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // Completions a scope kept for the next poll carry buffers, whose
+        // `Drop` (an application's `OwnedMemory`) may panic: contained, one
+        // by one, as the QP's destructor does. `inner` drops after this.
+        for c in std::mem::take(&mut self.pending) {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(c)));
+        }
+    }
+}
+
 pub(crate) struct CqInner {
     raw: NonNull<ffi::ibv_cq>,
     /// The device's `max_cqe`: the CQ never grows past it.
@@ -73,8 +84,9 @@ unsafe impl Send for CqInner {}
 // SAFETY: through &CqInner other threads reach: QP creation and destruction
 // (the mutex-protected ring table), the event counter (atomics, see
 // crate::channel), the channel (itself Sync), `ibv_req_notify_cq` through
-// `&Cq`, which libibverbs allows concurrently with polling (providers take
-// the CQ lock for it), and `ibv_resize_cq` (QP creation, `Cq::resize`),
+// `&Cq`, under the channel's arm lock (apart from other arms, the channel's
+// event reads and resizes: mlx5 arms without the CQ lock), and
+// `ibv_resize_cq` (QP creation, `Cq::resize`),
 // which runs with the ring table locked, so never two at once, and which
 // providers serialise with polling under the same CQ lock (rxe and mlx5
 // take it around the whole resize and the whole poll; docs/soundness.md,
@@ -142,11 +154,14 @@ impl CqInner {
     /// hold now, as `ibv_resize_cq` requires.
     fn resize_locked(&self, depth: u64) -> std::result::Result<u32, VerbFailure> {
         let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
+        // An arm (mlx5 reads the consumer index without the CQ lock) waits.
+        let _arm = self.channel.as_ref().map(|c| c.inner.arm_lock());
         // SAFETY: the CQ is live (self owns it); no other resize runs (the
-        // table is locked); a poll or notify request running on another
-        // thread meets the provider's CQ lock, which it holds around the
-        // whole resize (rxe `rxe_resize_cq`, mlx5 `mlx5_resize_cq`), and the
-        // provider moves the completions already in the CQ to the new queue.
+        // table is locked) and no arm or event read of its channel (`_arm`);
+        // a poll running on another thread meets the provider's CQ lock,
+        // which it holds around the whole resize (rxe `rxe_resize_cq`, mlx5
+        // `mlx5_resize_cq`), and the provider moves the completions already
+        // in the CQ to the new queue.
         verb!(rc: unsafe { ffi::ibv_resize_cq(self.as_raw(), cqe) })?;
         // SAFETY: the CQ is live; `cqe` was written by the resize that just
         // returned on this thread (no other runs, see above), and the

@@ -51,10 +51,13 @@ impl Cq {
     /// after arming (see [`wait_poll`](Cq::wait_poll)).
     #[doc(alias = "ibv_req_notify_cq")]
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        if self.inner.channel.is_none() {
+        let Some(channel) = self.inner.channel.as_ref() else {
             return Err(no_channel());
-        }
-        // SAFETY: valid CQ.
+        };
+        // Arms of one CQ from several threads (`&Cq` is shared) and the
+        // channel's event reads update the provider's arm state: one at a time.
+        let _arm = channel.inner.arm_lock();
+        // SAFETY: valid CQ; no other arm or event read of its channel runs.
         verb!(rc: unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) })?;
         Ok(())
     }
@@ -97,6 +100,9 @@ impl Cq {
     /// The channel must serve this CQ alone: a waiter on a shared channel
     /// could consume the event meant for another CQ's waiter. With several CQs
     /// on one channel, use [`CompletionChannel::wait`] and poll the CQ it names.
+    /// A CQ attached to the channel while this waits ends the wait with that
+    /// error too, at the latest when the wait reads an event (counted on the
+    /// CQ it names, whose waiter then finds the completion by polling).
     #[doc(alias("ibv_poll_cq", "ibv_req_notify_cq", "ibv_get_cq_event"))]
     pub fn wait_poll(
         &mut self,
@@ -106,16 +112,7 @@ impl Cq {
         let Some(channel) = self.inner.channel.clone() else {
             return Err(no_channel());
         };
-        if channel.attached_cqs() > 1 {
-            return Err(Error::InvalidArgument {
-                what: "completion channel",
-                reason: format!(
-                    "wait_poll needs a channel of its own, this one serves {} CQs; \
-                     use CompletionChannel::wait and poll the CQ it names",
-                    channel.attached_cqs()
-                ),
-            });
-        }
+        refuse_shared(&channel)?;
         if out.len() == out.capacity() {
             out.reserve(32);
         }
@@ -138,18 +135,37 @@ impl Cq {
             // (a monitor calling `try_next`, say) may take this CQ's event,
             // and the completion must not wait for the next one.
             let slice = left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE));
-            if channel.wait(Some(slice))?.is_none() {
-                if left.is_some_and(|l| l <= WAIT_SLICE) {
+            refuse_shared(&channel)?;
+            match channel.wait(Some(slice))? {
+                None if left.is_some_and(|l| l <= WAIT_SLICE) => {
                     // Timed out; one last look, in case a completion raced the clock.
                     return self.poll(out);
                 }
-                continue;
+                None => continue,
+                // Another CQ's event: the channel is shared now.
+                Some(id) if id != self.id() => refuse_shared(&channel)?,
+                Some(_) => {}
             }
             if self.unacked_events() >= ACK_BATCH {
                 self.ack_events();
             }
         }
     }
+}
+
+/// Refuses a channel that serves more CQs than the one waiting on it.
+fn refuse_shared(channel: &CompletionChannel) -> Result<()> {
+    let cqs = channel.attached_cqs();
+    if cqs > 1 {
+        return Err(Error::InvalidArgument {
+            what: "completion channel",
+            reason: format!(
+                "wait_poll needs a channel of its own, this one serves {cqs} CQs; \
+                 use CompletionChannel::wait and poll the CQ it names"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn no_channel() -> Error {

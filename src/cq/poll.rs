@@ -163,7 +163,11 @@ impl Cq {
         }
         if let Some(p) = caught {
             // A buffer's Drop panicked while the ring was being retired: the
-            // books are consistent now, so let the panic go on.
+            // books are consistent now, so let the panic go on. A loss found
+            // by the same poll is reported by the next one.
+            if lost > 0 {
+                self.defer_lost(lost);
+            }
             std::panic::resume_unwind(p);
         }
         if lost > 0 {

@@ -92,6 +92,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let r = self.poll_into(&attached, out, want, &mut caught);
         drop(attached);
         if let Some(p) = caught {
+            if let Err(Error::CompletionsLost { count }) = r {
+                // SAFETY: as in `poll_into`: the scope holds `&mut Cq` and no
+                // user code runs while this reference lives.
+                unsafe { (*self.cq.as_ptr()).defer_lost(count) };
+            }
             resume_unwind(p);
         }
         r
