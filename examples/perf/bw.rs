@@ -63,7 +63,9 @@ pub fn run(
             // The receiver of a scoped send_bw posts its receives in the
             // scope, before the barrier (one way: it sends nothing).
             let row = scoped::receive(o, rate, dev, size, q, ctrl)?;
-            ctrl.swap(client, &WireRow(None))?;
+            if !o.rx_burst {
+                ctrl.swap(client, &WireRow(None))?;
+            }
             if let Some(row) = row {
                 println!("{}", report::bw_line(&row, o.report_gbits));
                 table.bw.push(row);
@@ -81,6 +83,13 @@ pub fn run(
             None
         };
         ctrl.barrier(client)?;
+        // --rx-burst: the receiver (which sends nothing: no row of its own)
+        // polls only once the sender's row says it is done.
+        let early = if o.rx_burst && !client {
+            Some(ctrl.swap(client, &WireRow(None))?.0)
+        } else {
+            None
+        };
         let mut mine = run_size(o, rate, q, tx.as_mut(), rx.as_mut(), ctrl)?;
         if let (Some(row), Some(rx)) = (mine.as_mut(), rx.as_ref()) {
             // A bidirectional SEND side in duration mode counts what it sent
@@ -94,7 +103,10 @@ pub fn run(
             (None, Some(rx)) => rx.row(o, rate, clock::now()),
             _ => None,
         };
-        let theirs = ctrl.swap(client, &WireRow(mine))?.0;
+        let theirs = match early {
+            Some(theirs) => theirs,
+            None => ctrl.swap(client, &WireRow(mine))?.0,
+        };
         let row = received.or(match (mine, theirs) {
             (Some(a), Some(b)) => Some(a.plus(b)),
             (a, b) => a.or(b),

@@ -122,6 +122,7 @@ fn read_flag(
         "--safe" if !attached => raw.path = Some(DataPath::Safe),
         "--raw" if !attached => raw.path = Some(DataPath::Raw),
         "--scoped" if !attached => raw.path = Some(DataPath::Scoped),
+        "--rx-burst" if !attached => raw.rx_burst = true,
         "--async" => raw.inflight = Some(num(&value("--async")?, "--async")?),
         "--async-tasks" => {
             raw.inflight = Some(num(&value("--async-tasks")?, "--async-tasks")?);

@@ -243,6 +243,9 @@ pub struct Opts {
     pub inflight: Option<u32>,
     /// `--async-tasks N`, `--async-stream N`: the shape of `--async`'s stream.
     pub async_shape: AsyncShape,
+    /// `--rx-burst`: the send_bw receiver posts every receive before the run
+    /// and reads them only once the sender is done (no empty polls).
+    pub rx_burst: bool,
 }
 
 /// The usage text.
@@ -300,6 +303,9 @@ pub fn usage() -> String {
          \x20     --async-tasks=N       the same with N tasks of one request at a time each\n\
          \x20     --async-stream=N      the same with one task posting (AsyncQp::post_send) and\n\
          \x20                           taking completions in batches (AsyncCq::next_batch)\n\
+         \x20     --rx-burst            send_bw with -n: the receiver posts all -n receives before\n\
+         \x20                           the run and polls only once the sender is done, so it\n\
+         \x20                           never polls an empty CQ (cargo xtask insn's receiver guard)\n\
          \x20 -h, --help                this text",
         tests.join("|")
     )
@@ -335,7 +341,7 @@ impl Opts {
     pub fn fingerprint(&self) -> String {
         format!(
             "{} {} sizes={:?} a={} n={} D={:?} t={} r={} q={} l={} Q={} I={} e={} b={} inf={} \
-             A={} o={:?} async={:?}/{:?}",
+             A={} o={:?} async={:?}/{:?} burst={}",
             self.test.name(),
             self.path.name(),
             self.sizes,
@@ -354,7 +360,8 @@ impl Opts {
             self.atomic.name(),
             self.outs,
             self.inflight,
-            self.async_shape
+            self.async_shape,
+            self.rx_burst
         )
     }
 }
@@ -398,6 +405,24 @@ mod tests {
             (p("send_lat -D 3").margin, p("write_bw -D 20").margin),
             (0.0, 5.0)
         );
+    }
+
+    /// `--rx-burst` posts every receive of the run: `-r` becomes `-n`.
+    #[test]
+    fn rx_burst_posts_every_receive() {
+        let o = p("send_bw -s 2 -n 3000 --rx-burst --scoped");
+        assert_eq!((o.rx_depth, o.rx_burst), (3000, true));
+        for bad in [
+            "write_bw -n 1000 --rx-burst",
+            "send_bw -n 1000 -r 512 --rx-burst",
+            "send_bw -D 5 --rx-burst",
+            "send_bw -n 1000 -b --rx-burst",
+            "send_bw -n 20000 --rx-burst",
+        ] {
+            let args: Vec<String> = bad.split_whitespace().map(str::to_owned).collect();
+            let e = parse(&args).expect_err(bad);
+            assert!(e.contains("--rx-burst"), "{bad}: {e}");
+        }
     }
 
     /// perftest's ranges and refusals (an outside comparison found them

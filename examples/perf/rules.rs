@@ -43,6 +43,7 @@ pub struct RawArgs {
     pub path: Option<DataPath>,
     pub inflight: Option<u32>,
     pub async_shape: AsyncShape,
+    pub rx_burst: bool,
 }
 
 /// perftest's defaults (`init_perftest_params`) and rules (`force_dependecies`).
@@ -68,6 +69,9 @@ pub fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
     }
     let path = data_path(bw, duration, inline_size, &a)?;
     check_async(test, &d, duration, inline_size, &a)?;
+    if a.rx_burst {
+        check_rx_burst(test, &mut d, iters, duration, &a)?;
+    }
     Ok(Opts {
         test,
         path,
@@ -102,7 +106,30 @@ pub fn resolve(test: Test, a: RawArgs) -> Result<Opts, String> {
         outs: a.outs,
         inflight: a.inflight,
         async_shape: a.async_shape,
+        rx_burst: a.rx_burst,
     })
+}
+
+/// `--rx-burst`: send_bw with `-n` only, one way; every receive of the run is
+/// posted before it (`-r` is `-n`, not given or given as that).
+fn check_rx_burst(
+    test: Test,
+    d: &mut Depths,
+    iters: u64,
+    duration: Option<u64>,
+    a: &RawArgs,
+) -> Result<(), String> {
+    if test != Test::SendBw || duration.is_some() || a.bidir || a.events {
+        return Err("--rx-burst applies to send_bw with -n, without -D, -b or -e".into());
+    }
+    let all = u32::try_from(iters).unwrap_or(u32::MAX);
+    if a.rx_depth.is_some_and(|r| r != all) || all > MAX_RX_DEPTH {
+        return Err(format!(
+            "--rx-burst posts every receive before the run: -r is -n, at most {MAX_RX_DEPTH}"
+        ));
+    }
+    d.rx_depth = all;
+    Ok(())
 }
 
 /// Work-queue sizes and moderation, with perftest's defaults and limits.

@@ -12,7 +12,7 @@ use super::{Counts, PathState, SEQ_MASK, Shape, Stall, Tx};
 use crate::clock::{Phase, Rate, Timer};
 use crate::conn::{self, Ctrl, Device, Queues};
 use crate::opts::{AtomicOp, Opts, Verb};
-use crate::report::BwRow;
+use crate::report::{BwRow, WireRow};
 
 /// What the ownership-passing loop returns if it is handed a scoped sender.
 pub fn not_here() -> Error {
@@ -269,12 +269,15 @@ pub fn receive(
         };
         let mut posted = vec![0u64; nq];
         for (qi, bufs) in rq.iter_mut().enumerate() {
-            for n in 0..rx_depth {
-                bufs.post_recv(slot(n), ((qi as u64) << QP_SHIFT) | n)?;
-            }
+            let tag = (qi as u64) << QP_SHIFT;
+            bufs.post_recv_list((0..rx_depth).map(move |n| (slot(n), tag | n)))?;
             posted[qi] = rx_depth;
         }
         ctrl.barrier(false)?;
+        if o.rx_burst {
+            // Every receive is posted: read them once the sender is done.
+            ctrl.swap(false, &WireRow(None))?;
+        }
         let mut out: Vec<ScopedCompletion> = Vec::with_capacity(POLL_BATCH);
         let (mut rcnt, total) = (0u64, iters * nq as u64);
         let mut first = 0;

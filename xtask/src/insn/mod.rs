@@ -113,7 +113,7 @@ fn job_name(k: &Key, q: Option<u32>, n: u64, rep: u32) -> String {
 /// client's total instructions to `OUTDIR/NAME.insn`. The plans share the side and the send
 /// API (see [`parse_plans`]); a job two plans both name runs once.
 fn script(plans: &[Plan]) -> String {
-    let mut s = job_function(&plans[0].side, plans[0].legacy_send);
+    let mut s = job_function(&plans[0].side, plans[0].legacy_send, plans[0].rx_burst);
     let mut named = std::collections::BTreeSet::new();
     let mut jobs = Vec::new();
     for plan in plans {
@@ -154,13 +154,14 @@ fn script(plans: &[Plan]) -> String {
 }
 
 /// The script's settings and its `listening` and `job` functions: `side` under callgrind,
-/// `legacy_send` for `--use_old_post_send` on both tools.
-fn job_function(side: &str, legacy_send: bool) -> String {
+/// `legacy_send` for `--use_old_post_send` on both tools, `rx_burst` for `perf --rx-burst`.
+fn job_function(side: &str, legacy_send: bool, rx_burst: bool) -> String {
     let t = SIDE_TIMEOUT_SECS;
-    let old = if legacy_send {
-        " --use_old_post_send"
-    } else {
-        ""
+    let extra = match (legacy_send, rx_burst) {
+        (true, true) => " --use_old_post_send --rx-burst",
+        (true, false) => " --use_old_post_send",
+        (false, true) => " --rx-burst",
+        (false, false) => "",
     };
     format!(
         "set -u\n\
@@ -176,7 +177,7 @@ fn job_function(side: &str, legacy_send: bool) -> String {
          # job NAME PATH TEST SIZE POSTLIST ITERS CQMOD PORT (CQMOD 0: perftest's default)\n\
          job() {{\n\
          \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6; q=$7; port=$8; began=$(date +%s%N)\n\
-         \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l -p $port{old}\"\n\
+         \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l -p $port{extra}\"\n\
          \x20 if [ \"$t\" = atomic_bw ]; then common=\"$common -A FETCH_AND_ADD\"; fi\n\
          \x20 if [ \"$q\" != 0 ]; then common=\"$common -Q $q\"; fi\n\
          \x20 case $path in\n\

@@ -12,7 +12,8 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
                         [--iters N1,N2] [--side client|server] [--check RATIO]
                         [--check-scoped RATIO] [--reps N] [--timeout SECS]
                         [--send-api extended|legacy] [--jobs N] [--inflight N,..]
-                        [--cq-mod Q] [--check-async RATIO] [--then OPTIONS...]
+                        [--cq-mod Q] [--check-async RATIO] [--receiver busy|burst]
+                        [--then OPTIONS...]
 
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
@@ -31,6 +32,11 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --side       which side runs under callgrind (default client; server: the receiver
                of send_bw, the only test whose server works per message; its poll
                calls are counted and their cost fitted out, which needs --reps 2 or more)
+  --receiver   with --side server, how the send_bw receiver meets the messages: busy
+               (default; it polls while the sender sends, and its empty polls are fitted
+               out) or burst (perf --rx-burst: every receive is posted before the run
+               and read only once the sender is done, so no poll comes back empty and
+               one run per count gives the figure; perf's paths only)
   --check      exit 1 if safe/raw instructions per message exceed RATIO anywhere
   --check-scoped  the same for scoped/raw
   --reps       runs of each pair (default 1): the figure is the median of their
@@ -44,7 +50,7 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --jobs       jobs (client and server pairs) the guest runs at the same time, 1 to 4
                (default 1); with --then, the largest given
   --then       a further set of the options above, measured in the same guest and
-               reported and checked on its own (same --side and --send-api; the guest's
+               reported and checked on its own (same --side, --send-api and --receiver; the guest's
                limit is the largest --timeout)";
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
 const KNOWN_PATHS: &[&str] = &[
@@ -71,6 +77,8 @@ pub(super) struct Plan {
     pub(super) timeout: Duration,
     /// `--use_old_post_send` on both tools.
     pub(super) legacy_send: bool,
+    /// `--receiver burst`: `perf --rx-burst` on both sides.
+    pub(super) rx_burst: bool,
     /// Jobs the guest runs at the same time.
     pub(super) jobs: u32,
     /// `async`: requests in flight, one row each.
@@ -105,6 +113,7 @@ pub(super) fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         side: "client".into(),
         timeout: Duration::from_secs(1800),
         legacy_send: false,
+        rx_burst: false,
         jobs: 1,
         inflight: vec![1, 16],
         cq_mod: None,
@@ -127,6 +136,7 @@ pub(super) fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
             "--send-api" if value == "extended" || value == "legacy" => {
                 plan.legacy_send = value == "legacy"
             }
+            "--receiver" if value == "busy" || value == "burst" => plan.rx_burst = value == "burst",
             "--paths" => plan.paths = list(&value, "--paths")?,
             "--iters" => match list::<u64>(&value, "--iters")?[..] {
                 [a, b] if 0 < a && a < b => plan.iters = (a, b),
@@ -200,11 +210,24 @@ fn validate(plan: &Plan) -> Result<()> {
     if plan.sizes.contains(&0) || plan.post_lists.contains(&0) {
         return Err(Error::usage("sizes and post lists must be positive"));
     }
+    if plan.rx_burst
+        && (plan.side != "server"
+            || plan.tests.iter().any(|t| t != "send_bw")
+            || plan
+                .paths
+                .iter()
+                .any(|p| !matches!(p.as_str(), "safe" | "raw" | "scoped")))
+    {
+        return Err(Error::usage(
+            "--receiver burst measures perf's send_bw receiver: --side server, --tests \
+             send_bw and the paths safe, raw or scoped",
+        ));
+    }
     Ok(())
 }
 
 /// The plans of `args`: groups of options separated by `--then`, measured in one guest.
-/// They must agree on `--side` and `--send-api` (the guest script's settings); the guest's
+/// They must agree on `--side`, `--send-api` and `--receiver` (the guest script's settings); the guest's
 /// time limit is the largest `--timeout`. `None` after `--help`.
 pub(super) fn parse_plans(args: Vec<OsString>) -> Result<Option<Vec<Plan>>> {
     let mut groups: Vec<Vec<OsString>> = vec![Vec::new()];
@@ -222,12 +245,13 @@ pub(super) fn parse_plans(args: Vec<OsString>) -> Result<Option<Vec<Plan>>> {
         };
         plans.push(plan);
     }
-    if plans
-        .iter()
-        .any(|p| p.side != plans[0].side || p.legacy_send != plans[0].legacy_send)
-    {
+    if plans.iter().any(|p| {
+        p.side != plans[0].side
+            || p.legacy_send != plans[0].legacy_send
+            || p.rx_burst != plans[0].rx_burst
+    }) {
         return Err(Error::usage(
-            "plans joined with --then must use the same --side and --send-api",
+            "plans joined with --then must use the same --side, --send-api and --receiver",
         ));
     }
     Ok(Some(plans))
