@@ -42,6 +42,7 @@ use polls::Run;
 mod async_rows;
 mod plan;
 mod polls;
+mod receiver;
 
 use plan::{Plan, parse_plans};
 
@@ -113,7 +114,7 @@ fn job_name(k: &Key, q: Option<u32>, n: u64, rep: u32) -> String {
 /// client's total instructions to `OUTDIR/NAME.insn`. The plans share the side and the send
 /// API (see [`parse_plans`]); a job two plans both name runs once.
 fn script(plans: &[Plan]) -> String {
-    let mut s = job_function(&plans[0].side, plans[0].legacy_send, plans[0].rx_burst);
+    let mut s = job_function(&plans[0].side, plans[0].legacy_send);
     let mut named = std::collections::BTreeSet::new();
     let mut jobs = Vec::new();
     for plan in plans {
@@ -125,12 +126,13 @@ fn script(plans: &[Plan]) -> String {
                     let name = job_name(&k, plan.cq_mod, n, rep);
                     if named.insert(name.clone()) {
                         jobs.push(format!(
-                            "job {name} {} {} {} {} {n} {}",
+                            "job {name} {} {} {} {} {n} {} {}",
                             k.path,
                             k.test,
                             k.size,
                             k.post_list,
-                            plan.cq_mod.unwrap_or(0)
+                            plan.cq_mod.unwrap_or(0),
+                            u8::from(receiver::burst(plan, &k))
                         ));
                     }
                 }
@@ -154,14 +156,15 @@ fn script(plans: &[Plan]) -> String {
 }
 
 /// The script's settings and its `listening` and `job` functions: `side` under callgrind,
-/// `legacy_send` for `--use_old_post_send` on both tools, `rx_burst` for `perf --rx-burst`.
-fn job_function(side: &str, legacy_send: bool, rx_burst: bool) -> String {
+/// `legacy_send` for `--use_old_post_send` on both tools. A job whose BURST is 1 runs
+/// `perf --rx-burst`, and with the client side measured, its receiver under callgrind
+/// too (`NAME.rx.insn`).
+fn job_function(side: &str, legacy_send: bool) -> String {
     let t = SIDE_TIMEOUT_SECS;
-    let extra = match (legacy_send, rx_burst) {
-        (true, true) => " --use_old_post_send --rx-burst",
-        (true, false) => " --use_old_post_send",
-        (false, true) => " --rx-burst",
-        (false, false) => "",
+    let extra = if legacy_send {
+        " --use_old_post_send"
+    } else {
+        ""
     };
     format!(
         "set -u\n\
@@ -174,12 +177,13 @@ fn job_function(side: &str, legacy_send: bool, rx_burst: bool) -> String {
          \x20   i=$((i + 1)); [ $i -lt 600 ] || return 1; sleep 0.05\n\
          \x20 done\n\
          }}\n\
-         # job NAME PATH TEST SIZE POSTLIST ITERS CQMOD PORT (CQMOD 0: perftest's default)\n\
+         # job NAME PATH TEST SIZE POSTLIST ITERS CQMOD BURST PORT (CQMOD 0: perftest's default)\n\
          job() {{\n\
-         \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6; q=$7; port=$8; began=$(date +%s%N)\n\
+         \x20 name=$1; path=$2; t=$3; s=$4; l=$5; n=$6; q=$7; burst=$8; port=$9; began=$(date +%s%N)\n\
          \x20 common=\"-d $DEV -x 1 -F -N -s $s -n $n -l $l -p $port{extra}\"\n\
          \x20 if [ \"$t\" = atomic_bw ]; then common=\"$common -A FETCH_AND_ADD\"; fi\n\
          \x20 if [ \"$q\" != 0 ]; then common=\"$common -Q $q\"; fi\n\
+         \x20 if [ $burst = 1 ]; then common=\"$common --rx-burst\"; fi\n\
          \x20 case $path in\n\
          \x20   perftest) prog=\"ib_$t\" ;;\n\
          \x20   async-tasks*) prog=\"$PERF $t --async-tasks ${{path#async-tasks}}\" ;;\n\
@@ -189,6 +193,9 @@ fn job_function(side: &str, legacy_send: bool, rx_burst: bool) -> String {
          \x20 esac\n\
          \x20 cg=\"valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.cg\"\n\
          \x20 if [ $SIDE = client ]; then scg=; ccg=$cg; else scg=$cg; ccg=; fi\n\
+         \x20 if [ $SIDE$burst = client1 ]; then\n\
+         \x20   scg=\"valgrind --tool=callgrind --vgdb=no --callgrind-out-file=/tmp/$name.rx.cg\"\n\
+         \x20 fi\n\
          \x20 timeout {t} $scg $prog $common > \"$OUT/$name.server.txt\" 2>&1 &\n\
          \x20 spid=$!\n\
          \x20 if listening $port; then\n\
@@ -198,6 +205,10 @@ fn job_function(side: &str, legacy_send: bool, rx_burst: bool) -> String {
          \x20 fi\n\
          \x20 wait $spid; src=$?\n\
          \x20 sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.cg 2>/dev/null | head -1 > \"$OUT/$name.insn\"\n\
+         \x20 if [ -f /tmp/$name.rx.cg ]; then\n\
+         \x20   sed -n 's/^\\(summary\\|totals\\): *//p' /tmp/$name.rx.cg | head -1 > \"$OUT/$name.rx.insn\"\n\
+         \x20   rm -f /tmp/$name.rx.cg\n\
+         \x20 fi\n\
          \x20 # The calibration rule needs the callers of gettimeofday, the poll count\n\
          \x20 # the callers of the poll function; annotating takes ~3 s under TCG, so\n\
          \x20 # client runs are annotated only for perftest (whose calibration loop calls\n\
@@ -332,6 +343,8 @@ struct Measured {
     missing: Vec<String>,
     /// Server side: every run of each configuration whose poll calls were counted.
     runs: BTreeMap<Key, Vec<Run>>,
+    /// Client side with `--receiver burst`: the receiver's instructions per message.
+    receiver: BTreeMap<Key, f64>,
 }
 
 /// The instructions per message of each of `plan`'s configurations, from the jobs' files
@@ -380,10 +393,12 @@ fn per_message(plan: &Plan, work: &Path, calibration: &mut Vec<u64>) -> Measured
             per_msg.insert(k, median(&mut figures));
         }
     }
+    let receiver = receiver::per_message(plan, work);
     Measured {
         per_msg,
         missing,
         runs,
+        receiver,
     }
 }
 
@@ -444,7 +459,7 @@ fn judge(plan: &Plan, measured: &Measured, code: u8, logs: &Path) -> bool {
             _ => {}
         }
     }
-    ok && async_ok
+    ok && async_ok && receiver::judge(plan, &measured.receiver)
 }
 
 /// Prints the table; returns the largest safe/raw and scoped/raw ratios.

@@ -13,7 +13,7 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
                         [--check-scoped RATIO] [--reps N] [--timeout SECS]
                         [--send-api extended|legacy] [--jobs N] [--inflight N,..]
                         [--cq-mod Q] [--check-async RATIO] [--receiver busy|burst]
-                        [--then OPTIONS...]
+                        [--check-receiver RATIO] [--then OPTIONS...]
 
   --tests      write_bw,send_bw,read_bw,atomic_bw (default write_bw,send_bw,read_bw)
   --sizes      message sizes in bytes (default 2; atomic_bw always 8)
@@ -32,11 +32,15 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --side       which side runs under callgrind (default client; server: the receiver
                of send_bw, the only test whose server works per message; its poll
                calls are counted and their cost fitted out, which needs --reps 2 or more)
-  --receiver   with --side server, how the send_bw receiver meets the messages: busy
-               (default; it polls while the sender sends, and its empty polls are fitted
-               out) or burst (perf --rx-burst: every receive is posted before the run
-               and read only once the sender is done, so no poll comes back empty and
-               one run per count gives the figure; perf's paths only)
+  --receiver   how perf's send_bw receiver meets the messages: busy (default; it polls
+               while the sender sends, and with --side server its empty polls are fitted
+               out) or burst (perf --rx-burst: every receive is posted before the run and
+               read only once the sender is done, so no poll comes back empty and one run
+               per count gives the figure). With --side client, burst also runs the
+               receiver of the plan's send_bw jobs of paths raw and scoped under callgrind,
+               in the same runs, and prints its figures apart
+  --check-receiver  with --side client and --receiver burst: exit 1 if the receiver's
+               scoped/raw exceeds RATIO
   --check      exit 1 if safe/raw instructions per message exceed RATIO anywhere
   --check-scoped  the same for scoped/raw
   --reps       runs of each pair (default 1): the figure is the median of their
@@ -50,7 +54,7 @@ usage: cargo xtask insn [--tests T,..] [--sizes S,..] [--post-list L,..] [--path
   --jobs       jobs (client and server pairs) the guest runs at the same time, 1 to 4
                (default 1); with --then, the largest given
   --then       a further set of the options above, measured in the same guest and
-               reported and checked on its own (same --side, --send-api and --receiver; the guest's
+               reported and checked on its own (same --side and --send-api; the guest's
                limit is the largest --timeout)";
 const KNOWN_TESTS: &[&str] = &["write_bw", "send_bw", "read_bw", "atomic_bw"];
 const KNOWN_PATHS: &[&str] = &[
@@ -77,8 +81,11 @@ pub(super) struct Plan {
     pub(super) timeout: Duration,
     /// `--use_old_post_send` on both tools.
     pub(super) legacy_send: bool,
-    /// `--receiver burst`: `perf --rx-burst` on both sides.
+    /// `--receiver burst`: `perf --rx-burst` on both sides of the send_bw jobs of perf's
+    /// paths (with the client side measured, their receiver too).
     pub(super) rx_burst: bool,
+    /// Largest scoped/raw of the burst receiver measured beside client runs.
+    pub(super) check_receiver: Option<f64>,
     /// Jobs the guest runs at the same time.
     pub(super) jobs: u32,
     /// `async`: requests in flight, one row each.
@@ -114,6 +121,7 @@ pub(super) fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
         timeout: Duration::from_secs(1800),
         legacy_send: false,
         rx_burst: false,
+        check_receiver: None,
         jobs: 1,
         inflight: vec![1, 16],
         cq_mod: None,
@@ -153,6 +161,15 @@ pub(super) fn parse_args(args: Vec<OsString>) -> Result<Option<Plan>> {
                 )
             }
             "--check-async" => plan.check_async = Some(async_rows::ratio_arg(&value)?),
+            "--check-receiver" => {
+                plan.check_receiver = Some(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|r: &f64| *r > 0.0)
+                        .ok_or_else(|| Error::usage("--check-receiver needs a positive ratio"))?,
+                )
+            }
             "--check" | "--check-scoped" => {
                 let ratio = value
                     .parse()
@@ -211,23 +228,28 @@ fn validate(plan: &Plan) -> Result<()> {
         return Err(Error::usage("sizes and post lists must be positive"));
     }
     if plan.rx_burst
-        && (plan.side != "server"
-            || plan.tests.iter().any(|t| t != "send_bw")
+        && plan.side == "server"
+        && (plan.tests.iter().any(|t| t != "send_bw")
             || plan
                 .paths
                 .iter()
                 .any(|p| !matches!(p.as_str(), "safe" | "raw" | "scoped")))
     {
         return Err(Error::usage(
-            "--receiver burst measures perf's send_bw receiver: --side server, --tests \
+            "--side server --receiver burst measures perf's send_bw receiver: --tests \
              send_bw and the paths safe, raw or scoped",
+        ));
+    }
+    if plan.check_receiver.is_some() && (plan.side != "client" || !plan.rx_burst) {
+        return Err(Error::usage(
+            "--check-receiver needs --side client and --receiver burst",
         ));
     }
     Ok(())
 }
 
 /// The plans of `args`: groups of options separated by `--then`, measured in one guest.
-/// They must agree on `--side`, `--send-api` and `--receiver` (the guest script's settings); the guest's
+/// They must agree on `--side` and `--send-api` (the guest script's settings); the guest's
 /// time limit is the largest `--timeout`. `None` after `--help`.
 pub(super) fn parse_plans(args: Vec<OsString>) -> Result<Option<Vec<Plan>>> {
     let mut groups: Vec<Vec<OsString>> = vec![Vec::new()];
@@ -245,13 +267,12 @@ pub(super) fn parse_plans(args: Vec<OsString>) -> Result<Option<Vec<Plan>>> {
         };
         plans.push(plan);
     }
-    if plans.iter().any(|p| {
-        p.side != plans[0].side
-            || p.legacy_send != plans[0].legacy_send
-            || p.rx_burst != plans[0].rx_burst
-    }) {
+    if plans
+        .iter()
+        .any(|p| p.side != plans[0].side || p.legacy_send != plans[0].legacy_send)
+    {
         return Err(Error::usage(
-            "plans joined with --then must use the same --side, --send-api and --receiver",
+            "plans joined with --then must use the same --side and --send-api",
         ));
     }
     Ok(Some(plans))

@@ -152,7 +152,25 @@ fn the_suites_guard_is_three_plans_with_their_checks() {
     let plans = super::plan::parse_plans(args).unwrap().unwrap();
     assert_eq!(plans.len(), 3);
     assert!(plans[0].check.is_some() && plans[0].check_scoped.is_some());
-    assert!(plans[1].check_scoped.is_some());
+    // The send_bw receiver is measured in the first plan's runs, in burst mode: only
+    // its send_bw jobs of perf's paths run with --rx-burst.
+    assert!(plans[0].rx_burst && plans[0].check_receiver.is_some());
+    let burst: Vec<String> = keys(&plans[0])
+        .into_iter()
+        .filter(|k| super::receiver::burst(&plans[0], k))
+        .map(|k| format!("{}_{}", k.test, k.path))
+        .collect();
+    assert_eq!(burst, ["send_bw_raw", "send_bw_scoped"]);
+    let s = script(&plans);
+    assert!(
+        s.contains("job send_bw_2_l1_raw_1000 raw send_bw 2 1 1000 0 1 "),
+        "{s}"
+    );
+    assert!(
+        s.contains("job write_bw_2_l1_raw_1000 raw write_bw 2 1 1000 0 0 "),
+        "{s}"
+    );
+    assert!(plans[1].check_scoped.is_some() && !plans[1].rx_burst);
     let stream = &plans[2];
     assert!(stream.check_async.is_some());
     assert_eq!(stream.cq_mod, Some(1), "the stream and safe both at -Q 1");
