@@ -337,7 +337,7 @@ async fn accept(
         req.id()
             .create_qp_with_srq(&dev.pd, &c, &c, &srq, caps(SEND_DEPTH, 0))?
     };
-    let qp = AsyncQp::new(qp, &dev.cq, &dev.cq).map_err(|(e, _)| e)?;
+    let qp = AsyncQp::new(qp, &dev.cq, &dev.cq)?;
     let qp_num = qp.qp_num();
     let conns = || srv.conns.lock().unwrap_or_else(|e| e.into_inner());
     conns().insert(qp_num, Conn::Accepting(Vec::new()));
@@ -549,7 +549,7 @@ async fn one_connection(server: SocketAddr, args: &Args, conn: usize) -> Result<
         let c = cq.cq();
         id.id().create_qp(&pd, &c, &c, caps(2, 2))?
     };
-    let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e)?;
+    let qp = AsyncQp::new(qp, &cq, &cq)?;
     let (qp, _) = id.connect(qp, &ConnParam::new(), WAIT).await?;
     let mut out = pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?;
     let mut back = pd.alloc_mr(args.size, AccessFlags::LOCAL_WRITE)?;

@@ -57,7 +57,7 @@ async fn serve(run: &Run) -> Result<()> {
             return Err(Error::Other("no device for the request".into()));
         };
         let qp = req.id().create_qp(pd, &cq.cq(), &cq.cq(), caps())?;
-        let qp = AsyncQp::new(qp, cq, cq).map_err(|(e, _)| e)?;
+        let qp = AsyncQp::new(qp, cq, cq)?;
         set.spawn(async move {
             let r = async {
                 let (qp, mut id) = match AsyncCmId::accept(req, qp, &param(), WAIT).await {
@@ -101,7 +101,7 @@ async fn client(run: &Run, addr: &str) -> Result<()> {
     let mut qps = Vec::with_capacity(run.conns);
     for id in &ids {
         let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps())?;
-        qps.push(AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e)?);
+        qps.push(AsyncQp::new(qp, &cq, &cq)?);
     }
     t.done("create_qp");
     let mut set = JoinSet::new();

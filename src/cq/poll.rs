@@ -334,8 +334,10 @@ impl Cq {
         })
     }
 
-    /// Polls exactly one completion (`ibv_poll_cq`), waiting up to `timeout`
-    /// for it.
+    /// Polls exactly one completion (`ibv_poll_cq`), busy-polling up to
+    /// `timeout` for it, as [`poll_n`](Cq::poll_n) does: the thread spins
+    /// while it waits. To sleep until a completion comes, create the CQ with a
+    /// channel and use [`wait_poll`](Cq::wait_poll).
     ///
     /// A poll that finds the completion and, on the way, completions that
     /// [`poll_raw`](Cq::poll_raw) took ([`Error::CompletionsLost`]) returns

@@ -102,8 +102,10 @@ pub enum Error {
 
     /// A work request has more scatter/gather entries than allowed.
     #[error(
-        "work request has {requested} scatter/gather entries but at most {max} are allowed here \
-         (raise max_send_sge/max_recv_sge at QP creation, or split the request)"
+        "work request has {requested} scatter/gather entries but at most {max} are allowed here: \
+         the QP's max_send_sge/max_recv_sge, and at most MAX_SAFE_SGES (4) per request of the \
+         ownership-passing path (split the request; raise max_*_sge at QP creation only if it \
+         is below 4)"
     )]
     TooManySges {
         /// Entries in the request.

@@ -148,6 +148,55 @@ pub struct RemoteMr {
 }
 
 impl RemoteMr {
+    /// The length of [`to_bytes`](Self::to_bytes)'s form.
+    pub const WIRE_LEN: usize = 20;
+
+    /// The region as 20 bytes to hand a peer, for instance in rdma_cm private
+    /// data (`ConnParam::private_data`: at most 56 bytes on connect, 196 on
+    /// accept): address, length and rkey, big-endian. The peer reads it with
+    /// [`from_bytes`](Self::from_bytes).
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut b = [0; Self::WIRE_LEN];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// The region a peer sent with [`to_bytes`](Self::to_bytes), from the
+    /// first 20 bytes of `bytes` (private data arrives padded with zeros).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (`"remote region"`) for fewer than 20 bytes
+    /// or a region whose end overflows the address space.
+    pub fn from_bytes(bytes: &[u8]) -> Result<RemoteMr> {
+        let refuse = |reason: String| Error::InvalidArgument {
+            what: "remote region",
+            reason,
+        };
+        let Some(b) = bytes.get(..Self::WIRE_LEN) else {
+            return Err(refuse(format!(
+                "{} bytes, where RemoteMr::to_bytes gives {}",
+                bytes.len(),
+                Self::WIRE_LEN
+            )));
+        };
+        let word =
+            |r: std::ops::Range<usize>| b[r].iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x));
+        let r = RemoteMr {
+            addr: word(0..8),
+            len: word(8..16),
+            rkey: word(16..20) as u32,
+        };
+        if r.addr.checked_add(r.len).is_none() {
+            return Err(refuse(format!(
+                "address {:#x} + length {} overflows",
+                r.addr, r.len
+            )));
+        }
+        Ok(r)
+    }
+
     /// Checks that `[offset, offset+len)` lies inside the region and returns its address.
     #[inline]
     pub fn checked_addr(&self, offset: u64, len: u64) -> Result<u64> {
@@ -173,6 +222,38 @@ impl RemoteMr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remote_regions_go_to_bytes_and_back() {
+        let r = RemoteMr {
+            addr: 0x0102_0304_0506_0708,
+            len: 1 << 20,
+            rkey: 0xdead_beef,
+        };
+        let mut padded = r.to_bytes().to_vec();
+        assert_eq!(padded[..4], [1, 2, 3, 4]);
+        padded.resize(196, 0);
+        assert_eq!(RemoteMr::from_bytes(&padded).unwrap(), r);
+        assert!(matches!(
+            RemoteMr::from_bytes(&padded[..19]),
+            Err(Error::InvalidArgument {
+                what: "remote region",
+                ..
+            })
+        ));
+        let wraps = RemoteMr {
+            addr: u64::MAX,
+            len: 2,
+            rkey: 1,
+        };
+        assert!(matches!(
+            RemoteMr::from_bytes(&wraps.to_bytes()),
+            Err(Error::InvalidArgument {
+                what: "remote region",
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn remote_bounds_are_checked() {

@@ -44,6 +44,15 @@ pub struct AsyncQp<T: QpType, S: QpState> {
     next_id: AtomicU64,
 }
 
+/// The error of a refused [`AsyncQp::new`], the QP it gave back dropped: so
+/// `AsyncQp::new(qp, &cq, &cq)?` works where a [`Result`](crate::Result) is
+/// returned.
+impl<T: QpType, S: QpState> From<(Error, Qp<T, S>)> for Error {
+    fn from((error, _qp): (Error, Qp<T, S>)) -> Error {
+        error
+    }
+}
+
 impl<T: QpType, S: QpState> AsyncQp<T, S> {
     /// Wraps `qp`, whose send queue completes on `send_cq` and receive queue
     /// on `recv_cq` (the same `AsyncCq` for both is common).
@@ -53,6 +62,8 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     /// numbered before the wrapper could be confused with its own, or if it
     /// is called from inside the driver's poll (a buffer's `Drop`:
     /// [`Error::InvalidArgument`], since the check needs the CQ's lock).
+    /// `?` in a function returning [`Result`](crate::Result) takes the error
+    /// and drops the QP.
     #[allow(clippy::result_large_err)]
     pub fn new(
         qp: Qp<T, S>,

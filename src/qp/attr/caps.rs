@@ -16,9 +16,13 @@ pub struct QpCaps {
     pub max_send_wr: u32,
     /// Receive queue depth.
     pub max_recv_wr: u32,
-    /// SGEs per send WR (at least 1 is asked for, whatever this says).
+    /// SGEs per send WR (at least 1 is asked for, whatever this says). A
+    /// request of the ownership-passing path (`SendWr`) carries at most
+    /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) (4) buffers whatever this
+    /// allows; more serve `post_send_raw`.
     pub max_send_sge: u32,
-    /// SGEs per receive WR.
+    /// SGEs per receive WR; a `RecvWr` carries at most
+    /// [`MAX_SAFE_SGES`](crate::qp::MAX_SAFE_SGES) (4) buffers.
     pub max_recv_sge: u32,
     /// Bytes a send may carry inline.
     pub max_inline_data: u32,
