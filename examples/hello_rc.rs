@@ -10,8 +10,8 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // Display says what went wrong and what to do; the Debug form
-            // that `main` returning a `Result` would print shows only fields.
+            // Display (and Debug, which repeats it) says what went wrong
+            // and what to do.
             eprintln!("hello_rc: {e}");
             ExitCode::FAILURE
         }

@@ -200,9 +200,8 @@
 //!
 //! # 6. Troubleshooting
 //! What the crate prints, and what to do. These are the errors' `Display`
-//! texts (`{e}`); a `main` that returns `Result` prints the `Debug` form
-//! instead, which shows the fields without the advice, so print errors
-//! yourself as `examples/hello_rc.rs` does.
+//! texts (`{e}`), which their `Debug` form repeats, so a `main` that returns
+//! `Result` prints them too.
 //!
 //! **No RDMA at all.** `this kernel has no RDMA support (no ib_uverbs; ...)`:
 //! the kernel lacks the verbs modules (many cloud and CI kernels); use a

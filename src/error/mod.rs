@@ -16,8 +16,11 @@ pub(crate) mod gdr;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in rdma-verbs.
+///
+/// `Debug` prints the same text as `Display`, advice included, so that a `main`
+/// returning [`Result`] says what to do; match the variant for its fields.
 #[non_exhaustive]
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum Error {
     /// A libibverbs / librdmacm call failed.
     #[error("{verb} failed: {source}{}", Hint(hint))]
@@ -392,6 +395,12 @@ pub enum Error {
         /// What it usually means.
         hint: Option<String>,
     },
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 struct Hint<'a>(&'a Option<String>);
