@@ -30,9 +30,11 @@ pub enum CompletionSource {
 /// status and opcode (ibv_poll_cq(3); mlx5 leaves the others unwritten), so
 /// only those are read; every other field below is 0 / `None`.
 pub struct Completion {
-    /// The `wr_id` the application gave the work request (the raw value for
+    /// The `wr_id` the application gave the work request. For
     /// [`Foreign`](CompletionSource::Foreign) and
-    /// [`Stale`](CompletionSource::Stale) completions).
+    /// [`Stale`](CompletionSource::Stale) completions it is the raw value the
+    /// provider reported (for a stale one, the library's internal token),
+    /// which names no request of yours.
     pub wr_id: u64,
     /// Status; anything but `Success` means the operation did not happen.
     pub status: WcStatus,

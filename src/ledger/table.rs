@@ -66,6 +66,11 @@ struct TableState {
 #[derive(Default)]
 struct Entry {
     ring: Option<Arc<Ring>>,
+    /// Bumped each time the index is freed. Eight bits suffice because an
+    /// index is freed only by `unregister_destroyed`, after a poll that found
+    /// the CQ empty and counting only QPs destroyed before that poll began: no
+    /// completion of an earlier holder is left to meet the new one, whatever
+    /// the generation.
     generation: u8,
     /// The ring's reservation was given back when it was destroyed (drained).
     released: bool,

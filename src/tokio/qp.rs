@@ -149,6 +149,11 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
 
     /// Moves the QP to ERR ([`Qp::to_error`]): every outstanding request is
     /// flushed; awaited ones resolve with `WR_FLUSH_ERR` and their buffers.
+    ///
+    /// # Errors
+    /// `ibv_modify_qp`'s, should the kernel refuse ERR (a device gone, say);
+    /// the QP is then dropped, which destroys it and releases what it held,
+    /// as dropping the `AsyncQp` does.
     pub fn to_error(self) -> Result<AsyncQp<T, crate::qp::ErrorState>, Error>
     where
         S: crate::qp::CanMoveToError,
