@@ -29,7 +29,7 @@
 //!    (our examples against rdma-core's C tools in both roles, and against themselves) and
 //!    the short fault matrix (SIGKILLed peers, 1% loss, a link cut with a short ACK timeout,
 //!    rdma_cm to a closed port, a garbage exchange peer); each case counts as one test.
-//!    Then `cargo xtask soak --seconds 25 --max-size 65536`: 4 QPs of verified
+//!    Then `cargo xtask soak --seconds 15 --max-size 65536`: 4 QPs of verified
 //!    SEND/WRITE/READ of 1 B to 64 KiB across the wire under 1% loss (one test); it fails
 //!    on any lost, duplicated or corrupted message and when either process's anonymous
 //!    memory grew by more than 1 MiB after warm-up;
@@ -277,17 +277,17 @@ fn two_node_steps(summary: &mut Summary) {
     });
     summary.add("two-node interop and faults", outcome);
 
-    // A 25 s verified soak under 1% loss across the wire (counted as one test), with
+    // A 15 s verified soak under 1% loss across the wire (counted as one test), with
     // messages up to 64 KiB: at 1 MiB, rxe (Debian 12's 6.1) was seen to stall a WRITE
     // under loss for good (README, Reliability), which `cargo xtask soak` reports.
-    let soak = ["--seconds", "25", "--max-size", "65536"];
+    let soak = ["--seconds", "15", "--max-size", "65536"];
     eprintln!("xtask test: cargo xtask soak {}", soak.join(" "));
     let outcome = crate::faults::soak_command(soak.map(OsString::from).into()).map(|code| Counts {
         passed: u64::from(code == 0),
         failed: u64::from(code != 0),
         success: true,
     });
-    summary.add("soak (25 s, 1% loss)", outcome);
+    summary.add("soak (15 s, 1% loss)", outcome);
 }
 
 /// Step 6: one more cell of the provider matrix (`cargo xtask providers`), short: siw on
