@@ -545,25 +545,6 @@ fn next_batch_takes_a_stream_of_completions_in_batches() {
     });
 }
 
-/// Host memory whose `Drop` panics: an `OwnedMemory` that keeps the trait's
-/// contract (the bytes live on the heap, reached only through it).
-struct PanicsInDrop(Vec<u8>);
-
-// SAFETY: the Vec's heap buffer does not move and is reached only through it.
-unsafe impl rdma_verbs::mr::OwnedMemory for PanicsInDrop {
-    fn memory(&mut self) -> (*mut u8, usize) {
-        (self.0.as_mut_ptr(), self.0.len())
-    }
-}
-
-impl Drop for PanicsInDrop {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            panic!("an application's memory panics in Drop");
-        }
-    }
-}
-
 /// Polls `f` once (an operation posts its request on its first poll).
 async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
     std::future::poll_fn(|cx| {
@@ -589,8 +570,12 @@ fn a_buffer_that_panics_in_drop_does_not_stop_the_driver() {
         for r in [&mut r1, &mut r2, &mut r3] {
             poll_once(r).await;
         }
-        let panicky =
-            Mr::register(&p.pd, PanicsInDrop(vec![7; 64]), AccessFlags::LOCAL_WRITE).unwrap();
+        let panicky = Mr::register(
+            &p.pd,
+            common::PanicsInDrop(vec![7; 64]),
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap();
         p.a.post_send(SendWr::send_from(0, panicky).signaled(false))
             .unwrap();
         let wait = Duration::from_secs(10);

@@ -14,7 +14,7 @@ use common::{
     WAIT, all_remote, caps_sr, ctx, pair, pair_sized, pair_with, pattern, res_counts, wait,
 };
 use rdma_verbs::cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
-use rdma_verbs::mr::{AccessFlags, Mr, OwnedMemory};
+use rdma_verbs::mr::{AccessFlags, Mr};
 use rdma_verbs::pd::Pd;
 use rdma_verbs::qp::scope::{ScopedSend, Src};
 use rdma_verbs::qp::{InitAttr, Qp, QpCaps, RecvWr, SendWr};
@@ -764,22 +764,6 @@ fn to_error_again_recovers_from_poll_raw_eating_the_marker() {
 // retires its request: what the CQ still reports and holds after the panic
 // has gone on to the caller.
 
-/// Host memory whose `Drop` panics.
-struct PanicsInDrop(Vec<u8>);
-
-impl Drop for PanicsInDrop {
-    fn drop(&mut self) {
-        panic!("an application's memory panics in Drop");
-    }
-}
-
-// SAFETY: the Vec's heap block does not move and is reached only through it.
-unsafe impl OwnedMemory for PanicsInDrop {
-    fn memory(&mut self) -> (*mut u8, usize) {
-        (self.0.as_mut_ptr(), self.0.len())
-    }
-}
-
 /// A poll that finds requests lost to `poll_raw` and retires a buffer that
 /// panics reports the loss at its next poll, after the panic.
 #[test]
@@ -791,7 +775,12 @@ fn a_loss_found_by_a_poll_that_panics_is_reported_by_the_next() {
             b.post_recv(RecvWr::new(i, buf)).unwrap();
         }
     });
-    let panicky = Mr::register(&p.pd, PanicsInDrop(vec![7; 64]), AccessFlags::empty()).unwrap();
+    let panicky = Mr::register(
+        &p.pd,
+        common::PanicsInDrop(vec![7; 64]),
+        AccessFlags::empty(),
+    )
+    .unwrap();
     p.a.post_send(SendWr::send_from(1, panicky)).unwrap();
     // poll_raw takes the first completion: its request, and the buffer,
     // stay in the ring until a later completion sweeps them as lost.
@@ -830,7 +819,12 @@ fn dropping_a_cq_contains_the_panic_of_a_kept_completions_buffer() {
     let mut p = pair(caps_sr(8, 1));
     let target = p.pd.alloc_mr(256, all_remote()).unwrap();
     let remote = target.remote();
-    let panicky = Mr::register(&p.pd, PanicsInDrop(vec![7; 64]), AccessFlags::empty()).unwrap();
+    let panicky = Mr::register(
+        &p.pd,
+        common::PanicsInDrop(vec![7; 64]),
+        AccessFlags::empty(),
+    )
+    .unwrap();
     p.a.post_send(SendWr::write_from(11, panicky, remote, 64))
         .unwrap();
     let src = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();

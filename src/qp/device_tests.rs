@@ -267,9 +267,20 @@ fn a_ud_qp_keeps_its_address_handles_until_done_and_drops_everything_once() {
 
 /// Host memory whose `Drop` panics once armed: an `OwnedMemory` that keeps
 /// the trait's contract (the bytes live on the heap, reached only through it).
-struct ArmedPanicMemory {
+/// Also the gdr tests' panicking buffer ([`armed`](Self::armed)).
+pub(crate) struct ArmedPanicMemory {
     v: Vec<u8>,
     armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ArmedPanicMemory {
+    /// `v`, armed from the start.
+    pub(crate) fn armed(v: Vec<u8>) -> ArmedPanicMemory {
+        ArmedPanicMemory {
+            v,
+            armed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        }
+    }
 }
 
 // SAFETY: the Vec's heap buffer does not move and is reached only through it.

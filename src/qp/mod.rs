@@ -69,7 +69,7 @@ mod uc;
 mod ud;
 
 #[cfg(test)]
-mod device_tests;
+pub(crate) mod device_tests;
 
 use std::any::Any;
 use std::fmt;

@@ -303,3 +303,23 @@ pub fn guest_ip() -> std::net::IpAddr {
 pub fn guest_at(port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::new(guest_ip(), port)
 }
+
+/// Host memory whose `Drop` panics (unless a panic is already unwinding): an
+/// application's `OwnedMemory` that keeps the trait's contract (the bytes live
+/// on the heap, reached only through it), for the tests of panics in polls.
+pub struct PanicsInDrop(pub Vec<u8>);
+
+// SAFETY: the Vec's heap buffer does not move and is reached only through it.
+unsafe impl rdma_verbs::mr::OwnedMemory for PanicsInDrop {
+    fn memory(&mut self) -> (*mut u8, usize) {
+        (self.0.as_mut_ptr(), self.0.len())
+    }
+}
+
+impl Drop for PanicsInDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("an application's memory panics in Drop");
+        }
+    }
+}

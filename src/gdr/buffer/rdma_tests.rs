@@ -12,6 +12,7 @@ use crate::gdr::GdrError;
 use crate::gdr::direct::MAX_WRITE;
 use crate::gdr::ledger::{NEXT_WR_SEQ, TAG_MASK, WR_ID_TAG};
 use crate::gdr::staging::StagingConfig;
+use crate::qp::device_tests::ArmedPanicMemory;
 use crate::qp::{Buffer, SendWr};
 use crate::qp::{InitAttr, QpCaps};
 
@@ -507,23 +508,6 @@ fn a_write_that_times_out_waits_one_timeout() {
     }
 }
 
-/// Host memory whose `Drop` panics: an `OwnedMemory` that keeps the trait's
-/// contract (the bytes live on the heap, reached only through it).
-struct PanicsInDrop(Vec<u8>);
-
-// SAFETY: the Vec's heap buffer does not move and is reached only through it.
-unsafe impl crate::mr::OwnedMemory for PanicsInDrop {
-    fn memory(&mut self) -> (*mut u8, usize) {
-        (self.0.as_mut_ptr(), self.0.len())
-    }
-}
-
-impl Drop for PanicsInDrop {
-    fn drop(&mut self) {
-        panic!("an application's memory panics in Drop");
-    }
-}
-
 #[test]
 #[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
 fn a_panic_from_a_polled_buffer_leaves_the_gpu_buffer_whole() {
@@ -534,8 +518,12 @@ fn a_panic_from_a_polled_buffer_leaves_the_gpu_buffer_whole() {
         let mut buf = GpuBuffer::for_host_test(&p.pd, data.clone(), path, small(2));
         // An unsignaled WRITE of the application's on the same QP: the
         // write's first completion retires it, and its buffer's Drop panics.
-        let panicky =
-            Mr::register(&p.pd, PanicsInDrop(vec![1; 64]), AccessFlags::empty()).expect("register");
+        let panicky = Mr::register(
+            &p.pd,
+            ArmedPanicMemory::armed(vec![1; 64]),
+            AccessFlags::empty(),
+        )
+        .expect("register");
         p.a.post_send(
             SendWr::write(1, dst.remote(), 3 << 20)
                 .sge(panicky)
