@@ -251,11 +251,11 @@ fn take_bytes_mr(c: &mut Completion) -> Vec<u8> {
     c.take_mr().expect("a buffer").to_vec().unwrap()
 }
 
-/// `ibv_wr_complete` posts all or nothing (`ibv_wr_post(3)`), so a refused
-/// extended chain is reported refused from its first request: here a WRITE
-/// followed by a SEND whose inline data exceeds the QP's inline limit (rxe
-/// flags it in `wr_set_inline_data`). Nothing of it executes, and the QP
-/// goes on working.
+/// A builder's refusal aborts the whole extended chain (`ibv_wr_post(3)`):
+/// here a WRITE followed by a SEND whose inline data exceeds the QP's inline
+/// limit (rxe flags it in `wr_set_inline_data`). The post fails, nothing of
+/// it executes, and the QP goes on working. (The safe paths still count a
+/// failed `ibv_wr_complete` as posted: rxe's can fail after queueing.)
 #[test]
 fn a_refused_extended_chain_posts_nothing() {
     let mut p = pair_api(caps(), SendApi::Extended);
@@ -297,6 +297,58 @@ fn a_refused_extended_chain_posts_nothing() {
     target.read_at(0, &mut t).unwrap();
     assert_eq!(&t[..], &pattern(32, 9)[..]);
     drop((src, big));
+}
+
+/// Moves `qp` to `state` with `ffi::ibv_modify_qp`, behind the types' back.
+///
+/// # Safety
+/// `qp` is live; `attr` and `mask` are what the transition needs.
+unsafe fn modify_raw(qp: *mut ffi::ibv_qp, mut attr: ffi::ibv_qp_attr, mask: u32) {
+    // SAFETY: per this function's contract.
+    let rc = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask as _) };
+    assert_eq!(rc, 0, "ibv_modify_qp to {}", attr.qp_state);
+}
+
+/// A failed `ibv_wr_complete` keeps the request's buffer: rxe queues the
+/// request before its doorbell, and the doorbell is what refuses below RTS.
+/// The QP, typed `Rts`, is moved back to RESET and INIT by hand; a safe SEND
+/// is then refused with its buffer kept, and the move to ERR flushes the
+/// queued request: its completion brings the buffer back. (Had the refusal
+/// returned the buffer, the NIC would have held a request on memory its
+/// owner had back.)
+#[test]
+fn a_failed_extended_post_keeps_its_buffer_for_the_flush() {
+    use ffi::ibv_qp_attr_mask as m;
+    let mut p = pair_api(caps(), SendApi::Extended);
+    let qp = p.a.as_raw();
+    let state = |qp_state| ffi::ibv_qp_attr {
+        qp_state,
+        ..Default::default()
+    };
+    let init = ffi::ibv_qp_attr {
+        port_num: 1,
+        ..state(ffi::IBV_QPS_INIT)
+    };
+    // SAFETY: the QP is live; RESET and INIT take these attributes. Nothing
+    // is outstanding, and the safe post below is what the test is about.
+    unsafe {
+        modify_raw(qp, state(ffi::IBV_QPS_RESET), m::IBV_QP_STATE.0);
+        let mask = m::IBV_QP_STATE.0 | m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0;
+        modify_raw(qp, init, mask | m::IBV_QP_ACCESS_FLAGS.0);
+    }
+    let data = pattern(32, 11);
+    let e =
+        p.a.post_send(SendWr::send_from(7, filled(&p.pd, &data)))
+            .expect_err("a send in INIT");
+    assert!(
+        e.unposted.is_empty(),
+        "the buffer came back although the request is queued: {e}"
+    );
+    // SAFETY: the QP is live; ERR takes only the state.
+    unsafe { modify_raw(qp, state(ffi::IBV_QPS_ERR), m::IBV_QP_STATE.0) };
+    let mut c = wait(&mut p.cq_a, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (7, WcStatus::WrFlushErr));
+    assert_eq!(take_bytes_mr(&mut c[0]), data);
 }
 
 /// A raw chain with a reserved `wr_id` anywhere in it is refused whole,

@@ -47,14 +47,7 @@ pub(super) unsafe fn post_one<C: QueueCore, Q: WorkQueue<C>>(
     // length within u32).
     match unsafe { ex.post_one(&r) } {
         Some(0) => Ok(()),
-        // All or nothing: the request did not reach the NIC. (`None`, an
-        // opcode without a builder, cannot come from `send_request`.)
-        rc => Err(refused::<C, Q>(
-            core,
-            rc.unwrap_or(libc::EINVAL),
-            Some(0),
-            seq,
-        )),
+        rc => Err(built_refused::<C, Q>(core, rc, seq, 1)),
     }
 }
 
@@ -209,9 +202,9 @@ impl<W> Chunk<W> {
     }
 
     /// Posts what is staged (sequence numbers from `first_seq`): the built
-    /// part, then the C part. Refused, the built part takes the C part back
-    /// with it (nothing of the C part was posted); a refused C part is taken
-    /// back from the request the provider named.
+    /// part, then the C part. A refused built part keeps or takes back the C
+    /// part with itself (nothing of the C part was posted); a refused C part
+    /// is taken back from the request the provider named.
     #[inline(always)]
     fn submit<C: QueueCore, Q: WorkQueue<C, CWr = W>>(
         &mut self,
@@ -233,8 +226,8 @@ impl<W> Chunk<W> {
 }
 
 /// Posts the staged builder requests `reqs` (sequence numbers from
-/// `first_seq`, tokens `tag | seq`) in one critical region; refused, they
-/// all come back (all or nothing).
+/// `first_seq`, tokens `tag | seq`) in one critical region (see
+/// [`built_refused`] for a refusal).
 #[inline(always)]
 fn submit_built<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
@@ -254,11 +247,28 @@ fn submit_built<C: QueueCore, Q: WorkQueue<C>>(
     // gets token `tag | (first_seq + j)`, the ring's token for its slot.
     match unsafe { ex.post_list(reqs, uniform, tag, first_seq as u32) } {
         Some(0) => Ok(()),
-        rc => Err(refused::<C, Q>(
-            core,
-            rc.unwrap_or(libc::EINVAL),
-            Some(0),
-            first_seq,
-        )),
+        rc => Err(built_refused::<C, Q>(core, rc, first_seq, reqs.len())),
+    }
+}
+
+/// The builders' post of the `built` requests from `first_seq` returned
+/// `rc`. `None` (an opcode without a builder, which `send_request` never
+/// gives them) posted nothing: they come back with whatever was staged after
+/// them. A failed `ibv_wr_complete` does not say whether they reached the
+/// queue (`send_ex`'s module docs), so they stay in the ring until
+/// completions retire them or the QP is dropped, as after a legacy post that
+/// names no refused request; what was staged after them (never posted) comes
+/// back.
+#[cold]
+#[inline(never)]
+fn built_refused<C: QueueCore, Q: WorkQueue<C>>(
+    core: &mut C,
+    rc: Option<i32>,
+    first_seq: u64,
+    built: usize,
+) -> PostError {
+    match rc {
+        None => refused::<C, Q>(core, libc::EINVAL, Some(0), first_seq),
+        Some(rc) => refused::<C, Q>(core, rc, Some(built), first_seq),
     }
 }

@@ -24,8 +24,13 @@
 //! is excluded because rdma-core 44's rxe `wr_set_sge_list` records a wrong
 //! message length for such lists (fixed in rdma-core 64).
 //!
-//! `ibv_wr_complete` posts all or nothing (`ibv_wr_post(3)`, RETURN VALUE):
-//! on failure the whole chain is reported refused (`bad` = the head).
+//! `ibv_wr_complete` is documented to post all or nothing (`ibv_wr_post(3)`,
+//! RETURN VALUE), but a failure does not prove that nothing reached the
+//! queue: rxe's `wr_complete` publishes the requests (the producer index)
+//! before its doorbell `write`, which can fail. So a failed
+//! `ibv_wr_complete` names no refused request (`bad` stays null), as a
+//! legacy post that does not say which failed: the callers keep the
+//! requests' buffers until completions retire them.
 
 use std::ptr::NonNull;
 
@@ -41,8 +46,7 @@ use crate::ffi;
 /// supports that, and with `ibv_create_qp` otherwise
 /// ([`Qp::new_with_send_api`](super::Qp::new_with_send_api) chooses). The safe
 /// API is the same over both: an extended QP replays a list of requests as
-/// `ibv_wr_*` calls between one `ibv_wr_start` and one `ibv_wr_complete`, which
-/// posts all or nothing. A list with a request the builders cannot express
+/// `ibv_wr_*` calls between one `ibv_wr_start` and one `ibv_wr_complete`. A list with a request the builders cannot express
 /// exactly (another opcode, more than one SGE, more than one inline piece) is
 /// posted whole with `ibv_post_send` instead: `ibv_wr_post(3)` allows the two
 /// APIs on one QP outside each other's critical region.
@@ -387,8 +391,9 @@ impl SendEx {
     }
 
     /// Posts `r` alone (`ibv_wr_start`, builder, setter, `ibv_wr_complete`):
-    /// `Some(0)` or `Some(errno)` (then nothing was posted), or `None`,
-    /// with nothing posted, for an opcode the builders here do not take.
+    /// `Some(0)`, or `Some(errno)` from `ibv_wr_complete` (then `r` may have
+    /// reached the queue: see the module's docs), or `None`, with nothing
+    /// posted, for an opcode the builders here do not take.
     ///
     /// # Safety
     /// As [`post_chain`]'s for a one-request chain of `r`.
@@ -412,7 +417,7 @@ impl SendEx {
     /// `tag | (low + j)` (the low half wrapping, as ring tokens do) instead
     /// of its own. `uniform` is the opcode every request has, if they share
     /// one: the builder is then chosen once for the list. Returns as
-    /// [`post_one`](SendEx::post_one); on an error nothing was posted.
+    /// [`post_one`](SendEx::post_one).
     ///
     /// # Safety
     /// As [`post_chain`]'s for the chain of `reqs`.
@@ -475,8 +480,8 @@ pub(crate) const RESERVED_WR_ID: i32 = i32::MIN;
 
 /// Posts the send chain at `head` on `qp`, through `ex` when given (and the
 /// chain can be expressed with its builders), with `ibv_post_send` otherwise.
-/// Returns 0 or an errno; on failure `*bad` is the first request refused.
-/// With `REFUSE_RESERVED` (raw posts), a chain with a reserved `wr_id` is
+/// Returns 0 or an errno; on failure `*bad` is the first request refused, or
+/// stays null when the verb did not say (a failed `ibv_wr_complete`). With `REFUSE_RESERVED` (raw posts), a chain with a reserved `wr_id` is
 /// refused whole with [`RESERVED_WR_ID`]; the builders' replay checks it on
 /// the way instead of walking the chain once more.
 ///
@@ -518,11 +523,8 @@ pub(crate) unsafe fn post_chain<const REFUSE_RESERVED: bool>(
             op!(q, wr_abort);
             return RESERVED_WR_ID;
         }
-        let rc = op!(q, wr_complete);
-        if rc != 0 {
-            *bad = head;
-        }
-        rc
+        // Failed, it leaves `*bad` null: the requests may be queued.
+        op!(q, wr_complete)
     }
 }
 

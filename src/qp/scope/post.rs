@@ -135,10 +135,14 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                     }
                     return Ok(());
                 }
-                // All or nothing: refused, so not posted.
+                // A failed `ibv_wr_complete` does not say that the request
+                // stayed out of the queue (`send_ex`'s module docs): counted
+                // as posted, as a legacy refusal that names no request.
                 Some(rc) => {
-                    // SAFETY: the entry written above, for the head.
-                    unsafe { PostedRange::unstage(tables.sq.as_mut_ptr(), ring, head, head + 1) };
+                    core.sq_head = head + 1;
+                    if flags & SIGNALED != 0 {
+                        tables.sig_end = head + 1;
+                    }
                     return Err(core.send_refused(rc, req.opcode));
                 }
                 None => {}
@@ -283,11 +287,10 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
                     core.sq_head = head + n;
                     return Ok(());
                 }
-                // Nothing was posted (ibv_wr_complete is all or nothing).
+                // Counted as posted: a failed `ibv_wr_complete` does not say
+                // that the list stayed out of the queue (`send_ex`'s docs).
                 Some(rc) => {
-                    // SAFETY: the entries written above, from the head.
-                    unsafe { PostedRange::unstage(side, ring, head, head + n) };
-                    tables.sig_end = sig_end;
+                    core.sq_head = head + n;
                     return Err(Error::verb("ibv_post_send", errno(rc)));
                 }
                 // Not reached with the operations a scoped request has; the
