@@ -604,3 +604,41 @@ fn a_buffer_that_panics_in_drop_does_not_stop_the_driver() {
         assert_eq!((c3.status, c3.byte_len), (WcStatus::Success, 5));
     });
 }
+
+/// A posted receive whose future is forgotten keeps its waiter slot only
+/// while its `AsyncQp` lives. Unwrapped, the QP's outstanding receive
+/// completes through `AsyncCq::next`, as `into_inner` promises, and a later
+/// plain receive with the same `wr_id` is not taken for it.
+#[test]
+fn a_forgotten_operation_completes_through_next_once_unwrapped() {
+    let _g = serial();
+    runtime().block_on(async {
+        let p = async_pair(caps(4));
+        let mut forgotten =
+            p.b.recv_into(p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap());
+        poll_once(&mut forgotten).await;
+        std::mem::forget(forgotten);
+        let mut b = p.b.into_inner();
+        let wait = Duration::from_secs(10);
+        let sent = p.a.send(mr_with(&p.pd, b"first")).await.unwrap();
+        assert_eq!(sent.status, WcStatus::Success);
+        let mut c = tokio::time::timeout(wait, p.cq_b.next())
+            .await
+            .expect("the forgotten receive's completion comes from next")
+            .unwrap();
+        assert_eq!((c.status, c.byte_len), (WcStatus::Success, 5));
+        assert_eq!(&c.take_mr().unwrap().to_vec().unwrap()[..5], b"first");
+
+        let same = c.wr_id;
+        let buf = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv(rdma_verbs::qp::RecvWr::new(same, buf)).unwrap();
+        let sent = p.a.send(mr_with(&p.pd, b"second")).await.unwrap();
+        assert_eq!(sent.status, WcStatus::Success);
+        let mut c = tokio::time::timeout(wait, p.cq_b.next())
+            .await
+            .expect("the plain receive's completion comes from next")
+            .unwrap();
+        assert_eq!((c.wr_id, c.byte_len), (same, 6));
+        assert_eq!(&c.take_mr().unwrap().to_vec().unwrap()[..6], b"second");
+    });
+}

@@ -191,6 +191,27 @@ impl Shared {
             }
         }
     }
+
+    /// The wrapper of QP `qp_num` is gone (unwrapped or dropped), so no
+    /// future of its can be polled again: the slots that forgotten ones
+    /// (`mem::forget`) kept are freed as [`abandon`](Self::abandon) frees a
+    /// dropped one's. Their completions go to `next`, and none of them can
+    /// take the completion of a later request that happens to carry the
+    /// same `wr_id` (a plain post on the unwrapped QP, or on a QP that
+    /// reuses the number).
+    pub(crate) fn abandon_qp(&self, qp_num: u32) {
+        let wake = {
+            let mut guard = self.state();
+            let st = &mut *guard;
+            let before = st.unclaimed.len();
+            st.waiters.release_qp(qp_num, &mut st.unclaimed);
+            (st.unclaimed.len() > before)
+                .then(|| st.next_waker.take())
+                .flatten()
+        };
+        // Outside the lock, as `dispatch` wakes.
+        wake_all(wake);
+    }
 }
 
 /// A completion queue driven by a tokio task: awaitable completions.

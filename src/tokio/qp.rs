@@ -33,15 +33,16 @@ use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr, Sges};
 /// Dropping it after that (a `tokio::time::timeout` firing, a `select!` arm
 /// losing) never frees or exposes the posted buffers: the QP owns them until
 /// the request completes, and the completion, with the buffers, is then
-/// returned by [`AsyncCq::next`] of the CQ it completed on. Dropping the
-/// `AsyncQp` destroys the QP and releases every buffer still posted, as
+/// returned by [`AsyncCq::next`] of the CQ it completed on. A posted future
+/// that is forgotten (`mem::forget`) keeps its completion until the
+/// `AsyncQp` is unwrapped or dropped; then it goes to `next` too. Dropping
+/// the `AsyncQp` destroys the QP and releases every buffer still posted, as
 /// dropping a [`Qp`] does.
 pub struct AsyncQp<T: QpType, S: QpState> {
+    // Field order is drop order: the QP is destroyed before its books free
+    // what forgotten futures kept registered.
     qp: Mutex<Qp<T, S>>,
-    send: Arc<Shared>,
-    recv: Arc<Shared>,
-    qp_num: u32,
-    next_id: AtomicU64,
+    books: Parts,
 }
 
 /// The error of a refused [`AsyncQp::new`], the QP it gave back dropped: so
@@ -116,19 +117,21 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
             return Err((Error::WorkOutstanding { queue, count }, qp));
         }
         Ok(AsyncQp {
-            qp_num: qp.qp_num(),
-            // Where the QP's previous wrapper (if any) stopped: its requests'
-            // completions may not all be dispatched yet.
-            next_id: AtomicU64::new(qp.async_next_id()),
+            books: Parts {
+                qp_num: qp.qp_num(),
+                // Where the QP's previous wrapper (if any) stopped: its requests'
+                // completions may not all be dispatched yet.
+                next_id: AtomicU64::new(qp.async_next_id()),
+                send: send_cq.shared().clone(),
+                recv: recv_cq.shared().clone(),
+            },
             qp: Mutex::new(qp),
-            send: send_cq.shared().clone(),
-            recv: recv_cq.shared().clone(),
         })
     }
 
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
-        self.qp_num
+        self.books.qp_num
     }
 
     /// The QP, read-only (`query`, `endpoint`, `caps`, `outstanding`): every
@@ -164,7 +167,8 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     }
 
     /// Unwraps the QP. Requests still outstanding complete through
-    /// [`AsyncCq::next`].
+    /// [`AsyncCq::next`] (those of forgotten futures too), and a later post
+    /// on the QP may choose any `wr_id`.
     pub fn into_inner(self) -> Qp<T, S> {
         self.into_parts().0
     }
@@ -172,32 +176,21 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
     /// The QP and the wrapper's books, for a state change that awaits.
     pub(crate) fn into_parts(self) -> (Qp<T, S>, Parts) {
         let mut qp = self.qp.into_inner().unwrap_or_else(|e| e.into_inner());
-        qp.set_async_next_id(self.next_id.load(Ordering::Relaxed));
-        (
-            qp,
-            Parts {
-                send: self.send,
-                recv: self.recv,
-                qp_num: self.qp_num,
-                next_id: self.next_id,
-            },
-        )
+        qp.set_async_next_id(self.books.next_id.load(Ordering::Relaxed));
+        (qp, self.books)
     }
 
     /// Puts [`into_parts`](Self::into_parts) back together (same QP).
-    pub(crate) fn from_parts(qp: Qp<T, S>, parts: Parts) -> AsyncQp<T, S> {
+    pub(crate) fn from_parts(qp: Qp<T, S>, books: Parts) -> AsyncQp<T, S> {
         AsyncQp {
             qp: Mutex::new(qp),
-            send: parts.send,
-            recv: parts.recv,
-            qp_num: parts.qp_num,
-            next_id: parts.next_id,
+            books,
         }
     }
 
     /// The next request number.
     fn seq(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        self.books.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The `wr_id` of a request nobody awaits: its number, no slot.
@@ -213,7 +206,7 @@ impl<T: Connected, S: CanPostRecv> AsyncQp<T, S> {
         &self,
         wr: RecvWr,
     ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {
-        Operation::new(self, &self.recv, self.seq(), wr)
+        Operation::new(self, &self.books.recv, self.seq(), wr)
     }
 
     /// A receive into the whole of `buf`: `recv(RecvWr::new(_, buf))`.
@@ -242,7 +235,7 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
         mut wr: SendWr<'a>,
     ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + 'a {
         wr.flags |= crate::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        Operation::new(self, &self.send, self.seq(), wr)
+        Operation::new(self, &self.books.send, self.seq(), wr)
     }
 
     /// SENDs the whole of `src` and waits for its completion.
@@ -345,16 +338,28 @@ impl<T: QpType, S: QpState> std::ops::Deref for QpRef<'_, T, S> {
 impl<T: QpType, S: QpState> std::fmt::Debug for AsyncQp<T, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncQp")
-            .field("qp_num", &self.qp_num)
+            .field("qp_num", &self.books.qp_num)
             .field("state", &S::NAME)
             .finish()
     }
 }
 
-/// An [`AsyncQp`] without its QP.
+/// An [`AsyncQp`] without its QP: its CQs and request numbers. Dropped
+/// (the wrapper unwrapped or dropped, or a connect abandoned), it frees the
+/// CQs' waiter slots that forgotten futures of the QP kept
+/// ([`Shared::abandon_qp`]).
 pub(crate) struct Parts {
     send: Arc<Shared>,
     recv: Arc<Shared>,
     qp_num: u32,
     next_id: AtomicU64,
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        self.send.abandon_qp(self.qp_num);
+        if !Arc::ptr_eq(&self.send, &self.recv) {
+            self.recv.abandon_qp(self.qp_num);
+        }
+    }
 }

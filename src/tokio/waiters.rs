@@ -231,6 +231,17 @@ impl Waiters {
         }
     }
 
+    /// Frees the slot of every request of QP `qp_num` ([`release`](Self::release)),
+    /// appending the completions that had come to `unclaimed`.
+    pub(crate) fn release_qp(&mut self, qp_num: u32, unclaimed: &mut VecDeque<Completion>) {
+        for slot in 0..self.slots.len() {
+            let key = self.slots[slot].key;
+            if key.0 == qp_num && self.slots[slot].stage != Stage::Free {
+                unclaimed.extend(self.release(key));
+            }
+        }
+    }
+
     /// The wakers of every pending request, taken.
     pub(crate) fn take_wakers(&mut self) -> impl Iterator<Item = Waker> + '_ {
         self.slots.iter_mut().filter_map(|e| e.waker.take())
@@ -257,5 +268,20 @@ mod tests {
         assert!(matches!(w.take(b, None), Taken::Pending));
         let c = w.register(7, Queue::Recv, 3, noop()).unwrap();
         assert_eq!(slot_of(c.2), 1);
+    }
+
+    #[test]
+    fn releasing_a_qp_frees_its_slots_only() {
+        let mut w = Waiters::default();
+        let a = w.register(7, Queue::Send, 0, noop()).unwrap();
+        let b = w.register(8, Queue::Send, 0, noop()).unwrap();
+        let c = w.register(7, Queue::Recv, 1, noop()).unwrap();
+        let mut unclaimed = VecDeque::new();
+        w.release_qp(7, &mut unclaimed);
+        assert!(unclaimed.is_empty(), "nothing had completed");
+        assert!(matches!(w.take(a, None), Taken::Unknown));
+        assert!(matches!(w.take(c, None), Taken::Unknown));
+        assert!(matches!(w.take(b, None), Taken::Pending));
+        assert_eq!(w.free.len(), 2);
     }
 }
