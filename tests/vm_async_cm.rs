@@ -697,6 +697,49 @@ fn many_ids_on_one_runtime_each_get_their_own_events() {
     }
 }
 
+/// A connect whose future is dropped leaves its id without a QP; when the
+/// server accepts afterwards, the late answer is an error that says so, not
+/// an event a caller could take for a connection.
+#[test]
+fn a_reply_to_a_cancelled_connect_is_an_error_that_says_so() {
+    let rt = runtime();
+    rt.block_on(async {
+        let param = ConnParam::new();
+        let listener = Listener::bind(addr(7482), 4).unwrap();
+        let client = async {
+            let (mut id, pd, qp, cq) = resolved_client(addr(7482)).await;
+            let connect = id.connect(qp, &param, T);
+            let cancelled = tokio::time::timeout(Duration::from_millis(300), connect).await;
+            assert!(cancelled.is_err(), "the server holds the request");
+            (id, pd, cq)
+        };
+        let (req, (mut id, _pd, _cq)) = tokio::join!(listener.request(), client);
+        let req = req.unwrap();
+        let ctx = req.id().context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = AsyncCq::new(&ctx, 8).unwrap();
+        let qp = req
+            .id()
+            .create_qp(&pd, &cq.cq(), &cq.cq(), caps(4))
+            .unwrap();
+        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        let accept = AsyncCmId::accept(req, qp, &param, Duration::from_millis(1500));
+        let (accepted, late) = tokio::join!(accept, tokio::time::timeout(T, id.event()));
+        assert!(accepted.is_err(), "accepted a cancelled connect");
+        match late.expect("the late answer arrives") {
+            Err(rdma_verbs::Error::CmEvent {
+                event: CmEventKind::ConnectResponse | CmEventKind::Established,
+                hint: Some(hint),
+                ..
+            }) => assert!(hint.contains("abandoned"), "{hint}"),
+            other if common::iwarp(&ctx) => {
+                common::deviation(&format!("a reply to a cancelled connect: {other:?}"))
+            }
+            other => panic!("expected the late answer as an error, got {other:?}"),
+        }
+    });
+}
+
 /// `cm::accept_all` refuses a listener whose events the runtime reads (it
 /// would wait on a channel the runtime empties) with a typed error.
 #[test]

@@ -540,6 +540,45 @@ fn readiness_reports_a_connect_request_without_consuming_it() {
     assert!(dup.read(&mut [0u8; 16]).is_err());
 }
 
+/// A connect that timed out leaves its id without a QP; when the peer
+/// accepts afterwards, its answer is an error that says so, not an event a
+/// caller could take for a connection.
+#[test]
+fn a_reply_to_an_abandoned_connect_is_an_error_that_says_so() {
+    let addr = common::guest_at(20109);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (accept_tx, accept_rx) = mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let listener = CmId::listener(addr, 4).expect("listen");
+        ready_tx.send(()).expect("signal");
+        let req = listener.get_request(T).expect("connect request");
+        accept_rx
+            .recv_timeout(T)
+            .expect("the client's connect timed out");
+        let (_pd, _cq, qp) = setup(req.id());
+        // No ESTABLISHED comes: the client has no QP to answer with.
+        let accepted = req.accept(qp, &ConnParam::new(), Duration::from_millis(1500));
+        assert!(accepted.is_err(), "accepted an abandoned connect");
+    });
+    ready_rx.recv_timeout(T).expect("server listening");
+    let (id, _pd, _cq, qp) = client(addr);
+    let first = id.connect(qp, &ConnParam::new(), Duration::from_millis(300));
+    assert!(matches!(first, Err(Error::Timeout { .. })), "{first:?}");
+    let iwarp = common::iwarp(&id.context().expect("a resolved id has a context"));
+    accept_tx.send(()).expect("signal");
+    match id.get_event(T) {
+        Err(Error::CmEvent {
+            event: CmEventKind::ConnectResponse | CmEventKind::Established,
+            hint: Some(hint),
+            ..
+        }) => assert!(hint.contains("abandoned"), "{hint}"),
+        // iw_cm answers an abandoned connect in its own way; recorded.
+        other if iwarp => common::deviation(&format!("a reply to an abandoned connect: {other:?}")),
+        other => panic!("expected the late reply as an error, got {other:?}"),
+    }
+    server.join().expect("server thread");
+}
+
 /// An id connects once: a second connect on it (here after one that timed
 /// out) is refused with EINVAL, whose hint says so before anything about the
 /// parameters.

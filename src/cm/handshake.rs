@@ -70,6 +70,12 @@ impl Handshake {
         h
     }
 
+    /// The handshake ends without ESTABLISHED: a late reply to it is
+    /// screened ([`IdInner::screen`]).
+    pub(crate) fn abandon(&self) {
+        self.inner.abandoned.store(true, Ordering::Relaxed);
+    }
+
     /// Whether the id is on an iWARP device. There the kernel's iWARP CM holds
     /// a reference to the QP from the connect (or accept) until the peer
     /// answers or the MPA timer expires (siw: 10 s), and destroying the QP or
@@ -207,7 +213,9 @@ impl CmId {
     /// posted before stay posted. `qp` must be on this id's device (normally
     /// from [`CmId::create_qp`]). A REJECTED, UNREACHABLE or CONNECT_ERROR
     /// event is returned as [`Error::CmEvent`]; on any failure the QP is
-    /// dropped, and the id should be dropped too (an rdma_cm id connects once).
+    /// dropped, and the id should be dropped too (an rdma_cm id connects once):
+    /// a late answer from the peer (CONNECT_RESPONSE or ESTABLISHED) comes
+    /// from the id's event calls as an [`Error::CmEvent`] that says so.
     /// On iWARP the kernel holds the QP until the peer answers or the MPA timer
     /// expires (siw: 10 s), so after a `timeout` shorter than that, dropping
     /// the QP waits for the rest (the async `AsyncCmId::connect` drops it on
@@ -237,6 +245,9 @@ impl CmId {
         // do not wait for the handshake (event readers and `disconnect` see
         // `connecting` and leave the id's events and QP alone).
         let ev = self.inner.expect(Awaited::CONNECTED, timeout);
+        if ev.is_err() {
+            handshake.abandon();
+        }
         drop(handshake);
         let ev = ev?;
         // SAFETY: ESTABLISHED on an id with this QP attached means librdmacm

@@ -269,7 +269,8 @@ impl CmId {
         if self.inner.connecting() {
             return Ok(None);
         }
-        self.inner.try_event_locked(&mut g)
+        let ev = self.inner.try_event_locked(&mut g)?;
+        ev.map(|ev| self.inner.screen(ev)).transpose()
     }
 
     fn wait_event(
@@ -286,7 +287,7 @@ impl CmId {
                 let connecting = self.inner.connecting();
                 if !connecting {
                     if let Some(ev) = self.inner.try_event_locked(&mut g)? {
-                        return Ok(ev);
+                        return self.inner.screen(ev);
                     }
                 }
                 connecting

@@ -13,6 +13,10 @@ pub(super) struct IdInner {
     /// (it polls the channel without the lock, and the id's events are its
     /// own until it returns). Written and read under `lock`.
     pub(super) connecting: AtomicBool,
+    /// A connect on this id ended without ESTABLISHED (refused, timed out,
+    /// or its future dropped), its QP detached and dropped: a reply that
+    /// still arrives is screened ([`IdInner::screen`]).
+    pub(super) abandoned: AtomicBool,
     /// The multicast groups joined and not left (`cm/mcast.rs`); the
     /// kernel leaves them when the id is destroyed.
     pub(super) groups: Mutex<Vec<Joined>>,
@@ -86,6 +90,7 @@ impl IdInner {
             raw,
             lock: Mutex::new(()),
             connecting: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
             groups: Mutex::new(Vec::new()),
             channel,
         }
@@ -201,6 +206,31 @@ impl IdInner {
                 return r;
             }
         }
+    }
+
+    /// `ev` as handed to the application: a CONNECT_RESPONSE or ESTABLISHED
+    /// after an abandoned connect names a connection with no QP on this
+    /// side, so it becomes an error that says what to do.
+    pub(super) fn screen(&self, ev: CmEvent) -> Result<CmEvent> {
+        let stale = matches!(
+            ev.kind,
+            CmEventKind::ConnectResponse | CmEventKind::Established
+        );
+        if !stale || !self.abandoned.load(Ordering::Relaxed) {
+            return Ok(ev);
+        }
+        Err(Error::CmEvent {
+            op: "rdma_get_cm_event",
+            event: ev.kind,
+            status: ev.status,
+            private_data: ev.private_data,
+            hint: Some(
+                "the peer answered a connect that this id had abandoned (it failed, timed out \
+                 or its future was dropped), whose QP is gone: drop the id (the kernel tells \
+                 the peer) and connect again with a new id and QP"
+                    .into(),
+            ),
+        })
     }
 
     /// Whether a blocking connect or resolve owns the id's events now. Call

@@ -330,6 +330,9 @@ impl CmId {
         if self.inner.connecting() {
             return routes.park(self.inner.raw, cx);
         }
-        routes.poll_for(shared, self.inner.raw, cx)
+        match routes.poll_for(shared, self.inner.raw, cx) {
+            Poll::Ready(Ok(ev)) => Poll::Ready(self.inner.screen(ev)),
+            other => other,
+        }
     }
 }

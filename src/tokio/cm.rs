@@ -186,6 +186,7 @@ impl Drop for InFlight {
             return;
         };
         let iwarp = handshake.on_iwarp();
+        handshake.abandon();
         // Detached here, before the QP can be destroyed anywhere: the id never
         // points at a destroyed QP, and is free for another attach at once.
         drop(handshake);
@@ -321,7 +322,10 @@ impl AsyncCmId {
     /// an error; the QP is dropped then. Cancel safe: dropping the future
     /// abandons the handshake and drops the QP (on iWARP, where the kernel
     /// holds the QP until the peer answers or the MPA timer expires, on the
-    /// runtime's blocking pool, so no task waits for that).
+    /// runtime's blocking pool, so no task waits for that). An id connects
+    /// once: after a failed or abandoned connect, drop it; a late answer from
+    /// the peer comes from [`event`](Self::event) as an [`Error::CmEvent`]
+    /// that says so.
     #[doc(alias = "rdma_connect")]
     pub async fn connect(
         &mut self,
