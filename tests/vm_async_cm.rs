@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::cm::{CmEventKind, ConnParam};
+use rdma_verbs::cm::{CmEventKind, ConnParam, ConnectRequest};
 use rdma_verbs::event::AsyncEvent;
 use rdma_verbs::mr::AccessFlags;
 use rdma_verbs::pd::Pd;
@@ -546,14 +546,7 @@ async fn many_server(listener: Listener, many: Many) -> u32 {
             continue;
         }
         tasks.spawn(async move {
-            let ctx = req.id().context().unwrap();
-            let pd = Pd::new(&ctx).unwrap();
-            let cq = AsyncCq::new(&ctx, 8).unwrap();
-            let qp = req
-                .id()
-                .create_qp(&pd, &cq.cq(), &cq.cq(), caps(4))
-                .unwrap();
-            let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+            let (pd, _cq, qp) = request_qp(&req);
             let accept = ConnParam::new().private_data(&(seq * 3).to_le_bytes());
             let (qp, mut id) = AsyncCmId::accept(req, qp, &accept, T).await.unwrap();
             let reply = (seq + 1000).to_le_bytes();
@@ -590,6 +583,19 @@ async fn resolved_client(server: SocketAddr) -> (AsyncCmId, Pd, AsyncQp<Rc, Init
     let qp = id.id().create_qp(&pd, &cq.cq(), &cq.cq(), caps(4)).unwrap();
     let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
     (id, pd, qp, cq)
+}
+
+/// A PD, an `AsyncCq` and an INIT `AsyncQp` on `req`'s device, to accept it with.
+fn request_qp(req: &ConnectRequest) -> (Pd, AsyncCq, AsyncQp<Rc, Init>) {
+    let ctx = req.id().context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = AsyncCq::new(&ctx, 8).unwrap();
+    let qp = req
+        .id()
+        .create_qp(&pd, &cq.cq(), &cq.cq(), caps(4))
+        .unwrap();
+    let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+    (pd, cq, qp)
 }
 
 /// One client of `many_ids_...`: connects with `seq`, checks the accept's
@@ -715,14 +721,8 @@ fn a_reply_to_a_cancelled_connect_is_an_error_that_says_so() {
         };
         let (req, (mut id, _pd, _cq)) = tokio::join!(listener.request(), client);
         let req = req.unwrap();
-        let ctx = req.id().context().unwrap();
-        let pd = Pd::new(&ctx).unwrap();
-        let cq = AsyncCq::new(&ctx, 8).unwrap();
-        let qp = req
-            .id()
-            .create_qp(&pd, &cq.cq(), &cq.cq(), caps(4))
-            .unwrap();
-        let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _)| e).unwrap();
+        let iwarp = common::iwarp(&req.id().context().unwrap());
+        let (_pd, _cq, qp) = request_qp(&req);
         let accept = AsyncCmId::accept(req, qp, &param, Duration::from_millis(1500));
         let (accepted, late) = tokio::join!(accept, tokio::time::timeout(T, id.event()));
         assert!(accepted.is_err(), "accepted a cancelled connect");
@@ -732,7 +732,7 @@ fn a_reply_to_a_cancelled_connect_is_an_error_that_says_so() {
                 hint: Some(hint),
                 ..
             }) => assert!(hint.contains("abandoned"), "{hint}"),
-            other if common::iwarp(&ctx) => {
+            other if iwarp => {
                 common::deviation(&format!("a reply to a cancelled connect: {other:?}"))
             }
             other => panic!("expected the late answer as an error, got {other:?}"),
