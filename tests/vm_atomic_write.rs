@@ -104,7 +104,8 @@ fn bad_atomic_writes_are_refused_with_what_is_wrong() {
         p.a.post_send(SendWr::atomic_write(1, target.remote(), 4, VALUE));
     let past_end =
         p.a.post_send(SendWr::atomic_write(2, target.remote(), 64, VALUE));
-    let buf = p.pd.alloc_mr(8, AccessFlags::empty()).unwrap();
+    // Writable and 8 bytes, as a compare-and-swap's result: still refused.
+    let buf = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     let with_buffer =
         p.a.post_send(SendWr::atomic_write(3, target.remote(), 0, VALUE).sge(buf));
     let out_of_bounds = |e: &Error| {
@@ -138,5 +139,10 @@ fn bad_atomic_writes_are_refused_with_what_is_wrong() {
         l.a.post_send(SendWr::atomic_write(4, target.remote(), 0, VALUE))
             .unwrap_err();
     assert!(unsupported(&e.error), "{e:?}");
+    let buf = l.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let e =
+        l.a.post_send(SendWr::atomic_write(5, target.remote(), 0, VALUE).sge(buf))
+            .unwrap_err();
+    assert!(unsupported(&e.error), "with a buffer: {e:?}");
     assert!(l.cq_a.poll(&mut Vec::new()).unwrap() == 0);
 }

@@ -121,6 +121,35 @@ fn get_and_put_allocate_nothing() {
     assert_eq!(allocs() - before, 0, "allocations");
 }
 
+/// A pool of more buffers than `MAX_POOL_BUFFERS` is refused with a typed
+/// error (its free list is allocated up front: a tiny buffer length on a
+/// large registration aborted the process), before registering when `new`
+/// is asked for it.
+#[test]
+fn a_pool_of_too_many_buffers_is_refused() {
+    use rdma_verbs::mr::MAX_POOL_BUFFERS;
+    let _g = serial();
+    let pd = Pd::new(&ctx()).unwrap();
+    let too_many = |r: Result<MrPool>| match r {
+        Err(Error::InvalidArgument { what, reason }) => {
+            assert!(what.starts_with("pool"), "{what}");
+            assert!(reason.contains("MAX_POOL_BUFFERS"), "{reason}");
+        }
+        other => panic!(
+            "expected a typed refusal, got {:?}",
+            other.map(|p| p.capacity())
+        ),
+    };
+    too_many(MrPool::new(
+        &pd,
+        1,
+        MAX_POOL_BUFFERS + 1,
+        AccessFlags::empty(),
+    ));
+    let mr = Mr::new(&pd, MAX_POOL_BUFFERS + 1, AccessFlags::empty()).unwrap();
+    too_many(MrPool::from_mr(mr, 1));
+}
+
 #[test]
 fn foreign_and_cut_buffers_are_refused() {
     let _g = serial();

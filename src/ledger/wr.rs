@@ -393,11 +393,8 @@ impl<'a> SendWr<'a> {
                     && self.bufs.all_locally_writable()
                     && fits(remote, offset)
             }
-            // ATOMIC_WRITE has no buffer: it fails `bufs.len() == 1` and goes to
-            // the full check, which alone knows whether the QP takes it.
             SendOp::CompareSwap { remote, offset, .. }
-            | SendOp::FetchAdd { remote, offset, .. }
-            | SendOp::AtomicWrite { remote, offset, .. } => {
+            | SendOp::FetchAdd { remote, offset, .. } => {
                 // One owned 8-byte result, an aligned 8-byte target in range.
                 len == 8
                     && bufs.len() == 1
@@ -407,8 +404,9 @@ impl<'a> SendWr<'a> {
                     && fits(remote, offset)
                     && remote.addr.wrapping_add(offset) % 8 == 0
             }
-            // As ATOMIC_WRITE: only the full check knows whether the QP takes it.
-            SendOp::Flush { .. } => false,
+            // Only the full check knows whether the QP takes them (and
+            // refuses a buffer added to an ATOMIC_WRITE with `sge`).
+            SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => false,
         }
     }
 

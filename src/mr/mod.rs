@@ -65,7 +65,7 @@ pub use anon::{AnonMemory, HugePageSize};
 pub use cache::{CachedMr, RegCache};
 pub use odp::{Advice, ImplicitOdpMr};
 pub use owned::{MrRefused, OwnedMemory};
-pub use pool::MrPool;
+pub use pool::{MAX_POOL_BUFFERS, MrPool};
 pub(crate) use region::{Backing, Region, page_size, reg_error};
 pub use shared::{RemoteMr, SharedMr};
 

@@ -8,6 +8,10 @@ use super::{AccessFlags, Mr};
 use crate::error::{Error, Result};
 use crate::pd::Pd;
 
+/// The most buffers one [`MrPool`] holds (16 Mi): its free list takes 24
+/// bytes per buffer, allocated up front.
+pub const MAX_POOL_BUFFERS: usize = 1 << 24;
+
 /// Fixed-size buffers cut from one registration, handed out as ordinary
 /// [`Mr`] pieces and taken back.
 ///
@@ -31,16 +35,20 @@ pub struct MrPool {
 
 impl MrPool {
     /// Registers `count` buffers of `buf_len` bytes each in one registration
-    /// of zeroed, page-aligned memory ([`Mr::new`]).
+    /// of zeroed, page-aligned memory ([`Mr::new`]). `count` is 1 to
+    /// [`MAX_POOL_BUFFERS`], refused otherwise before anything is registered.
     pub fn new(pd: &Pd, buf_len: usize, count: usize, access: AccessFlags) -> Result<MrPool> {
         let total = buf_len.checked_mul(count).ok_or(Error::InvalidArgument {
             what: "pool size",
             reason: format!("{count} buffers of {buf_len} bytes overflow usize"),
         })?;
-        if total == 0 {
+        if total == 0 || count > MAX_POOL_BUFFERS {
             return Err(Error::InvalidArgument {
                 what: "pool size",
-                reason: "needs at least one buffer of at least 1 byte".into(),
+                reason: format!(
+                    "{count} buffers of {buf_len} bytes: needs 1 to MAX_POOL_BUFFERS \
+                     ({MAX_POOL_BUFFERS}) buffers of at least 1 byte"
+                ),
             });
         }
         MrPool::from_mr(Mr::new(pd, total, access)?, buf_len)
@@ -48,14 +56,16 @@ impl MrPool {
 
     /// Cuts an existing `Mr` (a registration on huge pages, an owned buffer
     /// registered with [`Mr::register`]) into buffers of `buf_len` bytes; the
-    /// bytes after the last whole buffer are not handed out.
+    /// bytes after the last whole buffer are not handed out. Refused when that
+    /// makes no buffer or more than [`MAX_POOL_BUFFERS`].
     pub fn from_mr(mut mr: Mr, buf_len: usize) -> Result<MrPool> {
         let count = mr.len().checked_div(buf_len).unwrap_or(0);
-        if count == 0 {
+        if count == 0 || count > MAX_POOL_BUFFERS {
             return Err(Error::InvalidArgument {
                 what: "pool buffer length",
                 reason: format!(
-                    "{buf_len} bytes: must be at least 1 and at most the {} bytes of the Mr",
+                    "{buf_len} bytes: must be at least 1 and at most the {} bytes of the Mr, \
+                     and cut it into at most MAX_POOL_BUFFERS ({MAX_POOL_BUFFERS}) buffers",
                     mr.len()
                 ),
             });
@@ -64,7 +74,18 @@ impl MrPool {
         // The bytes after the last whole buffer are dropped (unused).
         drop(mr.split_off(count * buf_len)?);
         let anchor = mr.split_off(mr.len())?;
-        let mut free = Vec::with_capacity(count);
+        let mut free = Vec::new();
+        // Fallible: a tiny `buf_len` on a large Mr asks for a list that an
+        // infallible allocation would abort the process over.
+        if free.try_reserve_exact(count).is_err() {
+            return Err(Error::InvalidArgument {
+                what: "pool buffer length",
+                reason: format!(
+                    "{buf_len} bytes cuts the Mr into {count} buffers, whose free list could not \
+                     be allocated: use larger buffers"
+                ),
+            });
+        }
         // Pushed from the highest address down: `get` hands out the lowest first.
         while !mr.is_empty() {
             free.push(mr.split_off(mr.len() - buf_len)?);

@@ -45,7 +45,11 @@ impl Drop for PoolBytes {
 impl MrPool {
     /// The first `len` bytes of a pool buffer as [`bytes::Bytes`], without
     /// copying: typically a receive buffer back from its completion, with
-    /// `len` the completion's `byte_len`. Clones and slices of the `Bytes`
+    /// `len` the completion's `byte_len` when its opcode is
+    /// [`WcOpcode::Recv`](crate::cq::WcOpcode::Recv). A receive used up by a
+    /// WRITE with immediate ([`WcOpcode::RecvRdmaWithImm`](crate::cq::WcOpcode::RecvRdmaWithImm))
+    /// reports the WRITE's length but leaves the buffer as it was (the bytes
+    /// of its previous use): take 0 bytes of it then. Clones and slices of the `Bytes`
     /// share the buffer, which goes back to this pool (as by [`MrPool::put`])
     /// when the last of them drops.
     ///
