@@ -391,6 +391,60 @@ fn a_window_keeps_its_region_registered_until_it_is_deallocated() {
     drop((cq_a, cq_b, pd, c));
 }
 
+/// Dropping an `Mw` whose bind retired deallocates it at once, though its
+/// QP lives: its region's registration goes with it. One dropped while its
+/// bind is in flight is held by the QP until the QP goes; the QP lets go of
+/// it before `ibv_destroy_qp` once the bind retired, even when a later plain
+/// SEND in flight took the bind's slot (rxe's destroy waits ~50 s for a type
+/// 2 window still allocated).
+#[test]
+fn a_dropped_window_is_deallocated_once_its_bind_retired() {
+    let dev = ctx().name().to_owned();
+    let mut p = pair(caps_sr(4, 8));
+    let base = own_mrs(&dev);
+    let region = new_region(&p.pd);
+    let mut mw = Mw::new(&p.pd, MwType::Type2).unwrap();
+    bind(&mut p, &mut mw, &region, 0..4096, RW);
+    drop((mw, region));
+    assert_eq!(own_mrs(&dev), base, "the window and its region are gone");
+
+    let region = new_region(&p.pd);
+    let mut mw = Mw::new(&p.pd, MwType::Type2).unwrap();
+    p.b.post_bind_mw(70, &mut mw, &region, 0..4096, RW).unwrap();
+    drop((mw, region));
+    assert_eq!(wait(&mut p.cq_b, 1)[0].status, WcStatus::Success);
+    assert_eq!(own_mrs(&dev), base + 1, "the QP holds the window it bound");
+    // 64 SENDs, the last left unpolled: it takes the bind's slot (the ring's
+    // slot count is a power of two up to 64).
+    for i in 0..64u64 {
+        let buf = Mr::new(&p.pd, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        p.a.post_recv(RecvWr::new(i, buf)).unwrap();
+        let src = Mr::new(&p.pd, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        p.b.post_send(SendWr::send_from(100 + i, src)).unwrap();
+        assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
+        if i < 63 {
+            assert_eq!(wait(&mut p.cq_b, 1)[0].status, WcStatus::Success);
+        }
+    }
+    let Pair {
+        a,
+        b,
+        cq_a,
+        cq_b,
+        pd,
+        ctx: c,
+    } = p;
+    let start = std::time::Instant::now();
+    drop(b);
+    let took = start.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "dropping the QP took {took:?}"
+    );
+    assert_eq!(own_mrs(&dev), base, "the window went with the QP");
+    drop((a, cq_a, cq_b, pd, c));
+}
+
 /// The MRs this thread registered on `dev` (`rdma resource show mr`, one line each).
 fn own_mrs(dev: &str) -> usize {
     let out = std::process::Command::new("rdma")

@@ -686,6 +686,13 @@ impl Drop for Ring {
         if !*self.released.get_mut() {
             self.release_all();
         }
+        // The buffers held for an out-of-order queue go one at a time, a
+        // panicking `Drop` contained, as `release_all`'s: the ring's last
+        // owner may be a CQ's drop or a poll.
+        let held = self.held.get_mut();
+        for bufs in std::mem::take(held.unwrap_or_else(std::sync::PoisonError::into_inner)) {
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(bufs)));
+        }
         let base = *self.slots.get_mut();
         if !base.is_null() {
             // SAFETY: `base` came from `install_slots`, and `&mut self` means

@@ -35,5 +35,5 @@
 
 pub(crate) mod window;
 
-pub(crate) use window::{BindPlan, MwInner};
+pub(crate) use window::{BindPlan, MwInner, WindowHolder};
 pub use window::{Mw, MwType};

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::error::{Error, Result};
 use crate::ffi;
@@ -48,6 +48,9 @@ impl MwType {
 ///
 /// Dropping it deallocates the window (`ibv_dealloc_mw`), which revokes any
 /// access it still grants; then the regions it was bound to are released.
+/// While a request naming the window (a bind, an invalidation) is still in
+/// flight, its QP keeps the window: it is deallocated when that QP's next
+/// window request is posted, or when the QP is dropped.
 #[doc(alias = "ibv_mw")]
 pub struct Mw {
     inner: Arc<MwInner>,
@@ -64,6 +67,22 @@ pub(crate) struct MwInner {
     /// Every region the window was ever bound to: each stays registered and
     /// allocated until the window is deallocated, whatever the peer does.
     regions: Mutex<Vec<Arc<Region>>>,
+    /// The table of the QP that the window's last request went to, which
+    /// holds the window while that request is in flight.
+    held_by: Mutex<Option<Weak<dyn WindowHolder>>>,
+}
+
+/// A QP's table of the windows its window requests name (`qp/mw.rs`).
+pub(crate) trait WindowHolder: Send + Sync {
+    /// Lets go of the windows whose requests have retired.
+    fn release_retired(&self);
+}
+
+impl MwInner {
+    /// Records that `holder` holds the window for a request in flight.
+    pub(crate) fn held_by(&self, holder: Weak<dyn WindowHolder>) {
+        *self.held_by.lock().unwrap_or_else(PoisonError::into_inner) = Some(holder);
+    }
 }
 
 // SAFETY: an ibv_mw may be used and deallocated from any thread; its rkey is
@@ -86,6 +105,23 @@ impl Drop for MwInner {
                 .get_mut()
                 .unwrap_or_else(PoisonError::into_inner);
             std::mem::forget(std::mem::take(regions));
+        }
+    }
+}
+
+impl Drop for Mw {
+    /// The QP that the last request went to lets go of the retired requests'
+    /// windows, so that this window is deallocated now unless a request naming
+    /// it is still in flight there.
+    fn drop(&mut self) {
+        let holder = self
+            .inner
+            .held_by
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(table) = holder.and_then(|h| h.upgrade()) {
+            table.release_retired();
         }
     }
 }
@@ -128,6 +164,7 @@ impl Mw {
                 ty,
                 pd: pd.clone(),
                 regions: Mutex::new(Vec::new()),
+                held_by: Mutex::new(None),
             }),
             bound: None,
         })

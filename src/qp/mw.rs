@@ -4,21 +4,105 @@
 //! They go through the send queue's ring like every safe-path request, so
 //! their completions carry valid tokens and retire in order with the rest;
 //! each is signaled. A request naming a window holds the window (its
-//! `Arc`) in a side table indexed by slot, as a UD send holds its address
-//! handle: the entry is replaced when the slot is reused (its request has
-//! retired by then) and dropped after the QP is destroyed.
+//! `Arc`) in a side table indexed by slot, with the request's sequence
+//! number, as a UD send holds its address handle. Entries whose request
+//! retired (behind the ring's tail) are let go of before each window post,
+//! when the window's owner drops its `Mw`, and before the QP is destroyed;
+//! the rest after it is destroyed.
 
 use std::ops::Range;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::queue::{self, WorkQueue};
 use super::*;
 use crate::error::Error;
 use crate::ledger::ring::SlotMeta;
 use crate::mr::{AccessFlags, Mr, RemoteMr};
-use crate::mw::{BindPlan, Mw, MwInner, MwType};
+use crate::mw::{BindPlan, Mw, MwInner, MwType, WindowHolder};
 
-/// The windows that requests in flight name, by slot.
-pub(super) type WindowKeep = Box<[Option<Arc<MwInner>>]>;
+/// The windows that window requests name, by send slot, each with its
+/// request's sequence number. Shared with the windows (as their
+/// [`WindowHolder`]), whose owner's drop lets go of the retired entries.
+pub(super) struct WindowTable {
+    /// The QP's send ring: the requests before its tail have retired.
+    sq: Arc<Ring>,
+    entries: Mutex<Box<[Option<(u64, Arc<MwInner>)>]>>,
+}
+
+impl WindowTable {
+    fn new(sq: &Arc<Ring>) -> Arc<WindowTable> {
+        Arc::new(WindowTable {
+            sq: sq.clone(),
+            entries: Mutex::new((0..sq.slot_count()).map(|_| None).collect()),
+        })
+    }
+
+    fn entries(&self) -> MutexGuard<'_, Box<[Option<(u64, Arc<MwInner>)>]>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes out the entries that `drop_if` picks by sequence number, to be
+    /// dropped after the lock (a window's last reference may drop an
+    /// application's memory, whose `Drop` could come back here).
+    fn take_where(&self, drop_if: impl Fn(u64) -> bool) -> Vec<Arc<MwInner>> {
+        self.entries()
+            .iter_mut()
+            .filter(|e| e.as_ref().is_some_and(|(seq, _)| drop_if(*seq)))
+            .filter_map(|e| e.take().map(|(_, w)| w))
+            .collect()
+    }
+
+    /// Lets go of every window, the QP destroyed (a panicking `Drop` of a
+    /// window's memory contained).
+    pub(super) fn release_all(&self) {
+        for w in self.take_where(|_| true) {
+            drop_window_catching(Some(w));
+        }
+    }
+
+    /// How many entries hold `mw` (for tests).
+    #[cfg(test)]
+    pub(super) fn holding(&self, mw: &Arc<MwInner>) -> usize {
+        let entries = self.entries();
+        entries
+            .iter()
+            .filter(|e| e.as_ref().is_some_and(|(_, w)| Arc::ptr_eq(w, mw)))
+            .count()
+    }
+}
+
+impl WindowTable {
+    /// Lets go of the windows whose requests retired (behind the ring's
+    /// tail), each drop caught: the first panic of a window's memory's `Drop`
+    /// is returned once all are dropped.
+    fn release_retired_catching(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        let tail = self.sq.tail();
+        let mut caught = None;
+        for w in self.take_where(|seq| seq < tail) {
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(w)));
+            if let Err(p) = dropped {
+                caught.get_or_insert(p);
+            }
+        }
+        caught
+    }
+}
+
+impl WindowHolder for WindowTable {
+    /// For an `Mw`'s drop and the QP's: a panic is contained.
+    fn release_retired(&self) {
+        let _ = self.release_retired_catching();
+    }
+}
+
+/// Lets go of a window a request named. The last reference to a window
+/// holds its region, whose memory may be the application's (`OwnedMemory`)
+/// with a `Drop` that panics: the panic is contained, as a posted buffer's
+/// is when the QP is destroyed, so that it cannot leave the QP's destructor
+/// (or an `Mw`'s) before `ibv_destroy_qp`.
+pub(super) fn drop_window_catching(entry: Option<Arc<MwInner>>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(entry)));
+}
 
 /// What a window request does.
 enum WindowOp {
@@ -157,34 +241,37 @@ impl WorkQueue for WindowQueue {
 
     unsafe fn staged(core: &mut QpCore, seq: u64, wr: &WindowWr) {
         // SAFETY: the caller forgets `wr`, so the Arc moves out exactly once.
-        let keep = unsafe { std::ptr::read(&wr.keep) };
-        if keep.is_none() {
+        let Some(keep) = (unsafe { std::ptr::read(&wr.keep) }) else {
             return;
-        }
-        let slots = core.sq.slot_count();
+        };
         let table = core
             .ext
             .windows
-            .get_or_insert_with(|| (0..slots).map(|_| None).collect());
+            .get_or_insert_with(|| WindowTable::new(&core.sq));
+        let holder: Arc<dyn WindowHolder> = table.clone();
+        keep.held_by(Arc::downgrade(&holder));
         // The previous occupant of the slot retired (the ring holds fewer
         // requests than it has slots) and was let go before the post
-        // (`clear_next_window_slot`): nothing is dropped here, while the
+        // (`release_retired_windows`): nothing is dropped here, while the
         // request is half staged.
-        table[core.sq.index(seq)] = keep;
+        table.entries()[core.sq.index(seq)] = Some((seq, keep));
     }
 }
 
-/// Lets go of the window that the next send slot's retired request named,
-/// before a window request is posted there. The last reference to a window
-/// holds its region, whose memory may be the application's
-/// (`OwnedMemory`) with a `Drop` that panics; here nothing is staged yet, so
-/// such a panic leaves the queue as it was, where it would otherwise unwind
-/// through a request half staged.
-fn clear_next_window_slot(core: &mut QpCore) {
-    let next = core.sq_head;
-    let free = core.sq.in_flight(next) < core.sq.slot_count() as u64;
-    if let (true, Some(table)) = (free, core.ext.windows.as_mut()) {
-        drop(table[core.sq.index(next)].take());
+/// Lets go of the windows that retired requests named, before a window
+/// request is posted. The last reference to a window holds its region, whose
+/// memory may be the application's (`OwnedMemory`) with a `Drop` that panics;
+/// here nothing is staged yet, so such a panic reaches the caller with the
+/// queue as it was, where it would otherwise unwind through a request half
+/// staged.
+fn release_retired_windows(core: &mut QpCore) {
+    let caught = core
+        .ext
+        .windows
+        .as_ref()
+        .and_then(|t| t.release_retired_catching());
+    if let Some(panic) = caught {
+        std::panic::resume_unwind(panic);
     }
 }
 
@@ -302,7 +389,7 @@ impl<S: QpState> Qp<Rc, S> {
             rkey,
             plan,
         };
-        clear_next_window_slot(&mut self.core);
+        release_retired_windows(&mut self.core);
         let wr = WindowWr::new(wr_id, op, Some(mw.shared().clone()));
         queue::post_one::<WindowQueue>(&mut self.core, wr).map_err(|mut e| {
             if let (true, Error::Verb { verb, source, .. }) = (type1, &mut e.error) {
@@ -342,7 +429,7 @@ impl<S: QpState> Qp<Rc, S> {
             return Err(refused(wr_id, not_bound()));
         }
         let op = WindowOp::LocalInv { rkey: mw.rkey() };
-        clear_next_window_slot(&mut self.core);
+        release_retired_windows(&mut self.core);
         let wr = WindowWr::new(wr_id, op, Some(mw.shared().clone()));
         queue::post_one::<WindowQueue>(&mut self.core, wr)?;
         mw.revoke_posted();

@@ -45,7 +45,7 @@ pub(super) struct QpExtensions {
     pub(super) mcast: mcast::Memberships,
     /// The memory windows that window requests name, by send slot (see
     /// `qp/mw.rs`); made by the first such request.
-    pub(super) windows: Option<mw::WindowKeep>,
+    pub(super) windows: Option<Arc<mw::WindowTable>>,
     /// The next `wr_id` an `AsyncQp` wrapping this QP gives a request: kept
     /// across wrappers, so that no completion of an earlier wrapper's
     /// request (retired, but perhaps not dispatched yet) carries the `wr_id`
@@ -114,42 +114,21 @@ impl Drop for QpCore {
         }
         self.send_cq.rings.retire_destroyed(&self.sq, sq_drained);
         self.recv_cq.rings.retire_destroyed(&self.rq, rq_drained);
-        for entry in self.ext.windows.take().into_iter().flatten() {
-            drop_window_catching(entry);
+        if let Some(table) = self.ext.windows.take() {
+            table.release_all();
         }
     }
-}
-
-/// Lets go of a window a request named. The last reference to a window
-/// holds its region, whose memory may be the application's (`OwnedMemory`)
-/// with a `Drop` that panics: the panic is contained, as a posted buffer's
-/// is when the QP is destroyed, so that it cannot leave the QP's destructor
-/// before `ibv_destroy_qp`.
-fn drop_window_catching(entry: Option<Arc<crate::mw::MwInner>>) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(entry)));
 }
 
 impl QpCore {
     /// Lets go of the windows that only retired requests name, before the
     /// QP is destroyed: a type 2 window bound through this QP holds a
     /// reference on it in rxe, whose destroy then waits for it (about 50 s
-    /// on Linux 6.1) before giving up. Letting go of a retired request's
-    /// window is what reusing its slot does anyway; requests still in
-    /// flight keep theirs until the QP is gone.
+    /// on Linux 6.1) before giving up. Requests still in flight keep theirs
+    /// until the QP is gone.
     fn release_retired_windows(&mut self) {
-        let Some(table) = self.ext.windows.as_mut() else {
-            return;
-        };
-        let mut in_flight = vec![false; table.len()];
-        let mut seq = self.sq.tail();
-        while seq != self.sq_head {
-            in_flight[self.sq.index(seq)] = true;
-            seq = seq.wrapping_add(1);
-        }
-        for (entry, busy) in table.iter_mut().zip(in_flight) {
-            if !busy {
-                drop_window_catching(entry.take());
-            }
+        if let Some(table) = self.ext.windows.as_ref() {
+            crate::mw::WindowHolder::release_retired(&**table);
         }
     }
 
