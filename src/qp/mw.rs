@@ -20,13 +20,16 @@ use crate::ledger::ring::SlotMeta;
 use crate::mr::{AccessFlags, Mr, RemoteMr};
 use crate::mw::{BindPlan, Mw, MwInner, MwType, WindowHolder};
 
+/// A window request's sequence number and the window it names.
+type WindowEntry = Option<(u64, Arc<MwInner>)>;
+
 /// The windows that window requests name, by send slot, each with its
 /// request's sequence number. Shared with the windows (as their
 /// [`WindowHolder`]), whose owner's drop lets go of the retired entries.
 pub(super) struct WindowTable {
     /// The QP's send ring: the requests before its tail have retired.
     sq: Arc<Ring>,
-    entries: Mutex<Box<[Option<(u64, Arc<MwInner>)>]>>,
+    entries: Mutex<Box<[WindowEntry]>>,
 }
 
 impl WindowTable {
@@ -37,7 +40,7 @@ impl WindowTable {
         })
     }
 
-    fn entries(&self) -> MutexGuard<'_, Box<[Option<(u64, Arc<MwInner>)>]>> {
+    fn entries(&self) -> MutexGuard<'_, Box<[WindowEntry]>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
