@@ -23,6 +23,16 @@ impl Context {
         unsafe { (*(*self.inner.raw.as_ptr()).device).transport_type == ffi::IBV_TRANSPORT_IWARP }
     }
 
+    /// Whether the device's transport is neither InfiniBand/RoCE nor iWARP (EFA,
+    /// usNIC, one not known): nothing says its send queue completes in posting
+    /// order. EFA does not (rdma-core's `providers/efa` completes sends
+    /// out of order and finds each request by the id in its completion).
+    pub(crate) fn completes_sends_in_any_order(&self) -> bool {
+        // SAFETY: as in `is_iwarp`.
+        let transport = unsafe { (*(*self.inner.raw.as_ptr()).device).transport_type };
+        transport != ffi::IBV_TRANSPORT_IB && transport != ffi::IBV_TRANSPORT_IWARP
+    }
+
     /// [`Error::Unsupported`] for `verb` on an iWARP device, saying what it lacks
     /// (`missing`) and what to do instead.
     pub(crate) fn iwarp_unsupported(&self, verb: &'static str, missing: &str) -> Error {

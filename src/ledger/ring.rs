@@ -158,6 +158,10 @@ pub(crate) struct Ring {
     /// siw completes a SEND before an earlier READ), so that a signaled
     /// request swept without its completion may still be in the NIC's hands.
     out_of_order: bool,
+    /// Whether any request may complete after later ones (EFA), not only READs
+    /// and atomics (iWARP): then a signaled request swept by a later
+    /// completion stays in flight until its own, and an unsignaled one is held.
+    any_order: bool,
     /// Such requests' buffers, kept until the ring goes (after the QP is
     /// destroyed) instead of being dropped or handed back.
     held: std::sync::Mutex<Vec<Sges>>,
@@ -194,6 +198,7 @@ impl Ring {
             qp_num,
             srq: None,
             out_of_order: false,
+            any_order: false,
             held: std::sync::Mutex::new(Vec::new()),
             done_end: AtomicU64::new(0),
             released: AtomicBool::new(false),
@@ -206,6 +211,14 @@ impl Ring {
         self
     }
 
+    /// Any request of this ring's queue may complete after later ones (see
+    /// `any_order`).
+    pub(crate) fn completing_in_any_order(mut self) -> Ring {
+        self.out_of_order = true;
+        self.any_order = true;
+        self
+    }
+
     /// On a queue that completes out of order, whether a request swept by a
     /// later completion may still be in the NIC's hands: one that asked for
     /// its own completion (which has not come), or one whose buffers the NIC
@@ -215,7 +228,7 @@ impl Ring {
     /// requests before the scope sweep this way.
     #[cold]
     fn nic_may_still_use(&self, meta: SlotMeta) -> bool {
-        meta.signaled || meta.nic_writes_local()
+        self.any_order || meta.signaled || meta.nic_writes_local()
     }
 
     /// Whether this ring's queue may complete out of order (see
@@ -569,7 +582,10 @@ impl Ring {
     /// before it and retires as on an in-order queue, except that a signaled
     /// one (whose completion was lost) is held as well. `done_end` remembers
     /// the furthest request retired, so that the completion of the READ at the
-    /// tail moves the tail past the slots retired ahead of it.
+    /// tail moves the tail past the slots retired ahead of it. On a ring whose
+    /// requests may all complete late (`any_order`), every signaled request
+    /// before `seq` stays in flight as a READ does, and every unsignaled one is
+    /// held.
     ///
     /// # Safety
     /// As [`retire`](Ring::retire)'s; `tail` is the tail it loaded and `seq`
@@ -597,7 +613,7 @@ impl Ring {
             // the tail and nobody writes `meta` after that, so a copy is sound
             // even if the destructor claims the slot meanwhile.
             let meta = unsafe { (*slot.data.get().cast::<SlotData>()).meta };
-            if meta.signaled && meta.nic_writes_local() {
+            if meta.signaled && (self.any_order || meta.nic_writes_local()) {
                 first_left.get_or_insert(s);
                 continue;
             }
@@ -864,6 +880,23 @@ mod tests {
             assert_eq!(retire(&ring, t[2], &mut lost), Some(2));
             assert_eq!((lost, ring.tail(), ring.in_flight(head)), (0, 4, 0));
         }
+    }
+
+    #[test]
+    fn an_any_order_ring_leaves_every_earlier_signaled_send_in_flight() {
+        use ffi::IBV_WR_SEND as SEND;
+        let ring = Ring::new(8, 1, 7).completing_in_any_order();
+        let mut head = 0;
+        // Three signaled SENDs and an unsignaled one; the third completes first.
+        let ops = [(SEND, true), (SEND, false), (SEND, true), (SEND, true)];
+        let t = post_ops(&ring, &mut head, &ops);
+        let mut lost = 0;
+        assert_eq!(retire(&ring, t[2], &mut lost), Some(2));
+        // Nothing lost; the first SEND keeps the tail, the unsignaled one is held.
+        assert_eq!((lost, held(&ring), ring.tail()), (0, 1, 0));
+        assert_eq!(retire(&ring, t[3], &mut lost), Some(3));
+        assert_eq!(retire(&ring, t[0], &mut lost), Some(0));
+        assert_eq!((lost, ring.tail(), ring.in_flight(head)), (0, 4, 0));
     }
 
     #[test]

@@ -212,10 +212,12 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         // SAFETY: `raw` is live (per the contract); qp_num is a plain field.
         let qp_num = unsafe { (*raw.as_ptr()).qp_num };
         // Never more in flight than asked for, even if the device rounded up.
-        let iwarp = ctx.is_iwarp();
+        let (iwarp, any_order) = (ctx.is_iwarp(), ctx.completes_sends_in_any_order());
         let sq = sq_res.publish(|tag| {
             let ring = Ring::new(sq_want.min(got.max_send_wr), tag, qp_num);
-            if iwarp {
+            if any_order {
+                ring.completing_in_any_order()
+            } else if iwarp {
                 ring.completing_out_of_order()
             } else {
                 ring
