@@ -71,7 +71,7 @@ pub fn run(
         .into_iter()
         .next()
         .ok_or_else(|| Error::Protocol("no QP was connected".into()))?;
-    let qp = Arc::new(AsyncQp::new(qp, &send_cq, rcq).map_err(|(e, _qp)| e)?);
+    let qp = Arc::new(AsyncQp::new(qp, &send_cq, rcq)?);
     let mut table = Table::default();
     println!("{}", report::header(o));
     for &size in &o.sizes {

@@ -12,7 +12,7 @@
 //! # let remote: rdma_verbs::qp::Endpoint = todo!();
 //! let qp = qp.init(InitAttr::new(1, AccessFlags::empty()))?.connect(&remote, None)?;
 //! // (or with rdma_cm: AsyncCmId::connect / accept)
-//! let qp = AsyncQp::new(qp, &cq, &cq).map_err(|(e, _qp)| e)?;
+//! let qp = AsyncQp::new(qp, &cq, &cq)?;
 //! let mut buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
 //! buf.write_at(0, b"hello")?;
 //! let mut done = qp.send(buf).await?; // resolves when the SEND completed

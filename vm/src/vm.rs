@@ -471,6 +471,19 @@ mod tests {
         }
     }
 
+    /// Shared `/tmp` and the writable directories take `cache=mmap` (9p refuses
+    /// a shared writable mapping without it); the read-only root does not.
+    #[test]
+    fn writable_shares_take_shared_writable_mappings() {
+        let script = stage2_script(Path::new("/r"), &["/tmp"], &[PathBuf::from("/w")], &[]);
+        let script = String::from_utf8_lossy(&script);
+        let mounts: Vec<&str> = script.lines().filter(|l| l.contains("-t 9p")).collect();
+        let with = |needle: &str| mounts.iter().find(|l| l.contains(needle)).copied();
+        assert!(with(" host_tmp ").is_some_and(|l| l.contains("cache=mmap")), "{mounts:?}");
+        assert!(with(" rw0 ").is_some_and(|l| l.contains("cache=mmap")), "{mounts:?}");
+        assert!(with(" hostroot ").is_some_and(|l| !l.contains("cache=mmap")), "{mounts:?}");
+    }
+
     #[test]
     fn stage2_marks_the_start_right_before_the_command() {
         let script = stage2_script(Path::new("/r"), &[], &[], &[]);

@@ -87,6 +87,11 @@ pub(super) fn stage2_script(
 /// `shared` names them, else tmpfs) and the `writable` directories.
 fn mount_host(s: &mut ScriptLines, shared: &[&str], writable: &[PathBuf]) {
     let opts = NINEP_OPTS.as_bytes();
+    // The writable shares also take shared writable mappings (a program that
+    // maps a file there, as `Mr::register` of a `memmap2::MmapMut` does):
+    // 9p refuses them without a page cache for mappings.
+    let rw_opts = [NINEP_OPTS, ",cache=mmap"].concat();
+    let rw_opts = rw_opts.as_bytes();
     s.line(&[
         b"mount -t 9p -o ro,cache=loose,",
         opts,
@@ -102,7 +107,7 @@ fn mount_host(s: &mut ScriptLines, shared: &[&str], writable: &[PathBuf]) {
         if shared.contains(&dir) {
             s.line(&[
                 b"mount -t 9p -o ",
-                opts,
+                rw_opts,
                 b" ",
                 share_tag(dir).as_bytes(),
                 b" /host",
@@ -125,7 +130,7 @@ fn mount_host(s: &mut ScriptLines, shared: &[&str], writable: &[PathBuf]) {
         s.line(&[b"mkdir -p ", &q_host_dir, b" 2>/dev/null"]);
         s.line(&[
             b"mount -t 9p -o ",
-            opts,
+            rw_opts,
             b" ",
             writable_tag(i).as_bytes(),
             b" ",
