@@ -166,7 +166,8 @@
 //!
 //! To send part of a buffer, post a range of it:
 //! `SendWr::send_from(id, mr.range(..n)?)` sends the first `n` bytes (also
-//! `write_from`, UD and UC sends, and `sge`); the completion gives back the
+//! `write_from`, UD and UC sends, `sge`, and a READ's destination:
+//! `SendWr::read(id, mr.range(..n)?, peer, 0)` reads `n` bytes); the completion gives back the
 //! whole `Mr` (`take_mr`), and `..0` is a zero-byte SEND. A range outside the
 //! `Mr` is refused with [`RangeError`](crate::qp::RangeError), which hands the
 //! `Mr` back.

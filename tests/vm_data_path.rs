@@ -328,6 +328,28 @@ fn rdma_read_every_size_and_sge_count() {
     }
 }
 
+/// A READ into a range of an `Mr` writes only the range, and its completion
+/// gives the whole `Mr` back.
+#[test]
+fn rdma_read_into_a_range_writes_only_the_range() {
+    let mut p = pair(caps(1));
+    let mut source =
+        p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    source.write_at(0, &pattern(64, 4)).unwrap();
+    let mut dest = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    dest.write_at(0, &[0xee; 64]).unwrap();
+    let range = dest.range(8..24).unwrap();
+    p.a.post_send(SendWr::read(5, range, source.remote(), 32))
+        .unwrap();
+    let mut c = wait(&mut p.cq_a, 1).pop().unwrap();
+    assert_eq!((c.wr_id, c.status, c.byte_len), (5, WcStatus::Success, 16));
+    let got = c.take_mr().expect("the whole Mr").to_vec().unwrap();
+    let mut want = vec![0xee; 64];
+    want[8..24].copy_from_slice(&pattern(64, 4)[32..48]);
+    assert_eq!(got, want);
+}
+
 #[test]
 fn atomics_return_the_old_value_and_update_memory() {
     let mut p = pair(caps(1));

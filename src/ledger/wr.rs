@@ -144,10 +144,13 @@ impl<'a> SendWr<'a> {
         wr
     }
 
-    /// An RDMA READ of `dest.len()` bytes from `remote` at `offset` into `dest`.
+    /// An RDMA READ of `dest`'s length from `remote` at `offset` into `dest`:
+    /// an [`Mr`] with LOCAL_WRITE, or a part of one ([`Mr::range`]) to read
+    /// fewer bytes than the `Mr` holds (the completion gives the whole `Mr`
+    /// back, as for a send from a range).
     #[inline(always)]
-    pub fn read(wr_id: u64, dest: Mr, remote: RemoteMr, offset: u64) -> SendWr<'a> {
-        SendWr::with_buffer(wr_id, SendOp::Read { remote, offset }, Buffer::Owned(dest))
+    pub fn read(wr_id: u64, dest: impl Into<Buffer>, remote: RemoteMr, offset: u64) -> SendWr<'a> {
+        SendWr::with_buffer(wr_id, SendOp::Read { remote, offset }, dest.into())
     }
 
     /// Atomic compare-and-swap on the 8 bytes at `remote + offset`; the old

@@ -256,10 +256,11 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
         self.post(SendWr::write_from(0, src, remote, offset))
     }
 
-    /// RDMA READs `dest.len()` bytes from `remote` at `offset` into `dest`.
+    /// RDMA READs `dest`'s length from `remote` at `offset` into `dest`, an
+    /// [`Mr`] or a part of one ([`Mr::range`], [`SendWr::read`]).
     pub fn read(
         &self,
-        dest: Mr,
+        dest: impl Into<crate::qp::Buffer>,
         remote: RemoteMr,
         offset: u64,
     ) -> impl Future<Output = std::result::Result<Completion, PostError>> + Send + Unpin + '_ {

@@ -479,9 +479,18 @@ mod tests {
         let script = String::from_utf8_lossy(&script);
         let mounts: Vec<&str> = script.lines().filter(|l| l.contains("-t 9p")).collect();
         let with = |needle: &str| mounts.iter().find(|l| l.contains(needle)).copied();
-        assert!(with(" host_tmp ").is_some_and(|l| l.contains("cache=mmap")), "{mounts:?}");
-        assert!(with(" rw0 ").is_some_and(|l| l.contains("cache=mmap")), "{mounts:?}");
-        assert!(with(" hostroot ").is_some_and(|l| !l.contains("cache=mmap")), "{mounts:?}");
+        assert!(
+            with(" host_tmp ").is_some_and(|l| l.contains("cache=mmap")),
+            "{mounts:?}"
+        );
+        assert!(
+            with(" rw0 ").is_some_and(|l| l.contains("cache=mmap")),
+            "{mounts:?}"
+        );
+        assert!(
+            with(" hostroot ").is_some_and(|l| !l.contains("cache=mmap")),
+            "{mounts:?}"
+        );
     }
 
     #[test]
