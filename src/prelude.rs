@@ -13,7 +13,7 @@ pub use crate::context::Context;
 pub use crate::cq::{Completion, CompletionSource, Cq, WcOpcode, WcStatus};
 pub use crate::device::{Gid, Mtu};
 pub use crate::error::{Error, Result};
-pub use crate::mr::{AccessFlags, Mr, RemoteMr, SharedMr};
+pub use crate::mr::{AccessFlags, Mr, MrPool, RemoteMr, SharedMr};
 pub use crate::mw::{Mw, MwType};
 pub use crate::pd::Pd;
 pub use crate::qp::scope::{Dst, Src};

@@ -117,7 +117,10 @@ impl<'a> SendWr<'a> {
         wr
     }
 
-    /// An RDMA WRITE of the SGEs to `remote` at `offset` (bounds checked when posted).
+    /// An RDMA WRITE of the SGEs to `remote` at `offset` (bounds checked when
+    /// posted). With no SGE it writes zero bytes: with [`imm`](SendWr::imm), a
+    /// WRITE_WITH_IMM that only consumes a receive at the peer, as a
+    /// notification.
     #[inline(always)]
     pub fn write(wr_id: u64, remote: RemoteMr, offset: u64) -> SendWr<'a> {
         SendWr::new(wr_id, SendOp::Write { remote, offset })

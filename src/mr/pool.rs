@@ -22,7 +22,10 @@ pub const MAX_POOL_BUFFERS: usize = 1 << 24;
 /// pool). Getting and putting take a mutex over a stack with room for every
 /// buffer: no system call (uncontended) and no allocation. The pool is `Sync`:
 /// share it between threads by reference or in an `Arc`. The registration
-/// ends when the pool and every buffer out of it are dropped.
+/// ends when the pool and every buffer out of it are dropped. A buffer posted
+/// as a receive stays with its queue until it completes or the queue is
+/// dropped (an [`Srq`](crate::srq::Srq) outlives the QPs that used it), so
+/// [`available`](MrPool::available) counts it out until then.
 pub struct MrPool {
     /// An empty piece at the end of the registration: names it for `put`.
     anchor: Mr,

@@ -409,6 +409,10 @@ impl AsyncCmId {
 
     /// Sends a disconnect (`rdma_disconnect`) and waits up to `timeout` for
     /// this side's DISCONNECTED. Flush the QP with `to_error` afterwards.
+    /// A peer that answers (or whose process is gone: its kernel answers)
+    /// confirms within milliseconds; one that is frozen or cut off never does,
+    /// and the wait lasts the whole `timeout`: keep it short, or drop the id
+    /// when no confirmation is needed.
     ///
     /// Once DISCONNECTED was seen (the peer disconnected first and
     /// [`event`](Self::event) returned it, or an earlier `disconnect`), the
