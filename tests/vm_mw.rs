@@ -408,6 +408,15 @@ fn a_dropped_window_is_deallocated_once_its_bind_retired() {
     drop((mw, region));
     assert_eq!(own_mrs(&dev), base, "the window and its region are gone");
 
+    // A type 1 window bound through both QPs: both let go of it.
+    let region = new_region(&p.pd);
+    let mut mw = Mw::new(&p.pd, MwType::Type1).unwrap();
+    p.a.post_bind_mw(71, &mut mw, &region, 0..4096, RW).unwrap();
+    assert_eq!(wait(&mut p.cq_a, 1)[0].status, WcStatus::Success);
+    bind(&mut p, &mut mw, &region, 0..4096, RW);
+    drop((mw, region));
+    assert_eq!(own_mrs(&dev), base, "bound through two QPs, gone too");
+
     let region = new_region(&p.pd);
     let mut mw = Mw::new(&p.pd, MwType::Type2).unwrap();
     p.b.post_bind_mw(70, &mut mw, &region, 0..4096, RW).unwrap();

@@ -195,7 +195,11 @@ pub enum Error {
     },
 
     /// Signaled work requests were retired by a later completion while their
-    /// own completions never reached this poller.
+    /// own completions never reached this poller. Besides an overrun CQ and
+    /// `Cq::poll_raw`, a post the provider refused without naming the refused
+    /// request (a failed `ibv_wr_complete`, a failed doorbell) leaves
+    /// requests counted as posted that may never complete: they are reported
+    /// here when a later completion sweeps them.
     #[error(
         "{count} completion(s) were lost: later completions of the same queue arrived without them; the CQ \
          overran (QPs created outside the safe path, or raw-path posts, filled it) or they were consumed by \

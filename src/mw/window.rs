@@ -67,9 +67,9 @@ pub(crate) struct MwInner {
     /// Every region the window was ever bound to: each stays registered and
     /// allocated until the window is deallocated, whatever the peer does.
     regions: Mutex<Vec<Arc<Region>>>,
-    /// The table of the QP that the window's last request went to, which
-    /// holds the window while that request is in flight.
-    held_by: Mutex<Option<Weak<dyn WindowHolder>>>,
+    /// The tables of the QPs that the window's requests went to, which hold
+    /// the window while such a request is in flight (one per QP, by address).
+    held_by: Mutex<Vec<Weak<dyn WindowHolder>>>,
 }
 
 /// A QP's table of the windows its window requests name (`qp/mw.rs`).
@@ -81,7 +81,12 @@ pub(crate) trait WindowHolder: Send + Sync {
 impl MwInner {
     /// Records that `holder` holds the window for a request in flight.
     pub(crate) fn held_by(&self, holder: Weak<dyn WindowHolder>) {
-        *self.held_by.lock().unwrap_or_else(PoisonError::into_inner) = Some(holder);
+        let mut held_by = self.held_by.lock().unwrap_or_else(PoisonError::into_inner);
+        // Tables of QPs that are gone need no call any more.
+        held_by.retain(|h| h.strong_count() > 0);
+        if !held_by.iter().any(|h| Weak::ptr_eq(h, &holder)) {
+            held_by.push(holder);
+        }
     }
 }
 
@@ -110,17 +115,18 @@ impl Drop for MwInner {
 }
 
 impl Drop for Mw {
-    /// The QP that the last request went to lets go of the retired requests'
-    /// windows, so that this window is deallocated now unless a request naming
-    /// it is still in flight there.
+    /// The QPs that the window's requests went to let go of the retired
+    /// requests' windows, so that this window is deallocated now unless a
+    /// request naming it is still in flight on one of them.
     fn drop(&mut self) {
-        let holder = self
-            .inner
-            .held_by
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(table) = holder.and_then(|h| h.upgrade()) {
+        let holders = std::mem::take(
+            &mut *self
+                .inner
+                .held_by
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for table in holders.iter().filter_map(Weak::upgrade) {
             table.release_retired();
         }
     }
@@ -164,7 +170,7 @@ impl Mw {
                 ty,
                 pd: pd.clone(),
                 regions: Mutex::new(Vec::new()),
-                held_by: Mutex::new(None),
+                held_by: Mutex::new(Vec::new()),
             }),
             bound: None,
         })

@@ -267,8 +267,12 @@ fn built_refused<C: QueueCore, Q: WorkQueue<C>>(
     first_seq: u64,
     built: usize,
 ) -> PostError {
+    let staged_after = first_seq + built as u64 != *Q::ring_and_head(core).1;
     match rc {
         None => refused::<C, Q>(core, libc::EINVAL, Some(0), first_seq),
-        Some(rc) => refused::<C, Q>(core, rc, Some(built), first_seq),
+        // What was staged after them comes back.
+        Some(rc) if staged_after => refused::<C, Q>(core, rc, Some(built), first_seq),
+        // Nothing after them: all stays, as for a refusal that names no request.
+        Some(rc) => refused::<C, Q>(core, rc, None, first_seq),
     }
 }

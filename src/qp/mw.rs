@@ -234,11 +234,11 @@ impl WorkQueue for WindowQueue {
         // named in bind_info is held by the window until it is deallocated.
         match verb!(rc: unsafe { ffi::ibv_bind_mw(core.raw.as_ptr(), b.mw, &mut bind) }) {
             Ok(()) => 0,
-            Err(failed) => {
-                // SAFETY: `bad` is writable (contract): nothing was posted.
-                unsafe { *bad = head };
-                failed.errno().unwrap_or(libc::EINVAL)
-            }
+            // `*bad` stays null: providers post the bind as a send request
+            // (rxe's `rxe_bind_mw` through `rxe_post_send`, whose doorbell
+            // can fail with the request queued), so an error does not say
+            // that nothing was posted; the slot stays counted.
+            Err(failed) => failed.errno().unwrap_or(libc::EINVAL),
         }
     }
 

@@ -197,7 +197,10 @@ impl QpCore {
                 &mut bad,
             )
         };
-        if rc != 0 {
+        // Taken back only when the provider named it refused: a failed
+        // `ibv_wr_complete` or doorbell may have queued it (it has no
+        // buffers, so keeping its slot costs nothing).
+        if rc != 0 && !bad.is_null() {
             // SAFETY: producer side; the device refused the marker.
             drop(unsafe { ring.unfill_from(*head - 1, head) });
         }

@@ -190,7 +190,11 @@ impl Drop for InFlight {
         // Detached here, before the QP can be destroyed anywhere: the id never
         // points at a destroyed QP, and is free for another attach at once.
         drop(handshake);
-        let Some(qp) = self.qp.take() else { return };
+        let Some((qp, parts)) = self.qp.take() else {
+            return;
+        };
+        // The books first, while the QP holds its number (see `AsyncQp`).
+        drop(parts);
         let rt = match ::tokio::runtime::Handle::try_current() {
             Ok(rt) if iwarp => rt,
             _ => return drop(qp),

@@ -108,9 +108,11 @@ impl Shared {
         st.waiters.register(qp_num, queue, seq, waker)
     }
 
-    /// Withdraws a registration whose post failed.
+    /// Withdraws a registration whose post failed. A post the provider did
+    /// not name refused may still complete (its completion may even have come
+    /// already): as for a dropped future, it goes to `next`.
     pub(crate) fn forget(&self, key: Key) {
-        self.state().waiters.release(key);
+        self.abandon(key);
     }
 
     /// Hands completions to their futures, or to `next`; `wake` is scratch

@@ -39,10 +39,11 @@ use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr, Sges};
 /// the `AsyncQp` destroys the QP and releases every buffer still posted, as
 /// dropping a [`Qp`] does.
 pub struct AsyncQp<T: QpType, S: QpState> {
-    // Field order is drop order: the QP is destroyed before its books free
-    // what forgotten futures kept registered.
-    qp: Mutex<Qp<T, S>>,
+    // Field order is drop order: the books free what forgotten futures kept
+    // registered while the QP still holds its number (a QP created later may
+    // get it), then the QP is destroyed.
     books: Parts,
+    qp: Mutex<Qp<T, S>>,
 }
 
 /// The error of a refused [`AsyncQp::new`], the QP it gave back dropped: so
@@ -162,8 +163,14 @@ impl<T: QpType, S: QpState> AsyncQp<T, S> {
         S: crate::qp::CanMoveToError,
     {
         let (qp, parts) = self.into_parts();
-        let qp = qp.to_error().map_err(|e| e.error)?;
-        Ok(AsyncQp::from_parts(qp, parts))
+        match qp.to_error() {
+            Ok(qp) => Ok(AsyncQp::from_parts(qp, parts)),
+            Err(e) => {
+                // The books first, while the QP (in `e`) holds its number.
+                drop(parts);
+                Err(e.error)
+            }
+        }
     }
 
     /// Unwraps the QP. Requests still outstanding complete through

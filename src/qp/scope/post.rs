@@ -245,8 +245,10 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// [`Error::QueueFull`] when fewer slots than the list's length are
     /// free (poll first); [`Error::InvalidArgument`] when the QP's send
     /// queue does not complete on the scope's CQ; [`Error::Verb`] when the
-    /// provider refuses it (with the extended send API nothing was posted;
-    /// with `ibv_post_send` the requests before the refused one were).
+    /// provider refuses it (with `ibv_post_send`, the requests before the one
+    /// it names were posted; when it names none, and with the extended send
+    /// API, the whole list counts as posted, since the verb's failure does not
+    /// say that it stayed out of the queue: the scope waits for it).
     #[inline(always)]
     #[doc(alias = "ibv_post_send")]
     pub fn post_prepared(&mut self, list: &PreparedSends<'scope>, first_wr_id: u64) -> Result<()>
