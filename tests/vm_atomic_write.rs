@@ -146,3 +146,47 @@ fn bad_atomic_writes_are_refused_with_what_is_wrong() {
     assert!(unsupported(&e.error), "with a buffer: {e:?}");
     assert!(l.cq_a.poll(&mut Vec::new()).unwrap() == 0);
 }
+
+/// A list mixing ATOMIC_WRITEs (only the extended API expresses them) with a
+/// SEND of two buffers (only `ibv_post_send` does) is posted in order, each
+/// run with its API; where the device lacks ATOMIC_WRITE it is refused
+/// before anything is posted.
+#[test]
+fn a_list_mixing_atomic_writes_and_a_two_buffer_send_posts_all_in_order() {
+    let caps = rdma_verbs::qp::QpCaps {
+        max_send_sge: 2,
+        ..caps_sr(8, 8)
+    };
+    let mut p = pair_api(caps, SendApi::Extended);
+    let target = p.pd.alloc_mr(64, all_remote()).unwrap();
+    let filled = |data: &[u8]| {
+        let mut mr = p.pd.alloc_mr(data.len(), AccessFlags::empty()).unwrap();
+        mr.write_at(0, data).unwrap();
+        mr
+    };
+    let dest = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.post_recv(rdma_verbs::qp::RecvWr::new(9, dest)).unwrap();
+    let list = [
+        SendWr::atomic_write(1, target.remote(), 8, VALUE),
+        SendWr::send(2).sge(filled(b"abcd")).sge(filled(b"efgh")),
+        SendWr::atomic_write(3, target.remote(), 24, !VALUE),
+    ];
+    let posted = p.a.post_send_list(list);
+    if !p.ctx.query_device().unwrap().atomic_write() {
+        let e = posted.unwrap_err();
+        assert!(matches!(e.error, Error::Unsupported { .. }), "{e:?}");
+        assert_eq!(p.a.outstanding(), (0, 0), "nothing posted");
+        return;
+    }
+    posted.unwrap();
+    let c = wait(&mut p.cq_a, 3);
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, [1, 2, 3].map(|id| (id, WcStatus::Success)));
+    let mut r = wait(&mut p.cq_b, 1).pop().unwrap();
+    assert_eq!((r.wr_id, r.byte_len), (9, 8));
+    assert_eq!(r.take_mr().unwrap().to_vec().unwrap(), b"abcdefgh");
+    let mut want = vec![0u8; 64];
+    want[8..16].copy_from_slice(&VALUE.to_ne_bytes());
+    want[24..32].copy_from_slice(&(!VALUE).to_ne_bytes());
+    assert_eq!(target.to_vec().unwrap(), want);
+}

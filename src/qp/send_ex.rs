@@ -20,7 +20,9 @@
 //! A chain with a request the builder calls cannot express exactly (another
 //! opcode, more than one SGE, more than one inline piece) is posted whole with
 //! `ibv_post_send` instead, after `ibv_wr_abort`: `ibv_wr_post(3)` allows the
-//! two APIs on one QP outside each other's critical region. More than one SGE
+//! two APIs on one QP outside each other's critical region. If it also holds
+//! an ATOMIC_WRITE or FLUSH, which only the builders express, it is posted in
+//! order in runs, each with the API that expresses it (`post_in_runs`). More than one SGE
 //! is excluded because rdma-core 44's rxe `wr_set_sge_list` records a wrong
 //! message length for such lists (fixed in rdma-core 64).
 //!
@@ -559,15 +561,89 @@ unsafe fn legacy<const REFUSE_RESERVED: bool>(
         if REFUSE_RESERVED && any_reserved(head) {
             return RESERVED_WR_ID;
         }
-        // `ibv_post_send` has no field for an ATOMIC_WRITE's data or a FLUSH's kind.
         let mut w = head;
         while let Some(r) = w.as_ref() {
-            if r.opcode == ffi::IBV_WR_ATOMIC_WRITE || r.opcode == ffi::IBV_WR_FLUSH {
-                *bad = head;
-                return libc::EOPNOTSUPP;
+            if builder_only(r) {
+                return post_in_runs(qp, ex, head, bad);
             }
             w = r.next;
         }
         super::post::ibv_post_send(qp, head, bad)
     }
+}
+
+/// `ibv_post_send` has no field for an ATOMIC_WRITE's data or a FLUSH's kind.
+fn builder_only(r: &ffi::ibv_send_wr) -> bool {
+    r.opcode == ffi::IBV_WR_ATOMIC_WRITE || r.opcode == ffi::IBV_WR_FLUSH
+}
+
+/// A chain with requests only the builders express (ATOMIC_WRITE, FLUSH) and
+/// requests they do not (several SGEs, several inline pieces, other
+/// opcodes): posted in order, in runs, each run with the API that expresses
+/// it: the longest stretch the builders take, then the longest stretch
+/// without a builder-only request with `ibv_post_send`, and so on. A refused
+/// run stops the chain: `*bad` is the request `ibv_post_send` names, or stays
+/// null after a failed `ibv_wr_complete` (it does not say what was queued).
+///
+/// # Safety
+/// As [`post_chain`]'s, outside `ex`'s critical region. The chain's `next`
+/// links are cut for a run's post and restored before returning.
+#[cold]
+#[inline(never)]
+unsafe fn post_in_runs(
+    qp: *mut ffi::ibv_qp,
+    ex: &SendEx,
+    head: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> i32 {
+    let q = ex.qpx.as_ptr();
+    let mut start = head;
+    // SAFETY: every request read or relinked is part of the well-formed
+    // chain (contract); each critical region opened is closed before the next
+    // verb; a cut link is restored right after the post that needed it.
+    unsafe {
+        while !start.is_null() {
+            op!(q, wr_start);
+            let mut w = start;
+            while let Some(r) = w.as_ref() {
+                if !ex.build(r) {
+                    break;
+                }
+                w = r.next;
+            }
+            if w == start {
+                op!(q, wr_abort);
+            } else {
+                let rc = op!(q, wr_complete);
+                if rc != 0 {
+                    return rc;
+                }
+            }
+            let Some(first) = w.as_ref() else {
+                return 0;
+            };
+            if builder_only(first) {
+                // Neither API takes it (the builders refused it).
+                *bad = w;
+                return libc::EOPNOTSUPP;
+            }
+            // The legacy run: up to the next builder-only request.
+            let mut last = w;
+            while let Some(next) = (*last).next.as_ref() {
+                if builder_only(next) {
+                    break;
+                }
+                last = (*last).next;
+            }
+            let rest = (*last).next;
+            (*last).next = std::ptr::null_mut();
+            let rc = super::post::ibv_post_send(qp, w, bad);
+            (*last).next = rest;
+            if rc != 0 {
+                return rc;
+            }
+            start = rest;
+        }
+    }
+    0
 }

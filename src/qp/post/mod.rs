@@ -141,11 +141,6 @@ impl<S: QpState> Qp<Rc, S> {
     /// `iter.by_ref()` to keep the rest). If `wrs` panics, the requests it
     /// yielded since the last verb call are taken back (their buffers drop
     /// with the unwind); earlier chunks of 32 were posted and complete as usual.
-    ///
-    /// An ATOMIC_WRITE or FLUSH has only the extended API's form, and a request
-    /// of several buffers or inline pieces only `ibv_post_send`'s: a chunk that
-    /// holds both kinds is refused whole (`Error::Verb`, `EOPNOTSUPP`, nothing
-    /// posted). Post such requests in separate lists.
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_start")]
     pub fn post_send_list<'a>(
