@@ -93,6 +93,52 @@ fn a_drain_without_limit_ends_for_a_receive_posted_after_a_failure() {
     assert!(took < Duration::from_secs(20), "{took:?}");
 }
 
+/// A receiver adopted in INIT posts a receive, then its connect fails: the
+/// closure returns the error, and the drain without a limit does not wait
+/// for the receive for ever (an INIT QP completes nothing): it flushes it
+/// with a move to ERR and the scope returns the connect's error.
+#[test]
+fn a_drain_without_limit_ends_for_receives_on_a_qp_left_in_init() {
+    use rdma_verbs::qp::{InitAttr, Qp};
+    let (done_tx, done) = std::sync::mpsc::channel();
+    // On its own thread, so that a scope that never ends fails the test.
+    std::thread::spawn(move || {
+        let ctx = common::ctx();
+        let pd = rdma_verbs::pd::Pd::new(&ctx).unwrap();
+        let mut cq = rdma_verbs::cq::Cq::new(&ctx, 16).unwrap();
+        let other_cq = rdma_verbs::cq::Cq::new(&ctx, 16).unwrap();
+        let init = |cq| {
+            Qp::new(&pd, cq, cq, caps_sr(4, 4))
+                .unwrap()
+                .init(InitAttr::new(1, all_remote()))
+                .unwrap()
+        };
+        let peer = init(&other_cq)
+            .endpoint(Some(common::gid_index(&ctx)))
+            .unwrap();
+        let qp = init(&cq);
+        let mut mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let start = Instant::now();
+        let r = cq.scope_adopt(qp, |s, mut q| {
+            s.set_drain_timeout(Duration::MAX);
+            q.post_recv(1, Dst::new(&mut mr)?)?;
+            // No such GID index: the move to RTR is refused.
+            let q = q.connect(&peer, Some(200))?;
+            Ok(((), q))
+        });
+        let _ = done_tx.send((r.map(drop), start.elapsed()));
+    });
+    let (r, took) = done
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the scope ends");
+    assert!(r.is_err(), "the connect failed");
+    assert!(
+        !matches!(r, Err(Error::ScopeDrained { .. })),
+        "the closure's error comes first: {r:?}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
 /// An iterator that panics after two requests: nothing of the list is
 /// posted, and its side entries are taken back, so that a prepared list
 /// posted over the same sequence numbers later reports its own `wr_id`s

@@ -97,10 +97,12 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// [`DEFAULT_DRAIN_TIMEOUT`], a send queue whose outstanding requests
     /// are all unsignaled: a successful one never produces a completion, so
     /// only a flush can retire them, also without a deadline. Without a
-    /// deadline it ends too when, a second or more into the wait, a QP with
-    /// requests outstanding is in the error state: the flushes of what was
-    /// posted before it entered ERR come at once, and what is left was posted
-    /// after, which rxe flushes only on the next move to ERR.
+    /// deadline it ends too when, a second or more into the wait, a QP's
+    /// state cannot complete its outstanding requests
+    /// ([`outstanding_on_a_stalled_qp`]): in ERR the flushes of what was
+    /// posted before the move came at once, and what is left was posted after,
+    /// which rxe flushes only on the next move to ERR; in INIT nothing
+    /// completes until the move to ERR flushes it.
     fn wait(
         &self,
         attached: &[AttachedQp],
@@ -140,7 +142,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             let tails_only = tails_since.is_some_and(|t| now - t > DEFAULT_DRAIN_TIMEOUT);
             let stuck_in_err = failed.is_some() && deadline.is_none() && now >= err_check && {
                 err_check = now + ERR_CHECK_INTERVAL;
-                attached.iter().any(outstanding_in_error_state)
+                attached.iter().any(outstanding_on_a_stalled_qp)
             };
             if polled && (tails_only || stuck_in_err || deadline.is_some_and(|d| now > d)) {
                 return false;
@@ -186,14 +188,17 @@ fn abort_with(why: std::fmt::Arguments<'_>) -> ! {
 /// (the first time, this long into the wait).
 const ERR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Whether `a` has scoped requests outstanding and its QP is in the error
-/// state (`ibv_query_qp`; false when the query fails).
-fn outstanding_in_error_state(a: &AttachedQp) -> bool {
+/// Whether `a` has scoped requests outstanding that its QP's state cannot
+/// complete (`ibv_query_qp`; false when the query fails): in ERR (what was
+/// posted after the move waits for the next one), in RESET or INIT (nothing
+/// completes: a QP adopted in INIT whose connect failed, say), or sends in
+/// a state other than RTS and SQD.
+fn outstanding_on_a_stalled_qp(a: &AttachedQp) -> bool {
     // SAFETY: as in `Scope::drain`; read-only.
     let core = unsafe { a.core.as_ref() };
-    let left = scoped_outstanding(a.sq.as_ref(), &core.sq, core.sq_head)
-        + scoped_outstanding(a.rq.as_ref(), &core.rq, core.rq_head);
-    if left == 0 {
+    let sq = scoped_outstanding(a.sq.as_ref(), &core.sq, core.sq_head);
+    let rq = scoped_outstanding(a.rq.as_ref(), &core.rq, core.rq_head);
+    if sq + rq == 0 {
         return false;
     }
     let mut attr = std::mem::MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
@@ -207,8 +212,15 @@ fn outstanding_in_error_state(a: &AttachedQp) -> bool {
             init.as_mut_ptr(),
         )
     };
-    // SAFETY: zeroed, and filled by the call when it succeeded.
-    rc == 0 && unsafe { attr.assume_init_ref() }.qp_state == ffi::IBV_QPS_ERR
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: zeroed, and filled by the call, which succeeded.
+    match unsafe { attr.assume_init_ref() }.qp_state {
+        ffi::IBV_QPS_ERR | ffi::IBV_QPS_RESET | ffi::IBV_QPS_INIT => true,
+        ffi::IBV_QPS_RTS | ffi::IBV_QPS_SQD => false,
+        _ => sq > 0,
+    }
 }
 
 /// Whether every send outstanding on the QP is unsignaled (none of those

@@ -88,7 +88,10 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
     /// first); [`Error::RemoteOutOfBounds`] / [`Error::InvalidArgument`] for
     /// a request that does not fit its remote region or operation;
     /// [`Error::InvalidArgument`] when the QP's send queue does not complete
-    /// on the scope's CQ; [`Error::Verb`] when the provider refuses it.
+    /// on the scope's CQ; [`Error::Verb`] when the provider refuses it (when
+    /// it does not say that the request stayed out of the queue, as a failed
+    /// `ibv_wr_complete` does not, the request counts as posted: the scope
+    /// waits for it or flushes it at its end).
     #[inline(always)]
     #[doc(alias = "ibv_post_send")]
     pub fn post_send(&mut self, req: &ScopedSend<'scope>) -> Result<()>
@@ -282,7 +285,9 @@ impl<'scope, S: QpState> ScopedQp<'scope, S> {
         let tag = u64::from(ring.tag()) << 32;
         let low = head as u32;
         debug_assert_eq!(tag | u64::from(low), ring.token(head));
-        if let Some(ex) = core.ext.send_ex.as_ref() {
+        // Not with the iWARP fence (`ScopedTables::fence`): the builders'
+        // requests carry only each request's own flags; the chain sets it.
+        if let Some(ex) = core.ext.send_ex.as_ref().filter(|_| tables.fence == 0) {
             // SAFETY: ex is the QP's extended interface.
             match unsafe { post_prepared_ex(ex, list, force, tag, low) } {
                 Some(0) => {

@@ -161,8 +161,9 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// for requests that can still complete; sends that are all unsignaled
     /// (which never complete when they succeed) are flushed after
     /// [`DEFAULT_DRAIN_TIMEOUT`] all the same, and requests still posted on a
-    /// QP found in the error state (rxe flushes a receive posted after the QP
-    /// entered it only on the next move there) after about a second.
+    /// QP whose state cannot complete them (ERR: rxe flushes a receive posted
+    /// after the QP entered it only on the next move there; RESET or INIT: a
+    /// QP adopted in INIT whose connect failed) after about a second.
     pub fn set_drain_timeout(&self, timeout: Duration) {
         self.drain_timeout.set(timeout);
     }
