@@ -723,7 +723,7 @@ fn a_reply_to_a_cancelled_connect_is_an_error_that_says_so() {
         let req = req.unwrap();
         let iwarp = common::iwarp(&req.id().context().unwrap());
         let (_pd, _cq, qp) = request_qp(&req);
-        let accept = AsyncCmId::accept(req, qp, &param, Duration::from_millis(1500));
+        let accept = AsyncCmId::accept(req, qp, &param, Duration::from_millis(500));
         let (accepted, late) = tokio::join!(accept, tokio::time::timeout(T, id.event()));
         assert!(accepted.is_err(), "accepted a cancelled connect");
         match late.expect("the late answer arrives") {

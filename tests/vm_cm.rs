@@ -557,7 +557,7 @@ fn a_reply_to_an_abandoned_connect_is_an_error_that_says_so() {
             .expect("the client's connect timed out");
         let (_pd, _cq, qp) = setup(req.id());
         // No ESTABLISHED comes: the client has no QP to answer with.
-        let accepted = req.accept(qp, &ConnParam::new(), Duration::from_millis(1500));
+        let accepted = req.accept(qp, &ConnParam::new(), Duration::from_millis(500));
         assert!(accepted.is_err(), "accepted an abandoned connect");
     });
     ready_rx.recv_timeout(T).expect("server listening");
