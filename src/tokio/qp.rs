@@ -35,7 +35,11 @@ use crate::qp::{PostError, Qp, QpState, QpType, Rc, RecvWr, SendWr, Sges};
 /// the request completes, and the completion, with the buffers, is then
 /// returned by [`AsyncCq::next`] of the CQ it completed on. A posted future
 /// that is forgotten (`mem::forget`) keeps its completion until the
-/// `AsyncQp` is unwrapped or dropped; then it goes to `next` too. Dropping
+/// `AsyncQp` is unwrapped or dropped; then it goes to `next` too. A post
+/// the provider refuses without saying that the request stayed out of the
+/// queue (a failed `ibv_wr_complete`) fails with no buffers in its
+/// [`PostError`]: the request counts as posted, and its completion, if one
+/// comes, is returned by `next` with them. Dropping
 /// the `AsyncQp` destroys the QP and releases every buffer still posted, as
 /// dropping a [`Qp`] does.
 pub struct AsyncQp<T: QpType, S: QpState> {
