@@ -155,8 +155,10 @@ impl QpCore {
     /// at once; queues complete in order, so its completion retires every
     /// send before it: unsignaled ones that completed without a completion,
     /// and any whose completion `poll_raw` consumed. The poller recognises it
-    /// by its slot and does not hand it out. A provider that refuses the post
-    /// leaves things as they were (the ring slot is taken back).
+    /// by its slot and does not hand it out. A provider that names the post
+    /// refused leaves things as they were (the ring slot is taken back); one
+    /// that fails without naming it (a failed doorbell may have queued it)
+    /// leaves the marker counted.
     ///
     /// Not on UD: a UD send needs an address handle, and UD sends are always
     /// signaled, so every one of them completes (or is flushed) anyway.

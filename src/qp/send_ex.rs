@@ -48,10 +48,12 @@ use crate::ffi;
 /// supports that, and with `ibv_create_qp` otherwise
 /// ([`Qp::new_with_send_api`](super::Qp::new_with_send_api) chooses). The safe
 /// API is the same over both: an extended QP replays a list of requests as
-/// `ibv_wr_*` calls between one `ibv_wr_start` and one `ibv_wr_complete`. A list with a request the builders cannot express
-/// exactly (another opcode, more than one SGE, more than one inline piece) is
-/// posted whole with `ibv_post_send` instead: `ibv_wr_post(3)` allows the two
-/// APIs on one QP outside each other's critical region.
+/// `ibv_wr_*` calls between one `ibv_wr_start` and one `ibv_wr_complete`. A
+/// list with a request the builders cannot express exactly (another opcode,
+/// more than one SGE, more than one inline piece) is posted with
+/// `ibv_post_send` instead (`ibv_wr_post(3)` allows the two APIs on one QP
+/// outside each other's critical region), in runs with the builders' when it
+/// also holds an ATOMIC_WRITE or FLUSH, which only they express.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SendApi {
     /// The extended work request API (`ibv_wr_start`, `ibv_wr_rdma_write`,
@@ -572,6 +574,44 @@ unsafe fn legacy<const REFUSE_RESERVED: bool>(
     }
 }
 
+/// Posts copies of the requests `run` points to, linked in that order, with
+/// `ibv_post_send`; `*bad` is set to the original of the copy the provider
+/// names (left alone when it names none).
+///
+/// # Safety
+/// Each pointer is a request of a well-formed chain, whose SGEs stay valid
+/// as `ibv_post_send` requires; `bad` is writable.
+#[cold]
+unsafe fn post_copies(
+    qp: *mut ffi::ibv_qp,
+    run: &[*mut ffi::ibv_send_wr],
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> i32 {
+    // SAFETY: each pointer is a live request (contract), copied by value.
+    let mut copies: Vec<ffi::ibv_send_wr> = run.iter().map(|&r| unsafe { *r }).collect();
+    let (base, n) = (copies.as_mut_ptr(), copies.len());
+    for i in 0..n {
+        // SAFETY: `i` and `i + 1 < n` are within the vector, which is not
+        // resized; every access goes through `base`.
+        unsafe {
+            (*base.add(i)).next = if i + 1 < n {
+                base.add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+        }
+    }
+    let mut bad_copy = std::ptr::null_mut();
+    // SAFETY: a well-formed chain of copies, alive for the call; their SGE
+    // lists are the originals' (contract).
+    let rc = unsafe { super::post::ibv_post_send(qp, base, &mut bad_copy) };
+    if let Some(i) = super::post::bad_index(bad_copy, base, n) {
+        // SAFETY: `bad` is writable (contract).
+        unsafe { *bad = run[i] };
+    }
+    rc
+}
+
 /// `ibv_post_send` has no field for an ATOMIC_WRITE's data or a FLUSH's kind.
 fn builder_only(r: &ffi::ibv_send_wr) -> bool {
     r.opcode == ffi::IBV_WR_ATOMIC_WRITE || r.opcode == ffi::IBV_WR_FLUSH
@@ -586,8 +626,9 @@ fn builder_only(r: &ffi::ibv_send_wr) -> bool {
 /// null after a failed `ibv_wr_complete` (it does not say what was queued).
 ///
 /// # Safety
-/// As [`post_chain`]'s, outside `ex`'s critical region. The chain's `next`
-/// links are cut for a run's post and restored before returning.
+/// As [`post_chain`]'s, outside `ex`'s critical region. The chain is only
+/// read (an `ibv_post_send` run is a linked copy of its requests: a raw
+/// caller's chain may be shared or read-only).
 #[cold]
 #[inline(never)]
 unsafe fn post_in_runs(
@@ -628,17 +669,16 @@ unsafe fn post_in_runs(
                 return libc::EOPNOTSUPP;
             }
             // The legacy run: up to the next builder-only request.
-            let mut last = w;
-            while let Some(next) = (*last).next.as_ref() {
+            let mut run = vec![w];
+            let mut rest = first.next;
+            while let Some(next) = rest.as_ref() {
                 if builder_only(next) {
                     break;
                 }
-                last = (*last).next;
+                run.push(rest);
+                rest = next.next;
             }
-            let rest = (*last).next;
-            (*last).next = std::ptr::null_mut();
-            let rc = super::post::ibv_post_send(qp, w, bad);
-            (*last).next = rest;
+            let rc = post_copies(qp, &run, bad);
             if rc != 0 {
                 return rc;
             }
