@@ -200,7 +200,10 @@ impl CmId {
     /// status 1) or the server rejected the request (status 2), and when no
     /// reply came at all (a negative errno); [`Error::Timeout`] after
     /// `timeout`; [`Error::InvalidArgument`] on an RC id or for a QP of
-    /// another device. An id asks once: drop it after a failure.
+    /// another device. An id asks once: drop it after a failure. To retry
+    /// while the server starts, repeat the whole setup on a new id
+    /// (`CmId::new_ud`, resolve, `create_ud_qp`, post the receives, then
+    /// `connect_ud`): the QP and its address handles belong to the id's try.
     #[doc(alias = "rdma_connect")]
     pub fn connect_ud<S: QpState>(
         &self,
