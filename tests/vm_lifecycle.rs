@@ -169,6 +169,9 @@ fn random_lifecycle_under_valgrind() {
         // No gdbserver pipes: valgrind cannot create them on every file
         // system the guest has (e.g. a checkout under the host's /tmp).
         "--vgdb=no",
+        // Memcheck reads inlined frames by default, which costs seconds for a
+        // test binary under emulation; reports keep the outer frames' lines.
+        "--read-inline-info=no",
         "--error-exitcode=99",
         "--leak-check=full",
         "--errors-for-leak-kinds=definite,indirect",
