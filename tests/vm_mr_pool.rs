@@ -122,9 +122,9 @@ fn get_and_put_allocate_nothing() {
 }
 
 /// A pool of more buffers than `MAX_POOL_BUFFERS` is refused with a typed
-/// error (its free list is allocated up front: a tiny buffer length on a
-/// large registration aborted the process), before registering when `new`
-/// is asked for it.
+/// error (its free list is allocated up front, and a list too large to
+/// allocate would abort the process), before registering when `new` is
+/// asked for it.
 #[test]
 fn a_pool_of_too_many_buffers_is_refused() {
     use rdma_verbs::mr::MAX_POOL_BUFFERS;
