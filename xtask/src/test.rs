@@ -75,7 +75,9 @@ use crate::setup::{self, Verbosity};
 use crate::{Context, Error, Result};
 use rdma_verbs_vm::vm::BOOT_TIMEOUT_ENV;
 
+mod background;
 mod shared_guest;
+use background::Background;
 use shared_guest::{EXIT_MARKER, Recorder};
 
 /// Prefix of the integration tests (`tests/vm_*.rs`) that need an RDMA device.
@@ -161,9 +163,10 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
                 "--quick: some of {QUICK_DEVICE_TESTS:?} are missing under tests/"
             ));
         }
-        device_steps(root, &core, &extra, &mut summary);
+        device_steps(root, &core, &extra, None, &mut summary);
     } else {
-        device_steps(root, &device_tests, &extra, &mut summary);
+        let later = later_builds(root)?;
+        device_steps(root, &device_tests, &extra, Some(later), &mut summary);
         runner_steps(root, &mut summary);
         two_node_steps(&mut summary);
         provider_cell_step(&mut summary);
@@ -242,8 +245,15 @@ fn host_steps(
     summary.add("examples build", build_examples_counts(root));
 }
 
-/// Step 3: `device_tests` and the library's device unit tests, in one guest.
-fn device_steps(root: &Path, device_tests: &[String], extra: &[OsString], summary: &mut Summary) {
+/// Step 3: `device_tests` and the library's device unit tests, in one guest; `later`, the
+/// builds of the steps after it, beside the guest ([`background`]).
+fn device_steps(
+    root: &Path,
+    device_tests: &[String],
+    extra: &[OsString],
+    later: Option<Vec<Command>>,
+    summary: &mut Summary,
+) {
     if device_tests.is_empty() {
         summary.problems.push(format!(
             "no device tests found (tests/{DEVICE_TEST_PREFIX}*.rs)"
@@ -255,8 +265,31 @@ fn device_steps(root: &Path, device_tests: &[String], extra: &[OsString], summar
         targets.extend(["--test".into(), name.into()]);
     }
     targets.extend(extra.iter().cloned());
-    let outcome = device_tests_in_one_guest(root, &targets, &mut summary.problems);
+    let mut background = None;
+    let outcome = device_tests_in_one_guest(root, &targets, &mut summary.problems, || {
+        let log = crate::target_dir().join("xtask-background-builds.log");
+        background = later.map(|commands| Background::start(commands, log));
+    });
+    if let Some(background) = background {
+        background.finish();
+    }
     summary.add("device tests (one guest)", outcome);
+}
+
+/// The builds of steps 4, 6 and 7, which [`device_steps`] runs beside the guest: the
+/// guard's release `perf`, the runner and the runner crate's tests, siw's guest image.
+fn later_builds(root: &Path) -> Result<Vec<Command>> {
+    let xtask = std::env::current_exe().context(|| "cannot find the xtask binary".into())?;
+    let mut runner_tests = runner_crate_test(root)?;
+    runner_tests.arg("--no-run");
+    let mut siw = Command::new(xtask);
+    siw.arg("setup");
+    Ok(vec![
+        crate::insn::perf_build_command(),
+        runner_build(root),
+        runner_tests,
+        siw,
+    ])
 }
 
 /// Step 4: the runner crate, then the stuck-boot check.
@@ -360,6 +393,7 @@ fn device_tests_in_one_guest(
     root: &Path,
     targets: &[OsString],
     problems: &mut Vec<String>,
+    built: impl FnOnce(),
 ) -> Result<Counts> {
     let work = crate::target_dir()
         .join("xtask-device-tests")
@@ -379,6 +413,7 @@ fn device_tests_in_one_guest(
             return Ok(built);
         }
     }
+    built();
     let runs = recorder.runs()?;
     let outcome = shared_guest::run_recorded(&runs, &work, crate::timeout_from_env()?, problems);
     let _ = fs::remove_dir_all(&work);
@@ -510,6 +545,15 @@ fn insn_guard() -> Result<Counts> {
 /// `cargo test` in [`RUNNER_CRATE`], with the freshly built `rdma-verbs-vm` first on PATH
 /// (its `.cargo/config.toml` names the runner by name, as a user's would).
 fn runner_crate_step(root: &Path, problems: &mut Vec<String>) -> Result<Counts> {
+    let built = cargo_build(&mut runner_build(root))?;
+    if !built.success {
+        return Ok(built);
+    }
+    cargo_test_in_guests(&mut runner_crate_test(root)?, problems, &mut Vec::new())
+}
+
+/// `cargo build` of the runner, `rdma-verbs-vm`.
+fn runner_build(root: &Path) -> Command {
     let mut build = cargo(root);
     build.args([
         "build",
@@ -518,10 +562,11 @@ fn runner_crate_step(root: &Path, problems: &mut Vec<String>) -> Result<Counts> 
         "--bin",
         "rdma-verbs-vm",
     ]);
-    let built = cargo_build(&mut build)?;
-    if !built.success {
-        return Ok(built);
-    }
+    build
+}
+
+/// `cargo test` in [`RUNNER_CRATE`], with target/debug (the runner) first on PATH.
+fn runner_crate_test(root: &Path) -> Result<Command> {
     let target = crate::target_dir();
     let bin_dir = target.join("debug");
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -537,7 +582,7 @@ fn runner_crate_step(root: &Path, problems: &mut Vec<String>) -> Result<Counts> 
         .env(setup::DIR_ENV, setup::vm_dir())
         // The crate's own config must choose the runner, not an inherited override.
         .env_remove(runner_env_var()?);
-    cargo_test_in_guests(&mut test, problems, &mut Vec::new())
+    Ok(test)
 }
 
 /// The runner's boot watchdog: with a 1 s boot timeout (a boot takes ~3 s) `rdma-verbs-vm

@@ -1,0 +1,105 @@
+//! Builds the suite's later steps need, run while the device tests run in their guest.
+//!
+//! The guest leaves part of the host's two cores idle (its tests wait on the wire, on
+//! timeouts and on each other), and the later steps each began with a build of their own:
+//! the instruction guard's release `perf`, the runner crate's tests in their own target
+//! directory, siw's module and initramfs for the provider cell. [`Background`] runs those
+//! builds one after the other at the lowest CPU priority (`nice -n 19`), so they take only
+//! what the guest leaves; the steps themselves run the same builds again, which then find
+//! everything current, and report any failure as their own.
+
+use std::fs::{self, File};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
+
+use crate::cmd;
+
+/// The background builds, one after the other on a thread of their own.
+pub struct Background {
+    /// The thread; it returns the commands that failed.
+    thread: Option<JoinHandle<Vec<String>>>,
+    /// Where every command's output goes.
+    log: PathBuf,
+}
+
+impl Background {
+    /// Starts `commands` in order, each under `nice -n 19`, their output in `log`.
+    pub fn start(commands: Vec<Command>, log: PathBuf) -> Self {
+        let file = File::create(&log).ok();
+        let thread = std::thread::spawn(move || {
+            let mut failed = Vec::new();
+            for command in commands {
+                let shown = cmd::display(&command);
+                let mut niced = Command::new("nice");
+                niced.args(["-n", "19"]).arg(command.get_program());
+                niced.args(command.get_args());
+                if let Some(dir) = command.get_current_dir() {
+                    niced.current_dir(dir);
+                }
+                for (name, value) in command.get_envs() {
+                    match value {
+                        Some(value) => niced.env(name, value),
+                        None => niced.env_remove(name),
+                    };
+                }
+                let output = |f: &Option<File>| {
+                    f.as_ref()
+                        .and_then(|f| f.try_clone().ok())
+                        .map_or_else(Stdio::null, Stdio::from)
+                };
+                niced
+                    .stdin(Stdio::null())
+                    .stdout(output(&file))
+                    .stderr(output(&file));
+                let ok = niced.status().is_ok_and(|s| s.success());
+                if !ok {
+                    failed.push(shown);
+                }
+            }
+            failed
+        });
+        eprintln!(
+            "xtask test: building what later steps need beside the device tests (nice 19; \
+             output in {})",
+            log.display()
+        );
+        Self {
+            thread: Some(thread),
+            log,
+        }
+    }
+
+    /// Waits for the builds. A failed one is only reported: the step that needs it runs the
+    /// build again and fails with the build's own message.
+    pub fn finish(mut self) {
+        self.wait();
+    }
+
+    /// Joins the thread and reports failed commands.
+    fn wait(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let failed = thread
+            .join()
+            .unwrap_or_else(|_| vec!["(the thread)".into()]);
+        for command in &failed {
+            eprintln!(
+                "xtask test: the background build `{command}` failed (its step builds again; \
+                 output in {})",
+                self.log.display()
+            );
+        }
+        if failed.is_empty() {
+            let _ = fs::remove_file(&self.log);
+        }
+    }
+}
+
+impl Drop for Background {
+    /// A suite that ends early still waits for its builds, so no cargo outlives it.
+    fn drop(&mut self) {
+        self.wait();
+    }
+}
