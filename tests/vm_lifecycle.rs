@@ -154,15 +154,15 @@ fn random_lifecycle() {
 }
 
 /// The memcheck run: this binary's `random_lifecycle` again, under valgrind,
-/// with fewer steps (`RDMA_VERBS_LIFECYCLE_VALGRIND_STEPS`, default 2,000;
-/// about 30 s in the soft-RoCE guest). Any memcheck error, definite leak or
+/// with fewer steps (`RDMA_VERBS_LIFECYCLE_VALGRIND_STEPS`, default 1,000;
+/// about 30 s in the soft-RoCE guest, 22 s of it memcheck's start-up). Any memcheck error, definite leak or
 /// test failure fails it; the seed is printed by the child. The child's output
 /// passes through this test's, and a walk the device cannot run (an
 /// `Error::Unsupported` of the child's) is named in this test's failure too.
 #[test]
 fn random_lifecycle_under_valgrind() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let steps = env_u64("RDMA_VERBS_LIFECYCLE_VALGRIND_STEPS").unwrap_or(2_000);
+    let steps = env_u64("RDMA_VERBS_LIFECYCLE_VALGRIND_STEPS").unwrap_or(1_000);
     let exe = std::env::current_exe().expect("current exe");
     let mut cmd = std::process::Command::new("valgrind");
     cmd.args([
