@@ -110,20 +110,41 @@ fn job_name(k: &Key, q: Option<u32>, n: u64, rep: u32) -> String {
     }
 }
 
-/// `sh -c ONE_PROVIDER insn OUTDIR PERF SCRIPT` runs `sh -c SCRIPT insn OUTDIR PERF` where
-/// libibverbs loads only the measured device's provider. It loads every provider its
-/// configuration directory lists (17 on Debian 12), which under callgrind in the guest is ~2
-/// s of each run's start-up: the same in every run, so it cancels in the difference of two
-/// runs, but a tenth of the guard's time. The directory that lists one provider is
-/// bind-mounted in a private mount namespace (`unshare -m`; the host's is never touched);
-/// where that is not possible (no such provider file, not root), every provider loads.
-const ONE_PROVIDER: &str = r#"script=$3; set -- "$1" "$2"
+/// Whether the guest script annotates some runs in the guest (callgrind_annotate, for
+/// names): the server side's runs and perftest's.
+fn annotated(plans: &[Plan]) -> bool {
+    plans
+        .iter()
+        .any(|p| p.side == "server" || p.paths.iter().any(|path| path == "perftest"))
+}
+
+/// `sh -c QUICK_START insn OUTDIR PERF SCRIPT DEBUG` runs `sh -c SCRIPT insn OUTDIR PERF` in a
+/// private mount namespace (`unshare -m`; the host's is never touched) where two things
+/// every process under callgrind reads at start-up are smaller. Neither changes what a run
+/// does once started: the per-message figures stay the same (with no debug information, a
+/// run's total too, to the instruction):
+/// - libibverbs' configuration lists only the measured device's provider; it loads every
+///   provider listed (17 on Debian 12), ~2 s of each run's start-up under callgrind in the
+///   guest;
+/// - where no run is annotated in the guest ([`annotated`]), `/usr/lib/debug` is empty, so
+///   valgrind reads no detached debug information (libc6-dbg: ~1.2 s of each start-up).
+///   Annotated runs keep it: without libc's names, the callers of `gettimeofday` that the
+///   calibration rule leaves out of perftest's runs ([`clock_calibration`]) are not found
+///   the same way (send_bw's perftest figure came out 247 instead of 320).
+///
+/// Both cost the same in every run and cancel in the difference of two, but were a third of
+/// the guard's time. Where a private namespace is not possible (not root), or there is no
+/// provider file to keep, everything loads as usual, as it does with
+/// `RDMA_VERBS_INSN_FULL_START=1`.
+const QUICK_START: &str = r#"script=$3; debug=$4; set -- "$1" "$2"
 dev=${RDMA_VERBS_DEVICE:-rxe0}; provider=$(printf %s "$dev" | sed 's/_*[0-9]*$//')
 conf=/etc/libibverbs.d; one=/tmp/insn-provider.$$
-if [ -f "$conf/$provider.driver" ] && unshare -m true 2>/dev/null \
+if [ -z "${RDMA_VERBS_INSN_FULL_START:-}" ] && [ -f "$conf/$provider.driver" ] \
+    && unshare -m true 2>/dev/null \
     && mkdir -p "$one" && cp "$conf/$provider.driver" "$one/"; then
   exec unshare -m sh -c 'mount --bind "$1" "$2" || echo "insn: every provider loads" >&2
-    s=$3; shift 3; exec sh -c "$s" insn "$@"' insn "$one" "$conf" "$script" "$@"
+    if [ "$4" = hide ] && [ -d /usr/lib/debug ]; then mount -t tmpfs none /usr/lib/debug; fi
+    s=$3; shift 4; exec sh -c "$s" insn "$@"' insn "$one" "$conf" "$script" "$debug" "$@"
 fi
 exec sh -c "$script" insn "$@"
 "#;
@@ -267,11 +288,16 @@ pub fn checked_plans(args: Vec<OsString>) -> Result<Vec<bool>> {
         "sh".into(),
         vec![
             "-c".into(),
-            ONE_PROVIDER.into(),
+            QUICK_START.into(),
             "insn".into(),
             work.clone().into(),
             perf.into(),
             script(&plans).into(),
+            if annotated(&plans) {
+                "keep".into()
+            } else {
+                "hide".into()
+            },
         ],
     )?;
     inv.cwd = crate::workspace_root().to_path_buf();
