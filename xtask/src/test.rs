@@ -8,8 +8,7 @@
 //! 1. host tests: `cargo test --workspace --lib --bins --test <t>...` for every `tests/<t>.rs`
 //!    not named `vm_*` (the compile-fail tests among them), then `cargo test --workspace
 //!    --doc` (cargo cannot mix the two);
-//! 2. `cargo build --examples`, so the examples never rot (started once the host tests'
-//!    build is done, while their tests run);
+//! 2. `cargo build --examples`, so the examples never rot;
 //! 3. device tests, in one guest: cargo builds `--test vm_a --test vm_b ...` and the
 //!    library's unit tests and hands each test binary to a recording runner instead of
 //!    running it; then one guest runs every recorded binary in turn, each with its arguments,
@@ -231,18 +230,7 @@ fn host_steps(
     for name in host_tests {
         host.args(["--test", name]);
     }
-    // The examples build while the host tests run (most of them wait on sockets and
-    // timers): cargo holds no lock once its tests run.
-    let mut examples = None;
-    let host_counts = stream_test_output_then(host.args(extra), &mut Vec::new(), || {
-        let mut build = examples_build(root);
-        eprintln!(
-            "xtask test: {} (beside the host tests)",
-            cmd::display(&build)
-        );
-        examples = Some(build.spawn());
-    });
-    summary.add("host tests", host_counts);
+    summary.add("host tests", cargo_test(host.args(extra)));
     if !quick {
         let mut doc = cargo(root);
         doc.args([
@@ -256,18 +244,7 @@ fn host_steps(
         summary.add("doc tests", cargo_test(doc.args(extra)));
     }
     // The device tests run the examples.
-    let examples = match examples {
-        Some(child) => child
-            .and_then(|mut c| c.wait())
-            .map(|status| Counts {
-                success: status.success(),
-                ..Counts::default()
-            })
-            .context(|| "cannot run the examples build".into()),
-        // No test output came: the build failed, or ran nothing.
-        None => build_examples_counts(root),
-    };
-    summary.add("examples build", examples);
+    summary.add("examples build", build_examples_counts(root));
 }
 
 /// Step 3: `device_tests` and the library's device unit tests, in one guest; `later`, the
@@ -369,14 +346,9 @@ fn provider_cell_step(summary: &mut Summary) {
 
 /// `cargo build --features DEVICE_TEST_FEATURES --examples` in the workspace.
 fn build_examples_counts(root: &Path) -> Result<Counts> {
-    cargo_build(&mut examples_build(root))
-}
-
-/// The command of [`build_examples_counts`].
-fn examples_build(root: &Path) -> Command {
     let mut examples = cargo(root);
     examples.args(["build", "--features", DEVICE_TEST_FEATURES, "--examples"]);
-    examples
+    cargo_build(&mut examples)
 }
 
 /// Builds the examples (the two-node sets run them); fails when the build does.
@@ -714,17 +686,6 @@ fn cargo_test(command: &mut Command) -> Result<Counts> {
 /// [`cargo_test`] for any command that prints test output; what follows [`EXIT_MARKER`] on a
 /// line goes to `markers` instead of our stdout.
 fn stream_test_output(command: &mut Command, markers: &mut Vec<String>) -> Result<Counts> {
-    stream_test_output_then(command, markers, || {})
-}
-
-/// [`stream_test_output`], calling `built` when the first line of test output comes (cargo
-/// has built everything by then and released its lock on the target directory).
-fn stream_test_output_then(
-    command: &mut Command,
-    markers: &mut Vec<String>,
-    built: impl FnOnce(),
-) -> Result<Counts> {
-    let mut built = Some(built);
     eprintln!("xtask test: {}", cmd::display(command));
     let mut child = command
         .stdout(Stdio::piped())
@@ -736,9 +697,6 @@ fn stream_test_output_then(
         let mut stdout = std::io::stdout();
         let mut line = Vec::new();
         while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
-            if let Some(built) = built.take() {
-                built();
-            }
             let text = String::from_utf8_lossy(&line).into_owned();
             let shown = match text.split_once(EXIT_MARKER) {
                 Some((before, marker)) => {
