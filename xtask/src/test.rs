@@ -471,9 +471,9 @@ pub const INSN_GUARD_RECEIVER: &str = "1.22";
 /// The iteration counts N1,N2 of every guard run: the figure is (I(N2) - I(N1)) / (N2 - N1).
 pub const INSN_GUARD_ITERS: &str = "1000,3000";
 
-/// Guard runs the guest makes at the same time: each run's time is mostly callgrind's
-/// start-up (~6 s under TCG, whatever the iteration count), which two runs on the guest's
-/// two CPUs share; the counts stayed within the run-to-run spread of one at a time (0.0-1.0%
+/// Guard runs the guest makes at the same time: each run's time is mostly start-up under
+/// callgrind (~5 s under TCG with one provider and no detached debug information, whatever
+/// the iteration count), which two runs on the guest's two CPUs share; the counts stayed within the run-to-run spread of one at a time (0.0-1.0%
 /// per row, the spread between sequential runs being ~0.5%, up to 3% for send_bw with lists).
 pub const INSN_GUARD_JOBS: &str = "2";
 
