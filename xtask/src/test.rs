@@ -17,8 +17,8 @@
 //!    `--ignored --test-threads 1`: its unit tests that need a device are `#[ignore]`d on
 //!    the host. Each binary's `test result:` lines count; one that exits non-zero, times out
 //!    or never runs fails the step (on a host with an RDMA device, the same runs there).
-//!    While the guest runs, the builds of steps 4, 6 and 7 run beside it at the lowest CPU
-//!    priority ([`background`]), on what the guest leaves idle;
+//!    While the guest runs, the builds of steps 4, 6 and 7 run beside it under the idle
+//!    scheduling policy ([`background`]), on what the guest leaves idle;
 //! 4. the runner for everyone: `cargo build -p rdma-verbs-vm`, then `cargo test` in
 //!    `tests/vm_runner_crate` (a crate outside the workspace that depends on rdma-verbs by
 //!    path and names `rdma-verbs-vm` as its runner in its `.cargo/config.toml`, so there each

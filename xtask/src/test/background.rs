@@ -4,14 +4,17 @@
 //! timeouts and on each other), and the later steps each began with a build of their own:
 //! the instruction guard's release `perf`, the runner crate's tests in their own target
 //! directory, siw's module and initramfs for the provider cell. [`Background`] runs those
-//! builds one after the other at the lowest CPU priority (`nice -n 19`), so they take only
-//! what the guest leaves; the steps themselves run the same builds again, which then find
-//! everything current, and report any failure as their own.
+//! builds one after the other under the idle scheduling policy (`chrt --idle 0`: they run
+//! only on a CPU nothing else wants, so the guest's virtual CPUs keep the host's cores when
+//! they need them, which tests of concurrency in the guest rely on); the steps themselves
+//! run the same builds again, which then find everything current, and report any failure as
+//! their own.
 
 use std::fs::{self, File};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::cmd;
 
@@ -24,23 +27,24 @@ pub struct Background {
 }
 
 impl Background {
-    /// Starts `commands` in order, each under `nice -n 19`, their output in `log`.
+    /// Starts `commands` in order, each under `chrt --idle 0`, their output in `log`.
     pub fn start(commands: Vec<Command>, log: PathBuf) -> Self {
         let file = File::create(&log).ok();
+        let started = Instant::now();
         let thread = std::thread::spawn(move || {
             let mut failed = Vec::new();
             for command in commands {
                 let shown = cmd::display(&command);
-                let mut niced = Command::new("nice");
-                niced.args(["-n", "19"]).arg(command.get_program());
-                niced.args(command.get_args());
+                let mut idle = Command::new("chrt");
+                idle.args(["--idle", "0"]).arg(command.get_program());
+                idle.args(command.get_args());
                 if let Some(dir) = command.get_current_dir() {
-                    niced.current_dir(dir);
+                    idle.current_dir(dir);
                 }
                 for (name, value) in command.get_envs() {
                     match value {
-                        Some(value) => niced.env(name, value),
-                        None => niced.env_remove(name),
+                        Some(value) => idle.env(name, value),
+                        None => idle.env_remove(name),
                     };
                 }
                 let output = |f: &Option<File>| {
@@ -48,20 +52,23 @@ impl Background {
                         .and_then(|f| f.try_clone().ok())
                         .map_or_else(Stdio::null, Stdio::from)
                 };
-                niced
-                    .stdin(Stdio::null())
+                idle.stdin(Stdio::null())
                     .stdout(output(&file))
                     .stderr(output(&file));
-                let ok = niced.status().is_ok_and(|s| s.success());
+                let ok = idle.status().is_ok_and(|s| s.success());
                 if !ok {
                     failed.push(shown);
                 }
             }
+            eprintln!(
+                "xtask test: the background builds ended after {} s",
+                started.elapsed().as_secs()
+            );
             failed
         });
         eprintln!(
-            "xtask test: building what later steps need beside the device tests (nice 19; \
-             output in {})",
+            "xtask test: building what later steps need beside the device tests (idle \
+             priority; output in {})",
             log.display()
         );
         Self {
