@@ -126,6 +126,9 @@ environment:
   XTASK_VM_DEBUG=1               full kernel log in the run directory, which is kept
   (or RDMA_VERBS_VM_DEBUG)
   RDMA_VERBS_VM_WRITABLE=DIRS    colon-separated host directories the guest may write to
+  RDMA_VERBS_INSN_FULL_START=1   insn: every provider and all debug information load in each
+                                 callgrind run (by default only the device's provider, and no
+                                 detached debug information unless runs are annotated)
   RDMA_VERBS_VM_MEM_MB=N         guest memory in MiB (default 2048, 1024 with 3 or 4 nodes;
                                  at least 1024)
   RDMA_VERBS_VM_KERNEL=6.1|6.12  guest kernel: Debian 12's (default) or bookworm-backports'

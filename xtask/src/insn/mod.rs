@@ -110,12 +110,15 @@ fn job_name(k: &Key, q: Option<u32>, n: u64, rep: u32) -> String {
     }
 }
 
-/// Whether the guest script annotates some runs in the guest (callgrind_annotate, for
-/// names): the server side's runs and perftest's.
+/// Whether some runs are annotated for their functions' names: in the guest, the server
+/// side's runs and perftest's; on the host, every run's profile with
+/// `RDMA_VERBS_INSN_KEEP_CG=1`. (The async runs' profiles, kept for the host too, name
+/// libc's exported functions only, unless that variable is set.)
 fn annotated(plans: &[Plan]) -> bool {
-    plans
-        .iter()
-        .any(|p| p.side == "server" || p.paths.iter().any(|path| path == "perftest"))
+    std::env::var_os("RDMA_VERBS_INSN_KEEP_CG").is_some_and(|v| v == "1")
+        || plans
+            .iter()
+            .any(|p| p.side == "server" || p.paths.iter().any(|path| path == "perftest"))
 }
 
 /// `sh -c QUICK_START insn OUTDIR PERF SCRIPT DEBUG` runs `sh -c SCRIPT insn OUTDIR PERF` in a
@@ -123,9 +126,9 @@ fn annotated(plans: &[Plan]) -> bool {
 /// every process under callgrind reads at start-up are smaller. Neither changes what a run
 /// does once started: the per-message figures stay the same (with no debug information, a
 /// run's total too, to the instruction):
-/// - libibverbs' configuration lists only the measured device's provider; it loads every
-///   provider listed (17 on Debian 12), ~2 s of each run's start-up under callgrind in the
-///   guest;
+/// - libibverbs' configuration directory is a private tmpfs that lists only the measured
+///   device's provider (a copy of its line); libibverbs loads every provider listed (17 on
+///   Debian 12), ~2 s of each run's start-up under callgrind in the guest;
 /// - where no run is annotated in the guest ([`annotated`]), `/usr/lib/debug` is empty, so
 ///   valgrind reads no detached debug information (libc6-dbg: ~1.2 s of each start-up).
 ///   Annotated runs keep it: without libc's names, the callers of `gettimeofday` that the
@@ -138,13 +141,17 @@ fn annotated(plans: &[Plan]) -> bool {
 /// `RDMA_VERBS_INSN_FULL_START=1`.
 const QUICK_START: &str = r#"script=$3; debug=$4; set -- "$1" "$2"
 dev=${RDMA_VERBS_DEVICE:-rxe0}; provider=$(printf %s "$dev" | sed 's/_*[0-9]*$//')
-conf=/etc/libibverbs.d; one=/tmp/insn-provider.$$
-if [ -z "${RDMA_VERBS_INSN_FULL_START:-}" ] && [ -f "$conf/$provider.driver" ] \
-    && unshare -m true 2>/dev/null \
-    && mkdir -p "$one" && cp "$conf/$provider.driver" "$one/"; then
-  exec unshare -m sh -c 'mount --bind "$1" "$2" || echo "insn: every provider loads" >&2
+conf=/etc/libibverbs.d
+if [ "${RDMA_VERBS_INSN_FULL_START:-}" != 1 ] && [ -f "$conf/$provider.driver" ] \
+    && unshare -m true 2>/dev/null; then
+  exec unshare -m sh -c 'conf=$1; line=$(cat "$conf/$2.driver")
+    if mount -t tmpfs none "$conf"; then
+      printf "%s\n" "$line" > "$conf/$2.driver"
+    else
+      echo "insn: every provider loads" >&2
+    fi
     if [ "$4" = hide ] && [ -d /usr/lib/debug ]; then mount -t tmpfs none /usr/lib/debug; fi
-    s=$3; shift 4; exec sh -c "$s" insn "$@"' insn "$one" "$conf" "$script" "$debug" "$@"
+    s=$3; shift 4; exec sh -c "$s" insn "$@"' insn "$conf" "$provider" "$script" "$debug" "$@"
 fi
 exec sh -c "$script" insn "$@"
 "#;

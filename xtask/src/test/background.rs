@@ -11,6 +11,7 @@
 //! their own.
 
 use std::fs::{self, File};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
@@ -55,8 +56,16 @@ impl Background {
                 idle.stdin(Stdio::null())
                     .stdout(output(&file))
                     .stderr(output(&file));
-                let ok = idle.status().is_ok_and(|s| s.success());
-                if !ok {
+                let status = idle.status();
+                if !status.as_ref().is_ok_and(|s| s.success()) {
+                    if let Some(mut f) = file.as_ref().and_then(|f| f.try_clone().ok()) {
+                        let _ = match status {
+                            Ok(s) => writeln!(f, "xtask test: `chrt --idle 0 {shown}`: {s}"),
+                            Err(e) => {
+                                writeln!(f, "xtask test: cannot run `chrt --idle 0 {shown}`: {e}")
+                            }
+                        };
+                    }
                     failed.push(shown);
                 }
             }
