@@ -211,8 +211,7 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
     // on different CPUs (on one they take turns and the order is posting
     // order). Repeat until that order was seen (each round checks every byte
     // either way): on a loaded 2-core host the guest's two CPUs often take
-    // turns too; 20 rounds once went by in posting order, and 60 once beside
-    // a build at nice 19.
+    // turns too, for 60 rounds in a row beside a build at nice 19.
     const BIG: usize = 1 << 20;
     const SMALL: usize = 4;
     let mut s = setup(2, 8);

@@ -70,16 +70,16 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::EXIT_INFRA;
 use crate::cmd::{self, output_checked};
 use crate::run::REPORT_ENV;
 use crate::setup::{self, Verbosity};
 use crate::{Context, Error, Result};
-use rdma_verbs_vm::vm::BOOT_TIMEOUT_ENV;
 
 mod background;
+mod runner;
 mod shared_guest;
 use background::Background;
+use runner::{runner_build, runner_crate_step, runner_crate_test, stuck_boot_check};
 use shared_guest::{EXIT_MARKER, Recorder};
 
 /// Prefix of the integration tests (`tests/vm_*.rs`) that need an RDMA device.
@@ -543,81 +543,6 @@ fn insn_guard() -> Result<Counts> {
     Ok(Counts {
         passed: ok as u64,
         failed: (passed.len() - ok) as u64,
-        success: true,
-    })
-}
-
-/// `cargo test` in [`RUNNER_CRATE`], with the freshly built `rdma-verbs-vm` first on PATH
-/// (its `.cargo/config.toml` names the runner by name, as a user's would).
-fn runner_crate_step(root: &Path, problems: &mut Vec<String>) -> Result<Counts> {
-    let built = cargo_build(&mut runner_build(root))?;
-    if !built.success {
-        return Ok(built);
-    }
-    cargo_test_in_guests(&mut runner_crate_test(root)?, problems, &mut Vec::new())
-}
-
-/// `cargo build` of the runner, `rdma-verbs-vm`.
-fn runner_build(root: &Path) -> Command {
-    let mut build = cargo(root);
-    build.args([
-        "build",
-        "--package",
-        "rdma-verbs-vm",
-        "--bin",
-        "rdma-verbs-vm",
-    ]);
-    build
-}
-
-/// `cargo test` in [`RUNNER_CRATE`], with target/debug (the runner) first on PATH.
-fn runner_crate_test(root: &Path) -> Result<Command> {
-    let target = crate::target_dir();
-    let bin_dir = target.join("debug");
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let path =
-        std::env::join_paths(std::iter::once(bin_dir.clone()).chain(std::env::split_paths(&path)))
-            .context(|| format!("cannot put {} on PATH", bin_dir.display()))?;
-
-    let mut test = cargo(&root.join(RUNNER_CRATE));
-    test.args(["test", "--no-fail-fast"])
-        .env("PATH", path)
-        .env("CARGO_TARGET_DIR", target.join("vm-runner-crate"))
-        // The guest image xtask already built, rather than a second one in ~/.cache.
-        .env(setup::DIR_ENV, setup::vm_dir())
-        // The crate's own config must choose the runner, not an inherited override.
-        .env_remove(runner_env_var()?);
-    Ok(test)
-}
-
-/// The runner's boot watchdog: with a 1 s boot timeout (a boot takes ~3 s) `rdma-verbs-vm
-/// run` must give up on the first boot, boot once more, give up again and exit with the boot
-/// failure status, showing both consoles. Counted as one test.
-fn stuck_boot_check() -> Result<Counts> {
-    let bin = crate::target_dir().join("debug").join("rdma-verbs-vm");
-    eprintln!("xtask test: a stuck boot is retried once ({BOOT_TIMEOUT_ENV}=1)");
-    let out = Command::new(&bin)
-        .args(["run", "--", "/bin/true"])
-        .env(BOOT_TIMEOUT_ENV, "1")
-        .env(setup::DIR_ENV, setup::vm_dir())
-        .output()
-        .context(|| format!("cannot run {}", bin.display()))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let gave_up = stderr
-        .matches("did not start the command within 1 s")
-        .count();
-    let rebooted = stderr.matches("booting again").count();
-    let ok = out.status.code() == Some(i32::from(EXIT_INFRA)) && gave_up == 2 && rebooted == 1;
-    if !ok {
-        eprintln!(
-            "xtask test: FAILED: expected exit status {EXIT_INFRA}, two boots given up and one \
-             retry; got {}, {gave_up}, {rebooted}:\n{stderr}",
-            cmd::describe(out.status)
-        );
-    }
-    Ok(Counts {
-        passed: u64::from(ok),
-        failed: u64::from(!ok),
         success: true,
     })
 }

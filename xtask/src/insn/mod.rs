@@ -133,10 +133,10 @@ fn annotated(plans: &[Plan]) -> bool {
 ///   valgrind reads no detached debug information (libc6-dbg: ~1.2 s of each start-up).
 ///   Annotated runs keep it: without libc's names, the callers of `gettimeofday` that the
 ///   calibration rule leaves out of perftest's runs ([`clock_calibration`]) are not found
-///   the same way (send_bw's perftest figure came out 247 instead of 320).
+///   the same way (without them send_bw's perftest figure reads 247 instead of 320).
 ///
-/// Both cost the same in every run and cancel in the difference of two, but were a third of
-/// the guard's time. Where a private namespace is not possible (not root), or there is no
+/// Both cost the same in every run and cancel in the difference of two, but make a third
+/// of the guard's time. Where a private namespace is not possible (not root), or there is no
 /// provider file to keep, everything loads as usual, as it does with
 /// `RDMA_VERBS_INSN_FULL_START=1`.
 const QUICK_START: &str = r#"script=$3; debug=$4; set -- "$1" "$2"

@@ -35,39 +35,20 @@ impl Background {
         let thread = std::thread::spawn(move || {
             let mut failed = Vec::new();
             for command in commands {
-                let shown = cmd::display(&command);
-                let mut idle = Command::new("chrt");
-                idle.args(["--idle", "0"]).arg(command.get_program());
-                idle.args(command.get_args());
-                if let Some(dir) = command.get_current_dir() {
-                    idle.current_dir(dir);
-                }
-                for (name, value) in command.get_envs() {
-                    match value {
-                        Some(value) => idle.env(name, value),
-                        None => idle.env_remove(name),
-                    };
-                }
-                let output = |f: &Option<File>| {
-                    f.as_ref()
-                        .and_then(|f| f.try_clone().ok())
-                        .map_or_else(Stdio::null, Stdio::from)
-                };
+                let mut idle = at_idle_priority(&command);
                 idle.stdin(Stdio::null())
-                    .stdout(output(&file))
-                    .stderr(output(&file));
-                let status = idle.status();
-                if !status.as_ref().is_ok_and(|s| s.success()) {
-                    if let Some(mut f) = file.as_ref().and_then(|f| f.try_clone().ok()) {
-                        let _ = match status {
-                            Ok(s) => writeln!(f, "xtask test: `chrt --idle 0 {shown}`: {s}"),
-                            Err(e) => {
-                                writeln!(f, "xtask test: cannot run `chrt --idle 0 {shown}`: {e}")
-                            }
-                        };
-                    }
-                    failed.push(shown);
+                    .stdout(to_log(&file))
+                    .stderr(to_log(&file));
+                let failure = match idle.status() {
+                    Ok(s) if s.success() => continue,
+                    Ok(s) => s.to_string(),
+                    Err(e) => format!("cannot run it: {e}"),
+                };
+                let shown = cmd::display(&command);
+                if let Some(mut f) = file.as_ref().and_then(|f| f.try_clone().ok()) {
+                    let _ = writeln!(f, "xtask test: `chrt --idle 0 {shown}`: {failure}");
                 }
+                failed.push(shown);
             }
             eprintln!(
                 "xtask test: the background builds ended after {} s",
@@ -118,4 +99,29 @@ impl Drop for Background {
     fn drop(&mut self) {
         self.wait();
     }
+}
+
+/// `command` (program, arguments, directory, environment) under `chrt --idle 0`.
+fn at_idle_priority(command: &Command) -> Command {
+    let mut idle = Command::new("chrt");
+    idle.args(["--idle", "0"])
+        .arg(command.get_program())
+        .args(command.get_args());
+    if let Some(dir) = command.get_current_dir() {
+        idle.current_dir(dir);
+    }
+    for (name, value) in command.get_envs() {
+        match value {
+            Some(value) => idle.env(name, value),
+            None => idle.env_remove(name),
+        };
+    }
+    idle
+}
+
+/// An output that writes to the log, or nowhere when the log could not be created.
+fn to_log(file: &Option<File>) -> Stdio {
+    file.as_ref()
+        .and_then(|f| f.try_clone().ok())
+        .map_or_else(Stdio::null, Stdio::from)
 }
