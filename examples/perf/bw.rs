@@ -526,7 +526,7 @@ impl Tx {
                 }
                 let first = *scnt;
                 match &mut *path {
-                    PathState::Safe(s) => s.post(shape, qp, qi, first, remote, clock)?,
+                    PathState::Safe(s) => s.post(&shape, qp, qi, first, remote, clock)?,
                     PathState::Raw(r) => r.post(shape, qp, qi, first, remote, clock)?,
                     PathState::Scoped(_) => return Err(scoped::not_here()),
                 }

@@ -29,7 +29,7 @@ impl SafeTx {
     #[inline]
     pub(super) fn post(
         &mut self,
-        shape: Shape,
+        shape: &Shape,
         qp: &mut Qp<Rc, Rts>,
         qi: usize,
         first: u64,
