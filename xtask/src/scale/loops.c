@@ -1,12 +1,18 @@
-/* The C side of `cargo xtask scale`'s registration and QP-lifecycle rows:
- * the same loops as `examples/scale.rs`, on libibverbs directly.
+/* The C side of `cargo xtask scale`'s registration, QP-lifecycle and serial
+ * connection rows: the same loops as `examples/scale.rs`, on libibverbs and
+ * librdmacm directly.
  *
  *   scale_c reg SIZE ITERS    ibv_reg_mr + ibv_dereg_mr of one touched buffer
  *   scale_c qp ITERS GID      ibv_create_qp, INIT, RTR (to a peer QP), RTS, ibv_destroy_qp
+ *   scale_c cm ADDR PORT N    N connections set up one after another, each step
+ *                             waiting for its event, as `scale cm-client` (blocking)
  *
- * Prints `iters N` and `ops_per_s R`, as the example does. The device is
- * $RDMA_VERBS_DEVICE, else the first one. */
+ * reg and qp print `iters N` and `ops_per_s R`, cm `step NAME TOTAL_US` per step
+ * and `conns N`, as the example does. The device is $RDMA_VERBS_DEVICE, else the
+ * first one. */
+#include <arpa/inet.h>
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,9 +126,112 @@ static void qp_life(struct ibv_context *ctx, struct ibv_pd *pd, long iters, int 
     ibv_destroy_cq(cq);
 }
 
+/* Waits for the next event on `ch`, which must be `want` for `id` (NULL: any
+ * id); a TIMEWAIT_EXIT of a connection already down is acknowledged and skipped. */
+static void expect(struct rdma_event_channel *ch, struct rdma_cm_id *id,
+                   enum rdma_cm_event_type want) {
+    struct rdma_cm_event *ev;
+    for (;;) {
+        if (rdma_get_cm_event(ch, &ev))
+            die("rdma_get_cm_event");
+        if (ev->event != RDMA_CM_EVENT_TIMEWAIT_EXIT || want == RDMA_CM_EVENT_TIMEWAIT_EXIT)
+            break;
+        rdma_ack_cm_event(ev);
+    }
+    struct rdma_cm_id *got = ev->id;
+    if (ev->event != want || (id && got != id)) {
+        fprintf(stderr, "event %s (status %d), expected %s\n", rdma_event_str(ev->event),
+                ev->status, rdma_event_str(want));
+        exit(1);
+    }
+    rdma_ack_cm_event(ev);
+}
+
+/* Prints the time since `*t` as step `name` and restarts it. */
+static void step(const char *name, double *t) {
+    double n = now();
+    printf("step %s %.0f\n", name, (n - *t) * 1e6);
+    *t = n;
+}
+
+/* The serial client: every step one connection at a time, on one event channel,
+ * each call followed by the wait for its event; the QPs on one PD and CQ. */
+static int cm_serial(const char *addr, int port, long n) {
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (inet_pton(AF_INET, addr, &dst.sin_addr) != 1) {
+        fprintf(stderr, "not an IPv4 address: %s\n", addr);
+        return 2;
+    }
+    struct rdma_cm_id **ids = calloc(n, sizeof(*ids));
+    if (!ids)
+        die("calloc");
+    /* librdmacm opens every device on its first channel, before the timing. */
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    if (!ch)
+        die("rdma_create_event_channel");
+    double t = now();
+    for (long i = 0; i < n; i++)
+        if (rdma_create_id(ch, &ids[i], NULL, RDMA_PS_TCP))
+            die("rdma_create_id");
+    step("create_id", &t);
+    for (long i = 0; i < n; i++) {
+        if (rdma_resolve_addr(ids[i], NULL, (struct sockaddr *)&dst, 2000))
+            die("rdma_resolve_addr");
+        expect(ch, ids[i], RDMA_CM_EVENT_ADDR_RESOLVED);
+    }
+    step("resolve_addr", &t);
+    for (long i = 0; i < n; i++) {
+        if (rdma_resolve_route(ids[i], 2000))
+            die("rdma_resolve_route");
+        expect(ch, ids[i], RDMA_CM_EVENT_ROUTE_RESOLVED);
+    }
+    step("resolve_route", &t);
+    struct ibv_pd *pd = ibv_alloc_pd(ids[0]->verbs);
+    struct ibv_cq *cq = ibv_create_cq(ids[0]->verbs, 2 * n + 16, NULL, NULL, 0);
+    if (!pd || !cq)
+        die("ibv_alloc_pd/ibv_create_cq");
+    for (long i = 0; i < n; i++) {
+        struct ibv_qp_init_attr a = {
+            .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+            .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+        };
+        if (rdma_create_qp(ids[i], pd, &a))
+            die("rdma_create_qp");
+    }
+    step("create_qp", &t);
+    struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1,
+                                .retry_count = 6, .rnr_retry_count = 7};
+    for (long i = 0; i < n; i++) {
+        if (rdma_connect(ids[i], &p))
+            die("rdma_connect");
+        expect(ch, ids[i], RDMA_CM_EVENT_ESTABLISHED);
+    }
+    step("connect", &t);
+    for (long i = 0; i < n; i++)
+        if (rdma_disconnect(ids[i]))
+            die("rdma_disconnect");
+    for (long i = 0; i < n; i++)
+        rdma_destroy_qp(ids[i]);
+    for (long i = 0; i < n; i++)
+        expect(ch, NULL, RDMA_CM_EVENT_DISCONNECTED);
+    step("disconnect", &t);
+    for (long i = 0; i < n; i++)
+        rdma_destroy_id(ids[i]);
+    step("destroy", &t);
+    printf("conns %ld\n", n);
+    ibv_destroy_cq(cq);
+    ibv_dealloc_pd(pd);
+    rdma_destroy_event_channel(ch);
+    free(ids);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "cm"))
+        return cm_serial(argv[2], atoi(argv[3]), atol(argv[4]));
     if (argc < 3 || (strcmp(argv[1], "reg") && strcmp(argv[1], "qp"))) {
-        fprintf(stderr, "usage: scale_c reg SIZE ITERS | scale_c qp ITERS GID_INDEX\n");
+        fprintf(stderr, "usage: scale_c reg SIZE ITERS | scale_c qp ITERS GID_INDEX | "
+                        "scale_c cm ADDR PORT N\n");
         return 2;
     }
     struct ibv_context *ctx = open_device();

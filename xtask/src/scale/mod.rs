@@ -13,7 +13,10 @@
 //!   is done), each as (peak at n - peak at n = 1) / (n - 1). On 6.1 kernels `VmHWM`
 //!   leaves out pages a thread maps until its next 64 page faults, which `cmtime`'s
 //!   server thread creating the QPs never reaches: its figure there is low (see
-//!   docs/performance.md; `RDMA_VERBS_VM_KERNEL=6.12` counts it).
+//!   docs/performance.md; `RDMA_VERBS_VM_KERNEL=6.12` counts it). Besides, the blocking
+//!   client against C doing the same: `loops.c`'s serial client (`scale_c cm`: every step
+//!   one connection at a time, each call followed by the wait for its event, one event
+//!   channel), both against the blocking server (rows `cm_*_blocking_serial`).
 //! - `reg`: registration and deregistration of 4 KiB, 1 MiB and 64 MiB regions
 //!   (`scale reg`: `Mr::register` of a buffer allocated once and `Mr::into_buffer`)
 //!   against a C loop of `ibv_reg_mr`/`ibv_dereg_mr` (`loops.c`, compiled here with the
@@ -220,7 +223,8 @@ fn build(work: &Path) -> Result<Tools> {
         .arg("-o")
         .arg(&c_loop)
         .arg(&src)
-        .arg("-libverbs");
+        .arg("-libverbs")
+        .arg("-lrdmacm");
     eprintln!("xtask scale: {}", cmd::display(&cc));
     run_checked(&mut cc)?;
     let examples = crate::target_dir().join("release/examples");

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use super::script::cm_counts;
+use super::script::{CM_IMPLS, cm_counts};
 use super::{Plan, QP_ITERS, RATE_PATHS, RATE_QPS, RATE_TESTS, REG_SIZES};
 use crate::compare::{json_num, median, parse_ours, parse_perftest};
 use crate::providers::render::{commit, splice_between, today};
@@ -316,7 +316,7 @@ fn cm_run(logs: &Logs, name: &str) -> CmRun {
 
 /// The rows of `setup`.
 fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
-    let runs: BTreeMap<(String, u32, u32), CmRun> = ["c", "blocking", "batch", "tokio"]
+    let runs: BTreeMap<(String, u32, u32), CmRun> = CM_IMPLS
         .iter()
         .flat_map(|imp| cm_counts(plan).into_iter().map(move |n| (imp, n)))
         .flat_map(|(imp, n)| (0..plan.reps).map(move |r| (imp, n, r)))
@@ -327,7 +327,16 @@ fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
             )
         })
         .collect();
-    for mode in ["blocking", "batch", "tokio"] {
+    // (ours, C, the rows' suffix): each of ours against cmtime, and the blocking
+    // client against C doing the same steps one connection at a time (both
+    // against the blocking server).
+    let pairs = [
+        ("blocking", "c", "blocking"),
+        ("batch", "c", "batch"),
+        ("tokio", "c", "tokio"),
+        ("blocking", "cserial", "blocking_serial"),
+    ];
+    for (mode, c_impl, suffix) in pairs {
         for &n in &plan.conns {
             let per_rep =
                 |imp: &str, f: &dyn Fn(&CmRun, &CmRun) -> Option<f64>| -> Vec<Option<f64>> {
@@ -341,18 +350,18 @@ fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
                         .collect()
                 };
             let why = |ours: bool| {
-                let name = format!("cm_{}_{n}_0", if ours { mode } else { "c" });
+                let name = format!("cm_{}_{n}_0", if ours { mode } else { c_impl });
                 logs.why(&name, &format!("{name}.client.txt"))
             };
             let nf = f64::from(n);
             let setup = |x: &CmRun, _: &CmRun| x.steps.as_ref().map(|s| nf / (s["setup"] / 1e6));
             rows.push(row(
-                format!("cm_setup_{mode}"),
+                format!("cm_setup_{suffix}"),
                 n.into(),
                 "conn/s",
                 true,
                 &per_rep(mode, &setup),
-                &per_rep("c", &setup),
+                &per_rep(c_impl, &setup),
                 why,
             ));
             let steps: &[&str] = if mode == "batch" {
@@ -366,24 +375,30 @@ fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
                     x.steps.as_ref().and_then(|s| s.get(step)).map(|v| v / nf)
                 };
                 rows.push(row(
-                    format!("cm_{step}_{mode}"),
+                    format!("cm_{step}_{suffix}"),
                     n.into(),
                     "us/conn",
                     false,
                     &per_rep(mode, &per_conn),
-                    &per_rep("c", &per_conn),
+                    &per_rep(c_impl, &per_conn),
                     why,
                 ));
             }
-            for (i, side) in ["client", "server"].into_iter().enumerate() {
+            // Both serial clients meet the same server: only the clients' memory differs.
+            let sides: &[&str] = if c_impl == "c" {
+                &["client", "server"]
+            } else {
+                &["client"]
+            };
+            for (i, &side) in sides.iter().enumerate() {
                 let mem = |x: &CmRun, base: &CmRun| Some((x.rss[i]? - base.rss[i]?) / (nf - 1.0));
                 rows.push(row(
-                    format!("cm_mem_{side}_{mode}"),
+                    format!("cm_mem_{side}_{suffix}"),
                     n.into(),
                     "KiB/conn",
                     false,
                     &per_rep(mode, &mem),
-                    &per_rep("c", &mem),
+                    &per_rep(c_impl, &mem),
                     why,
                 ));
             }

@@ -2,7 +2,8 @@
 //!
 //! Log names (under OUTDIR, which `report` reads): `cm_IMPL_N_REP.{client,server}.{txt,rss}`
 //! (IMPL `c` = cmtime, `blocking`, `batch` (blocking, through `cm::accept_all` and
-//! `cm::connect_all`), `tokio`),
+//! `cm::connect_all`), `tokio`, `cserial` (the C loop's serial client against the
+//! blocking server)),
 //! `reg_IMPL_SIZE_REP.txt` and `qp_IMPL_REP.txt`
 //! (IMPL `c` or `ours`), `rate_TEST_QPS_IMPL_REP.{client.txt,json}` (IMPL `perftest`,
 //! `safe`, `scoped`); `status` has a line `NAME STATUS...` per run.
@@ -17,6 +18,9 @@ const RUN_LIMIT_SECS: u32 = 300;
 /// First rdma_cm port; each connection run takes the next, so no run meets the ids
 /// an earlier one left in the kernel.
 const BASE_PORT: u32 = 7471;
+
+/// The connection runs' implementations, in the order of even repetitions.
+pub(super) const CM_IMPLS: &[&str] = &["c", "blocking", "batch", "tokio", "cserial"];
 
 /// Shell functions of the setup, registration and QP runs.
 fn functions() -> String {
@@ -43,6 +47,8 @@ fn functions() -> String {
          \x20   peak $name.client cmtime -s $ADDR -p $port -c $n; crc=$?\n\
          \x20   sed -n 's/^VmHWM:[^0-9]*\\([0-9]*\\).*/maxrss_kib \\1/p' /proc/$spid/status > \"$OUT/$name.server.rss\"\n\
          \x20   kill $spid\n\
+         \x20 elif [ \"$impl\" = cserial ]; then\n\
+         \x20   peak $name.client $CLOOP cm $ADDR $port $n; crc=$?\n\
          \x20 else\n\
          \x20   peak $name.client $SCALE cm-client $ADDR --conns $n --port $port $cmode; crc=$?\n\
          \x20 fi\n\
@@ -95,7 +101,7 @@ pub(super) fn script(plan: &Plan) -> String {
             match *part {
                 "setup" => {
                     for n in cm_counts(plan) {
-                        for imp in order(vec!["c", "blocking", "batch", "tokio"]) {
+                        for imp in order(CM_IMPLS.to_vec()) {
                             let _ = writeln!(s, "cm cm_{imp}_{n}_{rep} {imp} {n} {port}");
                             port += 1;
                         }

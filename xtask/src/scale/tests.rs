@@ -41,8 +41,10 @@ fn script_runs_every_part_and_alternates_the_order() {
         panic!("a run was asked for");
     };
     let s = script(&p);
-    // n = 1 (the memory baseline) and 8, four implementations, two repetitions.
-    assert_eq!(s.matches("\ncm cm_").count(), 2 * 4 * 2);
+    // n = 1 (the memory baseline) and 8, five implementations, two repetitions.
+    assert_eq!(s.matches("\ncm cm_").count(), 2 * 5 * 2);
+    assert!(s.contains("cm cm_cserial_8_0 cserial 8 "));
+    assert!(s.contains("peak $name.client $CLOOP cm $ADDR $port $n"));
     assert!(s.contains("cm cm_c_8_0 c 8 "));
     assert!(s.contains("cm cm_batch_8_1 batch 8 "));
     assert!(s.contains("= batch ] && smode=--batch && cmode=--batch"));
@@ -59,7 +61,7 @@ fn script_runs_every_part_and_alternates_the_order() {
         .filter(|l| l.starts_with("cm cm_"))
         .filter_map(|l| l.split_whitespace().nth(4))
         .collect();
-    assert_eq!(ports.len(), 16);
+    assert_eq!(ports.len(), 20);
 }
 
 const CMTIME: &str = "creating id\nstep              total ms     max ms     min us  us / conn
@@ -104,7 +106,8 @@ fn rows_from_logs_with_a_failed_run_note_why() {
     let w = |f: &str, t: &str| fs::write(dir.join(f), t).unwrap();
     w(
         "status",
-        "qp_c_0 0\nqp_ours_0 1\ncm_c_1_0 0 143\ncm_c_4_0 0 143\ncm_blocking_1_0 0 0\ncm_blocking_4_0 0 0\n",
+        "qp_c_0 0\nqp_ours_0 1\ncm_c_1_0 0 143\ncm_c_4_0 0 143\ncm_blocking_1_0 0 0\ncm_blocking_4_0 0 0\n\
+         cm_cserial_1_0 0 0\ncm_cserial_4_0 0 0\n",
     );
     w("qp_c_0.txt", "iters 200\nops_per_s 1000\n");
     w("qp_ours_0.txt", "scale: ibv_create_qp failed\n");
@@ -113,11 +116,16 @@ fn rows_from_logs_with_a_failed_run_note_why() {
     let ours = "step create_id 10\nstep resolve_addr 20\nstep resolve_route 30\nstep create_qp 40\nstep connect 400\nstep disconnect 50\nstep destroy 5\n";
     w("cm_blocking_1_0.client.txt", ours);
     w("cm_blocking_4_0.client.txt", ours);
+    let serial = "step create_id 5\nstep resolve_addr 25\nstep resolve_route 30\nstep create_qp 40\nstep connect 300\nstep disconnect 50\nstep destroy 5\nconns 4\n";
+    w("cm_cserial_1_0.client.txt", serial);
+    w("cm_cserial_4_0.client.txt", serial);
     for (f, kib) in [
         ("cm_c_1_0", 1000),
         ("cm_c_4_0", 1300),
         ("cm_blocking_1_0", 2000),
         ("cm_blocking_4_0", 2600),
+        ("cm_cserial_1_0", 1000),
+        ("cm_cserial_4_0", 1600),
     ] {
         w(&format!("{f}.client.rss"), &format!("maxrss_kib {kib}\n"));
         w(&format!("{f}.server.rss"), &format!("maxrss_kib {kib}\n"));
@@ -142,6 +150,17 @@ fn rows_from_logs_with_a_failed_run_note_why() {
     assert!((setup.c - 4.0 / 100.41e-3).abs() < 1e-6, "{setup:?}");
     let mem = find("cm_mem_client_blocking");
     assert_eq!((mem.ours, mem.c, mem.ratio()), (200.0, 100.0, 0.5));
+    // The blocking client against the C loop's serial client, on the same server.
+    let serial = find("cm_setup_blocking_serial");
+    assert!((serial.ours - 4.0 / 500e-6).abs() < 1e-6, "{serial:?}");
+    assert!((serial.c - 4.0 / 400e-6).abs() < 1e-6, "{serial:?}");
+    let mem = find("cm_mem_client_blocking_serial");
+    assert_eq!((mem.ours, mem.c, mem.ratio()), (200.0, 200.0, 1.0));
+    assert!(
+        !rows
+            .iter()
+            .any(|r| r.test == "cm_mem_server_blocking_serial")
+    );
     assert!(
         find("cm_setup_tokio")
             .note
