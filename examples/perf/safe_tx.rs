@@ -48,7 +48,12 @@ impl SafeTx {
             ($k:expr) => {{
                 let k: u64 = $k;
                 let wr_id = ((qi as u64) << QP_SHIFT) | k;
-                let slot = (k % shape.nslots as u64) as usize;
+                // As the raw path: no division when every request uses one slot.
+                let slot = if shape.nslots > 1 {
+                    (k % shape.nslots as u64) as usize
+                } else {
+                    0
+                };
                 let off = (slot * shape.stride) as u64;
                 let signaled = clock.at(k);
                 // `.signaled` in every arm: on the match's value it would copy it.

@@ -83,7 +83,11 @@ fn shared_qp(dev: &mut Option<(Pd, Cq)>, id: &CmId, conns: usize) -> Result<Qp<R
 
 /// Waits for each connection's DISCONNECTED from the client, answers it and
 /// destroys the connection; then prints the run's summary.
-fn serve_until_disconnected(conns: Vec<(Qp<Rc, Rts>, CmId)>, run: &Run, gone: usize) -> Result<()> {
+fn serve_until_disconnected(
+    conns: impl IntoIterator<Item = (Qp<Rc, Rts>, CmId)>,
+    run: &Run,
+    gone: usize,
+) -> Result<()> {
     for (qp, id) in conns {
         id.expect_event(CmEventKind::Disconnected, WAIT)?;
         // The reply the client's disconnect waits for; the connection is down either way.
@@ -119,7 +123,7 @@ pub fn server(run: &Run) -> Result<()> {
 pub fn batch_server(run: &Run) -> Result<()> {
     let listener = CmId::listener(listen_addr(run.port), 1024)?;
     let mut dev: Option<(Pd, Cq)> = None;
-    let accepted = accept_all(&listener, run.conns, &param(), WAIT, |req| {
+    let mut accepted = accept_all(&listener, run.conns, &param(), WAIT, |req| {
         shared_qp(&mut dev, req.id(), run.conns)
     });
     if accepted.len() < run.conns {
@@ -129,15 +133,15 @@ pub fn batch_server(run: &Run) -> Result<()> {
             run.conns
         )));
     }
-    let mut conns = Vec::with_capacity(run.conns);
-    let mut gone = 0;
-    for c in accepted {
-        match c {
-            Ok(c) => conns.push((c.qp, c.id)),
-            Err(e) if torn_down(&e) => gone += 1,
-            Err(e) => return Err(e),
-        }
+    if let Some(failed) = accepted
+        .iter()
+        .position(|c| c.as_ref().is_err_and(|e| !torn_down(e)))
+    {
+        accepted.swap_remove(failed)?;
     }
+    let gone = accepted.iter().filter(|c| c.is_err()).count();
+    // Served where `accept_all` left them, held once.
+    let conns = accepted.into_iter().flatten().map(|c| (c.qp, c.id));
     serve_until_disconnected(conns, run, gone)
 }
 
@@ -177,15 +181,18 @@ pub fn client(run: &Run, addr: &str) -> Result<()> {
     let ctx = ids[0].context()?;
     let pd = Pd::new(&ctx)?;
     let cq = Cq::new(&ctx, cq_depth(run.conns))?;
-    let qps = ids
-        .iter()
-        .map(|id| id.create_qp(&pd, &cq, &cq, caps()))
-        .collect::<Result<Vec<_>>>()?;
-    t.done("create_qp");
-    let mut up = Vec::with_capacity(run.conns);
-    for (id, qp) in ids.iter().zip(qps) {
-        up.push(id.connect(qp, &param(), WAIT)?.0);
+    let mut qps = Vec::with_capacity(run.conns);
+    for id in &ids {
+        qps.push(id.create_qp(&pd, &cq, &cq, caps())?);
     }
+    t.done("create_qp");
+    // Each connected QP takes its INIT form's place (a collect in place): the
+    // connections are held once, as `cmtime` holds its array of nodes.
+    let up = qps
+        .into_iter()
+        .zip(&ids)
+        .map(|(qp, id)| Ok(id.connect(qp, &param(), WAIT)?.0))
+        .collect::<Result<Vec<_>>>()?;
     t.done("connect");
     tear_down(ids, up, t, run)
 }
@@ -193,11 +200,16 @@ pub fn client(run: &Run, addr: &str) -> Result<()> {
 /// The client's teardown, timed as cmtime's: a disconnect sent on every id, the QPs
 /// dropped, each id's DISCONNECTED awaited (`step disconnect`), the ids destroyed
 /// (`step destroy`).
-fn tear_down(ids: Vec<CmId>, qps: Vec<Qp<Rc, Rts>>, mut t: Steps, run: &Run) -> Result<()> {
+fn tear_down(ids: Vec<CmId>, qps: Vec<Qp<Rc, Rts>>, t: Steps, run: &Run) -> Result<()> {
     for id in &ids {
         id.disconnect()?;
     }
     drop(qps);
+    await_disconnected(ids, t, run)
+}
+
+/// The rest of [`tear_down`] once every id was disconnected and the QPs dropped.
+fn await_disconnected(ids: Vec<CmId>, mut t: Steps, run: &Run) -> Result<()> {
     for id in &ids {
         id.expect_event(CmEventKind::Disconnected, WAIT)?;
     }
@@ -210,18 +222,24 @@ fn tear_down(ids: Vec<CmId>, qps: Vec<Qp<Rc, Rts>>, mut t: Steps, run: &Run) -> 
 
 /// The blocking client with `cm::connect_all`: every connection's steps on
 /// their events, all at once; the setup is one step (`step setup`), the
-/// teardown as `client`'s.
+/// teardown as `client`'s, on the connections where `connect_all` left them
+/// (held once, as `client` holds its own).
 pub fn batch_client(run: &Run, addr: &str) -> Result<()> {
     let dst = server_addr(addr, run.port)?;
     let _warm = EventChannel::new()?;
     let mut t = Steps::start();
     let mut dev: Option<(Pd, Cq)> = None;
-    let conns = connect_all(&vec![dst; run.conns], &param(), WAIT, |id| {
+    let mut conns = connect_all(&vec![dst; run.conns], &param(), WAIT, |id| {
         shared_qp(&mut dev, id, run.conns)
-    })
-    .into_iter()
-    .collect::<Result<Vec<_>>>()?;
+    });
+    if let Some(failed) = conns.iter().position(Result::is_err) {
+        conns.swap_remove(failed)?;
+    }
     t.done("setup");
-    let (ids, qps) = conns.into_iter().map(|c| (c.id, c.qp)).unzip();
-    tear_down(ids, qps, t, run)
+    for c in conns.iter().flatten() {
+        c.id.disconnect()?;
+    }
+    // The QPs (and ESTABLISHED events) dropped, the ids kept.
+    let ids = conns.into_iter().flatten().map(|c| c.id).collect();
+    await_disconnected(ids, t, run)
 }

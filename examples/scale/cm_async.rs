@@ -30,14 +30,14 @@ pub fn run(run: &Run, server: bool, addr: Option<&str>) -> Result<()> {
     })
 }
 
-/// Every task's result, in the order the tasks were spawned.
-async fn all<T: 'static>(mut set: JoinSet<(usize, Result<T>)>) -> Result<Vec<T>> {
-    let mut out: Vec<Option<T>> = (0..set.len()).map(|_| None).collect();
+/// Every task's result, in the order the tasks finished (nothing here needs
+/// another), collected once.
+async fn all<T: 'static>(mut set: JoinSet<Result<T>>) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(set.len());
     while let Some(joined) = set.join_next().await {
-        let (i, r) = joined.map_err(|e| Error::Other(format!("a connection task failed: {e}")))?;
-        out[i] = Some(r?);
+        out.push(joined.map_err(|e| Error::Other(format!("a connection task failed: {e}")))??);
     }
-    Ok(out.into_iter().flatten().collect())
+    Ok(out)
 }
 
 /// Accepts `conns` connections, each on its own task, which then waits for the
@@ -47,7 +47,7 @@ async fn serve(run: &Run) -> Result<()> {
     let listener = Listener::bind(listen_addr(run.port), 1024)?;
     let mut dev: Option<(Pd, AsyncCq)> = None;
     let mut set = JoinSet::new();
-    for i in 0..run.conns {
+    for _ in 0..run.conns {
         let req = listener.request().await?;
         if dev.is_none() {
             let ctx = req.id().context()?;
@@ -73,7 +73,7 @@ async fn serve(run: &Run) -> Result<()> {
                 drop(qp);
                 Ok(false)
             };
-            (i, r.await)
+            r.await
         });
     }
     let gone = all(set).await?.into_iter().filter(|&g| g).count();
@@ -90,8 +90,8 @@ async fn client(run: &Run, addr: &str) -> Result<()> {
     let _warm = EventChannel::new()?;
     let mut t = Steps::start();
     let mut set = JoinSet::new();
-    for i in 0..run.conns {
-        set.spawn(async move { (i, AsyncCmId::resolve(dst, WAIT).await) });
+    for _ in 0..run.conns {
+        set.spawn(async move { AsyncCmId::resolve(dst, WAIT).await });
     }
     let ids = all(set).await?;
     t.done("resolve");
@@ -105,20 +105,20 @@ async fn client(run: &Run, addr: &str) -> Result<()> {
     }
     t.done("create_qp");
     let mut set = JoinSet::new();
-    for (i, (mut id, qp)) in ids.into_iter().zip(qps).enumerate() {
+    for (mut id, qp) in ids.into_iter().zip(qps) {
         set.spawn(async move {
             let r = id.connect(qp, &param(), WAIT).await;
-            (i, r.map(|(qp, _)| (id, qp)))
+            r.map(|(qp, _)| (id, qp))
         });
     }
     let up = all(set).await?;
     t.done("connect");
     let mut set = JoinSet::new();
-    for (i, (mut id, qp)) in up.into_iter().enumerate() {
+    for (mut id, qp) in up {
         set.spawn(async move {
             let r = id.disconnect(WAIT).await;
             drop(qp);
-            (i, r.map(|()| id))
+            r.map(|()| id)
         });
     }
     let ids = all(set).await?;
