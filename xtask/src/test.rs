@@ -434,12 +434,12 @@ pub const DEVICE_TEST_FEATURES: &str = "gdr,tokio,memmap2,bytes";
 pub const RUNNER_CRATE: &str = "tests/vm_runner_crate";
 
 /// Largest safe/raw ratio of user-space instructions per message the guard
-/// accepts. Measured 2026-12-04 (extended send API, 2 B, post list 1, sends
-/// through the builders, one-buffer lists inline): write_bw 1.558, send_bw
-/// 1.480, read_bw 1.815; the raw count moves by ~2% between builds of `perf`.
+/// accepts. Measured 2026-12-06 (extended send API, 2 B, post list 1, sends
+/// through the builders, one-buffer lists inline): write_bw 1.528, send_bw
+/// 1.430, read_bw 1.783; the raw count moves by ~2% between builds of `perf`.
 /// A regression guard at today's level, not the target (1.30, issue #32,
 /// docs/performance.md says what the rest is and where the floor lies).
-pub const INSN_GUARD: &str = "1.88";
+pub const INSN_GUARD: &str = "1.84";
 
 /// Largest scoped/raw ratio the guard accepts with one request per post
 /// (`perf --scoped`, `Cq::scope`): issue #13's target. Measured 2026-12-01
