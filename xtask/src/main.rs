@@ -102,8 +102,9 @@ commands:
                                  target/compare/compare.{json,svg} (`compare --help`)
   scale [--only ..] [--reps R] [--n ..] | --render
                                  cost at scale against C in one guest: rdma_cm setup of n
-                                 connections (cmtime), registration and QP lifecycle (a C
-                                 loop), 2 B message rate on 1-256 QPs (perftest -q);
+                                 connections (cmtime, and a serial C client against the
+                                 blocking one), registration and QP lifecycle (a C loop),
+                                 2 B message rate on 1-256 QPs (perftest -q);
                                  target/scale/scale.{json,md} (`scale --help`)
   gpu-check [ARGS...]            on a machine with an NVIDIA GPU: the GPUDirect check
                                  (examples/gpu_check.rs, feature gdr), run on the host
