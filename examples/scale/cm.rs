@@ -137,6 +137,7 @@ pub fn batch_server(run: &Run) -> Result<()> {
         .iter()
         .position(|c| c.as_ref().is_err_and(|e| !torn_down(e)))
     {
+        // An error: returned by `?`.
         accepted.swap_remove(failed)?;
     }
     let gone = accepted.iter().filter(|c| c.is_err()).count();
@@ -186,8 +187,9 @@ pub fn client(run: &Run, addr: &str) -> Result<()> {
         qps.push(id.create_qp(&pd, &cq, &cq, caps())?);
     }
     t.done("create_qp");
-    // Each connected QP takes its INIT form's place (a collect in place): the
-    // connections are held once, as `cmtime` holds its array of nodes.
+    // Each connected QP is collected where its INIT form was (std reuses the
+    // buffer for a same-size map), so the connections are held once, as
+    // `cmtime` holds its array of nodes.
     let up = qps
         .into_iter()
         .zip(&ids)
@@ -233,13 +235,19 @@ pub fn batch_client(run: &Run, addr: &str) -> Result<()> {
         shared_qp(&mut dev, id, run.conns)
     });
     if let Some(failed) = conns.iter().position(Result::is_err) {
+        // An error: returned by `?`.
         conns.swap_remove(failed)?;
     }
     t.done("setup");
     for c in conns.iter().flatten() {
         c.id.disconnect()?;
     }
-    // The QPs (and ESTABLISHED events) dropped, the ids kept.
-    let ids = conns.into_iter().flatten().map(|c| c.id).collect();
+    // The QPs (and ESTABLISHED events) dropped, the ids kept (in the results'
+    // buffer: std reuses it for this collect).
+    let ids = conns
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(|c| c.id)
+        .collect();
     await_disconnected(ids, t, run)
 }

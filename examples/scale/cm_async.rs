@@ -30,8 +30,8 @@ pub fn run(run: &Run, server: bool, addr: Option<&str>) -> Result<()> {
     })
 }
 
-/// Every task's result, in the order the tasks finished (nothing here needs
-/// another), collected once.
+/// Every task's result, in the order the tasks finished (no caller depends on
+/// the order), collected into one `Vec`.
 async fn all<T: 'static>(mut set: JoinSet<Result<T>>) -> Result<Vec<T>> {
     let mut out = Vec::with_capacity(set.len());
     while let Some(joined) = set.join_next().await {
@@ -59,21 +59,18 @@ async fn serve(run: &Run) -> Result<()> {
         let qp = req.id().create_qp(pd, &cq.cq(), &cq.cq(), caps())?;
         let qp = AsyncQp::new(qp, cq, cq)?;
         set.spawn(async move {
-            let r = async {
-                let (qp, mut id) = match AsyncCmId::accept(req, qp, &param(), WAIT).await {
-                    Ok(up) => up,
-                    Err(e) if torn_down(&e) => return Ok(true),
-                    Err(e) => return Err(e),
-                };
-                let ev = id.event().await?;
-                if ev.kind != CmEventKind::Disconnected {
-                    return Err(ev.into_error("waiting for the client's disconnect"));
-                }
-                id.disconnect(WAIT).await?;
-                drop(qp);
-                Ok(false)
+            let (qp, mut id) = match AsyncCmId::accept(req, qp, &param(), WAIT).await {
+                Ok(up) => up,
+                Err(e) if torn_down(&e) => return Ok(true),
+                Err(e) => return Err(e),
             };
-            r.await
+            let ev = id.event().await?;
+            if ev.kind != CmEventKind::Disconnected {
+                return Err(ev.into_error("waiting for the client's disconnect"));
+            }
+            id.disconnect(WAIT).await?;
+            drop(qp);
+            Ok(false)
         });
     }
     let gone = all(set).await?.into_iter().filter(|&g| g).count();

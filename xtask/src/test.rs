@@ -459,8 +459,8 @@ pub const INSN_GUARD_SCOPED_LISTS: &str = "1.12";
 /// Largest async/safe ratio the guard accepts for a stream of SENDs through the tokio
 /// layer (`perf --async-stream 16`: `AsyncQp::post_send` and `AsyncCq::next_batch`, 16 in
 /// flight, against `perf --safe`, both at `-Q 1`): issue #32's async target. Measured
-/// 2026-12-04 at 1.384 (send_bw) and 1.356 (write_bw, not in the guard: the same path
-/// with a cheaper request).
+/// 2026-12-06 at 1.444-1.449 (send_bw) and 1.412 (write_bw, not in the guard: the same
+/// path with a cheaper request).
 pub const INSN_GUARD_ASYNC: &str = "1.50";
 
 /// Largest scoped/raw ratio the receiver guard accepts: the send_bw receiver at `-l 1` in

@@ -12,6 +12,8 @@
  * first one. */
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
+#include <stdint.h>
 #include <rdma/rdma_cma.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,12 +128,24 @@ static void qp_life(struct ibv_context *ctx, struct ibv_pd *pd, long iters, int 
     ibv_destroy_cq(cq);
 }
 
-/* Waits for the next event on `ch`, which must be `want` for `id` (NULL: any
- * id); a TIMEWAIT_EXIT of a connection already down is acknowledged and skipped. */
+/* How long a resolution, and each wait for an event, may take: the example's `WAIT`. */
+#define WAIT_MS 30000
+
+/* Waits up to WAIT_MS for the next event on `ch`, which must be `want` for `id`
+ * (NULL: any id); a TIMEWAIT_EXIT of a connection already down is acknowledged and
+ * skipped. Anything else ends the program. */
 static void expect(struct rdma_event_channel *ch, struct rdma_cm_id *id,
                    enum rdma_cm_event_type want) {
     struct rdma_cm_event *ev;
     for (;;) {
+        struct pollfd p = {.fd = ch->fd, .events = POLLIN};
+        int ready = poll(&p, 1, WAIT_MS);
+        if (ready < 0)
+            die("poll");
+        if (ready == 0) {
+            fprintf(stderr, "no event in %d ms, expected %s\n", WAIT_MS, rdma_event_str(want));
+            exit(1);
+        }
         if (rdma_get_cm_event(ch, &ev))
             die("rdma_get_cm_event");
         if (ev->event != RDMA_CM_EVENT_TIMEWAIT_EXIT || want == RDMA_CM_EVENT_TIMEWAIT_EXIT)
@@ -155,33 +169,36 @@ static void step(const char *name, double *t) {
 }
 
 /* The serial client: every step one connection at a time, on one event channel,
- * each call followed by the wait for its event; the QPs on one PD and CQ. */
-static int cm_serial(const char *addr, int port, long n) {
-    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(port)};
+ * each call followed by the wait for its event; the QPs on one PD and CQ. As the
+ * crate's id, each id holds its QP only for the handshake (librdmacm moves it to
+ * RTR and RTS); the teardown sends each disconnect and destroys each QP itself. */
+static int cm_serial(const char *addr, int port, int n) {
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, addr, &dst.sin_addr) != 1) {
         fprintf(stderr, "not an IPv4 address: %s\n", addr);
         return 2;
     }
     struct rdma_cm_id **ids = calloc(n, sizeof(*ids));
-    if (!ids)
+    struct ibv_qp **qps = calloc(n, sizeof(*qps));
+    if (!ids || !qps)
         die("calloc");
     /* librdmacm opens every device on its first channel, before the timing. */
     struct rdma_event_channel *ch = rdma_create_event_channel();
     if (!ch)
         die("rdma_create_event_channel");
     double t = now();
-    for (long i = 0; i < n; i++)
+    for (int i = 0; i < n; i++)
         if (rdma_create_id(ch, &ids[i], NULL, RDMA_PS_TCP))
             die("rdma_create_id");
     step("create_id", &t);
-    for (long i = 0; i < n; i++) {
-        if (rdma_resolve_addr(ids[i], NULL, (struct sockaddr *)&dst, 2000))
+    for (int i = 0; i < n; i++) {
+        if (rdma_resolve_addr(ids[i], NULL, (struct sockaddr *)&dst, WAIT_MS))
             die("rdma_resolve_addr");
         expect(ch, ids[i], RDMA_CM_EVENT_ADDR_RESOLVED);
     }
     step("resolve_addr", &t);
-    for (long i = 0; i < n; i++) {
-        if (rdma_resolve_route(ids[i], 2000))
+    for (int i = 0; i < n; i++) {
+        if (rdma_resolve_route(ids[i], WAIT_MS))
             die("rdma_resolve_route");
         expect(ch, ids[i], RDMA_CM_EVENT_ROUTE_RESOLVED);
     }
@@ -190,7 +207,7 @@ static int cm_serial(const char *addr, int port, long n) {
     struct ibv_cq *cq = ibv_create_cq(ids[0]->verbs, 2 * n + 16, NULL, NULL, 0);
     if (!pd || !cq)
         die("ibv_alloc_pd/ibv_create_cq");
-    for (long i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         struct ibv_qp_init_attr a = {
             .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
             .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
@@ -201,34 +218,44 @@ static int cm_serial(const char *addr, int port, long n) {
     step("create_qp", &t);
     struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1,
                                 .retry_count = 6, .rnr_retry_count = 7};
-    for (long i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         if (rdma_connect(ids[i], &p))
             die("rdma_connect");
         expect(ch, ids[i], RDMA_CM_EVENT_ESTABLISHED);
+        qps[i] = ids[i]->qp;
+        ids[i]->qp = NULL;
     }
     step("connect", &t);
-    for (long i = 0; i < n; i++)
+    for (int i = 0; i < n; i++)
         if (rdma_disconnect(ids[i]))
             die("rdma_disconnect");
-    for (long i = 0; i < n; i++)
-        rdma_destroy_qp(ids[i]);
-    for (long i = 0; i < n; i++)
+    for (int i = 0; i < n; i++)
+        if (ibv_destroy_qp(qps[i]))
+            die("ibv_destroy_qp");
+    for (int i = 0; i < n; i++)
         expect(ch, NULL, RDMA_CM_EVENT_DISCONNECTED);
     step("disconnect", &t);
-    for (long i = 0; i < n; i++)
+    for (int i = 0; i < n; i++)
         rdma_destroy_id(ids[i]);
     step("destroy", &t);
-    printf("conns %ld\n", n);
+    printf("conns %d\n", n);
     ibv_destroy_cq(cq);
     ibv_dealloc_pd(pd);
     rdma_destroy_event_channel(ch);
+    free(qps);
     free(ids);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc == 5 && !strcmp(argv[1], "cm"))
-        return cm_serial(argv[2], atoi(argv[3]), atol(argv[4]));
+    if (argc == 5 && !strcmp(argv[1], "cm")) {
+        long port = strtol(argv[3], NULL, 10), n = strtol(argv[4], NULL, 10);
+        if (port < 1 || port > 65535 || n < 1 || n > 65536) {
+            fprintf(stderr, "scale_c cm: PORT 1 to 65535, N 1 to 65536\n");
+            return 2;
+        }
+        return cm_serial(argv[2], (int)port, (int)n);
+    }
     if (argc < 3 || (strcmp(argv[1], "reg") && strcmp(argv[1], "qp"))) {
         fprintf(stderr, "usage: scale_c reg SIZE ITERS | scale_c qp ITERS GID_INDEX | "
                         "scale_c cm ADDR PORT N\n");

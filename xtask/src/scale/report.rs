@@ -338,71 +338,97 @@ fn setup_rows(plan: &Plan, logs: &Logs, rows: &mut Vec<Row>) {
     ];
     for (mode, c_impl, suffix) in pairs {
         for &n in &plan.conns {
-            let per_rep =
-                |imp: &str, f: &dyn Fn(&CmRun, &CmRun) -> Option<f64>| -> Vec<Option<f64>> {
-                    (0..plan.reps)
-                        .map(|r| {
-                            f(
-                                &runs[&(imp.to_owned(), n, r)],
-                                &runs[&(imp.to_owned(), 1, r)],
-                            )
-                        })
-                        .collect()
-                };
-            let why = |ours: bool| {
-                let name = format!("cm_{}_{n}_0", if ours { mode } else { c_impl });
-                logs.why(&name, &format!("{name}.client.txt"))
+            let pair = CmPair {
+                ours: mode,
+                c: c_impl,
+                suffix,
+                n,
             };
-            let nf = f64::from(n);
-            let setup = |x: &CmRun, _: &CmRun| x.steps.as_ref().map(|s| nf / (s["setup"] / 1e6));
-            rows.push(row(
-                format!("cm_setup_{suffix}"),
-                n.into(),
-                "conn/s",
-                true,
-                &per_rep(mode, &setup),
-                &per_rep(c_impl, &setup),
-                why,
-            ));
-            let steps: &[&str] = if mode == "batch" {
-                // Its setup is one step: resolution, QP and connect interleaved.
-                &["disconnect", "destroy"]
-            } else {
-                &["resolve", "create_qp", "connect", "disconnect", "destroy"]
-            };
-            for &step in steps {
-                let per_conn = |x: &CmRun, _: &CmRun| {
-                    x.steps.as_ref().and_then(|s| s.get(step)).map(|v| v / nf)
-                };
-                rows.push(row(
-                    format!("cm_{step}_{suffix}"),
-                    n.into(),
-                    "us/conn",
-                    false,
-                    &per_rep(mode, &per_conn),
-                    &per_rep(c_impl, &per_conn),
-                    why,
-                ));
-            }
-            // Both serial clients meet the same server: only the clients' memory differs.
-            let sides: &[&str] = if c_impl == "c" {
-                &["client", "server"]
-            } else {
-                &["client"]
-            };
-            for (i, &side) in sides.iter().enumerate() {
-                let mem = |x: &CmRun, base: &CmRun| Some((x.rss[i]? - base.rss[i]?) / (nf - 1.0));
-                rows.push(row(
-                    format!("cm_mem_{side}_{suffix}"),
-                    n.into(),
-                    "KiB/conn",
-                    false,
-                    &per_rep(mode, &mem),
-                    &per_rep(c_impl, &mem),
-                    why,
-                ));
-            }
+            pair_rows(&pair, plan, logs, &runs, rows);
         }
+    }
+}
+
+/// One comparison of `setup` at one connection count: our implementation, C's, and the
+/// suffix of their rows.
+struct CmPair {
+    ours: &'static str,
+    c: &'static str,
+    suffix: &'static str,
+    n: u32,
+}
+
+/// The rows of one [`CmPair`]: setup rate, time per connection of each step, memory per
+/// connection.
+fn pair_rows(
+    p: &CmPair,
+    plan: &Plan,
+    logs: &Logs,
+    runs: &BTreeMap<(String, u32, u32), CmRun>,
+    rows: &mut Vec<Row>,
+) {
+    let (n, suffix) = (p.n, p.suffix);
+    let per_rep = |imp: &str, f: &dyn Fn(&CmRun, &CmRun) -> Option<f64>| -> Vec<Option<f64>> {
+        (0..plan.reps)
+            .map(|r| {
+                f(
+                    &runs[&(imp.to_owned(), n, r)],
+                    &runs[&(imp.to_owned(), 1, r)],
+                )
+            })
+            .collect()
+    };
+    let why = |ours: bool| {
+        let name = format!("cm_{}_{n}_0", if ours { p.ours } else { p.c });
+        logs.why(&name, &format!("{name}.client.txt"))
+    };
+    let nf = f64::from(n);
+    let setup = |x: &CmRun, _: &CmRun| x.steps.as_ref().map(|s| nf / (s["setup"] / 1e6));
+    rows.push(row(
+        format!("cm_setup_{suffix}"),
+        n.into(),
+        "conn/s",
+        true,
+        &per_rep(p.ours, &setup),
+        &per_rep(p.c, &setup),
+        why,
+    ));
+    let steps: &[&str] = if p.ours == "batch" {
+        // Its setup is one step: resolution, QP and connect interleaved.
+        &["disconnect", "destroy"]
+    } else {
+        &["resolve", "create_qp", "connect", "disconnect", "destroy"]
+    };
+    for &step in steps {
+        let per_conn =
+            |x: &CmRun, _: &CmRun| x.steps.as_ref().and_then(|s| s.get(step)).map(|v| v / nf);
+        rows.push(row(
+            format!("cm_{step}_{suffix}"),
+            n.into(),
+            "us/conn",
+            false,
+            &per_rep(p.ours, &per_conn),
+            &per_rep(p.c, &per_conn),
+            why,
+        ));
+    }
+    // Both serial clients meet the same server: only the clients' memory differs.
+    let sides: &[&str] = if p.c == "c" {
+        &["client", "server"]
+    } else {
+        &["client"]
+    };
+    for (i, &side) in sides.iter().enumerate() {
+        let mem = |x: &CmRun, base: &CmRun| Some((x.rss[i]? - base.rss[i]?) / (nf - 1.0));
+        rows.push(row(
+            format!("cm_mem_{side}_{suffix}"),
+            n.into(),
+            "KiB/conn",
+            false,
+            &per_rep(p.ours, &mem),
+            &per_rep(p.c, &mem),
+            why,
+        ));
     }
 }
 

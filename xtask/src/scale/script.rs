@@ -19,8 +19,9 @@ const RUN_LIMIT_SECS: u32 = 300;
 /// an earlier one left in the kernel.
 const BASE_PORT: u32 = 7471;
 
-/// The connection runs' implementations, in the order of even repetitions.
-pub(super) const CM_IMPLS: &[&str] = &["c", "blocking", "batch", "tokio", "cserial"];
+/// The connection runs' implementations, in the order of even repetitions: the serial
+/// C client next to the blocking one it is compared with.
+pub(super) const CM_IMPLS: &[&str] = &["c", "cserial", "blocking", "batch", "tokio"];
 
 /// Shell functions of the setup, registration and QP runs.
 fn functions() -> String {
@@ -90,7 +91,8 @@ pub(super) fn script(plan: &Plan) -> String {
     s.push_str(&functions());
     let mut port = BASE_PORT;
     for rep in 0..plan.reps {
-        // C first in even repetitions, ours first in odd ones.
+        // Each part's runs in one order in even repetitions and the reverse in odd ones,
+        // so that neither side of a comparison always runs first.
         let order = |mut v: Vec<&'static str>| {
             if rep % 2 == 1 {
                 v.reverse();
