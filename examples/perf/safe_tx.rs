@@ -26,7 +26,9 @@ pub(super) struct SafeTx {
 impl SafeTx {
     /// One safe post call: `-l` requests; sources are shared slices (an `Arc`
     /// clone each), READ and atomic destinations owned pieces from the pool.
-    #[inline]
+    /// Inlined into the round as the raw sender's post is: called, it sets up
+    /// a frame the size of a list post's chunk for every post.
+    #[inline(always)]
     pub(super) fn post(
         &mut self,
         shape: &Shape,
@@ -42,64 +44,81 @@ impl SafeTx {
         // No sources for READ/atomics (their buffers are destinations from `pool`).
         let src = src.get(qi).map_or(&[][..], Vec::as_slice);
         let inline = inline.as_deref();
-        // The request for sequence number `$k`, built where it is consumed: a
-        // closure returning a 144-byte SendWr would copy it on the way out.
-        macro_rules! request {
+        // Each sequence number's wr_id, source slot, remote offset and signal.
+        macro_rules! at {
             ($k:expr) => {{
                 let k: u64 = $k;
-                let wr_id = ((qi as u64) << QP_SHIFT) | k;
                 // As the raw path: no division when every request uses one slot.
                 let slot = if shape.nslots > 1 {
                     (k % shape.nslots as u64) as usize
                 } else {
                     0
                 };
-                let off = (slot * shape.stride) as u64;
-                let signaled = clock.at(k);
-                // `.signaled` in every arm: on the match's value it would copy it.
-                match (shape.verb, inline) {
-                    (Verb::Write, Some(data)) => {
-                        SendWr::write_inline(wr_id, data, remote, off).signaled(signaled)
-                    }
-                    (Verb::Write, None) => {
-                        SendWr::write_from(wr_id, src[slot].clone(), remote, off).signaled(signaled)
-                    }
-                    (Verb::Send, Some(data)) => SendWr::send_inline(wr_id, data).signaled(signaled),
-                    (Verb::Send, None) => {
-                        SendWr::send_from(wr_id, src[slot].clone()).signaled(signaled)
-                    }
-                    (Verb::Read, _) => {
-                        let dest = pool.pop().expect("READ destination pool sized for the run");
-                        SendWr::read(wr_id, dest, remote, off).signaled(signaled)
-                    }
-                    // `off` is a multiple of the 64-byte slot stride: 8-byte aligned.
-                    (Verb::Atomic, _) => {
-                        let dest = pool.pop().expect("atomic result pool sized for the run");
-                        match shape.atomic {
-                            AtomicOp::FetchAdd => {
-                                SendWr::fetch_add(wr_id, dest, remote, off, ATOMIC_ADD_VALUE)
-                                    .signaled(signaled)
-                            }
-                            AtomicOp::CmpSwap => SendWr::compare_swap(
-                                wr_id,
-                                dest,
-                                remote,
-                                off,
-                                ATOMIC_CMP_VALUE,
-                                ATOMIC_SWAP_VALUE,
-                            )
-                            .signaled(signaled),
-                        }
-                    }
-                }
+                (
+                    ((qi as u64) << QP_SHIFT) | k,
+                    slot,
+                    (slot * shape.stride) as u64,
+                    clock.at(k),
+                )
             }};
         }
-        if shape.post_list == 1 {
-            qp.post_send(request!(first)).map_err(Error::from)
-        } else {
-            qp.post_send_list((0..shape.post_list).map(|j| request!(first + j)))
-                .map_err(Error::from)
+        // One post call per verb, as a loop that posts one verb writes it: the
+        // request's kind is known where it is posted, so the crate's matches
+        // on it fold away. Built where consumed: a closure returning a
+        // 144-byte SendWr would copy it on the way out.
+        macro_rules! post {
+            (|$id:ident, $slot:ident, $off:ident, $sig:ident| $wr:expr) => {
+                if shape.post_list == 1 {
+                    let ($id, $slot, $off, $sig) = at!(first);
+                    qp.post_send($wr)
+                } else {
+                    qp.post_send_list((0..shape.post_list).map(|j| {
+                        let ($id, $slot, $off, $sig) = at!(first + j);
+                        $wr
+                    }))
+                }
+            };
         }
+        // `.signaled` in every arm: on the match's value it would copy it.
+        match (shape.verb, inline) {
+            (Verb::Write, Some(data)) => post!(|id, _slot, off, sig| {
+                SendWr::write_inline(id, data, remote, off).signaled(sig)
+            }),
+            (Verb::Write, None) => post!(|id, slot, off, sig| {
+                SendWr::write_from(id, src[slot].clone(), remote, off).signaled(sig)
+            }),
+            (Verb::Send, Some(data)) => {
+                post!(|id, _slot, _off, sig| SendWr::send_inline(id, data).signaled(sig))
+            }
+            (Verb::Send, None) => post!(|id, slot, _off, sig| {
+                SendWr::send_from(id, src[slot].clone()).signaled(sig)
+            }),
+            (Verb::Read, _) => post!(|id, _slot, off, sig| {
+                let dest = pool.pop().expect("READ destination pool sized for the run");
+                SendWr::read(id, dest, remote, off).signaled(sig)
+            }),
+            // `off` is a multiple of the 64-byte slot stride: 8-byte aligned.
+            (Verb::Atomic, _) => {
+                let mut dest = || pool.pop().expect("atomic result pool sized for the run");
+                match shape.atomic {
+                    AtomicOp::FetchAdd => post!(|id, _slot, off, sig| {
+                        SendWr::fetch_add(id, dest(), remote, off, ATOMIC_ADD_VALUE).signaled(sig)
+                    }),
+                    AtomicOp::CmpSwap => post!(|id, _slot, off, sig| {
+                        SendWr::compare_swap(
+                            id,
+                            dest(),
+                            remote,
+                            off,
+                            ATOMIC_CMP_VALUE,
+                            ATOMIC_SWAP_VALUE,
+                        )
+                        .signaled(sig)
+                    }),
+                }
+            }
+        }
+        .map_err(Error::from)
     }
 
     pub(super) fn new(
