@@ -516,28 +516,41 @@ pub(crate) fn post_one_on<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     wr: Q::Wr,
 ) -> Result<(), PostError> {
+    // SAFETY: `post_one_in_place` moves `wr` out exactly once (into the ring
+    // or back in its error), so it is forgotten here. (Through a reference:
+    // moving the request would copy all of it.)
+    let posted = unsafe { post_one_in_place::<C, Q>(core, &wr) };
+    std::mem::forget(wr);
+    posted
+}
+
+/// [`post_one_on`] for a request the caller holds.
+///
+/// # Safety
+/// `*wr` is moved out (into the ring, or into the error when refused): the
+/// caller must forget it.
+#[inline(always)]
+pub(crate) unsafe fn post_one_in_place<C: QueueCore, Q: WorkQueue<C>>(
+    core: &mut C,
+    wr: &Q::Wr,
+) -> Result<(), PostError> {
     if let Some(ex) = Q::builders(core) {
-        if let Some(r) = Q::request(&wr) {
-            // SAFETY: `post_built` moves `wr` out exactly once (into the
-            // ring or back in its error), so it is forgotten here. (Through
-            // a reference: moving the request would copy all of it.)
-            let posted = unsafe { built::post_one::<C, Q>(core, &wr, ex, r) };
-            std::mem::forget(wr);
-            return posted;
+        if let Some(r) = Q::request(wr) {
+            // SAFETY: the caller forgets `*wr` (this function's contract).
+            return unsafe { built::post_one::<C, Q>(core, wr, ex, r) };
         }
     }
     let mut c_wr = [const { MaybeUninit::<Q::CWr>::uninit() }; 1];
     let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; MAX_SAFE_SGES];
     let first_seq = *Q::ring_and_head(core).1;
-    // SAFETY: `wr` is forgotten once staged, returned whole when refused.
-    match unsafe { stage::<C, Q>(core, &wr, &mut c_wr[0], &mut c_sges) } {
-        Ok(()) => std::mem::forget(wr),
-        Err(error) => {
-            return Err(PostError {
-                error,
-                unposted: vec![Q::into_parts(wr)],
-            });
-        }
+    // SAFETY: the caller forgets `*wr`; refused, it is read out once here.
+    if let Err(error) = unsafe { stage::<C, Q>(core, wr, &mut c_wr[0], &mut c_sges) } {
+        return Err(PostError {
+            error,
+            // SAFETY: refused before staging, so `*wr` is whole; the caller
+            // forgets it.
+            unposted: vec![Q::into_parts(unsafe { std::ptr::read(wr) })],
+        });
     }
     submit::<C, Q>(core, &mut c_wr, &mut c_sges, 1, first_seq)
 }

@@ -93,16 +93,17 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             return self.refuse(error);
         };
         self.key = key;
-        // Taken out only for the post itself, which it goes into by value:
-        // moving it to a local first would copy it once more.
+        // Posted where it lies: taking it out would copy it.
         let Some(req) = self.req.as_mut() else {
             return Attempt::Posted;
         };
         req.set_wr_id(key.2);
-        let Some(req) = self.req.take() else {
-            return Attempt::Posted;
-        };
-        match req.post_on(&mut qp) {
+        // SAFETY: the request is forgotten right below.
+        let posted = unsafe { req.post_in_place(&mut qp) };
+        // SAFETY: the post moved the request out (into the ring or the
+        // error): `None` goes over it without dropping it.
+        unsafe { std::ptr::write(&mut self.req, None) };
+        match posted {
             Ok(()) => {
                 self.waiting = true;
                 Attempt::Posted

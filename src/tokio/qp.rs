@@ -281,10 +281,16 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
     /// Posts a send-queue request whose completion (if signaled) nobody
     /// awaits: it comes back from [`AsyncCq::next`]. Returns the `wr_id` it
     /// was given. Does not wait for room ([`Error::QueueFull`] instead).
+    // Inlined and posted in place: moving the request on copies all of it.
+    #[inline(always)]
     pub fn post_send(&self, mut wr: SendWr<'_>) -> std::result::Result<u64, PostError> {
         let id = self.id();
         wr.wr_id = id;
-        self.lock().post_send(wr).map(|()| id)
+        // SAFETY: `wr` is forgotten right after; its buffers are in the ring
+        // or in the error.
+        let posted = unsafe { self.lock().post_send_in_place(&wr) };
+        std::mem::forget(wr);
+        posted.map(|()| id)
     }
 }
 
@@ -293,18 +299,22 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
 pub(super) trait PostOn<T: QpType, S: QpState> {
     /// Whether it goes to the send queue.
     const SEND: bool;
-    fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError>;
+    /// Posts the request where it lies: moving it to the post would copy it.
+    ///
+    /// # Safety
+    /// `*self` is moved out (into the ring, or into the error when refused):
+    /// the caller must forget it.
+    unsafe fn post_in_place(&self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError>;
     fn into_buffers(self) -> Sges;
     fn set_wr_id(&mut self, wr_id: u64);
 }
 
 impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
     const SEND: bool = true;
-    // Inlined, so that the request goes from its future into the ring
-    // without a copy for the call.
     #[inline(always)]
-    fn post_on(self, qp: &mut Qp<Rc, S>) -> std::result::Result<(), PostError> {
-        qp.post_send(self)
+    unsafe fn post_in_place(&self, qp: &mut Qp<Rc, S>) -> std::result::Result<(), PostError> {
+        // SAFETY: per this function's contract.
+        unsafe { qp.post_send_in_place(self) }
     }
     fn into_buffers(self) -> Sges {
         SendWr::into_buffers(self)
@@ -317,8 +327,9 @@ impl<S: CanPostSend> PostOn<Rc, S> for SendWr<'_> {
 impl<T: Connected, S: CanPostRecv> PostOn<T, S> for RecvWr {
     const SEND: bool = false;
     #[inline(always)]
-    fn post_on(self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError> {
-        qp.post_recv(self)
+    unsafe fn post_in_place(&self, qp: &mut Qp<T, S>) -> std::result::Result<(), PostError> {
+        // SAFETY: per this function's contract.
+        unsafe { qp.post_recv_in_place(self) }
     }
     fn into_buffers(self) -> Sges {
         RecvWr::into_buffers(self)

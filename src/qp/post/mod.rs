@@ -74,6 +74,21 @@ impl<T: Connected, S: QpState> Qp<T, S> {
         queue::post_one::<RecvQueue>(&mut self.core, wr)
     }
 
+    /// [`post_recv`](Qp::post_recv) of a request the caller holds, as
+    /// [`post_send_in_place`](Qp::post_send_in_place).
+    ///
+    /// # Safety
+    /// `*wr` is moved out (into the ring, or into the error when refused):
+    /// the caller must forget it.
+    #[inline(always)]
+    pub(crate) unsafe fn post_recv_in_place(&mut self, wr: &RecvWr) -> Result<(), PostError>
+    where
+        S: CanPostRecv,
+    {
+        // SAFETY: per this function's contract.
+        unsafe { queue::post_one_in_place::<QpCore, RecvQueue>(&mut self.core, wr) }
+    }
+
     /// Posts receives as chained lists (one `ibv_post_recv` per 32 requests).
     /// On failure, the requests taken from `wrs` that did not reach the NIC
     /// come back in the error with their buffers; `wrs` is not pulled any
@@ -132,6 +147,21 @@ impl<S: QpState> Qp<Rc, S> {
         S: CanPostSend,
     {
         queue::post_one::<SendQueue>(&mut self.core, wr)
+    }
+
+    /// [`post_send`](Qp::post_send) of a request the caller holds: for a
+    /// caller that has the request in place and would copy it to move it.
+    ///
+    /// # Safety
+    /// `*wr` is moved out (into the ring, or into the error when refused):
+    /// the caller must forget it.
+    #[inline(always)]
+    pub(crate) unsafe fn post_send_in_place(&mut self, wr: &SendWr<'_>) -> Result<(), PostError>
+    where
+        S: CanPostSend,
+    {
+        // SAFETY: per this function's contract.
+        unsafe { queue::post_one_in_place::<QpCore, SendQueue>(&mut self.core, wr) }
     }
 
     /// Posts send-queue work requests as chained lists (one `ibv_post_send`, one
