@@ -146,12 +146,17 @@ struct Stream {
 }
 
 impl Stream {
+    /// The source of message `k` and its offset in the peer's region.
+    fn source(&self, k: u64) -> (SharedMr, u64) {
+        let slot = (k % self.src.len() as u64) as usize;
+        (self.src[slot].clone(), slot as u64 * self.stride)
+    }
+
     /// The request for message `k`.
     fn request(&self, k: u64) -> SendWr<'static> {
-        let slot = (k % self.src.len() as u64) as usize;
-        let src = self.src[slot].clone();
+        let (src, offset) = self.source(k);
         match self.verb {
-            Verb::Write => SendWr::write_from(0, src, self.remote, slot as u64 * self.stride),
+            Verb::Write => SendWr::write_from(0, src, self.remote, offset),
             _ => SendWr::send_from(0, src),
         }
     }
@@ -191,13 +196,37 @@ impl Stream {
 
     /// One task, `inflight` requests posted without futures: posts until the
     /// window is full, then takes whatever completions are there in one batch.
+    /// One loop per verb, as a stream of one verb is written: the request's
+    /// kind is known where it is posted.
     async fn stream(&self, cq: &AsyncCq, inflight: usize) -> Result<()> {
+        match self.verb {
+            Verb::Write => {
+                let write = |k| {
+                    let (src, offset) = self.source(k);
+                    SendWr::write_from(0, src, self.remote, offset)
+                };
+                self.stream_of(cq, inflight, write).await
+            }
+            _ => {
+                let send = |k| SendWr::send_from(0, self.source(k).0);
+                self.stream_of(cq, inflight, send).await
+            }
+        }
+    }
+
+    /// [`stream`](Stream::stream) with the requests `request` makes.
+    async fn stream_of(
+        &self,
+        cq: &AsyncCq,
+        inflight: usize,
+        request: impl Fn(u64) -> SendWr<'static>,
+    ) -> Result<()> {
         let mut done = Vec::with_capacity(inflight);
         let (mut posted, mut completed) = (0u64, 0u64);
         while completed < self.iters {
             while posted < self.iters && posted - completed < inflight as u64 {
                 self.qp
-                    .post_send(self.request(posted).signaled(true))
+                    .post_send(request(posted).signaled(true))
                     .map_err(Error::from)?;
                 posted += 1;
             }
