@@ -35,6 +35,8 @@
 #![cfg_attr(not(feature = "tokio"), allow(rustdoc::broken_intra_doc_links))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+// An error built eagerly in `ok_or` allocates its message on the success path too.
+#![warn(clippy::or_fun_call)]
 
 pub mod ah;
 pub mod channel;

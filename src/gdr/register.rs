@@ -122,7 +122,7 @@ pub fn export_dma_buf<D: DeviceMemory + ?Sized>(
 
 fn export_range(ptr: CUdeviceptr, len: usize) -> std::result::Result<DmaBufExport, GdrError> {
     let window =
-        export_window(ptr, len, allocation_of(ptr), page_size()).ok_or(GdrError::Cuda {
+        export_window(ptr, len, allocation_of(ptr), page_size()).ok_or_else(|| GdrError::Cuda {
             call: "cuMemGetHandleForAddressRange",
             code: sys::CUresult::CUDA_ERROR_INVALID_VALUE as u32,
             name: "address range overflows".into(),
@@ -305,7 +305,7 @@ pub(crate) fn register_direct(
     access: AccessFlags,
     path: GdrPath,
 ) -> Result<Mr> {
-    let host_ptr = NonNull::new(ptr as usize as *mut u8).ok_or(Error::InvalidArgument {
+    let host_ptr = NonNull::new(ptr as usize as *mut u8).ok_or_else(|| Error::InvalidArgument {
         what: "device pointer",
         reason: "it is null; pass the pointer of a live device allocation".into(),
     })?;

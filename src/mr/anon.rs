@@ -117,7 +117,7 @@ fn map(len: usize, huge: Option<HugePageSize>) -> Result<AnonMemory> {
             },
         });
     }
-    let ptr = NonNull::new(p.cast::<u8>()).ok_or(Error::InvalidArgument {
+    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::InvalidArgument {
         what: "mapping",
         reason: "mmap returned address 0".into(),
     })?;

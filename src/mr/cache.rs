@@ -187,7 +187,7 @@ impl RegCache {
     /// [`get`](Self::get)'s contract.
     unsafe fn register(&self, ptr: *mut u8, len: usize, access: AccessFlags) -> Result<Region> {
         check_len_access(len, access)?;
-        let ptr = NonNull::new(ptr).ok_or(Error::InvalidArgument {
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidArgument {
             what: "MR address",
             reason: "the pointer is null".into(),
         })?;

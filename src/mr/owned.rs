@@ -110,7 +110,7 @@ impl Mr {
                 op: "registration with LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC or MW_BIND",
             });
         }
-        let ptr = NonNull::new(ptr).ok_or(Error::InvalidArgument {
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidArgument {
             what: "MR address",
             reason: "the buffer's memory pointer is null".into(),
         })?;

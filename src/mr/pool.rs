@@ -41,10 +41,12 @@ impl MrPool {
     /// of zeroed, page-aligned memory ([`Mr::new`]). `count` is 1 to
     /// [`MAX_POOL_BUFFERS`], refused otherwise before anything is registered.
     pub fn new(pd: &Pd, buf_len: usize, count: usize, access: AccessFlags) -> Result<MrPool> {
-        let total = buf_len.checked_mul(count).ok_or(Error::InvalidArgument {
-            what: "pool size",
-            reason: format!("{count} buffers of {buf_len} bytes overflow usize"),
-        })?;
+        let total = buf_len
+            .checked_mul(count)
+            .ok_or_else(|| Error::InvalidArgument {
+                what: "pool size",
+                reason: format!("{count} buffers of {buf_len} bytes overflow usize"),
+            })?;
         if total == 0 || count > MAX_POOL_BUFFERS {
             return Err(Error::InvalidArgument {
                 what: "pool size",

@@ -275,6 +275,7 @@ pub(crate) struct ArmedPanicMemory {
 
 impl ArmedPanicMemory {
     /// `v`, armed from the start.
+    #[cfg(feature = "gdr")]
     pub(crate) fn armed(v: Vec<u8>) -> ArmedPanicMemory {
         ArmedPanicMemory {
             v,

@@ -80,6 +80,7 @@ impl<T: Connected, S: QpState> Qp<T, S> {
     /// # Safety
     /// `*wr` is moved out (into the ring, or into the error when refused):
     /// the caller must forget it.
+    #[cfg(feature = "tokio")]
     #[inline(always)]
     pub(crate) unsafe fn post_recv_in_place(&mut self, wr: &RecvWr) -> Result<(), PostError>
     where
@@ -155,6 +156,7 @@ impl<S: QpState> Qp<Rc, S> {
     /// # Safety
     /// `*wr` is moved out (into the ring, or into the error when refused):
     /// the caller must forget it.
+    #[cfg(feature = "tokio")]
     #[inline(always)]
     pub(crate) unsafe fn post_send_in_place(&mut self, wr: &SendWr<'_>) -> Result<(), PostError>
     where
