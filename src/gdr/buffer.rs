@@ -362,7 +362,10 @@ impl GpuBuffer {
             self.stray_buffers.append(&mut ledger.taken);
             std::panic::resume_unwind(panic);
         }
-        let failed = run.err().or_else(|| drain.err()).or_else(|| ledger.first_error.take());
+        let failed = run
+            .err()
+            .or_else(|| drain.err())
+            .or_else(|| ledger.first_error.take());
         if let Some(e) = failed {
             self.stray.append(&mut ledger.others);
             self.stray_buffers.append(&mut ledger.taken);
