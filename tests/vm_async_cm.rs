@@ -726,7 +726,13 @@ fn a_reply_to_a_cancelled_connect_is_an_error_that_says_so() {
         let (_pd, _cq, qp) = request_qp(&req);
         let accept = AsyncCmId::accept(req, qp, &param, Duration::from_millis(500));
         let (accepted, late) = tokio::join!(accept, tokio::time::timeout(T, id.event()));
-        assert!(accepted.is_err(), "accepted a cancelled connect");
+        match accepted {
+            Err(_) => {}
+            // iWARP: the kernel's CM answers the MPA request of the abandoned
+            // id itself, so the server's accept completes.
+            Ok(_) if iwarp => common::deviation("the accept of a cancelled connect completed"),
+            Ok(_) => panic!("accepted a cancelled connect"),
+        }
         match late.expect("the late answer arrives") {
             Err(rdma_verbs::Error::CmEvent {
                 event: CmEventKind::ConnectResponse | CmEventKind::Established,
