@@ -360,18 +360,34 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
     let mut failure_of: Option<usize> = None;
     // Harnesses seen in this binary: a second one is a child's (a test that runs
     // the binary again, under valgrind), whose lines up to its `test result:`
-    // are that test's output, not rows.
+    // are that test's output, not rows. A child cut short prints no result: its
+    // output also ends where a section or a panic names a test the child did not
+    // run (the parent's next failure), which is read as usual.
     let (mut harnesses, mut nested) = (0, false);
+    let mut child_tests: Vec<String> = Vec::new();
     // A hung test's line ("test x ... ") has no newline before the exit marker.
     let output = output.replace("@@exit ", "\n@@exit ");
     for line in output.lines() {
         if nested && !line.starts_with("@@") {
-            nested = !line.starts_with("test result: ");
-            continue;
+            if line.starts_with("test result: ") {
+                nested = false;
+                continue;
+            }
+            if let Some((name, _)) = line
+                .strip_prefix("test ")
+                .and_then(|r| r.split_once(" ..."))
+            {
+                child_tests.push(name.trim().to_owned());
+            }
+            match named_test(line) {
+                Some(name) if !child_tests.iter().any(|t| t == name) => nested = false,
+                _ => continue,
+            }
         }
         if is_harness_start(line) {
             harnesses += 1;
             nested = harnesses > 1;
+            child_tests.clear();
             continue;
         }
         if let Some(name) = line.strip_prefix("@@binary ") {
@@ -429,6 +445,20 @@ fn classify(output: &str) -> Vec<(String, &'static str)> {
         }
     }
     rows
+}
+
+/// The test a line names as a harness's failure section (`---- x stdout ----`) or as
+/// a panicking test thread (`thread 'x' (N) panicked at ...`).
+fn named_test(line: &str) -> Option<&str> {
+    if let Some(name) = line
+        .strip_prefix("---- ")
+        .and_then(|l| l.strip_suffix(" stdout ----"))
+    {
+        return Some(name);
+    }
+    let rest = line.strip_prefix("thread '")?;
+    let (name, tail) = rest.split_once('\'')?;
+    tail.contains(" panicked at ").then_some(name)
 }
 
 /// How a test's output line starts when it reports a deviation (`tests/common`'s
@@ -615,6 +645,40 @@ mod tests {
                 ("vm_lifecycle::walk".to_owned(), "unsupported"),
                 ("vm_lifecycle::valgrind".to_owned(), "unsupported"),
                 ("vm_lifecycle::after".to_owned(), "pass"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_child_cut_short_ends_at_the_parents_next_failure() {
+        // The valgrind child's output stops before its `test result:` line; the
+        // parent's panic and its next failure section are read as usual.
+        let out = "@@binary vm_lifecycle\n\
+                   running 3 tests\n\
+                   test walk ... FAILED\n\
+                   test valgrind ... FAILED\n\
+                   test reset ... FAILED\n\
+                   failures:\n\
+                   ---- walk stdout ----\n\
+                   thread 'walk' (5) panicked at x.rs:1:1:\n\
+                   reset: Some(ibv_modify_qp(RESET) is not supported: siw0 is an iWARP device)\n\
+                   ---- valgrind stdout ----\n\
+                   running 1 test\n\
+                   test walk ... lifecycle: seed=1\n\
+                   thread 'walk' (7) panicked at x.rs:1:1:\n\
+                   EINVAL\n\
+                   thread 'valgrind' (6) panicked at x.rs:2:1:\n\
+                   the walk needs what the device lacks: x is not supported: y\n\
+                   ---- reset stdout ----\n\
+                   PostError { error: ibv_post_recv is not supported: iWARP, unposted: 1 }\n\
+                   test result: FAILED. 0 passed; 3 failed\n\
+                   @@exit vm_lifecycle 101\n";
+        assert_eq!(
+            classify(out),
+            [
+                ("vm_lifecycle::walk".to_owned(), "unsupported"),
+                ("vm_lifecycle::valgrind".to_owned(), "unsupported"),
+                ("vm_lifecycle::reset".to_owned(), "unsupported"),
             ]
         );
     }
