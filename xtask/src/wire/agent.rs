@@ -85,6 +85,18 @@ pub(super) fn poll_until(wait: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// True when something listens on TCP `port` (/proc/net/tcp{,6}, state 0A).
 pub(super) fn listening(port: u16) -> bool {
+    tcp_socket(1, port, "0A")
+}
+
+/// True when a TCP connection whose local (`local`) or remote end is `port` is
+/// established (state 01).
+pub(super) fn connected(port: u16, local: bool) -> bool {
+    tcp_socket(if local { 1 } else { 2 }, port, "01")
+}
+
+/// Whether /proc/net/tcp{,6} has a socket in `state` whose address in column
+/// `col` (1: local, 2: remote) has `port`.
+fn tcp_socket(col: usize, port: u16, state: &str) -> bool {
     let want = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
         fs::read_to_string(f)
@@ -93,7 +105,7 @@ pub(super) fn listening(port: u16) -> bool {
             .skip(1)
             .any(|l| {
                 let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+                cols.len() > 3 && cols[col].ends_with(&want) && cols[3] == state
             })
     })
 }

@@ -21,14 +21,19 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::agent::{listening, poll_until, sys};
+use super::agent::{connected, listening, poll_until, sys};
 use super::{NodeResult, POLL, Side};
 use crate::{Error, Result};
 
 /// How long an agent waits for the others at a barrier.
 const BARRIER_WAIT: Duration = Duration::from_secs(120);
-/// The fault's delay after every client started.
+/// The fault's delay after every link to the victim is connected.
 const FAULT_AFTER: Duration = Duration::from_secs(2);
+/// How long the victim waits for its links' exchange connections: a client starting
+/// in a guest that shares 2 cores with three others can take longer than
+/// [`FAULT_AFTER`] to connect, and one that never connected would meet a listener
+/// already gone (not the fault the phase is about).
+const CONNECT_WAIT: Duration = Duration::from_secs(60);
 /// Iterations of the streams that a fault interrupts (they never end by themselves).
 const ENDLESS: usize = 1_000_000;
 
@@ -337,6 +342,17 @@ impl Mesh {
 
     /// The victim's side of a fault phase.
     fn inject(&self, p: usize, fault: MeshFault, progs: &mut [Prog], problem: &mut Option<String>) {
+        // Each program's exchange connection: a server's on its own port, a client's
+        // to its peer's (the examples keep it open for the whole run).
+        let links: Vec<(u16, bool)> = progs
+            .iter()
+            .map(|pr| (port(p, pr.link), pr.role == Side::Server))
+            .collect();
+        if !poll_until(CONNECT_WAIT, || {
+            links.iter().all(|&(pt, local)| connected(pt, local))
+        }) {
+            *problem = Some("a link to the victim did not connect within 60 s".into());
+        }
         thread::sleep(FAULT_AFTER);
         match fault {
             MeshFault::Kill => progs.iter_mut().for_each(|pr| pr.kill(false)),
