@@ -12,3 +12,15 @@ pub(crate) mod ring;
 pub(crate) mod sges;
 pub(crate) mod table;
 pub(crate) mod wr;
+
+/// A bitwise copy of `*v`, never dropped, to hand to code that is not
+/// inlined. Passing `v`'s own address there would keep the value in memory
+/// in the caller: LLVM keeps a local (a request the post path builds) in
+/// registers only while it sees every use of the local's address.
+#[inline(always)]
+pub(crate) fn read_copy<T>(v: &T) -> std::mem::ManuallyDrop<T> {
+    // SAFETY: `v` is valid for reads. The copy is only read (behind a shared
+    // reference) and never dropped, so what `T` owns stays owned once, by
+    // `*v`, which is not written while the borrow lasts.
+    std::mem::ManuallyDrop::new(unsafe { std::ptr::read(v) })
+}

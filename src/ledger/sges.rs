@@ -53,6 +53,19 @@ impl Buffer {
         self.len() == 0
     }
 
+    /// Whether the NIC may write into it (a READ's or atomic's destination):
+    /// owned, and registered with LOCAL_WRITE.
+    #[inline(always)]
+    pub(crate) fn locally_writable(&self) -> bool {
+        match self {
+            Buffer::Shared(_) => false,
+            // SAFETY: not Shared.
+            _ => unsafe { self.nic_mr() }
+                .access()
+                .contains(crate::mr::AccessFlags::LOCAL_WRITE),
+        }
+    }
+
     /// Whether the buffer is registered in `pd`.
     #[inline(always)]
     pub(crate) fn in_pd(&self, pd: &crate::pd::Pd) -> bool {
@@ -213,6 +226,47 @@ impl Sges {
         self.spill.as_mut().expect("made above")
     }
 
+    /// True when the list is one buffer held inline (no heap block): then
+    /// [`inline_first`](Self::inline_first) is that buffer.
+    #[inline(always)]
+    pub(crate) fn is_one_inline(&self) -> bool {
+        self.len == 1 && self.spill.is_none()
+    }
+
+    /// The inline entry, reached without choosing between it and the heap
+    /// block: a pointer that may point into the list would keep a request
+    /// that holds it in memory on the post path.
+    ///
+    /// # Safety
+    /// [`is_one_inline`](Self::is_one_inline) is true.
+    #[inline(always)]
+    pub(crate) unsafe fn inline_first(&self) -> &Buffer {
+        // SAFETY: with no block and `len` 1, `first` is initialised (caller).
+        unsafe { self.first.assume_init_ref() }
+    }
+
+    /// The post path's quick pass over a list that is not one inline
+    /// buffer: its total length when every buffer is in `pd`, within u32 and
+    /// the list within `max_sge` entries; `None` sends the request to the
+    /// full check for the error. Out of line, on a copy ([`read_copy`]).
+    ///
+    /// [`read_copy`]: crate::ledger::read_copy
+    #[inline(never)]
+    pub(crate) fn plain_len(&self, max_sge: u32, pd: &crate::pd::Pd) -> Option<u64> {
+        if self.overflow != 0 || self.len() > max_sge as usize {
+            return None;
+        }
+        let mut len = 0u64;
+        for b in self.iter() {
+            let l = b.len() as u64;
+            if l > u64::from(u32::MAX) || !b.in_pd(pd) {
+                return None;
+            }
+            len += l;
+        }
+        Some(len)
+    }
+
     /// Removes and returns the last buffer (cheaper than consuming the list
     /// with `into_iter` when recycling buffers in a loop).
     #[inline]
@@ -298,13 +352,7 @@ impl Sges {
     /// write it: a receive, READ or atomic destination).
     #[inline]
     pub(crate) fn all_locally_writable(&self) -> bool {
-        self.iter().all(|b| match b {
-            Buffer::Shared(_) => false,
-            // SAFETY: not Shared.
-            _ => unsafe { b.nic_mr() }
-                .access()
-                .contains(crate::mr::AccessFlags::LOCAL_WRITE),
-        })
+        self.iter().all(Buffer::locally_writable)
     }
 
     #[inline]

@@ -4,6 +4,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::ledger::read_copy;
 use crate::ledger::sges::{Buffer, Sges};
 use crate::mr::{Mr, RemoteMr};
 use crate::pd::Pd;
@@ -351,7 +352,7 @@ impl<'a> SendWr<'a> {
         if self.plainly_valid(max_sge, max_inline, pd) {
             Ok(())
         } else {
-            self.validate_fully(max_sge, max_inline, pd, ext())
+            read_copy(self).validate_fully(max_sge, max_inline, pd, ext())
         }
     }
 
@@ -360,34 +361,29 @@ impl<'a> SendWr<'a> {
     /// request to it for the error that names the problem.
     #[inline(always)]
     fn plainly_valid(&self, max_sge: u32, max_inline: u32, pd: &Pd) -> bool {
-        let bufs = self.bufs.as_slice();
-        if self.bufs.overflow() != 0 || bufs.len() > max_sge as usize {
+        if self.bufs.overflow() != 0 {
             return false;
         }
-        // One buffer is the common case: no loop for it.
-        let mut len = match bufs {
-            [] => 0,
-            [b] => {
-                let l = b.len() as u64;
-                if l > u64::from(u32::MAX) || !b.in_pd(pd) {
-                    return false;
-                }
-                l
+        // One inline buffer is the common case: read where it lies, no loop.
+        let mut len = if self.bufs.is_one_inline() {
+            // SAFETY: checked just above.
+            let b = unsafe { self.bufs.inline_first() };
+            let l = b.len() as u64;
+            if max_sge == 0 || l > u64::from(u32::MAX) || !b.in_pd(pd) {
+                return false;
             }
-            _ => {
-                let mut len = 0u64;
-                for b in bufs {
-                    let l = b.len() as u64;
-                    if l > u64::from(u32::MAX) || !b.in_pd(pd) {
-                        return false;
-                    }
-                    len += l;
-                }
-                len
+            l
+        } else if self.bufs.is_empty() {
+            0
+        } else {
+            // On a copy: the list's slice may point into the request.
+            match read_copy(&self.bufs).plain_len(max_sge, pd) {
+                Some(l) => l,
+                None => return false,
             }
         };
         if let Some(data) = self.inline_data {
-            if !bufs.is_empty() || data.len() > max_inline as usize {
+            if !self.bufs.is_empty() || data.len() > max_inline as usize {
                 return false;
             }
             len = data.len() as u64;
@@ -402,23 +398,35 @@ impl<'a> SendWr<'a> {
             SendOp::Read { remote, offset } => {
                 self.imm.is_none()
                     && self.inline_data.is_none()
-                    && self.bufs.all_locally_writable()
+                    && self.bufs_locally_writable()
                     && fits(remote, offset)
             }
             SendOp::CompareSwap { remote, offset, .. }
             | SendOp::FetchAdd { remote, offset, .. } => {
                 // One owned 8-byte result, an aligned 8-byte target in range.
                 len == 8
-                    && bufs.len() == 1
+                    && self.bufs.len() == 1
                     && self.imm.is_none()
                     && self.inline_data.is_none()
-                    && self.bufs.all_locally_writable()
+                    && self.bufs_locally_writable()
                     && fits(remote, offset)
                     && remote.addr.wrapping_add(offset) % 8 == 0
             }
             // Only the full check knows whether the QP takes them (and
             // refuses a buffer added to an ATOMIC_WRITE with `sge`).
             SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => false,
+        }
+    }
+
+    /// [`Sges::all_locally_writable`] for the quick pass, without a pointer
+    /// that may point into the request (see [`Sges::inline_first`]).
+    #[inline(always)]
+    fn bufs_locally_writable(&self) -> bool {
+        if self.bufs.is_one_inline() {
+            // SAFETY: checked just above.
+            unsafe { self.bufs.inline_first() }.locally_writable()
+        } else {
+            read_copy(&self.bufs).all_locally_writable()
         }
     }
 

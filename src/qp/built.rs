@@ -127,8 +127,10 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
         let mut exhausted = false;
         while chunk.built + chunk.c < POST_CHUNK {
             // Staged through a reference, as in `post_list_c`.
-            let next = wrs.next();
-            let Some(wr) = &next else {
+            // Never dropped in place, also not on unwinding (see
+            // `post_one_on`): forgotten once staged, taken out when refused.
+            let next = std::mem::ManuallyDrop::new(wrs.next());
+            let Some(wr) = &*next else {
                 exhausted = true;
                 break;
             };
@@ -141,10 +143,11 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
                 return Err(list_failed(
                     earlier,
                     error,
-                    next.into_iter().map(Q::into_parts),
+                    std::mem::ManuallyDrop::into_inner(next)
+                        .into_iter()
+                        .map(Q::into_parts),
                 ));
             }
-            std::mem::forget(next);
         }
         guard.armed = false;
         let core = &mut *guard.core;

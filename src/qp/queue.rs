@@ -12,6 +12,7 @@ use std::mem::MaybeUninit;
 
 use crate::error::Error;
 use crate::ffi;
+use crate::ledger::read_copy;
 use crate::ledger::ring::{Ring, SlotMeta};
 use crate::ledger::sges::{MAX_SAFE_SGES, Sges};
 use crate::ledger::wr::{ExtOps, RecvWr, SendWr};
@@ -215,7 +216,8 @@ impl<'a, C: SendCore> WorkQueue<C> for SendQueue<'a> {
                 1
             }
             Some(_) => 0,
-            None => post::fill_sges(&wr.bufs, sges),
+            // On a copy: `fill_sges` is not inlined into every post.
+            None => post::fill_sges(&read_copy(&wr.bufs), sges),
         };
         (c, meta)
     }
@@ -516,12 +518,14 @@ pub(crate) fn post_one_on<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     wr: Q::Wr,
 ) -> Result<(), PostError> {
+    // Never dropped here, also not if the post unwinds: a drop in place
+    // would keep the request in memory (`read_copy`), and its buffers may be
+    // in the ring by then.
+    let wr = std::mem::ManuallyDrop::new(wr);
     // SAFETY: `post_one_in_place` moves `wr` out exactly once (into the ring
-    // or back in its error), so it is forgotten here. (Through a reference:
+    // or back in its error); `wr` is not dropped. (Through a reference:
     // moving the request would copy all of it.)
-    let posted = unsafe { post_one_in_place::<C, Q>(core, &wr) };
-    std::mem::forget(wr);
-    posted
+    unsafe { post_one_in_place::<C, Q>(core, &wr) }
 }
 
 /// [`post_one_on`] for a request the caller holds.
@@ -608,8 +612,10 @@ fn post_list_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
         while n < POST_CHUNK {
             // Staged through a reference: binding the request by value would
             // copy all of it once more. (`next` may panic: see Unstage.)
-            let next = wrs.next();
-            let Some(wr) = &next else {
+            // Never dropped in place, also not on unwinding (see
+            // `post_one_on`): forgotten once staged, taken out when refused.
+            let next = std::mem::ManuallyDrop::new(wrs.next());
+            let Some(wr) = &*next else {
                 exhausted = true;
                 break;
             };
@@ -627,10 +633,11 @@ fn post_list_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
                 return Err(list_failed(
                     earlier,
                     error,
-                    next.into_iter().map(Q::into_parts),
+                    std::mem::ManuallyDrop::into_inner(next)
+                        .into_iter()
+                        .map(Q::into_parts),
                 ));
             }
-            std::mem::forget(next);
             n += 1;
         }
         guard.armed = false;

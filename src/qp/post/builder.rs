@@ -17,10 +17,15 @@ pub(crate) fn send_request(wr: &SendWr<'_>) -> Option<Request> {
     }
     // An empty buffer gives a zero-length SGE: posted without one, as
     // `fill_sges` skips it (some hardware reads a zero length as 2 GiB).
-    let sge = match wr.bufs.as_slice() {
-        [] => ffi::ibv_sge::default(),
-        [b] => b.sge(),
-        _ => return None,
+    // Read where it lies (`Sges::inline_first`): a slice of the list may
+    // point into the request, which would keep it in memory.
+    let sge = if wr.bufs.is_one_inline() {
+        // SAFETY: checked just above.
+        unsafe { wr.bufs.inline_first() }.sge()
+    } else if wr.bufs.is_empty() {
+        ffi::ibv_sge::default()
+    } else {
+        return None;
     };
     // The immediate travels big-endian in the operand's low half, as the
     // builders take it (`ibv_wr_send_imm(3)`).
