@@ -35,7 +35,7 @@
 //! slot is taken; the loop still keeps at most `-t` requests in flight);
 //! safe-path READ and atomic destinations are `-t` pieces of a pool per QP,
 //! recycled from completions (unsignaled ones through
-//! `Cq::poll_with_retired`); inline data is off unless `-I` is given, and on
+//! `Cq::poll_recycling`); inline data is off unless `-I` is given, and on
 //! with it (perftest turns `-I` off on devices it does not recognise, soft-RoCE
 //! among them); READ and atomic tests refuse `-I` (as perftest); `-o` sets both `max_rd_atomic` and `max_dest_rd_atomic` from
 //! this side's value (perftest takes the initiator's from the peer; both sides

@@ -557,15 +557,12 @@ impl Tx {
                 // READ and atomics: the NIC wrote into owned destinations; recycle them.
                 let read = self.shape.verb.writes_local();
                 let ne = if read {
-                    let ne = cq.cq.poll_with_retired(&mut s.out, &mut s.retired)?;
-                    // Popped in place: moving each list out would copy it.
-                    for (_, bufs) in s.retired.iter_mut() {
-                        while let Some(b) = bufs.pop() {
-                            s.pool.extend(b.into_mr());
+                    let pool = &mut s.pool;
+                    cq.cq.poll_recycling(&mut s.out, |_, b| {
+                        if let Some(mr) = b.into_mr() {
+                            pool.push(mr);
                         }
-                    }
-                    s.retired.clear();
-                    ne
+                    })?
                 } else {
                     cq.cq.poll(&mut s.out)?
                 };

@@ -2,7 +2,6 @@
 //! and atomic destinations, and one post call of `-l` requests.
 
 use rdma_verbs::prelude::*;
-use rdma_verbs::qp::Sges;
 
 use super::{
     ATOMIC_ADD_VALUE, ATOMIC_CMP_VALUE, ATOMIC_SWAP_VALUE, POLL_BATCH, QP_SHIFT, SAFE_POOL_CAP,
@@ -18,9 +17,6 @@ pub(super) struct SafeTx {
     pub(super) pool: Vec<Mr>,
     pub(super) inline: Option<Vec<u8>>,
     pub(super) out: Vec<Completion>,
-    /// READ/atomic: the destinations of unsignaled requests, handed back by
-    /// `Cq::poll_with_retired` and recycled into `pool`.
-    pub(super) retired: Vec<(u64, Sges)>,
 }
 
 impl SafeTx {
@@ -135,7 +131,7 @@ impl SafeTx {
         let mut pool = Vec::new();
         if verb.writes_local() {
             // Every READ's destination / atomic's result buffer comes back
-            // (unsignaled ones through poll_with_retired), and at most
+            // (unsignaled ones through poll_recycling), and at most
             // tx_depth are in flight per QP.
             let count = o.tx_depth as usize * nq;
             if count.saturating_mul(size) > SAFE_POOL_CAP {
@@ -168,13 +164,6 @@ impl SafeTx {
             pool,
             inline: inline.then(|| vec![0xa5u8; size]),
             out: Vec::with_capacity(POLL_BATCH),
-            // One completion retires at most tx_depth requests; a poll returns
-            // up to POLL_BATCH completions: this never reallocates.
-            retired: Vec::with_capacity(if verb.writes_local() {
-                o.tx_depth as usize * nq + POLL_BATCH
-            } else {
-                0
-            }),
         })
     }
 }

@@ -6,8 +6,8 @@ use super::completion::TOKEN_SHIFT;
 use super::{Completion, CompletionSource, Cq};
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::ledger::ring::HeldPanic;
-use crate::ledger::sges::Sges;
+use crate::ledger::ring::{HeldPanic, Recycle, Release, Sweep};
+use crate::ledger::sges::{Buffer, Sges};
 use crate::ledger::table::TAG_FLAG;
 use crate::sys::call::verb;
 
@@ -100,9 +100,10 @@ impl Cq {
     /// Each completion of a safe-path work request carries that request's
     /// buffers back ([`Completion::take_mr`], [`Completion::take_buffers`]);
     /// unsignaled sends before it are retired and their buffers released
-    /// (use [`Cq::poll_with_retired`] to get those back). Completions that are
-    /// not the safe path's come back marked [`CompletionSource::Foreign`] or
-    /// [`CompletionSource::Stale`], without buffers.
+    /// (use [`Cq::poll_with_retired`] or [`Cq::poll_recycling`] to get those
+    /// back). Completions that are not the safe path's come back marked
+    /// [`CompletionSource::Foreign`] or [`CompletionSource::Stale`], without
+    /// buffers.
     ///
     /// # Errors
     /// [`Error::CompletionsLost`] when a completion swept a signaled request
@@ -113,7 +114,7 @@ impl Cq {
     #[doc(alias = "ibv_poll_cq")]
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
         make_room(out);
-        self.poll_inner(out, usize::MAX, None)
+        self.poll_inner(out, usize::MAX, &mut Release)
     }
 
     /// [`Cq::poll`] (`ibv_poll_cq`), and the buffers of the unsignaled
@@ -129,7 +130,45 @@ impl Cq {
         retired: &mut Vec<(u64, Sges)>,
     ) -> Result<usize> {
         make_room(out);
-        self.poll_inner(out, usize::MAX, Some(retired))
+        self.poll_inner(out, usize::MAX, retired)
+    }
+
+    /// [`Cq::poll`] (`ibv_poll_cq`), and each buffer of the unsignaled
+    /// requests the completions retire is handed to `recycle` with its
+    /// request's `wr_id` (in posting order, a request's buffers in list
+    /// order) instead of being released: the cheapest way to return
+    /// unsignaled READ or atomic destinations to a pool, with no list in
+    /// between ([`Buffer::into_mr`](crate::qp::Buffer::into_mr) gives an owned
+    /// destination back as the [`Mr`](crate::mr::Mr) it was posted as). A
+    /// signaled request's buffers come back in its [`Completion`], as with
+    /// [`Cq::poll`].
+    ///
+    /// If `recycle` panics, the buffers it has not been handed in this call
+    /// are released instead, and the panic resumes once the poll has
+    /// finished its bookkeeping (the completions it read are in `out`).
+    ///
+    /// ```no_run
+    /// # use rdma_verbs::prelude::*;
+    /// # fn f(cq: &mut Cq, out: &mut Vec<Completion>, pool: &mut Vec<Mr>) -> Result<()> {
+    /// cq.poll_recycling(out, |_wr_id, buf| pool.extend(buf.into_mr()))?;
+    /// for c in out.iter_mut() {
+    ///     c.result()?;
+    ///     pool.extend(c.take_mr());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Cq::poll`].
+    #[inline]
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll_recycling(
+        &mut self,
+        out: &mut Vec<Completion>,
+        recycle: impl FnMut(u64, Buffer),
+    ) -> Result<usize> {
+        make_room(out);
+        self.poll_inner(out, usize::MAX, &mut Recycle(recycle))
     }
 
     #[inline]
@@ -137,7 +176,7 @@ impl Cq {
         &mut self,
         out: &mut Vec<Completion>,
         want: usize,
-        mut retired: Option<&mut Vec<(u64, Sges)>>,
+        sweep: &mut impl Sweep,
     ) -> Result<usize> {
         let start = out.len();
         let want = want.min(out.capacity() - start);
@@ -155,7 +194,7 @@ impl Cq {
         // complete_into returns true.
         let drained = unsafe {
             poll_in_batches(raw, out, want, |wc, dst| {
-                self.complete_into(wc, dst, retired.as_deref_mut(), &mut caught, &mut lost)
+                self.complete_into(wc, dst, sweep, &mut caught, &mut lost)
             })
         }?;
         if drained && destroyed > 0 {
@@ -190,7 +229,7 @@ impl Cq {
         &mut self,
         wc: *const ffi::ibv_wc,
         dst: *mut Completion,
-        retired: Option<&mut Vec<(u64, Sges)>>,
+        sweep: &mut impl Sweep,
         caught: &mut HeldPanic,
         lost: &mut u64,
     ) -> bool {
@@ -208,7 +247,7 @@ impl Cq {
             };
             let (source, posted, recv) = match ring {
                 Some(ring) if ring.qp_num() == (*wc).qp_num => {
-                    match ring.retire(token as u32, retired, bufs, caught, lost) {
+                    match ring.retire(token as u32, sweep, bufs, caught, lost) {
                         // The library's own drain marker (see Qp::to_error):
                         // it has retired the requests before it; nothing to
                         // hand out (its empty buffer list needs no drop).
@@ -258,7 +297,13 @@ impl Cq {
         // SAFETY: room for one more was reserved; complete_into writes every
         // field when it returns true, and nothing otherwise.
         unsafe {
-            if self.complete_into(wc, pending.as_mut_ptr().add(len), None, caught, lost) {
+            if self.complete_into(
+                wc,
+                pending.as_mut_ptr().add(len),
+                &mut Release,
+                caught,
+                lost,
+            ) {
                 pending.set_len(len + 1);
             }
         }
@@ -330,7 +375,7 @@ impl Cq {
         timeout: std::time::Duration,
     ) -> Result<()> {
         poll_exactly(out, n, timeout, "waiting for completions", |out, want| {
-            self.poll_inner(out, want, None)
+            self.poll_inner(out, want, &mut Release)
         })
     }
 

@@ -203,7 +203,7 @@ pub enum Error {
     #[error(
         "{count} completion(s) were lost: later completions of the same queue arrived without them; the CQ \
          overran (QPs created outside the safe path, or raw-path posts, filled it) or they were consumed by \
-         Cq::poll_raw; their buffers were released (or handed back by poll_with_retired)"
+         Cq::poll_raw; their buffers were released (or handed back by poll_with_retired or poll_recycling)"
     )]
     CompletionsLost {
         /// How many signaled requests had no completion.

@@ -36,8 +36,11 @@ use crate::ledger::sges::Sges;
 
 mod slots;
 mod srq;
+mod sweep;
 use slots::claim_slot;
 pub(crate) use srq::SrqProducer;
+use sweep::drop_in_place_catching;
+pub(crate) use sweep::{Recycle, Release, Sweep};
 
 const EMPTY: u8 = 0;
 const POSTED: u8 = 1;
@@ -491,9 +494,9 @@ impl Ring {
     /// Retires the request with sequence number `seq32` (low 32 bits) and every
     /// request before it, moving its buffers to `bufs_out`.
     ///
-    /// Requests swept on the way go to `retired` if given, else are dropped;
-    /// a panic from dropping one is kept in `caught` (the first one) so the
-    /// ring stays consistent, and `lost` counts swept requests that had asked
+    /// The buffers of requests swept on the way go to `sweep`; a panic there
+    /// (a buffer's `Drop`, a recycling closure) is kept in `caught` (the first
+    /// one) so the ring stays consistent, and `lost` counts swept requests that had asked
     /// for a completion (theirs never came: the CQ overran, or someone else
     /// consumed it). Returns `None` without changing anything when `seq32`
     /// names no posted request of this ring (a stale or forged completion), or
@@ -507,7 +510,7 @@ impl Ring {
     pub(crate) unsafe fn retire(
         &self,
         seq32: u32,
-        mut retired: Option<&mut Vec<(u64, Sges)>>,
+        sweep: &mut impl Sweep,
         bufs_out: *mut Sges,
         caught: &mut HeldPanic,
         lost: &mut u64,
@@ -528,7 +531,7 @@ impl Ring {
         }
         if self.out_of_order {
             // SAFETY: per the contract; `seq` is posted and in the window.
-            return unsafe { self.retire_out_of_order(tail, seq, retired, bufs_out, caught, lost) };
+            return unsafe { self.retire_out_of_order(tail, seq, sweep, bufs_out, caught, lost) };
         }
         for s in tail..seq {
             // SAFETY: `target` is a slot of this ring, so they are allocated.
@@ -539,10 +542,7 @@ impl Ring {
             // (or dropped) once, and the slot is EMPTY so no one reads it again.
             unsafe {
                 *lost += u64::from((*d).meta.signaled);
-                match retired.as_deref_mut() {
-                    Some(v) => push_retired(v, d),
-                    None => drop_in_place_catching(&raw mut (*d).bufs, caught),
-                }
+                sweep.take((*d).wr_id, &raw mut (*d).bufs, caught);
             }
         }
         // SAFETY: per the contract.
@@ -596,7 +596,7 @@ impl Ring {
         &self,
         tail: u64,
         seq: u64,
-        mut retired: Option<&mut Vec<(u64, Sges)>>,
+        sweep: &mut impl Sweep,
         bufs_out: *mut Sges,
         caught: &mut HeldPanic,
         lost: &mut u64,
@@ -628,10 +628,7 @@ impl Ring {
                     self.hold(&raw mut (*d).bufs);
                     continue;
                 }
-                match retired.as_deref_mut() {
-                    Some(v) => push_retired(v, d),
-                    None => drop_in_place_catching(&raw mut (*d).bufs, caught),
-                }
+                sweep.take((*d).wr_id, &raw mut (*d).bufs, caught);
             }
         }
         // SAFETY: per the contract (`seq` is posted, so the slots are allocated).
@@ -652,45 +649,6 @@ impl Ring {
         });
         self.tail.store(new_tail, Ordering::Release);
         done
-    }
-}
-
-/// Appends a claimed request's wr_id and buffers to `v`, written in place
-/// (a push would copy the whole entry once more).
-///
-/// # Safety
-/// `d` was claimed by the caller, who does not touch its data afterwards.
-#[inline]
-unsafe fn push_retired(v: &mut Vec<(u64, Sges)>, d: *mut SlotData) {
-    v.reserve(1);
-    let len = v.len();
-    // SAFETY: `reserve` made room for one more entry; both fields are written
-    // before `set_len`; the buffers move out of the claimed slot once.
-    unsafe {
-        let dst = v.as_mut_ptr().add(len);
-        (&raw mut (*dst).0).write((*d).wr_id);
-        Sges::move_to(&raw const (*d).bufs, &raw mut (*dst).1);
-        v.set_len(len + 1);
-    }
-}
-
-/// Drops the buffers at `bufs`; a panic from a buffer's `Drop` is kept in
-/// `caught` (the first one; later ones are discarded) instead of unwinding
-/// through the caller's bookkeeping. (A panicking element does not stop the
-/// others from being dropped, and none is dropped twice.)
-///
-/// # Safety
-/// `bufs` is a live list that nothing uses afterwards.
-#[inline]
-unsafe fn drop_in_place_catching(bufs: *mut Sges, caught: &mut HeldPanic) {
-    // SAFETY: per the contract.
-    if unsafe { (*bufs).is_empty() } {
-        return;
-    }
-    // SAFETY: per the contract; dropped exactly once even if it unwinds.
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe { Sges::drop_in_place(bufs) }));
-    if let Err(p) = r {
-        caught.get_or_insert(p);
     }
 }
 
@@ -776,7 +734,15 @@ mod tests {
         let mut out = MaybeUninit::<Sges>::uninit();
         let mut caught = None;
         // SAFETY: single consumer; `out` is written iff Some is returned.
-        let r = unsafe { ring.retire(token as u32, None, out.as_mut_ptr(), &mut caught, lost) };
+        let r = unsafe {
+            ring.retire(
+                token as u32,
+                &mut Release,
+                out.as_mut_ptr(),
+                &mut caught,
+                lost,
+            )
+        };
         r.map(|r| {
             // SAFETY: written by retire.
             drop(unsafe { out.assume_init() });

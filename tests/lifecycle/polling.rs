@@ -43,7 +43,7 @@ impl Model {
                 out = Vec::with_capacity(cap);
                 self.cqs[c].as_mut().unwrap().cq.poll(&mut out)
             }
-            4..=6 => {
+            4..=5 => {
                 let cap = self.rng.range(1, 6) as usize;
                 out = Vec::with_capacity(cap);
                 retired.reserve(self.rng.below(3) as usize);
@@ -52,6 +52,21 @@ impl Model {
                     .unwrap()
                     .cq
                     .poll_with_retired(&mut out, &mut retired)
+            }
+            6 => {
+                // One by one, regrouped per request as poll_with_retired
+                // lists them (every request of the model has a buffer, and
+                // its own wr_id).
+                out = Vec::with_capacity(self.rng.range(1, 6) as usize);
+                let cq = &mut self.cqs[c].as_mut().unwrap().cq;
+                cq.poll_recycling(&mut out, |id, b| match retired.last_mut() {
+                    Some((last, bufs)) if *last == id => bufs.push(b),
+                    _ => {
+                        let mut bufs = Sges::default();
+                        bufs.push(b);
+                        retired.push((id, bufs));
+                    }
+                })
             }
             7..=8 => {
                 let certain = self.certain(id);
