@@ -69,10 +69,10 @@ unsafe fn stage_built<C: QueueCore, Q: WorkQueue<C>>(
     let sig_all = core.caps().sq_sig_all;
     let (ring, head) = Q::ring_and_head(core);
     let in_flight = ring.in_flight(*head);
-    let depth = ring.room_depth(in_flight);
-    if in_flight >= depth {
-        return Err(full::<C, Q>(core, depth));
-    }
+    let depth = match ring.room(in_flight) {
+        Ok(depth) => depth,
+        Err(depth) => return Err(full::<C, Q>(core, depth)),
+    };
     if in_flight + 1 == depth && !sig_all {
         // The last free slot: ask for a completion so the ring drains.
         r.flags |= SIGNALED;
@@ -85,7 +85,7 @@ unsafe fn stage_built<C: QueueCore, Q: WorkQueue<C>>(
     let (wr_id, bufs) = Q::id_and_bufs(wr);
     let seq = *head;
     // SAFETY: producer side (&mut core), space checked above against
-    // `room_depth`, which allocated the slots; the caller
+    // `room`, which allocated the slots; the caller
     // forgets `*wr`, so its buffers live on only in the slot.
     r.wr_id = unsafe { ring.fill(seq, wr_id, meta, bufs) };
     *head += 1;

@@ -409,16 +409,16 @@ pub(super) unsafe fn stage<C: QueueCore, Q: WorkQueue<C>>(
     Q::validate(core, wr)?;
     let (ring, head) = Q::ring_and_head(core);
     let in_flight = ring.in_flight(*head);
-    let depth = ring.room_depth(in_flight);
-    if in_flight >= depth {
-        return Err(full::<C, Q>(core, depth));
-    }
+    let depth = match ring.room(in_flight) {
+        Ok(depth) => depth,
+        Err(depth) => return Err(full::<C, Q>(core, depth)),
+    };
     let (c, meta) = Q::write_c(core, wr, c, sges, in_flight + 1 == depth);
     let (wr_id, bufs) = Q::id_and_bufs(wr);
     let (ring, head) = Q::ring_and_head(core);
     let seq = *head;
     // SAFETY: producer side (&mut QpCore), space checked above against
-    // `room_depth`, which allocated the slots; the caller
+    // `room`, which allocated the slots; the caller
     // forgets `*wr`, so its buffers live on only in the slot. `c` points to
     // the entry written just above.
     unsafe { Q::CWr::set_wr_id(c, ring.fill(seq, wr_id, meta, bufs)) };

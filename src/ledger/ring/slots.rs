@@ -53,18 +53,37 @@ impl Ring {
         u64::from(self.window.load(Ordering::Relaxed))
     }
 
-    /// The depth for the producer's room check with `in_flight` requests
-    /// outstanding: [`posting_depth`](Ring::posting_depth) when that leaves
+    /// The producer's room check with `in_flight` requests outstanding:
+    /// `Ok(depth)` when one more fits, `Err(depth)` when the queue is full.
+    /// The depth is [`posting_depth`](Ring::posting_depth) when that leaves
     /// room, else (a full queue, or its first post) what
     /// [`allocate_slots`](Ring::allocate_slots) returns.
     #[inline(always)]
-    pub(crate) fn room_depth(&self, in_flight: u64) -> u64 {
+    pub(crate) fn room(&self, in_flight: u64) -> Result<u64, u64> {
         let depth = self.posting_depth();
         if in_flight < depth {
-            depth
+            Ok(depth)
         } else {
-            self.allocate_slots()
+            self.room_after_allocating(in_flight)
         }
+    }
+
+    /// [`room`](Ring::room)'s cold path.
+    #[cold]
+    #[inline(never)]
+    fn room_after_allocating(&self, in_flight: u64) -> Result<u64, u64> {
+        let depth = self.allocate_slots();
+        if in_flight < depth {
+            Ok(depth)
+        } else {
+            Err(depth)
+        }
+    }
+
+    /// The depth [`room`](Ring::room) checks against, full or not.
+    #[inline(always)]
+    pub(crate) fn room_depth(&self, in_flight: u64) -> u64 {
+        self.room(in_flight).unwrap_or_else(|depth| depth)
     }
 
     /// Allocates the slots (every one EMPTY) unless they are already there,
