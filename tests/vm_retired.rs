@@ -13,14 +13,11 @@ use rdma_verbs::cq::{Completion, WcStatus};
 use rdma_verbs::mr::{AccessFlags, Mr, RemoteMr};
 use rdma_verbs::qp::{QpCaps, SendWr};
 
+/// Default capabilities with `sge` scatter entries per send request.
 fn caps(sge: u32) -> QpCaps {
     QpCaps {
-        max_send_wr: 64,
-        max_recv_wr: 64,
         max_send_sge: sge,
-        max_recv_sge: sge,
-        max_inline_data: 64,
-        sq_sig_all: false,
+        ..QpCaps::default()
     }
 }
 
