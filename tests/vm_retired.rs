@@ -151,3 +151,44 @@ fn a_panicking_recycler_leaves_the_cq_consistent() {
     });
     assert_eq!(got, (0..7).collect::<Vec<_>>());
 }
+
+/// The closure may post to the QP whose completions it is handed: each
+/// destination goes straight into a new READ (of the same 64 bytes, so the
+/// first seven are read twice), while the poll is still sweeping.
+#[test]
+fn a_recycler_may_repost_each_destination_on_the_same_qp() {
+    let mut p = pair(caps(1));
+    let (_source, all, remote) = source(&p);
+    post_eight_reads(&mut p, remote, None);
+    let (qp, cq) = (&mut p.a, &mut p.cq_a);
+    let mut out = Vec::with_capacity(1);
+    let start = std::time::Instant::now();
+    while out.is_empty() {
+        cq.poll_recycling(&mut out, |id, b| {
+            let wr = SendWr::read(100 + id, b, remote, id * 64);
+            // The last one signaled: it retires the six before it.
+            let wr = if id == 6 { wr } else { wr.unsignaled() };
+            qp.post_send(wr).expect("re-posted from the closure");
+        })
+        .unwrap();
+        assert!(start.elapsed() < common::WAIT, "no completion");
+    }
+    assert_eq!((out[0].wr_id, out[0].status), (7, WcStatus::Success));
+    let mut got = Vec::new();
+    let mut again = Vec::with_capacity(1);
+    while again.is_empty() {
+        cq.poll_recycling(&mut again, |id, b| got.push((id, b.into_mr().unwrap())))
+            .unwrap();
+        assert!(start.elapsed() < 2 * common::WAIT, "no second completion");
+    }
+    assert_eq!((again[0].wr_id, again[0].status), (106, WcStatus::Success));
+    got.push((106, again[0].take_mr().unwrap()));
+    assert_eq!(
+        got.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        (100..107).collect::<Vec<_>>()
+    );
+    for (id, mr) in got {
+        let off = (id - 100) as usize * 64;
+        assert_eq!(mr.to_vec().unwrap(), &all[off..off + 64], "READ {id}");
+    }
+}
