@@ -204,51 +204,38 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
     let _g = serial();
     // The SRQ hands out its receives in posting order, as messages begin to
     // arrive; each completes when its message has arrived whole. QP 0's peer
-    // sends a long message while QP 1's peer sends short ones from another
-    // thread at the same time: QP 0 takes a receive with its first packet,
-    // and QP 1's messages take later receives and complete first. rxe sends
-    // a message in the posting thread's system call, so the two threads run
-    // on different CPUs (on one they take turns and the order is posting
-    // order). Repeat until that order was seen (each round checks every byte
-    // either way): on a loaded 2-core host the guest's two CPUs often take
-    // turns too, for 60 rounds in a row beside a build at nice 19.
-    const BIG: usize = 1 << 20;
+    // sends a long message first: its first packets take a receive, and the
+    // rest follows in windows of rxe's unacknowledged-packet limit (128), each
+    // waiting for the responder's acknowledgement, so 4 MiB (4,096 packets at
+    // a 1,024-byte path MTU) takes tens of milliseconds of kernel work under
+    // the emulator. A few milliseconds after it is posted, QP 1's peer sends
+    // short messages: they take later receives and complete first. Repeat
+    // until that order was seen (each round checks every byte either way).
+    const BIG: usize = 4 << 20;
     const SMALL: usize = 4;
     let mut s = setup(2, 8);
     let mut out_of_order = false;
-    for round in 0..150u64 {
+    for round in 0..20u64 {
         let first = round * 100;
         let posted = post_receives(&mut s, first, 1 + SMALL as u64, BIG);
         let big = message(0, round as usize, BIG);
         let small: Vec<Vec<u8>> = (0..SMALL).map(|k| message(1, k, 64 + k)).collect();
-        let bufs: Vec<Mr> = std::iter::once(&big)
-            .chain(&small)
-            .map(|d| {
-                let mut mr = Mr::new(&s.pd, d.len(), AccessFlags::LOCAL_WRITE).expect("mr");
-                mr.write_at(0, d).expect("write");
-                mr
-            })
-            .collect();
-        let mut bufs = bufs.into_iter();
-        let big_buf = bufs.next().expect("big");
-        let barrier = std::sync::Barrier::new(2);
-        let (p0, p1) = s.peers.split_at_mut(1);
-        std::thread::scope(|sc| {
-            sc.spawn(|| {
-                pin_to_cpu(1);
-                barrier.wait();
-                p0[0]
-                    .post_send(SendWr::send(0).sge(big_buf))
-                    .expect("big send");
-            });
-            pin_to_cpu(0);
-            barrier.wait();
-            for (k, mr) in bufs.enumerate() {
-                p1[0]
-                    .post_send(SendWr::send(1 + k as u64).sge(mr))
-                    .expect("small send");
-            }
+        let mut bufs = std::iter::once(&big).chain(&small).map(|d| {
+            let mut mr = Mr::new(&s.pd, d.len(), AccessFlags::LOCAL_WRITE).expect("mr");
+            mr.write_at(0, d).expect("write");
+            mr
         });
+        let big_buf = bufs.next().expect("big");
+        let small_bufs: Vec<Mr> = bufs.collect();
+        s.peers[0]
+            .post_send(SendWr::send(0).sge(big_buf))
+            .expect("big send");
+        std::thread::sleep(Duration::from_millis(3));
+        for (k, mr) in small_bufs.into_iter().enumerate() {
+            s.peers[1]
+                .post_send(SendWr::send(1 + k as u64).sge(mr))
+                .expect("small send");
+        }
         wait(&mut s.peer_cq, 1 + SMALL);
         let mut wcs = wait(&mut s.cq, 1 + SMALL);
         let mut seen = HashSet::new();
@@ -270,32 +257,9 @@ fn receives_consumed_out_of_order_across_qps_retire_their_own_slots() {
             break;
         }
     }
-    pin_to_cpu(usize::MAX);
     assert!(
         out_of_order,
         "the receives always completed in posting order"
-    );
-}
-
-/// Runs the calling thread on `cpu` only (`usize::MAX`: on every CPU again).
-/// A guest with one CPU leaves it where it is.
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for c in 0..cpus {
-        if cpu == usize::MAX || c == cpu % cpus {
-            // SAFETY: c is below CPU_SETSIZE (the guest has a few CPUs).
-            unsafe { libc::CPU_SET(c, &mut set) };
-        }
-    }
-    // SAFETY: pid 0 is the calling thread; set is a valid cpu_set_t.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    assert_eq!(
-        rc,
-        0,
-        "sched_setaffinity: {}",
-        std::io::Error::last_os_error()
     );
 }
 
