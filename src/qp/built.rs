@@ -111,8 +111,6 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
         reqs: [const { MaybeUninit::uninit() }; POST_CHUNK],
         c_wrs: [const { MaybeUninit::uninit() }; POST_CHUNK],
         c_sges: [const { MaybeUninit::uninit() }; POST_CHUNK * MAX_SAFE_SGES],
-        built: 0,
-        c: 0,
     };
     loop {
         let (ring, head) = Q::ring_and_head(core);
@@ -123,9 +121,11 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
             armed: true,
             _queue: PhantomData,
         };
-        (chunk.built, chunk.c) = (0, 0);
+        // The counts live outside the chunk's arrays (whose address reaches
+        // C), so that they stay in registers.
+        let mut n = Counts { built: 0, c: 0 };
         let mut exhausted = false;
-        while chunk.built + chunk.c < POST_CHUNK {
+        while n.built + n.c < POST_CHUNK {
             // Staged through a reference, as in `post_list_c`.
             // Never dropped in place, also not on unwinding (see
             // `post_one_on`): forgotten once staged, taken out when refused.
@@ -135,11 +135,11 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
                 break;
             };
             // SAFETY: `next` is forgotten once staged, returned whole when refused.
-            if let Err(error) = unsafe { chunk.stage::<C, Q>(guard.core, wr) } {
+            if let Err(error) = unsafe { chunk.stage::<C, Q>(&mut n, guard.core, wr) } {
                 guard.armed = false;
                 let core = &mut *guard.core;
-                let earlier = (chunk.built + chunk.c > 0)
-                    .then(|| chunk.submit::<C, Q>(core, ex, first_seq, tag));
+                let earlier =
+                    (n.built + n.c > 0).then(|| chunk.submit::<C, Q>(n, core, ex, first_seq, tag));
                 return Err(list_failed(
                     earlier,
                     error,
@@ -151,8 +151,8 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
         }
         guard.armed = false;
         let core = &mut *guard.core;
-        if chunk.built + chunk.c > 0 {
-            chunk.submit::<C, Q>(core, ex, first_seq, tag)?;
+        if n.built + n.c > 0 {
+            chunk.submit::<C, Q>(n, core, ex, first_seq, tag)?;
         }
         if exhausted {
             return Ok(());
@@ -160,12 +160,18 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
     }
 }
 
-/// One chunk of a list on a QP with builders: its first `built` requests
-/// in the builders' form, then `c` in C form (with their SGE blocks).
+/// One chunk of a list on a QP with builders: its first [`Counts::built`]
+/// requests in the builders' form, then [`Counts::c`] in C form (with their
+/// SGE blocks).
 struct Chunk<W> {
     reqs: [MaybeUninit<Request>; POST_CHUNK],
     c_wrs: [MaybeUninit<W>; POST_CHUNK],
     c_sges: [MaybeUninit<ffi::ibv_sge>; POST_CHUNK * MAX_SAFE_SGES],
+}
+
+/// How many requests a [`Chunk`] holds in each form.
+#[derive(Clone, Copy)]
+struct Counts {
     built: usize,
     c: usize,
 }
@@ -179,28 +185,29 @@ impl<W> Chunk<W> {
     #[inline(always)]
     unsafe fn stage<C: QueueCore, Q: WorkQueue<C, CWr = W>>(
         &mut self,
+        n: &mut Counts,
         core: &mut C,
         wr: &Q::Wr,
     ) -> Result<(), Error> {
-        if self.c == 0 {
+        if n.c == 0 {
             if let Some(r) = Q::request(wr) {
                 // Staged in its chunk entry (copying it there afterwards would
                 // move it once more); a refused request leaves the entry
                 // unused, past `built`.
-                let r = self.reqs[self.built].write(r);
+                let r = self.reqs[n.built].write(r);
                 // SAFETY: per this function's contract.
                 unsafe { stage_built::<C, Q>(core, wr, r)? };
-                self.built += 1;
+                n.built += 1;
                 return Ok(());
             }
         }
         let (c, sges) = (
-            &mut self.c_wrs[self.c],
-            &mut self.c_sges[self.c * MAX_SAFE_SGES..],
+            &mut self.c_wrs[n.c],
+            &mut self.c_sges[n.c * MAX_SAFE_SGES..],
         );
         // SAFETY: per this function's contract.
         unsafe { stage::<C, Q>(core, wr, c, sges)? };
-        self.c += 1;
+        n.c += 1;
         Ok(())
     }
 
@@ -211,18 +218,19 @@ impl<W> Chunk<W> {
     #[inline(always)]
     fn submit<C: QueueCore, Q: WorkQueue<C, CWr = W>>(
         &mut self,
+        n: Counts,
         core: &mut C,
         ex: SendEx,
         first_seq: u64,
         tag: u64,
     ) -> Result<(), PostError> {
-        if self.built > 0 {
-            let reqs = &self.reqs[..self.built];
+        if n.built > 0 {
+            let reqs = &self.reqs[..n.built];
             submit_built::<C, Q>(core, ex, reqs, first_seq, tag)?;
         }
-        if self.c > 0 {
-            let c_first = first_seq + self.built as u64;
-            submit::<C, Q>(core, &mut self.c_wrs, &mut self.c_sges, self.c, c_first)?;
+        if n.c > 0 {
+            let c_first = first_seq + n.built as u64;
+            submit::<C, Q>(core, &mut self.c_wrs, &mut self.c_sges, n.c, c_first)?;
         }
         Ok(())
     }

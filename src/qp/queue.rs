@@ -661,15 +661,27 @@ pub(super) struct Unstage<'c, C: QueueCore, Q: WorkQueue<C>> {
 }
 
 impl<C: QueueCore, Q: WorkQueue<C>> Drop for Unstage<'_, C, Q> {
+    // Runs disarmed after every chunk: the test is inlined, the unwinding
+    // path is not.
+    #[inline(always)]
     fn drop(&mut self) {
         if self.armed {
-            let (ring, head) = Q::ring_and_head(self.core);
-            // SAFETY: producer side; the staged requests were never submitted.
-            let unstaged = unsafe { ring.unfill_from(self.first_seq, head) };
-            // Their buffers drop here, during the unwind; a second panic from a
-            // buffer's Drop would abort the process, so it is contained.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unstaged)));
+            self.unstage();
         }
+    }
+}
+
+impl<C: QueueCore, Q: WorkQueue<C>> Unstage<'_, C, Q> {
+    /// Takes the requests staged since `first_seq` back out of the ring.
+    #[cold]
+    #[inline(never)]
+    fn unstage(&mut self) {
+        let (ring, head) = Q::ring_and_head(self.core);
+        // SAFETY: producer side; the staged requests were never submitted.
+        let unstaged = unsafe { ring.unfill_from(self.first_seq, head) };
+        // Their buffers drop here, during the unwind; a second panic from a
+        // buffer's Drop would abort the process, so it is contained.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unstaged)));
     }
 }
 
