@@ -9,11 +9,12 @@
 //! processing never meets an `id->qp` that is being attached or cleared, as on
 //! an id with a channel of its own, where the id's lock alone covers both.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use super::*;
+use crate::sys::addr_hash::AddrMap;
 use crate::sys::call::verb;
 use crate::sys::wake::wake_all;
 
@@ -27,7 +28,7 @@ pub(crate) struct SharedChannel {
 
 /// The events read for each id of a [`SharedChannel`], by the id's address.
 pub(crate) struct Routes {
-    slots: HashMap<usize, Slot>,
+    slots: AddrMap<usize, Slot>,
     /// Nothing drives the channel any more (its runtime shut down).
     closed: bool,
     /// Wakers of tasks whose event was routed (or whose channel closed)
@@ -85,7 +86,7 @@ impl SharedChannel {
     pub(crate) fn new() -> Result<Arc<SharedChannel>> {
         Ok(Arc::new(SharedChannel {
             routes: Mutex::new(Routes {
-                slots: HashMap::new(),
+                slots: AddrMap::default(),
                 closed: false,
                 woken: Vec::new(),
             }),

@@ -1,9 +1,7 @@
 //! A registration cache for memory the caller manages: registering the same
 //! (address, length, access) again returns the registration already made.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -12,6 +10,7 @@ use super::{AccessFlags, RemoteMr, check_len_access, range_sge, reg_mr};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::pd::Pd;
+use crate::sys::addr_hash::AddrMap;
 
 /// An entry's key: the exact address, length and access rights registered.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,37 +20,7 @@ struct Key {
     access: u32,
 }
 
-/// A multiply-xorshift hasher for [`Key`]'s three words: a hit costs a few
-/// multiplications instead of SipHash's rounds (the keys are not chosen by an
-/// adversary: they are the process's own addresses).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 29)
-    }
-}
-
-type Map = HashMap<Key, Arc<Region>, BuildHasherDefault<KeyHasher>>;
+type Map = AddrMap<Key, Arc<Region>>;
 
 /// What the cache's lock guards.
 struct Inner {
@@ -355,27 +324,5 @@ impl fmt::Debug for CachedMr {
             .field("rkey", &format_args!("{:#x}", self.rkey()))
             .field("access", &self.region.access)
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::hash::BuildHasher;
-
-    #[test]
-    fn key_hashes_spread_over_neighbouring_addresses() {
-        let b = BuildHasherDefault::<KeyHasher>::default();
-        let mut seen = std::collections::HashSet::new();
-        for i in 0..4096usize {
-            let k = Key {
-                addr: 0x7f00_0000_0000 + i * 4096,
-                len: 4096,
-                access: 1,
-            };
-            seen.insert(b.hash_one(k) & 0xfff);
-        }
-        // 4096 buckets, 4096 keys: a good spread fills well over half.
-        assert!(seen.len() > 2000, "{}", seen.len());
     }
 }

@@ -1,6 +1,5 @@
 //! [`AsyncChannel`]: a completion channel and the task that serves its CQs.
 
-use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
@@ -17,6 +16,7 @@ use crate::channel::{ACK_BATCH, CompletionChannel};
 use crate::context::Context;
 use crate::cq::Completion;
 use crate::error::{Error, Result};
+use crate::sys::addr_hash::AddrMap;
 
 /// How many completions the driver takes per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 64;
@@ -51,14 +51,14 @@ impl Drop for ChannelInner {
 /// The CQs on a channel, shared by the handles and the driver.
 #[derive(Default)]
 struct Registry {
-    cqs: Mutex<HashMap<CqId, Weak<Shared>>>,
+    cqs: Mutex<AddrMap<CqId, Weak<Shared>>>,
     /// CQs added since the driver last looked: polled and armed first.
     added: Mutex<Vec<Arc<Shared>>>,
     kick: Notify,
 }
 
 impl Registry {
-    fn cqs(&self) -> MutexGuard<'_, HashMap<CqId, Weak<Shared>>> {
+    fn cqs(&self) -> MutexGuard<'_, AddrMap<CqId, Weak<Shared>>> {
         self.cqs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
