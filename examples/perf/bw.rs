@@ -511,6 +511,19 @@ impl Tx {
         if phase == Phase::End {
             return Ok(());
         }
+        // One loop for single posts and one for lists, as a program that
+        // posts one way writes it: neither's code shapes the other's.
+        if self.shape.post_list == 1 {
+            self.post_round_as::<false>(qps)
+        } else {
+            self.post_round_as::<true>(qps)
+        }
+    }
+
+    /// [`post_round`](Tx::post_round) with one post call per request
+    /// (`LIST` false) or per `-l` requests.
+    #[inline(never)]
+    fn post_round_as<const LIST: bool>(&mut self, qps: &mut [Qp<Rc, Rts>]) -> Result<()> {
         let shape = self.shape;
         let pl = shape.post_list;
         let Tx {
@@ -526,7 +539,7 @@ impl Tx {
                 }
                 let first = *scnt;
                 match &mut *path {
-                    PathState::Safe(s) => s.post(&shape, qp, qi, first, remote, clock)?,
+                    PathState::Safe(s) => s.post::<LIST>(&shape, qp, qi, first, remote, clock)?,
                     PathState::Raw(r) => r.post(shape, qp, qi, first, remote, clock)?,
                     PathState::Scoped(_) => return Err(scoped::not_here()),
                 }

@@ -29,7 +29,8 @@ pub(super) struct RawList {
 impl RawTx {
     /// One raw post call of the prepared list: only the signaled flags (and,
     /// for small messages, the cycled addresses) change between calls.
-    #[inline]
+    /// Inlined into the round, as the safe sender's post is.
+    #[inline(always)]
     pub(super) fn post(
         &mut self,
         shape: Shape,

@@ -20,12 +20,13 @@ pub(super) struct SafeTx {
 }
 
 impl SafeTx {
-    /// One safe post call: `-l` requests; sources are shared slices (an `Arc`
-    /// clone each), READ and atomic destinations owned pieces from the pool.
+    /// One safe post call: one request (`LIST` false) or `-l` requests;
+    /// sources are shared slices (an `Arc` clone each), READ and atomic
+    /// destinations owned pieces from the pool.
     /// Inlined into the round as the raw sender's post is: called, it sets up
     /// a frame the size of a list post's chunk for every post.
     #[inline(always)]
-    pub(super) fn post(
+    pub(super) fn post<const LIST: bool>(
         &mut self,
         shape: &Shape,
         qp: &mut Qp<Rc, Rts>,
@@ -64,7 +65,7 @@ impl SafeTx {
         // 144-byte SendWr would copy it on the way out.
         macro_rules! post {
             (|$id:ident, $slot:ident, $off:ident, $sig:ident| $wr:expr) => {
-                if shape.post_list == 1 {
+                if !LIST {
                     let ($id, $slot, $off, $sig) = at!(first);
                     qp.post_send($wr)
                 } else {
