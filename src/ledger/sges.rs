@@ -32,7 +32,13 @@ impl Buffer {
     pub fn into_mr(self) -> Option<Mr> {
         match self {
             Buffer::Owned(m) => Some(m),
-            Buffer::Shared(_) => None,
+            // Its `Arc` dropped on its own: dropping the `SharedMr` in place
+            // would hand the address of the whole `Buffer` to `Arc`'s slow
+            // path and keep the `Buffer` on the stack.
+            Buffer::Shared(s) => {
+                drop(s.into_base());
+                None
+            }
             Buffer::Range(r) => Some(r.into_mr()),
         }
     }

@@ -32,6 +32,12 @@ pub struct SharedMr {
 }
 
 impl SharedMr {
+    /// The shared region, without the range.
+    #[inline(always)]
+    pub(crate) fn into_base(self) -> Arc<Mr> {
+        self.base
+    }
+
     /// The PD it is registered in.
     pub fn pd(&self) -> &Pd {
         self.base.pd()
