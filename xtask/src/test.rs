@@ -436,11 +436,11 @@ pub const RUNNER_CRATE: &str = "tests/vm_runner_crate";
 /// Largest safe/raw ratio of user-space instructions per message the guard
 /// accepts. Measured 2026-12-06 (extended send API, 2 B, post list 1, sends
 /// through the builders, READ destinations recycled with
-/// `Cq::poll_recycling`, `perf`'s single posts in a loop of their own):
-/// write_bw 1.227, send_bw 1.196, read_bw 1.325; the raw count moves by ~2%
-/// between builds of `perf`. A regression guard at today's level; the target
-/// is 1.30 (issue #32; docs/performance.md says what READ's rest is).
-pub const INSN_GUARD: &str = "1.35";
+/// `Cq::poll_recycling` and kept in registers, `perf`'s single posts in a
+/// loop of their own): write_bw 1.226, send_bw 1.205, read_bw 1.290; the raw
+/// count moves by ~2% between builds of `perf`. The target is 1.30 (issue
+/// #32); the guard leaves room for that spread.
+pub const INSN_GUARD: &str = "1.33";
 
 /// Largest scoped/raw ratio the guard accepts with one request per post
 /// (`perf --scoped`, `Cq::scope`): issue #13's target. Measured 2026-12-01
