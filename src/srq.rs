@@ -588,9 +588,8 @@ impl Drop for Unstage<'_> {
             // SAFETY: producer side; the staged requests were never submitted.
             .filter_map(|&t| unsafe { srq.inner.ring.unfill_srq(&mut srq.producer, t) })
             .collect();
-        // Their buffers drop here, during the unwind; a second panic from a
-        // buffer's Drop would abort the process, so it is contained.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unstaged)));
+        // Their buffers drop here, during the unwind.
+        crate::ledger::sges::drop_each_catching(unstaged);
     }
 }
 

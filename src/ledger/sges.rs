@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::mem::{ManuallyDrop, MaybeUninit};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use crate::ledger::range::MrRange;
 use crate::mr::{Mr, SharedMr};
@@ -167,19 +168,33 @@ impl Sges {
         }
     }
 
-    /// `Drop` of a list with a heap block: its entries, then the block (also
-    /// when an entry's `Drop` panics: the block is a local by then).
+    /// `Drop` of a list with a heap block: its entries one at a time, then
+    /// the block. A panicking entry's `Drop` does not stop the others (a
+    /// second panic while the first unwinds would abort the process): the
+    /// first panic resumes once every entry is dropped and the block freed.
     #[cold]
     #[inline(never)]
     fn drop_spilled(&mut self) {
         let len = self.len as usize;
         // SAFETY: `drop` runs once, and nothing reads `spill` after it.
-        if let Some(mut block) = unsafe { ManuallyDrop::take(&mut self.spill) } {
-            let entries =
-                std::ptr::slice_from_raw_parts_mut(block.as_mut_ptr().cast::<Buffer>(), len);
+        let Some(mut block) = (unsafe { ManuallyDrop::take(&mut self.spill) }) else {
+            return;
+        };
+        let entries = block.as_mut_ptr().cast::<Buffer>();
+        let mut first_panic = None;
+        for i in 0..len {
             // SAFETY: with a block, its first `len` entries are the
-            // initialised ones; they are dropped once, here.
-            unsafe { std::ptr::drop_in_place(entries) };
+            // initialised ones; each is dropped once, here.
+            let dropped = catch_unwind(AssertUnwindSafe(|| unsafe {
+                std::ptr::drop_in_place(entries.add(i))
+            }));
+            if let Err(p) = dropped {
+                first_panic.get_or_insert(p);
+            }
+        }
+        drop(block);
+        if let Some(p) = first_panic {
+            resume_unwind(p);
         }
     }
 
@@ -418,6 +433,16 @@ impl Sges {
         // SAFETY: per the contract: the list moves bitwise (an uninitialised
         // `first` is a `MaybeUninit`), and `src` is not used again.
         unsafe { dst.write(src.read()) }
+    }
+}
+
+/// Drops requests (wr_id, buffers) taken back during an unwind one at a time:
+/// a second panic from a buffer's `Drop` while the first unwinds would abort
+/// the process, so each is contained.
+#[cold]
+pub(crate) fn drop_each_catching(requests: Vec<(u64, Sges)>) {
+    for r in requests {
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(r)));
     }
 }
 

@@ -310,13 +310,27 @@ fn small_pair(
     Qp<crate::qp::Rc, crate::qp::Rts>,
     Qp<crate::qp::Rc, crate::qp::Rts>,
 ) {
-    let ctx = ctx();
-    let gid = ctx.default_gid_index(1).unwrap().unwrap_or(0);
     let caps = QpCaps {
         max_send_wr: 4,
         max_recv_wr: 4,
         ..QpCaps::default()
     };
+    pair_with(pd, cq_a, cq_b, caps, prep)
+}
+
+/// [`small_pair`] with `caps`.
+fn pair_with(
+    pd: &Pd,
+    cq_a: &Cq,
+    cq_b: &Cq,
+    caps: QpCaps,
+    prep: impl FnOnce(&mut Qp<crate::qp::Rc, crate::qp::Init>),
+) -> (
+    Qp<crate::qp::Rc, crate::qp::Rts>,
+    Qp<crate::qp::Rc, crate::qp::Rts>,
+) {
+    let ctx = ctx();
+    let gid = ctx.default_gid_index(1).unwrap().unwrap_or(0);
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let mk = |cq: &Cq| {
         Qp::new(pd, cq, cq, caps)
@@ -445,4 +459,112 @@ fn dropping_a_qp_contains_a_window_regions_panic() {
         1,
         "the posted receive's buffer"
     );
+}
+
+/// A list post whose iterator panics after staging two requests whose
+/// buffers both panic in `Drop`: both are taken back and dropped once each
+/// (the second panic, during the first's unwind, is contained, not an
+/// abort), the iterator's panic reaches the caller, and the queue goes on.
+#[test]
+#[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+fn a_panicking_list_iterator_releases_each_panicking_buffer_it_staged() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let (mut cq_a, cq_b) = (Cq::new(&ctx, 64).unwrap(), Cq::new(&ctx, 64).unwrap());
+    let (mut a, _b) = small_pair(&pd, &cq_a, &cq_b, |b| {
+        b.post_recv(RecvWr::new(
+            9,
+            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+        .unwrap();
+    });
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut sends = (1..=2).map(|i| SendWr::send_from(i, panicking_mr(&pd, &drops)));
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        a.post_send_list(std::iter::from_fn(|| {
+            Some(
+                sends
+                    .next()
+                    .unwrap_or_else(|| panic!("the iterator panics")),
+            )
+        }))
+    }));
+    let payload = r.expect_err("the iterator's panic reaches the caller");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the iterator panics"));
+    assert_eq!(drops.load(Ordering::SeqCst), 2, "each staged buffer, once");
+    assert_eq!(a.outstanding(), (0, 0), "nothing of the list stays posted");
+    a.post_send(SendWr::send(5)).unwrap();
+    let mut out = Vec::with_capacity(4);
+    cq_a.poll_n(&mut out, 1, Duration::from_secs(10)).unwrap();
+    assert_eq!((out[0].wr_id, out[0].status), (5, WcStatus::Success));
+}
+
+/// One request with two buffers (a list on the heap) that both panic in
+/// `Drop`, retired by a later completion: the poll's panic is the first
+/// buffer's, both are dropped once, and the ring goes on.
+#[test]
+#[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+fn a_request_whose_buffers_all_panic_in_drop_drops_each_once() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let (mut cq_a, cq_b) = (Cq::new(&ctx, 64).unwrap(), Cq::new(&ctx, 64).unwrap());
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 2,
+        ..QpCaps::default()
+    };
+    let (mut a, _b) = pair_with(&pd, &cq_a, &cq_b, caps, |b| {
+        for i in 0..3 {
+            let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+            b.post_recv(RecvWr::new(i, mr)).unwrap();
+        }
+    });
+    let drops = Arc::new(AtomicUsize::new(0));
+    let two = SendWr::send_from(1, panicking_mr(&pd, &drops)).sge(panicking_mr(&pd, &drops));
+    a.post_send(two.signaled(false)).unwrap();
+    a.post_send(SendWr::send(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut out = Vec::with_capacity(4);
+    let r = catch_unwind(AssertUnwindSafe(|| cq_a.poll(&mut out)));
+    assert!(r.is_err(), "a buffer's panic reaches the poller");
+    assert_eq!(drops.load(Ordering::SeqCst), 2, "both buffers, once each");
+    assert_eq!((out[0].wr_id, out[0].status), (2, WcStatus::Success));
+    a.post_send(SendWr::send(3)).unwrap();
+    let mut more = Vec::with_capacity(4);
+    cq_a.poll_n(&mut more, 1, Duration::from_secs(10)).unwrap();
+    assert_eq!((more[0].wr_id, more[0].status), (3, WcStatus::Success));
+    drop((a, cq_a));
+    assert_eq!(drops.load(Ordering::SeqCst), 2);
+}
+
+/// The same for an SRQ's list post: two receives whose buffers panic in
+/// `Drop`, then the iterator's panic: both are taken back and dropped once,
+/// and the SRQ takes receives again.
+#[test]
+#[ignore = "needs an RDMA device: run in the soft-RoCE guest"]
+fn a_panicking_srq_list_iterator_releases_each_panicking_buffer_it_staged() {
+    use crate::srq::{Srq, SrqAttr};
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 64).unwrap();
+    let mut srq = Srq::new(&pd, &cq, SrqAttr::new(8, 1)).unwrap();
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut recvs = (1..=2).map(|i| RecvWr::new(i, panicking_mr(&pd, &drops)));
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        srq.post_recv_list(std::iter::from_fn(|| {
+            Some(
+                recvs
+                    .next()
+                    .unwrap_or_else(|| panic!("the iterator panics")),
+            )
+        }))
+    }));
+    let payload = r.expect_err("the iterator's panic reaches the caller");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the iterator panics"));
+    assert_eq!(drops.load(Ordering::SeqCst), 2, "each staged buffer, once");
+    assert_eq!(srq.posted(), 0, "nothing of the list stays posted");
+    let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    srq.post_recv(RecvWr::new(3, mr)).unwrap();
+    assert_eq!(srq.posted(), 1);
 }

@@ -679,9 +679,8 @@ impl<C: QueueCore, Q: WorkQueue<C>> Unstage<'_, C, Q> {
         let (ring, head) = Q::ring_and_head(self.core);
         // SAFETY: producer side; the staged requests were never submitted.
         let unstaged = unsafe { ring.unfill_from(self.first_seq, head) };
-        // Their buffers drop here, during the unwind; a second panic from a
-        // buffer's Drop would abort the process, so it is contained.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unstaged)));
+        // Their buffers drop here, during the unwind.
+        crate::ledger::sges::drop_each_catching(unstaged);
     }
 }
 
