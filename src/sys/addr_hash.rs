@@ -1,7 +1,8 @@
-//! A hasher for maps keyed by the process's own addresses (a registration's
-//! range, a CQ's `ibv_cq`): a few multiplications instead of SipHash's
-//! rounds. The keys are not chosen by an adversary, so hash flooding is not
-//! a concern.
+//! A hasher for maps keyed by addresses in the process (a registration's
+//! range, a CQ's `ibv_cq`, an `rdma_cm_id`): a few multiplications instead of
+//! SipHash's rounds. No peer chooses these keys; at worst (keys the
+//! application picks to collide, as a `RegCache` user could) an operation
+//! costs time linear in the map's size, never more.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -30,7 +31,10 @@ impl Hasher for AddrHasher {
     }
 
     fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 29)
+        // A product's bit k depends only on the key's bits up to k, and the
+        // map indexes by the low bits: bits 44 and up, which depend on every
+        // bit a user-space address can differ in, are rotated down there.
+        self.0.rotate_left(20)
     }
 }
 
@@ -45,7 +49,8 @@ mod tests {
     #[test]
     fn hashes_spread_over_neighbouring_addresses() {
         let b = BuildHasherDefault::<AddrHasher>::default();
-        for (stride, words) in [(4096usize, 3), (64, 1)] {
+        let strides = [4096usize, 64, 8, 1 << 21, 1 << 30, 1 << 36, 1 << 40];
+        for (stride, words) in strides.iter().flat_map(|&s| [(s, 3), (s, 1)]) {
             let mut seen = std::collections::HashSet::new();
             for i in 0..4096usize {
                 let addr = 0x7f00_0000_0000 + i * stride;
