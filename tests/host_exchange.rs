@@ -744,3 +744,22 @@ fn serve_each_takes_a_huge_count_as_a_bound() {
     );
     assert_eq!(client.join().unwrap().unwrap().qpn, 0x400);
 }
+
+/// An async exchange step polled by an executor other than tokio's (no
+/// runtime on the thread) is a typed error, not tokio's panic.
+#[cfg(feature = "tokio")]
+#[test]
+fn an_async_step_outside_a_tokio_runtime_is_an_error() {
+    use rdma_verbs::tokio::exchange as aexchange;
+    use std::task::{Context, Poll, Waker};
+    let (a, _b) = connected_pair();
+    let mut step = std::pin::pin!(aexchange::barrier(a));
+    let polled = step.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+    let Poll::Ready(Err(e)) = polled else {
+        panic!("ready with an error at the first poll")
+    };
+    assert!(
+        matches!(e, Error::InvalidArgument { ref reason, .. } if reason.contains("outside a tokio runtime")),
+        "{e:?}"
+    );
+}

@@ -412,7 +412,8 @@ fn async_echo_verifies_every_byte_and_reports_a_dead_server() {
 /// at once (rather than waiting for room forever); a
 /// request waiting for room when its AsyncCq goes away gets its buffer back
 /// (it used to hang); CQs whose runtime shut down fail their waiters from
-/// another runtime instead of hanging.
+/// another runtime instead of hanging, and a CQ added to their channel then
+/// is refused.
 #[test]
 fn misuse_and_shutdown_end_in_errors_not_hangs() {
     let _g = serial();
@@ -497,6 +498,13 @@ fn misuse_and_shutdown_end_in_errors_not_hangs() {
             .await
             .expect("must not hang once the driver's runtime is gone");
         assert!(r.is_err());
+        // A CQ added to that channel now would have no driver: refused.
+        let e = AsyncCq::on_channel(p.cq_b.channel(), 16).expect_err("no driver serves it");
+        assert!(
+            matches!(e, rdma_verbs::Error::InvalidArgument { ref reason, .. }
+                if reason.contains("driver has ended")),
+            "{e:?}"
+        );
     });
 }
 

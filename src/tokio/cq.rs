@@ -143,6 +143,11 @@ impl Shared {
     pub(crate) fn stop(&self, error: Error) {
         let wake: Vec<Waker> = {
             let mut st = self.state();
+            if st.stopped {
+                // Once: the driver's sweep may find a stopped CQ failing
+                // again, and each report would be queued for `next`.
+                return;
+            }
             st.stopped = true;
             st.errors.push_back(error);
             let mut wake: Vec<Waker> = st.waiters.take_wakers().collect();
@@ -257,7 +262,7 @@ impl AsyncCq {
             state: Mutex::new(State::default()),
             room: Notify::new(),
         });
-        channel.attach(&shared);
+        channel.attach(&shared)?;
         Ok(AsyncCq {
             shared,
             channel: channel.clone(),

@@ -52,6 +52,10 @@ impl Drop for ChannelInner {
 #[derive(Default)]
 struct Registry {
     cqs: Mutex<AddrMap<CqId, Weak<Shared>>>,
+    /// Why the driver ended, once it has: set with `cqs` locked, so that a
+    /// CQ is either stopped by `stop_all` or refused by `attach`, never left
+    /// with no driver.
+    ended: Mutex<Option<String>>,
     /// CQs added since the driver last looked: polled and armed first.
     added: Mutex<Vec<Arc<Shared>>>,
     kick: Notify,
@@ -64,6 +68,10 @@ impl Registry {
 
     fn added(&self) -> MutexGuard<'_, Vec<Arc<Shared>>> {
         self.added.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ended(&self) -> MutexGuard<'_, Option<String>> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -106,12 +114,26 @@ impl AsyncChannel {
         &self.inner.channel
     }
 
-    /// Hands a new CQ to the driver.
-    pub(crate) fn attach(&self, cq: &Arc<Shared>) {
+    /// Hands a new CQ to the driver; refused once the driver has ended
+    /// (its runtime shut down, or the channel failed), since nothing would
+    /// serve the CQ.
+    pub(crate) fn attach(&self, cq: &Arc<Shared>) -> Result<()> {
         let reg = &self.inner.registry;
-        reg.cqs().insert(cq.id, Arc::downgrade(cq));
+        let mut cqs = reg.cqs();
+        if let Some(why) = reg.ended().as_deref() {
+            return Err(Error::InvalidArgument {
+                what: "AsyncCq::on_channel",
+                reason: format!(
+                    "the channel's completion driver has ended ({why}); create a new \
+                     AsyncChannel on a running runtime"
+                ),
+            });
+        }
+        cqs.insert(cq.id, Arc::downgrade(cq));
+        drop(cqs);
         reg.added().push(cq.clone());
         reg.kick.notify_one();
+        Ok(())
     }
 
     /// Takes a CQ off the driver (its handle is being dropped).
@@ -284,7 +306,15 @@ fn poll_into(cq: &Shared, done: &mut Batch) -> Result<Option<usize>> {
             cq.state().errors.push_back(e);
             done.completions.len()
         }
-        Ok(Err(e)) => return Err(e),
+        Ok(Err(e)) => {
+            // Completions read by the call's earlier batches are this CQ's:
+            // dispatched before the error stops it (the batch is the
+            // channel's, reused for its other CQs).
+            if !done.completions.is_empty() {
+                cq.dispatch(&mut done.completions, &mut done.wakers);
+            }
+            return Err(e);
+        }
         // A buffer's Drop panicked while the poll retired requests. `Cq::poll`
         // lets such a panic go on only once its books are consistent, with
         // the completions it read in `done.completions`: they are dispatched,
@@ -337,9 +367,14 @@ impl Batch {
     }
 }
 
-/// The channel failed: every CQ on it stops, its waiters fail.
+/// The driver ends: every CQ on the channel stops, its waiters fail, and
+/// CQs attached from now on are refused.
 fn stop_all(registry: &Registry, error: &str) {
-    let cqs: Vec<Arc<Shared>> = registry.cqs().values().filter_map(Weak::upgrade).collect();
+    let cqs: Vec<Arc<Shared>> = {
+        let cqs = registry.cqs();
+        registry.ended().get_or_insert_with(|| error.to_owned());
+        cqs.values().filter_map(Weak::upgrade).collect()
+    };
     for cq in cqs {
         cq.stop(Error::Other(format!(
             "the completion channel failed: {error}"

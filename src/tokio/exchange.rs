@@ -183,8 +183,18 @@ pub async fn barrier(mut conn: ExchangeStream) -> Result<ExchangeStream> {
 }
 
 /// Runs `f` on the runtime's blocking threads; a panic in it is propagated.
+/// Outside a tokio runtime (a future polled by another executor) it is a
+/// typed error, where `spawn_blocking` would panic.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    match ::tokio::task::spawn_blocking(f).await {
+    let Ok(rt) = ::tokio::runtime::Handle::try_current() else {
+        return Err(Error::InvalidArgument {
+            what: "an async exchange step",
+            reason: "polled outside a tokio runtime; await it in a tokio task (e.g. under \
+                     #[tokio::main])"
+                .into(),
+        });
+    };
+    match rt.spawn_blocking(f).await {
         Ok(r) => r,
         Err(e) => match e.try_into_panic() {
             Ok(p) => std::panic::resume_unwind(p),
