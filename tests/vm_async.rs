@@ -642,3 +642,70 @@ fn a_forgotten_operation_completes_through_next_once_unwrapped() {
         assert_eq!(&c.take_mr().unwrap().to_vec().unwrap()[..6], b"second");
     });
 }
+
+/// A request waiting for room in the send queue, polled with a waker that
+/// panics, and another task's request waiting for room too: the completion
+/// that frees the slot wakes the other task (the panic is contained, not
+/// left to end the wake-up of the rest), the driver goes on, and dropping
+/// the CQ does not panic.
+#[test]
+fn a_panicking_waker_waiting_for_room_strands_no_other_task() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Wake, Waker};
+
+    struct Panics;
+    impl Wake for Panics {
+        fn wake(self: Arc<Self>) {
+            panic!("a waker panics");
+        }
+    }
+    let _g = serial();
+    runtime().block_on(async {
+        let AsyncPair {
+            pd,
+            cq_a,
+            cq_b,
+            a,
+            b,
+        } = async_pair(caps(1));
+        let a = Arc::new(a);
+        let target = pd.alloc_mr(64, common::all_remote()).unwrap();
+        let remote = target.remote();
+        let wait = Duration::from_secs(10);
+        // The queue's one slot, taken before the driver has run.
+        let mut first = a.write(mr_with(&pd, &[1; 8]), remote, 0);
+        poll_once(&mut first).await;
+        let mut stuck = a.write(mr_with(&pd, &[2; 8]), remote, 8);
+        let panics = Waker::from(Arc::new(Panics));
+        let polled = Pin::new(&mut stuck).poll(&mut Context::from_waker(&panics));
+        assert!(polled.is_pending(), "the queue is full: it waits for room");
+        let other = tokio::spawn({
+            let (a, src) = (a.clone(), mr_with(&pd, &[3; 8]));
+            async move { a.write(src, remote, 16).await.map(|c| c.status) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!other.is_finished(), "the other task waits for room too");
+        let c = tokio::time::timeout(wait, first).await.unwrap().unwrap();
+        assert_eq!(c.status, WcStatus::Success);
+        let status = tokio::time::timeout(wait, other)
+            .await
+            .expect("the other task is woken when the slot frees")
+            .unwrap()
+            .unwrap();
+        assert_eq!(status, WcStatus::Success);
+        drop(stuck);
+        let again = tokio::time::timeout(wait, a.write(mr_with(&pd, &[4; 8]), remote, 24))
+            .await
+            .expect("the driver goes on")
+            .unwrap();
+        assert_eq!(again.status, WcStatus::Success);
+        assert_eq!(
+            &target.to_vec().unwrap()[16..32],
+            &[[3u8; 8], [4; 8]].concat()[..]
+        );
+        drop((a, b, cq_b));
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(cq_a)));
+        assert!(dropped.is_ok(), "dropping the CQ does not panic");
+    });
+}

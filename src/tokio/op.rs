@@ -12,6 +12,7 @@ use super::waiters::{Key, NO_SLOT, Queue, SLOT_BITS, wr_id};
 use crate::cq::Completion;
 use crate::error::Error;
 use crate::qp::{PostError, QpState, QpType};
+use crate::sys::wake::contained;
 
 /// Posts its request when first polled (waiting for a free slot in the
 /// queue if there is none), then waits for the request's completion.
@@ -36,6 +37,9 @@ pub(super) struct Operation<'a, T: QpType, S: QpState, R> {
     req: Option<R>,
     /// Armed while the queue is full: signalled after each batch of completions.
     room: Option<Pin<Box<Notified<'a>>>>,
+    /// The task's waker and the one `room` holds for it, which contains a
+    /// panic of the task's (see [`contained`]).
+    room_waker: Option<Box<(Waker, Waker)>>,
     /// Posted and its completion not yet returned.
     waiting: bool,
 }
@@ -58,6 +62,7 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
             key: (qp.qp_num(), queue, wr_id(seq, NO_SLOT)),
             req: Some(req),
             room: None,
+            room_waker: None,
             waiting: false,
         }
     }
@@ -134,7 +139,19 @@ impl<'a, T: QpType, S: QpState, R: PostOn<T, S>> Operation<'a, T, S, R> {
     fn post(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), PostError>> {
         while self.req.is_some() {
             if let Some(room) = self.room.as_mut() {
-                if room.as_mut().poll(cx).is_pending() {
+                let waker = match &mut self.room_waker {
+                    Some(w) if w.0.will_wake(cx.waker()) => &w.1,
+                    slot => {
+                        let task = cx.waker().clone();
+                        let held = contained(&task);
+                        &slot.insert(Box::new((task, held))).1
+                    }
+                };
+                if room
+                    .as_mut()
+                    .poll(&mut TaskContext::from_waker(waker))
+                    .is_pending()
+                {
                     return Poll::Pending;
                 }
                 self.room = None;
