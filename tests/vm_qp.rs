@@ -455,6 +455,28 @@ fn local_bounds_check_refuses_before_posting() {
         ),
         "{e}"
     );
+    // A region built by hand that claims to run past the top of the
+    // address space: in bounds of its length, refused all the same.
+    let wraps = RemoteMr {
+        addr: u64::MAX - 31,
+        len: 128,
+        rkey: 1,
+    };
+    let e = p
+        .a
+        .post_send(SendWr::write(1, wraps, 0).sge(p.pd.alloc_mr(64, AccessFlags::empty()).unwrap()))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::RemoteOutOfBounds {
+                offset: 0,
+                len: 64,
+                region_len: 128
+            }
+        ),
+        "{e}"
+    );
     let e =
         p.a.post_send(
             SendWr::write(1, RemoteMr { len: 10, ..remote }, 0)

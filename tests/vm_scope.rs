@@ -502,6 +502,16 @@ fn bad_scoped_requests_get_typed_errors() {
                 err(q.post_send(&ScopedSend::write(1, s_src, remote, 8))),
                 Error::RemoteOutOfBounds { .. }
             ));
+            // In bounds of its length, past the top of the address space.
+            let wraps = rdma_verbs::mr::RemoteMr {
+                addr: u64::MAX - 3,
+                len: 1 << 20,
+                ..remote
+            };
+            assert!(matches!(
+                err(q.post_send(&ScopedSend::write(1, s_src, wraps, 0))),
+                Error::RemoteOutOfBounds { .. }
+            ));
             assert!(matches!(
                 err(q.post_send(&ScopedSend::read(1, d_wide, remote, 0).imm(1))),
                 Error::InvalidArgument { .. }

@@ -203,18 +203,15 @@ impl RemoteMr {
         Ok(r)
     }
 
-    /// Checks that `[offset, offset+len)` lies inside the region and returns its address.
+    /// Checks that `[offset, offset+len)` lies inside the region, and its
+    /// addresses inside the 64-bit address space (the fields are public, so a
+    /// region built by hand may claim to wrap), and returns its address.
     #[inline]
     pub fn checked_addr(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => {
-                self.addr
-                    .checked_add(offset)
-                    .ok_or(Error::RemoteOutOfBounds {
-                        offset,
-                        len,
-                        region_len: self.len,
-                    })
+            // `addr + end` does not wrap, so neither does `addr + offset`.
+            Some(end) if end <= self.len && self.addr.checked_add(end).is_some() => {
+                Ok(self.addr.wrapping_add(offset))
             }
             _ => Err(Error::RemoteOutOfBounds {
                 offset,
@@ -228,6 +225,28 @@ impl RemoteMr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_past_the_top_of_the_address_space_is_out_of_bounds() {
+        // Ranges end before 2^64 (as `from_bytes` requires of a region).
+        let r = RemoteMr {
+            addr: u64::MAX - 4,
+            len: 16,
+            rkey: 1,
+        };
+        assert_eq!(r.checked_addr(0, 4).unwrap(), u64::MAX - 4);
+        assert_eq!(r.checked_addr(3, 1).unwrap(), u64::MAX - 1);
+        for (offset, len) in [(0, 8), (4, 1), (3, 2), (0, 5)] {
+            assert!(
+                matches!(
+                    r.checked_addr(offset, len),
+                    Err(Error::RemoteOutOfBounds { region_len: 16, .. })
+                ),
+                "[{offset}, {offset}+{len})"
+            );
+        }
+        assert!(r.checked_addr(u64::MAX, 2).is_err());
+    }
 
     #[test]
     fn remote_regions_go_to_bytes_and_back() {

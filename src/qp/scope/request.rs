@@ -77,9 +77,11 @@ impl<'scope> ScopedSend<'scope> {
     ) -> ScopedSend<'scope> {
         let mut r = ScopedSend::new(wr_id, sge, opcode);
         r.rkey = remote.rkey;
-        match remote.addr.checked_add(offset) {
-            Some(addr) if offset.checked_add(len).is_some_and(|end| end <= remote.len) => {
-                r.remote_addr = addr;
+        // As `RemoteMr::checked_addr`: inside the region and the address
+        // space (`addr + end` does not wrap, so neither does `addr + offset`).
+        match offset.checked_add(len) {
+            Some(end) if end <= remote.len && remote.addr.checked_add(end).is_some() => {
+                r.remote_addr = remote.addr.wrapping_add(offset);
             }
             _ => {
                 r.fault = Fault::OutOfBounds;
