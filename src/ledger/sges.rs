@@ -474,18 +474,29 @@ impl Iterator for SgesIntoIter {
 }
 
 impl Drop for SgesIntoIter {
+    /// Drops the buffers not handed out one at a time, as `Sges`'s drop does:
+    /// each once, a panic of theirs going on after the last.
     fn drop(&mut self) {
         let (from, to) = (self.next as usize, self.sges.len as usize);
         // Sges::drop must not see the entries already handed out.
         self.sges.len = 0;
-        let rest = std::ptr::slice_from_raw_parts_mut(
-            // SAFETY: `from <= to <= MAX_SAFE_SGES`, within the entries' storage.
-            unsafe { self.sges.base_mut().add(from) },
-            to - from,
-        );
-        // SAFETY: entries from..to are initialised and not handed out; the
-        // block (if any) is freed by Sges::drop afterwards.
-        unsafe { std::ptr::drop_in_place(rest) };
+        let base = self.sges.base_mut();
+        let mut first_panic = None;
+        for i in from..to {
+            // SAFETY: `i < to <= MAX_SAFE_SGES`, within the entries' storage;
+            // entries from..to are initialised and not handed out, each is
+            // dropped once, here; the block (if any) is freed by Sges::drop
+            // afterwards.
+            let dropped = catch_unwind(AssertUnwindSafe(|| unsafe {
+                std::ptr::drop_in_place(base.add(i))
+            }));
+            if let Err(p) = dropped {
+                first_panic.get_or_insert(p);
+            }
+        }
+        if let Some(p) = first_panic {
+            resume_unwind(p);
+        }
     }
 }
 
