@@ -206,7 +206,9 @@ impl Completion {
     /// # Errors
     /// [`Error::InvalidArgument`] (nothing is taken) when this is not a
     /// successful receive laid out as a `UdRecvWr` posts it (a
-    /// [`GRH_LEN`]-byte buffer first, then at most one more).
+    /// [`GRH_LEN`]-byte buffer first, then at most one more); the error of
+    /// reading the GRH (nothing taken either) when the host cannot read its
+    /// buffer (device memory).
     pub fn take_ud(&mut self) -> Result<UdMessage> {
         let bufs = self.buffers().as_slice();
         let shaped = matches!(bufs.first(), Some(Buffer::Owned(g)) if g.len() == GRH_LEN)
@@ -228,11 +230,15 @@ impl Completion {
                 ),
             });
         }
+        // Read before anything is taken: a GRH buffer the host cannot read
+        // (device memory) is refused with the buffers left in place.
+        let mut grh_bytes = [0; GRH_LEN];
+        if let Some(Buffer::Owned(g)) = bufs.first() {
+            g.read_at(0, &mut grh_bytes)?;
+        }
         let mut it = self.take_buffers().into_iter().filter_map(Buffer::into_mr);
         let grh = it.next().expect("checked above: an owned GRH buffer");
         let payload = it.next();
-        let mut grh_bytes = [0; GRH_LEN];
-        grh.read_at(0, &mut grh_bytes)?;
         Ok(UdMessage {
             grh,
             grh_bytes,
@@ -324,11 +330,6 @@ impl<S: QpState> Qp<Ud, S> {
             mtu,
         }));
         self
-    }
-
-    /// The port the QP sends from and receives on (set at INIT).
-    pub(crate) fn port_num(&self) -> u8 {
-        self.core.port
     }
 
     /// Where this QP's datagrams to `remote` go, from the QP's port: on RoCE
