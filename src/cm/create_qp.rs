@@ -147,13 +147,30 @@ pub(super) fn check_same_device(verbs: *mut ffi::ibv_context, pd: &Pd, cqs: &[&C
     Ok(())
 }
 
-pub(super) fn check_qp_device(verbs: *mut ffi::ibv_context, qp: &Qp<Rc, Init>) -> Result<()> {
+/// That `qp` is on the device (`verbs`) and port of the id it connects on:
+/// librdmacm's handshake moves the QP to the id's port, where the QP's own
+/// record (its endpoint's GID and LID) would still name the other.
+pub(super) fn check_qp_device(
+    verbs: *mut ffi::ibv_context,
+    port: u8,
+    qp: &Qp<Rc, Init>,
+) -> Result<()> {
     if verbs.is_null() {
         return Err(not_bound());
     }
     // SAFETY: the QP is valid while borrowed; context is a plain field.
     if unsafe { (*qp.as_raw()).context } != verbs {
         return Err(other_device("queue pair"));
+    }
+    if port != 0 && qp.port_num() != port {
+        return Err(Error::InvalidArgument {
+            what: "queue pair",
+            reason: format!(
+                "it is on port {}, the rdma_cm id on port {port}; create it on this id \
+                 (CmId::create_qp) or on the id's port",
+                qp.port_num()
+            ),
+        });
     }
     Ok(())
 }

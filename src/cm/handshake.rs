@@ -187,8 +187,8 @@ pub(super) unsafe fn attach_and_call(
 ) -> Result<QpAttach> {
     check_port_space(id, false)?;
     // SAFETY: valid id under its lock (caller); plain fields.
-    let (verbs, cur) = unsafe { ((*id).verbs, (*id).qp) };
-    check_qp_device(verbs, qp)?;
+    let (verbs, port, cur) = unsafe { ((*id).verbs, (*id).port_num, (*id).qp) };
+    check_qp_device(verbs, port, qp)?;
     if !cur.is_null() {
         return Err(busy_id());
     }
@@ -219,7 +219,12 @@ impl CmId {
     /// On iWARP the kernel holds the QP until the peer answers or the MPA timer
     /// expires (siw: 10 s), so after a `timeout` shorter than that, dropping
     /// the QP waits for the rest (the async `AsyncCmId::connect` drops it on
-    /// the runtime's blocking pool instead).
+    /// the runtime's blocking pool instead). And where `rdma_connect` itself
+    /// connects the TCP stream before it returns (siw on Debian's 6.1 and
+    /// 6.12 kernels), a peer that does not answer holds the call, and the
+    /// id's other methods on other threads, for TCP's connect timeout
+    /// (about 2 minutes with the default `tcp_syn_retries`), whatever
+    /// `timeout` says; a refusal is an [`Error::Verb`] (`ECONNREFUSED`) at once.
     #[doc(alias = "rdma_connect")]
     pub fn connect(
         &self,

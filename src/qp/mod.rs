@@ -238,6 +238,11 @@ impl<T: QpType, S: QpState> Qp<T, S> {
         self.core.ext.async_next_id = id;
     }
 
+    /// The port the QP sends from and receives on (set at INIT).
+    pub(crate) fn port_num(&self) -> u8 {
+        self.core.port
+    }
+
     /// Work requests posted and not yet retired by a polled completion, as
     /// `(send, receive)`. [`reset`](Qp::reset) needs both to be 0.
     pub fn outstanding(&self) -> (u64, u64) {
