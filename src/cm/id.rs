@@ -10,8 +10,10 @@ use crate::sys::call::verb;
 /// destroys the id (`rdma_destroy_id`;
 /// a connected peer sees DISCONNECTED) once no QP created on it is left.
 /// All methods take `&self`; they are serialised internally. A blocking
-/// [`connect`](CmId::connect) holds the id only for each look at its events,
-/// so getters (and `Debug`) on other threads answer meanwhile; until it
+/// [`connect`](CmId::connect) holds the id only for each look at its events
+/// (and for the `rdma_connect` call, which on iWARP may take TCP's connect
+/// timeout: see `connect`), so getters (and `Debug`) on other threads answer
+/// meanwhile; until it
 /// returns, event readers there see no events (they are the handshake's)
 /// and [`disconnect`](CmId::disconnect) is refused.
 pub struct CmId {

@@ -231,7 +231,10 @@ impl Mr {
         self.region.raw.as_ptr()
     }
 
-    /// The descriptor of this range for a peer (address, length, rkey).
+    /// The descriptor of this range for a peer (address, length, rkey). The
+    /// rkey grants the peer the whole registration with its remote rights,
+    /// not only this range: a peer that ignores the length can reach the
+    /// other pieces split from it.
     pub fn remote(&self) -> RemoteMr {
         RemoteMr {
             addr: self.addr(),

@@ -329,7 +329,10 @@ impl AsyncCmId {
     /// runtime's blocking pool, so no task waits for that). An id connects
     /// once: after a failed or abandoned connect, drop it; a late answer from
     /// the peer comes from [`event`](Self::event) as an [`Error::CmEvent`]
-    /// that says so.
+    /// that says so. On iWARP, where `rdma_connect` connects the TCP stream
+    /// before it returns (siw), a peer that does not answer holds the
+    /// runtime thread that polls this future for TCP's connect timeout
+    /// ([`CmId::connect`](crate::cm::CmId::connect) says more).
     #[doc(alias = "rdma_connect")]
     pub async fn connect(
         &mut self,
