@@ -709,3 +709,79 @@ fn a_panicking_waker_waiting_for_room_strands_no_other_task() {
         assert!(dropped.is_ok(), "dropping the CQ does not panic");
     });
 }
+
+/// A task whose future only its wakers own (as in executors whose tasks
+/// live in their wakers): its future holds a posted receive and waits in
+/// `AsyncCq::next`. Another caller of `next` replaces its waker, the last
+/// one, so the task and its future are dropped right there, and the
+/// receive's drop hands it back to the CQ, which must not be locked at
+/// that moment (it was: a deadlock).
+#[test]
+fn a_replaced_waker_that_drops_a_task_does_not_deadlock_the_cq() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Wake, Waker};
+
+    type Task = StdMutex<Option<Pin<Box<dyn Future<Output = ()> + Send>>>>;
+    struct OwnedByWakers(Task);
+    impl Wake for OwnedByWakers {
+        fn wake(self: Arc<Self>) {}
+    }
+    let _g = serial();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        runtime().block_on(async {
+            let AsyncPair {
+                pd,
+                cq_a,
+                cq_b,
+                a,
+                b,
+            } = async_pair(caps(4));
+            let (b, cq_b) = (Arc::new(b), Arc::new(cq_b));
+            let mr = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+            let future = {
+                let (b, cq_b) = (b.clone(), cq_b.clone());
+                async move {
+                    let mut recv = b.recv_into(mr);
+                    let posted = Pin::new(&mut recv).poll(&mut Context::from_waker(Waker::noop()));
+                    assert!(posted.is_pending(), "posted");
+                    let _ = cq_b.next().await;
+                    drop(recv);
+                }
+            };
+            let task = Arc::new(OwnedByWakers(StdMutex::new(Some(Box::pin(future)))));
+            let waker = Waker::from(task.clone());
+            let polled = {
+                let mut slot = task.0.lock().unwrap();
+                let fut = slot.as_mut().unwrap();
+                fut.as_mut().poll(&mut Context::from_waker(&waker))
+            };
+            assert!(polled.is_pending(), "waits in next");
+            drop((waker, task));
+            // Only `next`'s kept waker owns the task now: replacing it
+            // drops the task, its future and its posted receive.
+            let mut next = cq_b.next();
+            let polled = Pin::new(&mut next).poll(&mut Context::from_waker(Waker::noop()));
+            assert!(polled.is_pending());
+            drop(next);
+            // The CQ goes on: the abandoned receive takes a SEND, its
+            // completion comes from `next`.
+            let sent = tokio::time::timeout(Duration::from_secs(10), a.send(mr_with(&pd, b"hi")))
+                .await
+                .expect("the send completes")
+                .unwrap();
+            assert_eq!(sent.status, WcStatus::Success);
+            let c = tokio::time::timeout(Duration::from_secs(10), cq_b.next())
+                .await
+                .expect("the abandoned receive completes through next")
+                .unwrap();
+            assert_eq!((c.status, c.byte_len), (WcStatus::Success, 2));
+            drop((a, b, cq_a));
+        });
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the test finishes: no deadlock on the CQ's lock");
+}

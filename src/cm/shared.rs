@@ -73,6 +73,9 @@ impl Drop for RoutesGuard<'_> {
     }
 }
 
+/// How many tasks' wakers an id keeps before it wakes them all (see `park`).
+const MAX_PARKED: usize = 16;
+
 /// One id's events, read and acknowledged, and the tasks waiting for them
 /// (usually one; a listener's requests may be awaited from several).
 #[derive(Default)]
@@ -277,6 +280,13 @@ impl Routes {
         }
         let slot = self.slots.entry(raw.as_ptr() as usize).or_default();
         if !slot.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            if slot.wakers.len() >= MAX_PARKED {
+                // Those of futures dropped since (a listener's requests
+                // awaited under timeouts from ever new tasks) would pile up
+                // until an event came: all are woken once the lock is
+                // released, and the live ones park again.
+                self.woken.append(&mut slot.wakers);
+            }
             slot.wakers.push(cx.waker().clone());
         }
         Poll::Pending

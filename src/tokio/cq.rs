@@ -174,13 +174,21 @@ impl Shared {
         };
         let mut st = self.state();
         let waker = (!st.stopped).then_some(cx.waker());
-        match st.waiters.take(key, waker) {
+        let taken = st.waiters.take(key, waker);
+        drop(st);
+        match taken {
             Taken::Done(c) => Poll::Ready(Ok(c)),
-            Taken::Pending if waker.is_none() => failed(
-                "the CQ's completion driver stopped (see AsyncCq::next for its error); \
-                 this request's completion will not be delivered",
-            ),
-            Taken::Pending => Poll::Pending,
+            Taken::Pending(replaced) => {
+                // Dropped with the lock released (see `Taken::Pending`).
+                drop(replaced);
+                match waker {
+                    Some(_) => Poll::Pending,
+                    None => failed(
+                        "the CQ's completion driver stopped (see AsyncCq::next for its \
+                         error); this request's completion will not be delivered",
+                    ),
+                }
+            }
             Taken::Unknown => failed("this request was not registered on the CQ"),
         }
     }
@@ -190,13 +198,16 @@ impl Shared {
         let mut st = self.state();
         // A pending request loses its slot: its completion will find none
         // holding its key and go to `next`; a completed one goes there now.
-        if let Some(c) = st.waiters.release(key) {
+        let (done, stale) = st.waiters.release(key);
+        let mut wake = None;
+        if let Some(c) = done {
             st.unclaimed.push_back(c);
-            if let Some(w) = st.next_waker.take() {
-                drop(st);
-                wake_all([w]);
-            }
+            wake = st.next_waker.take();
         }
+        // Wakers are woken and dropped with the lock released.
+        drop(st);
+        drop(stale);
+        wake_all(wake);
     }
 
     /// The wrapper of QP `qp_num` is gone (unwrapped or dropped), so no
@@ -207,16 +218,18 @@ impl Shared {
     /// same `wr_id` (a plain post on the unwrapped QP, or on a QP that
     /// reuses the number).
     pub(crate) fn abandon_qp(&self, qp_num: u32) {
+        let mut stale = Vec::new();
         let wake = {
             let mut guard = self.state();
             let st = &mut *guard;
             let before = st.unclaimed.len();
-            st.waiters.release_qp(qp_num, &mut st.unclaimed);
+            st.waiters.release_qp(qp_num, &mut st.unclaimed, &mut stale);
             (st.unclaimed.len() > before)
                 .then(|| st.next_waker.take())
                 .flatten()
         };
         // Outside the lock, as `dispatch` wakes.
+        drop(stale);
         wake_all(wake);
     }
 }
@@ -415,26 +428,32 @@ impl Future for Next<'_> {
         if let Some(c) = st.unclaimed.pop_front() {
             return Poll::Ready(Ok(c));
         }
-        st.nothing_unclaimed(cx).map(Err)
+        let (polled, replaced) = st.nothing_unclaimed(cx);
+        drop(st);
+        drop(replaced);
+        polled.map(Err)
     }
 }
 
 impl State {
     /// For a `next` or `next_batch` that found no completion: the CQ's next
     /// error, or that its driver stopped, else `Pending` with the caller's
-    /// waker kept.
-    fn nothing_unclaimed(&mut self, cx: &mut TaskContext<'_>) -> Poll<Error> {
+    /// waker kept; with the waker that one replaced, for the caller to drop
+    /// once the lock is released (a waker's drop may run an executor's
+    /// code, which may take it again).
+    fn nothing_unclaimed(&mut self, cx: &mut TaskContext<'_>) -> (Poll<Error>, Option<Waker>) {
         if let Some(e) = self.errors.pop_front() {
-            return Poll::Ready(e);
+            return (Poll::Ready(e), None);
         }
         if self.stopped {
-            return Poll::Ready(Error::Other("the CQ's completion driver stopped".into()));
+            let e = Error::Other("the CQ's completion driver stopped".into());
+            return (Poll::Ready(e), None);
         }
-        match &mut self.next_waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
-        Poll::Pending
+        let replaced = match &mut self.next_waker {
+            Some(w) if w.will_wake(cx.waker()) => None,
+            w => w.replace(cx.waker().clone()),
+        };
+        (Poll::Pending, replaced)
     }
 }
 
@@ -458,7 +477,10 @@ impl Future for NextBatch<'_> {
         let all = st.unclaimed.len();
         let n = all.min(this.max);
         if n == 0 {
-            return st.nothing_unclaimed(cx).map(Err);
+            let (polled, replaced) = st.nothing_unclaimed(cx);
+            drop(st);
+            drop(replaced);
+            return polled.map(Err);
         }
         if n < all {
             this.out.extend(st.unclaimed.drain(..n));

@@ -356,14 +356,21 @@ impl Future for Sleep {
                 reason: "the tokio runtime that runs this wait's timer has shut down".into(),
             }));
         }
-        w.waker = Some(cx.waker().clone());
+        let replaced = w.waker.replace(cx.waker().clone());
+        // Wakers drop with the lock released: a waker's drop may run an
+        // executor's code, which may take it again.
+        drop(d);
+        drop(replaced);
         Poll::Pending
     }
 }
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        self.timers.lock().waits.remove(&self.key);
+        // The guard is a temporary of this statement: the wait (and its
+        // waker) drops after the lock is released.
+        let wait = self.timers.lock().waits.remove(&self.key);
+        drop(wait);
     }
 }
 

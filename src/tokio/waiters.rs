@@ -91,8 +91,10 @@ impl Drop for Entry {
 pub(crate) enum Taken {
     /// Its completion, the slot freed.
     Done(Completion),
-    /// Still pending; the waker given is registered.
-    Pending,
+    /// Still pending; the waker given is registered. Carries the waker it
+    /// replaced, for the caller to drop once the CQ's lock is released (a
+    /// waker's drop may run an executor's code, which may take it again).
+    Pending(Option<Waker>),
     /// No slot holds this request.
     Unknown,
 }
@@ -194,12 +196,13 @@ impl Waiters {
         match e.stage {
             Stage::Free => Taken::Unknown,
             Stage::Pending => {
+                let mut replaced = None;
                 if let Some(w) = waker
                     && !e.waker.as_ref().is_some_and(|old| old.will_wake(w))
                 {
-                    e.waker = Some(w.clone());
+                    replaced = e.waker.replace(w.clone());
                 }
-                Taken::Pending
+                Taken::Pending(replaced)
             }
             Stage::Done => {
                 e.stage = Stage::Free;
@@ -213,31 +216,42 @@ impl Waiters {
 
     /// Frees `key`'s slot: its completion if it had come; a pending request
     /// loses its slot, so its completion will find none holding its key.
-    pub(crate) fn release(&mut self, key: Key) -> Option<Completion> {
+    /// The slot's waker comes back too, for the caller to drop once the
+    /// CQ's lock is released (see [`Taken::Pending`]).
+    pub(crate) fn release(&mut self, key: Key) -> (Option<Completion>, Option<Waker>) {
         let slot = slot_of(key.2);
-        let e = self.slots.get_mut(slot)?;
+        let Some(e) = self.slots.get_mut(slot) else {
+            return (None, None);
+        };
         if e.key != key || e.stage == Stage::Free {
-            return None;
+            return (None, None);
         }
-        e.waker = None;
+        let waker = e.waker.take();
         if e.stage == Stage::Pending {
             e.stage = Stage::Free;
             self.free.push(slot);
-            return None;
+            return (None, waker);
         }
         match self.take(key, None) {
-            Taken::Done(c) => Some(c),
-            Taken::Pending | Taken::Unknown => None,
+            Taken::Done(c) => (Some(c), waker),
+            Taken::Pending(_) | Taken::Unknown => (None, waker),
         }
     }
 
     /// Frees the slot of every request of QP `qp_num` ([`release`](Self::release)),
     /// appending the completions that had come to `unclaimed`.
-    pub(crate) fn release_qp(&mut self, qp_num: u32, unclaimed: &mut VecDeque<Completion>) {
+    pub(crate) fn release_qp(
+        &mut self,
+        qp_num: u32,
+        unclaimed: &mut VecDeque<Completion>,
+        stale: &mut Vec<Waker>,
+    ) {
         for slot in 0..self.slots.len() {
             let key = self.slots[slot].key;
             if key.0 == qp_num && self.slots[slot].stage != Stage::Free {
-                unclaimed.extend(self.release(key));
+                let (done, waker) = self.release(key);
+                unclaimed.extend(done);
+                stale.extend(waker);
             }
         }
     }
@@ -261,11 +275,11 @@ mod tests {
         let mut w = Waiters::default();
         let a = w.register(7, Queue::Send, 1, noop()).unwrap();
         assert_eq!(a.2, wr_id(1, 0));
-        assert!(w.release(a).is_none());
+        assert!(w.release(a).0.is_none());
         let b = w.register(7, Queue::Send, 2, noop()).unwrap();
         assert_eq!(slot_of(b.2), 0);
         assert!(matches!(w.take(a, None), Taken::Unknown));
-        assert!(matches!(w.take(b, None), Taken::Pending));
+        assert!(matches!(w.take(b, None), Taken::Pending(None)));
         let c = w.register(7, Queue::Recv, 3, noop()).unwrap();
         assert_eq!(slot_of(c.2), 1);
     }
@@ -276,12 +290,13 @@ mod tests {
         let a = w.register(7, Queue::Send, 0, noop()).unwrap();
         let b = w.register(8, Queue::Send, 0, noop()).unwrap();
         let c = w.register(7, Queue::Recv, 1, noop()).unwrap();
-        let mut unclaimed = VecDeque::new();
-        w.release_qp(7, &mut unclaimed);
+        let (mut unclaimed, mut stale) = (VecDeque::new(), Vec::new());
+        w.release_qp(7, &mut unclaimed, &mut stale);
+        assert_eq!(stale.len(), 2, "the released requests' wakers come back");
         assert!(unclaimed.is_empty(), "nothing had completed");
         assert!(matches!(w.take(a, None), Taken::Unknown));
         assert!(matches!(w.take(c, None), Taken::Unknown));
-        assert!(matches!(w.take(b, None), Taken::Pending));
+        assert!(matches!(w.take(b, None), Taken::Pending(None)));
         assert_eq!(w.free.len(), 2);
     }
 }
