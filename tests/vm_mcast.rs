@@ -366,6 +366,25 @@ fn cm_join_refusals_are_typed() {
     assert!(id.multicast_groups().is_empty());
     assert_eq!(other.mcast_groups(), [g]);
     other.detach_mcast(g.gid, g.lid).expect("detach");
+    // The QP that joined, dropped (its drop detached it): a second join
+    // says how to leave, any UD QP then leaves in its place, and the group
+    // can be joined again.
+    id.join_multicast(&other, group, T)
+        .expect("join with the other QP");
+    drop(other);
+    let third = ud_qp(&pd, &cq, 0, 0);
+    expect_invalid(
+        id.join_multicast(&third, group, T).map(drop),
+        "multicast group",
+        "since dropped",
+    );
+    id.leave_multicast(&third, group)
+        .expect("leave in the dropped QP's place");
+    assert!(id.multicast_groups().is_empty() && third.mcast_groups().is_empty());
+    id.join_multicast(&third, group, T).expect("join again");
+    assert_eq!(third.mcast_groups().len(), 1);
+    id.leave_multicast(&third, group).expect("leave");
+    assert!(third.mcast_groups().is_empty());
 }
 
 #[cfg(feature = "tokio")]

@@ -20,14 +20,17 @@ use super::ud::check_ud_qp;
 use super::*;
 use crate::ah::AddressHandle;
 use crate::qp::{McastGroup, QpState, Ud};
+use std::sync::Weak;
 
-/// A group an id joined: its address, what its QP was attached to, and
-/// that QP's number.
-#[derive(Debug, Clone, Copy)]
+/// A group an id joined: its address, what its QP was attached to, that
+/// QP's number (for messages) and its identity ([`Qp::mcast_owner`]), dead
+/// once that QP is dropped (which detached it).
+#[derive(Debug)]
 pub(super) struct Joined {
     addr: SocketAddr,
     group: McastGroup,
     qp_num: u32,
+    owner: Weak<()>,
 }
 
 impl CmId {
@@ -73,15 +76,17 @@ impl CmId {
     /// Leaves the group at `group` (`rdma_leave_multicast`) after detaching
     /// `qp`, the QP this id joined it with, from it ([`Qp::detach_mcast`]):
     /// datagrams to the group stop reaching `qp`. A `qp` already detached by
-    /// hand is not detached again; the id still leaves. Does not wait:
-    /// librdmacm returns once the kernel dropped the group's pending events.
+    /// hand is not detached again; the id still leaves. When the QP that
+    /// joined has been dropped (its drop detached it), any UD QP leaves in
+    /// its place, and is not detached. Does not wait: librdmacm returns once
+    /// the kernel dropped the group's pending events.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a group this id did not join
-    /// (`"multicast group"`), or a `qp` other than the one it joined with,
-    /// which the join did not attach (the id stays a member then, and the
-    /// other QP's attachments are untouched); `rdma_leave_multicast`'s error
-    /// otherwise.
+    /// (`"multicast group"`), or, while the QP that joined lives, a `qp`
+    /// other than it, which the join did not attach (the id stays a member
+    /// then, and the other QP's attachments are untouched, also where it
+    /// has the same number); `rdma_leave_multicast`'s error otherwise.
     #[doc(alias = "rdma_leave_multicast")]
     pub fn leave_multicast<S: QpState>(&self, qp: &Qp<Ud, S>, group: SocketAddr) -> Result<()> {
         let _g = self.inner.lock();
@@ -97,8 +102,9 @@ impl CmId {
                 ),
             });
         };
-        let j = joined[i];
-        if qp.qp_num() != j.qp_num {
+        let j = &joined[i];
+        let same = Weak::ptr_eq(&j.owner, &qp.mcast_owner());
+        if !same && j.owner.strong_count() > 0 {
             return Err(Error::InvalidArgument {
                 what: "multicast group",
                 reason: format!(
@@ -110,7 +116,7 @@ impl CmId {
                 ),
             });
         }
-        if qp.mcast_groups().contains(&j.group) {
+        if same && qp.mcast_groups().contains(&j.group) {
             qp.detach_mcast(j.group.gid, j.group.lid)?;
         }
         joined.swap_remove(i);
@@ -153,10 +159,15 @@ impl CmId {
         check_ud_qp(id, qp)?;
         let addr = group_addr(group);
         let joined = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
-        if joined.iter().any(|j| j.addr == addr) {
+        if let Some(j) = joined.iter().find(|j| j.addr == addr) {
+            let gone = if j.owner.strong_count() == 0 {
+                " (with a QP since dropped: leave_multicast with any UD QP first)"
+            } else {
+                ""
+            };
             return Err(Error::InvalidArgument {
                 what: "multicast group",
-                reason: format!("this rdma_cm id joined {} already", addr.ip()),
+                reason: format!("this rdma_cm id joined {} already{gone}", addr.ip()),
             });
         }
         let mut raw = RawAddr::new(addr);
@@ -218,6 +229,7 @@ impl CmId {
                     addr,
                     group,
                     qp_num: qp.qp_num(),
+                    owner: qp.mcast_owner(),
                 });
                 Ok((peer, ev))
             }

@@ -17,7 +17,7 @@
 //! rdma_cm there, or join the group on the interface yourself (a UDP socket's
 //! `join_multicast_v4`).
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use super::state::{QpState, Ud};
 use super::*;
@@ -39,9 +39,11 @@ pub struct McastGroup {
     pub lid: u16,
 }
 
-/// The groups a QP is attached to (see the module docs).
+/// The groups a QP is attached to (see the module docs), and, made on first
+/// use, a token that lives as long as the QP: an rdma_cm join keeps it weakly
+/// to tell the QP that joined from a later one with the same number.
 #[derive(Default)]
-pub(super) struct Memberships(Mutex<Vec<McastGroup>>);
+pub(super) struct Memberships(Mutex<Vec<McastGroup>>, OnceLock<Arc<()>>);
 
 impl Memberships {
     fn lock(&self) -> MutexGuard<'_, Vec<McastGroup>> {
@@ -135,6 +137,12 @@ impl<S: QpState> Qp<Ud, S> {
     /// The groups this QP is attached to, in no particular order.
     pub fn mcast_groups(&self) -> Vec<McastGroup> {
         self.core.ext.mcast.lock().clone()
+    }
+
+    /// This QP's identity for the rdma_cm joins made with it: dead once the
+    /// QP is dropped, and never the same as another QP's.
+    pub(crate) fn mcast_owner(&self) -> Weak<()> {
+        Arc::downgrade(self.core.ext.mcast.1.get_or_init(|| Arc::new(())))
     }
 
     /// Refuses a GID or LID the kernel would answer with a bare EINVAL.
