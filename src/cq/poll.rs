@@ -192,11 +192,26 @@ impl Cq {
         // SAFETY: `raw` is this CQ; the completion is built in place in
         // `out`'s spare capacity and every field is written when
         // complete_into returns true.
-        let drained = unsafe {
+        let polled = unsafe {
             poll_in_batches(raw, out, want, |wc, dst| {
                 self.complete_into(wc, dst, sweep, &mut caught, &mut lost)
             })
-        }?;
+        };
+        let drained = match polled {
+            Ok(drained) => drained,
+            // `ibv_poll_cq` failed after earlier batches of this call: what
+            // they found is not dropped. A loss is reported by the next
+            // poll; a held panic goes on (the error will recur).
+            Err(e) => {
+                if lost > 0 {
+                    self.defer_lost(lost);
+                }
+                if let Some(p) = caught {
+                    std::panic::resume_unwind(p);
+                }
+                return Err(e);
+            }
+        };
         if drained && destroyed > 0 {
             self.unregister_destroyed(destroyed);
         }

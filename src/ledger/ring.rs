@@ -241,6 +241,16 @@ impl Ring {
         self.out_of_order
     }
 
+    /// Whether the ring keeps buffers of requests that may still be at the
+    /// NIC (see `held`): their queue may still produce completions (flushes).
+    pub(crate) fn holds_any(&self) -> bool {
+        !self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
+    }
+
     /// Keeps the buffers at `bufs` until the ring is dropped (see `held`).
     ///
     /// # Safety
@@ -383,9 +393,10 @@ impl Ring {
         let slot = unsafe { self.slot_allocated(seq) };
         debug_assert_eq!(slot.state.load(Ordering::Relaxed), EMPTY);
         let data = slot.data.get().cast::<SlotData>();
-        // SAFETY: the slot is EMPTY and behind the consumer's tail, so nobody
-        // else touches its data until the Release store below publishes it;
-        // `bufs` per the contract.
+        // SAFETY: the slot is EMPTY, and `seq` is at the producer's head, past
+        // every sequence number the consumer, a claimer or a sweep looks at
+        // (they stay in `tail..head`), so nobody else touches its data until
+        // the Release store below publishes it; `bufs` per the contract.
         unsafe {
             (&raw mut (*data).wr_id).write(wr_id);
             (&raw mut (*data).meta).write(meta);
@@ -609,9 +620,10 @@ impl Ring {
                 continue; // retired ahead of an earlier READ
             }
             // SAFETY: POSTED, so initialised (published with Release, seen
-            // with the Acquire above); the producer writes no slot at or after
-            // the tail and nobody writes `meta` after that, so a copy is sound
-            // even if the destructor claims the slot meanwhile.
+            // with the Acquire above); the producer writes no slot in
+            // `tail..head` (only at the head, past `seq`) and nobody writes
+            // `meta` after the fill, so a copy is sound even if the destructor
+            // claims the slot meanwhile.
             let meta = unsafe { (*slot.data.get().cast::<SlotData>()).meta };
             if meta.signaled && (self.any_order || meta.nic_writes_local()) {
                 first_left.get_or_insert(s);

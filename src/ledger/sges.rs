@@ -193,9 +193,7 @@ impl Sges {
             }
         }
         drop(block);
-        if let Some(p) = first_panic {
-            resume_unwind(p);
-        }
+        resume_unless_unwinding(first_panic);
     }
 
     /// Where the entries live: `first` or the heap block.
@@ -494,9 +492,18 @@ impl Drop for SgesIntoIter {
                 first_panic.get_or_insert(p);
             }
         }
-        if let Some(p) = first_panic {
-            resume_unwind(p);
-        }
+        resume_unless_unwinding(first_panic);
+    }
+}
+
+/// Lets a buffer's panic go on from a drop, unless the thread is already
+/// unwinding (the drop runs in its cleanup), where a second panic would abort
+/// the process: that one is dropped, and the first goes on.
+fn resume_unless_unwinding(panic: Option<Box<dyn std::any::Any + Send>>) {
+    if let Some(p) = panic
+        && !std::thread::panicking()
+    {
+        resume_unwind(p);
     }
 }
 

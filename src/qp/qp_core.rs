@@ -100,8 +100,11 @@ impl Drop for QpCore {
             return;
         }
         // A queue with nothing in flight (and no raw posts) has no completion
-        // left in its CQ: its CQ entries can be given back now.
-        let sq_drained = !self.raw_posted && self.sq.in_flight(self.sq_head) == 0;
+        // left in its CQ: its CQ entries can be given back now. Not a send
+        // queue that holds requests swept while the NIC may still have them
+        // (an unsignaled READ on iWARP): a flush may complete them yet.
+        let sq_drained =
+            !self.raw_posted && self.sq.in_flight(self.sq_head) == 0 && !self.sq.holds_any();
         let rq_drained = !self.raw_posted && self.rq.in_flight(self.rq_head) == 0;
         // Release the buffers now (no need to wait for the CQ to be polled);
         // the rings stay registered until the CQs are polled empty, so that

@@ -61,17 +61,29 @@ impl<F: FnMut(u64, Buffer)> Sweep for Recycle<F> {
         }
         let f = &mut self.0;
         // SAFETY: per the contract the list moves out once (its one inline
-        // buffer alone in the common case, read where it lies); what the
-        // closure has not taken when it panics is dropped with the iterator.
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| unsafe {
-            if (*bufs).is_one_inline() {
-                f(wr_id, std::ptr::read((*bufs).inline_first()));
-            } else {
-                for b in std::ptr::read(bufs) {
-                    f(wr_id, b);
-                }
+        // buffer alone in the common case, read where it lies).
+        if unsafe { (*bufs).is_one_inline() } {
+            // SAFETY: as above.
+            let b = unsafe { std::ptr::read((*bufs).inline_first()) };
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(wr_id, b))) {
+                caught.get_or_insert(p);
+            }
+            return;
+        }
+        // SAFETY: as above.
+        let mut rest = unsafe { std::ptr::read(bufs) }.into_iter();
+        // The iterator stays outside the closure's unwind: what the closure
+        // has not taken when it panics is dropped afterwards, where a panic
+        // of theirs is caught too (dropped by the unwind, a second panic
+        // would abort the process).
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| {
+            for b in &mut rest {
+                f(wr_id, b);
             }
         })) {
+            caught.get_or_insert(p);
+        }
+        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(rest))) {
             caught.get_or_insert(p);
         }
     }
