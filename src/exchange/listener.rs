@@ -83,8 +83,9 @@ impl ExchangeListener {
     /// for each next client: if one does not come, no more are accepted,
     /// the clients already accepted are still waited for, and the last entry
     /// of the result is the error that stopped accepting (so the result has
-    /// fewer than `clients` entries only then). A panic in `handle` is
-    /// propagated once every thread has ended.
+    /// fewer than `clients` entries only then; a thread the system refuses
+    /// to start stops accepting the same way, with an [`Error::Io`]). A
+    /// panic in `handle` is propagated once every thread has ended.
     ///
     /// `handle` may borrow from the caller (the threads are scoped): a PD and
     /// CQ to create each client's QP with, then [`ExchangeStream::serve`].
@@ -121,8 +122,20 @@ impl ExchangeListener {
             let mut threads = Vec::new();
             let mut stopped = None;
             for i in 0..clients {
-                match self.accept(timeout) {
-                    Ok(conn) => threads.push(scope.spawn(move || handle(i, conn))),
+                let started = self.accept(timeout).and_then(|conn| {
+                    // A thread the system refuses (a pids or memory limit)
+                    // ends the serving with an error, not a panic; the
+                    // client's connection closes.
+                    std::thread::Builder::new()
+                        .name(format!("exchange client {i}"))
+                        .spawn_scoped(scope, move || handle(i, conn))
+                        .map_err(|source| Error::Io {
+                            what: "starting a thread for an exchange client",
+                            source,
+                        })
+                });
+                match started {
+                    Ok(thread) => threads.push(thread),
                     Err(e) => {
                         stopped = Some(e);
                         break;

@@ -388,11 +388,12 @@ impl<'a> SendWr<'a> {
             }
             len = data.len() as u64;
         }
-        // As `RemoteMr::checked_addr`: inside the region and the address space.
+        // As `RemoteMr::checked_addr`: inside the region clipped to the
+        // address space.
         let fits = |remote: RemoteMr, offset: u64| {
             offset
                 .checked_add(len)
-                .is_some_and(|end| end <= remote.len && remote.addr.checked_add(end).is_some())
+                .is_some_and(|end| end <= remote.len.min(!remote.addr))
         };
         match self.op {
             SendOp::Send => true,

@@ -209,10 +209,9 @@ impl RemoteMr {
     #[inline]
     pub fn checked_addr(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
-            // `addr + end` does not wrap, so neither does `addr + offset`.
-            Some(end) if end <= self.len && self.addr.checked_add(end).is_some() => {
-                Ok(self.addr.wrapping_add(offset))
-            }
+            // Inside the region clipped to the address space (`!addr` is
+            // `u64::MAX - addr`), so `addr + offset` does not wrap either.
+            Some(end) if end <= self.len.min(!self.addr) => Ok(self.addr.wrapping_add(offset)),
             _ => Err(Error::RemoteOutOfBounds {
                 offset,
                 len,

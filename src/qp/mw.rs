@@ -30,6 +30,10 @@ pub(super) struct WindowTable {
     /// The QP's send ring: the requests before its tail have retired.
     sq: Arc<Ring>,
     entries: Mutex<Box<[WindowEntry]>>,
+    /// Windows of entries that a new request replaced before they were let
+    /// go (a poll on another thread retired them after the post looked):
+    /// let go with the next retired ones, never while a request is staged.
+    replaced: Mutex<Vec<Arc<MwInner>>>,
 }
 
 impl WindowTable {
@@ -37,7 +41,12 @@ impl WindowTable {
         Arc::new(WindowTable {
             sq: sq.clone(),
             entries: Mutex::new((0..sq.slot_count()).map(|_| None).collect()),
+            replaced: Mutex::new(Vec::new()),
         })
+    }
+
+    fn replaced(&self) -> MutexGuard<'_, Vec<Arc<MwInner>>> {
+        self.replaced.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn entries(&self) -> MutexGuard<'_, Box<[WindowEntry]>> {
@@ -48,11 +57,14 @@ impl WindowTable {
     /// dropped after the lock (a window's last reference may drop an
     /// application's memory, whose `Drop` could come back here).
     fn take_where(&self, drop_if: impl Fn(u64) -> bool) -> Vec<Arc<MwInner>> {
-        self.entries()
+        let mut taken: Vec<Arc<MwInner>> = self
+            .entries()
             .iter_mut()
             .filter(|e| e.as_ref().is_some_and(|(seq, _)| drop_if(*seq)))
             .filter_map(|e| e.take().map(|(_, w)| w))
-            .collect()
+            .collect();
+        taken.append(&mut self.replaced());
+        taken
     }
 
     /// Lets go of every window, the QP destroyed (a panicking `Drop` of a
@@ -255,9 +267,14 @@ impl WorkQueue for WindowQueue {
         keep.held_by(Arc::downgrade(&holder));
         // The previous occupant of the slot retired (the ring holds fewer
         // requests than it has slots) and was let go before the post
-        // (`release_retired_windows`): nothing is dropped here, while the
-        // request is half staged.
-        table.entries()[core.sq.index(seq)] = Some((seq, keep));
+        // (`release_retired_windows`), unless a poll on another thread
+        // retired it since, or a refused request left it: then it is kept
+        // aside, since nothing may be dropped here, while the request is
+        // half staged.
+        let old = table.entries()[core.sq.index(seq)].replace((seq, keep));
+        if let Some((_, w)) = old {
+            table.replaced().push(w);
+        }
     }
 }
 

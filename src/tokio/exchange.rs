@@ -31,7 +31,9 @@ use crate::qp::{Init, Qp, Rc, Rts};
 ///     let qp = Qp::new(&pd, &cq, &cq, QpCaps::default())?
 ///         .init(InitAttr::new(1, AccessFlags::empty()))?;
 ///     // One client: accepted here, its exchange awaited in a task of its own.
-///     let conn = listener.accept(Some(Duration::from_secs(3600))).await?;
+///     // (No limit on the wait for a client; each message then gets
+///     // PEER_MESSAGE_TIMEOUT. A limit given here bounds each message too.)
+///     let conn = listener.accept(None).await?;
 ///     tokio::spawn(async move {
 ///         let (qp, _peer, conn) = ExchangeListener::serve_on(conn, qp, None, &[]).await?;
 ///         // post the receives of `qp`, then tell the client it may send:

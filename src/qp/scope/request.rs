@@ -77,10 +77,11 @@ impl<'scope> ScopedSend<'scope> {
     ) -> ScopedSend<'scope> {
         let mut r = ScopedSend::new(wr_id, sge, opcode);
         r.rkey = remote.rkey;
-        // As `RemoteMr::checked_addr`: inside the region and the address
-        // space (`addr + end` does not wrap, so neither does `addr + offset`).
+        // As `RemoteMr::checked_addr`: inside the region clipped to the
+        // address space (`!addr` is `u64::MAX - addr`), so `addr + offset`
+        // does not wrap either.
         match offset.checked_add(len) {
-            Some(end) if end <= remote.len && remote.addr.checked_add(end).is_some() => {
+            Some(end) if end <= remote.len.min(!remote.addr) => {
                 r.remote_addr = remote.addr.wrapping_add(offset);
             }
             _ => {
