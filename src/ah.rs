@@ -176,6 +176,8 @@ impl AddressHandle {
             hdr.assume_init()
         };
         let mut attr = MaybeUninit::<ffi::ibv_ah_attr>::zeroed();
+        // A negative return reports errno: none left from before.
+        crate::sys::call::clear_errno();
         // SAFETY: valid context; wc and hdr are initialised locals the call
         // reads; attr is written by it (zeroed first).
         let rc = unsafe {

@@ -48,6 +48,9 @@ pub(crate) struct PortFacts {
     pub(crate) link_layer: LinkLayer,
     /// Entries of the P_Key table.
     pub(crate) pkey_tbl_len: u16,
+    /// The active MTU when first queried: it can change (the netdev's MTU),
+    /// so only a value above it is worth a fresh query.
+    pub(crate) first_active_mtu: crate::device::Mtu,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread; the verbs this crate
@@ -190,6 +193,7 @@ impl Context {
         let f = PortFacts {
             link_layer: a.link_layer,
             pkey_tbl_len: a.pkey_tbl_len,
+            first_active_mtu: a.active_mtu,
         };
         lock().push((port, f));
         Ok(f)
@@ -304,6 +308,8 @@ impl Context {
             )?
         });
         if let Err(failed) = done {
+            // A port that does not exist says so first (as `query_gid`).
+            self.query_port(port)?;
             return Err(Error::InvalidArgument {
                 what: "gid index",
                 reason: format!(

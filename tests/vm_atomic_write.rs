@@ -190,3 +190,29 @@ fn a_list_mixing_atomic_writes_and_a_two_buffer_send_posts_all_in_order() {
     want[24..32].copy_from_slice(&(!VALUE).to_ne_bytes());
     assert_eq!(target.to_vec().unwrap(), want);
 }
+
+/// A QP the device refuses for its caps (a million SGEs) does not turn
+/// ATOMIC_WRITE off for the context: a QP made before it still carries one
+/// where the device has it, and gets `Unsupported` where it does not.
+#[test]
+fn a_qp_refused_for_its_caps_leaves_atomic_write_on() {
+    let mut p = pair_api(caps_sr(8, 8), SendApi::Extended);
+    let too_many = rdma_verbs::qp::QpCaps {
+        max_send_sge: 1 << 20,
+        ..caps_sr(8, 8)
+    };
+    let refused = rdma_verbs::qp::Qp::new(&p.pd, &p.cq_a, &p.cq_a, too_many);
+    assert!(refused.is_err(), "no device takes a million SGEs");
+    let target = p.pd.alloc_mr(64, all_remote()).unwrap();
+    let posted =
+        p.a.post_send(SendWr::atomic_write(7, target.remote(), 8, VALUE));
+    if !device_has_atomic_write(&p.ctx) {
+        let e = posted.unwrap_err().error;
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        return;
+    }
+    posted.unwrap();
+    let c = wait(&mut p.cq_a, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (7, WcStatus::Success));
+    assert_eq!(target.to_vec().unwrap()[8..16], VALUE.to_ne_bytes());
+}

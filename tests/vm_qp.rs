@@ -215,6 +215,38 @@ fn refused_transitions_hand_the_qp_back() {
         err.error
     );
 
+    // A path MTU that is not one of IB's, and one above the port's active
+    // MTU (rxe's kernel takes both), likewise.
+    let err = err
+        .qp
+        .rtr(RtrAttr::new(&peer, 1, Mtu::Unknown(0), Some(gid)))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.error,
+            Error::InvalidArgument {
+                what: "path MTU",
+                ..
+            }
+        ),
+        "{}",
+        err.error
+    );
+    assert!(
+        mtu.bytes() < Mtu::Mtu4096.bytes(),
+        "the guest's link MTU (1500) makes rxe's active MTU 1024"
+    );
+    let err = err
+        .qp
+        .rtr(RtrAttr::new(&peer, 1, Mtu::Mtu4096, Some(gid)))
+        .unwrap_err();
+    assert!(
+        matches!(err.error, Error::InvalidArgument { what: "path MTU", ref reason }
+            if reason.contains("active MTU")),
+        "{}",
+        err.error
+    );
+
     // An SL wider than its 4 bits likewise.
     let err = err
         .qp

@@ -17,9 +17,10 @@ impl Context {
     /// RNICs): its QPs are RC only, connect through rdma_cm only, and carry neither
     /// immediate data nor atomics.
     pub(crate) fn is_iwarp(&self) -> bool {
-        // SAFETY: an open context's `device` points at its ibv_device, which the
-        // device list's owner keeps alive as long as the context is open; the field
-        // is plain data set when the device was found.
+        // SAFETY: an open context's `device` points at its ibv_device, which
+        // libibverbs keeps alive (its own reference on the device) as long as
+        // the context is open; the field is plain data set when the device was
+        // found.
         unsafe { (*(*self.inner.raw.as_ptr()).device).transport_type == ffi::IBV_TRANSPORT_IWARP }
     }
 

@@ -147,6 +147,8 @@ impl<T: QpType> Qp<T, Reset> {
                             Err(_) => {}
                         }
                     }
+                    // Not the errno of an extended create refused above.
+                    crate::sys::call::clear_errno();
                     // SAFETY: valid PD, CQs and SRQ (kept alive by the Arcs the Qp
                     // stores); init is fully initialised; the provider writes the
                     // granted caps back.
@@ -300,38 +302,45 @@ fn extended_refused(e: std::io::Error) -> Error {
 
 /// Creates an extended RC QP from `init`: with ATOMIC_WRITE and FLUSH among its
 /// send operations where the context's QPs take them (`Context::atomic_write`,
-/// `Context::flush_placements`), else with [`send_ex::RC_SEND_OPS`]. A provider
-/// that refuses the QP with one turns it off for the whole context (FLUSH
-/// first, the newer), so that no QP made without it is asked for one.
+/// `Context::flush_placements`), else with [`send_ex::RC_SEND_OPS`]. Refused,
+/// it tries again without FLUSH (the newer), then without ATOMIC_WRITE; only
+/// when a QP without an operation is then made is that operation turned off
+/// for the whole context, so that no QP made without it is asked for it. A
+/// refusal of every form (bad caps, no memory) turns nothing off.
 fn create_extended(
     pd: &Pd,
     init: &mut ffi::ibv_qp_init_attr,
 ) -> std::result::Result<NonNull<ffi::ibv_qp>, std::io::Error> {
     let ctx = pd.context();
-    loop {
-        let atomic_write = ctx.atomic_write();
-        let flush = ctx.flush_placements() != 0;
-        if !atomic_write && !flush {
-            break;
+    let (atomic_write, flush) = (ctx.atomic_write(), ctx.flush_placements() != 0);
+    let forms = [(atomic_write, flush), (atomic_write, false), (false, false)];
+    let mut refused = None;
+    for (i, &(aw, fl)) in forms.iter().enumerate() {
+        if i > 0 && forms[i - 1] == (aw, fl) {
+            continue;
         }
         let mut ops = send_ex::RC_SEND_OPS;
-        if atomic_write {
+        if aw {
             ops |= send_ex::ATOMIC_WRITE_OP;
         }
-        if flush {
+        if fl {
             ops |= send_ex::FLUSH_OP;
         }
         // SAFETY: valid PD, CQs and SRQ of one context (checked by the
         // caller; kept alive by the Arcs the Qp stores).
-        if let Ok(raw) = unsafe { send_ex::create_rc(pd.as_raw(), init, ops) } {
-            return Ok(raw);
-        }
-        if flush {
-            ctx.refuse_flush();
-        } else {
-            ctx.refuse_atomic_write();
+        match unsafe { send_ex::create_rc(pd.as_raw(), init, ops) } {
+            Ok(raw) => {
+                // Made without what the forms before it had: that refused them.
+                if flush && !fl {
+                    ctx.refuse_flush();
+                }
+                if atomic_write && !aw {
+                    ctx.refuse_atomic_write();
+                }
+                return Ok(raw);
+            }
+            Err(e) => refused = Some(e),
         }
     }
-    // SAFETY: as above.
-    unsafe { send_ex::create_rc(pd.as_raw(), init, send_ex::RC_SEND_OPS) }
+    Err(refused.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL)))
 }

@@ -223,13 +223,18 @@ impl QpCore {
             return Ok(());
         }
         let hint = match (rc.abs(), to) {
-            (libc::EINVAL, "INIT") => Some("check the port number and pkey index".to_owned()),
+            (libc::EINVAL, "INIT") => Some(
+                "check the access flags: a QP takes LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE, \
+                 REMOTE_ATOMIC and the FLUSH ones, not the registration-only ones (e.g. \
+                 ON_DEMAND)"
+                    .to_owned(),
+            ),
             (libc::EINVAL, "RTS") if mask == attr::sq_psn_only(0).1 => {
                 Some("check the SQ PSN (24 bits)".to_owned())
             }
             (libc::EINVAL | libc::ENODATA, "RTR") => Some(
                 "check the remote QPN, the GID index (sgid_index must exist on this port; RoCE needs a GRH), \
-                 the path MTU (at most the port's active_mtu) and max_dest_rd_atomic"
+                 the path MTU and max_dest_rd_atomic"
                     .to_owned(),
             ),
             (libc::ETIMEDOUT, "RTR") => Some(

@@ -108,6 +108,8 @@ pub(crate) unsafe fn create_rc(
         send_ops_flags: ops,
         ..Default::default()
     };
+    // A provider may refuse without setting errno: none left from before.
+    crate::sys::call::clear_errno();
     // SAFETY: pd is live (contract) and its context is the QP's; `ex` is
     // fully initialised, with the comp_mask naming the fields set.
     let raw = unsafe { ffi::ibv_create_qp_ex((*pd).context, &mut ex) };

@@ -284,7 +284,37 @@ impl<T: QpType> Qp<T, Init> {
         check_bits("dest QPN", attr.dest_qpn, 24)
             .or_else(|| check_bits("RQ PSN", attr.rq_psn, 24))
             .or_else(|| attr.av.check_widths())
+            .or_else(|| self.check_path_mtu(attr.path_mtu))
             .or_else(|| self.check_roce_grh(&attr.av))
+    }
+
+    /// A path MTU of the five IB ones, at most the port's active MTU: the
+    /// kernel takes anything up to the device's largest (rxe), and a QP
+    /// whose packets do not fit the link fails only when it sends.
+    fn check_path_mtu(&self, mtu: crate::device::Mtu) -> Option<Error> {
+        let reason = if mtu.bytes() == 0 {
+            format!("{mtu:?} is not an InfiniBand MTU: use Mtu::Mtu256 to Mtu::Mtu4096")
+        } else {
+            let (port, ctx) = (self.core.port, self.core.pd.context());
+            // The cached value answers the usual case without a system call.
+            if mtu.bytes() <= ctx.port_facts(port).ok()?.first_active_mtu.bytes() {
+                return None;
+            }
+            let active = ctx.query_port(port).ok()?.active_mtu;
+            if mtu.bytes() <= active.bytes() {
+                return None;
+            }
+            format!(
+                "{} bytes is more than port {port}'s active MTU ({} bytes): packets that size \
+                 would not fit the link; use at most the active MTU (Qp::connect does)",
+                mtu.bytes(),
+                active.bytes()
+            )
+        };
+        Some(Error::InvalidArgument {
+            what: "path MTU",
+            reason,
+        })
     }
 
     /// The path MTU and GID index `connect` uses: the port's active MTU, and

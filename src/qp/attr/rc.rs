@@ -170,7 +170,9 @@ impl RtsAttr {
 }
 
 setters!(RtsAttr {
-    /// Local ACK timeout code: 4.096 µs × 2^timeout (0 = infinite).
+    /// Local ACK timeout code: 4.096 µs × 2^timeout (0 = infinite: a request
+    /// to a peer that is gone then never completes; polls with a timeout, a
+    /// scope's drain and dropping the QP still end).
     timeout: u8,
     /// Transport retries before RETRY_EXC_ERR (0..=7; 7 means "forever" on
     /// some providers, rxe included).
