@@ -461,6 +461,65 @@ fn dropping_a_qp_contains_a_window_regions_panic() {
     );
 }
 
+/// [`pair_with`] with `sges` SGEs a send and three 256-byte receives posted
+/// on `b`.
+fn sge_pair(
+    pd: &Pd,
+    cq_a: &Cq,
+    cq_b: &Cq,
+    sges: u32,
+) -> (
+    Qp<crate::qp::Rc, crate::qp::Rts>,
+    Qp<crate::qp::Rc, crate::qp::Rts>,
+) {
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: sges,
+        ..QpCaps::default()
+    };
+    pair_with(pd, cq_a, cq_b, caps, |b| {
+        for i in 0..3 {
+            let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+            b.post_recv(RecvWr::new(i, mr)).unwrap();
+        }
+    })
+}
+
+/// An unsignaled SEND (wr_id 1) from `n` buffers that panic in `Drop`, then
+/// a signaled one (wr_id 2) whose completion retires it; waits for both.
+fn post_panicking_then_signaled(
+    a: &mut Qp<crate::qp::Rc, crate::qp::Rts>,
+    pd: &Pd,
+    drops: &Arc<AtomicUsize>,
+    n: usize,
+) {
+    let mut wr = SendWr::send(1);
+    for _ in 0..n {
+        wr = wr.sge(panicking_mr(pd, drops));
+    }
+    a.post_send(wr.signaled(false)).unwrap();
+    a.post_send(SendWr::send(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// `items`, then a panic of the iterator itself.
+fn then_panic<T>(mut items: impl Iterator<Item = T>) -> impl Iterator<Item = T> {
+    std::iter::from_fn(move || {
+        Some(
+            items
+                .next()
+                .unwrap_or_else(|| panic!("the iterator panics")),
+        )
+    })
+}
+
+/// That `r` is the panic of a [`then_panic`] iterator, not a buffer's.
+fn expect_iterator_panic(r: std::thread::Result<()>) {
+    let payload = r.expect_err("the iterator's panic reaches the caller");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the iterator panics"));
+}
+
 /// A list post whose iterator panics after staging two requests whose
 /// buffers both panic in `Drop`: both are taken back and dropped once each
 /// (the second panic, during the first's unwind, is contained, not an
@@ -479,18 +538,9 @@ fn a_panicking_list_iterator_releases_each_panicking_buffer_it_staged() {
         .unwrap();
     });
     let drops = Arc::new(AtomicUsize::new(0));
-    let mut sends = (1..=2).map(|i| SendWr::send_from(i, panicking_mr(&pd, &drops)));
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        a.post_send_list(std::iter::from_fn(|| {
-            Some(
-                sends
-                    .next()
-                    .unwrap_or_else(|| panic!("the iterator panics")),
-            )
-        }))
-    }));
-    let payload = r.expect_err("the iterator's panic reaches the caller");
-    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the iterator panics"));
+    let sends = (1..=2).map(|i| SendWr::send_from(i, panicking_mr(&pd, &drops)));
+    let r = catch_unwind(AssertUnwindSafe(|| a.post_send_list(then_panic(sends))));
+    expect_iterator_panic(r.map(drop));
     assert_eq!(drops.load(Ordering::SeqCst), 2, "each staged buffer, once");
     assert_eq!(a.outstanding(), (0, 0), "nothing of the list stays posted");
     a.post_send(SendWr::send(5)).unwrap();
@@ -508,23 +558,9 @@ fn a_request_whose_buffers_all_panic_in_drop_drops_each_once() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let (mut cq_a, cq_b) = (Cq::new(&ctx, 64).unwrap(), Cq::new(&ctx, 64).unwrap());
-    let caps = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 2,
-        ..QpCaps::default()
-    };
-    let (mut a, _b) = pair_with(&pd, &cq_a, &cq_b, caps, |b| {
-        for i in 0..3 {
-            let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
-            b.post_recv(RecvWr::new(i, mr)).unwrap();
-        }
-    });
+    let (mut a, _b) = sge_pair(&pd, &cq_a, &cq_b, 2);
     let drops = Arc::new(AtomicUsize::new(0));
-    let two = SendWr::send_from(1, panicking_mr(&pd, &drops)).sge(panicking_mr(&pd, &drops));
-    a.post_send(two.signaled(false)).unwrap();
-    a.post_send(SendWr::send(2)).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    post_panicking_then_signaled(&mut a, &pd, &drops, 2);
     let mut out = Vec::with_capacity(4);
     let r = catch_unwind(AssertUnwindSafe(|| cq_a.poll(&mut out)));
     assert!(r.is_err(), "a buffer's panic reaches the poller");
@@ -550,18 +586,9 @@ fn a_panicking_srq_list_iterator_releases_each_panicking_buffer_it_staged() {
     let cq = Cq::new(&ctx, 64).unwrap();
     let mut srq = Srq::new(&pd, &cq, SrqAttr::new(8, 1)).unwrap();
     let drops = Arc::new(AtomicUsize::new(0));
-    let mut recvs = (1..=2).map(|i| RecvWr::new(i, panicking_mr(&pd, &drops)));
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        srq.post_recv_list(std::iter::from_fn(|| {
-            Some(
-                recvs
-                    .next()
-                    .unwrap_or_else(|| panic!("the iterator panics")),
-            )
-        }))
-    }));
-    let payload = r.expect_err("the iterator's panic reaches the caller");
-    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the iterator panics"));
+    let recvs = (1..=2).map(|i| RecvWr::new(i, panicking_mr(&pd, &drops)));
+    let r = catch_unwind(AssertUnwindSafe(|| srq.post_recv_list(then_panic(recvs))));
+    expect_iterator_panic(r.map(drop));
     assert_eq!(drops.load(Ordering::SeqCst), 2, "each staged buffer, once");
     assert_eq!(srq.posted(), 0, "nothing of the list stays posted");
     let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -606,25 +633,9 @@ fn a_panicking_recycler_and_panicking_buffers_do_not_abort() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let (mut cq_a, cq_b) = (Cq::new(&ctx, 64).unwrap(), Cq::new(&ctx, 64).unwrap());
-    let caps = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 3,
-        ..QpCaps::default()
-    };
-    let (mut a, _b) = pair_with(&pd, &cq_a, &cq_b, caps, |b| {
-        for i in 0..3 {
-            let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
-            b.post_recv(RecvWr::new(i, mr)).unwrap();
-        }
-    });
+    let (mut a, _b) = sge_pair(&pd, &cq_a, &cq_b, 3);
     let drops = Arc::new(AtomicUsize::new(0));
-    let three = SendWr::send_from(1, panicking_mr(&pd, &drops))
-        .sge(panicking_mr(&pd, &drops))
-        .sge(panicking_mr(&pd, &drops));
-    a.post_send(three.signaled(false)).unwrap();
-    a.post_send(SendWr::send(2)).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    post_panicking_then_signaled(&mut a, &pd, &drops, 3);
     let mut kept = Vec::new();
     let mut out = Vec::with_capacity(4);
     let r = catch_unwind(AssertUnwindSafe(|| {
