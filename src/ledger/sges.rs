@@ -180,18 +180,9 @@ impl Sges {
         let Some(mut block) = (unsafe { ManuallyDrop::take(&mut self.spill) }) else {
             return;
         };
-        let entries = block.as_mut_ptr().cast::<Buffer>();
-        let mut first_panic = None;
-        for i in 0..len {
-            // SAFETY: with a block, its first `len` entries are the
-            // initialised ones; each is dropped once, here.
-            let dropped = catch_unwind(AssertUnwindSafe(|| unsafe {
-                std::ptr::drop_in_place(entries.add(i))
-            }));
-            if let Err(p) = dropped {
-                first_panic.get_or_insert(p);
-            }
-        }
+        // SAFETY: with a block, its first `len` entries are the initialised
+        // ones; they are dropped once, here.
+        let first_panic = unsafe { drop_each_entry(block.as_mut_ptr().cast::<Buffer>(), 0..len) };
         drop(block);
         resume_unless_unwinding(first_panic);
     }
@@ -478,22 +469,35 @@ impl Drop for SgesIntoIter {
         let (from, to) = (self.next as usize, self.sges.len as usize);
         // Sges::drop must not see the entries already handed out.
         self.sges.len = 0;
-        let base = self.sges.base_mut();
-        let mut first_panic = None;
-        for i in from..to {
-            // SAFETY: `i < to <= MAX_SAFE_SGES`, within the entries' storage;
-            // entries from..to are initialised and not handed out, each is
-            // dropped once, here; the block (if any) is freed by Sges::drop
-            // afterwards.
-            let dropped = catch_unwind(AssertUnwindSafe(|| unsafe {
-                std::ptr::drop_in_place(base.add(i))
-            }));
-            if let Err(p) = dropped {
-                first_panic.get_or_insert(p);
-            }
-        }
+        // SAFETY: `to <= MAX_SAFE_SGES`, within the entries' storage; entries
+        // from..to are initialised and not handed out, and dropped once, here;
+        // the block (if any) is freed by Sges::drop afterwards.
+        let first_panic = unsafe { drop_each_entry(self.sges.base_mut(), from..to) };
         resume_unless_unwinding(first_panic);
     }
+}
+
+/// Drops the buffers at `base[range]` one at a time, each under its own
+/// `catch_unwind`, and returns the first panic (a second one while the first
+/// unwinds would abort the process).
+///
+/// # Safety
+/// Those entries are initialised, and nothing uses or drops them afterwards.
+unsafe fn drop_each_entry(
+    base: *mut Buffer,
+    range: std::ops::Range<usize>,
+) -> Option<Box<dyn std::any::Any + Send>> {
+    let mut first_panic = None;
+    for i in range {
+        // SAFETY: per the contract: an initialised entry, dropped once.
+        let dropped = catch_unwind(AssertUnwindSafe(|| unsafe {
+            std::ptr::drop_in_place(base.add(i))
+        }));
+        if let Err(p) = dropped {
+            first_panic.get_or_insert(p);
+        }
+    }
+    first_panic
 }
 
 /// Lets a buffer's panic go on from a drop, unless the thread is already
