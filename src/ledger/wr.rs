@@ -1,7 +1,5 @@
 //! Work requests for the safe path.
 
-use std::fmt;
-
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::ledger::read_copy;
@@ -10,8 +8,12 @@ use crate::mr::{Mr, RemoteMr};
 use crate::pd::Pd;
 
 mod ext;
+mod post_error;
+mod recv;
 pub(crate) use ext::ExtOps;
 pub use ext::FlushPlacement;
+pub use post_error::PostError;
+pub use recv::RecvWr;
 
 /// What a send-queue work request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -369,7 +371,15 @@ impl<'a> SendWr<'a> {
             // SAFETY: checked just above.
             let b = unsafe { self.bufs.inline_first() };
             let l = b.len() as u64;
-            if max_sge == 0 || l > u64::from(u32::MAX) || !b.in_pd(pd) {
+            // An atomic's exact length makes the SGE's bound redundant; the
+            // request's kind is known where it is built, so this folds.
+            let len_fits = match self.op {
+                SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => l == 8,
+                _ => l <= u64::from(u32::MAX),
+            };
+            // No `max_sge` test: every QP takes one send SGE (refused at
+            // creation otherwise, `Qp::build`).
+            if !len_fits || !b.in_pd(pd) {
                 return false;
             }
             l
@@ -628,108 +638,10 @@ fn atomic_fields(
     }
 }
 
-/// A receive work request: exclusively owned buffers the NIC may fill.
-#[derive(Debug)]
-pub struct RecvWr {
-    pub(crate) wr_id: u64,
-    pub(crate) bufs: Sges,
-}
-
-impl RecvWr {
-    /// A receive into `buf`.
-    #[inline]
-    pub fn new(wr_id: u64, buf: Mr) -> RecvWr {
-        RecvWr {
-            wr_id,
-            bufs: Sges::one(Buffer::Owned(buf)),
-        }
-    }
-
-    /// A receive with no buffer (for zero-byte messages and WRITE_WITH_IMM notifications).
-    #[inline]
-    pub fn empty(wr_id: u64) -> RecvWr {
-        RecvWr {
-            wr_id,
-            bufs: Sges::default(),
-        }
-    }
-
-    /// Appends a scatter entry.
-    #[inline]
-    pub fn sge(mut self, buf: Mr) -> RecvWr {
-        self.bufs.push(Buffer::Owned(buf));
-        self
-    }
-
-    /// Gives back the buffers of a request that was not posted.
-    pub fn into_buffers(self) -> Sges {
-        self.bufs
-    }
-
-    #[inline]
-    pub(crate) fn validate(&self, max_sge: u32, pd: &Pd) -> Result<()> {
-        let n = self.bufs.len() + self.bufs.overflow();
-        let max = (max_sge as usize).min(crate::ledger::sges::MAX_SAFE_SGES);
-        if n > max {
-            return Err(Error::TooManySges { requested: n, max });
-        }
-        if !self.bufs.all_locally_writable() {
-            return Err(invalid(
-                "receive buffer",
-                "the NIC writes receive buffers, so their Mr needs AccessFlags::LOCAL_WRITE \
-                 (the receive would fail with LOC_PROT_ERR)",
-            ));
-        }
-        self.bufs.check_pd(pd)?;
-        self.bufs.check_lengths()
-    }
-}
-
 fn invalid(what: &'static str, reason: &str) -> Error {
     Error::InvalidArgument {
         what,
         reason: reason.to_owned(),
-    }
-}
-
-/// A refused post: the error and the buffers of every request that did not
-/// reach the NIC, as `(wr_id, buffers)` in order.
-pub struct PostError {
-    /// Why.
-    pub error: Error,
-    /// Requests not posted, with their buffers.
-    pub unposted: Vec<(u64, Sges)>,
-}
-
-impl fmt::Debug for PostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostError")
-            .field("error", &self.error)
-            .field("unposted", &self.unposted.len())
-            .finish()
-    }
-}
-
-impl fmt::Display for PostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({} work requests not posted)",
-            self.error,
-            self.unposted.len()
-        )
-    }
-}
-
-impl std::error::Error for PostError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
-impl From<PostError> for Error {
-    fn from(e: PostError) -> Error {
-        e.error
     }
 }
 

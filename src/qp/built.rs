@@ -73,13 +73,13 @@ unsafe fn stage_built<C: QueueCore, Q: WorkQueue<C>>(
         Ok(depth) => depth,
         Err(depth) => return Err(full::<C, Q>(core, depth)),
     };
-    if in_flight + 1 == depth && !sig_all {
-        // The last free slot: ask for a completion so the ring drains.
-        r.flags |= SIGNALED;
-    }
+    // The last free slot asks for a completion so the ring drains. On a QP
+    // that signals every request the flag is set too: the provider signals
+    // it either way, and one OR computes both cases.
+    r.flags |= u32::from(in_flight + 1 == depth || sig_all) * SIGNALED;
     let meta = SlotMeta {
         opcode: r.opcode,
-        signaled: sig_all || r.flags & SIGNALED != 0,
+        signaled: r.flags & SIGNALED != 0,
         drain: false,
     };
     let (wr_id, bufs) = Q::id_and_bufs(wr);

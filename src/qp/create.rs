@@ -226,7 +226,7 @@ impl<T: QpType, S: QpState> Qp<T, S> {
             }
         });
         let rq = rq_res.publish(|tag| Ring::new(rq_want.min(got.max_recv_wr), tag, qp_num));
-        Ok(Qp {
+        let qp = Qp {
             core: QpCore {
                 raw,
                 sq,
@@ -247,7 +247,20 @@ impl<T: QpType, S: QpState> Qp<T, S> {
                 raw_posted: false,
             },
             _marker: PhantomData,
-        })
+        };
+        if got.max_send_sge == 0 {
+            // Asked for at least one (`QpCaps::init_attr`): the post path's
+            // quick pass and the builders' `ibv_wr_set_sge`, which providers
+            // do not check, rely on every QP taking one send SGE. (Dropping
+            // `qp` destroys it.)
+            return Err(Error::Unsupported {
+                verb: "ibv_create_qp",
+                hint: "the provider granted no send scatter/gather entry for a request of \
+                       at least one; this crate needs one per QP"
+                    .into(),
+            });
+        }
+        Ok(qp)
     }
 }
 

@@ -195,14 +195,13 @@ impl<'a, C: SendCore> WorkQueue<C> for SendQueue<'a> {
     ) -> (*mut ffi::ibv_send_wr, SlotMeta) {
         let c = c.write(ffi::ibv_send_wr::default());
         wr.fill_ffi(c);
-        let sig_all = core.caps().sq_sig_all;
-        if last_slot && !sig_all {
-            // The last free slot: ask for a completion so the ring drains.
-            c.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
+        // As `built::stage_built`: the last free slot asks for a completion,
+        // and a QP that signals every request gets the flag too.
+        const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        c.send_flags |= u32::from(last_slot || core.caps().sq_sig_all) * SIGNALED;
         let meta = SlotMeta {
             opcode: c.opcode,
-            signaled: sig_all || c.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+            signaled: c.send_flags & SIGNALED != 0,
             drain: false,
         };
         c.num_sge = match wr.inline_data {
