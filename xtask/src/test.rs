@@ -437,10 +437,11 @@ pub const RUNNER_CRATE: &str = "tests/vm_runner_crate";
 /// accepts. Measured 2026-12-06 (extended send API, 2 B, post list 1, sends
 /// through the builders, READ destinations recycled with
 /// `Cq::poll_recycling` and kept in registers, `perf`'s single posts in a
-/// loop of their own): write_bw 1.226, send_bw 1.205, read_bw 1.290; the raw
-/// count moves by ~2% between builds of `perf`. The target is 1.30 (issue
-/// #32); the guard leaves room for that spread.
-pub const INSN_GUARD: &str = "1.33";
+/// loop of their own, the signal flag with one OR): write_bw 1.195-1.217,
+/// send_bw 1.165-1.185, read_bw 1.259-1.271 in four runs; the raw count moves
+/// by ~2% between runs. The target is 1.30 (issue #32); the guard leaves room
+/// for about half that spread above it.
+pub const INSN_GUARD: &str = "1.31";
 
 /// Largest scoped/raw ratio the guard accepts with one request per post
 /// (`perf --scoped`, `Cq::scope`): issue #13's target. Measured 2026-12-01
