@@ -4,15 +4,13 @@
 //! directly, without writing a C request for the replay to read back.
 
 use std::marker::PhantomData;
-use std::mem::MaybeUninit;
 
 use crate::error::Error;
 use crate::ffi;
 use crate::ledger::ring::SlotMeta;
-use crate::ledger::sges::MAX_SAFE_SGES;
 use crate::qp::PostError;
 use crate::qp::queue::{
-    POST_CHUNK, QueueCore, Unstage, WorkQueue, full, list_failed, refused, stage, submit,
+    self, POST_CHUNK, QueueCore, Unstage, WorkQueue, full, list_failed, refused,
 };
 use crate::qp::send_ex::{Request, SendEx};
 
@@ -95,170 +93,119 @@ unsafe fn stage_built<C: QueueCore, Q: WorkQueue<C>>(
 }
 
 /// [`post_list_on`](crate::qp::queue::post_list_on) on a QP with builders:
-/// each chunk is staged whole before anything of it is posted (so a panic of
-/// the caller's iterator takes the whole chunk back, as on the C path). Its
-/// requests go to the builders without C forms (`SendEx::post_list`, which
-/// picks the builder once when they share an opcode) until one the builders
-/// cannot express; from there the chunk's rest is staged as C forms and
-/// posted after the built part, with `ibv_post_send` or its replay.
+/// each request is checked, staged in its ring slot and built as it comes
+/// from the caller's iterator, inside one critical region
+/// (`ibv_wr_start` .. `ibv_wr_complete`) per [`POST_CHUNK`] requests. A
+/// request the builders cannot express closes the region (posting what it
+/// built) and is posted alone as a C form. If the iterator panics, the
+/// region is aborted (`ibv_wr_abort`) and the requests staged in it are
+/// taken back, their buffers dropped after the region is closed.
 #[inline]
 pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
     core: &mut C,
     ex: SendEx,
     mut wrs: I,
 ) -> Result<(), PostError> {
-    let mut chunk = Chunk::<Q::CWr> {
-        reqs: [const { MaybeUninit::uninit() }; POST_CHUNK],
-        c_wrs: [const { MaybeUninit::uninit() }; POST_CHUNK],
-        c_sges: [const { MaybeUninit::uninit() }; POST_CHUNK * MAX_SAFE_SGES],
-    };
     loop {
-        let (ring, head) = Q::ring_and_head(core);
-        let (first_seq, tag) = (*head, u64::from(ring.tag()) << 32);
-        let mut guard = Unstage::<C, Q> {
-            core,
-            first_seq,
-            armed: true,
-            _queue: PhantomData,
+        let first_seq = *Q::ring_and_head(core).1;
+        // SAFETY: `ex` is the live QP's extended interface (the caller's
+        // `&mut` core keeps the QP); `region` closes it on every path.
+        unsafe { ex.start() };
+        let region = Region::<C, Q> {
+            staged: Unstage {
+                core: &mut *core,
+                first_seq,
+                armed: true,
+                _queue: PhantomData,
+            },
+            ex,
         };
-        // The counts live outside the chunk's arrays (whose address reaches
-        // C), so that they stay in registers.
-        let mut n = Counts { built: 0, c: 0 };
-        let mut exhausted = false;
-        while n.built + n.c < POST_CHUNK {
-            // Staged through a reference, as in `post_list_c`.
-            // Never dropped in place, also not on unwinding (see
-            // `post_one_on`): forgotten once staged, taken out when refused.
+        let mut n = 0;
+        loop {
+            if n == POST_CHUNK {
+                region.close(n)?;
+                break;
+            }
+            // Staged through a reference, as in `post_list_c`; never dropped
+            // in place, also not on unwinding (see `post_one_on`): forgotten
+            // once staged, taken out when refused.
             let next = std::mem::ManuallyDrop::new(wrs.next());
             let Some(wr) = &*next else {
-                exhausted = true;
-                break;
+                return region.close(n);
+            };
+            let Some(mut r) = Q::request(wr) else {
+                // Posted alone, after what the region built.
+                let earlier = region.close(n);
+                // SAFETY: `next` is forgotten: posted, or returned in the error.
+                let alone = unsafe { queue::post_one_c::<C, Q>(core, wr) };
+                match (earlier, alone) {
+                    (Ok(()), Ok(())) => break,
+                    (earlier, Err(e)) => {
+                        return Err(list_failed(Some(earlier), e.error, e.unposted.into_iter()));
+                    }
+                    (Err(e), Ok(())) => return Err(e),
+                }
             };
             // SAFETY: `next` is forgotten once staged, returned whole when refused.
-            if let Err(error) = unsafe { chunk.stage::<C, Q>(&mut n, guard.core, wr) } {
-                guard.armed = false;
-                let core = &mut *guard.core;
-                let earlier =
-                    (n.built + n.c > 0).then(|| chunk.submit::<C, Q>(n, core, ex, first_seq, tag));
+            if let Err(error) = unsafe { stage_built::<C, Q>(region.staged.core, wr, &mut r) } {
+                let earlier = region.close(n);
                 return Err(list_failed(
-                    earlier,
+                    (n > 0).then_some(earlier),
                     error,
                     std::mem::ManuallyDrop::into_inner(next)
                         .into_iter()
                         .map(Q::into_parts),
                 ));
             }
+            // SAFETY: inside the region; `r`'s SGE names the buffer its slot
+            // now owns (validated: in the QP's PD, length within u32).
+            let built = unsafe { ex.build_one(&r) };
+            debug_assert!(built, "send_request gives builder opcodes only");
+            n += 1;
         }
-        guard.armed = false;
-        let core = &mut *guard.core;
-        if n.built + n.c > 0 {
-            chunk.submit::<C, Q>(n, core, ex, first_seq, tag)?;
+    }
+}
+
+/// An open critical region of a list post and the requests staged in it.
+/// Dropped while armed (the caller's iterator panicked), it aborts the
+/// region, then takes those requests back out of the ring.
+struct Region<'c, C: QueueCore, Q: WorkQueue<C>> {
+    staged: Unstage<'c, C, Q>,
+    ex: SendEx,
+}
+
+impl<C: QueueCore, Q: WorkQueue<C>> Drop for Region<'_, C, Q> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.staged.armed {
+            // SAFETY: armed means the region is open. The slots are taken
+            // back (and their buffers dropped) when `staged` drops, after.
+            unsafe { self.ex.abort() };
         }
-        if exhausted {
+    }
+}
+
+impl<C: QueueCore, Q: WorkQueue<C>> Region<'_, C, Q> {
+    /// Closes the region: posts its `n` requests, or, with none, aborts it.
+    #[inline(always)]
+    fn close(mut self, n: usize) -> Result<(), PostError> {
+        self.staged.armed = false;
+        if n == 0 {
+            // SAFETY: the region is open (armed until just now).
+            unsafe { self.ex.abort() };
             return Ok(());
         }
-    }
-}
-
-/// One chunk of a list on a QP with builders: its first [`Counts::built`]
-/// requests in the builders' form, then [`Counts::c`] in C form (with their
-/// SGE blocks).
-struct Chunk<W> {
-    reqs: [MaybeUninit<Request>; POST_CHUNK],
-    c_wrs: [MaybeUninit<W>; POST_CHUNK],
-    c_sges: [MaybeUninit<ffi::ibv_sge>; POST_CHUNK * MAX_SAFE_SGES],
-}
-
-/// How many requests a [`Chunk`] holds in each form.
-#[derive(Clone, Copy)]
-struct Counts {
-    built: usize,
-    c: usize,
-}
-
-impl<W> Chunk<W> {
-    /// Stages `wr` in the builders' form while the chunk has no C form yet
-    /// and the builders can express it, else in C form.
-    ///
-    /// # Safety
-    /// On `Ok` the buffers of `*wr` were moved out: the caller must forget `*wr`.
-    #[inline(always)]
-    unsafe fn stage<C: QueueCore, Q: WorkQueue<C, CWr = W>>(
-        &mut self,
-        n: &mut Counts,
-        core: &mut C,
-        wr: &Q::Wr,
-    ) -> Result<(), Error> {
-        if n.c == 0 {
-            if let Some(r) = Q::request(wr) {
-                // Staged in its chunk entry (copying it there afterwards would
-                // move it once more); a refused request leaves the entry
-                // unused, past `built`.
-                let r = self.reqs[n.built].write(r);
-                // SAFETY: per this function's contract.
-                unsafe { stage_built::<C, Q>(core, wr, r)? };
-                n.built += 1;
-                return Ok(());
-            }
+        // SAFETY: as above; each built request's SGE names a buffer its ring
+        // slot owns.
+        match unsafe { self.ex.complete() } {
+            0 => Ok(()),
+            rc => Err(built_refused::<C, Q>(
+                self.staged.core,
+                Some(rc),
+                self.staged.first_seq,
+                n,
+            )),
         }
-        let (c, sges) = (
-            &mut self.c_wrs[n.c],
-            &mut self.c_sges[n.c * MAX_SAFE_SGES..],
-        );
-        // SAFETY: per this function's contract.
-        unsafe { stage::<C, Q>(core, wr, c, sges)? };
-        n.c += 1;
-        Ok(())
-    }
-
-    /// Posts what is staged (sequence numbers from `first_seq`): the built
-    /// part, then the C part. A refused built part keeps or takes back the C
-    /// part with itself (nothing of the C part was posted); a refused C part
-    /// is taken back from the request the provider named.
-    #[inline(always)]
-    fn submit<C: QueueCore, Q: WorkQueue<C, CWr = W>>(
-        &mut self,
-        n: Counts,
-        core: &mut C,
-        ex: SendEx,
-        first_seq: u64,
-        tag: u64,
-    ) -> Result<(), PostError> {
-        if n.built > 0 {
-            let reqs = &self.reqs[..n.built];
-            submit_built::<C, Q>(core, ex, reqs, first_seq, tag)?;
-        }
-        if n.c > 0 {
-            let c_first = first_seq + n.built as u64;
-            submit::<C, Q>(core, &mut self.c_wrs, &mut self.c_sges, n.c, c_first)?;
-        }
-        Ok(())
-    }
-}
-
-/// Posts the staged builder requests `reqs` (sequence numbers from
-/// `first_seq`, tokens `tag | seq`) in one critical region (see
-/// [`built_refused`] for a refusal).
-#[inline(always)]
-fn submit_built<C: QueueCore, Q: WorkQueue<C>>(
-    core: &mut C,
-    ex: SendEx,
-    reqs: &[MaybeUninit<Request>],
-    first_seq: u64,
-    tag: u64,
-) -> Result<(), PostError> {
-    // SAFETY: the caller passes the entries it initialised.
-    let reqs = unsafe { &*(reqs as *const [MaybeUninit<Request>] as *const [Request]) };
-    // The opcode every request has, if they share one (a compare each, here
-    // rather than while staging, where it costs a branch on the chunk's state).
-    let first = reqs.first().map(|r| r.opcode);
-    let uniform = first.filter(|&op| reqs.iter().all(|r| r.opcode == op));
-    // SAFETY: `ex` is the live QP's extended interface; each request's SGE
-    // names a buffer its ring slot owns (validated when staged); request `j`
-    // gets token `tag | (first_seq + j)`, the ring's token for its slot.
-    match unsafe { ex.post_list(reqs, uniform, tag, first_seq as u32) } {
-        Some(0) => Ok(()),
-        rc => Err(built_refused::<C, Q>(core, rc, first_seq, reqs.len())),
     }
 }
 

@@ -12,10 +12,12 @@
 //! an iterator, and safe requests the builders cannot express (inline data,
 //! several buffers) are written as a C chain first, which an extended QP
 //! replays as `ibv_wr_*` calls between one `ibv_wr_start` and one
-//! `ibv_wr_complete`; other safe requests (`qp/built.rs`), scoped single
-//! posts and prepared lists skip the C form and call the builders directly
-//! (`SendEx::post_one`, `SendEx::post_list`, which picks the builder once for
-//! a list of one operation).
+//! `ibv_wr_complete`; other safe requests (`qp/built.rs`: one alone, or a
+//! list's built as the caller's iterator yields them between
+//! `SendEx::start` and `SendEx::complete`), scoped single posts and prepared
+//! lists skip the C form and call the builders directly (`SendEx::post_one`,
+//! `SendEx::post_list`, which picks the builder once for a list of one
+//! operation).
 //!
 //! A chain with a request the builder calls cannot express exactly (another
 //! opcode, more than one SGE, more than one inline piece) is posted whole with
@@ -417,6 +419,53 @@ impl SendEx {
             }
             Some(op!(q, wr_complete))
         }
+    }
+
+    /// Opens a critical region (`ibv_wr_start`): the QP's send queue is
+    /// the provider's until [`complete`](SendEx::complete) or
+    /// [`abort`](SendEx::abort).
+    ///
+    /// # Safety
+    /// The QP lives; no region of it is open; one of the two closes this one.
+    #[inline(always)]
+    pub(crate) unsafe fn start(&self) {
+        // SAFETY: per the contract, through `op!`'s checked entry point.
+        unsafe { op!(self.qpx.as_ptr(), wr_start) }
+    }
+
+    /// Builds `r` (its `wr_id` the ring's token) in the open region; false,
+    /// with nothing built, for an opcode the builders here do not take
+    /// (which [`send_request`](crate::qp::post::send_request) never gives).
+    ///
+    /// # Safety
+    /// Inside this QP's critical region; `r`'s SGE names memory that stays
+    /// valid until its completion (a ring slot's buffer).
+    #[inline(always)]
+    pub(crate) unsafe fn build_one(&self, r: &Request) -> bool {
+        // SAFETY: per the contract.
+        unsafe { self.build_request(r, r.wr_id) }
+    }
+
+    /// Closes the open region, posting what it built (`ibv_wr_complete`):
+    /// 0, or the errno (then the requests may have reached the queue: see
+    /// the module's docs).
+    ///
+    /// # Safety
+    /// Inside this QP's critical region.
+    #[inline(always)]
+    pub(crate) unsafe fn complete(&self) -> i32 {
+        // SAFETY: per the contract, through `op!`'s checked entry point.
+        unsafe { op!(self.qpx.as_ptr(), wr_complete) }
+    }
+
+    /// Closes the open region, discarding what it built (`ibv_wr_abort`).
+    ///
+    /// # Safety
+    /// Inside this QP's critical region.
+    #[inline(always)]
+    pub(crate) unsafe fn abort(&self) {
+        // SAFETY: per the contract, through `op!`'s checked entry point.
+        unsafe { op!(self.qpx.as_ptr(), wr_abort) }
     }
 
     /// Posts `reqs` in one critical region; request `j` gets the `wr_id`

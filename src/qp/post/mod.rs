@@ -173,6 +173,14 @@ impl<S: QpState> Qp<Rc, S> {
     /// `iter.by_ref()` to keep the rest). If `wrs` panics, the requests it
     /// yielded since the last verb call are taken back (their buffers drop
     /// with the unwind); earlier chunks of 32 were posted and complete as usual.
+    ///
+    /// With the extended send API ([`Qp::send_api`]) each request goes to the
+    /// provider's builders as `wrs` yields it, so `wrs` runs while this QP's
+    /// send queue is held for the chunk (`ibv_wr_start` .. `ibv_wr_complete`,
+    /// a spinlock on rxe and mlx5): keep it short. It may poll CQs, post
+    /// receives on this QP (through [`Qp::split`]'s halves) and post on other
+    /// QPs; a panic aborts the chunk (`ibv_wr_abort`) before the requests it
+    /// staged are taken back.
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_start")]
     pub fn post_send_list<'a>(
