@@ -265,42 +265,55 @@ fn split_halves_post_sends_and_receives_from_two_threads() {
 }
 
 /// Requests a send list's iterator yields are built as they come, inside the
-/// provider's critical region of the send queue: the iterator may poll the
-/// QP's CQ and post receives on the QP's receive half meanwhile. Every send
-/// arrives with its bytes, and the receives it posted take the peer's
-/// replies.
+/// provider's critical region of the send queue (one per 32): the iterator
+/// may poll the QP's CQ and post receives on the QP's receive half
+/// meanwhile. From a request the builders cannot express (an inline SEND
+/// here) on, the rest goes as C forms. Every send arrives with its bytes, in
+/// order, and the receives the iterator posted take the peer's replies.
 #[test]
 fn a_send_lists_iterator_may_poll_and_post_receives_on_the_same_qp() {
-    const N: u64 = 24;
-    let mut p = common::pair_with(caps_sr(32, 32), |pd, _a, b| {
+    const N: u64 = 40;
+    const INLINE_AT: u64 = 35;
+    let caps = QpCaps {
+        max_inline_data: 64,
+        ..caps_sr(64, 64)
+    };
+    let mut p = common::pair_with(caps, |pd, _a, b| {
         for i in 0..N {
             let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
             b.post_recv(RecvWr::new(i, mr)).unwrap();
         }
     });
     let pd = p.pd.clone();
+    let inline = message(7, INLINE_AT as u32)[..16].to_vec();
     let (mut tx, mut rx) = p.a.split();
     let cq_a = &mut p.cq_a;
     let mut polled = Vec::new();
     let mut out = Vec::new();
     let list = (0..N).map(|i| {
-        // Inside the send queue's region: a poll of the QP's CQ and a
-        // receive on its other queue.
+        // Inside the send queue's region (before INLINE_AT): a poll of the
+        // QP's CQ and a receive on its other queue.
         cq_a.poll(&mut out).unwrap();
         polled.append(&mut out);
         let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         rx.post_recv(RecvWr::new(100 + i, mr)).unwrap();
+        if i == INLINE_AT {
+            return SendWr::send_inline(i, &inline);
+        }
         let mut src = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
         src.write_at(0, &message(7, i as u32)[..16]).unwrap();
         SendWr::send_from(i, src)
     });
     tx.post_send_list(list).unwrap();
     let mut got = wait(&mut p.cq_b, N as usize);
-    got.sort_by_key(|c| c.wr_id);
     for (i, c) in got.iter_mut().enumerate() {
         assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success));
         let mr = c.take_mr().unwrap();
-        assert_eq!(&mr.to_vec().unwrap()[..16], &message(7, i as u32)[..16]);
+        assert_eq!(
+            &mr.to_vec().unwrap()[..16],
+            &message(7, i as u32)[..16],
+            "message {i}"
+        );
     }
     // The peer's replies land in the receives the iterator posted, in order.
     let replies = (0..N).map(|i| {
@@ -309,17 +322,22 @@ fn a_send_lists_iterator_may_poll_and_post_receives_on_the_same_qp() {
         SendWr::send_from(200 + i, src)
     });
     p.b.post_send_list(replies).unwrap();
-    let mut sends = polled;
-    sends.extend(wait(&mut p.cq_a, 2 * N as usize - sends.len()));
+    let mut all = polled;
+    all.extend(wait(&mut p.cq_a, 2 * N as usize - all.len()));
     let (mut recvs, sends): (Vec<_>, Vec<_>) =
-        sends.into_iter().partition(|c| c.opcode == WcOpcode::Recv);
-    assert_eq!(sends.len(), N as usize, "the list's completions");
+        all.into_iter().partition(|c| c.opcode == WcOpcode::Recv);
+    let ids: Vec<u64> = sends.iter().map(|c| c.wr_id).collect();
+    assert_eq!(
+        ids,
+        (0..N).collect::<Vec<_>>(),
+        "the list's completions, in order"
+    );
     assert!(sends.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(recvs.len(), N as usize);
     for (i, c) in recvs.iter_mut().enumerate() {
         assert_eq!((c.wr_id, c.status), (100 + i as u64, WcStatus::Success));
         let mr = c.take_mr().unwrap();
         assert_eq!(&mr.to_vec().unwrap()[..8], &(i as u64).to_le_bytes());
     }
-    assert_eq!(recvs.len(), N as usize);
     wait(&mut p.cq_b, N as usize);
 }

@@ -45,7 +45,7 @@ pub(super) unsafe fn post_one<C: QueueCore, Q: WorkQueue<C>>(
     // length within u32).
     match unsafe { ex.post_one(&r) } {
         Some(0) => Ok(()),
-        rc => Err(built_refused::<C, Q>(core, rc, seq, 1)),
+        rc => Err(built_refused::<C, Q>(core, rc, seq)),
     }
 }
 
@@ -95,19 +95,38 @@ unsafe fn stage_built<C: QueueCore, Q: WorkQueue<C>>(
 /// [`post_list_on`](crate::qp::queue::post_list_on) on a QP with builders:
 /// each request is checked, staged in its ring slot and built as it comes
 /// from the caller's iterator, inside one critical region
-/// (`ibv_wr_start` .. `ibv_wr_complete`) per [`POST_CHUNK`] requests. A
-/// request the builders cannot express closes the region (posting what it
-/// built) and is posted alone as a C form. If the iterator panics, the
-/// region is aborted (`ibv_wr_abort`) and the requests staged in it are
-/// taken back, their buffers dropped after the region is closed.
+/// (`ibv_wr_start` .. `ibv_wr_complete`) per [`POST_CHUNK`] requests; a
+/// chunk's first request is pulled before its region opens. From a request
+/// the builders cannot express on, the list (that request first) goes as C
+/// forms, after what the region built ([`post_list_c`](queue::post_list_c)).
+/// If the iterator panics, the region is aborted (`ibv_wr_abort`) and the
+/// requests staged in it are taken back, their buffers dropped after the
+/// region is closed.
 #[inline]
 pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
     core: &mut C,
     ex: SendEx,
     mut wrs: I,
 ) -> Result<(), PostError> {
+    use std::mem::ManuallyDrop;
     loop {
+        // Staged through a reference, as in `post_list_c`; never dropped in
+        // place, also not on unwinding (see `post_one_on`): forgotten once
+        // staged, taken out when refused.
+        let next = ManuallyDrop::new(wrs.next());
+        let Some(wr) = &*next else {
+            return Ok(());
+        };
+        let Some(mut r) = Q::request(wr) else {
+            let rest = ManuallyDrop::into_inner(next).into_iter().chain(wrs);
+            return queue::post_list_c::<C, Q, _>(core, rest);
+        };
         let first_seq = *Q::ring_and_head(core).1;
+        // SAFETY: `next` is forgotten once staged, returned whole when refused.
+        if let Err(error) = unsafe { stage_built::<C, Q>(core, wr, &mut r) } {
+            let rest = ManuallyDrop::into_inner(next).into_iter();
+            return Err(list_failed(None, error, rest.map(Q::into_parts)));
+        }
         // SAFETY: `ex` is the live QP's extended interface (the caller's
         // `&mut` core keeps the QP); `region` closes it on every path.
         unsafe { ex.start() };
@@ -120,47 +139,35 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
             },
             ex,
         };
-        let mut n = 0;
+        region.build(&r);
+        let mut n = 1;
         loop {
             if n == POST_CHUNK {
-                region.close(n)?;
+                region.close()?;
                 break;
             }
-            // Staged through a reference, as in `post_list_c`; never dropped
-            // in place, also not on unwinding (see `post_one_on`): forgotten
-            // once staged, taken out when refused.
-            let next = std::mem::ManuallyDrop::new(wrs.next());
+            let next = ManuallyDrop::new(wrs.next());
             let Some(wr) = &*next else {
-                return region.close(n);
+                return region.close();
             };
             let Some(mut r) = Q::request(wr) else {
-                // Posted alone, after what the region built.
-                let earlier = region.close(n);
-                // SAFETY: `next` is forgotten: posted, or returned in the error.
-                let alone = unsafe { queue::post_one_c::<C, Q>(core, wr) };
-                match (earlier, alone) {
-                    (Ok(()), Ok(())) => break,
-                    (earlier, Err(e)) => {
-                        return Err(list_failed(Some(earlier), e.error, e.unposted.into_iter()));
-                    }
-                    (Err(e), Ok(())) => return Err(e),
+                // What the region built goes first; if it failed, nothing
+                // after it is posted.
+                if let Err(mut e) = region.close() {
+                    let this = ManuallyDrop::into_inner(next).into_iter();
+                    e.unposted.extend(this.map(Q::into_parts));
+                    return Err(e);
                 }
+                let rest = ManuallyDrop::into_inner(next).into_iter().chain(wrs);
+                return queue::post_list_c::<C, Q, _>(core, rest);
             };
             // SAFETY: `next` is forgotten once staged, returned whole when refused.
             if let Err(error) = unsafe { stage_built::<C, Q>(region.staged.core, wr, &mut r) } {
-                let earlier = region.close(n);
-                return Err(list_failed(
-                    (n > 0).then_some(earlier),
-                    error,
-                    std::mem::ManuallyDrop::into_inner(next)
-                        .into_iter()
-                        .map(Q::into_parts),
-                ));
+                let earlier = region.close();
+                let rest = ManuallyDrop::into_inner(next).into_iter();
+                return Err(list_failed(Some(earlier), error, rest.map(Q::into_parts)));
             }
-            // SAFETY: inside the region; `r`'s SGE names the buffer its slot
-            // now owns (validated: in the QP's PD, length within u32).
-            let built = unsafe { ex.build_one(&r) };
-            debug_assert!(built, "send_request gives builder opcodes only");
+            region.build(&r);
             n += 1;
         }
     }
@@ -186,51 +193,50 @@ impl<C: QueueCore, Q: WorkQueue<C>> Drop for Region<'_, C, Q> {
 }
 
 impl<C: QueueCore, Q: WorkQueue<C>> Region<'_, C, Q> {
-    /// Closes the region: posts its `n` requests, or, with none, aborts it.
+    /// Builds `r`, staged last, in the region.
     #[inline(always)]
-    fn close(mut self, n: usize) -> Result<(), PostError> {
+    fn build(&self, r: &Request) {
+        // SAFETY: the region is open (armed); `r`'s SGE names the buffer its
+        // slot now owns (validated: in the QP's PD, length within u32).
+        let built = unsafe { self.ex.build_one(r) };
+        // `send_request` gives builder opcodes only; were it not so, this
+        // unwinds through `Drop`, which aborts the region and unstages.
+        assert!(built, "a builder request without a builder");
+    }
+
+    /// Closes the region, posting what it built (one request at least).
+    #[inline(always)]
+    fn close(mut self) -> Result<(), PostError> {
         self.staged.armed = false;
-        if n == 0 {
-            // SAFETY: the region is open (armed until just now).
-            unsafe { self.ex.abort() };
-            return Ok(());
-        }
-        // SAFETY: as above; each built request's SGE names a buffer its ring
-        // slot owns.
+        // SAFETY: the region is open (armed until just now); each built
+        // request's SGE names a buffer its ring slot owns.
         match unsafe { self.ex.complete() } {
             0 => Ok(()),
             rc => Err(built_refused::<C, Q>(
                 self.staged.core,
                 Some(rc),
                 self.staged.first_seq,
-                n,
             )),
         }
     }
 }
 
-/// The builders' post of the `built` requests from `first_seq` returned
-/// `rc`. `None` (an opcode without a builder, which `send_request` never
-/// gives them) posted nothing: they come back with whatever was staged after
-/// them. A failed `ibv_wr_complete` does not say whether they reached the
-/// queue (`send_ex`'s module docs), so they stay in the ring until
-/// completions retire them or the QP is dropped, as after a legacy post that
-/// names no refused request; what was staged after them (never posted) comes
-/// back.
+/// The builders' post of the requests staged from `first_seq` (the last
+/// ones in the ring) returned `rc`. `None` (an opcode without a builder,
+/// which `send_request` never gives them) posted nothing: they come back. A
+/// failed `ibv_wr_complete` does not say whether they reached the queue
+/// (`send_ex`'s module docs), so they stay in the ring until completions
+/// retire them or the QP is dropped, as after a legacy post that names no
+/// refused request.
 #[cold]
 #[inline(never)]
 fn built_refused<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     rc: Option<i32>,
     first_seq: u64,
-    built: usize,
 ) -> PostError {
-    let staged_after = first_seq + built as u64 != *Q::ring_and_head(core).1;
     match rc {
         None => refused::<C, Q>(core, libc::EINVAL, Some(0), first_seq),
-        // What was staged after them comes back.
-        Some(rc) if staged_after => refused::<C, Q>(core, rc, Some(built), first_seq),
-        // Nothing after them: all stays, as for a refusal that names no request.
         Some(rc) => refused::<C, Q>(core, rc, None, first_seq),
     }
 }

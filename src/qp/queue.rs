@@ -543,20 +543,6 @@ pub(crate) unsafe fn post_one_in_place<C: QueueCore, Q: WorkQueue<C>>(
             return unsafe { built::post_one::<C, Q>(core, wr, ex, r) };
         }
     }
-    // SAFETY: per this function's contract.
-    unsafe { post_one_c::<C, Q>(core, wr) }
-}
-
-/// [`post_one_in_place`] through a C form (`ibv_post_send`, or its replay
-/// through the builders).
-///
-/// # Safety
-/// As [`post_one_in_place`]'s.
-#[inline(always)]
-pub(super) unsafe fn post_one_c<C: QueueCore, Q: WorkQueue<C>>(
-    core: &mut C,
-    wr: &Q::Wr,
-) -> Result<(), PostError> {
     let mut c_wr = [const { MaybeUninit::<Q::CWr>::uninit() }; 1];
     let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; MAX_SAFE_SGES];
     let first_seq = *Q::ring_and_head(core).1;
@@ -605,7 +591,7 @@ pub(crate) fn post_list_on<C: QueueCore, Q: WorkQueue<C>, I: IntoIterator<Item =
 /// callers too large to inline the caller's iterator (a call per chunk of up
 /// to 32 requests is what this costs).
 #[inline(never)]
-fn post_list_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
+pub(super) fn post_list_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
     core: &mut C,
     mut wrs: I,
 ) -> Result<(), PostError> {

@@ -177,10 +177,13 @@ impl<S: QpState> Qp<Rc, S> {
     /// With the extended send API ([`Qp::send_api`]) each request goes to the
     /// provider's builders as `wrs` yields it, so `wrs` runs while this QP's
     /// send queue is held for the chunk (`ibv_wr_start` .. `ibv_wr_complete`,
-    /// a spinlock on rxe and mlx5): keep it short. It may poll CQs, post
-    /// receives on this QP (through [`Qp::split`]'s halves) and post on other
-    /// QPs; a panic aborts the chunk (`ibv_wr_abort`) before the requests it
-    /// staged are taken back.
+    /// a spinlock on rxe and mlx5): keep it short. It may poll CQs, post on
+    /// other QPs and, when the list is posted from a send half
+    /// ([`Qp::split`]), post receives on the receive half; a panic aborts the
+    /// chunk (`ibv_wr_abort`) before the requests it staged are taken back.
+    /// From a request the builders cannot express (inline data, several
+    /// buffers, ATOMIC_WRITE, FLUSH) on, the rest of the list is posted as
+    /// C forms, with the iterator outside any critical region.
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_start")]
     pub fn post_send_list<'a>(
