@@ -81,6 +81,57 @@ fn a_panicking_post_list_iterator_leaves_the_queue_usable() {
     assert_eq!(got, [0, 1, 2, 3], "the receiver saw exactly the four sends");
 }
 
+/// A list that mixes requests the builders express with one they cannot
+/// (inline data) is all or nothing per chunk as well: the iterator panics
+/// after both kinds were staged, and none of them reaches the peer.
+#[test]
+fn a_panicking_list_of_built_and_c_form_requests_posts_nothing() {
+    let _g = serial();
+    let caps = QpCaps {
+        max_inline_data: 64,
+        ..caps_sr(8, 4)
+    };
+    let mut p = pair_with(caps, |pd, _, b| {
+        let mr = |_| pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv_list((0..4).map(|i| RecvWr::new(i, mr(i))))
+            .unwrap();
+    });
+    let data = pattern(16, 3);
+    let pd = p.pd.clone();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut n = 0;
+        let _ = p.a.post_send_list(std::iter::from_fn(|| {
+            n += 1;
+            match n {
+                2 => Some(SendWr::send_inline(n, &data)),
+                1 | 3 => {
+                    let mut src = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+                    src.write_at(0, &data).unwrap();
+                    Some(SendWr::send_from(n, src))
+                }
+                _ => panic!("iterator panics"),
+            }
+        }));
+    }));
+    assert!(r.is_err(), "the iterator's panic propagates");
+    // The next send is the first message the peer receives.
+    let mut src = p.pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, b"after the panic!").unwrap();
+    p.a.post_send(SendWr::send_from(9, src)).unwrap();
+    let c = wait(&mut p.cq_a, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (9, WcStatus::Success));
+    let mut got = wait(&mut p.cq_b, 1);
+    assert_eq!((got[0].wr_id, got[0].status), (0, WcStatus::Success));
+    let mr = got[0].take_mr().unwrap();
+    assert_eq!(&mr.to_vec().unwrap()[..16], b"after the panic!");
+    let late = drain(&mut p.cq_b, Duration::from_millis(100));
+    assert!(
+        late.is_empty(),
+        "a request of the panicked list arrived: {late:?}"
+    );
+    assert!(drain(&mut p.cq_a, Duration::from_millis(10)).is_empty());
+}
+
 #[test]
 fn poll_n_returns_exactly_the_count_asked_for() {
     let _g = serial();

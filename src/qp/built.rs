@@ -4,13 +4,15 @@
 //! directly, without writing a C request for the replay to read back.
 
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 use crate::error::Error;
 use crate::ffi;
 use crate::ledger::ring::SlotMeta;
+use crate::ledger::sges::MAX_SAFE_SGES;
 use crate::qp::PostError;
 use crate::qp::queue::{
-    self, POST_CHUNK, QueueCore, Unstage, WorkQueue, full, list_failed, refused,
+    self, POST_CHUNK, QueueCore, Unstage, WorkQueue, full, list_failed, refused, stage, submit,
 };
 use crate::qp::send_ex::{Request, SendEx};
 
@@ -45,7 +47,7 @@ pub(super) unsafe fn post_one<C: QueueCore, Q: WorkQueue<C>>(
     // length within u32).
     match unsafe { ex.post_one(&r) } {
         Some(0) => Ok(()),
-        rc => Err(built_refused::<C, Q>(core, rc, seq)),
+        rc => Err(built_refused::<C, Q>(core, rc, seq, 1)),
     }
 }
 
@@ -96,12 +98,14 @@ unsafe fn stage_built<C: QueueCore, Q: WorkQueue<C>>(
 /// each request is checked, staged in its ring slot and built as it comes
 /// from the caller's iterator, inside one critical region
 /// (`ibv_wr_start` .. `ibv_wr_complete`) per [`POST_CHUNK`] requests; a
-/// chunk's first request is pulled before its region opens. From a request
-/// the builders cannot express on, the list (that request first) goes as C
-/// forms, after what the region built ([`post_list_c`](queue::post_list_c)).
-/// If the iterator panics, the region is aborted (`ibv_wr_abort`) and the
-/// requests staged in it are taken back, their buffers dropped after the
-/// region is closed.
+/// chunk's first request is pulled before its region opens. A chunk that
+/// meets a request the builders cannot express stages the rest as C forms
+/// and posts them after what its region built ([`finish_chunk_c`]); a list
+/// whose chunk starts with one goes as C forms from there
+/// ([`post_list_c`](queue::post_list_c)). If the iterator panics, the region
+/// is aborted (`ibv_wr_abort`) and the requests staged in the chunk are taken
+/// back, their buffers dropped after the region is closed: nothing of the
+/// chunk was posted.
 #[inline]
 pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
     core: &mut C,
@@ -143,27 +147,23 @@ pub(super) fn post_list<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>
         let mut n = 1;
         loop {
             if n == POST_CHUNK {
-                region.close()?;
+                region.close(n)?;
                 break;
             }
             let next = ManuallyDrop::new(wrs.next());
             let Some(wr) = &*next else {
-                return region.close();
+                return region.close(n);
             };
             let Some(mut r) = Q::request(wr) else {
-                // What the region built goes first; if it failed, nothing
-                // after it is posted.
-                if let Err(mut e) = region.close() {
-                    let this = ManuallyDrop::into_inner(next).into_iter();
-                    e.unposted.extend(this.map(Q::into_parts));
-                    return Err(e);
+                match finish_chunk_c::<C, Q, I>(region, n, next, &mut wrs) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => break,
+                    Err(e) => return Err(e),
                 }
-                let rest = ManuallyDrop::into_inner(next).into_iter().chain(wrs);
-                return queue::post_list_c::<C, Q, _>(core, rest);
             };
             // SAFETY: `next` is forgotten once staged, returned whole when refused.
             if let Err(error) = unsafe { stage_built::<C, Q>(region.staged.core, wr, &mut r) } {
-                let earlier = region.close();
+                let earlier = region.close(n);
                 let rest = ManuallyDrop::into_inner(next).into_iter();
                 return Err(list_failed(Some(earlier), error, rest.map(Q::into_parts)));
             }
@@ -204,39 +204,103 @@ impl<C: QueueCore, Q: WorkQueue<C>> Region<'_, C, Q> {
         assert!(built, "a builder request without a builder");
     }
 
-    /// Closes the region, posting what it built (one request at least).
+    /// Closes the region, posting the `built` requests it built (one at
+    /// least).
     #[inline(always)]
-    fn close(mut self) -> Result<(), PostError> {
+    fn close(self, built: usize) -> Result<(), PostError> {
+        self.close_then(built, |_| Ok(()))
+    }
+
+    /// Closes the region, posting the `built` requests it built (one at
+    /// least), then, if that succeeded, runs `then` (which posts what was
+    /// staged after them as C forms). A failed region takes back what was
+    /// staged after it ([`built_refused`]).
+    #[inline(always)]
+    fn close_then(
+        mut self,
+        built: usize,
+        then: impl FnOnce(&mut C) -> Result<(), PostError>,
+    ) -> Result<(), PostError> {
         self.staged.armed = false;
+        let first_seq = self.staged.first_seq;
+        let core = &mut *self.staged.core;
         // SAFETY: the region is open (armed until just now); each built
         // request's SGE names a buffer its ring slot owns.
         match unsafe { self.ex.complete() } {
-            0 => Ok(()),
-            rc => Err(built_refused::<C, Q>(
-                self.staged.core,
-                Some(rc),
-                self.staged.first_seq,
-            )),
+            0 => then(core),
+            rc => Err(built_refused::<C, Q>(core, Some(rc), first_seq, built)),
         }
     }
 }
 
-/// The builders' post of the requests staged from `first_seq` (the last
-/// ones in the ring) returned `rc`. `None` (an opcode without a builder,
-/// which `send_request` never gives them) posted nothing: they come back. A
-/// failed `ibv_wr_complete` does not say whether they reached the queue
-/// (`send_ex`'s module docs), so they stay in the ring until completions
-/// retire them or the QP is dropped, as after a legacy post that names no
-/// refused request.
+/// The rest of a chunk from `first`, a request the builders cannot express,
+/// after the `built` requests of `region`: staged as C forms (the iterator
+/// still runs inside the region), then the region's requests are posted and
+/// the C forms after them with one verb call. Returns whether the iterator
+/// ran out. Out of line: its C forms' arrays stay off the builders' loop.
+#[inline(never)]
+fn finish_chunk_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(
+    region: Region<'_, C, Q>,
+    built: usize,
+    first: std::mem::ManuallyDrop<Option<Q::Wr>>,
+    wrs: &mut I,
+) -> Result<bool, PostError> {
+    let mut c_wrs = [const { MaybeUninit::<Q::CWr>::uninit() }; POST_CHUNK];
+    let mut c_sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_CHUNK * MAX_SAFE_SGES];
+    let c_first = region.staged.first_seq + built as u64;
+    let mut n = 0;
+    let mut next = first;
+    let exhausted = loop {
+        let Some(wr) = &*next else {
+            break true;
+        };
+        let sges = &mut c_sges[n * MAX_SAFE_SGES..];
+        // SAFETY: `next` is forgotten once staged, returned whole when refused.
+        if let Err(error) = unsafe { stage::<C, Q>(region.staged.core, wr, &mut c_wrs[n], sges) } {
+            let earlier = region.close_then(built, |core| {
+                if n == 0 {
+                    return Ok(());
+                }
+                submit::<C, Q>(core, &mut c_wrs, &mut c_sges, n, c_first)
+            });
+            let rest = std::mem::ManuallyDrop::into_inner(next).into_iter();
+            return Err(list_failed(Some(earlier), error, rest.map(Q::into_parts)));
+        }
+        n += 1;
+        if built + n == POST_CHUNK {
+            break false;
+        }
+        // Never dropped in place (see `post_list`).
+        next = std::mem::ManuallyDrop::new(wrs.next());
+    };
+    region.close_then(built, |core| {
+        submit::<C, Q>(core, &mut c_wrs, &mut c_sges, n, c_first)
+    })?;
+    Ok(exhausted)
+}
+
+/// The builders' post of the `built` requests from `first_seq` returned
+/// `rc`. `None` (an opcode without a builder, which `send_request` never
+/// gives them) posted nothing: they come back with whatever was staged after
+/// them. A failed `ibv_wr_complete` does not say whether they reached the
+/// queue (`send_ex`'s module docs), so they stay in the ring until
+/// completions retire them or the QP is dropped, as after a legacy post that
+/// names no refused request; what was staged after them (C forms, never
+/// posted) comes back.
 #[cold]
 #[inline(never)]
 fn built_refused<C: QueueCore, Q: WorkQueue<C>>(
     core: &mut C,
     rc: Option<i32>,
     first_seq: u64,
+    built: usize,
 ) -> PostError {
+    let staged_after = first_seq + built as u64 != *Q::ring_and_head(core).1;
     match rc {
         None => refused::<C, Q>(core, libc::EINVAL, Some(0), first_seq),
+        // What was staged after them comes back.
+        Some(rc) if staged_after => refused::<C, Q>(core, rc, Some(built), first_seq),
+        // Nothing after them: all stays, as for a refusal that names no request.
         Some(rc) => refused::<C, Q>(core, rc, None, first_seq),
     }
 }

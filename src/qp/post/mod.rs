@@ -181,9 +181,10 @@ impl<S: QpState> Qp<Rc, S> {
     /// other QPs and, when the list is posted from a send half
     /// ([`Qp::split`]), post receives on the receive half; a panic aborts the
     /// chunk (`ibv_wr_abort`) before the requests it staged are taken back.
-    /// From a request the builders cannot express (inline data, several
-    /// buffers, ATOMIC_WRITE, FLUSH) on, the rest of the list is posted as
-    /// C forms, with the iterator outside any critical region.
+    /// A chunk with requests the builders cannot express (inline data,
+    /// several buffers, ATOMIC_WRITE, FLUSH) posts those as C forms after
+    /// the built ones; on both APIs each chunk of 32 is posted whole, or,
+    /// when `wrs` panics, not at all.
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_start")]
     pub fn post_send_list<'a>(
