@@ -236,7 +236,7 @@ impl<C: QueueCore, Q: WorkQueue<C>> Region<'_, C, Q> {
 /// The rest of a chunk from `first`, a request the builders cannot express,
 /// after the `built` requests of `region`: staged as C forms (the iterator
 /// still runs inside the region), then the region's requests are posted and
-/// the C forms after them with one verb call. Returns whether the iterator
+/// the C forms after them (`submit`: `ibv_post_send` or its replay). Returns whether the iterator
 /// ran out. Out of line: its C forms' arrays stay off the builders' loop.
 #[inline(never)]
 fn finish_chunk_c<C: QueueCore, Q: WorkQueue<C>, I: Iterator<Item = Q::Wr>>(

@@ -166,8 +166,10 @@ impl<S: QpState> Qp<Rc, S> {
         unsafe { queue::post_one_in_place::<QpCore, SendQueue>(&mut self.core, wr) }
     }
 
-    /// Posts send-queue work requests as chained lists (one `ibv_post_send`, one
-    /// doorbell, per 32 requests). On failure (e.g. [`Error::QueueFull`]), the
+    /// Posts send-queue work requests as chained lists (one `ibv_post_send`, or
+    /// one region of the extended API's builders, per 32 requests; a chunk
+    /// that mixes requests the builders take with ones they cannot express
+    /// takes one of each). On failure (e.g. [`Error::QueueFull`]), the
     /// requests taken from `wrs` that did not reach the NIC come back in the
     /// error with their buffers; `wrs` is not pulled any further (pass
     /// `iter.by_ref()` to keep the rest). If `wrs` panics, the requests it
@@ -183,8 +185,9 @@ impl<S: QpState> Qp<Rc, S> {
     /// chunk (`ibv_wr_abort`) before the requests it staged are taken back.
     /// A chunk with requests the builders cannot express (inline data,
     /// several buffers, ATOMIC_WRITE, FLUSH) posts those as C forms after
-    /// the built ones; on both APIs each chunk of 32 is posted whole, or,
-    /// when `wrs` panics, not at all.
+    /// the built ones (and where a chunk starts with one, the rest of the
+    /// list goes as C forms); on both APIs a panic of `wrs` posts nothing of
+    /// its chunk.
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_start")]
     pub fn post_send_list<'a>(
