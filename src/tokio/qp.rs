@@ -283,13 +283,17 @@ impl<S: CanPostSend> AsyncQp<Rc, S> {
     /// was given. Does not wait for room ([`Error::QueueFull`] instead).
     // Inlined and posted in place: moving the request on copies all of it.
     #[inline(always)]
-    pub fn post_send(&self, mut wr: SendWr<'_>) -> std::result::Result<u64, PostError> {
+    pub fn post_send(&self, wr: SendWr<'_>) -> std::result::Result<u64, PostError> {
+        let mut qp = self.lock();
+        // Taken in after the lock: the post reads the request through its
+        // address, and written before the lock's call the compiler would
+        // read it back from memory instead of folding its checks.
+        let mut wr = std::mem::ManuallyDrop::new(wr);
         let id = self.id();
         wr.wr_id = id;
-        // SAFETY: `wr` is forgotten right after; its buffers are in the ring
-        // or in the error.
-        let posted = unsafe { self.lock().post_send_in_place(&wr) };
-        std::mem::forget(wr);
+        // SAFETY: `wr` is never dropped; its buffers are in the ring or in
+        // the error.
+        let posted = unsafe { qp.post_send_in_place(&wr) };
         posted.map(|()| id)
     }
 }

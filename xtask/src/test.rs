@@ -461,8 +461,8 @@ pub const INSN_GUARD_SCOPED_LISTS: &str = "1.12";
 /// Largest async/safe ratio the guard accepts for a stream of SENDs through the tokio
 /// layer (`perf --async-stream 16`: `AsyncQp::post_send` and `AsyncCq::next_batch`, 16 in
 /// flight, against `perf --safe`, both at `-Q 1`): issue #32's async target. Measured
-/// 2026-12-06 at 1.450 (send_bw) and 1.469 (write_bw, not in the guard), against a safe
-/// path whose single posts run in a loop of their own in `perf`.
+/// 2026-12-06 at 1.371 (send_bw) and 1.376 (write_bw, not in the guard), with the
+/// stream's request taken in after the QP's lock (docs/performance.md).
 pub const INSN_GUARD_ASYNC: &str = "1.50";
 
 /// Largest scoped/raw ratio the receiver guard accepts: the send_bw receiver at `-l 1` in
