@@ -84,6 +84,29 @@ struct Slot {
     wakers: Vec<Waker>,
 }
 
+impl Slot {
+    /// Queues `event`. An idle id holds no storage (see [`pop`](Self::pop)),
+    /// and one event at a time is the rule: room for exactly one, where a
+    /// first push would make room for four.
+    fn push(&mut self, event: CmEvent) {
+        if self.events.capacity() == 0 {
+            self.events.reserve_exact(1);
+        }
+        self.events.push_back(event);
+    }
+
+    /// The oldest queued event. The queue's storage goes with its last
+    /// event: a runtime with many connections keeps one slot per id, and
+    /// most of them wait for nothing most of the time.
+    fn pop(&mut self) -> Option<CmEvent> {
+        let event = self.events.pop_front();
+        if self.events.is_empty() {
+            self.events = VecDeque::new();
+        }
+        event
+    }
+}
+
 impl SharedChannel {
     /// A new channel (`rdma_create_event_channel`) with no ids yet.
     pub(crate) fn new() -> Result<Arc<SharedChannel>> {
@@ -172,7 +195,7 @@ impl SharedChannel {
                 });
             }
             let slot = routes.slots.entry(key).or_default();
-            slot.events.push_back(event);
+            slot.push(event);
             let wakers = std::mem::take(&mut slot.wakers);
             routes.woken.extend(wakers);
         }
@@ -234,7 +257,7 @@ impl Routes {
         Ok(self
             .slots
             .get_mut(&(raw.as_ptr() as usize))
-            .and_then(|s| s.events.pop_front()))
+            .and_then(Slot::pop))
     }
 
     /// `raw`'s next event, or `Pending` with `cx`'s waker kept for when one
@@ -251,7 +274,7 @@ impl Routes {
         let queued = self
             .slots
             .get_mut(&(raw.as_ptr() as usize))
-            .and_then(|s| s.events.pop_front());
+            .and_then(Slot::pop);
         if let Some(ev) = queued {
             return Poll::Ready(Ok(ev));
         }
@@ -345,5 +368,38 @@ impl CmId {
             Poll::Ready(Ok(ev)) => Poll::Ready(self.inner.screen(ev)),
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(status: i32) -> CmEvent {
+        CmEvent {
+            kind: CmEventKind::Established,
+            status,
+            private_data: vec![],
+            conn: ConnInfo::default(),
+            ud: None,
+            request: None,
+        }
+    }
+
+    #[test]
+    fn a_slot_keeps_order_and_frees_its_queue_when_empty() {
+        let mut slot = Slot::default();
+        slot.push(event(1));
+        assert_eq!(slot.events.capacity(), 1);
+        slot.push(event(2));
+        slot.push(event(3));
+        assert_eq!(slot.pop().map(|e| e.status), Some(1));
+        slot.push(event(4));
+        let order: Vec<i32> = std::iter::from_fn(|| slot.pop())
+            .map(|e| e.status)
+            .collect();
+        assert_eq!(order, [2, 3, 4]);
+        assert_eq!(slot.events.capacity(), 0);
+        assert!(slot.pop().is_none());
     }
 }
