@@ -189,6 +189,7 @@ pub const QUICK_DEVICE_TESTS: &[&str] = &[
     "vm_qp",
     "vm_data_path",
     "vm_soundness",
+    "vm_cq_capacity",
     "vm_srq",
     "vm_srq_interop",
     "vm_cm",

@@ -66,7 +66,7 @@ const ROWS: &[(&str, &[&str])] = &[
     ),
     (
         "A CQ of depth d holds d completions",
-        &["vm_soundness::queues_that_would_overrun_the_cq_are_refused"],
+        &["vm_cq_capacity::queues_that_would_overrun_the_cq_are_refused"],
     ),
     (
         "An SRQ receive completes once, on the QP that took it",
