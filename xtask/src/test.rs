@@ -182,7 +182,7 @@ pub fn test_command(extra: Vec<OsString>) -> Result<u8> {
 
 /// The device tests `--quick` runs: device and port queries (the guest works), every QP
 /// transition, the data path with its CQ (every opcode, post lists, signaling), the safe
-/// data path's edge cases, SRQs (with rdma-core's srq_pingpong) and rdma_cm: 72 tests, about
+/// data path's edge cases, SRQs (with rdma-core's srq_pingpong) and rdma_cm: 79 tests, about
 /// 20 s of test time in the guest.
 pub const QUICK_DEVICE_TESTS: &[&str] = &[
     "vm_device",
